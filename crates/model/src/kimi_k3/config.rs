@@ -1,0 +1,388 @@
+//! `config.json` of a `kimi_k3` checkpoint → a validated [`K3Spec`].
+//!
+//! The released file nests the text decoder under `text_config` (with
+//! `linear_attn_config` and `quantization_config` inside it). Everything
+//! downstream reads the typed spec, never the JSON. Unsupported or
+//! inconsistent values are rejected with the JSON path of the field.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+
+/// Epsilon of the MLA low-rank norms (`q_a_layernorm`, `kv_a_layernorm`):
+/// the released modelling code builds them with the class default 1e-6, not
+/// `rms_norm_eps` (k3-model.md §5, §8).
+pub const MLA_LOW_RANK_NORM_EPS: f32 = 1e-6;
+/// Epsilon inside the KDA kernels' q/k L2 normalisation.
+pub const KDA_L2_EPS: f32 = 1e-6;
+
+/// Which attention a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttnKind {
+    Kda,
+    Mla,
+}
+
+/// Which feed-forward a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FfnKind {
+    Dense,
+    Moe,
+}
+
+/// The K3 text decoder's shape, validated.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct K3Spec {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub intermediate_size: usize,
+    pub rms_norm_eps: f32,
+    // MLA
+    pub mla_heads: usize,
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    // KDA
+    pub kda_heads: usize,
+    pub kda_head_dim: usize,
+    pub conv_kernel: usize,
+    pub gate_lower_bound: Option<f32>,
+    // MoE
+    pub first_k_dense_replace: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub num_shared_experts: usize,
+    /// Expert hidden width F (`moe_intermediate_size`).
+    pub moe_intermediate_size: usize,
+    /// Latent width L (`routed_expert_hidden_size`).
+    pub latent_size: usize,
+    pub latent_moe_use_norm: bool,
+    pub moe_renormalize: bool,
+    pub routed_scaling_factor: f32,
+    // activation and residuals
+    pub situ_beta: f32,
+    pub situ_linear_beta: Option<f32>,
+    pub attn_res_block_size: usize,
+    /// Layer kinds, 0-based.
+    pub attn_kinds: Vec<AttnKind>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+}
+
+/// Typed access to one JSON object, reporting the dotted path on error.
+struct Fields<'a> {
+    v: &'a Value,
+    path: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    fn err(&self, name: &str, msg: impl Into<String>) -> ModelError {
+        let field = if self.path.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{}", self.path, name)
+        };
+        ModelError::Config {
+            field,
+            msg: msg.into(),
+        }
+    }
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.v.get(name).filter(|v| !v.is_null())
+    }
+    fn req(&self, name: &str) -> Result<&'a Value> {
+        self.get(name).ok_or_else(|| self.err(name, "missing"))
+    }
+    fn usize(&self, name: &str) -> Result<usize> {
+        let v = self.req(name)?;
+        v.as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| self.err(name, format!("= {v}: expected a non-negative integer")))
+    }
+    fn positive(&self, name: &str) -> Result<usize> {
+        let x = self.usize(name)?;
+        if x == 0 {
+            return Err(self.err(name, "= 0: must be positive"));
+        }
+        Ok(x)
+    }
+    fn f32(&self, name: &str) -> Result<f32> {
+        let v = self.req(name)?;
+        v.as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| self.err(name, format!("= {v}: expected a number")))
+    }
+    fn opt_f32(&self, name: &str) -> Result<Option<f32>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(_) => self.f32(name).map(Some),
+        }
+    }
+    fn bool_or(&self, name: &str, default: bool) -> Result<bool> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| self.err(name, format!("= {v}: expected true or false"))),
+        }
+    }
+    fn str_or(&self, name: &str, default: &'a str) -> Result<&'a str> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| self.err(name, format!("= {v}: expected a string"))),
+        }
+    }
+    fn usize_list(&self, name: &str) -> Result<Vec<usize>> {
+        let v = self.req(name)?;
+        v.as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|u| u as usize)).collect())
+            .ok_or_else(|| self.err(name, format!("= {v}: expected a list of integers")))
+    }
+    fn expect_str(&self, name: &str, default: &str, allowed: &str) -> Result<()> {
+        let s = self.str_or(name, default)?;
+        if s != allowed {
+            return Err(self.err(name, format!("= {s:?}: only {allowed:?} is supported")));
+        }
+        Ok(())
+    }
+    fn expect_true(&self, name: &str, default: bool) -> Result<()> {
+        if !self.bool_or(name, default)? {
+            return Err(self.err(name, "= false: only true is supported"));
+        }
+        Ok(())
+    }
+}
+
+fn opt_token(v: &Value, name: &str) -> Option<u32> {
+    match v.get(name)? {
+        Value::Number(n) => n.as_u64().map(|x| x as u32),
+        Value::Array(a) => a.first()?.as_u64().map(|x| x as u32),
+        _ => None,
+    }
+}
+
+impl K3Spec {
+    /// Reads and validates `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
+            field: "(file)".into(),
+            msg: format!("cannot read {}: {e}", path.display()),
+        })?;
+        Self::from_json_str(&text)
+    }
+
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        let root: Value = serde_json::from_str(text).map_err(|e| ModelError::Config {
+            field: "(file)".into(),
+            msg: format!("not valid JSON: {e}"),
+        })?;
+        Self::from_json(&root)
+    }
+
+    pub fn from_json(root: &Value) -> Result<Self> {
+        let r = Fields { v: root, path: "" };
+        let model_type = r.str_or("model_type", "")?;
+        if model_type != "kimi_k3" {
+            return Err(r.err(
+                "model_type",
+                format!("= {model_type:?}: this loader reads \"kimi_k3\" checkpoints"),
+            ));
+        }
+        let tv = r.req("text_config")?;
+        let t = Fields {
+            v: tv,
+            path: "text_config",
+        };
+        let lv = t.req("linear_attn_config")?;
+        let l = Fields {
+            v: lv,
+            path: "text_config.linear_attn_config",
+        };
+
+        t.expect_str("hidden_act", "situ", "situ")?;
+        t.expect_str("moe_router_activation_func", "sigmoid", "sigmoid")?;
+        t.expect_str("topk_method", "noaux_tc", "noaux_tc")?;
+        t.expect_true("mla_use_nope", true)?;
+        t.expect_true("mla_use_output_gate", true)?;
+        l.expect_true("use_full_rank_gate", false)?;
+        if t.bool_or("tie_word_embeddings", false)? {
+            return Err(t.err("tie_word_embeddings", "= true: K3 has a separate lm_head"));
+        }
+        let groups = t.get("num_expert_group").and_then(Value::as_u64).unwrap_or(1);
+        let topk_group = t.get("topk_group").and_then(Value::as_u64).unwrap_or(1);
+        if groups > 1 && topk_group < groups {
+            return Err(t.err(
+                "topk_group",
+                format!("= {topk_group} of {groups} groups: group-limited routing is not supported"),
+            ));
+        }
+        if t.get("moe_layer_freq").and_then(Value::as_u64).unwrap_or(1) != 1 {
+            return Err(t.err("moe_layer_freq", "only 1 (every layer after the dense ones) is supported"));
+        }
+        if let Some(q) = t.get("quantization_config") {
+            let qf = Fields {
+                v: q,
+                path: "text_config.quantization_config",
+            };
+            qf.expect_str("format", "mxfp4-pack-quantized", "mxfp4-pack-quantized")?;
+            let gs = q
+                .pointer("/config_groups/group_0/weights/group_size")
+                .and_then(Value::as_u64);
+            if let Some(g) = gs.filter(|&g| g != 32) {
+                return Err(qf.err("config_groups.group_0.weights.group_size", format!("= {g}: MXFP4 needs 32")));
+            }
+        }
+
+        let num_layers = t.positive("num_hidden_layers")?;
+        let kda_layers = l.usize_list("kda_layers")?;
+        let full_layers = l.usize_list("full_attn_layers")?;
+        let mut attn_kinds = Vec::with_capacity(num_layers);
+        for i in 1..=num_layers {
+            let (k, f) = (kda_layers.contains(&i), full_layers.contains(&i));
+            attn_kinds.push(match (k, f) {
+                (true, false) => AttnKind::Kda,
+                (false, true) => AttnKind::Mla,
+                (true, true) => return Err(l.err("kda_layers", format!("layer {i} (1-based) is also in full_attn_layers"))),
+                (false, false) => return Err(l.err("kda_layers", format!("layer {i} (1-based) is in neither kda_layers nor full_attn_layers"))),
+            });
+        }
+        if let Some(&bad) = kda_layers.iter().chain(&full_layers).find(|&&i| i == 0 || i > num_layers) {
+            return Err(l.err("kda_layers", format!("layer {bad} is outside 1..={num_layers}")));
+        }
+
+        let spec = K3Spec {
+            vocab_size: t.positive("vocab_size")?,
+            hidden_size: t.positive("hidden_size")?,
+            num_layers,
+            intermediate_size: t.positive("intermediate_size")?,
+            rms_norm_eps: t.f32("rms_norm_eps")?,
+            mla_heads: t.positive("num_attention_heads")?,
+            q_lora_rank: t.positive("q_lora_rank")?,
+            kv_lora_rank: t.positive("kv_lora_rank")?,
+            qk_nope_head_dim: t.positive("qk_nope_head_dim")?,
+            qk_rope_head_dim: t.usize("qk_rope_head_dim")?,
+            v_head_dim: t.positive("v_head_dim")?,
+            kda_heads: l.positive("num_heads")?,
+            kda_head_dim: l.positive("head_dim")?,
+            conv_kernel: l.positive("short_conv_kernel_size")?,
+            gate_lower_bound: l.opt_f32("gate_lower_bound")?,
+            first_k_dense_replace: t.usize("first_k_dense_replace")?,
+            num_experts: t.positive("num_experts")?,
+            top_k: t.positive("num_experts_per_token")?,
+            num_shared_experts: t.usize("num_shared_experts")?,
+            moe_intermediate_size: t.positive("moe_intermediate_size")?,
+            latent_size: t.positive("routed_expert_hidden_size")?,
+            latent_moe_use_norm: t.bool_or("latent_moe_use_norm", false)?,
+            moe_renormalize: t.bool_or("moe_renormalize", true)?,
+            routed_scaling_factor: t.opt_f32("routed_scaling_factor")?.unwrap_or(1.0),
+            situ_beta: t.opt_f32("activation_situ_beta")?.unwrap_or(1.0),
+            situ_linear_beta: t.opt_f32("activation_situ_linear_beta")?,
+            attn_res_block_size: t.positive("attn_res_block_size")?,
+            attn_kinds,
+            bos_token_id: opt_token(tv, "bos_token_id").or_else(|| opt_token(root, "bos_token_id")),
+            eos_token_id: opt_token(tv, "eos_token_id").or_else(|| opt_token(root, "eos_token_id")),
+        };
+        if let Some(h) = t.get("num_key_value_heads").and_then(Value::as_u64) {
+            if h as usize != spec.mla_heads {
+                return Err(t.err("num_key_value_heads", format!("= {h}: MLA needs it equal to num_attention_heads ({})", spec.mla_heads)));
+            }
+        }
+        if spec.top_k > spec.num_experts {
+            return Err(t.err("num_experts_per_token", format!("= {} exceeds num_experts = {}", spec.top_k, spec.num_experts)));
+        }
+        for (name, v) in [("moe_intermediate_size", spec.moe_intermediate_size), ("routed_expert_hidden_size", spec.latent_size)] {
+            if v % 32 != 0 {
+                return Err(t.err(name, format!("= {v}: MXFP4 experts need a multiple of 32")));
+            }
+        }
+        if spec.first_k_dense_replace > num_layers {
+            return Err(t.err("first_k_dense_replace", format!("= {} exceeds num_hidden_layers = {num_layers}", spec.first_k_dense_replace)));
+        }
+        if spec.conv_kernel < 1 || spec.situ_beta == 0.0 || spec.situ_linear_beta == Some(0.0) {
+            return Err(t.err("activation_situ_beta", "must be non-zero"));
+        }
+        Ok(spec)
+    }
+
+    pub fn ffn_kind(&self, layer: usize) -> FfnKind {
+        if layer < self.first_k_dense_replace {
+            FfnKind::Dense
+        } else {
+            FfnKind::Moe
+        }
+    }
+
+    /// KDA projection width P = heads × head_dim.
+    pub fn kda_width(&self) -> usize {
+        self.kda_heads * self.kda_head_dim
+    }
+
+    /// MLA query/key head width (nope + "rope" part; no rotation is applied).
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Floats cached per token per MLA layer: the normalised latent + the shared key part.
+    pub fn mla_cache_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    pub fn moe_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        (self.first_k_dense_replace..self.num_layers).filter(|&i| self.ffn_kind(i) == FfnKind::Moe)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Value {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/k3-tiny/checkpoint/config.json");
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn parses_tiny() {
+        let s = K3Spec::from_json(&tiny()).unwrap();
+        assert_eq!(s.hidden_size, 128);
+        assert_eq!(s.num_layers, 9);
+        assert_eq!(s.attn_kinds.iter().filter(|k| **k == AttnKind::Mla).count(), 3);
+        assert_eq!(s.attn_kinds[3], AttnKind::Mla);
+        assert_eq!(s.gate_lower_bound, Some(-5.0));
+        assert_eq!(s.top_k, 4);
+    }
+
+    fn err_of(edit: impl Fn(&mut Value)) -> String {
+        let mut v = tiny();
+        edit(&mut v);
+        K3Spec::from_json(&v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn rejects_with_field_and_value() {
+        let e = err_of(|v| v["text_config"]["hidden_act"] = "gelu".into());
+        assert_eq!(e, "config.json: text_config.hidden_act: = \"gelu\": only \"situ\" is supported");
+        let e = err_of(|v| v["model_type"] = "llama".into());
+        assert!(e.contains("model_type") && e.contains("llama"), "{e}");
+        let e = err_of(|v| v["text_config"]["num_experts_per_token"] = 64.into());
+        assert!(e.contains("num_experts_per_token") && e.contains("64"), "{e}");
+        let e = err_of(|v| v["text_config"]["linear_attn_config"]["kda_layers"] = serde_json::json!([1, 2, 3, 4]));
+        assert!(e.contains("kda_layers") && e.contains("layer 4"), "{e}");
+        let e = err_of(|v| v["text_config"]["moe_intermediate_size"] = 100.into());
+        assert!(e.contains("moe_intermediate_size") && e.contains("100"), "{e}");
+        let e = err_of(|v| {
+            v["text_config"].as_object_mut().unwrap().remove("hidden_size");
+        });
+        assert_eq!(e, "config.json: text_config.hidden_size: missing");
+    }
+}

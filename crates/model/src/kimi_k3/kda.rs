@@ -1,0 +1,176 @@
+//! Kimi Delta Attention over T new positions with carried state
+//! (k3-model.md §4).
+//!
+//! ```text
+//! q̃,k̃,v = SiLU(CausalConv4(x W_{q,k,v}ᵀ))      depthwise, window carried across calls
+//! f = (x W_f_aᵀ) W_f_bᵀ,  b = x W_bᵀ,  g = x W_gᵀ
+//! per head h, per token:
+//!   q = l2(q̃_h)·K^-½,  k = l2(k̃_h),  β = σ(b_h)
+//!   log α[k] = lb·σ(A_h·(f_h[k] + dt_bias[h,k]))      (or −A_h·softplus(·) without a bound)
+//!   S ← diag(α) S;   S ← S + k ⊗ β(v − Sᵀk);   o = Sᵀq
+//! ô_h = RMSNorm(o_h; o_norm) ⊙ σ(g_h);   out = concat(ô) W_oᵀ
+//! ```
+//! Heads are independent, so they run in parallel; within a head the token
+//! loop is sequential, which makes a T-token pass bit-identical to T
+//! single-token passes.
+
+use fathom_kernels::ops::{l2_normalize, rms_norm, sigmoid, silu};
+use rayon::prelude::*;
+
+use super::config::{K3Spec, KDA_L2_EPS};
+use super::state::KdaState;
+use super::weights::KdaWeights;
+
+/// Depthwise causal convolution + SiLU over `pre [T, P]`, using and updating
+/// `window` (`[kernel−1, P]`, the previous pre-convolution rows).
+pub fn short_conv(pre: &[f32], window: &mut [f32], taps: &[f32], p: usize, kernel: usize) -> Vec<f32> {
+    let t = pre.len() / p;
+    let hist = kernel - 1;
+    // seq = window ++ pre, rows of width p
+    let row = |r: usize| -> &[f32] {
+        if r < hist {
+            &window[r * p..(r + 1) * p]
+        } else {
+            &pre[(r - hist) * p..(r - hist + 1) * p]
+        }
+    };
+    let mut out = vec![0f32; t * p];
+    for ti in 0..t {
+        let o = &mut out[ti * p..(ti + 1) * p];
+        for j in 0..kernel {
+            let x = row(ti + j);
+            for c in 0..p {
+                o[c] += taps[c * kernel + j] * x[c];
+            }
+        }
+        for v in o.iter_mut() {
+            *v = silu(*v);
+        }
+    }
+    // New window: the last `hist` rows of seq.
+    let total = hist + t;
+    let new: Vec<f32> = (total - hist..total).flat_map(|r| row(r).to_vec()).collect();
+    window.copy_from_slice(&new);
+    out
+}
+
+/// Per-channel log decay `log α` for one head.
+#[inline]
+fn log_decay(f: f32, a: f32, dt: f32, lower_bound: Option<f32>) -> f32 {
+    let z = f + dt;
+    match lower_bound {
+        Some(lb) => lb * sigmoid(a * z),
+        None => -a * softplus(z),
+    }
+}
+
+#[inline]
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// One head's gated delta rule over `t` tokens. `s` is `[K, V]`.
+#[allow(clippy::too_many_arguments)]
+fn delta_rule_head(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    log_alpha: &[f32],
+    beta: &[f32],
+    kd: usize,
+    vd: usize,
+    out: &mut [f32],
+) {
+    let mut pred = vec![0f32; vd];
+    for ti in 0..beta.len() {
+        let (qt, kt, vt) = (&q[ti * kd..][..kd], &k[ti * kd..][..kd], &v[ti * vd..][..vd]);
+        let la = &log_alpha[ti * kd..][..kd];
+        // S ← diag(α) S, and pred = Sᵀ k in the same sweep.
+        pred.fill(0.0);
+        for kk in 0..kd {
+            let alpha = la[kk].exp();
+            let row = &mut s[kk * vd..(kk + 1) * vd];
+            for (sv, p) in row.iter_mut().zip(pred.iter_mut()) {
+                *sv *= alpha;
+                *p += kt[kk] * *sv;
+            }
+        }
+        // u = β (v − pred);  S ← S + k ⊗ u;  o = Sᵀ q.
+        for (p, &x) in pred.iter_mut().zip(vt) {
+            *p = beta[ti] * (x - *p);
+        }
+        let o = &mut out[ti * vd..(ti + 1) * vd];
+        o.fill(0.0);
+        for kk in 0..kd {
+            let row = &mut s[kk * vd..(kk + 1) * vd];
+            for ((sv, &u), ov) in row.iter_mut().zip(pred.iter()).zip(o.iter_mut()) {
+                *sv += kt[kk] * u;
+                *ov += qt[kk] * *sv;
+            }
+        }
+    }
+}
+
+/// KDA attention for `x [T, D]` (already `input_layernorm`ed). Returns `[T, D]`.
+pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f32> {
+    let (h, kd) = (spec.kda_heads, spec.kda_head_dim);
+    let p = h * kd;
+    let t = x.len() / spec.hidden_size;
+    let [wq, wk, wv] = &mut st.conv;
+    let q = short_conv(&w.q_proj.forward(x, t), wq, &w.q_conv1d, p, spec.conv_kernel);
+    let k = short_conv(&w.k_proj.forward(x, t), wk, &w.k_conv1d, p, spec.conv_kernel);
+    let v = short_conv(&w.v_proj.forward(x, t), wv, &w.v_conv1d, p, spec.conv_kernel);
+    let f = w.f_b_proj.forward(&w.f_a_proj.forward(x, t), t);
+    let b = w.b_proj.forward(x, t);
+    let g = w.g_proj.forward(x, t);
+    let scale = (kd as f32).powf(-0.5);
+
+    // Per-head inputs, head-major [H][T, K].
+    let heads: Vec<usize> = (0..h).collect();
+    let outs: Vec<Vec<f32>> = heads
+        .par_iter()
+        .zip(st.s.par_chunks_mut(kd * kd))
+        .map(|(&hh, s)| {
+            let mut qh = vec![0f32; t * kd];
+            let mut kh = vec![0f32; t * kd];
+            let mut vh = vec![0f32; t * kd];
+            let mut la = vec![0f32; t * kd];
+            let mut beta = vec![0f32; t];
+            for ti in 0..t {
+                let src = ti * p + hh * kd;
+                let qr = &mut qh[ti * kd..(ti + 1) * kd];
+                qr.copy_from_slice(&q[src..src + kd]);
+                l2_normalize(qr, KDA_L2_EPS);
+                qr.iter_mut().for_each(|z| *z *= scale);
+                let kr = &mut kh[ti * kd..(ti + 1) * kd];
+                kr.copy_from_slice(&k[src..src + kd]);
+                l2_normalize(kr, KDA_L2_EPS);
+                vh[ti * kd..(ti + 1) * kd].copy_from_slice(&v[src..src + kd]);
+                for c in 0..kd {
+                    let j = hh * kd + c;
+                    la[ti * kd + c] = log_decay(f[ti * p + j], w.a[j], w.dt_bias[j], spec.gate_lower_bound);
+                }
+                beta[ti] = sigmoid(b[ti * h + hh]);
+            }
+            let mut o = vec![0f32; t * kd];
+            delta_rule_head(s, &qh, &kh, &vh, &la, &beta, kd, kd, &mut o);
+            // Gated RMSNorm of the head output.
+            for ti in 0..t {
+                let orow = &mut o[ti * kd..(ti + 1) * kd];
+                rms_norm(orow, &w.o_norm, spec.rms_norm_eps);
+                for (c, ov) in orow.iter_mut().enumerate() {
+                    *ov *= sigmoid(g[ti * p + hh * kd + c]);
+                }
+            }
+            o
+        })
+        .collect();
+    let mut cat = vec![0f32; t * p];
+    for (hh, o) in outs.iter().enumerate() {
+        for ti in 0..t {
+            cat[ti * p + hh * kd..ti * p + (hh + 1) * kd].copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
+        }
+    }
+    w.o_proj.forward(&cat, t)
+}

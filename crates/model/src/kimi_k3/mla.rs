@@ -1,0 +1,110 @@
+//! Gated NoPE MLA over T new positions, attending through the compressed
+//! latent cache (k3-model.md §5).
+//!
+//! Computation order ("absorbed"): the cache holds, per token, the
+//! normalised latent `lat = RMSNorm(c[:kv_lora])` and the shared key part
+//! `kr = c[kv_lora:]`. Per-head keys and values are never materialised:
+//!
+//! ```text
+//! k_h·q_h  = (W_uk,h lat)·q_nope,h + kr·q_rope,h = lat·(W_uk,hᵀ q_nope,h) + kr·q_rope,h
+//! Σ p v_h  = Σ_s p_s W_uv,h lat_s = W_uv,h (Σ_s p_s lat_s)
+//! ```
+//! where `W_uk,h` / `W_uv,h` are head h's `qk_nope` / `v_head_dim` row blocks
+//! of `kv_b_proj`. So a step costs `H·N·(kv_lora + rope)` for scores plus
+//! `H·N·kv_lora` for the context, and the cache is 576 floats/token for K3.
+//! This equals the expanded form up to fp32 summation order; the golden
+//! logits (computed in the expanded order) hold to ~1e-4.
+//!
+//! No rotary transform anywhere (`mla_use_nope`); the "rope" slices are
+//! ordinary dimensions. Scores are scaled by `1/sqrt(qk_nope + qk_rope)`.
+
+use fathom_kernels::ops::{rms_norm_rows, sigmoid, softmax};
+use rayon::prelude::*;
+
+use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
+use super::state::MlaCache;
+use super::weights::MlaWeights;
+
+/// MLA attention for `x [T, D]` (already `input_layernorm`ed). Appends T rows
+/// to `cache` and returns `[T, D]`.
+pub fn mla(spec: &K3Spec, w: &MlaWeights, cache: &mut MlaCache, x: &[f32]) -> Vec<f32> {
+    let t = x.len() / spec.hidden_size;
+    let (h, dn, dr, dv, lora) = (
+        spec.mla_heads,
+        spec.qk_nope_head_dim,
+        spec.qk_rope_head_dim,
+        spec.v_head_dim,
+        spec.kv_lora_rank,
+    );
+    let dq = dn + dr;
+    let width = lora + dr;
+
+    let mut qa = w.q_a_proj.forward(x, t);
+    rms_norm_rows(&mut qa, spec.q_lora_rank, &w.q_a_layernorm, MLA_LOW_RANK_NORM_EPS);
+    let q = w.q_b_proj.forward(&qa, t); // [T, H·dq]
+    let mut c = w.kv_a_proj_with_mqa.forward(x, t); // [T, lora + dr]
+    for row in c.chunks_exact_mut(width) {
+        rms_norm_rows(&mut row[..lora], lora, &w.kv_a_layernorm, MLA_LOW_RANK_NORM_EPS);
+    }
+    let past = cache.len();
+    cache.rows.extend_from_slice(&c);
+    let rows = &cache.rows;
+    let gate = w.g_proj.forward(x, t); // [T, H·dv]
+    let scale = 1.0 / (dq as f32).sqrt();
+    let kv_b = &w.kv_b_proj;
+
+    // Per head: [T, dv] outputs.
+    let heads: Vec<Vec<f32>> = (0..h)
+        .into_par_iter()
+        .map(|hh| {
+            let uk0 = hh * (dn + dv); // first W_uk row of this head
+            let uv0 = uk0 + dn; // first W_uv row
+            let mut out = vec![0f32; t * dv];
+            let mut q_lat = vec![0f32; lora];
+            let mut ctx = vec![0f32; lora];
+            let mut scores = Vec::with_capacity(past + t);
+            for ti in 0..t {
+                let qh = &q[ti * h * dq + hh * dq..][..dq];
+                // q_lat = W_uk,hᵀ q_nope
+                q_lat.fill(0.0);
+                for (i, &qi) in qh[..dn].iter().enumerate() {
+                    for (cc, ql) in q_lat.iter_mut().enumerate() {
+                        *ql += qi * kv_b.at(uk0 + i, cc);
+                    }
+                }
+                let n = past + ti + 1; // causal: this position sees itself and all before
+                scores.clear();
+                for s in 0..n {
+                    let r = &rows[s * width..(s + 1) * width];
+                    let nope: f32 = r[..lora].iter().zip(&q_lat).map(|(a, b)| a * b).sum();
+                    let rope: f32 = r[lora..].iter().zip(&qh[dn..]).map(|(a, b)| a * b).sum();
+                    scores.push((nope + rope) * scale);
+                }
+                softmax(&mut scores);
+                ctx.fill(0.0);
+                for (s, &ps) in scores.iter().enumerate() {
+                    let r = &rows[s * width..s * width + lora];
+                    for (cv, &l) in ctx.iter_mut().zip(r) {
+                        *cv += ps * l;
+                    }
+                }
+                let o = &mut out[ti * dv..(ti + 1) * dv];
+                for (j, ov) in o.iter_mut().enumerate() {
+                    let mut acc = 0f32;
+                    for (cc, &cv) in ctx.iter().enumerate() {
+                        acc += kv_b.at(uv0 + j, cc) * cv;
+                    }
+                    *ov = acc * sigmoid(gate[ti * h * dv + hh * dv + j]);
+                }
+            }
+            out
+        })
+        .collect();
+    let mut cat = vec![0f32; t * h * dv];
+    for (hh, o) in heads.iter().enumerate() {
+        for ti in 0..t {
+            cat[ti * h * dv + hh * dv..][..dv].copy_from_slice(&o[ti * dv..(ti + 1) * dv]);
+        }
+    }
+    w.o_proj.forward(&cat, t)
+}

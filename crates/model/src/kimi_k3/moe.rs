@@ -1,0 +1,168 @@
+//! Dense SiTU MLP and the stable LatentMoE (k3-model.md §6).
+//!
+//! ```text
+//! s = σ(x W_routerᵀ)  (fp32);  T = top-k of s + e_score_correction_bias
+//! w_e = s_e / (Σ_{T} s + 1e-20) · routed_scaling_factor
+//! z = x W_downᵀ;  y = Σ_{e∈T} w_e W2_e(SiTU-GLU(W1_e z, W3_e z));  y = RMSNorm(y)
+//! out = y W_upᵀ + SharedMLP(x)
+//! ```
+//! Every chosen expert is computed — the source must deliver all of them.
+//! For T > 1 the union of the positions' experts is fetched once and each
+//! expert runs on all its tokens at once; per-token sums are accumulated in
+//! the router's rank order, so the result does not depend on T.
+
+use std::sync::Arc;
+
+use fathom_kernels::matmul_mxfp4;
+use fathom_kernels::ops::{rms_norm, sigmoid, situ_glu};
+use rayon::prelude::*;
+
+use super::config::K3Spec;
+use super::tensors::ExpertMatrix;
+use super::weights::{MlpWeights, MoeWeights};
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertWeights};
+
+/// `down(SiTU-GLU(gate(x), up(x)))` over `[T, D]`.
+pub fn mlp(spec: &K3Spec, w: &MlpWeights, x: &[f32], t: usize) -> Vec<f32> {
+    let mut g = w.gate_proj.forward(x, t);
+    let u = w.up_proj.forward(x, t);
+    situ_glu(&mut g, &u, spec.situ_beta, spec.situ_linear_beta);
+    w.down_proj.forward(&g, t)
+}
+
+/// The router's decision for one token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Chosen experts, best corrected score first.
+    pub ids: Vec<u32>,
+    /// Their combine weights (uncorrected scores, renormalised and scaled).
+    pub weights: Vec<f32>,
+    /// Corrected score of the k-th minus the (k+1)-th choice (tie diagnostics).
+    pub margin: f32,
+}
+
+/// Routes every row of `x [T, D]`.
+pub fn route(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
+    let logits = w.gate.forward(x, t);
+    let e = spec.num_experts;
+    logits
+        .chunks_exact(e)
+        .map(|row| {
+            let s: Vec<f32> = row.iter().map(|&v| sigmoid(v)).collect();
+            let choice: Vec<f32> = s.iter().zip(&w.e_score_correction_bias).map(|(a, b)| a + b).collect();
+            let mut order: Vec<u32> = (0..e as u32).collect();
+            // Descending corrected score; ties go to the lower expert index.
+            order.sort_by(|&a, &b| choice[b as usize].total_cmp(&choice[a as usize]).then(a.cmp(&b)));
+            let ids: Vec<u32> = order[..spec.top_k].to_vec();
+            let margin = if spec.top_k < e {
+                choice[order[spec.top_k - 1] as usize] - choice[order[spec.top_k] as usize]
+            } else {
+                f32::INFINITY
+            };
+            let mut weights: Vec<f32> = ids.iter().map(|&i| s[i as usize]).collect();
+            if spec.top_k > 1 && spec.moe_renormalize {
+                let sum: f32 = weights.iter().sum::<f32>() + 1e-20;
+                weights.iter_mut().for_each(|v| *v /= sum);
+            }
+            weights.iter_mut().for_each(|v| *v *= spec.routed_scaling_factor);
+            Route { ids, weights, margin }
+        })
+        .collect()
+}
+
+/// One expert on `z [n, L]`: `W2(SiTU-GLU(W1 z, W3 z))` → `[n, L]`.
+fn expert_forward(spec: &K3Spec, e: &ExpertWeights, z: &[f32], n: usize) -> Vec<f32> {
+    let f = spec.moe_intermediate_size;
+    let mut g = vec![0f32; n * f];
+    let mut u = vec![0f32; n * f];
+    matmul_mxfp4(z, n, e.matrix(ExpertMatrix::W1), &mut g);
+    matmul_mxfp4(z, n, e.matrix(ExpertMatrix::W3), &mut u);
+    situ_glu(&mut g, &u, spec.situ_beta, spec.situ_linear_beta);
+    let mut y = vec![0f32; n * spec.latent_size];
+    matmul_mxfp4(&g, n, e.matrix(ExpertMatrix::W2), &mut y);
+    y
+}
+
+/// Optional guess for the next MoE layer, handed to the source before this
+/// layer's experts are fetched so its I/O overlaps this layer's compute.
+pub struct NextLayerHint<'a> {
+    pub layer: usize,
+    pub weights: &'a MoeWeights,
+}
+
+/// LatentMoE over `x [T, D]` (already `post_attention_layernorm`ed).
+pub fn moe(
+    spec: &K3Spec,
+    layer: usize,
+    w: &MoeWeights,
+    x: &[f32],
+    t: usize,
+    source: &dyn ExpertSource,
+    hint: Option<NextLayerHint<'_>>,
+    routes_out: Option<&mut Vec<Route>>,
+) -> Result<Vec<f32>> {
+    let routes = route(spec, w, x, t);
+    if let Some(h) = hint.filter(|_| source.wants_hints()) {
+        let mut guess: Vec<u32> = route(spec, h.weights, x, t).into_iter().flat_map(|r| r.ids).collect();
+        guess.sort_unstable();
+        guess.dedup();
+        source.hint(h.layer, &guess);
+    }
+    let mut union: Vec<u32> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
+    union.sort_unstable();
+    union.dedup();
+    let experts: Vec<Arc<ExpertWeights>> = source.experts(layer, &union)?;
+
+    let l = spec.latent_size;
+    let z = w.routed_expert_down_proj.forward(x, t);
+    // For each expert of the union: the (token, rank) pairs that use it.
+    let users: Vec<Vec<(usize, usize)>> = union
+        .iter()
+        .map(|&e| {
+            routes
+                .iter()
+                .enumerate()
+                .filter_map(|(ti, r)| r.ids.iter().position(|&x| x == e).map(|j| (ti, j)))
+                .collect()
+        })
+        .collect();
+    let outputs: Vec<Vec<f32>> = experts
+        .par_iter()
+        .zip(users.par_iter())
+        .map(|(e, us)| {
+            let zin: Vec<f32> = us.iter().flat_map(|&(ti, _)| z[ti * l..(ti + 1) * l].iter().copied()).collect();
+            expert_forward(spec, e, &zin, us.len())
+        })
+        .collect();
+    // Scatter to [T, k, L], then sum in rank order.
+    let k = spec.top_k;
+    let mut per = vec![0f32; t * k * l];
+    for (us, out) in users.iter().zip(&outputs) {
+        for (n, &(ti, j)) in us.iter().enumerate() {
+            per[(ti * k + j) * l..][..l].copy_from_slice(&out[n * l..(n + 1) * l]);
+        }
+    }
+    let mut y = vec![0f32; t * l];
+    for ti in 0..t {
+        let yr = &mut y[ti * l..(ti + 1) * l];
+        for j in 0..k {
+            let wj = routes[ti].weights[j];
+            for (a, &b) in yr.iter_mut().zip(&per[(ti * k + j) * l..][..l]) {
+                *a += wj * b;
+            }
+        }
+        if spec.latent_moe_use_norm {
+            rms_norm(yr, &w.routed_expert_norm, spec.rms_norm_eps);
+        }
+    }
+    let mut out = w.routed_expert_up_proj.forward(&y, t);
+    if let Some(sh) = &w.shared_experts {
+        let s = mlp(spec, sh, x, t);
+        out.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
+    }
+    if let Some(ro) = routes_out {
+        ro.extend(routes);
+    }
+    Ok(out)
+}

@@ -1,0 +1,294 @@
+//! Binding: checkpoint names → typed per-layer weights, once, at load.
+//!
+//! [`check_tensors`] compares the checkpoint with the tensor table and lists
+//! every missing, unexpected, mis-shaped or mis-typed tensor by name. After
+//! [`K3Weights::load`] nothing is looked up by name again.
+
+use fathom_weights::{Checkpoint, Dtype};
+
+use super::config::{AttnKind, FfnKind, K3Spec};
+use super::tensors::{LM_HEAD, PREFIX, Role, TensorSpec, layer_name, tensor_table};
+use crate::error::{ModelError, Result};
+use crate::linear::{Linear, load_vector};
+
+fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::BF16 | Dtype::F16 | Dtype::F32)
+}
+
+/// Whether a stored tensor is acceptable for an expected one. Float tensors may
+/// be stored in any float dtype; MXFP4 parts must be U8. `A_log` may hold
+/// either `num_heads` entries (as Moonshot's modelling code declares) or the
+/// released `head_dim` entries (the first `num_heads` are used).
+fn acceptable(want: &TensorSpec, dtype: Dtype, shape: &[usize], spec: &K3Spec) -> Result<(), String> {
+    let dtype_ok = if want.dtype == Dtype::U8 { dtype == Dtype::U8 } else { is_float(dtype) };
+    if !dtype_ok {
+        return Err(format!("dtype {dtype:?}, expected {:?}", want.dtype));
+    }
+    let shape_ok = if want.name.ends_with(".A_log") {
+        shape.len() == 1 && shape[0] >= spec.kda_heads
+    } else {
+        shape == want.shape.as_slice()
+    };
+    if !shape_ok {
+        return Err(format!("shape {shape:?}, expected {:?}", want.shape));
+    }
+    Ok(())
+}
+
+/// Every disagreement between the checkpoint and the spec, one line each.
+pub fn check_tensors(spec: &K3Spec, ck: &Checkpoint) -> Vec<String> {
+    let table = tensor_table(spec);
+    let mut problems = Vec::new();
+    let mut expected = std::collections::HashSet::with_capacity(table.len());
+    for t in &table {
+        expected.insert(t.name.as_str());
+        match ck.get(&t.name) {
+            None => problems.push(format!("missing tensor {}", t.name)),
+            Some(loc) => {
+                if let Err(e) = acceptable(t, loc.dtype, &loc.shape, spec) {
+                    problems.push(format!("tensor {}: {e}", t.name));
+                }
+            }
+        }
+    }
+    for (name, _) in ck.tensors() {
+        // The multimodal wrapper's vision weights are not the text decoder's business.
+        let vision = name.contains("vision_tower.") || name.contains("mm_projector.");
+        if !expected.contains(name) && !vision {
+            problems.push(format!("unexpected tensor {name}"));
+        }
+    }
+    problems
+}
+
+/// Fails with the full list of problems, if any.
+pub fn require_tensors(spec: &K3Spec, ck: &Checkpoint) -> Result<()> {
+    let problems = check_tensors(spec, ck);
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<_> = problems.iter().take(20).cloned().collect();
+    let more = problems.len().saturating_sub(shown.len());
+    let mut msg = shown.join("; ");
+    if more > 0 {
+        msg.push_str(&format!("; … and {more} more"));
+    }
+    Err(ModelError::Weights(fathom_weights::WeightsError::Mismatch(msg)))
+}
+
+/// Pseudo-query of one attention-residual site, with its RMSNorm weight folded
+/// in: `query[d] = norm[d] · proj[d]` (k3-model.md §3).
+#[derive(Debug, Clone)]
+pub struct AttnResWeights {
+    pub query: Vec<f32>,
+}
+
+#[derive(Debug)]
+pub struct KdaWeights {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    /// Depthwise conv taps `[P, kernel]`.
+    pub q_conv1d: Vec<f32>,
+    pub k_conv1d: Vec<f32>,
+    pub v_conv1d: Vec<f32>,
+    pub f_a_proj: Linear,
+    pub f_b_proj: Linear,
+    pub b_proj: Linear,
+    pub g_proj: Linear,
+    pub o_proj: Linear,
+    /// `exp(A_log[h])` broadcast to every key channel: `[H·K]`. Stored per
+    /// (head, channel) so the per-head reading is a load-time fact.
+    pub a: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    pub o_norm: Vec<f32>,
+}
+
+#[derive(Debug)]
+pub struct MlaWeights {
+    pub q_a_proj: Linear,
+    pub q_a_layernorm: Vec<f32>,
+    pub q_b_proj: Linear,
+    pub kv_a_proj_with_mqa: Linear,
+    pub kv_a_layernorm: Vec<f32>,
+    pub kv_b_proj: Linear,
+    pub g_proj: Linear,
+    pub o_proj: Linear,
+}
+
+#[derive(Debug)]
+pub struct MlpWeights {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+#[derive(Debug)]
+pub struct MoeWeights {
+    pub gate: Linear,
+    pub e_score_correction_bias: Vec<f32>,
+    pub routed_expert_down_proj: Linear,
+    pub routed_expert_norm: Vec<f32>,
+    pub routed_expert_up_proj: Linear,
+    pub shared_experts: Option<MlpWeights>,
+}
+
+#[derive(Debug)]
+pub enum AttnWeights {
+    Kda(KdaWeights),
+    Mla(MlaWeights),
+}
+
+#[derive(Debug)]
+pub enum FfnWeights {
+    Dense(MlpWeights),
+    Moe(MoeWeights),
+}
+
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub input_layernorm: Vec<f32>,
+    pub post_attention_layernorm: Vec<f32>,
+    pub self_attention_res: AttnResWeights,
+    pub mlp_res: AttnResWeights,
+    pub attn: AttnWeights,
+    pub ffn: FfnWeights,
+}
+
+/// The resident spine: everything but the routed experts.
+#[derive(Debug)]
+pub struct K3Weights {
+    pub embed_tokens: Linear,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Vec<f32>,
+    pub output_attn_res: AttnResWeights,
+    pub lm_head: Linear,
+}
+
+struct Binder<'a> {
+    ck: &'a Checkpoint,
+}
+
+impl Binder<'_> {
+    fn loc(&self, name: &str) -> Result<&fathom_weights::TensorLoc> {
+        self.ck.get(name).ok_or_else(|| fathom_weights::WeightsError::Missing(name.to_string()).into())
+    }
+    fn linear(&self, name: &str) -> Result<Linear> {
+        Linear::load(self.ck, name, self.loc(name)?)
+    }
+    fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        load_vector(self.ck, name, self.loc(name)?)
+    }
+    fn attn_res(&self, norm: &str, proj: &str) -> Result<AttnResWeights> {
+        let n = self.vector(norm)?;
+        let p = self.vector(proj)?;
+        Ok(AttnResWeights {
+            query: n.iter().zip(&p).map(|(a, b)| a * b).collect(),
+        })
+    }
+    fn mlp(&self, prefix: &str) -> Result<MlpWeights> {
+        Ok(MlpWeights {
+            gate_proj: self.linear(&format!("{prefix}gate_proj.weight"))?,
+            up_proj: self.linear(&format!("{prefix}up_proj.weight"))?,
+            down_proj: self.linear(&format!("{prefix}down_proj.weight"))?,
+        })
+    }
+}
+
+impl K3Weights {
+    /// Checks the checkpoint against the spec, then reads the spine.
+    pub fn load(spec: &K3Spec, ck: &Checkpoint) -> Result<Self> {
+        require_tensors(spec, ck)?;
+        let b = Binder { ck };
+        let mut layers = Vec::with_capacity(spec.num_layers);
+        for i in 0..spec.num_layers {
+            let n = |rest: &str| layer_name(i, rest);
+            let attn = match spec.attn_kinds[i] {
+                AttnKind::Kda => {
+                    let (h, k) = (spec.kda_heads, spec.kda_head_dim);
+                    let a_log = b.vector(&n("self_attn.A_log"))?;
+                    let a = (0..h * k).map(|j| a_log[j / k].exp()).collect();
+                    AttnWeights::Kda(KdaWeights {
+                        q_proj: b.linear(&n("self_attn.q_proj.weight"))?,
+                        k_proj: b.linear(&n("self_attn.k_proj.weight"))?,
+                        v_proj: b.linear(&n("self_attn.v_proj.weight"))?,
+                        q_conv1d: b.vector(&n("self_attn.q_conv1d.weight"))?,
+                        k_conv1d: b.vector(&n("self_attn.k_conv1d.weight"))?,
+                        v_conv1d: b.vector(&n("self_attn.v_conv1d.weight"))?,
+                        f_a_proj: b.linear(&n("self_attn.f_a_proj.weight"))?,
+                        f_b_proj: b.linear(&n("self_attn.f_b_proj.weight"))?,
+                        b_proj: b.linear(&n("self_attn.b_proj.weight"))?,
+                        g_proj: b.linear(&n("self_attn.g_proj.weight"))?,
+                        o_proj: b.linear(&n("self_attn.o_proj.weight"))?,
+                        a,
+                        dt_bias: b.vector(&n("self_attn.dt_bias"))?,
+                        o_norm: b.vector(&n("self_attn.o_norm.weight"))?,
+                    })
+                }
+                AttnKind::Mla => AttnWeights::Mla(MlaWeights {
+                    q_a_proj: b.linear(&n("self_attn.q_a_proj.weight"))?,
+                    q_a_layernorm: b.vector(&n("self_attn.q_a_layernorm.weight"))?,
+                    q_b_proj: b.linear(&n("self_attn.q_b_proj.weight"))?,
+                    kv_a_proj_with_mqa: b.linear(&n("self_attn.kv_a_proj_with_mqa.weight"))?,
+                    kv_a_layernorm: b.vector(&n("self_attn.kv_a_layernorm.weight"))?,
+                    kv_b_proj: b.linear(&n("self_attn.kv_b_proj.weight"))?,
+                    g_proj: b.linear(&n("self_attn.g_proj.weight"))?,
+                    o_proj: b.linear(&n("self_attn.o_proj.weight"))?,
+                }),
+            };
+            let ffn = match spec.ffn_kind(i) {
+                FfnKind::Dense => FfnWeights::Dense(b.mlp(&n("mlp."))?),
+                FfnKind::Moe => {
+                    let p = |rest: &str| n(&format!("block_sparse_moe.{rest}"));
+                    FfnWeights::Moe(MoeWeights {
+                        gate: b.linear(&p("gate.weight"))?,
+                        e_score_correction_bias: b.vector(&p("gate.e_score_correction_bias"))?,
+                        routed_expert_down_proj: b.linear(&p("routed_expert_down_proj.weight"))?,
+                        routed_expert_norm: b.vector(&p("routed_expert_norm.weight"))?,
+                        routed_expert_up_proj: b.linear(&p("routed_expert_up_proj.weight"))?,
+                        shared_experts: if spec.num_shared_experts > 0 {
+                            Some(b.mlp(&p("shared_experts."))?)
+                        } else {
+                            None
+                        },
+                    })
+                }
+            };
+            layers.push(LayerWeights {
+                input_layernorm: b.vector(&n("input_layernorm.weight"))?,
+                post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
+                self_attention_res: b.attn_res(&n("self_attention_res_norm.weight"), &n("self_attention_res_proj.weight"))?,
+                mlp_res: b.attn_res(&n("mlp_res_norm.weight"), &n("mlp_res_proj.weight"))?,
+                attn,
+                ffn,
+            });
+        }
+        Ok(K3Weights {
+            embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
+            layers,
+            norm: b.vector(&format!("{PREFIX}norm.weight"))?,
+            output_attn_res: b.attn_res(
+                &format!("{PREFIX}output_attn_res_norm.weight"),
+                &format!("{PREFIX}output_attn_res_proj.weight"),
+            )?,
+            lm_head: b.linear(LM_HEAD)?,
+        })
+    }
+}
+
+/// Bytes of the checkpoint's tensors grouped by role (for `inspect`).
+pub fn bytes_by_role(spec: &K3Spec) -> Vec<(Role, u64, u64)> {
+    let mut m: std::collections::BTreeMap<Role, (u64, u64)> = Default::default();
+    for t in tensor_table(spec) {
+        let e = m.entry(t.role).or_default();
+        let numel = t.shape.iter().product::<usize>() as u64;
+        // MXFP4: a packed byte holds two parameters; scales are not parameters.
+        e.0 += match t.role {
+            Role::RoutedExpert if t.name.ends_with("weight_packed") => 2 * numel,
+            Role::RoutedExpert => 0,
+            _ => numel,
+        };
+        e.1 += t.bytes();
+    }
+    m.into_iter().map(|(r, (p, b))| (r, p, b)).collect()
+}

@@ -1,0 +1,256 @@
+//! The K3 forward pass against the independent fp32 reference's golden data
+//! (`tests/data/k3-tiny`, copied unchanged from shared/fixtures/k3-tiny).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fathom_model::experts::{ExpertSource, ExpertStats, ExpertWeights, ResidentExperts};
+use fathom_model::kimi_k3::moe::Route;
+use fathom_model::kimi_k3::weights::AttnWeights;
+use fathom_model::{K3Model, Logits, Tracer};
+use serde_json::Value;
+
+fn data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny")
+}
+
+fn golden() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(data().join("golden.json")).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+fn load() -> K3Model {
+    K3Model::load(&data().join("checkpoint")).expect("k3-tiny loads")
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Max |Δ| of last-position logits over the three golden prompts.
+fn max_logit_error(model: &K3Model) -> Vec<f32> {
+    let g = golden();
+    g["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let mut st = model.new_state();
+            let logits = model.forward(&mut st, &ids(&p["input_ids"]), Logits::Last).unwrap();
+            max_abs_diff(&logits, &floats(&p["last_logits"]))
+        })
+        .collect()
+}
+
+#[test]
+fn last_logits_match_golden() {
+    let errs = max_logit_error(&load());
+    eprintln!("max |Δlogit| per prompt: {errs:?}");
+    for (i, e) in errs.iter().enumerate() {
+        assert!(*e < 1e-3, "prompt {i}: max logit error {e}");
+    }
+}
+
+#[test]
+fn greedy_tokens_by_decode_and_by_recomputation() {
+    let model = load();
+    let g = golden();
+    for (pi, p) in g["prompts"].as_array().unwrap().iter().enumerate() {
+        let prompt = ids(&p["input_ids"]);
+        let want = ids(&p["greedy_tokens"]);
+        assert_eq!(want, ids(&p["greedy_tokens_incremental"]));
+        // Prefill + single-token decode.
+        let mut st = model.new_state();
+        let mut logits = model.forward(&mut st, &prompt, Logits::Last).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..want.len() {
+            let next = argmax(&logits);
+            got.push(next);
+            logits = model.forward(&mut st, &[next], Logits::Last).unwrap();
+        }
+        assert_eq!(got, want, "prompt {pi}: prefill+decode");
+        // Full recomputation from an empty state every step.
+        let mut seq = prompt.clone();
+        let mut got = Vec::new();
+        for _ in 0..want.len() {
+            let mut st = model.new_state();
+            let next = argmax(&model.forward(&mut st, &seq, Logits::Last).unwrap());
+            got.push(next);
+            seq.push(next);
+        }
+        assert_eq!(got, want, "prompt {pi}: recomputation");
+    }
+}
+
+/// A T-token pass equals T one-token passes bit for bit (the property
+/// speculative verification relies on), at every position.
+#[test]
+fn prefill_equals_token_by_token_bitwise() {
+    let model = load();
+    let prompt = ids(&golden()["prompts"][1]["input_ids"]);
+    let mut st = model.new_state();
+    let all = model.forward(&mut st, &prompt, Logits::All).unwrap();
+    let v = model.spec.vocab_size;
+    let mut st2 = model.new_state();
+    for (i, &tok) in prompt.iter().enumerate() {
+        let one = model.forward(&mut st2, &[tok], Logits::Last).unwrap();
+        assert_eq!(one, all[i * v..(i + 1) * v].to_vec(), "position {i}");
+    }
+}
+
+#[test]
+fn snapshot_restore_replays_identically() {
+    let model = load();
+    let prompt = ids(&golden()["prompts"][0]["input_ids"]);
+    let mut st = model.new_state();
+    model.forward(&mut st, &prompt, Logits::Last).unwrap();
+    let snap = st.snapshot();
+    let a = model.forward(&mut st, &[7, 8, 9], Logits::All).unwrap();
+    // Wander off, then come back.
+    model.forward(&mut st, &[100, 200], Logits::Last).unwrap();
+    st.restore(&snap);
+    assert_eq!(st.pos, prompt.len());
+    let b = model.forward(&mut st, &[7, 8, 9], Logits::All).unwrap();
+    assert_eq!(a, b);
+    // The snapshot does not grow with the sequence: only KDA state is copied.
+    let kda_layers = model.spec.attn_kinds.iter().filter(|k| **k == fathom_model::kimi_k3::config::AttnKind::Kda).count();
+    let s = &model.spec;
+    let per_layer = 4 * (s.kda_heads * s.kda_head_dim * s.kda_head_dim + 3 * (s.conv_kernel - 1) * s.kda_width());
+    assert_eq!(snap.bytes(), kda_layers * per_layer);
+}
+
+#[derive(Default)]
+struct Stats {
+    rows: Vec<(usize, String, Vec<f32>)>,
+    routes: Vec<(usize, Vec<Route>)>,
+}
+
+impl Tracer for Stats {
+    fn tensor(&mut self, layer: usize, name: &str, rows: &[f32]) {
+        self.rows.push((layer, name.to_string(), rows.to_vec()));
+    }
+    fn routes(&mut self, layer: usize, routes: &[Route]) {
+        self.routes.push((layer, routes.to_vec()));
+    }
+}
+
+/// Per-layer statistics and routes localise an error to a layer and a site.
+#[test]
+fn layer_stats_and_routes_match_golden() {
+    let model = load();
+    let g = golden();
+    let d = model.spec.hidden_size;
+    for p in g["prompts"].as_array().unwrap() {
+        let mut tr = Stats::default();
+        let mut st = model.new_state();
+        model.forward_traced(&mut st, &ids(&p["input_ids"]), Logits::Last, Some(&mut tr)).unwrap();
+        for ls in p["layer_stats"].as_array().unwrap() {
+            let layer = ls["layer"].as_u64().unwrap() as usize;
+            for site in ["attn_in", "attn_out", "mlp_in", "mlp_out"] {
+                let (_, _, rows) = tr.rows.iter().find(|(l, n, _)| *l == layer && n == site).unwrap();
+                let want = &ls[site];
+                let l2 = rows.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+                let sum: f64 = rows.iter().map(|&v| v as f64).sum();
+                let wl2 = want["l2"].as_f64().unwrap();
+                assert!((l2 - wl2).abs() < 1e-4 * wl2.max(1.0), "layer {layer} {site}: l2 {l2} vs {wl2}");
+                let ws = want["sum"].as_f64().unwrap();
+                assert!((sum - ws).abs() < 1e-3 * want["abs_sum"].as_f64().unwrap().max(1.0), "layer {layer} {site}: sum {sum} vs {ws}");
+                let last = &rows[rows.len() - d..][..8];
+                let err = max_abs_diff(last, &floats(&want["last_pos_first8"]));
+                assert!(err < 1e-4, "layer {layer} {site}: first8 off by {err}");
+            }
+        }
+        for (layer, want) in p["routes_prompt"].as_object().unwrap() {
+            let layer: usize = layer.parse().unwrap();
+            let (_, got) = tr.routes.iter().find(|(l, _)| *l == layer).unwrap();
+            for (pos, w) in want.as_array().unwrap().iter().enumerate() {
+                assert_eq!(got[pos].ids, ids(w), "layer {layer} position {pos}");
+            }
+        }
+    }
+}
+
+/// A source that misreads MXFP4 with the high nibble first.
+struct SwappedNibbles(ResidentExperts);
+
+impl ExpertSource for SwappedNibbles {
+    fn experts(&self, layer: usize, ids: &[u32]) -> fathom_model::Result<Vec<Arc<ExpertWeights>>> {
+        Ok(self
+            .0
+            .experts(layer, ids)?
+            .into_iter()
+            .map(|e| {
+                let mut buf = e.buf.clone();
+                for (p, _s, [r, c]) in e.parts {
+                    for b in &mut buf[p..p + r * c / 2] {
+                        *b = b.rotate_left(4);
+                    }
+                }
+                Arc::new(ExpertWeights { buf, parts: e.parts })
+            })
+            .collect())
+    }
+    fn stats(&self) -> ExpertStats {
+        self.0.stats()
+    }
+}
+
+#[test]
+fn negative_control_swapped_nibbles_fails_the_check() {
+    let model = K3Model::load_with(&data().join("checkpoint"), |spec, ck, table| {
+        Ok(Arc::new(SwappedNibbles(ResidentExperts::load(spec, ck, table)?)))
+    })
+    .unwrap();
+    let worst = max_logit_error(&model).into_iter().fold(0.0, f32::max);
+    eprintln!("swapped nibbles: max |Δlogit| {worst}");
+    assert!(worst > 1.0, "misread MXFP4 went unnoticed: {worst}");
+}
+
+#[test]
+fn negative_control_a_log_per_channel_fails_the_check() {
+    let mut model = load();
+    let ck = fathom_weights::Checkpoint::open(&data().join("checkpoint")).unwrap();
+    let k = model.spec.kda_head_dim;
+    for (i, l) in model.weights.layers.iter_mut().enumerate() {
+        if let AttnWeights::Kda(w) = &mut l.attn {
+            let loc = ck.get(&format!("language_model.model.layers.{i}.self_attn.A_log")).unwrap();
+            let raw = fathom_weights::convert::to_f32(loc.dtype, &ck.read(loc).unwrap()).unwrap();
+            // Misreading: exp(A_log[k]) per key channel, shared by all heads.
+            for (j, a) in w.a.iter_mut().enumerate() {
+                *a = raw[j % k].exp();
+            }
+        }
+    }
+    let worst = max_logit_error(&model).into_iter().fold(0.0, f32::max);
+    eprintln!("A_log per channel: max |Δlogit| {worst}");
+    assert!(worst > 1.0, "per-channel A_log went unnoticed: {worst}");
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let model = load();
+    let mut st = model.new_state();
+    let e = model.forward(&mut st, &[], Logits::Last).unwrap_err();
+    assert_eq!(e.to_string(), "empty input: at least one token is needed");
+    let e = model.forward(&mut st, &[5, 1024], Logits::Last).unwrap_err();
+    assert_eq!(e.to_string(), "token id 1024 is outside the vocabulary (size 1024)");
+    assert_eq!(st.pos, 0, "a rejected pass leaves the state untouched");
+}

@@ -1,0 +1,273 @@
+//! Safetensors checkpoints: the shard index, validated headers, tensor locators.
+//!
+//! A safetensors file is `u64 LE header length n`, `n` bytes of JSON
+//! (`name → {dtype, shape, data_offsets: [begin, end]}` relative to the data
+//! section), then the data section. We read only the header here and check,
+//! for every tensor, that its byte range lies inside the file, does not
+//! overlap another tensor, and has exactly `dtype size × Π shape` bytes.
+//! After [`Checkpoint::open`] succeeds, every [`TensorLoc`] can be read with a
+//! single positional read and nothing else about the file needs trusting.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use safetensors::tensor::TensorInfo;
+
+use crate::error::{Result, WeightsError};
+
+/// Largest header we accept (the safetensors reference uses the same cap).
+const MAX_HEADER: u64 = 100 << 20;
+
+/// One opened shard file.
+#[derive(Debug)]
+pub struct ShardFile {
+    pub path: PathBuf,
+    pub file: File,
+    pub len: u64,
+}
+
+/// Where a tensor's bytes are: shard index, absolute byte offset and length,
+/// plus its dtype and shape. Cheap to copy around; the streamer reads experts
+/// through these without ever loading the rest of the shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorLoc {
+    pub shard: usize,
+    pub offset: u64,
+    pub len: u64,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+}
+
+impl TensorLoc {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// An opened, header-validated checkpoint.
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<ShardFile>,
+    tensors: BTreeMap<String, TensorLoc>,
+}
+
+#[derive(serde::Deserialize)]
+struct IndexFile {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    /// Opens `dir/model.safetensors.index.json` (+ shards) or `dir/model.safetensors`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        if index_path.is_file() {
+            Self::open_indexed(dir, &index_path)
+        } else if single.is_file() {
+            let mut ck = Checkpoint {
+                dir: dir.to_path_buf(),
+                shards: Vec::new(),
+                tensors: BTreeMap::new(),
+            };
+            let header = ck.add_shard(&single)?;
+            for (name, loc) in header {
+                ck.tensors.insert(name, loc);
+            }
+            Ok(ck)
+        } else {
+            Err(WeightsError::NoCheckpoint {
+                path: dir.to_path_buf(),
+            })
+        }
+    }
+
+    fn open_indexed(dir: &Path, index_path: &Path) -> Result<Self> {
+        let text = std::fs::read(index_path).map_err(|e| WeightsError::io(index_path, e))?;
+        let index: IndexFile =
+            serde_json::from_slice(&text).map_err(|e| WeightsError::BadIndex {
+                path: index_path.to_path_buf(),
+                msg: e.to_string(),
+            })?;
+        let mut ck = Checkpoint {
+            dir: dir.to_path_buf(),
+            shards: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
+        let mut by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (name, file) in &index.weight_map {
+            if file.contains('/') || file.contains("..") {
+                return Err(WeightsError::BadIndex {
+                    path: index_path.to_path_buf(),
+                    msg: format!("tensor {name}: shard name {file:?} leaves the model directory"),
+                });
+            }
+            by_file.entry(file).or_default().push(name);
+        }
+        for (file, names) in by_file {
+            let path = dir.join(file);
+            let mut header = ck.add_shard(&path)?;
+            for name in names {
+                let loc = header.remove(name).ok_or_else(|| WeightsError::BadTensor {
+                    path: path.clone(),
+                    tensor: name.to_string(),
+                    msg: "listed in the index but absent from this shard".into(),
+                })?;
+                ck.tensors.insert(name.to_string(), loc);
+            }
+            if let Some(extra) = header.keys().next() {
+                return Err(WeightsError::BadTensor {
+                    path,
+                    tensor: extra.clone(),
+                    msg: "present in the shard but not listed in the index".into(),
+                });
+            }
+        }
+        Ok(ck)
+    }
+
+    /// Opens one shard, validates its header, returns its tensors.
+    fn add_shard(&mut self, path: &Path) -> Result<HashMap<String, TensorLoc>> {
+        let file = File::open(path).map_err(|e| WeightsError::io(path, e))?;
+        let len = file.metadata().map_err(|e| WeightsError::io(path, e))?.len();
+        let shard = self.shards.len();
+        let tensors = read_header(path, &file, len, shard)?;
+        self.shards.push(ShardFile {
+            path: path.to_path_buf(),
+            file,
+            len,
+        });
+        Ok(tensors)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn shards(&self) -> &[ShardFile] {
+        &self.shards
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TensorLoc> {
+        self.tensors.get(name)
+    }
+
+    /// All tensors, sorted by name.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &TensorLoc)> {
+        self.tensors.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Total bytes of tensor data.
+    pub fn data_bytes(&self) -> u64 {
+        self.tensors.values().map(|t| t.len).sum()
+    }
+
+    /// Reads a tensor's bytes (one positional read).
+    pub fn read(&self, loc: &TensorLoc) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; loc.len as usize];
+        self.read_into(loc.shard, loc.offset, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Reads `buf.len()` bytes at absolute `offset` of shard `shard`.
+    pub fn read_into(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let s = &self.shards[shard];
+        s.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| WeightsError::io(&s.path, e))
+    }
+}
+
+/// Reads and validates a shard header. Offsets returned are absolute.
+fn read_header(
+    path: &Path,
+    file: &File,
+    file_len: u64,
+    shard: usize,
+) -> Result<HashMap<String, TensorLoc>> {
+    let bad = |msg: String| WeightsError::BadHeader {
+        path: path.to_path_buf(),
+        msg,
+    };
+    if file_len < 8 {
+        return Err(bad(format!(
+            "file is {file_len} bytes, too short for a header"
+        )));
+    }
+    let mut n = [0u8; 8];
+    file.read_exact_at(&mut n, 0)
+        .map_err(|e| WeightsError::io(path, e))?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_HEADER || 8 + n > file_len {
+        return Err(bad(format!(
+            "header length {n} does not fit a {file_len}-byte file"
+        )));
+    }
+    let mut json = vec![0u8; n as usize];
+    file.read_exact_at(&mut json, 8)
+        .map_err(|e| WeightsError::io(path, e))?;
+    let raw: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&json).map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
+    let data_start = 8 + n;
+    let data_len = file_len - data_start;
+    let mut out = HashMap::with_capacity(raw.len());
+    let mut spans = Vec::with_capacity(raw.len());
+    for (name, value) in raw {
+        if name == "__metadata__" {
+            continue;
+        }
+        let bad_t = |msg: String| WeightsError::BadTensor {
+            path: path.to_path_buf(),
+            tensor: name.clone(),
+            msg,
+        };
+        let info: TensorInfo = serde_json::from_value(value)
+            .map_err(|e| bad_t(format!("bad entry: {e}")))?;
+        let (begin, end) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+        if begin > end || end > data_len {
+            return Err(bad_t(format!(
+                "data_offsets [{begin}, {end}] outside the {data_len}-byte data section"
+            )));
+        }
+        let numel = info
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+            .ok_or_else(|| bad_t("shape overflows".into()))?;
+        let bits = numel as u128 * info.dtype.bitsize() as u128;
+        if bits % 8 != 0 || (bits / 8) as u64 != end - begin {
+            return Err(bad_t(format!(
+                "{:?} {:?} needs {} bytes but data_offsets span {}",
+                info.dtype,
+                info.shape,
+                bits as f64 / 8.0,
+                end - begin
+            )));
+        }
+        spans.push((begin, end, name.clone()));
+        out.insert(
+            name,
+            TensorLoc {
+                shard,
+                offset: data_start + begin,
+                len: end - begin,
+                dtype: info.dtype,
+                shape: info.shape,
+            },
+        );
+    }
+    spans.sort();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(WeightsError::BadTensor {
+                path: path.to_path_buf(),
+                tensor: w[1].2.clone(),
+                msg: format!("overlaps tensor {}", w[0].2),
+            });
+        }
+    }
+    Ok(out)
+}

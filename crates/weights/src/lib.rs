@@ -1,0 +1,20 @@
+//! Checkpoint → weights: everything fathom knows about bytes on disk.
+//!
+//! * [`checkpoint`] opens a Hugging Face safetensors checkpoint (a single
+//!   `model.safetensors` or `model.safetensors.index.json` + shards), validates
+//!   every header before anything is read, and hands out [`TensorLoc`]ators:
+//!   (file, absolute offset, length, dtype, shape). Nothing is loaded until a
+//!   caller asks, so the same locators serve a resident load and a streamed
+//!   expert read.
+//! * [`mxfp4`] is the compressed-tensors `mxfp4-pack-quantized` format of the
+//!   routed experts (E2M1 nibbles, E8M0 scale per 32 columns).
+//! * [`convert`] turns stored bytes into fp32 (bf16 is a shift, so exact).
+
+pub mod checkpoint;
+pub mod convert;
+pub mod error;
+pub mod mxfp4;
+
+pub use checkpoint::{Checkpoint, ShardFile, TensorLoc};
+pub use error::WeightsError;
+pub use safetensors::Dtype;
