@@ -1,1 +1,46 @@
-fn main() {}
+//! `fathom`: run giant Mixture-of-Experts models exactly on small machines.
+//!
+//! One file per subcommand under `commands/`; this file only parses and
+//! dispatches. Errors are printed as one `error: …` chain and exit 1
+//! (usage errors exit 2, from clap).
+
+mod commands;
+mod common;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "fathom", version, about = "Run giant Mixture-of-Experts language models exactly, on a machine whose memory is a fraction of the model", long_about = None)]
+struct Cli {
+    /// Compute threads (default: all cores).
+    #[arg(long, global = true, env = "FATHOM_THREADS")]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Run(commands::run::RunArgs),
+    Logits(commands::logits::LogitsArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()
+        {
+            eprintln!("warning: cannot set threads: {e}");
+        }
+    }
+    let result = match cli.command {
+        Command::Run(a) => commands::run::run(a),
+        Command::Logits(a) => commands::logits::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

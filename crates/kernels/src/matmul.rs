@@ -128,7 +128,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     }
 
@@ -154,13 +156,19 @@ mod tests {
             let wbits: Vec<u16> = (0..rows * cols)
                 .map(|_| (lcg(&mut s).to_bits() >> 16) as u16)
                 .collect();
-            let wf: Vec<f32> = wbits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+            let wf: Vec<f32> = wbits
+                .iter()
+                .map(|&b| f32::from_bits((b as u32) << 16))
+                .collect();
             let want = naive(&x, t, &wf, rows, cols);
             let mut a = vec![0f32; t * rows];
             let mut b = vec![0f32; t * rows];
             matmul_bf16(&x, t, &wbits, rows, cols, &mut a);
             matmul_f32(&x, t, &wf, rows, cols, &mut b);
-            assert_eq!(a, b, "bf16 and f32 paths must be bit-identical on equal weights");
+            assert_eq!(
+                a, b,
+                "bf16 and f32 paths must be bit-identical on equal weights"
+            );
             for (g, w) in a.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "{g} vs {w}");
             }
@@ -171,7 +179,9 @@ mod tests {
     fn mxfp4_matches_dequantised_f32() {
         let mut s = 11;
         let (t, rows, cols) = (3, 40, 96);
-        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| ((lcg(&mut s) + 0.5) * 255.0) as u8).collect();
+        let packed: Vec<u8> = (0..rows * cols / 2)
+            .map(|_| ((lcg(&mut s) + 0.5) * 255.0) as u8)
+            .collect();
         let scales: Vec<u8> = (0..rows * cols / 32).map(|i| 120 + (i % 9) as u8).collect();
         let m = Mxfp4Ref::new(rows, cols, &packed, &scales).unwrap();
         let wf = m.dequantize();
@@ -191,7 +201,10 @@ mod tests {
         let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut s)).collect();
         let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut s)).collect();
         let run = |threads| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
             let mut y = vec![0f32; t * rows];
             pool.install(|| matmul_f32(&x, t, &w, rows, cols, &mut y));
             y

@@ -80,7 +80,11 @@ impl ExpertLoc {
         let mut parts = [(0, 0, [0, 0]); 3];
         for (i, m) in ExpertMatrix::ALL.iter().enumerate() {
             let (p, s) = &self.parts[i];
-            parts[i] = ((p.offset - base) as usize, (s.offset - base) as usize, m.shape(spec));
+            parts[i] = (
+                (p.offset - base) as usize,
+                (s.offset - base) as usize,
+                m.shape(spec),
+            );
         }
         ExpertWeights { buf, parts }
     }
@@ -121,7 +125,9 @@ impl ExpertTable {
             for e in 0..spec.num_experts {
                 let get = |m, part| {
                     let n = expert_name(l, e, m, part);
-                    ck.get(&n).cloned().ok_or(ModelError::Weights(fathom_weights::WeightsError::Missing(n)))
+                    ck.get(&n).cloned().ok_or(ModelError::Weights(
+                        fathom_weights::WeightsError::Missing(n),
+                    ))
                 };
                 let mut parts = Vec::with_capacity(3);
                 for m in ExpertMatrix::ALL {
@@ -168,7 +174,11 @@ impl ResidentExperts {
         let layers = table
             .layers
             .iter()
-            .map(|l| l.iter().map(|e| e.read(spec, ck).map(Arc::new)).collect::<Result<Vec<_>>>())
+            .map(|l| {
+                l.iter()
+                    .map(|e| e.read(spec, ck).map(Arc::new))
+                    .collect::<Result<Vec<_>>>()
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(ResidentExperts {
             layers,
@@ -179,10 +189,17 @@ impl ResidentExperts {
 
 impl ExpertSource for ResidentExperts {
     fn experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<Arc<ExpertWeights>>> {
-        let l = self.layers.get(layer).ok_or_else(|| ModelError::Experts(format!("layer {layer} has no experts")))?;
+        let l = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| ModelError::Experts(format!("layer {layer} has no experts")))?;
         self.served.fetch_add(ids.len() as u64, Ordering::Relaxed);
         ids.iter()
-            .map(|&e| l.get(e as usize).cloned().ok_or_else(|| ModelError::Experts(format!("layer {layer} has no expert {e}"))))
+            .map(|&e| {
+                l.get(e as usize)
+                    .cloned()
+                    .ok_or_else(|| ModelError::Experts(format!("layer {layer} has no expert {e}")))
+            })
             .collect()
     }
 

@@ -27,7 +27,10 @@ impl Linear {
             [r, c] => (r, c),
             [r, one, c] if one == 1 => (r, c),
             _ => {
-                return Err(ModelError::Experts(format!("{name}: expected a matrix, found {:?}", loc.shape)));
+                return Err(ModelError::Experts(format!(
+                    "{name}: expected a matrix, found {:?}",
+                    loc.shape
+                )));
             }
         };
         let bytes = ck.read(loc)?;
@@ -58,7 +61,10 @@ impl Linear {
     pub fn row(&self, r: usize) -> Vec<f32> {
         let range = r * self.cols..(r + 1) * self.cols;
         match &self.data {
-            WeightData::Bf16(w) => w[range].iter().map(|&b| f32::from_bits((b as u32) << 16)).collect(),
+            WeightData::Bf16(w) => w[range]
+                .iter()
+                .map(|&b| f32::from_bits((b as u32) << 16))
+                .collect(),
             WeightData::F32(w) => w[range].to_vec(),
         }
     }

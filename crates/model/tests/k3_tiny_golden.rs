@@ -19,11 +19,19 @@ fn golden() -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
 }
 
 fn load() -> K3Model {
@@ -42,7 +50,10 @@ fn argmax(x: &[f32]) -> u32 {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Max |Δ| of last-position logits over the three golden prompts.
@@ -54,7 +65,9 @@ fn max_logit_error(model: &K3Model) -> Vec<f32> {
         .iter()
         .map(|p| {
             let mut st = model.new_state();
-            let logits = model.forward(&mut st, &ids(&p["input_ids"]), Logits::Last).unwrap();
+            let logits = model
+                .forward(&mut st, &ids(&p["input_ids"]), Logits::Last)
+                .unwrap();
             max_abs_diff(&logits, &floats(&p["last_logits"]))
         })
         .collect()
@@ -131,9 +144,15 @@ fn snapshot_restore_replays_identically() {
     let b = model.forward(&mut st, &[7, 8, 9], Logits::All).unwrap();
     assert_eq!(a, b);
     // The snapshot does not grow with the sequence: only KDA state is copied.
-    let kda_layers = model.spec.attn_kinds.iter().filter(|k| **k == fathom_model::kimi_k3::config::AttnKind::Kda).count();
+    let kda_layers = model
+        .spec
+        .attn_kinds
+        .iter()
+        .filter(|k| **k == fathom_model::kimi_k3::config::AttnKind::Kda)
+        .count();
     let s = &model.spec;
-    let per_layer = 4 * (s.kda_heads * s.kda_head_dim * s.kda_head_dim + 3 * (s.conv_kernel - 1) * s.kda_width());
+    let per_layer = 4
+        * (s.kda_heads * s.kda_head_dim * s.kda_head_dim + 3 * (s.conv_kernel - 1) * s.kda_width());
     assert_eq!(snap.bytes(), kda_layers * per_layer);
 }
 
@@ -161,18 +180,30 @@ fn layer_stats_and_routes_match_golden() {
     for p in g["prompts"].as_array().unwrap() {
         let mut tr = Stats::default();
         let mut st = model.new_state();
-        model.forward_traced(&mut st, &ids(&p["input_ids"]), Logits::Last, Some(&mut tr)).unwrap();
+        model
+            .forward_traced(&mut st, &ids(&p["input_ids"]), Logits::Last, Some(&mut tr))
+            .unwrap();
         for ls in p["layer_stats"].as_array().unwrap() {
             let layer = ls["layer"].as_u64().unwrap() as usize;
             for site in ["attn_in", "attn_out", "mlp_in", "mlp_out"] {
-                let (_, _, rows) = tr.rows.iter().find(|(l, n, _)| *l == layer && n == site).unwrap();
+                let (_, _, rows) = tr
+                    .rows
+                    .iter()
+                    .find(|(l, n, _)| *l == layer && n == site)
+                    .unwrap();
                 let want = &ls[site];
                 let l2 = rows.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
                 let sum: f64 = rows.iter().map(|&v| v as f64).sum();
                 let wl2 = want["l2"].as_f64().unwrap();
-                assert!((l2 - wl2).abs() < 1e-4 * wl2.max(1.0), "layer {layer} {site}: l2 {l2} vs {wl2}");
+                assert!(
+                    (l2 - wl2).abs() < 1e-4 * wl2.max(1.0),
+                    "layer {layer} {site}: l2 {l2} vs {wl2}"
+                );
                 let ws = want["sum"].as_f64().unwrap();
-                assert!((sum - ws).abs() < 1e-3 * want["abs_sum"].as_f64().unwrap().max(1.0), "layer {layer} {site}: sum {sum} vs {ws}");
+                assert!(
+                    (sum - ws).abs() < 1e-3 * want["abs_sum"].as_f64().unwrap().max(1.0),
+                    "layer {layer} {site}: sum {sum} vs {ws}"
+                );
                 let last = &rows[rows.len() - d..][..8];
                 let err = max_abs_diff(last, &floats(&want["last_pos_first8"]));
                 assert!(err < 1e-4, "layer {layer} {site}: first8 off by {err}");
@@ -204,7 +235,10 @@ impl ExpertSource for SwappedNibbles {
                         *b = b.rotate_left(4);
                     }
                 }
-                Arc::new(ExpertWeights { buf, parts: e.parts })
+                Arc::new(ExpertWeights {
+                    buf,
+                    parts: e.parts,
+                })
             })
             .collect())
     }
@@ -216,7 +250,9 @@ impl ExpertSource for SwappedNibbles {
 #[test]
 fn negative_control_swapped_nibbles_fails_the_check() {
     let model = K3Model::load_with(&data().join("checkpoint"), |spec, ck, table| {
-        Ok(Arc::new(SwappedNibbles(ResidentExperts::load(spec, ck, table)?)))
+        Ok(Arc::new(SwappedNibbles(ResidentExperts::load(
+            spec, ck, table,
+        )?)))
     })
     .unwrap();
     let worst = max_logit_error(&model).into_iter().fold(0.0, f32::max);
@@ -231,7 +267,9 @@ fn negative_control_a_log_per_channel_fails_the_check() {
     let k = model.spec.kda_head_dim;
     for (i, l) in model.weights.layers.iter_mut().enumerate() {
         if let AttnWeights::Kda(w) = &mut l.attn {
-            let loc = ck.get(&format!("language_model.model.layers.{i}.self_attn.A_log")).unwrap();
+            let loc = ck
+                .get(&format!("language_model.model.layers.{i}.self_attn.A_log"))
+                .unwrap();
             let raw = fathom_weights::convert::to_f32(loc.dtype, &ck.read(loc).unwrap()).unwrap();
             // Misreading: exp(A_log[k]) per key channel, shared by all heads.
             for (j, a) in w.a.iter_mut().enumerate() {
@@ -250,7 +288,12 @@ fn bad_inputs_are_errors_not_panics() {
     let mut st = model.new_state();
     let e = model.forward(&mut st, &[], Logits::Last).unwrap_err();
     assert_eq!(e.to_string(), "empty input: at least one token is needed");
-    let e = model.forward(&mut st, &[5, 1024], Logits::Last).unwrap_err();
-    assert_eq!(e.to_string(), "token id 1024 is outside the vocabulary (size 1024)");
+    let e = model
+        .forward(&mut st, &[5, 1024], Logits::Last)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "token id 1024 is outside the vocabulary (size 1024)"
+    );
     assert_eq!(st.pos, 0, "a rejected pass leaves the state untouched");
 }

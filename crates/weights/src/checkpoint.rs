@@ -132,7 +132,10 @@ impl Checkpoint {
     /// Opens one shard, validates its header, returns its tensors.
     fn add_shard(&mut self, path: &Path) -> Result<HashMap<String, TensorLoc>> {
         let file = File::open(path).map_err(|e| WeightsError::io(path, e))?;
-        let len = file.metadata().map_err(|e| WeightsError::io(path, e))?.len();
+        let len = file
+            .metadata()
+            .map_err(|e| WeightsError::io(path, e))?
+            .len();
         let shard = self.shards.len();
         let tensors = read_header(path, &file, len, shard)?;
         self.shards.push(ShardFile {
@@ -209,8 +212,8 @@ fn read_header(
     let mut json = vec![0u8; n as usize];
     file.read_exact_at(&mut json, 8)
         .map_err(|e| WeightsError::io(path, e))?;
-    let raw: BTreeMap<String, serde_json::Value> =
-        serde_json::from_slice(&json).map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
+    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&json)
+        .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
     let data_start = 8 + n;
     let data_len = file_len - data_start;
     let mut out = HashMap::with_capacity(raw.len());
@@ -224,8 +227,8 @@ fn read_header(
             tensor: name.clone(),
             msg,
         };
-        let info: TensorInfo = serde_json::from_value(value)
-            .map_err(|e| bad_t(format!("bad entry: {e}")))?;
+        let info: TensorInfo =
+            serde_json::from_value(value).map_err(|e| bad_t(format!("bad entry: {e}")))?;
         let (begin, end) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
         if begin > end || end > data_len {
             return Err(bad_t(format!(

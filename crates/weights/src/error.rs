@@ -11,7 +11,9 @@ pub enum WeightsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: not a model directory: neither model.safetensors.index.json nor model.safetensors exists")]
+    #[error(
+        "{path}: not a model directory: neither model.safetensors.index.json nor model.safetensors exists"
+    )]
     NoCheckpoint { path: PathBuf },
     #[error("{path}: invalid index: {msg}")]
     BadIndex { path: PathBuf, msg: String },

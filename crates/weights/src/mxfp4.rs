@@ -114,7 +114,11 @@ pub fn nearest_e2m1(x: f32) -> u8 {
             best = i;
         }
     }
-    let sign = if x.is_sign_negative() && best != 0 { 8 } else { 0 };
+    let sign = if x.is_sign_negative() && best != 0 {
+        8
+    } else {
+        0
+    };
     best as u8 | sign
 }
 

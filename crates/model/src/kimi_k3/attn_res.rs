@@ -10,14 +10,24 @@ use fathom_kernels::ops::{rms_inv, softmax};
 use super::weights::AttnResWeights;
 
 /// Mixes `blocks` and `partial` (each `[T, D]`) into a new `[T, D]`.
-pub fn attn_res(partial: &[f32], blocks: &[Vec<f32>], w: &AttnResWeights, d: usize, eps: f32) -> Vec<f32> {
+pub fn attn_res(
+    partial: &[f32],
+    blocks: &[Vec<f32>],
+    w: &AttnResWeights,
+    d: usize,
+    eps: f32,
+) -> Vec<f32> {
     let t = partial.len() / d;
     let n = blocks.len() + 1;
     let mut out = vec![0f32; t * d];
     let mut p = vec![0f32; n];
     for ti in 0..t {
         let row = |j: usize| -> &[f32] {
-            let src = if j < blocks.len() { &blocks[j] } else { partial };
+            let src = if j < blocks.len() {
+                &blocks[j]
+            } else {
+                partial
+            };
             &src[ti * d..(ti + 1) * d]
         };
         for (j, pj) in p.iter_mut().enumerate() {

@@ -218,16 +218,24 @@ impl K3Spec {
         if t.bool_or("tie_word_embeddings", false)? {
             return Err(t.err("tie_word_embeddings", "= true: K3 has a separate lm_head"));
         }
-        let groups = t.get("num_expert_group").and_then(Value::as_u64).unwrap_or(1);
+        let groups = t
+            .get("num_expert_group")
+            .and_then(Value::as_u64)
+            .unwrap_or(1);
         let topk_group = t.get("topk_group").and_then(Value::as_u64).unwrap_or(1);
         if groups > 1 && topk_group < groups {
             return Err(t.err(
                 "topk_group",
-                format!("= {topk_group} of {groups} groups: group-limited routing is not supported"),
+                format!(
+                    "= {topk_group} of {groups} groups: group-limited routing is not supported"
+                ),
             ));
         }
         if t.get("moe_layer_freq").and_then(Value::as_u64).unwrap_or(1) != 1 {
-            return Err(t.err("moe_layer_freq", "only 1 (every layer after the dense ones) is supported"));
+            return Err(t.err(
+                "moe_layer_freq",
+                "only 1 (every layer after the dense ones) is supported",
+            ));
         }
         if let Some(q) = t.get("quantization_config") {
             let qf = Fields {
@@ -239,7 +247,10 @@ impl K3Spec {
                 .pointer("/config_groups/group_0/weights/group_size")
                 .and_then(Value::as_u64);
             if let Some(g) = gs.filter(|&g| g != 32) {
-                return Err(qf.err("config_groups.group_0.weights.group_size", format!("= {g}: MXFP4 needs 32")));
+                return Err(qf.err(
+                    "config_groups.group_0.weights.group_size",
+                    format!("= {g}: MXFP4 needs 32"),
+                ));
             }
         }
 
@@ -252,12 +263,31 @@ impl K3Spec {
             attn_kinds.push(match (k, f) {
                 (true, false) => AttnKind::Kda,
                 (false, true) => AttnKind::Mla,
-                (true, true) => return Err(l.err("kda_layers", format!("layer {i} (1-based) is also in full_attn_layers"))),
-                (false, false) => return Err(l.err("kda_layers", format!("layer {i} (1-based) is in neither kda_layers nor full_attn_layers"))),
+                (true, true) => {
+                    return Err(l.err(
+                        "kda_layers",
+                        format!("layer {i} (1-based) is also in full_attn_layers"),
+                    ));
+                }
+                (false, false) => {
+                    return Err(l.err(
+                        "kda_layers",
+                        format!(
+                            "layer {i} (1-based) is in neither kda_layers nor full_attn_layers"
+                        ),
+                    ));
+                }
             });
         }
-        if let Some(&bad) = kda_layers.iter().chain(&full_layers).find(|&&i| i == 0 || i > num_layers) {
-            return Err(l.err("kda_layers", format!("layer {bad} is outside 1..={num_layers}")));
+        if let Some(&bad) = kda_layers
+            .iter()
+            .chain(&full_layers)
+            .find(|&&i| i == 0 || i > num_layers)
+        {
+            return Err(l.err(
+                "kda_layers",
+                format!("layer {bad} is outside 1..={num_layers}"),
+            ));
         }
 
         let spec = K3Spec {
@@ -294,19 +324,40 @@ impl K3Spec {
         };
         if let Some(h) = t.get("num_key_value_heads").and_then(Value::as_u64) {
             if h as usize != spec.mla_heads {
-                return Err(t.err("num_key_value_heads", format!("= {h}: MLA needs it equal to num_attention_heads ({})", spec.mla_heads)));
+                return Err(t.err(
+                    "num_key_value_heads",
+                    format!(
+                        "= {h}: MLA needs it equal to num_attention_heads ({})",
+                        spec.mla_heads
+                    ),
+                ));
             }
         }
         if spec.top_k > spec.num_experts {
-            return Err(t.err("num_experts_per_token", format!("= {} exceeds num_experts = {}", spec.top_k, spec.num_experts)));
+            return Err(t.err(
+                "num_experts_per_token",
+                format!(
+                    "= {} exceeds num_experts = {}",
+                    spec.top_k, spec.num_experts
+                ),
+            ));
         }
-        for (name, v) in [("moe_intermediate_size", spec.moe_intermediate_size), ("routed_expert_hidden_size", spec.latent_size)] {
+        for (name, v) in [
+            ("moe_intermediate_size", spec.moe_intermediate_size),
+            ("routed_expert_hidden_size", spec.latent_size),
+        ] {
             if v % 32 != 0 {
                 return Err(t.err(name, format!("= {v}: MXFP4 experts need a multiple of 32")));
             }
         }
         if spec.first_k_dense_replace > num_layers {
-            return Err(t.err("first_k_dense_replace", format!("= {} exceeds num_hidden_layers = {num_layers}", spec.first_k_dense_replace)));
+            return Err(t.err(
+                "first_k_dense_replace",
+                format!(
+                    "= {} exceeds num_hidden_layers = {num_layers}",
+                    spec.first_k_dense_replace
+                ),
+            ));
         }
         if spec.conv_kernel < 1 || spec.situ_beta == 0.0 || spec.situ_linear_beta == Some(0.0) {
             return Err(t.err("activation_situ_beta", "must be non-zero"));
@@ -347,7 +398,10 @@ mod tests {
     use super::*;
 
     fn tiny() -> Value {
-        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/k3-tiny/checkpoint/config.json");
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/k3-tiny/checkpoint/config.json"
+        );
         serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
     }
 
@@ -356,7 +410,10 @@ mod tests {
         let s = K3Spec::from_json(&tiny()).unwrap();
         assert_eq!(s.hidden_size, 128);
         assert_eq!(s.num_layers, 9);
-        assert_eq!(s.attn_kinds.iter().filter(|k| **k == AttnKind::Mla).count(), 3);
+        assert_eq!(
+            s.attn_kinds.iter().filter(|k| **k == AttnKind::Mla).count(),
+            3
+        );
         assert_eq!(s.attn_kinds[3], AttnKind::Mla);
         assert_eq!(s.gate_lower_bound, Some(-5.0));
         assert_eq!(s.top_k, 4);
@@ -371,17 +428,31 @@ mod tests {
     #[test]
     fn rejects_with_field_and_value() {
         let e = err_of(|v| v["text_config"]["hidden_act"] = "gelu".into());
-        assert_eq!(e, "config.json: text_config.hidden_act: = \"gelu\": only \"situ\" is supported");
+        assert_eq!(
+            e,
+            "config.json: text_config.hidden_act: = \"gelu\": only \"situ\" is supported"
+        );
         let e = err_of(|v| v["model_type"] = "llama".into());
         assert!(e.contains("model_type") && e.contains("llama"), "{e}");
         let e = err_of(|v| v["text_config"]["num_experts_per_token"] = 64.into());
-        assert!(e.contains("num_experts_per_token") && e.contains("64"), "{e}");
-        let e = err_of(|v| v["text_config"]["linear_attn_config"]["kda_layers"] = serde_json::json!([1, 2, 3, 4]));
+        assert!(
+            e.contains("num_experts_per_token") && e.contains("64"),
+            "{e}"
+        );
+        let e = err_of(|v| {
+            v["text_config"]["linear_attn_config"]["kda_layers"] = serde_json::json!([1, 2, 3, 4])
+        });
         assert!(e.contains("kda_layers") && e.contains("layer 4"), "{e}");
         let e = err_of(|v| v["text_config"]["moe_intermediate_size"] = 100.into());
-        assert!(e.contains("moe_intermediate_size") && e.contains("100"), "{e}");
+        assert!(
+            e.contains("moe_intermediate_size") && e.contains("100"),
+            "{e}"
+        );
         let e = err_of(|v| {
-            v["text_config"].as_object_mut().unwrap().remove("hidden_size");
+            v["text_config"]
+                .as_object_mut()
+                .unwrap()
+                .remove("hidden_size");
         });
         assert_eq!(e, "config.json: text_config.hidden_size: missing");
     }

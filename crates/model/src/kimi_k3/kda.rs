@@ -23,7 +23,13 @@ use super::weights::KdaWeights;
 
 /// Depthwise causal convolution + SiLU over `pre [T, P]`, using and updating
 /// `window` (`[kernel−1, P]`, the previous pre-convolution rows).
-pub fn short_conv(pre: &[f32], window: &mut [f32], taps: &[f32], p: usize, kernel: usize) -> Vec<f32> {
+pub fn short_conv(
+    pre: &[f32],
+    window: &mut [f32],
+    taps: &[f32],
+    p: usize,
+    kernel: usize,
+) -> Vec<f32> {
     let t = pre.len() / p;
     let hist = kernel - 1;
     // seq = window ++ pre, rows of width p
@@ -49,7 +55,9 @@ pub fn short_conv(pre: &[f32], window: &mut [f32], taps: &[f32], p: usize, kerne
     }
     // New window: the last `hist` rows of seq.
     let total = hist + t;
-    let new: Vec<f32> = (total - hist..total).flat_map(|r| row(r).to_vec()).collect();
+    let new: Vec<f32> = (total - hist..total)
+        .flat_map(|r| row(r).to_vec())
+        .collect();
     window.copy_from_slice(&new);
     out
 }
@@ -84,7 +92,11 @@ fn delta_rule_head(
 ) {
     let mut pred = vec![0f32; vd];
     for ti in 0..beta.len() {
-        let (qt, kt, vt) = (&q[ti * kd..][..kd], &k[ti * kd..][..kd], &v[ti * vd..][..vd]);
+        let (qt, kt, vt) = (
+            &q[ti * kd..][..kd],
+            &k[ti * kd..][..kd],
+            &v[ti * vd..][..vd],
+        );
         let la = &log_alpha[ti * kd..][..kd];
         // S ← diag(α) S, and pred = Sᵀ k in the same sweep.
         pred.fill(0.0);
@@ -118,9 +130,27 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
     let p = h * kd;
     let t = x.len() / spec.hidden_size;
     let [wq, wk, wv] = &mut st.conv;
-    let q = short_conv(&w.q_proj.forward(x, t), wq, &w.q_conv1d, p, spec.conv_kernel);
-    let k = short_conv(&w.k_proj.forward(x, t), wk, &w.k_conv1d, p, spec.conv_kernel);
-    let v = short_conv(&w.v_proj.forward(x, t), wv, &w.v_conv1d, p, spec.conv_kernel);
+    let q = short_conv(
+        &w.q_proj.forward(x, t),
+        wq,
+        &w.q_conv1d,
+        p,
+        spec.conv_kernel,
+    );
+    let k = short_conv(
+        &w.k_proj.forward(x, t),
+        wk,
+        &w.k_conv1d,
+        p,
+        spec.conv_kernel,
+    );
+    let v = short_conv(
+        &w.v_proj.forward(x, t),
+        wv,
+        &w.v_conv1d,
+        p,
+        spec.conv_kernel,
+    );
     let f = w.f_b_proj.forward(&w.f_a_proj.forward(x, t), t);
     let b = w.b_proj.forward(x, t);
     let g = w.g_proj.forward(x, t);
@@ -149,7 +179,8 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
                 vh[ti * kd..(ti + 1) * kd].copy_from_slice(&v[src..src + kd]);
                 for c in 0..kd {
                     let j = hh * kd + c;
-                    la[ti * kd + c] = log_decay(f[ti * p + j], w.a[j], w.dt_bias[j], spec.gate_lower_bound);
+                    la[ti * kd + c] =
+                        log_decay(f[ti * p + j], w.a[j], w.dt_bias[j], spec.gate_lower_bound);
                 }
                 beta[ti] = sigmoid(b[ti * h + hh]);
             }
@@ -169,7 +200,8 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
     let mut cat = vec![0f32; t * p];
     for (hh, o) in outs.iter().enumerate() {
         for ti in 0..t {
-            cat[ti * p + hh * kd..ti * p + (hh + 1) * kd].copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
+            cat[ti * p + hh * kd..ti * p + (hh + 1) * kd]
+                .copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
         }
     }
     w.o_proj.forward(&cat, t)

@@ -40,11 +40,21 @@ pub fn mla(spec: &K3Spec, w: &MlaWeights, cache: &mut MlaCache, x: &[f32]) -> Ve
     let width = lora + dr;
 
     let mut qa = w.q_a_proj.forward(x, t);
-    rms_norm_rows(&mut qa, spec.q_lora_rank, &w.q_a_layernorm, MLA_LOW_RANK_NORM_EPS);
+    rms_norm_rows(
+        &mut qa,
+        spec.q_lora_rank,
+        &w.q_a_layernorm,
+        MLA_LOW_RANK_NORM_EPS,
+    );
     let q = w.q_b_proj.forward(&qa, t); // [T, H·dq]
     let mut c = w.kv_a_proj_with_mqa.forward(x, t); // [T, lora + dr]
     for row in c.chunks_exact_mut(width) {
-        rms_norm_rows(&mut row[..lora], lora, &w.kv_a_layernorm, MLA_LOW_RANK_NORM_EPS);
+        rms_norm_rows(
+            &mut row[..lora],
+            lora,
+            &w.kv_a_layernorm,
+            MLA_LOW_RANK_NORM_EPS,
+        );
     }
     let past = cache.len();
     cache.rows.extend_from_slice(&c);

@@ -60,13 +60,19 @@ pub struct K3Model {
 impl K3Model {
     /// Loads a model with every expert resident in RAM.
     pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with(dir, |spec, ck, table| Ok(Arc::new(ResidentExperts::load(spec, ck, table)?)))
+        Self::load_with(dir, |spec, ck, table| {
+            Ok(Arc::new(ResidentExperts::load(spec, ck, table)?))
+        })
     }
 
     /// Loads the spine and builds the expert source with `make_source`.
     pub fn load_with(
         dir: &Path,
-        make_source: impl FnOnce(&K3Spec, &Arc<Checkpoint>, &ExpertTable) -> Result<Arc<dyn ExpertSource>>,
+        make_source: impl FnOnce(
+            &K3Spec,
+            &Arc<Checkpoint>,
+            &ExpertTable,
+        ) -> Result<Arc<dyn ExpertSource>>,
     ) -> Result<Self> {
         let spec = K3Spec::from_dir(dir)?;
         let ck = Arc::new(Checkpoint::open(dir)?);
@@ -87,7 +93,12 @@ impl K3Model {
 
     /// Runs `tokens` through the model from `state`, advancing it. Returns the
     /// logits `[positions, vocab]` of the positions `which` asks for.
-    pub fn forward(&self, state: &mut SequenceState, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        which: Logits,
+    ) -> Result<Vec<f32>> {
         self.forward_traced(state, tokens, which, None)
     }
 
@@ -110,7 +121,10 @@ impl K3Model {
                 vocab: spec.vocab_size,
             });
         }
-        let mut partial: Vec<f32> = tokens.iter().flat_map(|&id| w.embed_tokens.row(id as usize)).collect();
+        let mut partial: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&id| w.embed_tokens.row(id as usize))
+            .collect();
         let mut blocks: Vec<Vec<f32>> = Vec::new();
         for (i, lw) in w.layers.iter().enumerate() {
             // Attention side (§3): mix, maybe open a block, attend.
@@ -141,11 +155,23 @@ impl K3Model {
                 FfnWeights::Dense(mw) => moe::mlp(spec, mw, &x, t),
                 FfnWeights::Moe(mw) => {
                     let hint = w.layers.get(i + 1).and_then(|n| match &n.ffn {
-                        FfnWeights::Moe(nw) => Some(NextLayerHint { layer: i + 1, weights: nw }),
+                        FfnWeights::Moe(nw) => Some(NextLayerHint {
+                            layer: i + 1,
+                            weights: nw,
+                        }),
                         FfnWeights::Dense(_) => None,
                     });
                     let mut routes = tracer.as_ref().map(|_| Vec::new());
-                    let out = moe::moe(spec, i, mw, &x, t, self.experts.as_ref(), hint, routes.as_mut())?;
+                    let out = moe::moe(
+                        spec,
+                        i,
+                        mw,
+                        &x,
+                        t,
+                        self.experts.as_ref(),
+                        hint,
+                        routes.as_mut(),
+                    )?;
                     if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
                         tr.routes(i, &r);
                     }

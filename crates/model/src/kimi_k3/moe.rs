@@ -50,10 +50,18 @@ pub fn route(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
         .chunks_exact(e)
         .map(|row| {
             let s: Vec<f32> = row.iter().map(|&v| sigmoid(v)).collect();
-            let choice: Vec<f32> = s.iter().zip(&w.e_score_correction_bias).map(|(a, b)| a + b).collect();
+            let choice: Vec<f32> = s
+                .iter()
+                .zip(&w.e_score_correction_bias)
+                .map(|(a, b)| a + b)
+                .collect();
             let mut order: Vec<u32> = (0..e as u32).collect();
             // Descending corrected score; ties go to the lower expert index.
-            order.sort_by(|&a, &b| choice[b as usize].total_cmp(&choice[a as usize]).then(a.cmp(&b)));
+            order.sort_by(|&a, &b| {
+                choice[b as usize]
+                    .total_cmp(&choice[a as usize])
+                    .then(a.cmp(&b))
+            });
             let ids: Vec<u32> = order[..spec.top_k].to_vec();
             let margin = if spec.top_k < e {
                 choice[order[spec.top_k - 1] as usize] - choice[order[spec.top_k] as usize]
@@ -65,8 +73,14 @@ pub fn route(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
                 let sum: f32 = weights.iter().sum::<f32>() + 1e-20;
                 weights.iter_mut().for_each(|v| *v /= sum);
             }
-            weights.iter_mut().for_each(|v| *v *= spec.routed_scaling_factor);
-            Route { ids, weights, margin }
+            weights
+                .iter_mut()
+                .for_each(|v| *v *= spec.routed_scaling_factor);
+            Route {
+                ids,
+                weights,
+                margin,
+            }
         })
         .collect()
 }
@@ -104,7 +118,10 @@ pub fn moe(
 ) -> Result<Vec<f32>> {
     let routes = route(spec, w, x, t);
     if let Some(h) = hint.filter(|_| source.wants_hints()) {
-        let mut guess: Vec<u32> = route(spec, h.weights, x, t).into_iter().flat_map(|r| r.ids).collect();
+        let mut guess: Vec<u32> = route(spec, h.weights, x, t)
+            .into_iter()
+            .flat_map(|r| r.ids)
+            .collect();
         guess.sort_unstable();
         guess.dedup();
         source.hint(h.layer, &guess);
@@ -131,7 +148,10 @@ pub fn moe(
         .par_iter()
         .zip(users.par_iter())
         .map(|(e, us)| {
-            let zin: Vec<f32> = us.iter().flat_map(|&(ti, _)| z[ti * l..(ti + 1) * l].iter().copied()).collect();
+            let zin: Vec<f32> = us
+                .iter()
+                .flat_map(|&(ti, _)| z[ti * l..(ti + 1) * l].iter().copied())
+                .collect();
             expert_forward(spec, e, &zin, us.len())
         })
         .collect();

@@ -115,7 +115,10 @@ impl SequenceState {
     /// Returns to `snap`, which must have been taken from this sequence at or
     /// before its current position.
     pub fn restore(&mut self, snap: &Snapshot) {
-        assert!(snap.pos <= self.pos, "snapshot is from the future of this sequence");
+        assert!(
+            snap.pos <= self.pos,
+            "snapshot is from the future of this sequence"
+        );
         for (i, l) in self.layers.iter_mut().enumerate() {
             match l {
                 LayerState::Kda(k) => {

@@ -99,32 +99,52 @@ pub fn layer_name(i: usize, rest: &str) -> String {
 
 /// Name of an expert tensor; `part` is `"weight_packed"` or `"weight_scale"`.
 pub fn expert_name(layer: usize, expert: usize, m: ExpertMatrix, part: &str) -> String {
-    layer_name(layer, &format!("block_sparse_moe.experts.{expert}.{}.{part}", m.name()))
+    layer_name(
+        layer,
+        &format!("block_sparse_moe.experts.{expert}.{}.{part}", m.name()),
+    )
 }
 
 /// Every tensor of the checkpoint described by `spec`, in a stable order.
 pub fn tensor_table(spec: &K3Spec) -> Vec<TensorSpec> {
     let mut t = Vec::new();
     let d = spec.hidden_size;
-    let mut push = |name: String, shape: Vec<usize>, dtype: Dtype, role: Role, layer: Option<usize>| {
-        t.push(TensorSpec {
-            name,
-            shape,
-            dtype,
-            role,
-            layer,
-        })
-    };
+    let mut push =
+        |name: String, shape: Vec<usize>, dtype: Dtype, role: Role, layer: Option<usize>| {
+            t.push(TensorSpec {
+                name,
+                shape,
+                dtype,
+                role,
+                layer,
+            })
+        };
     use Dtype::{BF16, F32, U8};
-    push(format!("{PREFIX}embed_tokens.weight"), vec![spec.vocab_size, d], BF16, Role::Embedding, None);
+    push(
+        format!("{PREFIX}embed_tokens.weight"),
+        vec![spec.vocab_size, d],
+        BF16,
+        Role::Embedding,
+        None,
+    );
     for i in 0..spec.num_layers {
         let mut l = |rest: &str, shape: Vec<usize>, dtype: Dtype, role: Role| {
             push(layer_name(i, rest), shape, dtype, role, Some(i))
         };
         l("input_layernorm.weight", vec![d], BF16, Role::Norm);
         l("post_attention_layernorm.weight", vec![d], BF16, Role::Norm);
-        l("self_attention_res_norm.weight", vec![d], BF16, Role::AttnRes);
-        l("self_attention_res_proj.weight", vec![1, d], BF16, Role::AttnRes);
+        l(
+            "self_attention_res_norm.weight",
+            vec![d],
+            BF16,
+            Role::AttnRes,
+        );
+        l(
+            "self_attention_res_proj.weight",
+            vec![1, d],
+            BF16,
+            Role::AttnRes,
+        );
         l("mlp_res_norm.weight", vec![d], BF16, Role::AttnRes);
         l("mlp_res_proj.weight", vec![1, d], BF16, Role::AttnRes);
         let a = Role::Attention;
@@ -133,7 +153,12 @@ pub fn tensor_table(spec: &K3Spec) -> Vec<TensorSpec> {
                 let (p, k, h) = (spec.kda_width(), spec.kda_head_dim, spec.kda_heads);
                 for n in ["q", "k", "v"] {
                     l(&format!("self_attn.{n}_proj.weight"), vec![p, d], BF16, a);
-                    l(&format!("self_attn.{n}_conv1d.weight"), vec![p, 1, spec.conv_kernel], F32, a);
+                    l(
+                        &format!("self_attn.{n}_conv1d.weight"),
+                        vec![p, 1, spec.conv_kernel],
+                        F32,
+                        a,
+                    );
                 }
                 l("self_attn.f_a_proj.weight", vec![k, d], BF16, a);
                 l("self_attn.f_b_proj.weight", vec![p, k], BF16, a);
@@ -148,19 +173,57 @@ pub fn tensor_table(spec: &K3Spec) -> Vec<TensorSpec> {
             }
             AttnKind::Mla => {
                 let h = spec.mla_heads;
-                l("self_attn.q_a_proj.weight", vec![spec.q_lora_rank, d], BF16, a);
-                l("self_attn.q_a_layernorm.weight", vec![spec.q_lora_rank], BF16, a);
-                l("self_attn.q_b_proj.weight", vec![h * spec.qk_head_dim(), spec.q_lora_rank], BF16, a);
-                l("self_attn.kv_a_proj_with_mqa.weight", vec![spec.mla_cache_width(), d], BF16, a);
-                l("self_attn.kv_a_layernorm.weight", vec![spec.kv_lora_rank], BF16, a);
                 l(
-                    "self_attn.kv_b_proj.weight",
-                    vec![h * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank],
+                    "self_attn.q_a_proj.weight",
+                    vec![spec.q_lora_rank, d],
                     BF16,
                     a,
                 );
-                l("self_attn.g_proj.weight", vec![h * spec.v_head_dim, d], BF16, a);
-                l("self_attn.o_proj.weight", vec![d, h * spec.v_head_dim], BF16, a);
+                l(
+                    "self_attn.q_a_layernorm.weight",
+                    vec![spec.q_lora_rank],
+                    BF16,
+                    a,
+                );
+                l(
+                    "self_attn.q_b_proj.weight",
+                    vec![h * spec.qk_head_dim(), spec.q_lora_rank],
+                    BF16,
+                    a,
+                );
+                l(
+                    "self_attn.kv_a_proj_with_mqa.weight",
+                    vec![spec.mla_cache_width(), d],
+                    BF16,
+                    a,
+                );
+                l(
+                    "self_attn.kv_a_layernorm.weight",
+                    vec![spec.kv_lora_rank],
+                    BF16,
+                    a,
+                );
+                l(
+                    "self_attn.kv_b_proj.weight",
+                    vec![
+                        h * (spec.qk_nope_head_dim + spec.v_head_dim),
+                        spec.kv_lora_rank,
+                    ],
+                    BF16,
+                    a,
+                );
+                l(
+                    "self_attn.g_proj.weight",
+                    vec![h * spec.v_head_dim, d],
+                    BF16,
+                    a,
+                );
+                l(
+                    "self_attn.o_proj.weight",
+                    vec![d, h * spec.v_head_dim],
+                    BF16,
+                    a,
+                );
             }
         }
         match spec.ffn_kind(i) {
@@ -173,30 +236,106 @@ pub fn tensor_table(spec: &K3Spec) -> Vec<TensorSpec> {
             FfnKind::Moe => {
                 let (e, lat) = (spec.num_experts, spec.latent_size);
                 let sf = spec.num_shared_experts * spec.moe_intermediate_size;
-                l("block_sparse_moe.gate.weight", vec![e, d], BF16, Role::Router);
-                l("block_sparse_moe.gate.e_score_correction_bias", vec![e], F32, Role::Router);
-                l("block_sparse_moe.routed_expert_down_proj.weight", vec![lat, d], BF16, Role::Latent);
-                l("block_sparse_moe.routed_expert_norm.weight", vec![lat], BF16, Role::Latent);
-                l("block_sparse_moe.routed_expert_up_proj.weight", vec![d, lat], BF16, Role::Latent);
+                l(
+                    "block_sparse_moe.gate.weight",
+                    vec![e, d],
+                    BF16,
+                    Role::Router,
+                );
+                l(
+                    "block_sparse_moe.gate.e_score_correction_bias",
+                    vec![e],
+                    F32,
+                    Role::Router,
+                );
+                l(
+                    "block_sparse_moe.routed_expert_down_proj.weight",
+                    vec![lat, d],
+                    BF16,
+                    Role::Latent,
+                );
+                l(
+                    "block_sparse_moe.routed_expert_norm.weight",
+                    vec![lat],
+                    BF16,
+                    Role::Latent,
+                );
+                l(
+                    "block_sparse_moe.routed_expert_up_proj.weight",
+                    vec![d, lat],
+                    BF16,
+                    Role::Latent,
+                );
                 if sf > 0 {
-                    l("block_sparse_moe.shared_experts.gate_proj.weight", vec![sf, d], BF16, Role::SharedExpert);
-                    l("block_sparse_moe.shared_experts.up_proj.weight", vec![sf, d], BF16, Role::SharedExpert);
-                    l("block_sparse_moe.shared_experts.down_proj.weight", vec![d, sf], BF16, Role::SharedExpert);
+                    l(
+                        "block_sparse_moe.shared_experts.gate_proj.weight",
+                        vec![sf, d],
+                        BF16,
+                        Role::SharedExpert,
+                    );
+                    l(
+                        "block_sparse_moe.shared_experts.up_proj.weight",
+                        vec![sf, d],
+                        BF16,
+                        Role::SharedExpert,
+                    );
+                    l(
+                        "block_sparse_moe.shared_experts.down_proj.weight",
+                        vec![d, sf],
+                        BF16,
+                        Role::SharedExpert,
+                    );
                 }
                 for x in 0..e {
                     for m in ExpertMatrix::ALL {
                         let [r, c] = m.shape(spec);
-                        push(expert_name(i, x, m, "weight_packed"), vec![r, c / 2], U8, Role::RoutedExpert, Some(i));
-                        push(expert_name(i, x, m, "weight_scale"), vec![r, c / 32], U8, Role::RoutedExpert, Some(i));
+                        push(
+                            expert_name(i, x, m, "weight_packed"),
+                            vec![r, c / 2],
+                            U8,
+                            Role::RoutedExpert,
+                            Some(i),
+                        );
+                        push(
+                            expert_name(i, x, m, "weight_scale"),
+                            vec![r, c / 32],
+                            U8,
+                            Role::RoutedExpert,
+                            Some(i),
+                        );
                     }
                 }
             }
         }
     }
-    push(format!("{PREFIX}norm.weight"), vec![d], BF16, Role::Norm, None);
-    push(format!("{PREFIX}output_attn_res_norm.weight"), vec![d], BF16, Role::AttnRes, None);
-    push(format!("{PREFIX}output_attn_res_proj.weight"), vec![1, d], BF16, Role::AttnRes, None);
-    push(LM_HEAD.to_string(), vec![spec.vocab_size, d], BF16, Role::Head, None);
+    push(
+        format!("{PREFIX}norm.weight"),
+        vec![d],
+        BF16,
+        Role::Norm,
+        None,
+    );
+    push(
+        format!("{PREFIX}output_attn_res_norm.weight"),
+        vec![d],
+        BF16,
+        Role::AttnRes,
+        None,
+    );
+    push(
+        format!("{PREFIX}output_attn_res_proj.weight"),
+        vec![1, d],
+        BF16,
+        Role::AttnRes,
+        None,
+    );
+    push(
+        LM_HEAD.to_string(),
+        vec![spec.vocab_size, d],
+        BF16,
+        Role::Head,
+        None,
+    );
     t
 }
 

@@ -19,8 +19,17 @@ fn is_float(d: Dtype) -> bool {
 /// be stored in any float dtype; MXFP4 parts must be U8. `A_log` may hold
 /// either `num_heads` entries (as Moonshot's modelling code declares) or the
 /// released `head_dim` entries (the first `num_heads` are used).
-fn acceptable(want: &TensorSpec, dtype: Dtype, shape: &[usize], spec: &K3Spec) -> Result<(), String> {
-    let dtype_ok = if want.dtype == Dtype::U8 { dtype == Dtype::U8 } else { is_float(dtype) };
+fn acceptable(
+    want: &TensorSpec,
+    dtype: Dtype,
+    shape: &[usize],
+    spec: &K3Spec,
+) -> Result<(), String> {
+    let dtype_ok = if want.dtype == Dtype::U8 {
+        dtype == Dtype::U8
+    } else {
+        is_float(dtype)
+    };
     if !dtype_ok {
         return Err(format!("dtype {dtype:?}, expected {:?}", want.dtype));
     }
@@ -73,7 +82,9 @@ pub fn require_tensors(spec: &K3Spec, ck: &Checkpoint) -> Result<()> {
     if more > 0 {
         msg.push_str(&format!("; … and {more} more"));
     }
-    Err(ModelError::Weights(fathom_weights::WeightsError::Mismatch(msg)))
+    Err(ModelError::Weights(fathom_weights::WeightsError::Mismatch(
+        msg,
+    )))
 }
 
 /// Pseudo-query of one attention-residual site, with its RMSNorm weight folded
@@ -171,7 +182,9 @@ struct Binder<'a> {
 
 impl Binder<'_> {
     fn loc(&self, name: &str) -> Result<&fathom_weights::TensorLoc> {
-        self.ck.get(name).ok_or_else(|| fathom_weights::WeightsError::Missing(name.to_string()).into())
+        self.ck
+            .get(name)
+            .ok_or_else(|| fathom_weights::WeightsError::Missing(name.to_string()).into())
     }
     fn linear(&self, name: &str) -> Result<Linear> {
         Linear::load(self.ck, name, self.loc(name)?)
@@ -257,7 +270,10 @@ impl K3Weights {
             layers.push(LayerWeights {
                 input_layernorm: b.vector(&n("input_layernorm.weight"))?,
                 post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
-                self_attention_res: b.attn_res(&n("self_attention_res_norm.weight"), &n("self_attention_res_proj.weight"))?,
+                self_attention_res: b.attn_res(
+                    &n("self_attention_res_norm.weight"),
+                    &n("self_attention_res_proj.weight"),
+                )?,
                 mlp_res: b.attn_res(&n("mlp_res_norm.weight"), &n("mlp_res_proj.weight"))?,
                 attn,
                 ffn,

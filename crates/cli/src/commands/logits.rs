@@ -1,0 +1,46 @@
+//! `fathom logits`: the last position's logits for a prompt.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use fathom_model::Logits;
+
+use crate::common::{check_vocab, load_model, parse_ids};
+
+/// Print the top logits at the last position of a prompt.
+#[derive(Args)]
+pub struct LogitsArgs {
+    /// Model directory (config.json + safetensors shards).
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt as comma-separated token ids.
+    #[arg(long)]
+    prompt_ids: String,
+    /// How many of the largest logits to print.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Print one JSON object {"top": [[id, logit], ...]} in descending order.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: LogitsArgs) -> Result<()> {
+    let prompt = parse_ids(&a.prompt_ids)?;
+    let (model, _) = load_model(&a.model)?;
+    check_vocab(&prompt, model.spec.vocab_size)?;
+    let mut state = model.new_state();
+    let logits = model.forward(&mut state, &prompt, Logits::Last)?;
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&x, &y| logits[y].total_cmp(&logits[x]).then(x.cmp(&y)));
+    let top: Vec<(usize, f32)> = order.iter().take(a.top).map(|&i| (i, logits[i])).collect();
+    if a.json {
+        println!("{}", serde_json::json!({ "top": top }));
+    } else {
+        println!("{:>8}  {:>12}", "id", "logit");
+        for (i, l) in top {
+            println!("{i:>8}  {l:>12.6}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,2 @@
+pub mod logits;
+pub mod run;

@@ -1,0 +1,83 @@
+//! Pieces shared by the subcommands: loading a model directory, parsing
+//! prompts, and the tokenizer a model ships.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use fathom_model::K3Model;
+use fathom_tokenizer::Tokenizer;
+
+/// Loads a K3 model directory (all experts resident), timing it.
+pub fn load_model(dir: &Path) -> Result<(K3Model, f64)> {
+    if !dir.is_dir() {
+        bail!("model directory {} does not exist", dir.display());
+    }
+    if !dir.join("config.json").is_file() {
+        bail!(
+            "{} is not a model directory: it has no config.json",
+            dir.display()
+        );
+    }
+    let t0 = Instant::now();
+    let model = K3Model::load(dir)
+        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    Ok((model, t0.elapsed().as_secs_f64()))
+}
+
+/// Parses `1,2,3` (spaces allowed).
+pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids = s
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<u32>()
+                .with_context(|| format!("--prompt-ids: {p:?} is not a token id"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if ids.is_empty() {
+        bail!("empty prompt: give at least one token id");
+    }
+    Ok(ids)
+}
+
+/// The tokenizer shipped in the model directory, if any.
+pub fn tokenizer(dir: &Path) -> Result<Option<Box<dyn Tokenizer>>> {
+    fathom_tokenizer::load_from_dir(dir)
+        .with_context(|| format!("cannot load the tokenizer in {}", dir.display()))
+}
+
+/// Resolves the prompt: explicit ids, or text through the model's tokenizer.
+pub fn prompt_ids(
+    ids: Option<&str>,
+    text: Option<&str>,
+    tok: Option<&dyn Tokenizer>,
+    model_dir: &PathBuf,
+) -> Result<Vec<u32>> {
+    match (ids, text) {
+        (Some(ids), None) => parse_ids(ids),
+        (None, Some(text)) => {
+            let Some(tok) = tok else {
+                bail!(
+                    "{} ships no tokenizer (tiktoken.model or tokenizer.json): use --prompt-ids",
+                    model_dir.display()
+                );
+            };
+            let ids = tok.encode(text);
+            if ids.is_empty() {
+                bail!("empty prompt: the text encodes to no tokens");
+            }
+            Ok(ids)
+        }
+        _ => bail!("give exactly one of --prompt-ids and --prompt"),
+    }
+}
+
+/// Rejects ids outside the model's vocabulary with a clear message.
+pub fn check_vocab(ids: &[u32], vocab: usize) -> Result<()> {
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        bail!("token id {bad} is outside the model's vocabulary (0..{vocab})");
+    }
+    Ok(())
+}

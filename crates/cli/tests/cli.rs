@@ -1,0 +1,206 @@
+//! The `fathom` binary end to end on k3-tiny: output contracts and errors.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/k3-tiny")
+}
+
+fn fathom(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(args)
+        .output()
+        .expect("fathom runs")
+}
+
+fn golden_prompt(i: usize) -> (String, Vec<u64>, Vec<Value>) {
+    let g: Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny().join("golden.json")).unwrap())
+            .unwrap();
+    let p = &g["prompts"][i];
+    let ids: Vec<String> = p["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let greedy = p["greedy_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    (
+        ids.join(","),
+        greedy,
+        p["last_logits_top20"].as_array().unwrap().clone(),
+    )
+}
+
+#[test]
+fn run_json_is_one_object_with_the_golden_tokens() {
+    let ck = tiny().join("checkpoint");
+    let (ids, greedy, _) = golden_prompt(2);
+    let out = fathom(&[
+        "run",
+        "--model",
+        ck.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--max-new",
+        "16",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "stdout must be exactly one JSON object: {stdout}"
+    );
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let got: Vec<u64> = v["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(got, greedy);
+    assert_eq!(
+        v["prompt_ids"].as_array().unwrap().len(),
+        ids.split(',').count()
+    );
+    for key in [
+        "decode_tok_s",
+        "prefill_tok_s",
+        "peak_rss_bytes",
+        "expert_bytes_read",
+        "expert_cache_hits",
+        "expert_cache_misses",
+    ] {
+        assert!(v["stats"][key].is_number(), "stats.{key} missing");
+    }
+    assert!(
+        v.get("text").is_none(),
+        "k3-tiny has no tokenizer, so no text"
+    );
+}
+
+#[test]
+fn logits_json_top_is_descending_and_matches_golden() {
+    let ck = tiny().join("checkpoint");
+    let (ids, _, top20) = golden_prompt(0);
+    let out = fathom(&[
+        "logits",
+        "--model",
+        ck.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--top",
+        "5",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let top = v["top"].as_array().unwrap();
+    assert_eq!(top.len(), 5);
+    for (got, want) in top.iter().zip(&top20) {
+        assert_eq!(got[0].as_u64(), want["id"].as_u64());
+        assert!((got[1].as_f64().unwrap() - want["logit"].as_f64().unwrap()).abs() < 1e-3);
+    }
+    let l: Vec<f64> = top.iter().map(|p| p[1].as_f64().unwrap()).collect();
+    assert!(l.windows(2).all(|w| w[0] >= w[1]));
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = fathom(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr {err:?} lacks {needle:?}"
+    );
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert!(out.stdout.is_empty(), "{args:?} wrote to stdout");
+}
+
+#[test]
+fn bad_inputs_give_clear_errors() {
+    let ck = tiny().join("checkpoint");
+    let ck = ck.to_str().unwrap();
+    fails_with(
+        &[
+            "run",
+            "--model",
+            "/definitely/not/here",
+            "--prompt-ids",
+            "1",
+        ],
+        "does not exist",
+    );
+    fails_with(
+        &[
+            "run",
+            "--model",
+            tiny().to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+        ],
+        "has no config.json",
+    );
+    fails_with(
+        &["run", "--model", ck, "--prompt-ids", "1,5000"],
+        "token id 5000 is outside",
+    );
+    fails_with(&["run", "--model", ck, "--prompt-ids", ""], "empty prompt");
+    fails_with(
+        &["run", "--model", ck, "--prompt-ids", "1,x"],
+        "\"x\" is not a token id",
+    );
+    fails_with(
+        &[
+            "logits",
+            "--model",
+            ck,
+            "--prompt-ids",
+            "1,2",
+            "--top",
+            "3",
+            "--json",
+            "--bogus",
+        ],
+        "--bogus",
+    );
+}
+
+#[test]
+fn corrupt_checkpoint_is_reported_with_the_file() {
+    let dir = std::env::temp_dir().join(format!("fathom-corrupt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = tiny().join("checkpoint");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    // Truncate the second shard.
+    let shard = dir.join("model-00002-of-000002.safetensors");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len - 1000)
+        .unwrap();
+    fails_with(
+        &["run", "--model", dir.to_str().unwrap(), "--prompt-ids", "1"],
+        "model-00002-of-000002.safetensors",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

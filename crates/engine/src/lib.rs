@@ -1,0 +1,8 @@
+//! Scheduling: what to run through the model, in which order, and what it
+//! cost. The model computes; the engine decides (greedy decoding now;
+//! speculation and batching build on the same multi-position pass).
+
+pub mod generate;
+pub mod sys;
+
+pub use generate::{GenStats, Generation, greedy};

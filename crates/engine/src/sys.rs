@@ -1,0 +1,31 @@
+//! Facts about this process and machine, read from /proc.
+
+/// Peak resident set size of this process (VmHWM), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    status_kib("VmHWM:").map(|k| k * 1024)
+}
+
+/// Current resident set size (VmRSS), in bytes.
+pub fn rss_bytes() -> Option<u64> {
+    status_kib("VmRSS:").map(|k| k * 1024)
+}
+
+fn status_kib(key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rss_is_readable_on_linux() {
+        let peak = super::peak_rss_bytes().unwrap();
+        assert!(peak >= super::rss_bytes().unwrap() && peak > 1 << 20);
+    }
+}
