@@ -12,7 +12,9 @@ pub enum ChatError {
     #[error("message {index}: content part of type {kind:?} is not supported (text-only engine)")]
     UnsupportedContent { index: usize, kind: String },
     /// A tool result whose tool name cannot be found.
-    #[error("message {index}: tool result has no tool name (set `name`, `tool`, or a matching `tool_call_id`)")]
+    #[error(
+        "message {index}: tool result has no tool name (set `name`, `tool`, or a matching `tool_call_id`)"
+    )]
     UnnamedToolResult { index: usize },
     /// Tool-call arguments that are neither an object nor a string.
     #[error("message {index}: tool call {call}: arguments must be a JSON object or a string")]

@@ -18,11 +18,11 @@
 
 use serde_json::Value;
 
+use crate::ChatError;
 use crate::message::{Content, Message};
 use crate::pyjson::deep_sort_keys;
 use crate::segment::{Segment, SegmentWriter};
 use crate::tool_args::{RenderedArgs, render_args};
-use crate::ChatError;
 
 /// Special-token spellings used by the template.
 pub const OPEN: &str = "<|open|>";
@@ -117,17 +117,17 @@ pub fn render_k3(messages: &[Message], options: &K3Options) -> Result<Vec<Segmen
     if let Some(tools) = options.tools.as_ref().filter(|t| !is_empty_list(t)) {
         w.tool_declare(&deep_sort_keys(tools), false);
     }
-    if options.thinking {
-        if let Some(effort) = options.thinking_effort {
-            w.internal_system("thinking-effort", &thinking_effort_text(effort));
-        }
+    if options.thinking
+        && let Some(effort) = options.thinking_effort
+    {
+        w.internal_system("thinking-effort", &thinking_effort_text(effort));
     }
     let messages = order_tool_results(messages);
     let mut last_calls: &[crate::message::ToolCall] = &[];
     let mut tool_index = 0usize;
     for (index, m) in messages.iter().enumerate() {
         match m.role.as_str() {
-            "user" | "system" if m.role == "system" && m.tools.is_some() => {
+            "system" if m.tools.is_some() => {
                 let tools = m.tools.as_ref().map(deep_sort_keys).unwrap_or(Value::Null);
                 w.tool_declare(&tools, true);
             }
@@ -142,7 +142,11 @@ pub fn render_k3(messages: &[Message], options: &K3Options) -> Result<Vec<Segmen
                     .tool
                     .clone()
                     .or_else(|| m.name.clone())
-                    .or_else(|| last_calls.get(tool_index - 1).map(|c| c.function.name.clone()))
+                    .or_else(|| {
+                        last_calls
+                            .get(tool_index - 1)
+                            .map(|c| c.function.name.clone())
+                    })
                     .ok_or(ChatError::UnnamedToolResult { index })?;
                 let attrs = [
                     ("role", "tool".to_string()),
@@ -173,7 +177,14 @@ pub fn render_k3(messages: &[Message], options: &K3Options) -> Result<Vec<Segmen
     w.response_format(options.response_format.as_ref());
     if options.add_generation_prompt {
         w.open("message", &[("role", "assistant".to_string())]);
-        w.open(if options.thinking { "think" } else { "response" }, &[]);
+        w.open(
+            if options.thinking {
+                "think"
+            } else {
+                "response"
+            },
+            &[],
+        );
     }
     Ok(w.out.finish())
 }
@@ -314,7 +325,12 @@ impl Xtml {
         self.message(&attrs, &body);
     }
 
-    fn assistant_body(&mut self, m: &Message, index: usize, thinking: bool) -> Result<(), ChatError> {
+    fn assistant_body(
+        &mut self,
+        m: &Message,
+        index: usize,
+        thinking: bool,
+    ) -> Result<(), ChatError> {
         if thinking {
             self.open("think", &[]);
             self.out.text(m.reasoning_content.as_deref().unwrap_or(""));

@@ -123,7 +123,9 @@ mod tests {
 
     #[test]
     fn string_arguments_keep_literal_text() {
-        let got = render_args(&json!(r#"{"city": "Paris", "n": 1e2, "opts": {"a":1}, "ok": true}"#));
+        let got = render_args(&json!(
+            r#"{"city": "Paris", "n": 1e2, "opts": {"a":1}, "ok": true}"#
+        ));
         assert_eq!(
             got,
             Some(fields(&[

@@ -62,15 +62,12 @@ pub fn merge_short(ranks: &RankMap, piece: &[u8]) -> Vec<usize> {
     for i in 0..parts.len().saturating_sub(2) {
         parts[i].1 = rank_at(&parts, i);
     }
-    loop {
-        // Leftmost minimum: `min_by_key` keeps the first of equal keys.
-        let Some((i, &(_, rank))) = parts[..parts.len() - 1]
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, p)| p.1)
-        else {
-            break;
-        };
+    // Leftmost minimum: `min_by_key` keeps the first of equal keys.
+    while let Some((i, &(_, rank))) = parts[..parts.len() - 1]
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, p)| p.1)
+    {
         if rank == u32::MAX {
             break;
         }
@@ -149,7 +146,11 @@ mod tests {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-code-small/tiktoken.model");
         let text = std::fs::read_to_string(&path).unwrap();
         let ranks = parse_rank_file(&text, &path).unwrap();
-        ranks.into_iter().enumerate().map(|(i, b)| (b, i as u32)).collect()
+        ranks
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| (b, i as u32))
+            .collect()
     }
 
     /// Deterministic xorshift so the test needs no extra crates.

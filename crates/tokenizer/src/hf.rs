@@ -84,8 +84,7 @@ fn uses_byte_level(json: &Value) -> bool {
 /// GPT-2's byte-to-unicode table, inverted: printable Latin-1 bytes stand for
 /// themselves, the other 68 bytes are shifted to U+0100.. in byte order.
 fn byte_level_decoder() -> HashMap<char, u8> {
-    let printable =
-        |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
     let mut map = HashMap::with_capacity(256);
     let mut shifted = 0u32;
     for b in 0..=255u8 {
@@ -102,13 +101,9 @@ fn byte_level_decoder() -> HashMap<char, u8> {
 
 fn build_id_bytes(tok: &tokenizers::Tokenizer, byte_level: bool) -> Vec<Option<Vec<u8>>> {
     let added = tok.get_added_tokens_decoder();
-    let vocab = tok.get_vocab_size(true).max(
-        added
-            .keys()
-            .map(|&id| id as usize + 1)
-            .max()
-            .unwrap_or(0),
-    );
+    let vocab = tok
+        .get_vocab_size(true)
+        .max(added.keys().map(|&id| id as usize + 1).max().unwrap_or(0));
     let inverse = byte_level_decoder();
     (0..vocab as u32)
         .map(|id| {
@@ -116,10 +111,10 @@ fn build_id_bytes(tok: &tokenizers::Tokenizer, byte_level: bool) -> Vec<Option<V
                 return Some(t.content.as_bytes().to_vec());
             }
             let piece = tok.id_to_token(id)?;
-            if byte_level {
-                if let Some(bytes) = piece.chars().map(|c| inverse.get(&c).copied()).collect() {
-                    return Some(bytes);
-                }
+            if byte_level
+                && let Some(bytes) = piece.chars().map(|c| inverse.get(&c).copied()).collect()
+            {
+                return Some(bytes);
             }
             // Non-byte-level models: let the model's own decoder spell the token.
             tok.decode(&[id], false).ok().map(String::into_bytes)

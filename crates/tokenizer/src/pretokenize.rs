@@ -161,8 +161,8 @@ mod tests {
     fn isspace_matches_python_list() {
         let expected: Vec<u32> = vec![
             0x9, 0xa, 0xb, 0xc, 0xd, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0x85, 0xa0, 0x1680, 0x2000,
-            0x2001, 0x2002, 0x2003, 0x2004, 0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200a,
-            0x2028, 0x2029, 0x202f, 0x205f, 0x3000,
+            0x2001, 0x2002, 0x2003, 0x2004, 0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200a, 0x2028,
+            0x2029, 0x202f, 0x205f, 0x3000,
         ];
         let got: Vec<u32> = (0..=0x10ffffu32)
             .filter_map(char::from_u32)
@@ -196,7 +196,9 @@ mod tests {
     fn kimi_pattern_splits_han_and_latin() {
         let p = Pretokenizer::new(KIMI_PATTERN).unwrap();
         let mut pieces = Vec::new();
-        p.for_each_piece("中文English混合 it's  x\n\n", |s| pieces.push(s.to_string()));
+        p.for_each_piece("中文English混合 it's  x\n\n", |s| {
+            pieces.push(s.to_string())
+        });
         assert_eq!(
             pieces,
             vec!["中文", "English", "混合", " it's", " ", " x", "\n\n"]

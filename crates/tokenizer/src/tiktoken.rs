@@ -50,7 +50,10 @@ impl TiktokenBpe {
     /// Loads `tiktoken.model` and, optionally, `tokenizer_config.json` (special
     /// spellings and `pat_str`). Without a config the specials get default names and the
     /// pattern is Kimi's.
-    pub fn from_files(rank_path: &Path, config_path: Option<&Path>) -> Result<Self, TokenizerError> {
+    pub fn from_files(
+        rank_path: &Path,
+        config_path: Option<&Path>,
+    ) -> Result<Self, TokenizerError> {
         let text = read(rank_path)?;
         let ranks = parse_rank_file(&text, rank_path)?;
         let config = match config_path {
@@ -111,7 +114,7 @@ impl TiktokenBpe {
                 .push((name.as_bytes().to_vec(), *id));
         }
         for list in by_first.values_mut() {
-            list.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+            list.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
         }
         Ok(Self {
             ranks: map,
@@ -130,8 +133,9 @@ impl TiktokenBpe {
     /// Encodes ordinary text into `out` (no special-token recognition).
     fn encode_ordinary_into(&self, text: &str, out: &mut Vec<u32>) {
         for slice in split_for_encoding(text) {
-            self.pretokenizer
-                .for_each_piece(slice, |piece| encode_piece(&self.ranks, piece.as_bytes(), out));
+            self.pretokenizer.for_each_piece(slice, |piece| {
+                encode_piece(&self.ranks, piece.as_bytes(), out)
+            });
         }
     }
 

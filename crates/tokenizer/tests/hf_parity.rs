@@ -20,7 +20,8 @@ fn ids_match_python_tokenizers_on_corpus() {
         assert_eq!(got, case.ids, "{}", case.name);
         assert_eq!(tok.decode(&got), case.text, "decode of {}", case.name);
         let mut dec = StreamDecoder::new(&tok);
-        let streamed: String = got.iter().map(|&id| dec.push(id)).collect::<String>() + &dec.finish();
+        let streamed: String =
+            got.iter().map(|&id| dec.push(id)).collect::<String>() + &dec.finish();
         assert_eq!(streamed, case.text, "stream of {}", case.name);
     }
 }
@@ -28,14 +29,18 @@ fn ids_match_python_tokenizers_on_corpus() {
 /// The fixtures' golden prompt (transformers 5.23, after its BOS 0) tokenizes the same.
 #[test]
 fn fixture_golden_prompt_ids() {
-    let tok = load_from_dir(&hf_dir()).unwrap().expect("tokenizer.json found");
+    let tok = load_from_dir(&hf_dir())
+        .unwrap()
+        .expect("tokenizer.json found");
     assert_eq!(
         tok.encode("def fibonacci(n):\n    "),
         vec![444, 282, 578, 268, 67, 69, 681, 10, 80, 320, 201, 260]
     );
     assert_eq!(
         tok.encode("import os\nimport sys\n\nclass Config:\n    \"\"\""),
-        vec![1165, 2562, 201, 1165, 1473, 201, 201, 404, 1656, 72, 502, 28, 201, 261, 384]
+        vec![
+            1165, 2562, 201, 1165, 1473, 201, 201, 404, 1656, 72, 502, 28, 201, 261, 384
+        ]
     );
 }
 
@@ -46,7 +51,10 @@ fn specials_only_in_trusted_text() {
     let bos = tok.special_id("<|bos|>").expect("bos");
     assert_eq!(bos, 0);
     assert_eq!(tok.special_id("<|eos|>"), Some(1));
-    assert_eq!(tok.encode_trusted("<|bos|>hi"), [vec![bos], tok.encode("hi")].concat());
+    assert_eq!(
+        tok.encode_trusted("<|bos|>hi"),
+        [vec![bos], tok.encode("hi")].concat()
+    );
     let plain = tok.encode("<|bos|>hi");
     assert!(!plain.contains(&bos), "{plain:?}");
     assert_eq!(tok.decode(&plain), "<|bos|>hi");
@@ -59,7 +67,10 @@ fn specials_only_in_trusted_text() {
 fn token_bytes_undo_byte_level_alphabet() {
     let tok = hf();
     let ids = tok.encode(" hello\n");
-    let bytes: Vec<u8> = ids.iter().flat_map(|&id| tok.token_bytes(id).unwrap()).collect();
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| tok.token_bytes(id).unwrap())
+        .collect();
     assert_eq!(bytes, b" hello\n");
     assert_eq!(tok.token_bytes(99_999), None);
 }

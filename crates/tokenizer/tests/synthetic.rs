@@ -85,7 +85,9 @@ fn b64(bytes: &[u8]) -> String {
 /// A rank file with an out-of-order rank fails naming the file and line.
 #[test]
 fn rank_file_errors_name_the_line() {
-    let mut text: String = (0..=255u8).map(|b| format!("{} {b}\n", b64(&[b]))).collect();
+    let mut text: String = (0..=255u8)
+        .map(|b| format!("{} {b}\n", b64(&[b])))
+        .collect();
     text.push_str(&format!("{} 300\n", b64(b"ab")));
     let dir = write_tmp("gap", &[("tiktoken.model", &text)]);
     let e = TiktokenBpe::from_files(&dir.join("tiktoken.model"), None).unwrap_err();
@@ -95,7 +97,10 @@ fn rank_file_errors_name_the_line() {
 
     let dir = write_tmp("b64", &[("tiktoken.model", "!!!! 0\n")]);
     let e = TiktokenBpe::from_files(&dir.join("tiktoken.model"), None).unwrap_err();
-    assert!(e.to_string().contains("tiktoken.model:1: invalid base64"), "{e}");
+    assert!(
+        e.to_string().contains("tiktoken.model:1: invalid base64"),
+        "{e}"
+    );
 
     let dir = write_tmp("short", &[("tiktoken.model", &text[..text.len() / 2])]);
     let e = TiktokenBpe::from_files(&dir.join("tiktoken.model"), None);
@@ -105,12 +110,20 @@ fn rank_file_errors_name_the_line() {
 /// Configs with integers wider than 64 bits load; malformed fields are named.
 #[test]
 fn config_is_parsed_tolerantly() {
-    let ranks: String = (0..=255u8).map(|b| format!("{} {b}\n", b64(&[b]))).collect();
+    let ranks: String = (0..=255u8)
+        .map(|b| format!("{} {b}\n", b64(&[b])))
+        .collect();
     let config = r#"{"model_max_length": 1000000000000000019884624838656,
         "added_tokens_decoder": {"256": {"content": "[BOS]", "special": true},
                                  "999": {"content": "ignored"}},
         "pat_str": "\\S+|\\s+"}"#;
-    let dir = write_tmp("cfg", &[("tiktoken.model", &ranks), ("tokenizer_config.json", config)]);
+    let dir = write_tmp(
+        "cfg",
+        &[
+            ("tiktoken.model", &ranks),
+            ("tokenizer_config.json", config),
+        ],
+    );
     let tok = load_from_dir(&dir).unwrap().expect("tokenizer found");
     assert_eq!(tok.special_id("[BOS]"), Some(256));
     assert_eq!(tok.special_id("<|reserved_token_257|>"), Some(257));
@@ -120,7 +133,10 @@ fn config_is_parsed_tolerantly() {
     assert_eq!(tok.encode("a b"), vec![97, 32, 98]);
 
     let bad = r#"{"added_tokens_decoder": {"256": {"contents": "x"}}}"#;
-    let dir = write_tmp("badcfg", &[("tiktoken.model", &ranks), ("tokenizer_config.json", bad)]);
+    let dir = write_tmp(
+        "badcfg",
+        &[("tiktoken.model", &ranks), ("tokenizer_config.json", bad)],
+    );
     let e = load_from_dir(&dir).err().expect("error");
     let msg = e.to_string();
     assert!(msg.contains("tokenizer_config.json"), "{msg}");
@@ -140,7 +156,12 @@ fn load_from_dir_without_tokenizer_is_none() {
 fn long_single_class_input_is_fast() {
     let dir = common::k3_dir();
     let tok = load_from_dir(&dir).unwrap().unwrap();
-    for (unit, n) in [("a", 3_000_000usize), (" ", 3_000_000), ("中", 1_000_000), ("7", 1_000_000)] {
+    for (unit, n) in [
+        ("a", 3_000_000usize),
+        (" ", 3_000_000),
+        ("中", 1_000_000),
+        ("7", 1_000_000),
+    ] {
         let text = unit.repeat(n);
         let t = Instant::now();
         let ids = tok.encode(&text);
@@ -149,5 +170,30 @@ fn long_single_class_input_is_fast() {
         assert_eq!(tok.decode(&ids), text);
         eprintln!("{:?} x {n}: {} ids in {secs:.3}s", unit, ids.len());
         assert!(secs < 20.0, "{unit:?} x {n} took {secs:.1}s");
+    }
+}
+
+/// The 10 MB measurement from the issue (run with `--ignored --nocapture`): one
+/// character class, plus mixed code text for ordinary throughput.
+#[test]
+#[ignore = "slow; a measurement, not a check"]
+fn ten_megabytes_measurement() {
+    let tok = load_from_dir(&common::k3_dir()).unwrap().unwrap();
+    let code = "def f(x):\n    return [i * 2 for i in range(x)]  # 中文 comment\n";
+    for (label, text) in [
+        ("a", "a".repeat(10 << 20)),
+        ("space", " ".repeat(10 << 20)),
+        ("code", code.repeat((10 << 20) / code.len())),
+    ] {
+        let t = Instant::now();
+        let ids = tok.encode(&text);
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "{label}: {} MB -> {} ids in {secs:.2}s ({:.1} MB/s)",
+            text.len() >> 20,
+            ids.len(),
+            text.len() as f64 / 1e6 / secs
+        );
+        assert!(secs < 60.0);
     }
 }

@@ -46,7 +46,11 @@ fn stream_decoder_reassembles_corpus() {
         let mut out = String::new();
         for &id in &case.ids {
             let piece = dec.push(id);
-            assert!(!piece.contains('\u{FFFD}'), "{}: U+FFFD mid-stream", case.name);
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "{}: U+FFFD mid-stream",
+                case.name
+            );
             out.push_str(&piece);
         }
         out.push_str(&dec.finish());
