@@ -23,6 +23,8 @@ struct Cli {
 enum Command {
     Run(commands::run::RunArgs),
     Logits(commands::logits::LogitsArgs),
+    Tokenize(commands::tokenize::TokenizeArgs),
+    Chat(commands::chat::ChatArgs),
 }
 
 fn main() {
@@ -38,6 +40,8 @@ fn main() {
     let result = match cli.command {
         Command::Run(a) => commands::run::run(a),
         Command::Logits(a) => commands::logits::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::Chat(a) => commands::chat::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -204,3 +204,52 @@ fn corrupt_checkpoint_is_reported_with_the_file() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+fn code_small() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/k3-code-small");
+    p.join("config.json").is_file().then_some(p)
+}
+
+#[test]
+fn tokenize_json_and_text_prompt_round_trip() {
+    let Some(m) = code_small() else {
+        eprintln!("skipped: shared/models/k3-code-small is not beside the repository");
+        return;
+    };
+    let m = m.to_str().unwrap();
+    let out = fathom(&["tokenize", "--model", m, "--json", "import os\n"]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u64> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert!(!ids.is_empty());
+    // The same text through `run --prompt` gives the same prompt ids and decoded text.
+    let out = fathom(&[
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        "import os\n",
+        "--max-new",
+        "4",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p: Vec<u64> = r["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(p, ids);
+    assert!(r["text"].is_string());
+}

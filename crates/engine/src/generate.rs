@@ -3,6 +3,7 @@
 use std::ops::ControlFlow;
 use std::time::Instant;
 
+use fathom_model::kimi_k3::state::SequenceState;
 use fathom_model::{K3Model, Logits, Result};
 
 /// What a generation cost.
@@ -51,11 +52,32 @@ pub fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-/// Greedy decoding of up to `max_new` tokens. `stop_ids` end generation (the
-/// stop token is kept in the output). `on_token` sees each token as soon as
-/// it is chosen and may cancel.
+/// Greedy decoding of up to `max_new` tokens from a fresh state. `stop_ids`
+/// end generation (the stop token is kept in the output). `on_token` sees
+/// each token as soon as it is chosen and may cancel.
 pub fn greedy(
     model: &K3Model,
+    prompt: &[u32],
+    max_new: usize,
+    stop_ids: &[u32],
+    on_token: impl FnMut(u32) -> ControlFlow<()>,
+) -> Result<Generation> {
+    greedy_from(
+        model,
+        &mut model.new_state(),
+        prompt,
+        max_new,
+        stop_ids,
+        on_token,
+    )
+}
+
+/// Greedy decoding continuing `state`: feeds `prompt` (≥ 1 token), then
+/// generates. On return `state` has consumed the prompt and every generated
+/// token but the last (which has not been fed back yet).
+pub fn greedy_from(
+    model: &K3Model,
+    state: &mut SequenceState,
     prompt: &[u32],
     max_new: usize,
     stop_ids: &[u32],
@@ -66,9 +88,8 @@ pub fn greedy(
         prompt_tokens: prompt.len(),
         ..Default::default()
     };
-    let mut state = model.new_state();
     let t0 = Instant::now();
-    let mut logits = model.forward(&mut state, prompt, Logits::Last)?;
+    let mut logits = model.forward(state, prompt, Logits::Last)?;
     stats.prefill_s = t0.elapsed().as_secs_f64();
     stats.prefill_tok_s = prompt.len() as f64 / stats.prefill_s.max(1e-9);
     let mut out = Vec::with_capacity(max_new);
@@ -92,7 +113,7 @@ pub fn greedy(
         if out.len() == max_new {
             break;
         }
-        logits = model.forward(&mut state, &[next], Logits::Last)?;
+        logits = model.forward(state, &[next], Logits::Last)?;
     }
     if let Some(s) = decode_start {
         stats.decode_s = s.elapsed().as_secs_f64();

@@ -3,6 +3,8 @@
 //! speculation and batching build on the same multi-position pass).
 
 pub mod generate;
+pub mod session;
 pub mod sys;
 
-pub use generate::{GenStats, Generation, greedy};
+pub use generate::{GenStats, Generation, StopReason, argmax, greedy, greedy_from};
+pub use session::Session;

@@ -1,2 +1,4 @@
+pub mod chat;
 pub mod logits;
 pub mod run;
+pub mod tokenize;

@@ -1,0 +1,132 @@
+//! `fathom chat`: an interactive conversation, streamed token by token.
+//!
+//! K3 models (their tokenizer has the `<|open|>` special) are rendered with
+//! the K3 "XTML" chat format; other families with their Jinja template.
+//! Ctrl-C stops the current reply, not the program; Ctrl-D (end of input)
+//! quits. The conversation's state is reused across turns when the rendered
+//! prompt extends what the model has already read.
+
+use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Result, bail};
+use clap::Args;
+use fathom_chat::{ChatTemplate, K3Options, Message, Segment, encode_segments, render_k3};
+use fathom_engine::{Session, StopReason};
+use fathom_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::common::{load_model, tokenizer};
+
+/// Chat with a model in the terminal.
+#[derive(Args)]
+pub struct ChatArgs {
+    /// Model directory (with its tokenizer).
+    #[arg(long)]
+    model: PathBuf,
+    /// A system message placed before the conversation.
+    #[arg(long)]
+    system: Option<String>,
+    /// Tokens to generate at most per reply.
+    #[arg(long, default_value_t = 256)]
+    max_new: usize,
+    /// K3 only: answer without the thinking channel.
+    #[arg(long)]
+    no_thinking: bool,
+}
+
+enum Renderer {
+    K3(K3Options),
+    Jinja(ChatTemplate),
+}
+
+impl Renderer {
+    fn prompt(&self, tok: &dyn Tokenizer, messages: &[Message]) -> Result<Vec<u32>> {
+        let segments: Vec<Segment> = match self {
+            Renderer::K3(o) => render_k3(messages, o)?,
+            Renderer::Jinja(t) => t.render_segments(&serde_json::to_value(messages)?, true)?,
+        };
+        Ok(encode_segments(tok, &segments))
+    }
+}
+
+pub fn run(a: ChatArgs) -> Result<()> {
+    let Some(tok) = tokenizer(&a.model)? else {
+        bail!("{} ships no tokenizer: chat needs one", a.model.display());
+    };
+    let renderer = if tok.special_id("<|open|>").is_some() {
+        Renderer::K3(K3Options {
+            thinking: !a.no_thinking,
+            ..K3Options::default()
+        })
+    } else if let Some(t) = ChatTemplate::from_model_dir(&a.model)? {
+        Renderer::Jinja(t)
+    } else {
+        bail!(
+            "{} has neither the K3 chat specials nor a chat template",
+            a.model.display()
+        );
+    };
+    let (model, load_s) = load_model(&a.model)?;
+    let stop: Vec<u32> = model.spec.eos_token_id.into_iter().collect();
+    eprintln!("loaded in {load_s:.2}s; type a message, Ctrl-C stops a reply, Ctrl-D quits");
+
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let flag = interrupted.clone();
+        ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))?;
+    }
+    let mut messages: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
+    let mut session = Session::new(&model);
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        interrupted.store(false, Ordering::SeqCst);
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(());
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.trim().is_empty() {
+            continue;
+        }
+        messages.push(Message::new("user", line));
+        let prompt = renderer.prompt(tok.as_ref(), &messages)?;
+        let mut stream = StreamDecoder::new(tok.as_ref());
+        interrupted.store(false, Ordering::SeqCst);
+        let g = session.generate(&prompt, a.max_new, &stop, |id| {
+            if !stop.contains(&id) {
+                let _ = out.write_all(stream.push(id).as_bytes());
+                let _ = out.flush();
+            }
+            if interrupted.load(Ordering::SeqCst) {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
+        let _ = out.write_all(stream.finish().as_bytes());
+        writeln!(out)?;
+        if g.stop == StopReason::Cancelled {
+            eprintln!("[reply stopped]");
+        }
+        let reply_ids: Vec<u32> = g
+            .output_ids
+            .iter()
+            .copied()
+            .filter(|id| !stop.contains(id))
+            .collect();
+        messages.push(Message::new("assistant", &tok.decode(&reply_ids)));
+        eprintln!(
+            "[{} tokens, {:.2} tok/s, prompt {} tokens ({} reused)]",
+            g.stats.generated_tokens,
+            g.stats.decode_tok_s,
+            prompt.len(),
+            prompt.len() - g.stats.prompt_tokens
+        );
+    }
+}
