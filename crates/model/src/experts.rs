@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fathom_weights::mxfp4::Mxfp4Ref;
-use fathom_weights::{Checkpoint, TensorLoc};
+use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
 
 use crate::error::{ModelError, Result};
 use crate::kimi_k3::config::K3Spec;
@@ -23,7 +23,7 @@ use crate::kimi_k3::tensors::{ExpertMatrix, expert_name};
 /// streamed expert is one read into one allocation).
 #[derive(Debug)]
 pub struct ExpertWeights {
-    pub buf: Vec<u8>,
+    pub buf: AlignedBuf,
     /// For w1, w2, w3: (packed offset, scale offset) into `buf`, and `[rows, cols]`.
     pub parts: [(usize, usize, [usize; 2]); 3],
 }
@@ -76,7 +76,7 @@ impl ExpertLoc {
     }
 
     /// Builds the expert from a buffer read at `span()`'s offset.
-    pub fn from_span(&self, spec: &K3Spec, base: u64, buf: Vec<u8>) -> ExpertWeights {
+    pub fn from_span(&self, spec: &K3Spec, base: u64, buf: AlignedBuf) -> ExpertWeights {
         let mut parts = [(0, 0, [0, 0]); 3];
         for (i, m) in ExpertMatrix::ALL.iter().enumerate() {
             let (p, s) = &self.parts[i];
@@ -92,7 +92,7 @@ impl ExpertLoc {
     /// Reads the expert with as few positional reads as possible (one when adjacent).
     pub fn read(&self, spec: &K3Spec, ck: &Checkpoint) -> Result<ExpertWeights> {
         if let Some((shard, off, len)) = self.span() {
-            let mut buf = vec![0u8; len as usize];
+            let mut buf = AlignedBuf::zeroed(len as usize);
             ck.read_into(shard, off, &mut buf)?;
             return Ok(self.from_span(spec, off, buf));
         }
@@ -106,7 +106,10 @@ impl ExpertLoc {
             buf.extend(ck.read(s)?);
             parts[i] = (po, so, m.shape(spec));
         }
-        Ok(ExpertWeights { buf, parts })
+        Ok(ExpertWeights {
+            buf: AlignedBuf::from_slice(&buf),
+            parts,
+        })
     }
 }
 
@@ -142,12 +145,41 @@ impl ExpertTable {
     }
 }
 
-/// Counters every source keeps.
-#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+/// Counters every source keeps (cumulative; diff two readings for a window).
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct ExpertStats {
+    /// Bytes read from storage (including prefetches that went unused).
     pub bytes_read: u64,
+    /// Requested experts already in RAM (cached, or prefetched in time).
     pub hits: u64,
+    /// Requested experts that had to be read (or were still being read).
     pub misses: u64,
+    /// Experts named by next-layer hints.
+    pub hinted: u64,
+    /// Hinted experts the layer then actually asked for.
+    pub hinted_used: u64,
+    /// Experts asked for by the model.
+    pub requested: u64,
+    /// Seconds the model spent waiting for experts.
+    pub wait_s: f64,
+    /// Seconds of storage reads, summed over I/O threads.
+    pub read_s: f64,
+}
+
+impl ExpertStats {
+    /// Counters accumulated since `before`.
+    pub fn since(&self, before: &ExpertStats) -> ExpertStats {
+        ExpertStats {
+            bytes_read: self.bytes_read - before.bytes_read,
+            hits: self.hits - before.hits,
+            misses: self.misses - before.misses,
+            hinted: self.hinted - before.hinted,
+            hinted_used: self.hinted_used - before.hinted_used,
+            requested: self.requested - before.requested,
+            wait_s: self.wait_s - before.wait_s,
+            read_s: self.read_s - before.read_s,
+        }
+    }
 }
 
 /// Where the model gets routed experts from.
@@ -204,10 +236,11 @@ impl ExpertSource for ResidentExperts {
     }
 
     fn stats(&self) -> ExpertStats {
+        let served = self.served.load(Ordering::Relaxed);
         ExpertStats {
-            bytes_read: 0,
-            hits: self.served.load(Ordering::Relaxed),
-            misses: 0,
+            hits: served,
+            requested: served,
+            ..Default::default()
         }
     }
 }

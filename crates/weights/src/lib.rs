@@ -10,11 +10,13 @@
 //!   routed experts (E2M1 nibbles, E8M0 scale per 32 columns).
 //! * [`convert`] turns stored bytes into fp32 (bf16 is a shift, so exact).
 
+pub mod buf;
 pub mod checkpoint;
 pub mod convert;
 pub mod error;
 pub mod mxfp4;
 
+pub use buf::{AlignedBuf, IO_ALIGN};
 pub use checkpoint::{Checkpoint, ShardFile, TensorLoc};
 pub use error::WeightsError;
 pub use safetensors::Dtype;

@@ -1,0 +1,131 @@
+//! Positional reads of whole experts, bypassing the page cache.
+//!
+//! The enclosing 4 KiB-aligned range of an expert's span is read into an
+//! aligned buffer with `O_DIRECT` (so the bytes come from the device, are not
+//! cached twice, and are not charged to the memory cgroup as page cache).
+//! Where the filesystem refuses `O_DIRECT` (tmpfs, some overlays) the file is
+//! read buffered and the range dropped from the page cache right after.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+use fathom_model::experts::{ExpertLoc, ExpertWeights};
+use fathom_model::kimi_k3::config::K3Spec;
+use fathom_weights::{AlignedBuf, IO_ALIGN};
+
+/// One shard opened for expert reads.
+pub struct ShardReader {
+    file: File,
+    len: u64,
+    direct: bool,
+}
+
+impl ShardReader {
+    /// Opens `path`, with `O_DIRECT` if `want_direct` and the filesystem allows it.
+    pub fn open(path: &Path, want_direct: bool) -> std::io::Result<Self> {
+        let len = std::fs::metadata(path)?.len();
+        if want_direct {
+            if let Ok(file) = File::options()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+            {
+                // Probe: some filesystems accept the flag but fail the read.
+                let mut probe = AlignedBuf::zeroed(IO_ALIGN);
+                if file.read_at(&mut probe, 0).is_ok() {
+                    return Ok(ShardReader {
+                        file,
+                        len,
+                        direct: true,
+                    });
+                }
+            }
+        }
+        let file = File::open(path)?;
+        // SAFETY: plain fadvise on a valid fd; failure only loses the hint.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        Ok(ShardReader {
+            file,
+            len,
+            direct: false,
+        })
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Reads `[offset, offset + len)` (and the alignment slack around it) into
+    /// an aligned buffer. Returns the buffer and the file offset of its first byte.
+    pub fn read_span(&self, offset: u64, len: u64) -> std::io::Result<(AlignedBuf, u64)> {
+        let a = IO_ALIGN as u64;
+        let start = offset / a * a;
+        let end = (offset + len).div_ceil(a) * a;
+        let mut buf = AlignedBuf::zeroed((end - start) as usize);
+        let need = (offset + len - start) as usize;
+        let mut got = 0usize;
+        while got < need {
+            // A direct read must stay aligned: read whole remaining aligned blocks.
+            let n = self.file.read_at(&mut buf[got..], start + got as u64)?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("shard ends at {} before byte {}", self.len, offset + len),
+                ));
+            }
+            got += n;
+        }
+        if !self.direct {
+            // SAFETY: plain fadvise on a valid fd; failure only loses the hint.
+            unsafe {
+                libc::posix_fadvise(
+                    self.file.as_raw_fd(),
+                    start as i64,
+                    (end - start) as i64,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+        }
+        Ok((buf, start))
+    }
+}
+
+/// Reads one expert with a single positional read of its span (or one per
+/// tensor if a checkpoint scatters them).
+pub fn read_expert(
+    spec: &K3Spec,
+    shards: &[ShardReader],
+    loc: &ExpertLoc,
+) -> std::io::Result<(ExpertWeights, u64)> {
+    if let Some((shard, off, len)) = loc.span() {
+        let (buf, base) = shards[shard].read_span(off, len)?;
+        let n = buf.len() as u64;
+        return Ok((loc.from_span(spec, base, buf), n));
+    }
+    // Scattered tensors: read each and pack them into one buffer.
+    let mut bytes = Vec::with_capacity(loc.bytes() as usize);
+    let mut parts = [(0, 0, [0, 0]); 3];
+    for (i, m) in fathom_model::kimi_k3::tensors::ExpertMatrix::ALL
+        .iter()
+        .enumerate()
+    {
+        let (p, s) = &loc.parts[i];
+        let po = bytes.len();
+        let (b, base) = shards[p.shard].read_span(p.offset, p.len)?;
+        bytes.extend_from_slice(&b[(p.offset - base) as usize..][..p.len as usize]);
+        let so = bytes.len();
+        let (b, base) = shards[s.shard].read_span(s.offset, s.len)?;
+        bytes.extend_from_slice(&b[(s.offset - base) as usize..][..s.len as usize]);
+        parts[i] = (po, so, m.shape(spec));
+    }
+    let n = bytes.len() as u64;
+    Ok((
+        ExpertWeights {
+            buf: AlignedBuf::from_slice(&bytes),
+            parts,
+        },
+        n,
+    ))
+}

@@ -1,0 +1,403 @@
+//! [`StreamedExperts`]: the expert source that reads from the shards.
+//!
+//! Request path (`experts(layer, ids)`): cached experts are used at once;
+//! experts already being read (prefetched) are waited for; the rest are
+//! queued as demand reads, which I/O threads take before any prefetch. All
+//! of `ids` are returned — nothing is skipped or substituted.
+//!
+//! Prefetch (`hint(layer, ids)`): the model's guess for the next layer
+//! queues background reads, bounded by `max_inflight` so the budget holds.
+//! When that layer's real request arrives, guesses it did not ask for and
+//! that have not started are cancelled; finished ones go to the cache like
+//! any other expert and age out by LRU.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use fathom_model::experts::{ExpertSource, ExpertStats, ExpertTable, ExpertWeights};
+use fathom_model::kimi_k3::config::K3Spec;
+use fathom_model::{ModelError, Result};
+use fathom_weights::Checkpoint;
+
+use crate::cache::{Key, LruCache};
+use crate::reader::{ShardReader, read_expert};
+
+/// How the store runs.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// Experts the cache may hold (0: every request is read from storage).
+    pub cache_experts: usize,
+    /// Reader threads (parallel positional reads).
+    pub io_threads: usize,
+    /// Try `O_DIRECT`.
+    pub direct: bool,
+    /// Act on next-layer hints.
+    pub prefetch: bool,
+    /// Reads (demand + prefetch) allowed in flight; bounds I/O buffer memory.
+    pub max_inflight: usize,
+}
+
+impl StreamConfig {
+    pub fn new(spec: &K3Spec, cache_experts: usize) -> Self {
+        StreamConfig {
+            cache_experts,
+            io_threads: 16,
+            direct: true,
+            prefetch: true,
+            max_inflight: 2 * spec.top_k,
+        }
+    }
+}
+
+enum Done {
+    Ready(Arc<ExpertWeights>),
+    Failed(String),
+    Cancelled,
+}
+
+struct Pending {
+    done: Mutex<Option<Done>>,
+    cv: Condvar,
+    started: AtomicBool,
+    cancelled: AtomicBool,
+}
+
+impl Pending {
+    fn new() -> Arc<Self> {
+        Arc::new(Pending {
+            done: Mutex::new(None),
+            cv: Condvar::new(),
+            started: AtomicBool::new(false),
+            cancelled: AtomicBool::new(false),
+        })
+    }
+    fn finish(&self, d: Done) {
+        *self.done.lock().unwrap() = Some(d);
+        self.cv.notify_all();
+    }
+    fn wait(&self) -> std::result::Result<Arc<ExpertWeights>, String> {
+        let mut g = self.done.lock().unwrap();
+        loop {
+            match g.as_ref() {
+                Some(Done::Ready(e)) => return Ok(e.clone()),
+                Some(Done::Failed(m)) => return Err(m.clone()),
+                Some(Done::Cancelled) => return Err("read was cancelled".into()),
+                None => g = self.cv.wait(g).unwrap(),
+            }
+        }
+    }
+}
+
+struct Job {
+    key: Key,
+    pending: Arc<Pending>,
+}
+
+#[derive(Default)]
+struct Queues {
+    demand: VecDeque<Job>,
+    prefetch: VecDeque<Job>,
+    shutdown: bool,
+}
+
+struct Inner {
+    cache: LruCache,
+    inflight: HashMap<Key, Arc<Pending>>,
+    /// Last hint per layer (to measure precision and cancel wrong guesses).
+    hints: HashMap<u32, Vec<u32>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    bytes_read: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    hinted: AtomicU64,
+    hinted_used: AtomicU64,
+    requested: AtomicU64,
+    wait_ns: AtomicU64,
+    read_ns: AtomicU64,
+}
+
+struct Shared {
+    spec: K3Spec,
+    table: ExpertTable,
+    shards: Vec<ShardReader>,
+    inner: Mutex<Inner>,
+    queues: Mutex<Queues>,
+    queue_cv: Condvar,
+    counters: Counters,
+    max_inflight: usize,
+    prefetch: bool,
+}
+
+/// Routed experts read on demand from the checkpoint's shards.
+pub struct StreamedExperts {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl StreamedExperts {
+    pub fn new(
+        spec: &K3Spec,
+        ck: &Checkpoint,
+        table: &ExpertTable,
+        cfg: &StreamConfig,
+    ) -> Result<Self> {
+        let shards = ck
+            .shards()
+            .iter()
+            .map(|s| ShardReader::open(&s.path, cfg.direct).map_err(|e| io_err(&s.path, e)))
+            .collect::<Result<Vec<_>>>()?;
+        let shared = Arc::new(Shared {
+            spec: spec.clone(),
+            table: table.clone(),
+            shards,
+            inner: Mutex::new(Inner {
+                cache: LruCache::new(cfg.cache_experts),
+                inflight: HashMap::new(),
+                hints: HashMap::new(),
+            }),
+            queues: Mutex::new(Queues::default()),
+            queue_cv: Condvar::new(),
+            counters: Counters::default(),
+            max_inflight: cfg.max_inflight.max(1),
+            prefetch: cfg.prefetch,
+        });
+        let threads = (0..cfg.io_threads.max(1))
+            .map(|i| {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("fathom-io-{i}"))
+                    .spawn(move || io_loop(&s))
+                    .expect("spawn I/O thread")
+            })
+            .collect();
+        Ok(StreamedExperts { shared, threads })
+    }
+
+    /// Whether reads bypass the page cache with `O_DIRECT`.
+    pub fn direct_io(&self) -> bool {
+        self.shared.shards.iter().all(ShardReader::is_direct)
+    }
+
+    pub fn cache_capacity(&self) -> usize {
+        self.shared.inner.lock().unwrap().cache.capacity()
+    }
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> ModelError {
+    ModelError::Experts(format!("{}: {e}", path.display()))
+}
+
+impl Drop for StreamedExperts {
+    fn drop(&mut self) {
+        self.shared.queues.lock().unwrap().shutdown = true;
+        self.shared.queue_cv.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn io_loop(s: &Shared) {
+    loop {
+        let job = {
+            let mut q = s.queues.lock().unwrap();
+            loop {
+                if let Some(j) = q.demand.pop_front().or_else(|| q.prefetch.pop_front()) {
+                    break j;
+                }
+                if q.shutdown {
+                    return;
+                }
+                q = s.queue_cv.wait(q).unwrap();
+            }
+        };
+        // A job may be queued twice (prefetch, then promoted to demand).
+        if job.pending.started.swap(true, Ordering::SeqCst) {
+            continue;
+        }
+        {
+            let mut inner = s.inner.lock().unwrap();
+            if job.pending.cancelled.load(Ordering::SeqCst) {
+                remove_inflight(&mut inner, job.key, &job.pending);
+                drop(inner);
+                job.pending.finish(Done::Cancelled);
+                continue;
+            }
+        }
+        let (layer, expert) = job.key;
+        let loc = &s.table.layers[layer as usize][expert as usize];
+        let t0 = Instant::now();
+        let result = read_expert(&s.spec, &s.shards, loc);
+        s.counters
+            .read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let done = match result {
+            Ok((e, n)) => {
+                s.counters.bytes_read.fetch_add(n, Ordering::Relaxed);
+                Done::Ready(Arc::new(e))
+            }
+            Err(e) => Done::Failed(format!("layer {layer} expert {expert}: {e}")),
+        };
+        {
+            let mut inner = s.inner.lock().unwrap();
+            if let Done::Ready(e) = &done {
+                inner.cache.insert(job.key, e.clone());
+            }
+            remove_inflight(&mut inner, job.key, &job.pending);
+        }
+        job.pending.finish(done);
+    }
+}
+
+fn remove_inflight(inner: &mut Inner, key: Key, p: &Arc<Pending>) {
+    if inner.inflight.get(&key).is_some_and(|q| Arc::ptr_eq(q, p)) {
+        inner.inflight.remove(&key);
+    }
+}
+
+impl ExpertSource for StreamedExperts {
+    fn experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<Arc<ExpertWeights>>> {
+        let s = &*self.shared;
+        if s.table.layers.get(layer).is_none_or(|l| l.is_empty()) {
+            return Err(ModelError::Experts(format!(
+                "layer {layer} has no routed experts"
+            )));
+        }
+        let n_exp = s.table.layers[layer].len();
+        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= n_exp) {
+            return Err(ModelError::Experts(format!(
+                "layer {layer} has no expert {bad}"
+            )));
+        }
+        let l = layer as u32;
+        let mut out: Vec<Option<Arc<ExpertWeights>>> = vec![None; ids.len()];
+        let mut waits = Vec::new();
+        let mut demand = Vec::new();
+        {
+            let mut inner = s.inner.lock().unwrap();
+            // Score and retire this layer's hint.
+            if let Some(h) = inner.hints.remove(&l) {
+                let used = h.iter().filter(|e| ids.contains(e)).count();
+                s.counters
+                    .hinted_used
+                    .fetch_add(used as u64, Ordering::Relaxed);
+                for e in h.iter().filter(|e| !ids.contains(e)) {
+                    if let Some(p) = inner.inflight.get(&(l, *e)) {
+                        p.cancelled.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            for (i, &e) in ids.iter().enumerate() {
+                let k = (l, e);
+                if let Some(x) = inner.cache.get(k) {
+                    out[i] = Some(x);
+                    s.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                s.counters.misses.fetch_add(1, Ordering::Relaxed);
+                let p = match inner.inflight.get(&k) {
+                    Some(p) => {
+                        p.cancelled.store(false, Ordering::SeqCst);
+                        if !p.started.load(Ordering::SeqCst) {
+                            demand.push(Job {
+                                key: k,
+                                pending: p.clone(),
+                            }); // promote
+                        }
+                        p.clone()
+                    }
+                    None => {
+                        let p = Pending::new();
+                        inner.inflight.insert(k, p.clone());
+                        demand.push(Job {
+                            key: k,
+                            pending: p.clone(),
+                        });
+                        p
+                    }
+                };
+                waits.push((i, p));
+            }
+        }
+        s.counters
+            .requested
+            .fetch_add(ids.len() as u64, Ordering::Relaxed);
+        if !demand.is_empty() {
+            let mut q = s.queues.lock().unwrap();
+            q.demand.extend(demand);
+            drop(q);
+            s.queue_cv.notify_all();
+        }
+        let t0 = Instant::now();
+        for (i, p) in waits {
+            out[i] = Some(p.wait().map_err(ModelError::Experts)?);
+        }
+        s.counters
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(out
+            .into_iter()
+            .map(|e| e.expect("every expert resolved"))
+            .collect())
+    }
+
+    fn hint(&self, layer: usize, ids: &[u32]) {
+        let s = &*self.shared;
+        if !s.prefetch || s.table.layers.get(layer).is_none_or(|l| l.is_empty()) {
+            return;
+        }
+        let l = layer as u32;
+        let n_exp = s.table.layers[layer].len() as u32;
+        let mut jobs = Vec::new();
+        {
+            let mut inner = s.inner.lock().unwrap();
+            let valid: Vec<u32> = ids.iter().copied().filter(|&e| e < n_exp).collect();
+            s.counters
+                .hinted
+                .fetch_add(valid.len() as u64, Ordering::Relaxed);
+            for &e in &valid {
+                let k = (l, e);
+                if inner.inflight.len() >= s.max_inflight {
+                    break;
+                }
+                if inner.cache.contains(k) || inner.inflight.contains_key(&k) {
+                    continue;
+                }
+                let p = Pending::new();
+                inner.inflight.insert(k, p.clone());
+                jobs.push(Job { key: k, pending: p });
+            }
+            inner.hints.insert(l, valid);
+        }
+        if !jobs.is_empty() {
+            s.queues.lock().unwrap().prefetch.extend(jobs);
+            s.queue_cv.notify_all();
+        }
+    }
+
+    fn wants_hints(&self) -> bool {
+        self.shared.prefetch
+    }
+
+    fn stats(&self) -> ExpertStats {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ExpertStats {
+            bytes_read: g(&c.bytes_read),
+            hits: g(&c.hits),
+            misses: g(&c.misses),
+            hinted: g(&c.hinted),
+            hinted_used: g(&c.hinted_used),
+            requested: g(&c.requested),
+            wait_s: g(&c.wait_ns) as f64 * 1e-9,
+            read_s: g(&c.read_ns) as f64 * 1e-9,
+        }
+    }
+}
