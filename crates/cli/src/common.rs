@@ -2,28 +2,9 @@
 //! prompts, and the tokenizer a model ships.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use fathom_model::K3Model;
 use fathom_tokenizer::Tokenizer;
-
-/// Loads a K3 model directory (all experts resident), timing it.
-pub fn load_model(dir: &Path) -> Result<(K3Model, f64)> {
-    if !dir.is_dir() {
-        bail!("model directory {} does not exist", dir.display());
-    }
-    if !dir.join("config.json").is_file() {
-        bail!(
-            "{} is not a model directory: it has no config.json",
-            dir.display()
-        );
-    }
-    let t0 = Instant::now();
-    let model = K3Model::load(dir)
-        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    Ok((model, t0.elapsed().as_secs_f64()))
-}
 
 /// Parses `1,2,3` (spaces allowed).
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {

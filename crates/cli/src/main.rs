@@ -6,6 +6,7 @@
 
 mod commands;
 mod common;
+mod load;
 
 use clap::{Parser, Subcommand};
 

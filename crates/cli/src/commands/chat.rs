@@ -18,7 +18,8 @@ use fathom_chat::{ChatTemplate, K3Options, Message, Segment, encode_segments, re
 use fathom_engine::{Session, StopReason};
 use fathom_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::common::{load_model, tokenizer};
+use crate::common::tokenizer;
+use crate::load::{MemoryArgs, load_model_with};
 
 /// Chat with a model in the terminal.
 #[derive(Args)]
@@ -35,6 +36,8 @@ pub struct ChatArgs {
     /// K3 only: answer without the thinking channel.
     #[arg(long)]
     no_thinking: bool,
+    #[command(flatten)]
+    mem: MemoryArgs,
 }
 
 enum Renderer {
@@ -69,7 +72,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
             a.model.display()
         );
     };
-    let (model, load_s) = load_model(&a.model)?;
+    let (model, info) = load_model_with(&a.model, &a.mem, 1)?;
+    let load_s = info.load_s;
     let stop: Vec<u32> = model.spec.eos_token_id.into_iter().collect();
     eprintln!("loaded in {load_s:.2}s; type a message, Ctrl-C stops a reply, Ctrl-D quits");
 

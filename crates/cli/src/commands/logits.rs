@@ -6,7 +6,8 @@ use anyhow::Result;
 use clap::Args;
 use fathom_model::Logits;
 
-use crate::common::{check_vocab, load_model, parse_ids};
+use crate::common::{check_vocab, parse_ids};
+use crate::load::{MemoryArgs, load_model_with};
 
 /// Print the top logits at the last position of a prompt.
 #[derive(Args)]
@@ -23,11 +24,13 @@ pub struct LogitsArgs {
     /// Print one JSON object {"top": [[id, logit], ...]} in descending order.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    mem: MemoryArgs,
 }
 
 pub fn run(a: LogitsArgs) -> Result<()> {
     let prompt = parse_ids(&a.prompt_ids)?;
-    let (model, _) = load_model(&a.model)?;
+    let (model, _) = load_model_with(&a.model, &a.mem, prompt.len())?;
     check_vocab(&prompt, model.spec.vocab_size)?;
     let mut state = model.new_state();
     let logits = model.forward(&mut state, &prompt, Logits::Last)?;

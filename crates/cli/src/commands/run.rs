@@ -3,13 +3,16 @@
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
 use fathom_engine::greedy;
+use fathom_model::experts::ExpertStats;
 use fathom_tokenizer::StreamDecoder;
 
-use crate::common::{check_vocab, load_model, prompt_ids, tokenizer};
+use crate::common::{check_vocab, prompt_ids, tokenizer};
+use crate::load::{MemoryArgs, load_model_with};
 
 /// Generate text greedily (argmax at every step) from a prompt.
 #[derive(Args)]
@@ -32,18 +35,57 @@ pub struct RunArgs {
     /// Print exactly one JSON object on stdout: prompt_ids, output_ids, text, stats.
     #[arg(long)]
     json: bool,
+    /// Per-token expert I/O statistics on stderr.
+    #[arg(long)]
+    stats: bool,
+    #[command(flatten)]
+    mem: MemoryArgs,
+}
+
+/// Fraction `a / b`, or null when nothing was counted.
+fn ratio(a: u64, b: u64) -> serde_json::Value {
+    if b == 0 {
+        serde_json::Value::Null
+    } else {
+        (a as f64 / b as f64).into()
+    }
+}
+
+/// Prefetch and I/O figures for an interval of expert statistics.
+fn io_summary(s: &ExpertStats, wall_s: f64) -> serde_json::Value {
+    serde_json::json!({
+        "expert_bytes_read": s.bytes_read,
+        "expert_cache_hits": s.hits,
+        "expert_cache_misses": s.misses,
+        "expert_hit_rate": ratio(s.hits, s.requested),
+        "prefetch_precision": ratio(s.hinted_used, s.hinted),
+        "prefetch_recall": ratio(s.hinted_used, s.requested),
+        "read_bandwidth_bytes_s": if s.read_s > 0.0 { (s.bytes_read as f64 / wall_s.max(1e-9)).into() } else { serde_json::Value::Null },
+        "io_wait_s": s.wait_s,
+        "compute_s": (wall_s - s.wait_s).max(0.0),
+    })
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
     let tok = tokenizer(&a.model)?;
-    let (model, load_s) = load_model(&a.model)?;
     let prompt = prompt_ids(
         a.prompt_ids.as_deref(),
         a.prompt.as_deref(),
         tok.as_deref(),
         &a.model,
     )?;
+    let (model, info) = load_model_with(&a.model, &a.mem, prompt.len())?;
     check_vocab(&prompt, model.spec.vocab_size)?;
+    if !a.json || a.stats {
+        if let Some(l) = &info.ledger {
+            eprintln!(
+                "{} ({}); experts {}",
+                l.describe(),
+                info.budget_source,
+                info.experts
+            );
+        }
+    }
     let stop: Vec<u32> = if a.ignore_eos {
         vec![]
     } else {
@@ -53,7 +95,28 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut stream = tok.as_deref().map(StreamDecoder::new);
     let json = a.json;
+    let start_stats = model.experts.stats();
+    let mut last = (start_stats, Instant::now());
+    let mut index = 0usize;
     let generation = greedy(&model, &prompt, a.max_new, &stop, |id| {
+        if a.stats {
+            let now = (model.experts.stats(), Instant::now());
+            let d = now.0.since(&last.0);
+            let wall = now.1.duration_since(last.1).as_secs_f64();
+            let what = if index == 0 { "prefill" } else { "token" };
+            eprintln!(
+                "[{what} {index}] {:.3}s, experts read {:.1} MB ({} hit / {} miss), {:.0} MB/s, I/O wait {:.3}s, prefetch precision {}",
+                wall,
+                d.bytes_read as f64 / 1e6,
+                d.hits,
+                d.misses,
+                d.bytes_read as f64 / 1e6 / wall.max(1e-9),
+                d.wait_s,
+                ratio(d.hinted_used, d.hinted)
+            );
+            last = now;
+            index += 1;
+        }
         if !json {
             let piece = match stream.as_mut() {
                 Some(s) => s.push(id),
@@ -65,11 +128,20 @@ pub fn run(a: RunArgs) -> Result<()> {
         ControlFlow::Continue(())
     })?;
     let text = tok.as_deref().map(|t| t.decode(&generation.output_ids));
+    let total = model.experts.stats().since(&start_stats);
+    let wall = generation.stats.prefill_s + generation.stats.decode_s;
     let mut stats = serde_json::to_value(&generation.stats)?;
-    stats["load_s"] = load_s.into();
+    if let (Some(o), Some(io)) = (stats.as_object_mut(), io_summary(&total, wall).as_object()) {
+        o.extend(io.clone());
+    }
+    stats["load_s"] = info.load_s.into();
     stats["stop"] = serde_json::to_value(generation.stop)?;
     stats["threads"] = rayon::current_num_threads().into();
-    stats["experts"] = "resident".into();
+    stats["experts"] = info.experts.into();
+    stats["direct_io"] = serde_json::to_value(info.direct_io)?;
+    stats["ram_budget_bytes"] = serde_json::to_value(info.ledger.as_ref().map(|l| l.budget))?;
+    stats["expert_cache_slots"] =
+        serde_json::to_value(info.ledger.as_ref().map(|l| l.cache_experts))?;
     if json {
         let mut obj = serde_json::json!({
             "prompt_ids": prompt,
@@ -87,14 +159,16 @@ pub fn run(a: RunArgs) -> Result<()> {
         writeln!(stdout)?;
         let s = &generation.stats;
         eprintln!(
-            "{} prompt tokens, {} generated ({:?}); load {:.2}s, prefill {:.1} tok/s, first token {:.3}s, decode {:.2} tok/s, peak RSS {:.1} MiB",
+            "{} prompt tokens, {} generated ({:?}); load {:.2}s, prefill {:.1} tok/s, first token {:.3}s, decode {:.2} tok/s, experts read {:.1} MB, hit rate {}, peak RSS {:.1} MiB",
             s.prompt_tokens,
             s.generated_tokens,
             generation.stop,
-            load_s,
+            info.load_s,
             s.prefill_tok_s,
             s.first_token_s,
             s.decode_tok_s,
+            total.bytes_read as f64 / 1e6,
+            ratio(total.hits, total.requested),
             s.peak_rss_bytes as f64 / (1 << 20) as f64
         );
     }

@@ -1,0 +1,139 @@
+//! Memory options shared by the commands that run a model, and the loader
+//! that turns them into a model whose experts are resident or streamed.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use fathom_model::K3Model;
+use fathom_model::kimi_k3::config::K3Spec;
+use fathom_stream::budget::{Ledger, default_budget};
+use fathom_stream::{StreamConfig, StreamedExperts};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExpertMode {
+    /// Resident if every expert fits the budget's cache, else streamed.
+    Auto,
+    /// Read every expert into RAM at load.
+    Resident,
+    /// Read routed experts from the shards as the router asks for them.
+    Stream,
+}
+
+/// How much RAM fathom may use and where routed experts live.
+#[derive(Args, Clone, Debug)]
+pub struct MemoryArgs {
+    /// RAM budget, e.g. 8GB or 512MiB (default: the memory-cgroup limit or the
+    /// available memory, minus a 10 % margin). The resident spine, state for
+    /// --context tokens, scratch and I/O buffers come first; the expert cache
+    /// gets the rest.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub ram_budget: Option<u64>,
+    /// Where routed experts live.
+    #[arg(long, value_enum, default_value_t = ExpertMode::Auto)]
+    pub experts: ExpertMode,
+    /// Tokens of context the budget reserves sequence state for.
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Parallel expert reads (I/O threads).
+    #[arg(long, default_value_t = 16)]
+    pub io_threads: usize,
+    /// Do not prefetch the next layer's predicted experts.
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Read through the page cache instead of O_DIRECT (the budget is then not honest).
+    #[arg(long)]
+    pub buffered_io: bool,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    fathom_synth::units::parse_size(s)
+}
+
+/// What loading decided, for stats and logs.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoadInfo {
+    pub load_s: f64,
+    pub experts: &'static str,
+    pub ledger: Option<Ledger>,
+    pub budget_source: String,
+    pub direct_io: Option<bool>,
+}
+
+/// Checks that `dir` looks like a model directory.
+pub fn check_model_dir(dir: &Path) -> Result<()> {
+    if !dir.is_dir() {
+        bail!("model directory {} does not exist", dir.display());
+    }
+    if !dir.join("config.json").is_file() {
+        bail!(
+            "{} is not a model directory: it has no config.json",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Loads a model under `mem`'s budget, for passes of up to `positions` tokens.
+pub fn load_model_with(
+    dir: &Path,
+    mem: &MemoryArgs,
+    positions: usize,
+) -> Result<(K3Model, LoadInfo)> {
+    check_model_dir(dir)?;
+    let spec = K3Spec::from_dir(dir)
+        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    let (budget, budget_source) = match mem.ram_budget {
+        Some(b) => (b, "--ram-budget".to_string()),
+        None => default_budget(),
+    };
+    let max_inflight = if mem.no_prefetch {
+        spec.top_k
+    } else {
+        2 * spec.top_k
+    };
+    let ledger = Ledger::plan(&spec, budget, mem.context, positions.max(1), max_inflight);
+    let stream = match mem.experts {
+        ExpertMode::Resident => false,
+        ExpertMode::Stream => true,
+        ExpertMode::Auto => !matches!(&ledger, Ok(l) if l.holds_every_expert(&spec)),
+    };
+    let t0 = Instant::now();
+    if !stream {
+        let model = K3Model::load(dir)
+            .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+        let info = LoadInfo {
+            load_s: t0.elapsed().as_secs_f64(),
+            experts: "resident",
+            ledger: ledger.ok(),
+            budget_source,
+            direct_io: None,
+        };
+        return Ok((model, info));
+    }
+    let ledger = ledger.map_err(anyhow::Error::msg)?;
+    let cfg = StreamConfig {
+        cache_experts: ledger.cache_experts,
+        io_threads: mem.io_threads.max(1),
+        direct: !mem.buffered_io,
+        prefetch: !mem.no_prefetch,
+        max_inflight,
+    };
+    let mut direct = None;
+    let model = K3Model::load_with(dir, |spec, ck, table| {
+        let s = StreamedExperts::new(spec, ck, table, &cfg)?;
+        direct = Some(s.direct_io());
+        Ok(Arc::new(s))
+    })
+    .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    let info = LoadInfo {
+        load_s: t0.elapsed().as_secs_f64(),
+        experts: "streamed",
+        ledger: Some(ledger),
+        budget_source,
+        direct_io: direct,
+    };
+    Ok((model, info))
+}
