@@ -1,9 +1,16 @@
 //! The expert cache: whole experts, least-recently-used eviction.
 //!
 //! All experts of a model have the same size, so capacity is a count of
-//! experts. LRU was chosen by measurement on k3-code-small's routing traces
-//! (see `fathom cache-trace` in the closing notes of the streaming issue);
-//! corpus-level expert use is flat, so recency is what carries signal.
+//! experts. LRU was chosen by measurement: `examples/cache_policy.rs` records
+//! the routed experts of 192 greedy decode steps of the trained
+//! k3-code-small (its three golden prompts, 64 tokens each; 704 experts, 88
+//! requested per token) and replays them. Hit rates at 25 % / 50 % of all
+//! experts: LRU 0.371 / 0.675, per-layer LRU 0.307 / 0.622, a cyclic
+//! layer-distance policy 0.352 / 0.672, FIFO 0.301 / 0.631, LFU 0.238 / 0.563
+//! (Belady's offline optimum 0.683 / 0.858). Below one token's working set
+//! (5–10 %) every online policy is near zero (LRU thrashes on the layer
+//! cycle; the cyclic policy reaches 0.03–0.10): a real budget should hold at
+//! least a token's experts, where LRU is best.
 
 use std::collections::HashMap;
 use std::sync::Arc;
