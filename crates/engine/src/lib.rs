@@ -2,9 +2,13 @@
 //! cost. The model computes; the engine decides (greedy decoding now;
 //! speculation and batching build on the same multi-position pass).
 
+pub mod draft;
 pub mod generate;
 pub mod session;
+pub mod speculative;
 pub mod sys;
 
 pub use generate::{GenStats, Generation, StopReason, argmax, greedy, greedy_from};
 pub use session::Session;
+pub use draft::{Drafter, ModelDrafter, NgramDrafter};
+pub use speculative::{DraftOptions, DraftStats, speculative, speculative_from};

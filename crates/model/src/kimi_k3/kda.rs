@@ -18,7 +18,7 @@ use fathom_kernels::ops::{l2_normalize, rms_norm, sigmoid, silu};
 use rayon::prelude::*;
 
 use super::config::{K3Spec, KDA_L2_EPS};
-use super::state::KdaState;
+use super::state::{KdaJournal, KdaState};
 use super::weights::KdaWeights;
 
 /// Depthwise causal convolution + SiLU over `pre [T, P]`, using and updating
@@ -129,28 +129,15 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
     let (h, kd) = (spec.kda_heads, spec.kda_head_dim);
     let p = h * kd;
     let t = x.len() / spec.hidden_size;
+    let pre = [
+        w.q_proj.forward(x, t),
+        w.k_proj.forward(x, t),
+        w.v_proj.forward(x, t),
+    ];
     let [wq, wk, wv] = &mut st.conv;
-    let q = short_conv(
-        &w.q_proj.forward(x, t),
-        wq,
-        &w.q_conv1d,
-        p,
-        spec.conv_kernel,
-    );
-    let k = short_conv(
-        &w.k_proj.forward(x, t),
-        wk,
-        &w.k_conv1d,
-        p,
-        spec.conv_kernel,
-    );
-    let v = short_conv(
-        &w.v_proj.forward(x, t),
-        wv,
-        &w.v_conv1d,
-        p,
-        spec.conv_kernel,
-    );
+    let q = short_conv(&pre[0], wq, &w.q_conv1d, p, spec.conv_kernel);
+    let k = short_conv(&pre[1], wk, &w.k_conv1d, p, spec.conv_kernel);
+    let v = short_conv(&pre[2], wv, &w.v_conv1d, p, spec.conv_kernel);
     let f = w.f_b_proj.forward(&w.f_a_proj.forward(x, t), t);
     let b = w.b_proj.forward(x, t);
     let g = w.g_proj.forward(x, t);
@@ -158,7 +145,8 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
 
     // Per-head inputs, head-major [H][T, K].
     let heads: Vec<usize> = (0..h).collect();
-    let outs: Vec<Vec<f32>> = heads
+    let journaling = st.journal.is_some();
+    let outs: Vec<(Vec<f32>, Option<HeadInputs>)> = heads
         .par_iter()
         .zip(st.s.par_chunks_mut(kd * kd))
         .map(|(&hh, s)| {
@@ -186,6 +174,13 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
             }
             let mut o = vec![0f32; t * kd];
             delta_rule_head(s, &qh, &kh, &vh, &la, &beta, kd, kd, &mut o);
+            let inputs = journaling.then(|| HeadInputs {
+                q: qh,
+                k: kh,
+                v: vh,
+                log_alpha: la,
+                beta,
+            });
             // Gated RMSNorm of the head output.
             for ti in 0..t {
                 let orow = &mut o[ti * kd..(ti + 1) * kd];
@@ -194,15 +189,74 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
                     *ov *= sigmoid(g[ti * p + hh * kd + c]);
                 }
             }
-            o
+            (o, inputs)
         })
         .collect();
+    if let Some(j) = st.journal.as_mut() {
+        j.record(
+            &pre,
+            outs.iter().map(|(_, i)| i.as_ref().expect("journaling")),
+        );
+    }
     let mut cat = vec![0f32; t * p];
-    for (hh, o) in outs.iter().enumerate() {
+    for (hh, (o, _)) in outs.iter().enumerate() {
         for ti in 0..t {
             cat[ti * p + hh * kd..ti * p + (hh + 1) * kd]
                 .copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
         }
     }
     w.o_proj.forward(&cat, t)
+}
+
+/// One head's delta-rule inputs for the positions of a pass, kept so the
+/// state can be rolled forward again to any prefix (speculative rollback).
+#[derive(Debug, Clone, Default)]
+pub struct HeadInputs {
+    /// `[T, K]` normalised and scaled queries.
+    pub q: Vec<f32>,
+    /// `[T, K]` normalised keys.
+    pub k: Vec<f32>,
+    /// `[T, V]` values.
+    pub v: Vec<f32>,
+    /// `[T, K]` log decays.
+    pub log_alpha: Vec<f32>,
+    /// `[T]` β.
+    pub beta: Vec<f32>,
+}
+
+/// Rewinds `st` to the start of its journaled pass and replays the first
+/// `keep` positions: the recurrent state and conv windows become bit for bit
+/// what a pass of only those positions would have left.
+pub fn replay_prefix(spec: &K3Spec, st: &mut KdaState, j: &KdaJournal, keep: usize) {
+    let kd = spec.kda_head_dim;
+    let p = spec.kda_width();
+    st.s.copy_from_slice(&j.s0);
+    st.s.par_chunks_mut(kd * kd)
+        .zip(j.heads.par_iter())
+        .for_each(|(s, hi)| {
+            let mut o = vec![0f32; keep * kd];
+            delta_rule_head(
+                s,
+                &hi.q[..keep * kd],
+                &hi.k[..keep * kd],
+                &hi.v[..keep * kd],
+                &hi.log_alpha[..keep * kd],
+                &hi.beta[..keep],
+                kd,
+                kd,
+                &mut o,
+            );
+        });
+    let hist = spec.conv_kernel - 1;
+    for (c, (w0, pre)) in st.conv.iter_mut().zip(j.conv0.iter().zip(&j.pre)) {
+        // Window after `keep` positions: the last `hist` rows of w0 ++ pre[..keep].
+        let rows: Vec<&[f32]> = w0
+            .chunks_exact(p)
+            .chain(pre.chunks_exact(p).take(keep))
+            .collect();
+        let tail = &rows[rows.len() - hist..];
+        for (dst, src) in c.chunks_exact_mut(p).zip(tail) {
+            dst.copy_from_slice(src);
+        }
+    }
 }

@@ -19,6 +19,50 @@ pub struct KdaState {
     pub conv: [Vec<f32>; 3],
     /// `S_h ∈ R^{K×V}` per head, row-major `[H, K, V]`.
     pub s: Vec<f32>,
+    /// Inputs recorded during a pass that may be partly rolled back.
+    pub journal: Option<KdaJournal>,
+}
+
+/// What a KDA layer needs to rewind a pass to any prefix: its state at the
+/// start (a fixed-size copy) and the per-position delta-rule inputs and
+/// pre-convolution rows of the pass (a few rows per position).
+#[derive(Debug, Clone)]
+pub struct KdaJournal {
+    pub s0: Vec<f32>,
+    pub conv0: [Vec<f32>; 3],
+    /// Pre-convolution q, k, v rows of the pass, `[T, P]` each.
+    pub pre: [Vec<f32>; 3],
+    /// Per head, the delta-rule inputs of the pass.
+    pub heads: Vec<super::kda::HeadInputs>,
+}
+
+impl KdaJournal {
+    fn start(st: &KdaState, heads: usize) -> Self {
+        KdaJournal {
+            s0: st.s.clone(),
+            conv0: st.conv.clone(),
+            pre: Default::default(),
+            heads: vec![Default::default(); heads],
+        }
+    }
+
+    /// Appends one forward call's positions.
+    pub(crate) fn record<'a>(
+        &mut self,
+        pre: &[Vec<f32>; 3],
+        heads: impl Iterator<Item = &'a super::kda::HeadInputs>,
+    ) {
+        for (dst, src) in self.pre.iter_mut().zip(pre) {
+            dst.extend_from_slice(src);
+        }
+        for (dst, src) in self.heads.iter_mut().zip(heads) {
+            dst.q.extend_from_slice(&src.q);
+            dst.k.extend_from_slice(&src.k);
+            dst.v.extend_from_slice(&src.v);
+            dst.log_alpha.extend_from_slice(&src.log_alpha);
+            dst.beta.extend_from_slice(&src.beta);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -51,6 +95,13 @@ pub struct SequenceState {
     pub pos: usize,
 }
 
+/// A pass whose positions may be only partly kept (speculative verification).
+#[derive(Debug, Clone)]
+pub struct PendingPass {
+    pos: usize,
+    mla_len: Vec<usize>,
+}
+
 /// A restorable point in a sequence.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -80,6 +131,7 @@ impl SequenceState {
                 AttnKind::Kda => LayerState::Kda(KdaState {
                     conv: std::array::from_fn(|_| vec![0.0; (spec.conv_kernel - 1) * p]),
                     s: vec![0.0; spec.kda_heads * spec.kda_head_dim * spec.kda_head_dim],
+                    journal: None,
                 }),
                 AttnKind::Mla => LayerState::Mla(MlaCache {
                     rows: Vec::new(),
@@ -135,6 +187,52 @@ impl SequenceState {
             }
         }
         self.pos = snap.pos;
+    }
+
+    /// Starts a pass that [`SequenceState::keep`] may later cut short. KDA
+    /// layers journal their inputs; MLA caches just remember their length.
+    pub fn begin_pass(&mut self, spec: &K3Spec) -> PendingPass {
+        let mut mla_len = Vec::with_capacity(self.layers.len());
+        for l in &mut self.layers {
+            match l {
+                LayerState::Kda(k) => {
+                    k.journal = Some(KdaJournal::start(k, spec.kda_heads));
+                    mla_len.push(0);
+                }
+                LayerState::Mla(m) => mla_len.push(m.len()),
+            }
+        }
+        PendingPass {
+            pos: self.pos,
+            mla_len,
+        }
+    }
+
+    /// Keeps the first `n` positions fed since `begin_pass` and forgets the
+    /// rest: MLA rows are truncated, KDA state and conv windows rewound and
+    /// replayed over the kept positions. The result is bit-identical to a
+    /// state that was only ever fed those `n` positions.
+    pub fn keep(&mut self, spec: &K3Spec, pass: PendingPass, n: usize) {
+        let fed = self.pos - pass.pos;
+        assert!(n <= fed, "cannot keep {n} of {fed} positions");
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            match l {
+                LayerState::Kda(k) => {
+                    let j = k
+                        .journal
+                        .take()
+                        .expect("begin_pass journals every KDA layer");
+                    if n < fed {
+                        super::kda::replay_prefix(spec, k, &j, n);
+                    }
+                }
+                LayerState::Mla(m) => {
+                    let w = m.width;
+                    m.rows.truncate((pass.mla_len[i] + n) * w);
+                }
+            }
+        }
+        self.pos = pass.pos + n;
     }
 
     /// Bytes held by this sequence's state.

@@ -1,0 +1,118 @@
+//! Draft sources: cheap guesses at the next tokens. A draft only proposes;
+//! the full model verifies every proposed token and decides the output.
+
+use fathom_model::kimi_k3::state::SequenceState;
+use fathom_model::{K3Model, Logits, ModelError, Result};
+
+use crate::generate::argmax;
+
+/// Something that proposes continuations of the committed tokens.
+pub trait Drafter {
+    /// Up to `k` tokens likely to follow `context` (every committed token).
+    fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>>;
+    fn name(&self) -> String;
+}
+
+/// Prompt lookup: finds the latest earlier occurrence of the context's last
+/// n tokens (longest n first) and proposes what followed it. No model, no
+/// memory beyond the context; pays off on code and repetitive text.
+pub struct NgramDrafter {
+    pub max_n: usize,
+    pub min_n: usize,
+}
+
+impl Default for NgramDrafter {
+    fn default() -> Self {
+        NgramDrafter { max_n: 4, min_n: 1 }
+    }
+}
+
+impl Drafter for NgramDrafter {
+    fn propose(&mut self, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
+        for n in (self.min_n..=self.max_n.min(ctx.len().saturating_sub(1))).rev() {
+            let suffix = &ctx[ctx.len() - n..];
+            // Latest start i < len - n with ctx[i..i+n] == suffix.
+            if let Some(i) = (0..ctx.len() - n).rev().find(|&i| &ctx[i..i + n] == suffix) {
+                let from = i + n;
+                let out: Vec<u32> = ctx[from..(from + k).min(ctx.len())].to_vec();
+                if !out.is_empty() {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn name(&self) -> String {
+        "ngram".into()
+    }
+}
+
+/// A small model with the same tokenizer, run greedily. It keeps its own
+/// state in step with the committed tokens: each round it reads the newly
+/// committed tokens in one pass, drafts k tokens, then rolls back the drafts.
+pub struct ModelDrafter<'d> {
+    model: &'d K3Model,
+    state: SequenceState,
+    consumed: Vec<u32>,
+}
+
+impl<'d> ModelDrafter<'d> {
+    /// `target_vocab` must match the draft's vocabulary (same tokenizer).
+    pub fn new(model: &'d K3Model, target_vocab: usize) -> Result<Self> {
+        if model.spec.vocab_size != target_vocab {
+            return Err(ModelError::Experts(format!(
+                "draft model vocabulary {} differs from the target's {target_vocab}: they must share a tokenizer",
+                model.spec.vocab_size
+            )));
+        }
+        Ok(ModelDrafter { model, state: model.new_state(), consumed: Vec::new() })
+    }
+}
+
+impl Drafter for ModelDrafter<'_> {
+    fn propose(&mut self, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
+        if k == 0 || ctx.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !ctx.starts_with(&self.consumed) || self.consumed.len() == ctx.len() {
+            // Diverged (or nothing new to read): start over from the context.
+            self.state = self.model.new_state();
+            self.consumed.clear();
+        }
+        let mut logits = self.model.forward(&mut self.state, &ctx[self.consumed.len()..], Logits::Last)?;
+        self.consumed = ctx.to_vec();
+        let snap = self.state.snapshot();
+        let mut out = Vec::with_capacity(k);
+        for i in 0..k {
+            let t = argmax(&logits);
+            out.push(t);
+            if i + 1 < k {
+                logits = self.model.forward(&mut self.state, &[t], Logits::Last)?;
+            }
+        }
+        self.state.restore(&snap);
+        Ok(out)
+    }
+
+    fn name(&self) -> String {
+        "model".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ngram_proposes_what_followed_the_latest_match() {
+        let mut d = NgramDrafter::default();
+        // "1 2 3 9 ... 1 2 3" → proposes "9 8"
+        let ctx = [1, 2, 3, 9, 8, 7, 5, 1, 2, 3];
+        assert_eq!(d.propose(&ctx, 2).unwrap(), vec![9, 8]);
+        // Longest match wins over a later shorter one.
+        let ctx = [4, 5, 6, 1, 5, 2, 4, 5];
+        assert_eq!(d.propose(&ctx, 1).unwrap(), vec![6]);
+        assert!(d.propose(&[1, 2, 3], 4).unwrap().is_empty());
+    }
+}
