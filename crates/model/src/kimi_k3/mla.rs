@@ -67,8 +67,13 @@ pub fn mla(spec: &K3Spec, w: &MlaWeights, cache: &mut MlaCache, x: &[f32]) -> Ve
     let heads: Vec<Vec<f32>> = (0..h)
         .into_par_iter()
         .map(|hh| {
-            let uk0 = hh * (dn + dv); // first W_uk row of this head
-            let uv0 = uk0 + dn; // first W_uv row
+            // This head's W_uk [dn, lora] and W_uv [dv, lora] in f32, decoded
+            // once per call (not per position) from the stored precision.
+            let uk0 = hh * (dn + dv);
+            let w_uk: Vec<f32> = (uk0..uk0 + dn).flat_map(|r| kv_b.row(r)).collect();
+            let w_uv: Vec<f32> = (uk0 + dn..uk0 + dn + dv)
+                .flat_map(|r| kv_b.row(r))
+                .collect();
             let mut out = vec![0f32; t * dv];
             let mut q_lat = vec![0f32; lora];
             let mut ctx = vec![0f32; lora];
@@ -77,9 +82,9 @@ pub fn mla(spec: &K3Spec, w: &MlaWeights, cache: &mut MlaCache, x: &[f32]) -> Ve
                 let qh = &q[ti * h * dq + hh * dq..][..dq];
                 // q_lat = W_uk,hᵀ q_nope
                 q_lat.fill(0.0);
-                for (i, &qi) in qh[..dn].iter().enumerate() {
-                    for (cc, ql) in q_lat.iter_mut().enumerate() {
-                        *ql += qi * kv_b.at(uk0 + i, cc);
+                for (&qi, wr) in qh[..dn].iter().zip(w_uk.chunks_exact(lora)) {
+                    for (ql, &wv) in q_lat.iter_mut().zip(wr) {
+                        *ql += qi * wv;
                     }
                 }
                 let n = past + ti + 1; // causal: this position sees itself and all before
@@ -99,10 +104,10 @@ pub fn mla(spec: &K3Spec, w: &MlaWeights, cache: &mut MlaCache, x: &[f32]) -> Ve
                     }
                 }
                 let o = &mut out[ti * dv..(ti + 1) * dv];
-                for (j, ov) in o.iter_mut().enumerate() {
+                for (j, (ov, wr)) in o.iter_mut().zip(w_uv.chunks_exact(lora)).enumerate() {
                     let mut acc = 0f32;
-                    for (cc, &cv) in ctx.iter().enumerate() {
-                        acc += kv_b.at(uv0 + j, cc) * cv;
+                    for (&wv, &cv) in wr.iter().zip(&ctx) {
+                        acc += wv * cv;
                     }
                     *ov = acc * sigmoid(gate[ti * h * dv + hh * dv + j]);
                 }
