@@ -62,3 +62,30 @@ pub fn check_vocab(ids: &[u32], vocab: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// `--spine`: precision of the resident spine matrices.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum SpineArg {
+    /// As stored (bf16): exact.
+    #[default]
+    Bf16,
+    /// Per-row int8, quantised at load: half the bytes, lossy.
+    Int8,
+}
+
+/// Puts a loaded model's spine in the precision `arg` asks for, announcing
+/// the choice on stderr (int8 is labelled lossy), and returns it.
+pub fn apply_spine(model: &mut fathom_model::K3Model, arg: SpineArg) -> fathom_model::Spine {
+    use fathom_model::Spine;
+    let spine = match arg {
+        SpineArg::Bf16 => Spine::Bf16,
+        SpineArg::Int8 => Spine::Int8,
+    };
+    if spine == Spine::Int8 {
+        model.weights.quantize_spine_int8();
+        eprintln!("spine: int8 (lossy: per-row int8 weights, quantised at load)");
+    } else {
+        eprintln!("spine: bf16 (exact, as stored)");
+    }
+    spine
+}

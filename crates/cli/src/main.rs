@@ -23,9 +23,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Run(commands::run::RunArgs),
+    Bench(commands::bench::BenchArgs),
     Logits(commands::logits::LogitsArgs),
     Tokenize(commands::tokenize::TokenizeArgs),
     Chat(commands::chat::ChatArgs),
+    Synth(commands::synth::SynthArgs),
+    Inspect(commands::inspect::InspectArgs),
+    Verify(commands::verify::VerifyArgs),
+    EvalQuant(commands::eval_quant::EvalQuantArgs),
 }
 
 fn main() {
@@ -40,9 +45,14 @@ fn main() {
     }
     let result = match cli.command {
         Command::Run(a) => commands::run::run(a),
+        Command::Bench(a) => commands::bench::run(a),
         Command::Logits(a) => commands::logits::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Chat(a) => commands::chat::run(a),
+        Command::Synth(a) => commands::synth::run(a),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Verify(a) => commands::verify::run(a),
+        Command::EvalQuant(a) => commands::eval_quant::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -2,11 +2,22 @@
 //!
 //! Activations are fp32 row-major `[T, in]`; weights are stored `[out, in]`
 //! as in the checkpoint and applied as `x Wᵀ`. Every output element is one
-//! dot product whose reduction order is fixed by the kernel (eight
-//! interleaved partial sums, combined pairwise), independent of the number
-//! of threads: rayon only splits the output rows.
+//! dot product whose reduction order is fixed by the kernel (32 interleaved
+//! partial sums folded in halves, see `formats`), independent of the number
+//! of threads, of T and of the instruction set: rayon only splits the output
+//! rows, and each SIMD table reproduces the scalar reference bit for bit.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub mod dispatch;
+pub mod formats;
 pub mod matmul;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod ops;
+pub mod quant;
 
-pub use matmul::{matmul_bf16, matmul_f32, matmul_mxfp4};
+pub use dispatch::{Isa, Kernels, kernels, supported_isas};
+pub use matmul::{matmul_bf16, matmul_f32, matmul_int8, matmul_mxfp4};

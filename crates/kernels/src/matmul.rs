@@ -3,124 +3,142 @@
 //! Rows of W are visited once for all T positions (the weight row stays in
 //! cache while the T activations stream past it), which is what makes a
 //! multi-position pass cheaper than T single-position passes when weights
-//! dominate the bytes.
+//! dominate the bytes. The kernels behind these entry points are chosen once
+//! per process (`dispatch`); every choice gives bit-identical results.
 
-use fathom_weights::mxfp4::{E2M1, GROUP, Mxfp4Ref, e8m0};
+use std::ops::Range;
+
+use fathom_weights::mxfp4::Mxfp4Ref;
 use rayon::prelude::*;
+
+use crate::dispatch::{Kernels, kernels};
+use crate::formats::{Bf16Rows, F32Rows, Int8Rows, Mxfp4Rows};
 
 /// Below this many weight elements a product runs on the calling thread.
 const PAR_MIN_ELEMS: usize = 1 << 16;
-/// Output rows handed to one rayon task.
+/// Output rows handed to one kernel call (and one rayon task).
 const ROWS_PER_TASK: usize = 16;
 
-/// Dot product with eight interleaved partial sums combined pairwise.
-/// `w(i)` yields the weight at column `i` as f32.
-#[inline(always)]
-fn dot8(x: &[f32], w: impl Fn(usize) -> f32) -> f32 {
-    let n = x.len();
-    let mut acc = [0f32; 8];
-    let full = n / 8 * 8;
-    let mut i = 0;
-    while i < full {
-        for l in 0..8 {
-            acc[l] += x[i + l] * w(i + l);
-        }
-        i += 8;
-    }
-    for (l, j) in (full..n).enumerate() {
-        acc[l] += x[j] * w(j);
-    }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
-}
-
-/// Runs `row_fn(r, out_col)` for every output row, in parallel when large.
-/// `row_fn` returns the T results of row `r` through `emit(t, value)`.
+/// Runs `block(rows, out)` over row blocks, in parallel when large, and
+/// writes `y[T, rows]`. A row's result never depends on the block split or
+/// on the thread count: each dot product is computed whole by one call.
 fn for_rows(
     t: usize,
     rows: usize,
     cols: usize,
     y: &mut [f32],
-    row_fn: impl Fn(usize, &mut dyn FnMut(usize, f32)) + Sync,
+    block: impl Fn(Range<usize>, &mut [f32]) + Sync,
 ) {
     assert_eq!(y.len(), t * rows, "output buffer has the wrong size");
-    if rows * cols < PAR_MIN_ELEMS || rayon::current_num_threads() == 1 {
+    let parallel = rows * cols >= PAR_MIN_ELEMS && rayon::current_num_threads() > 1;
+    // Blocks write `[rows, T]`; for T = 1 that is already `y`'s layout.
+    let mut tmp = if t == 1 {
+        Vec::new()
+    } else {
+        vec![0f32; rows * t]
+    };
+    let buf: &mut [f32] = if t == 1 { y } else { &mut tmp };
+    let run = |(b, chunk): (usize, &mut [f32])| {
+        let r0 = b * ROWS_PER_TASK;
+        block(r0..r0 + chunk.len() / t, chunk)
+    };
+    if parallel {
+        buf.par_chunks_mut(ROWS_PER_TASK * t)
+            .enumerate()
+            .for_each(run);
+    } else {
+        buf.chunks_mut(ROWS_PER_TASK * t).enumerate().for_each(run);
+    }
+    if t > 1 {
         for r in 0..rows {
-            row_fn(r, &mut |ti, v| y[ti * rows + r] = v);
-        }
-        return;
-    }
-    // Compute row blocks in parallel into a [rows, T] scratch, then transpose.
-    let mut tmp = vec![0f32; rows * t];
-    tmp.par_chunks_mut(ROWS_PER_TASK * t)
-        .enumerate()
-        .for_each(|(blk, chunk)| {
-            let r0 = blk * ROWS_PER_TASK;
-            for (k, out) in chunk.chunks_exact_mut(t).enumerate() {
-                row_fn(r0 + k, &mut |ti, v| out[ti] = v);
+            for ti in 0..t {
+                y[ti * rows + r] = tmp[r * t + ti];
             }
-        });
-    for r in 0..rows {
-        for ti in 0..t {
-            y[ti * rows + r] = tmp[r * t + ti];
         }
     }
 }
 
-/// bf16 weights given as raw bit patterns.
+impl Kernels {
+    /// f32 weights `[rows, cols]`.
+    pub fn matmul_f32(
+        &self,
+        x: &[f32],
+        t: usize,
+        w: &[f32],
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) {
+        assert_eq!(x.len(), t * cols, "activation has the wrong size");
+        assert_eq!(w.len(), rows * cols, "weight has the wrong size");
+        let w = F32Rows { w, cols };
+        for_rows(t, rows, cols, y, |r, o| (self.f32)(&w, x, t, r, o));
+    }
+
+    /// bf16 weights `[rows, cols]` given as raw bit patterns.
+    pub fn matmul_bf16(
+        &self,
+        x: &[f32],
+        t: usize,
+        w: &[u16],
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) {
+        assert_eq!(x.len(), t * cols, "activation has the wrong size");
+        assert_eq!(w.len(), rows * cols, "weight has the wrong size");
+        let w = Bf16Rows { w, cols };
+        for_rows(t, rows, cols, y, |r, o| (self.bf16)(&w, x, t, r, o));
+    }
+
+    /// Row-scaled int8 weights: `W[r][c] = q[r·cols + c] · scale[r]`.
+    pub fn matmul_int8(
+        &self,
+        x: &[f32],
+        t: usize,
+        q: &[i8],
+        scale: &[f32],
+        cols: usize,
+        y: &mut [f32],
+    ) {
+        let rows = scale.len();
+        assert_eq!(x.len(), t * cols, "activation has the wrong size");
+        assert_eq!(q.len(), rows * cols, "weight has the wrong size");
+        let w = Int8Rows { q, scale, cols };
+        for_rows(t, rows, cols, y, |r, o| (self.int8)(&w, x, t, r, o));
+    }
+
+    /// MXFP4 weights, dequantised in registers 32 columns (one scale group) at a time.
+    pub fn matmul_mxfp4(&self, x: &[f32], t: usize, w: Mxfp4Ref<'_>, y: &mut [f32]) {
+        assert_eq!(x.len(), t * w.cols, "activation has the wrong size");
+        let (rows, cols) = (w.rows, w.cols);
+        let w = Mxfp4Rows(w);
+        for_rows(t, rows, cols, y, |r, o| (self.mxfp4)(&w, x, t, r, o));
+    }
+}
+
+/// `y = x Wᵀ` for bf16 weights, with the process-wide kernels.
 pub fn matmul_bf16(x: &[f32], t: usize, w: &[u16], rows: usize, cols: usize, y: &mut [f32]) {
-    assert_eq!(x.len(), t * cols, "activation has the wrong size");
-    assert_eq!(w.len(), rows * cols, "weight has the wrong size");
-    for_rows(t, rows, cols, y, |r, emit| {
-        let wr = &w[r * cols..(r + 1) * cols];
-        for ti in 0..t {
-            let xr = &x[ti * cols..(ti + 1) * cols];
-            emit(ti, dot8(xr, |i| f32::from_bits((wr[i] as u32) << 16)));
-        }
-    });
+    kernels().matmul_bf16(x, t, w, rows, cols, y)
 }
 
-/// f32 weights.
+/// `y = x Wᵀ` for f32 weights, with the process-wide kernels.
 pub fn matmul_f32(x: &[f32], t: usize, w: &[f32], rows: usize, cols: usize, y: &mut [f32]) {
-    assert_eq!(x.len(), t * cols, "activation has the wrong size");
-    assert_eq!(w.len(), rows * cols, "weight has the wrong size");
-    for_rows(t, rows, cols, y, |r, emit| {
-        let wr = &w[r * cols..(r + 1) * cols];
-        for ti in 0..t {
-            let xr = &x[ti * cols..(ti + 1) * cols];
-            emit(ti, dot8(xr, |i| wr[i]));
-        }
-    });
+    kernels().matmul_f32(x, t, w, rows, cols, y)
 }
 
-/// MXFP4 weights, dequantised in registers one 32-column group at a time.
+/// `y = x Wᵀ` for row-scaled int8 weights, with the process-wide kernels.
+pub fn matmul_int8(x: &[f32], t: usize, q: &[i8], scale: &[f32], cols: usize, y: &mut [f32]) {
+    kernels().matmul_int8(x, t, q, scale, cols, y)
+}
+
+/// `y = x Wᵀ` for MXFP4 weights, with the process-wide kernels.
 ///
-/// Per group the E2M1 values (exact small numbers) are dotted with x, then
-/// multiplied by the group's power-of-two scale. Scaling by a power of two is
-/// exact, so this equals dotting with the dequantised weights group by group.
+/// Each weight is `e2m1 · 2^e` rounded once to f32 (exact for every finite
+/// product), so this equals dotting with the dequantised matrix, in the
+/// fixed 32-lane order of `formats`.
 pub fn matmul_mxfp4(x: &[f32], t: usize, w: Mxfp4Ref<'_>, y: &mut [f32]) {
-    let (rows, cols) = (w.rows, w.cols);
-    assert_eq!(x.len(), t * cols, "activation has the wrong size");
-    let groups = cols / GROUP;
-    for_rows(t, rows, cols, y, |r, emit| {
-        let packed = &w.packed[r * cols / 2..(r + 1) * cols / 2];
-        let scales = &w.scales[r * groups..(r + 1) * groups];
-        for ti in 0..t {
-            let xr = &x[ti * cols..(ti + 1) * cols];
-            let mut total = 0f32;
-            for g in 0..groups {
-                let pb = &packed[g * GROUP / 2..(g + 1) * GROUP / 2];
-                let xg = &xr[g * GROUP..(g + 1) * GROUP];
-                let part = dot8(xg, |i| {
-                    let b = pb[i / 2];
-                    let code = if i % 2 == 0 { b & 0x0F } else { b >> 4 };
-                    let m = E2M1[(code & 7) as usize];
-                    if code & 8 != 0 { -m } else { m }
-                });
-                total += part * e8m0(scales[g]);
-            }
-            emit(ti, total);
-        }
-    });
+    kernels().matmul_mxfp4(x, t, w, y)
 }
 
 #[cfg(test)]

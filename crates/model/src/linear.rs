@@ -1,8 +1,10 @@
 //! A resident weight matrix `[rows, cols]` applied as `x Wᵀ`, kept in its
 //! stored precision (bf16 stays bf16: half the bytes, converted exactly in
-//! registers).
+//! registers), or, when asked for (`Spine::Int8`), quantised at load to
+//! per-row symmetric int8 (half the bytes again; lossy).
 
-use fathom_kernels::{matmul_bf16, matmul_f32};
+use fathom_kernels::quant::quantize_rows_int8;
+use fathom_kernels::{matmul_bf16, matmul_f32, matmul_int8};
 use fathom_weights::{Checkpoint, Dtype, TensorLoc, convert};
 
 use crate::error::{ModelError, Result};
@@ -11,6 +13,34 @@ use crate::error::{ModelError, Result};
 pub enum WeightData {
     Bf16(Vec<u16>),
     F32(Vec<f32>),
+    /// `W[r][c] = q[r·cols + c] · scale[r]` (see `fathom_kernels::quant`).
+    Int8 {
+        q: Vec<i8>,
+        scale: Vec<f32>,
+    },
+}
+
+/// Precision of the resident spine matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Spine {
+    /// As stored in the checkpoint (bf16/f32): exact.
+    #[default]
+    Bf16,
+    /// Per-row symmetric int8, quantised at load: lossy.
+    Int8,
+}
+
+impl Spine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Spine::Bf16 => "bf16",
+            Spine::Int8 => "int8",
+        }
+    }
+
+    pub fn lossy(self) -> bool {
+        self == Spine::Int8
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -54,7 +84,21 @@ impl Linear {
         match &self.data {
             WeightData::Bf16(w) => matmul_bf16(x, t, w, self.rows, self.cols, y),
             WeightData::F32(w) => matmul_f32(x, t, w, self.rows, self.cols, y),
+            WeightData::Int8 { q, scale } => matmul_int8(x, t, q, scale, self.cols, y),
         }
+    }
+
+    /// Quantises to per-row int8 in place (no-op when already int8).
+    pub fn quantize_int8(&mut self) {
+        if matches!(self.data, WeightData::Int8 { .. }) {
+            return;
+        }
+        let (q, scale) = quantize_rows_int8(self.rows, self.cols, |r, out| {
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = self.at(r, c);
+            }
+        });
+        self.data = WeightData::Int8 { q, scale };
     }
 
     /// Row `r` as f32 (embedding lookup; exact for bf16).
@@ -66,6 +110,9 @@ impl Linear {
                 .map(|&b| f32::from_bits((b as u32) << 16))
                 .collect(),
             WeightData::F32(w) => w[range].to_vec(),
+            WeightData::Int8 { q, scale } => {
+                q[range].iter().map(|&v| v as f32 * scale[r]).collect()
+            }
         }
     }
 
@@ -75,6 +122,7 @@ impl Linear {
         match &self.data {
             WeightData::Bf16(w) => f32::from_bits((w[r * self.cols + c] as u32) << 16),
             WeightData::F32(w) => w[r * self.cols + c],
+            WeightData::Int8 { q, scale } => q[r * self.cols + c] as f32 * scale[r],
         }
     }
 
@@ -82,6 +130,7 @@ impl Linear {
         match &self.data {
             WeightData::Bf16(w) => w.len() * 2,
             WeightData::F32(w) => w.len() * 4,
+            WeightData::Int8 { q, scale } => q.len() + scale.len() * 4,
         }
     }
 }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use fathom_model::Logits;
 
-use crate::common::{check_vocab, parse_ids};
+use crate::common::{SpineArg, apply_spine, check_vocab, parse_ids};
 use crate::load::{MemoryArgs, load_model_with};
 
 /// Print the top logits at the last position of a prompt.
@@ -24,13 +24,17 @@ pub struct LogitsArgs {
     /// Print one JSON object {"top": [[id, logit], ...]} in descending order.
     #[arg(long)]
     json: bool,
+    /// Precision of the resident spine matrices (int8 is lossy).
+    #[arg(long, value_enum, default_value_t = SpineArg::Bf16)]
+    spine: SpineArg,
     #[command(flatten)]
     mem: MemoryArgs,
 }
 
 pub fn run(a: LogitsArgs) -> Result<()> {
     let prompt = parse_ids(&a.prompt_ids)?;
-    let (model, _) = load_model_with(&a.model, &a.mem, prompt.len())?;
+    let (mut model, _) = load_model_with(&a.model, &a.mem, prompt.len())?;
+    let _spine = apply_spine(&mut model, a.spine);
     check_vocab(&prompt, model.spec.vocab_size)?;
     let mut state = model.new_state();
     let logits = model.forward(&mut state, &prompt, Logits::Last)?;

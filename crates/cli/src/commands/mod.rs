@@ -1,4 +1,9 @@
+pub mod bench;
 pub mod chat;
+pub mod eval_quant;
+pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod synth;
 pub mod tokenize;
+pub mod verify;

@@ -11,7 +11,7 @@ use fathom_engine::greedy;
 use fathom_model::experts::ExpertStats;
 use fathom_tokenizer::StreamDecoder;
 
-use crate::common::{check_vocab, prompt_ids, tokenizer};
+use crate::common::{SpineArg, apply_spine, check_vocab, prompt_ids, tokenizer};
 use crate::load::{MemoryArgs, load_model_with};
 
 /// Generate text greedily (argmax at every step) from a prompt.
@@ -38,6 +38,9 @@ pub struct RunArgs {
     /// Per-token expert I/O statistics on stderr.
     #[arg(long)]
     stats: bool,
+    /// Precision of the resident spine matrices (int8 is lossy).
+    #[arg(long, value_enum, default_value_t = SpineArg::Bf16)]
+    spine: SpineArg,
     #[command(flatten)]
     mem: MemoryArgs,
 }
@@ -74,7 +77,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         tok.as_deref(),
         &a.model,
     )?;
-    let (model, info) = load_model_with(&a.model, &a.mem, prompt.len())?;
+    let (mut model, info) = load_model_with(&a.model, &a.mem, prompt.len())?;
+    let spine = apply_spine(&mut model, a.spine);
     check_vocab(&prompt, model.spec.vocab_size)?;
     if !a.json || a.stats {
         if let Some(l) = &info.ledger {
@@ -138,6 +142,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     stats["stop"] = serde_json::to_value(generation.stop)?;
     stats["threads"] = rayon::current_num_threads().into();
     stats["experts"] = info.experts.into();
+    stats["spine"] = spine.name().into();
+    stats["spine_lossy"] = spine.lossy().into();
     stats["direct_io"] = serde_json::to_value(info.direct_io)?;
     stats["ram_budget_bytes"] = serde_json::to_value(info.ledger.as_ref().map(|l| l.budget))?;
     stats["expert_cache_slots"] =

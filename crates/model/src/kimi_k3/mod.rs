@@ -30,6 +30,7 @@ use self::state::{LayerState, SequenceState};
 use self::weights::{AttnWeights, FfnWeights, K3Weights};
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertSource, ExpertTable, ResidentExperts};
+use crate::linear::Spine;
 
 /// Which positions' logits a pass returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,15 @@ impl K3Model {
         Self::load_with(dir, |spec, ck, table| {
             Ok(Arc::new(ResidentExperts::load(spec, ck, table)?))
         })
+    }
+
+    /// Loads a model with every expert resident and the spine in `spine` precision.
+    pub fn load_spine(dir: &Path, spine: Spine) -> Result<Self> {
+        let mut model = Self::load(dir)?;
+        if spine == Spine::Int8 {
+            model.weights.quantize_spine_int8();
+        }
+        Ok(model)
     }
 
     /// Loads the spine and builds the expert source with `make_source`.

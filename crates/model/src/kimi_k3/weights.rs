@@ -292,6 +292,61 @@ impl K3Weights {
     }
 }
 
+impl K3Weights {
+    /// Quantises every spine matrix to per-row int8 (`Spine::Int8`), except
+    /// the embedding (a row lookup, not a product) and the routers: a router
+    /// is ~0.3% of the spine bytes but its scores pick the experts, so an
+    /// error there changes which weights run rather than perturbing a sum.
+    pub fn quantize_spine_int8(&mut self) {
+        let mlp = |m: &mut MlpWeights| {
+            for l in [&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj] {
+                l.quantize_int8();
+            }
+        };
+        for layer in &mut self.layers {
+            match &mut layer.attn {
+                AttnWeights::Kda(a) => {
+                    for l in [
+                        &mut a.q_proj,
+                        &mut a.k_proj,
+                        &mut a.v_proj,
+                        &mut a.f_a_proj,
+                        &mut a.f_b_proj,
+                        &mut a.b_proj,
+                        &mut a.g_proj,
+                        &mut a.o_proj,
+                    ] {
+                        l.quantize_int8();
+                    }
+                }
+                AttnWeights::Mla(a) => {
+                    for l in [
+                        &mut a.q_a_proj,
+                        &mut a.q_b_proj,
+                        &mut a.kv_a_proj_with_mqa,
+                        &mut a.kv_b_proj,
+                        &mut a.g_proj,
+                        &mut a.o_proj,
+                    ] {
+                        l.quantize_int8();
+                    }
+                }
+            }
+            match &mut layer.ffn {
+                FfnWeights::Dense(m) => mlp(m),
+                FfnWeights::Moe(m) => {
+                    m.routed_expert_down_proj.quantize_int8();
+                    m.routed_expert_up_proj.quantize_int8();
+                    if let Some(s) = &mut m.shared_experts {
+                        mlp(s);
+                    }
+                }
+            }
+        }
+        self.lm_head.quantize_int8();
+    }
+}
+
 /// Bytes of the checkpoint's tensors grouped by role (for `inspect`).
 pub fn bytes_by_role(spec: &K3Spec) -> Vec<(Role, u64, u64)> {
     let mut m: std::collections::BTreeMap<Role, (u64, u64)> = Default::default();

@@ -1,0 +1,357 @@
+//! A memory cgroup per measured process, so "larger than RAM" is simulated
+//! honestly: the page cache a process pulls in is charged to its cgroup, so a
+//! 10 GB model under a 4 GB cap really cannot sit in RAM.
+//!
+//! The cgroup is created as a child of fathom's own memory cgroup (which is
+//! where a non-root user can be delegated rights, and which keeps the
+//! experiment inside whatever limits the caller already lives under). Only the
+//! measured child process ever enters it: it moves itself in between `fork`
+//! and `exec` (a `pre_exec` hook writing `0` to `cgroup.procs`), so no byte it
+//! allocates is charged elsewhere, and fathom itself never changes cgroup.
+//! After the process exits its peak usage is read and the directory removed.
+//!
+//! Both hierarchies are handled: v1 (`memory` controller mounted on its own,
+//! `memory.limit_in_bytes`, `memory.max_usage_in_bytes`) and v2 (unified,
+//! `memory.max`, `memory.peak`). Where both appear (hybrid systems) the one
+//! that actually carries the memory controller for this process wins: v1.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context, Result, bail};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// A memory cgroup directory and the hierarchy it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    pub version: Version,
+    pub dir: PathBuf,
+}
+
+/// Finds this process's memory cgroup directory from the texts of
+/// `/proc/self/cgroup` and `/proc/self/mountinfo` (a pure function, so it is
+/// testable with any system's files).
+pub fn own_memory_cgroup(proc_cgroup: &str, mountinfo: &str) -> Result<Place, String> {
+    let mounts: Vec<Mount> = mountinfo.lines().filter_map(Mount::parse).collect();
+    let mut v2_path = None;
+    for line in proc_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_id), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if ctrl.is_empty() {
+            v2_path = Some(path);
+        } else if ctrl.split(',').any(|c| c == "memory") {
+            let m = mounts
+                .iter()
+                .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == "memory"))
+                .ok_or("this process is in a v1 memory cgroup but no v1 memory hierarchy is mounted")?;
+            return Ok(Place {
+                version: Version::V1,
+                dir: m.resolve(path)?,
+            });
+        }
+    }
+    let path = v2_path.ok_or("/proc/self/cgroup names no memory cgroup (no v1 memory line, no v2 0:: line)")?;
+    let m = mounts
+        .iter()
+        .find(|m| m.fstype == "cgroup2")
+        .ok_or("no cgroup2 filesystem is mounted")?;
+    Ok(Place {
+        version: Version::V2,
+        dir: m.resolve(path)?,
+    })
+}
+
+/// The fields of one `/proc/self/mountinfo` line that matter here.
+struct Mount {
+    root: String,
+    point: PathBuf,
+    fstype: String,
+    super_opts: String,
+}
+
+impl Mount {
+    /// `36 35 0:30 / /sys/fs/cgroup/memory rw,relatime shared:1 - cgroup cgroup rw,memory`
+    fn parse(line: &str) -> Option<Mount> {
+        let (pre, post) = line.split_once(" - ")?;
+        let pre: Vec<&str> = pre.split(' ').collect();
+        let post: Vec<&str> = post.split(' ').collect();
+        Some(Mount {
+            root: unescape(pre.get(3)?),
+            point: PathBuf::from(unescape(pre.get(4)?)),
+            fstype: post.first()?.to_string(),
+            super_opts: post.get(2).unwrap_or(&"").to_string(),
+        })
+    }
+
+    /// The directory of cgroup `path` (relative to the hierarchy's root) under this mount.
+    fn resolve(&self, path: &str) -> Result<PathBuf, String> {
+        let root = self.root.trim_end_matches('/');
+        let rel = path.strip_prefix(root).ok_or_else(|| {
+            format!(
+                "cgroup {path} is outside the part of the hierarchy mounted at {} (root {})",
+                self.point.display(),
+                self.root
+            )
+        })?;
+        let rel = rel.trim_start_matches('/');
+        Ok(if rel.is_empty() {
+            self.point.clone()
+        } else {
+            self.point.join(rel)
+        })
+    }
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// This process's memory cgroup, read from `/proc`.
+pub fn own() -> Result<Place> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    own_memory_cgroup(&cg, &mi).map_err(|e| anyhow::anyhow!("--memory-cap: {e}"))
+}
+
+/// A child memory cgroup with a limit, removed on [`Child::remove`] or drop.
+#[derive(Debug)]
+pub struct Child {
+    pub place: Place,
+    /// `cgroup.procs` of the new cgroup, ready for the async-signal-safe hook.
+    procs: CString,
+    removed: bool,
+}
+
+/// What a finished process's cgroup recorded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Usage {
+    /// Peak memory charged (RSS + page cache + kernel), if the kernel reports it.
+    pub peak_bytes: Option<u64>,
+    /// OOM kills inside the cgroup, if reported.
+    pub oom_kills: Option<u64>,
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl Child {
+    /// Creates `<parent>/fathom-bench-<pid>-<n>` with a memory limit of `limit` bytes.
+    pub fn create(parent: &Place, limit: u64) -> Result<Child> {
+        let name = format!(
+            "fathom-bench-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = parent.dir.join(name);
+        std::fs::create_dir(&dir).map_err(|e| {
+            anyhow::anyhow!(
+                "--memory-cap: cannot create memory cgroup {}: {e}; it needs write access to this process's memory cgroup {} (root, or a delegated cgroup v2 subtree) on a writable cgroupfs",
+                dir.display(),
+                parent.dir.display()
+            )
+        })?;
+        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
+            .context("cgroup path holds a NUL byte")?;
+        let mut child = Child {
+            place: Place {
+                version: parent.version,
+                dir,
+            },
+            procs,
+            removed: false,
+        };
+        child.set_limit(parent, limit)?;
+        Ok(child)
+    }
+
+    fn set_limit(&mut self, parent: &Place, limit: u64) -> Result<()> {
+        let d = &self.place.dir;
+        match self.place.version {
+            Version::V1 => {
+                write(&d.join("memory.limit_in_bytes"), limit)?;
+                // With swap on, memory+swap must be capped too or the cap leaks into swap.
+                let memsw = d.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    let _ = write(&memsw, limit);
+                }
+            }
+            Version::V2 => {
+                if !d.join("memory.max").exists() {
+                    // The controller must be enabled for the parent's children;
+                    // v2 refuses that while the parent itself holds processes.
+                    let ctl = parent.dir.join("cgroup.subtree_control");
+                    std::fs::write(&ctl, "+memory").map_err(|e| {
+                        anyhow::anyhow!(
+                            "--memory-cap: the memory controller is not enabled below {} and enabling it failed ({e}); run fathom bench from a cgroup with memory delegated to its children (e.g. systemd-run --scope -p Delegate=yes)",
+                            parent.dir.display()
+                        )
+                    })?;
+                }
+                write(&d.join("memory.max"), limit)?;
+                let swap = d.join("memory.swap.max");
+                if swap.exists() {
+                    let _ = write(&swap, 0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `cmd`'s process move itself into this cgroup before `exec`, so
+    /// nothing it does is charged anywhere else.
+    pub fn attach_on_exec(&self, cmd: &mut Command) {
+        let procs = self.procs.clone();
+        // SAFETY: the hook runs in the forked child before exec, where only
+        // async-signal-safe calls are allowed: it uses open/write/close on a
+        // path allocated before the fork and allocates nothing itself
+        // (io::Error::last_os_error only reads errno).
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // "0" means the writing process itself, in v1 and v2 alike.
+                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if n != 1 {
+                    return Err(err);
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Peak usage and OOM kills recorded so far.
+    pub fn usage(&self) -> Usage {
+        let d = &self.place.dir;
+        let (peak, events, key) = match self.place.version {
+            Version::V1 => ("memory.max_usage_in_bytes", "memory.oom_control", "oom_kill"),
+            Version::V2 => ("memory.peak", "memory.events", "oom_kill"),
+        };
+        let peak_bytes = std::fs::read_to_string(d.join(peak))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        let oom_kills = std::fs::read_to_string(d.join(events)).ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        });
+        Usage {
+            peak_bytes,
+            oom_kills,
+        }
+    }
+
+    /// Removes the (now empty) cgroup. The kernel may need a moment after the
+    /// last process exits before `rmdir` succeeds, so it retries briefly.
+    pub fn remove(mut self) -> Result<()> {
+        self.removed = true;
+        let mut last = None;
+        for _ in 0..50 {
+            match std::fs::remove_dir(&self.place.dir) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        bail!(
+            "cannot remove memory cgroup {}: {}",
+            self.place.dir.display(),
+            last.map(|e| e.to_string()).unwrap_or_default()
+        )
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if !self.removed {
+            let _ = std::fs::remove_dir(&self.place.dir);
+        }
+    }
+}
+
+fn write(path: &Path, v: u64) -> Result<()> {
+    std::fs::write(path, v.to_string())
+        .with_context(|| format!("--memory-cap: writing {v} to {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MI_V1: &str = "\
+25 30 0:23 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+30 25 0:27 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+31 25 0:28 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 25 0:31 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn v1_memory_line_wins_on_hybrid_systems() {
+        let cg = "4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
+        let p = own_memory_cgroup(cg, MI_V1).unwrap();
+        assert_eq!(p.version, Version::V1);
+        assert_eq!(p.dir, PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"));
+    }
+
+    #[test]
+    fn v1_root_cgroup_is_the_mount_point() {
+        let p = own_memory_cgroup("4:memory:/\n", MI_V1).unwrap();
+        assert_eq!(p.dir, PathBuf::from("/sys/fs/cgroup/memory"));
+    }
+
+    #[test]
+    fn v2_unified() {
+        let mi = "28 22 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+        let cg = "0::/user.slice/user-1000.slice/session-2.scope\n";
+        let p = own_memory_cgroup(cg, mi).unwrap();
+        assert_eq!(p.version, Version::V2);
+        assert_eq!(
+            p.dir,
+            PathBuf::from("/sys/fs/cgroup/user.slice/user-1000.slice/session-2.scope")
+        );
+    }
+
+    #[test]
+    fn bind_mounted_subtree_and_escapes() {
+        let mi = "40 22 0:26 /docker/x /sys/fs/my\\040cg rw - cgroup2 cgroup2 rw\n";
+        let p = own_memory_cgroup("0::/docker/x/inner\n", mi).unwrap();
+        assert_eq!(p.dir, PathBuf::from("/sys/fs/my cg/inner"));
+        let e = own_memory_cgroup("0::/elsewhere\n", mi).unwrap_err();
+        assert!(e.contains("outside"), "{e}");
+    }
+
+    #[test]
+    fn missing_pieces_are_errors() {
+        assert!(own_memory_cgroup("", MI_V1).is_err());
+        assert!(own_memory_cgroup("4:memory:/a\n", "").is_err());
+        assert!(own_memory_cgroup("0::/a\n", "garbage line\n").is_err());
+    }
+}

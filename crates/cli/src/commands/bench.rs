@@ -1,0 +1,155 @@
+//! `fathom bench`: arms of `fathom run` (and peer engines) measured in fresh
+//! processes against this machine's storage and memory ceilings, in one run.
+//! The work is in `fathom-bench`; this file parses flags and writes outputs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{ArgGroup, Args};
+use fathom_bench::arm::{Arm, Prompt, parse_ids, parse_prompts_file};
+use fathom_bench::ceiling::Limits;
+use fathom_bench::{BenchConfig, render_table, run_bench};
+
+/// Benchmark arms of `fathom run` flags (and peer engines) in fresh processes,
+/// interleaved rep by rep, against the storage and memory ceilings measured in
+/// the same run. Prints a table; an arm whose output ids differ from the
+/// reference is rejected.
+#[derive(Args)]
+#[command(group(ArgGroup::new("input").required(true).args(["prompt", "prompt_ids", "prompts"])))]
+pub struct BenchArgs {
+    /// Model directory (config.json + safetensors shards).
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt as text (needs the model's tokenizer; peers get it as {prompt}).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids, e.g. 1,591,25.
+    #[arg(long)]
+    prompt_ids: Option<String>,
+    /// File of prompts, one per line: text, or `ids: 1,2,3`; `#` lines and blank lines skipped.
+    #[arg(long, value_name = "FILE")]
+    prompts: Option<PathBuf>,
+    /// Tokens each run generates (greedy; EOS may end a run earlier).
+    #[arg(long, default_value_t = 16)]
+    max_new: usize,
+    /// Measured reps per arm (and per prompt); the summaries are over these.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Extra reps run first and discarded (outputs are still checked).
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// An arm: a name and the extra `fathom run` flags, e.g.
+    /// --arm stream="--experts stream --ram-budget 3.8GB". Repeatable; the
+    /// first arm's first output is the reference. Default: one arm default="".
+    #[arg(long = "arm", value_name = "NAME=FLAGS")]
+    arms: Vec<String>,
+    /// A peer engine: a name and a command template, run without a shell, with
+    /// {prompt}, {prompt_ids}, {max_new}, {model} and {threads} substituted,
+    /// e.g. --peer llama="llama-cli -m k3.gguf -p {prompt} -n {max_new} -no-cnv".
+    /// Its tok/s is read from its output (llama.cpp's perf lines, llama-bench's
+    /// table or JSON; see docs/bench.md). Repeatable.
+    #[arg(long = "peer", value_name = "NAME=COMMAND")]
+    peers: Vec<String>,
+    /// The expected output ids (else the first arm's first output).
+    #[arg(long, value_name = "IDS")]
+    expect_ids: Option<String>,
+    /// Write the full report (every raw sample, ceilings, machine) as JSON here.
+    #[arg(long, value_name = "OUT")]
+    json: Option<PathBuf>,
+    /// Write an SVG bar chart of median decode tok/s with min–max whiskers and ceilings.
+    #[arg(long, value_name = "OUT.svg")]
+    plot: Option<PathBuf>,
+    /// Run every measured process in its own memory cgroup with this limit
+    /// (page cache charged), e.g. 4GB; created under fathom's own cgroup and
+    /// removed afterwards. Needs write access to the cgroup filesystem.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    memory_cap: Option<u64>,
+    /// Time limit of each ceiling measurement, in seconds.
+    #[arg(long, default_value_t = 5.0, value_name = "S")]
+    ceiling_secs: f64,
+    /// Most bytes the storage ceiling reads.
+    #[arg(long, default_value = "2GB", value_name = "SIZE", value_parser = parse_size_arg)]
+    ceiling_bytes: u64,
+    /// Parallel reads for the storage ceiling (the engine's default I/O threads).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    ceiling_io_threads: usize,
+    /// Time limit of each measured process, in seconds (then it is killed and the arm fails).
+    #[arg(long, default_value_t = 1800.0, value_name = "S")]
+    timeout: f64,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    fathom_synth::units::parse_size(s)
+}
+
+fn prompts(a: &BenchArgs) -> Result<Vec<Prompt>> {
+    if let Some(t) = &a.prompt {
+        if t.is_empty() {
+            bail!("--prompt is empty");
+        }
+        return Ok(vec![Prompt::Text(t.clone())]);
+    }
+    if let Some(ids) = &a.prompt_ids {
+        return Ok(vec![Prompt::Ids(parse_ids(ids).context("--prompt-ids")?)]);
+    }
+    let path = a.prompts.as_ref().context("give --prompt, --prompt-ids or --prompts")?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_prompts_file(&text).with_context(|| format!("{}", path.display()))
+}
+
+fn config(a: &BenchArgs) -> Result<BenchConfig> {
+    for (flag, v) in [("--ceiling-secs", a.ceiling_secs), ("--timeout", a.timeout)] {
+        if !(v.is_finite() && v > 0.0) {
+            bail!("{flag} must be a positive number of seconds");
+        }
+    }
+    let mut arms = a.arms.iter().map(|s| Arm::parse_fathom(s)).collect::<Result<Vec<_>>>()?;
+    if arms.is_empty() {
+        arms.push(Arm::parse_fathom("default=")?);
+    }
+    for p in &a.peers {
+        arms.push(Arm::parse_peer(p)?);
+    }
+    Ok(BenchConfig {
+        exe: std::env::current_exe().context("locating the fathom executable")?,
+        model: a.model.clone(),
+        prompts: prompts(a)?,
+        max_new: a.max_new,
+        reps: a.reps,
+        warmup: a.warmup,
+        arms,
+        expect_ids: a
+            .expect_ids
+            .as_deref()
+            .map(|s| parse_ids(s).context("--expect-ids"))
+            .transpose()?,
+        memory_cap: a.memory_cap,
+        limits: Limits {
+            storage_bytes: a.ceiling_bytes,
+            seconds: a.ceiling_secs,
+            io_threads: a.ceiling_io_threads.max(1),
+        },
+        timeout: Duration::from_secs_f64(a.timeout),
+        threads: rayon::current_num_threads(),
+        argv: std::env::args().collect(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    })
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let cfg = config(&a)?;
+    let report = run_bench(&cfg, |line| eprintln!("{line}"))?;
+    print!("{}", render_table(&report));
+    if let Some(p) = &a.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &a.plot {
+        std::fs::write(p, fathom_bench::svg::render(&report))
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! AVX2 + FMA-class kernels: 32 lanes = four ymm accumulators per position.
+//!
+//! Same structure as `avx512.rs` with two positions per pass over a row
+//! (eight accumulators of the sixteen ymm registers). No FMA instruction is
+//! used: the scalar reference rounds the multiply and the add separately.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use fathom_weights::mxfp4::{E2M1, GROUP, e8m0};
+
+use crate::formats::{Bf16Rows, F32Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
+
+/// Rows in flight together.
+const NR: usize = 2;
+/// Positions sharing one pass over those rows.
+const NT: usize = 1;
+
+type V = [__m256; 4];
+
+/// Formats that can load 32 dequantised weights into four ymm registers.
+pub trait Load256: Rows {
+    /// Columns `c .. c + 32` of row `r`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, and `c + 32 <= cols`.
+    unsafe fn load(&self, r: usize, c: usize) -> V;
+}
+
+impl Load256 for F32Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let p = self.w[r * self.cols + c..][..LANES].as_ptr();
+        // SAFETY: the slice above holds 32 f32.
+        unsafe { std::array::from_fn(|k| _mm256_loadu_ps(p.add(8 * k))) }
+    }
+}
+
+impl Load256 for Bf16Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let p = self.w[r * self.cols + c..][..LANES].as_ptr();
+        // SAFETY: the slice above holds 32 u16; bf16 → f32 is a 16-bit shift.
+        unsafe {
+            std::array::from_fn(|k| {
+                let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(8 * k).cast()));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+            })
+        }
+    }
+}
+
+impl Load256 for Int8Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let p = self.q[r * self.cols + c..][..LANES].as_ptr();
+        // SAFETY: the slice above holds 32 bytes; i8 → i32 → f32 is exact.
+        unsafe {
+            std::array::from_fn(|k| {
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * k).cast())))
+            })
+        }
+    }
+}
+
+impl Load256 for Mxfp4Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let m = &self.0;
+        let bytes = m.packed[(r * m.cols + c) / 2..][..LANES / 2].as_ptr();
+        let scale = e8m0(m.scales[(r * m.cols + c) / GROUP]);
+        // SAFETY: 16 packed bytes are in range (slice above); the rest is register work.
+        unsafe {
+            let mag = _mm256_setr_ps(
+                E2M1[0], E2M1[1], E2M1[2], E2M1[3], E2M1[4], E2M1[5], E2M1[6], E2M1[7],
+            );
+            let b = _mm_loadu_si128(bytes.cast());
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(b, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
+            let cols = [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)];
+            // Scaling the table gives the same products; the sign flip commutes with it.
+            let mag = _mm256_mul_ps(mag, _mm256_set1_ps(scale));
+            let sign = _mm256_set1_epi32(i32::MIN);
+            std::array::from_fn(|k| {
+                let half = cols[k / 2];
+                let eight = if k % 2 == 0 {
+                    half
+                } else {
+                    _mm_srli_si128::<8>(half)
+                };
+                let code = _mm256_cvtepu8_epi32(eight);
+                // vpermps reads the low three bits (the magnitude); bit 3 becomes the sign.
+                let m = _mm256_permutevar8x32_ps(mag, code);
+                let sg = _mm256_and_si256(_mm256_slli_epi32::<28>(code), sign);
+                _mm256_xor_ps(m, _mm256_castsi256_ps(sg))
+            })
+        }
+    }
+}
+
+/// Folds four ymm of partial sums exactly as `formats::fold32`.
+#[inline(always)]
+unsafe fn fold(a: V) -> f32 {
+    // SAFETY: register-only intrinsics; the caller runs with AVX2 enabled.
+    unsafe {
+        let s8 = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
+    }
+}
+
+/// `acc[j] += x_j * w` for the K positions whose 32 activations start at `xp[j]`.
+#[inline(always)]
+unsafe fn step<const K: usize>(acc: &mut [V; K], wv: V, xp: &[*const f32; K]) {
+    for (a, &p) in acc.iter_mut().zip(xp) {
+        for (k, (ak, wk)) in a.iter_mut().zip(wv).enumerate() {
+            // SAFETY: the caller guarantees 32 readable f32 at `p`.
+            unsafe { *ak = _mm256_add_ps(*ak, _mm256_mul_ps(_mm256_loadu_ps(p.add(8 * k)), wk)) };
+        }
+    }
+}
+
+/// Dot products of rows `r0 .. r0 + R` with positions `j0 .. j0 + K`:
+/// `out[i·t + j0 + j]`. R rows in flight give independent add chains and
+/// memory streams at T = 1; each (row, position) keeps its own lanes, so
+/// the grouping never changes a result.
+#[inline(always)]
+unsafe fn dots<W: Load256, const R: usize, const K: usize>(
+    w: &W,
+    r0: usize,
+    x: &[f32],
+    t: usize,
+    j0: usize,
+    out: &mut [f32],
+) {
+    let n = w.cols();
+    let full = n / LANES * LANES;
+    let xs = &x[j0 * n..(j0 + K) * n];
+    // SAFETY: register-only.
+    let mut acc = unsafe { [[[_mm256_setzero_ps(); 4]; K]; R] };
+    let mut c = 0;
+    while c < full {
+        let xp: [*const f32; K] = std::array::from_fn(|j| xs[j * n + c..][..LANES].as_ptr());
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `c + 32 <= full <= n` (checked slices above hold 32 columns).
+            unsafe { step(a, w.load(r0 + i, c), &xp) };
+        }
+        c += LANES;
+    }
+    if full < n {
+        // Tail: zero-padded copies, as the scalar reference pads.
+        let mut wb = [[0f32; LANES]; R];
+        let mut xb = [[0f32; LANES]; K];
+        for col in full..n {
+            for (i, row) in wb.iter_mut().enumerate() {
+                row[col - full] = w.at(r0 + i, col);
+            }
+            for (j, row) in xb.iter_mut().enumerate() {
+                row[col - full] = xs[j * n + col];
+            }
+        }
+        let xp: [*const f32; K] = std::array::from_fn(|j| xb[j].as_ptr());
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: the stack buffers hold 32 f32 each.
+            unsafe {
+                step(
+                    a,
+                    std::array::from_fn(|k| _mm256_loadu_ps(wb[i].as_ptr().add(8 * k))),
+                    &xp,
+                )
+            };
+        }
+    }
+    for (i, ai) in acc.into_iter().enumerate() {
+        for (j, a) in ai.into_iter().enumerate() {
+            // SAFETY: register-only folding.
+            out[i * t + j0 + j] = w.finish(r0 + i, unsafe { fold(a) });
+        }
+    }
+}
+
+/// All positions of rows `r0 .. r0 + R`, K at a time.
+#[inline(always)]
+unsafe fn rows_of<W: Load256, const R: usize>(
+    w: &W,
+    r0: usize,
+    x: &[f32],
+    t: usize,
+    out: &mut [f32],
+) {
+    let mut j = 0;
+    while j + NT <= t {
+        // SAFETY: forwarded from the caller.
+        unsafe { dots::<W, R, NT>(w, r0, x, t, j, out) };
+        j += NT;
+    }
+    while j < t {
+        // SAFETY: forwarded from the caller.
+        unsafe { dots::<W, R, 1>(w, r0, x, t, j, out) };
+        j += 1;
+    }
+}
+
+#[target_feature(enable = "avx2")]
+fn block<W: Load256>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    let mut r = rows.start;
+    while r + NR <= rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        // SAFETY: this function is compiled with, and only reached on, AVX2.
+        unsafe { rows_of::<W, NR>(w, r, x, t, o) };
+        r += NR;
+    }
+    while r < rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        // SAFETY: as above.
+        unsafe { rows_of::<W, 1>(w, r, x, t, o) };
+        r += 1;
+    }
+}
+
+/// Table entry. Only `dispatch` references it, after detecting AVX2.
+pub(crate) fn entry<W: Load256>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    // SAFETY: the dispatch table holding this entry is built only when the CPU has AVX2.
+    unsafe { block(w, x, t, rows, out) }
+}

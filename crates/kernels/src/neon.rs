@@ -1,0 +1,157 @@
+//! aarch64 NEON kernels: 32 lanes = eight q-register accumulators, one
+//! position per pass. Compile-checked on x86 CI (`cargo check --target
+//! aarch64-unknown-linux-gnu`); the operations mirror `formats::block_scalar`
+//! one for one, so the scalar tests describe what this code must produce.
+
+use std::arch::aarch64::*;
+use std::ops::Range;
+
+use fathom_weights::mxfp4::{GROUP, e8m0};
+
+use crate::formats::{Bf16Rows, F32Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
+
+type V = [float32x4_t; 8];
+
+/// Formats that can load 32 dequantised weights into eight q registers.
+pub trait LoadNeon: Rows {
+    /// # Safety
+    /// `c + 32 <= cols`.
+    unsafe fn load(&self, r: usize, c: usize) -> V;
+}
+
+impl LoadNeon for F32Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let p = self.w[r * self.cols + c..][..LANES].as_ptr();
+        // SAFETY: the slice above holds 32 f32.
+        unsafe { std::array::from_fn(|k| vld1q_f32(p.add(4 * k))) }
+    }
+}
+
+impl LoadNeon for Bf16Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let p = self.w[r * self.cols + c..][..LANES].as_ptr();
+        // SAFETY: the slice above holds 32 u16; bf16 → f32 is a 16-bit widening shift.
+        unsafe {
+            std::array::from_fn(|k| {
+                vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p.add(4 * k))))
+            })
+        }
+    }
+}
+
+impl LoadNeon for Int8Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let p = self.q[r * self.cols + c..][..LANES].as_ptr();
+        // SAFETY: the slice above holds 32 bytes; i8 → i32 → f32 is exact.
+        unsafe {
+            let b = [vld1q_s8(p), vld1q_s8(p.add(16))];
+            std::array::from_fn(|k| {
+                let h = if (k / 2) % 2 == 0 {
+                    vget_low_s8(b[k / 4])
+                } else {
+                    vget_high_s8(b[k / 4])
+                };
+                let w16 = vmovl_s8(h);
+                let w32 = if k % 2 == 0 {
+                    vmovl_s16(vget_low_s16(w16))
+                } else {
+                    vmovl_s16(vget_high_s16(w16))
+                };
+                vcvtq_f32_s32(w32)
+            })
+        }
+    }
+}
+
+impl LoadNeon for Mxfp4Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let m = &self.0;
+        let bytes = m.packed[(r * m.cols + c) / 2..][..LANES / 2].as_ptr();
+        // Twice the E2M1 values are the integers −12..12; `(2m)·(s/2) = m·s`
+        // exactly (s/2 ≥ 2^-128 is representable), so this matches the scalar product.
+        let half_scale = e8m0(m.scales[(r * m.cols + c) / GROUP]) * 0.5;
+        const TWICE: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+        // SAFETY: 16 packed bytes are in range (slice above); the rest is register work.
+        unsafe {
+            let lut = vld1q_s8(TWICE.as_ptr());
+            let b = vld1q_u8(bytes);
+            let lo = vandq_u8(b, vdupq_n_u8(0x0F));
+            let hi = vshrq_n_u8::<4>(b);
+            let cols = [vzip1q_u8(lo, hi), vzip2q_u8(lo, hi)];
+            let vals = [vqtbl1q_s8(lut, cols[0]), vqtbl1q_s8(lut, cols[1])];
+            let s = vdupq_n_f32(half_scale);
+            std::array::from_fn(|k| {
+                let h = if (k / 2) % 2 == 0 {
+                    vget_low_s8(vals[k / 4])
+                } else {
+                    vget_high_s8(vals[k / 4])
+                };
+                let w16 = vmovl_s8(h);
+                let w32 = if k % 2 == 0 {
+                    vmovl_s16(vget_low_s16(w16))
+                } else {
+                    vmovl_s16(vget_high_s16(w16))
+                };
+                vmulq_f32(vcvtq_f32_s32(w32), s)
+            })
+        }
+    }
+}
+
+/// Folds eight q registers exactly as `formats::fold32`.
+#[inline(always)]
+unsafe fn fold(a: V) -> f32 {
+    // SAFETY: register-only intrinsics.
+    unsafe {
+        let b: [float32x4_t; 4] = std::array::from_fn(|k| vaddq_f32(a[k], a[k + 4]));
+        let c = [vaddq_f32(b[0], b[2]), vaddq_f32(b[1], b[3])];
+        let d = vaddq_f32(c[0], c[1]);
+        let e = vadd_f32(vget_low_f32(d), vget_high_f32(d));
+        vget_lane_f32::<0>(e) + vget_lane_f32::<1>(e)
+    }
+}
+
+fn block<W: LoadNeon>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    let n = w.cols();
+    let full = n / LANES * LANES;
+    for (k, r) in rows.enumerate() {
+        for j in 0..t {
+            let xr = &x[j * n..(j + 1) * n];
+            let mut wb = [0f32; LANES];
+            let mut xb = [0f32; LANES];
+            for i in full..n {
+                wb[i - full] = w.at(r, i);
+                xb[i - full] = xr[i];
+            }
+            // SAFETY: NEON is part of the aarch64 baseline; loads stay inside `xr`, `wb`, `xb`.
+            unsafe {
+                let mut acc: V = [vdupq_n_f32(0.0); 8];
+                let mut c = 0;
+                while c < n {
+                    let (wv, xp) = if c < full {
+                        (w.load(r, c), xr.as_ptr().add(c))
+                    } else {
+                        (
+                            std::array::from_fn(|q| vld1q_f32(wb.as_ptr().add(4 * q))),
+                            xb.as_ptr(),
+                        )
+                    };
+                    for (q, a) in acc.iter_mut().enumerate() {
+                        *a = vaddq_f32(*a, vmulq_f32(vld1q_f32(xp.add(4 * q)), wv[q]));
+                    }
+                    c += LANES;
+                }
+                out[k * t + j] = w.finish(r, fold(acc));
+            }
+        }
+    }
+}
+
+/// Table entry (NEON is always present on aarch64).
+pub(crate) fn entry<W: LoadNeon>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    block(w, x, t, rows, out)
+}

@@ -1,0 +1,249 @@
+//! The byte layout of a synthetic checkpoint, decided before anything is
+//! written: which tensors go to which shard, in which order, at which
+//! offsets, and the exact header and index bytes.
+//!
+//! Order is the tensor table's (k3-model.md §7.1 names): the embedding, then
+//! layer by layer (norms, attention, router, latent, shared experts, then the
+//! routed experts one after another, each expert's six tensors adjacent in
+//! name order — w1 packed, w1 scale, w2 packed, w2 scale, w3 packed, w3
+//! scale — so a streaming reader fetches one expert with one read), then the
+//! final norm, output mix and head. Shards are cut only between units (an
+//! expert's six tensors are one unit) so no expert straddles two files.
+//! Tensors are contiguous with no gaps, as the safetensors format requires.
+
+use std::collections::BTreeMap;
+
+use fathom_model::kimi_k3::config::K3Spec;
+use fathom_model::kimi_k3::tensors::{Role, TensorSpec, tensor_table};
+use fathom_weights::Dtype;
+use serde_json::{Map, Value, json};
+
+use crate::error::Result;
+use crate::init::Stream;
+use crate::preset::Dims;
+
+/// Models below this size are split into two shards, like k3-tiny, so that
+/// multi-shard code paths are exercised even by tiny models.
+const SMALL_MODEL: u64 = 1 << 30;
+
+/// One tensor's place in its shard.
+#[derive(Debug, Clone)]
+pub struct PlannedTensor {
+    pub spec: TensorSpec,
+    pub stream: Stream,
+    /// Absolute byte offset in the shard file.
+    pub offset: u64,
+}
+
+/// One shard file.
+#[derive(Debug, Clone)]
+pub struct ShardPlan {
+    pub file_name: String,
+    /// The 8-byte length prefix and the JSON header (space-padded to a
+    /// multiple of 8, as the safetensors reference writer does).
+    pub header: Vec<u8>,
+    pub tensors: Vec<PlannedTensor>,
+    /// Total file length.
+    pub len: u64,
+}
+
+/// Everything needed to write the model.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub dims: Dims,
+    pub spec: K3Spec,
+    pub seed: u64,
+    pub shards: Vec<ShardPlan>,
+    /// Sum of tensor bytes (the index's `metadata.total_size`).
+    pub data_bytes: u64,
+}
+
+/// safetensors dtype spelling.
+fn dtype_name(d: Dtype) -> String {
+    match d {
+        Dtype::BF16 => "BF16".into(),
+        Dtype::F32 => "F32".into(),
+        Dtype::U8 => "U8".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Shard name as released: 5-digit index, 6-digit total.
+pub fn shard_name(i: usize, n: usize) -> String {
+    format!("model-{:05}-of-{:06}.safetensors", i + 1, n)
+}
+
+/// Splits the table into units: an expert's six tensors, or one tensor.
+fn units(table: Vec<TensorSpec>) -> Vec<Vec<TensorSpec>> {
+    let mut out: Vec<Vec<TensorSpec>> = Vec::new();
+    for t in table {
+        let continues = t.role == Role::RoutedExpert && !t.name.ends_with(".w1.weight_packed");
+        match out.last_mut() {
+            Some(u) if continues => u.push(t),
+            _ => out.push(vec![t]),
+        }
+    }
+    out
+}
+
+impl Plan {
+    /// Lays out the model of `dims` in shards of about `shard_size` bytes.
+    pub fn new(dims: &Dims, seed: u64, shard_size: u64) -> Result<Plan> {
+        let spec = dims.spec()?;
+        let table = tensor_table(&spec);
+        let total: u64 = table.iter().map(|t| t.bytes()).sum();
+        let units = units(table);
+        let want = if total < SMALL_MODEL {
+            2
+        } else {
+            total.div_ceil(shard_size.max(1))
+        }
+        .clamp(1, units.len() as u64);
+
+        // Cut after the unit that crosses each boundary j·total/want.
+        let mut groups: Vec<Vec<TensorSpec>> = vec![Vec::new()];
+        let mut cum = 0u64;
+        let mut j = 1u64;
+        for u in units {
+            cum += u.iter().map(|t| t.bytes()).sum::<u64>();
+            groups.last_mut().unwrap().extend(u);
+            if j < want && cum * want >= j * total {
+                groups.push(Vec::new());
+                j += 1;
+            }
+        }
+        groups.retain(|g| !g.is_empty());
+        let n = groups.len();
+        let shards = groups
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| shard_plan(&spec, seed, shard_name(i, n), g))
+            .collect();
+        Ok(Plan {
+            dims: dims.clone(),
+            spec,
+            seed,
+            shards,
+            data_bytes: total,
+        })
+    }
+
+    /// Bytes of all shard files.
+    pub fn file_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.len).sum()
+    }
+
+    pub fn num_tensors(&self) -> usize {
+        self.shards.iter().map(|s| s.tensors.len()).sum()
+    }
+
+    /// `model.safetensors.index.json`: total size and name → shard, names sorted.
+    pub fn index_json(&self) -> Value {
+        let map: BTreeMap<&str, &str> = self
+            .shards
+            .iter()
+            .flat_map(|s| {
+                s.tensors
+                    .iter()
+                    .map(move |t| (t.spec.name.as_str(), s.file_name.as_str()))
+            })
+            .collect();
+        json!({
+            "metadata": {"total_size": self.data_bytes},
+            "weight_map": map,
+        })
+    }
+}
+
+fn shard_plan(spec: &K3Spec, seed: u64, file_name: String, group: Vec<TensorSpec>) -> ShardPlan {
+    let mut header = Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut pos = 0u64;
+    let mut rel = Vec::with_capacity(group.len());
+    for t in &group {
+        let end = pos + t.bytes();
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": dtype_name(t.dtype), "shape": t.shape, "data_offsets": [pos, end]}),
+        );
+        rel.push(pos);
+        pos = end;
+    }
+    let mut json = serde_json::to_vec(&Value::Object(header)).expect("a JSON map serialises");
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&json);
+    let base = bytes.len() as u64;
+    let tensors = group
+        .into_iter()
+        .zip(rel)
+        .map(|(t, r)| PlannedTensor {
+            stream: Stream::new(seed, spec, &t),
+            spec: t,
+            offset: base + r,
+        })
+        .collect();
+    ShardPlan {
+        file_name,
+        header: bytes,
+        tensors,
+        len: base + pos,
+    }
+}
+
+impl ShardPlan {
+    /// Writes the file's bytes `start .. start + out.len()` into `out`:
+    /// header bytes and tensor streams, whichever the range covers.
+    pub fn fill(&self, start: u64, out: &mut [u8]) {
+        let end = start + out.len() as u64;
+        let hlen = self.header.len() as u64;
+        if start < hlen {
+            let n = (hlen.min(end) - start) as usize;
+            out[..n].copy_from_slice(&self.header[start as usize..start as usize + n]);
+        }
+        // First tensor whose end lies after `start`.
+        let first = self
+            .tensors
+            .partition_point(|t| t.offset + t.spec.bytes() <= start);
+        for t in &self.tensors[first..] {
+            if t.offset >= end {
+                break;
+            }
+            let t_end = t.offset + t.spec.bytes();
+            let lo = t.offset.max(start);
+            let hi = t_end.min(end);
+            let dst = &mut out[(lo - start) as usize..(hi - start) as usize];
+            t.stream.fill(lo - t.offset, dst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preset::Preset;
+
+    #[test]
+    fn tiny_is_two_contiguous_shards_with_whole_experts() {
+        let p = Plan::new(&Preset::Tiny.dims(), 1, 4 << 30).unwrap();
+        assert_eq!(p.shards.len(), 2);
+        assert_eq!(p.shards[1].file_name, "model-00002-of-000002.safetensors");
+        for s in &p.shards {
+            assert_eq!(s.header.len() % 8, 0);
+            let mut pos = s.header.len() as u64;
+            for t in &s.tensors {
+                assert_eq!(t.offset, pos, "{}", t.spec.name);
+                pos += t.spec.bytes();
+            }
+            assert_eq!(pos, s.len);
+            assert!(!s.tensors[0].spec.name.contains(".w2."));
+            let last = &s.tensors.last().unwrap().spec.name;
+            assert!(
+                !last.contains(".experts.") || last.ends_with(".w3.weight_scale"),
+                "{last}"
+            );
+        }
+    }
+}
