@@ -12,3 +12,11 @@ pub mod linear;
 pub use error::{ModelError, Result};
 pub use kimi_k3::{K3Model, Logits, Tracer};
 pub use linear::Spine;
+
+/// Minimum items per rayon task for `n` items of `work_each` multiply-adds:
+/// below ~64k multiply-adds per task, thread wakeups cost more than they save,
+/// so small work runs as one task on the calling thread.
+pub(crate) fn par_min_len(n: usize, work_each: usize) -> usize {
+    const MIN_TASK_WORK: usize = 1 << 16;
+    MIN_TASK_WORK.div_ceil(work_each.max(1)).clamp(1, n.max(1))
+}

@@ -5,9 +5,10 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
-use fathom_engine::greedy;
+use fathom_engine::{DraftOptions, ModelDrafter, NgramDrafter, greedy, speculative};
+use fathom_model::K3Model;
 use fathom_model::experts::ExpertStats;
 use fathom_tokenizer::StreamDecoder;
 
@@ -41,8 +42,36 @@ pub struct RunArgs {
     /// Precision of the resident spine matrices (int8 is lossy).
     #[arg(long, value_enum, default_value_t = SpineArg::Bf16)]
     spine: SpineArg,
+    /// Draft source for speculative decoding: `ngram` (prompt lookup, no
+    /// extra model), `model:DIR` (a small checkpoint with the same
+    /// tokenizer), or `off`. The full model verifies every proposed token, so
+    /// output is identical to plain greedy decoding; drafting adapts its
+    /// length and switches itself off when it does not pay.
+    #[arg(long, default_value = "ngram")]
+    draft: String,
+    /// Most tokens proposed per verification pass.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
+    draft_max: u32,
     #[command(flatten)]
     mem: MemoryArgs,
+}
+
+/// Where drafts come from.
+enum DraftChoice {
+    Off,
+    Ngram,
+    Model(PathBuf),
+}
+
+fn parse_draft(s: &str) -> Result<DraftChoice> {
+    Ok(match s {
+        "off" | "none" => DraftChoice::Off,
+        "ngram" => DraftChoice::Ngram,
+        _ => match s.strip_prefix("model:") {
+            Some(dir) if !dir.is_empty() => DraftChoice::Model(PathBuf::from(dir)),
+            _ => anyhow::bail!("--draft {s:?}: expected ngram, model:DIR or off"),
+        },
+    })
 }
 
 /// Fraction `a / b`, or null when nothing was counted.
@@ -102,7 +131,19 @@ pub fn run(a: RunArgs) -> Result<()> {
     let start_stats = model.experts.stats();
     let mut last = (start_stats, Instant::now());
     let mut index = 0usize;
-    let generation = greedy(&model, &prompt, a.max_new, &stop, |id| {
+    let draft = parse_draft(&a.draft)?;
+    let draft_model = match &draft {
+        DraftChoice::Model(dir) => Some(
+            K3Model::load(dir)
+                .with_context(|| format!("cannot load the draft model in {}", dir.display()))?,
+        ),
+        _ => None,
+    };
+    let opts = DraftOptions {
+        max_k: a.draft_max as usize,
+        adaptive: true,
+    };
+    let on_token = |id| {
         if a.stats {
             let now = (model.experts.stats(), Instant::now());
             let d = now.0.since(&last.0);
@@ -130,7 +171,20 @@ pub fn run(a: RunArgs) -> Result<()> {
             let _ = stdout.flush();
         }
         ControlFlow::Continue(())
-    })?;
+    };
+    let (generation, draft_stats) = match (&draft, &draft_model) {
+        (DraftChoice::Model(_), Some(dm)) => {
+            let mut d = ModelDrafter::new(dm, model.spec.vocab_size)?;
+            let (g, s) = speculative(&model, &prompt, a.max_new, &stop, &mut d, opts, on_token)?;
+            (g, Some(s))
+        }
+        (DraftChoice::Ngram, _) => {
+            let mut d = NgramDrafter::default();
+            let (g, s) = speculative(&model, &prompt, a.max_new, &stop, &mut d, opts, on_token)?;
+            (g, Some(s))
+        }
+        _ => (greedy(&model, &prompt, a.max_new, &stop, on_token)?, None),
+    };
     let text = tok.as_deref().map(|t| t.decode(&generation.output_ids));
     let total = model.experts.stats().since(&start_stats);
     let wall = generation.stats.prefill_s + generation.stats.decode_s;
@@ -142,6 +196,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     stats["stop"] = serde_json::to_value(generation.stop)?;
     stats["threads"] = rayon::current_num_threads().into();
     stats["experts"] = info.experts.into();
+    stats["draft"] = serde_json::to_value(&draft_stats)?;
     stats["spine"] = spine.name().into();
     stats["spine_lossy"] = spine.lossy().into();
     stats["direct_io"] = serde_json::to_value(info.direct_io)?;

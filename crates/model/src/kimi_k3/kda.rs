@@ -146,9 +146,12 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
     // Per-head inputs, head-major [H][T, K].
     let heads: Vec<usize> = (0..h).collect();
     let journaling = st.journal.is_some();
+    // Heads in parallel only when there is enough work to pay for the wakeups.
+    let min_len = crate::par_min_len(h, t * kd * kd * 4);
     let outs: Vec<(Vec<f32>, Option<HeadInputs>)> = heads
         .par_iter()
         .zip(st.s.par_chunks_mut(kd * kd))
+        .with_min_len(min_len)
         .map(|(&hh, s)| {
             let mut qh = vec![0f32; t * kd];
             let mut kh = vec![0f32; t * kd];
@@ -231,8 +234,10 @@ pub fn replay_prefix(spec: &K3Spec, st: &mut KdaState, j: &KdaJournal, keep: usi
     let kd = spec.kda_head_dim;
     let p = spec.kda_width();
     st.s.copy_from_slice(&j.s0);
+    let min_len = crate::par_min_len(j.heads.len(), keep * kd * kd * 4);
     st.s.par_chunks_mut(kd * kd)
         .zip(j.heads.par_iter())
+        .with_min_len(min_len)
         .for_each(|(s, hi)| {
             let mut o = vec![0f32; keep * kd];
             delta_rule_head(

@@ -64,8 +64,10 @@ pub fn mla(spec: &K3Spec, w: &MlaWeights, cache: &mut MlaCache, x: &[f32]) -> Ve
     let kv_b = &w.kv_b_proj;
 
     // Per head: [T, dv] outputs.
+    let per_head = t * (past + t) * (2 * lora + dr) + (dn + dv) * lora;
     let heads: Vec<Vec<f32>> = (0..h)
         .into_par_iter()
+        .with_min_len(crate::par_min_len(h, per_head))
         .map(|hh| {
             // This head's W_uk [dn, lora] and W_uv [dv, lora] in f32, decoded
             // once per call (not per position) from the stored precision.

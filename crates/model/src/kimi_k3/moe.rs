@@ -147,6 +147,10 @@ pub fn moe(
     let outputs: Vec<Vec<f32>> = experts
         .par_iter()
         .zip(users.par_iter())
+        .with_min_len(crate::par_min_len(
+            union.len(),
+            3 * spec.moe_intermediate_size * l * t.div_ceil(union.len().max(1)).max(1),
+        ))
         .map(|(e, us)| {
             let zin: Vec<f32> = us
                 .iter()
