@@ -14,9 +14,7 @@ pub enum SynthError {
         #[source]
         source: std::io::Error,
     },
-    #[error(
-        "{path} already holds a model ({found}); pass --force to replace it"
-    )]
+    #[error("{path} already holds a model ({found}); pass --force to replace it")]
     Exists { path: PathBuf, found: String },
     #[error(
         "{path}: not enough free disk space: the model needs {need} bytes, {free} are available"

@@ -48,7 +48,11 @@ pub enum Init {
     /// `A_log`: the first `heads` entries uniform in `center ± half`, the
     /// rest exactly zero (the released files store `[head_dim]` with a zero
     /// tail, k3-model.md §7.2).
-    ALog { heads: usize, center: f32, half: f32 },
+    ALog {
+        heads: usize,
+        center: f32,
+        half: f32,
+    },
     /// MXFP4 packed nibbles: every byte is two valid E2M1 codes.
     Bytes,
     /// E8M0 scale bytes: `base` or `base + 1`.
@@ -170,7 +174,14 @@ impl Stream {
                 let r = random(key, k);
                 f32_pair(center + half * unit32(r), center + half * unit32(r >> 32))
             }),
-            (Init::ALog { heads, center, half }, _) => fill_blocks(start, out, move |k| {
+            (
+                Init::ALog {
+                    heads,
+                    center,
+                    half,
+                },
+                _,
+            ) => fill_blocks(start, out, move |k| {
                 let r = random(key, k);
                 let e = 2 * k as usize;
                 let v = |i: usize, bits: u64| {

@@ -170,7 +170,7 @@ fn shard_plan(spec: &K3Spec, seed: u64, file_name: String, group: Vec<TensorSpec
         pos = end;
     }
     let mut json = serde_json::to_vec(&Value::Object(header)).expect("a JSON map serialises");
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut bytes = (json.len() as u64).to_le_bytes().to_vec();

@@ -52,9 +52,9 @@ pub fn special_name(offset: usize, id: usize) -> String {
 
 /// Pieces seeded before the words: whitespace runs and code punctuation.
 const PUNCT: [&str; 32] = [
-    "  ", "    ", "        ", "\t\t", "\n\n", "\n    ", ", ", ". ", ".\n", "()", "{}", "[]",
-    "::", "->", "=>", "==", "!=", "//", "/*", "*/", "\"\"", "''", ");", "),", ";\n", "{\n",
-    "}\n", "...", "<=", ">=", "&&", "||",
+    "  ", "    ", "        ", "\t\t", "\n\n", "\n    ", ", ", ". ", ".\n", "()", "{}", "[]", "::",
+    "->", "=>", "==", "!=", "//", "/*", "*/", "\"\"", "''", ");", "),", ";\n", "{\n", "}\n", "...",
+    "<=", ">=", "&&", "||",
 ];
 
 /// Common English and programming words (written for this file).
@@ -151,7 +151,12 @@ pub fn rank_tokens(n: usize) -> Vec<Vec<u8>> {
     let mut pieces: Vec<Vec<u8>> = PUNCT.iter().map(|p| p.as_bytes().to_vec()).collect();
     for w in WORDS.split_whitespace() {
         let cap = format!("{}{}", w[..1].to_ascii_uppercase(), &w[1..]);
-        for v in [format!(" {w}"), w.to_string(), format!(" {cap}"), cap.clone()] {
+        for v in [
+            format!(" {w}"),
+            w.to_string(),
+            format!(" {cap}"),
+            cap.clone(),
+        ] {
             pieces.push(v.into_bytes());
         }
     }
@@ -204,11 +209,14 @@ fn fill_compounds(t: &mut Table, mut han: Vec<Vec<u8>>) {
     let mut heads: Vec<Vec<u8>> = t.tokens.iter().filter(|x| word_like(x)).cloned().collect();
     let mut tails: Vec<Vec<u8>> = heads.iter().filter(|x| x[0] != b' ').cloned().collect();
     han.retain(|h| t.seen.contains(h));
-    let mut rng = Rng(0x5EED_0F_FA7B0);
+    let mut rng = Rng(0x05EE_D0FF_A7B0);
     let mut misses = 0usize;
     while !t.full() {
         let added = if rng.below(4) < 3 || han.len() < 2 {
-            let (a, b) = (&heads[rng.below(heads.len())], &tails[rng.below(tails.len())]);
+            let (a, b) = (
+                &heads[rng.below(heads.len())],
+                &tails[rng.below(tails.len())],
+            );
             if a.len() + b.len() > 24 {
                 false
             } else {
@@ -224,7 +232,10 @@ fn fill_compounds(t: &mut Table, mut han: Vec<Vec<u8>>) {
                 ok
             }
         } else {
-            let (a, b) = (han[rng.below(han.len())].clone(), han[rng.below(han.len())].clone());
+            let (a, b) = (
+                han[rng.below(han.len())].clone(),
+                han[rng.below(han.len())].clone(),
+            );
             let ok = a.len() + b.len() <= 12 && t.concat(&a, &b);
             if ok {
                 han.push(t.tokens.last().unwrap().clone());
@@ -291,8 +302,8 @@ mod tests {
     fn check(n: usize) -> Vec<Vec<u8>> {
         let toks = rank_tokens(n);
         assert_eq!(toks.len(), n);
-        for b in 0..256 {
-            assert_eq!(toks[b], vec![b as u8]);
+        for (b, t) in toks[..256].iter().enumerate() {
+            assert_eq!(t, &vec![b as u8]);
         }
         let mut rank = std::collections::HashMap::new();
         for (i, t) in toks.iter().enumerate() {

@@ -14,7 +14,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (num, unit) = (&t[..split], t[split..].trim());
     if num.is_empty() {
-        return Err(format!("{text:?}: expected a number such as 40GB or 512MiB"));
+        return Err(format!(
+            "{text:?}: expected a number such as 40GB or 512MiB"
+        ));
     }
     let value: f64 = num
         .parse()

@@ -127,6 +127,8 @@ fn prepare_dir(dir: &Path, force: bool) -> Result<()> {
 }
 
 /// Bytes available to an unprivileged user on the file system of `dir`.
+// The statvfs field types are u64 on 64-bit Linux but narrower elsewhere.
+#[allow(clippy::unnecessary_cast)]
 fn free_space(dir: &Path) -> Option<u64> {
     let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
     let mut st = MaybeUninit::<libc::statvfs>::zeroed();
@@ -226,15 +228,19 @@ impl Writer<'_> {
                 }
                 Job::Data { buf, offset, len } => {
                     let (f, path, direct, _) = cur.as_mut().expect("Open precedes Data");
-                    if let Some(limit) = self.opts.fail_after_bytes {
-                        if self.written + len as u64 > limit {
-                            let e = std::io::Error::other("injected failure (test hook)");
-                            return Err(SynthError::io(path.clone(), e));
-                        }
+                    if let Some(limit) = self.opts.fail_after_bytes
+                        && self.written + len as u64 > limit
+                    {
+                        let e = std::io::Error::other("injected failure (test hook)");
+                        return Err(SynthError::io(path.clone(), e));
                     }
                     // Direct writes need an aligned length: the buffer's
                     // tail beyond `len` is zero and is truncated at Close.
-                    let n = if *direct { len.next_multiple_of(ALIGN) } else { len };
+                    let n = if *direct {
+                        len.next_multiple_of(ALIGN)
+                    } else {
+                        len
+                    };
                     match f.write_all_at(&buf.slice()[..n], offset) {
                         Ok(()) => {}
                         Err(e) if *direct && e.kind() == ErrorKind::InvalidInput => {

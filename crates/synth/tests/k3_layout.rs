@@ -13,39 +13,147 @@ fn released() -> Vec<(&'static str, Vec<usize>, &'static str)> {
     vec![
         ("embed_tokens.weight", vec![163_840, 7168], "BF16"),
         ("layers.0.input_layernorm.weight", vec![7168], "BF16"),
-        ("layers.0.self_attention_res_proj.weight", vec![1, 7168], "BF16"),
-        ("layers.0.self_attn.q_proj.weight", vec![12_288, 7168], "BF16"),
-        ("layers.0.self_attn.q_conv1d.weight", vec![12_288, 1, 4], "F32"),
-        ("layers.0.self_attn.f_a_proj.weight", vec![128, 7168], "BF16"),
-        ("layers.0.self_attn.f_b_proj.weight", vec![12_288, 128], "BF16"),
+        (
+            "layers.0.self_attention_res_proj.weight",
+            vec![1, 7168],
+            "BF16",
+        ),
+        (
+            "layers.0.self_attn.q_proj.weight",
+            vec![12_288, 7168],
+            "BF16",
+        ),
+        (
+            "layers.0.self_attn.q_conv1d.weight",
+            vec![12_288, 1, 4],
+            "F32",
+        ),
+        (
+            "layers.0.self_attn.f_a_proj.weight",
+            vec![128, 7168],
+            "BF16",
+        ),
+        (
+            "layers.0.self_attn.f_b_proj.weight",
+            vec![12_288, 128],
+            "BF16",
+        ),
         ("layers.0.self_attn.A_log", vec![128], "F32"),
         ("layers.0.self_attn.dt_bias", vec![12_288], "F32"),
         ("layers.0.self_attn.b_proj.weight", vec![96, 7168], "BF16"),
-        ("layers.0.self_attn.g_proj.weight", vec![12_288, 7168], "BF16"),
+        (
+            "layers.0.self_attn.g_proj.weight",
+            vec![12_288, 7168],
+            "BF16",
+        ),
         ("layers.0.self_attn.o_norm.weight", vec![128], "F32"),
-        ("layers.0.self_attn.o_proj.weight", vec![7168, 12_288], "BF16"),
+        (
+            "layers.0.self_attn.o_proj.weight",
+            vec![7168, 12_288],
+            "BF16",
+        ),
         ("layers.0.mlp.gate_proj.weight", vec![33_792, 7168], "BF16"),
         ("layers.0.mlp.down_proj.weight", vec![7168, 33_792], "BF16"),
-        ("layers.1.block_sparse_moe.gate.weight", vec![896, 7168], "BF16"),
-        ("layers.1.block_sparse_moe.gate.e_score_correction_bias", vec![896], "F32"),
-        ("layers.1.block_sparse_moe.routed_expert_down_proj.weight", vec![3584, 7168], "BF16"),
-        ("layers.1.block_sparse_moe.routed_expert_norm.weight", vec![3584], "BF16"),
-        ("layers.1.block_sparse_moe.routed_expert_up_proj.weight", vec![7168, 3584], "BF16"),
-        ("layers.1.block_sparse_moe.shared_experts.gate_proj.weight", vec![6144, 7168], "BF16"),
-        ("layers.1.block_sparse_moe.shared_experts.down_proj.weight", vec![7168, 6144], "BF16"),
-        ("layers.1.block_sparse_moe.experts.895.w1.weight_packed", vec![3072, 1792], "U8"),
-        ("layers.1.block_sparse_moe.experts.895.w1.weight_scale", vec![3072, 112], "U8"),
-        ("layers.2.block_sparse_moe.experts.0.w2.weight_packed", vec![3584, 1536], "U8"),
-        ("layers.2.block_sparse_moe.experts.0.w2.weight_scale", vec![3584, 96], "U8"),
-        ("layers.2.block_sparse_moe.experts.7.w3.weight_packed", vec![3072, 1792], "U8"),
-        ("layers.2.self_attn.q_a_proj.weight", vec![1536, 7168], "BF16"),
-        ("layers.2.self_attn.q_a_layernorm.weight", vec![1536], "BF16"),
-        ("layers.2.self_attn.q_b_proj.weight", vec![18_432, 1536], "BF16"),
-        ("layers.2.self_attn.kv_a_proj_with_mqa.weight", vec![576, 7168], "BF16"),
-        ("layers.2.self_attn.kv_a_layernorm.weight", vec![512], "BF16"),
-        ("layers.2.self_attn.kv_b_proj.weight", vec![24_576, 512], "BF16"),
-        ("layers.2.self_attn.g_proj.weight", vec![12_288, 7168], "BF16"),
-        ("layers.2.self_attn.o_proj.weight", vec![7168, 12_288], "BF16"),
+        (
+            "layers.1.block_sparse_moe.gate.weight",
+            vec![896, 7168],
+            "BF16",
+        ),
+        (
+            "layers.1.block_sparse_moe.gate.e_score_correction_bias",
+            vec![896],
+            "F32",
+        ),
+        (
+            "layers.1.block_sparse_moe.routed_expert_down_proj.weight",
+            vec![3584, 7168],
+            "BF16",
+        ),
+        (
+            "layers.1.block_sparse_moe.routed_expert_norm.weight",
+            vec![3584],
+            "BF16",
+        ),
+        (
+            "layers.1.block_sparse_moe.routed_expert_up_proj.weight",
+            vec![7168, 3584],
+            "BF16",
+        ),
+        (
+            "layers.1.block_sparse_moe.shared_experts.gate_proj.weight",
+            vec![6144, 7168],
+            "BF16",
+        ),
+        (
+            "layers.1.block_sparse_moe.shared_experts.down_proj.weight",
+            vec![7168, 6144],
+            "BF16",
+        ),
+        (
+            "layers.1.block_sparse_moe.experts.895.w1.weight_packed",
+            vec![3072, 1792],
+            "U8",
+        ),
+        (
+            "layers.1.block_sparse_moe.experts.895.w1.weight_scale",
+            vec![3072, 112],
+            "U8",
+        ),
+        (
+            "layers.2.block_sparse_moe.experts.0.w2.weight_packed",
+            vec![3584, 1536],
+            "U8",
+        ),
+        (
+            "layers.2.block_sparse_moe.experts.0.w2.weight_scale",
+            vec![3584, 96],
+            "U8",
+        ),
+        (
+            "layers.2.block_sparse_moe.experts.7.w3.weight_packed",
+            vec![3072, 1792],
+            "U8",
+        ),
+        (
+            "layers.2.self_attn.q_a_proj.weight",
+            vec![1536, 7168],
+            "BF16",
+        ),
+        (
+            "layers.2.self_attn.q_a_layernorm.weight",
+            vec![1536],
+            "BF16",
+        ),
+        (
+            "layers.2.self_attn.q_b_proj.weight",
+            vec![18_432, 1536],
+            "BF16",
+        ),
+        (
+            "layers.2.self_attn.kv_a_proj_with_mqa.weight",
+            vec![576, 7168],
+            "BF16",
+        ),
+        (
+            "layers.2.self_attn.kv_a_layernorm.weight",
+            vec![512],
+            "BF16",
+        ),
+        (
+            "layers.2.self_attn.kv_b_proj.weight",
+            vec![24_576, 512],
+            "BF16",
+        ),
+        (
+            "layers.2.self_attn.g_proj.weight",
+            vec![12_288, 7168],
+            "BF16",
+        ),
+        (
+            "layers.2.self_attn.o_proj.weight",
+            vec![7168, 12_288],
+            "BF16",
+        ),
         ("norm.weight", vec![7168], "BF16"),
         ("output_attn_res_proj.weight", vec![1, 7168], "BF16"),
     ]
@@ -61,7 +169,11 @@ fn header(bytes: &[u8]) -> HashMap<String, (String, Vec<usize>, u64, u64)> {
         .iter()
         .filter(|(k, _)| *k != "__metadata__")
         .map(|(k, e)| {
-            let shape = e["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize);
+            let shape = e["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize);
             let off = &e["data_offsets"];
             (
                 k.clone(),

@@ -9,7 +9,9 @@ use fathom_model::{K3Model, Logits, Tracer};
 use fathom_synth::{Dims, Plan, Preset, WriteOptions, write_model};
 
 fn out_dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-tests").join(name);
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("synth-tests")
+        .join(name);
     let _ = std::fs::remove_dir_all(&d);
     d
 }
@@ -85,12 +87,18 @@ fn check_conditioning(dims: &Dims, name: &str) {
     eprintln!("{name}: hidden RMS {lo:.3}..{hi:.3}, fewest experts used in a layer {least}");
     for (layer, rms) in &stats.rms {
         for r in rms {
-            assert!((0.2..20.0).contains(r), "{name}: layer {layer} hidden RMS {r}");
+            assert!(
+                (0.2..20.0).contains(r),
+                "{name}: layer {layer} hidden RMS {r}"
+            );
         }
     }
     for (layer, used) in &stats.used {
         let frac = used.len() as f32 / dims.num_experts as f32;
-        assert!(frac >= 0.75, "{name}: layer {layer} used {frac:.2} of the experts");
+        assert!(
+            frac >= 0.75,
+            "{name}: layer {layer} used {frac:.2} of the experts"
+        );
     }
     assert_eq!(stats.used.len(), dims.num_layers - 1);
     // Greedy steps: never a near-tie at the top.
@@ -181,12 +189,19 @@ fn interrupted_write_leaves_nothing_that_looks_complete() {
             name.starts_with('.') && name.ends_with(".partial") || name.starts_with("tok"),
             "an interrupted run left {name}"
         );
-        assert!(!name.ends_with(".safetensors") && !name.ends_with(".json"), "{name}");
+        assert!(
+            !name.ends_with(".safetensors") && !name.ends_with(".json"),
+            "{name}"
+        );
     }
     // A re-run (no --force needed: there is no model yet) completes.
     write_model(&plan, &dir, &WriteOptions::default(), &|_| {}).unwrap();
     let fs = files(&dir);
-    assert!(fs.keys().all(|n| !n.ends_with(".partial")), "{:?}", fs.keys());
+    assert!(
+        fs.keys().all(|n| !n.ends_with(".partial")),
+        "{:?}",
+        fs.keys()
+    );
     assert!(K3Model::load(&dir).is_ok());
     // And an existing model is not overwritten without force.
     let e = write_model(&plan, &dir, &WriteOptions::default(), &|_| {}).unwrap_err();

@@ -93,8 +93,12 @@ fn prompts(a: &BenchArgs) -> Result<Vec<Prompt>> {
     if let Some(ids) = &a.prompt_ids {
         return Ok(vec![Prompt::Ids(parse_ids(ids).context("--prompt-ids")?)]);
     }
-    let path = a.prompts.as_ref().context("give --prompt, --prompt-ids or --prompts")?;
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let path = a
+        .prompts
+        .as_ref()
+        .context("give --prompt, --prompt-ids or --prompts")?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     parse_prompts_file(&text).with_context(|| format!("{}", path.display()))
 }
 
@@ -104,7 +108,11 @@ fn config(a: &BenchArgs) -> Result<BenchConfig> {
             bail!("{flag} must be a positive number of seconds");
         }
     }
-    let mut arms = a.arms.iter().map(|s| Arm::parse_fathom(s)).collect::<Result<Vec<_>>>()?;
+    let mut arms = a
+        .arms
+        .iter()
+        .map(|s| Arm::parse_fathom(s))
+        .collect::<Result<Vec<_>>>()?;
     if arms.is_empty() {
         arms.push(Arm::parse_fathom("default=")?);
     }

@@ -112,7 +112,11 @@ fn sizes(spec: &K3Spec) -> Sizes {
 /// fp32 and three conv windows of `kernel−1` rows of width `H·K` per KDA
 /// layer; per MLA layer `(kv_lora + rope)` fp32 per token.
 fn state_bytes(spec: &K3Spec, context: u64) -> (u64, u64) {
-    let kda_layers = spec.attn_kinds.iter().filter(|k| **k == AttnKind::Kda).count() as u64;
+    let kda_layers = spec
+        .attn_kinds
+        .iter()
+        .filter(|k| **k == AttnKind::Kda)
+        .count() as u64;
     let mla_layers = spec.num_layers as u64 - kda_layers;
     let (h, k) = (spec.kda_heads as u64, spec.kda_head_dim as u64);
     let per_kda = h * k * k * 4 + 3 * (spec.conv_kernel as u64 - 1) * h * k * 4;
@@ -274,7 +278,11 @@ fn runs(s: &str) -> String {
             chars.next();
             n += 1;
         }
-        out.push(if n == 1 { c.to_string() } else { format!("{c}×{n}") });
+        out.push(if n == 1 {
+            c.to_string()
+        } else {
+            format!("{c}×{n}")
+        });
     }
     out.join(" ")
 }
@@ -288,12 +296,19 @@ fn print_text(r: &Value) {
     let attn = m["attention"].as_str().unwrap_or("");
     let ffn = m["ffn"].as_str().unwrap_or("");
     println!("  attention  {}   (K = KDA, M = MLA)", runs(attn));
-    println!("  ffn        {}   (D = dense MLP, E = LatentMoE)", runs(ffn));
+    println!(
+        "  ffn        {}   (D = dense MLP, E = LatentMoE)",
+        runs(ffn)
+    );
     println!("  attn-res blocks open at layers {}", m["attn_res_blocks"]);
     println!();
     println!("{:<16} {:>12} {:>12}", "component", "params", "bytes");
     for (name, c) in r["components"].as_object().into_iter().flatten() {
-        println!("{name:<16} {:>12} {:>12}", count(&c["params"]), b(&c["bytes"]));
+        println!(
+            "{name:<16} {:>12} {:>12}",
+            count(&c["params"]),
+            b(&c["bytes"])
+        );
     }
     println!(
         "{:<16} {:>12} {:>12}",

@@ -1,0 +1,217 @@
+//! `fathom bench` end to end on k3-tiny: two arms, identical ids, the JSON
+//! report's schema, the SVG, rejection of a differing output, bad input, and
+//! a memory cap where cgroups are writable. Ceilings are bounded to half a
+//! second so the whole file runs in seconds.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn tiny() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data/k3-tiny/checkpoint")
+        .display()
+        .to_string()
+}
+
+/// The smoke command with `reps` reps; ceilings bounded to 0.3 s / 32 MB.
+fn bench(reps: &str, extra: &[&str]) -> Output {
+    let model = tiny();
+    let mut args = vec![
+        "bench",
+        "--model",
+        &model,
+        "--prompt-ids",
+        "1,591,25",
+        "--max-new",
+        "4",
+        "--reps",
+        reps,
+        "--warmup",
+        "0",
+        "--ceiling-bytes",
+        "32MB",
+    ];
+    if !extra.iter().any(|a| a.starts_with("--ceiling-secs")) {
+        args.extend(["--ceiling-secs", "0.3"]);
+    }
+    args.extend_from_slice(extra);
+    Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(&args)
+        .output()
+        .expect("fathom runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fathom-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+#[test]
+fn two_arms_identical_ids_json_and_svg() {
+    let (json, svg) = (tmp("two.json"), tmp("two.svg"));
+    let o = bench(
+        "2",
+        &[
+            "--arm",
+            "a=",
+            "--arm",
+            "b=--experts stream --ram-budget 100MB",
+            "--json",
+            json.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("ceilings (this run): storage") && out.contains("÷ ceiling"),
+        "{out}"
+    );
+
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["schema"], "fathom-bench/1");
+    for k in [
+        "date_utc", "fathom", "machine", "config", "ceilings", "arms", "samples",
+    ] {
+        assert!(r.get(k).is_some(), "missing {k}");
+    }
+    assert!(r["date_utc"].as_str().unwrap().ends_with('Z'));
+    assert!(r["fathom"]["version"].is_string() && r["fathom"]["argv"].is_array());
+    let m = &r["machine"];
+    assert!(m["logical_cpus"].as_u64().unwrap() >= 1);
+    assert!(m["kernel"].is_string() && m["disk"].is_object());
+    let c = &r["ceilings"];
+    assert!(c["storage"]["bytes_per_s"].as_f64().unwrap() > 0.0);
+    assert!(c["storage"]["direct"].is_boolean());
+    assert!(c["memory"]["bytes_per_s"].as_f64().unwrap() > 0.0);
+    assert!(c["spine_bytes_per_token"].as_u64().unwrap() > 0);
+
+    let arms = r["arms"].as_array().unwrap();
+    assert_eq!(arms.len(), 2);
+    for a in arms {
+        assert_eq!(a["status"], "accepted", "{a}");
+        assert_eq!(a["samples"], 2);
+        let d = &a["summary"]["decode_tok_s"];
+        for k in ["min", "median", "max"] {
+            assert!(d[k].as_f64().unwrap() > 0.0, "{a}");
+        }
+        assert!(
+            d["min"].as_f64() <= d["median"].as_f64() && d["median"].as_f64() <= d["max"].as_f64()
+        );
+        assert!(a["ceiling_tok_s"].as_f64().unwrap() > 0.0);
+        assert!(a["decode_vs_ceiling"].as_f64().unwrap() > 0.0);
+        assert!(a["bound"].is_string());
+    }
+    // The streamed arm reads experts; the resident one does not.
+    assert!(
+        arms[1]["summary"]["expert_bytes_per_token"]["median"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+
+    let samples = r["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 4);
+    // Rep-major interleaving: a, b, a, b.
+    let order: Vec<&str> = samples.iter().map(|s| s["arm"].as_str().unwrap()).collect();
+    assert_eq!(order, ["a", "b", "a", "b"]);
+    let ids0 = &samples[0]["output_ids"];
+    assert_eq!(ids0.as_array().unwrap().len(), 4);
+    for s in samples {
+        assert_eq!(&s["output_ids"], ids0);
+        assert!(s["raw"].is_object() && s["metrics"].is_object() && s["wall_s"].is_f64());
+    }
+
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains(">a</text>") && svg.contains(">b</text>") && svg.contains("ceiling"));
+}
+
+#[test]
+fn differing_output_is_rejected_not_averaged() {
+    let json = tmp("reject.json");
+    let o = bench(
+        "1",
+        &["--expect-ids", "1,2,3,4", "--json", json.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("REJECTED: output ids differ"));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let a = &r["arms"][0];
+    assert_eq!(a["name"], "default");
+    assert_eq!(a["status"], "rejected");
+    assert!(a["decode_vs_ceiling"].is_null());
+}
+
+#[test]
+fn bad_input_is_one_error_line() {
+    for (args, want) in [
+        (&["--arm", "noequals"][..], "NAME="),
+        (&["--arm", "x=--max-new 3"][..], "set by the bench"),
+        (&["--arm", "x='open"][..], "unterminated"),
+        (&["--ceiling-secs=-1"][..], "--ceiling-secs"),
+        (
+            &["--peer", "p=nonexistent-engine {prompt}"][..],
+            "prompt is token ids",
+        ),
+    ] {
+        let o = bench("1", args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("error:") && e.contains(want), "{args:?}: {e}");
+    }
+    let o = bench("0", &[]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--reps must be at least 1"));
+    let o = Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(["bench", "--model", "/nonexistent", "--prompt-ids", "1"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no config.json"));
+}
+
+#[test]
+fn memory_cap_runs_each_process_in_a_capped_cgroup() {
+    if let Err(e) = fathom_bench::cgroup::own()
+        .and_then(|p| fathom_bench::cgroup::Child::create(&p, 64 << 20))
+        .and_then(|c| c.remove())
+    {
+        eprintln!("skipped: cgroups are not writable here: {e:#}");
+        return;
+    }
+    let json = tmp("cap.json");
+    let o = bench(
+        "1",
+        &[
+            "--memory-cap",
+            "200MB",
+            "--arm",
+            "capped=--ram-budget 100MB",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["config"]["memory_cap_bytes"], 200_000_000);
+    let s = &r["samples"][0];
+    let peak = s["cgroup_peak_bytes"].as_u64().expect("cgroup peak read");
+    assert!(peak > 0 && peak <= 200_000_000, "{peak}");
+    assert!(
+        r["arms"][0]["summary"]["cgroup_peak_bytes"]["median"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+}

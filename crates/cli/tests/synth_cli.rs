@@ -1,0 +1,228 @@
+//! `fathom synth`, `inspect` and `verify` end to end on small models.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn fathom(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(args)
+        .output()
+        .expect("fathom runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("cli-synth")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// A tiny synthetic model written through the CLI.
+fn synth_tiny(name: &str) -> PathBuf {
+    let dir = tmp(name);
+    let o = fathom(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--seed",
+        "5",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    dir
+}
+
+const SHARD2: &str = "model-00002-of-000002.safetensors";
+
+#[test]
+fn synth_then_verify_ok_with_digest() {
+    let dir = synth_tiny("ok");
+    let o = fathom(&["verify", dir.to_str().unwrap(), "--digest"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        out.lines()
+            .any(|l| l.ends_with(&format!("  {SHARD2}")) && l.len() == 64 + 2 + SHARD2.len()),
+        "{out}"
+    );
+    assert_eq!(
+        out.lines().last().unwrap(),
+        "ok: 2 shards, 1770 tensors, 7.27 MB"
+    );
+    // Without --force an existing model is kept.
+    let o = fathom(&["synth", "--preset", "tiny", "--out", dir.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--force"), "{}", text(&o));
+}
+
+#[test]
+fn verify_names_the_file_and_tensor_of_a_truncated_shard() {
+    let dir = synth_tiny("truncated");
+    let shard = dir.join(SHARD2);
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
+    let o = fathom(&["verify", dir.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("FAILED") && t.contains(SHARD2), "{t}");
+    assert!(t.contains("tensor language_model.lm_head.weight"), "{t}");
+}
+
+#[test]
+fn verify_names_a_tensor_with_a_wrong_shape() {
+    let dir = synth_tiny("shape");
+    // Transpose the embedding's shape in the header: same byte count, so
+    // only the tensor check can catch it.
+    let path = dir.join("model-00001-of-000002.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut h: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let name = "language_model.model.embed_tokens.weight";
+    h[name]["shape"] = serde_json::json!([128, 1280]);
+    let mut json = serde_json::to_vec(&h).unwrap();
+    json.resize(n, b' ');
+    let mut out = (n as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&path, out).unwrap();
+    let o = fathom(&["verify", dir.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("model-00001-of-000002.safetensors"), "{t}");
+    assert!(
+        t.contains(&format!(
+            "tensor {name}: shape [128, 1280], expected [1280, 128]"
+        )),
+        "{t}"
+    );
+}
+
+#[test]
+fn inspect_json_matches_hand_computed_numbers() {
+    let dir = synth_tiny("inspect");
+    let o = fathom(&[
+        "inspect",
+        dir.to_str().unwrap(),
+        "--json",
+        "--context",
+        "100",
+        "--ram-budget",
+        "6MB",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let u = |v: &Value| v.as_u64().unwrap();
+    assert_eq!(r["model"]["attention"], "KKKMKKKMM");
+    assert_eq!(r["model"]["ffn"], "DEEEEEEEE");
+    let c = &r["components"];
+    // embedding and head: 1280 × 128 bf16.
+    assert_eq!(
+        (u(&c["embedding"]["params"]), u(&c["embedding"]["bytes"])),
+        (163_840, 327_680)
+    );
+    assert_eq!(u(&c["head"]["bytes"]), 327_680);
+    // One expert: w1, w3 [96, 64] and w2 [64, 96] at 4 bits + a scale byte per 32.
+    assert_eq!(u(&r["expert_bytes"]), 3 * (96 * 64 / 2 + 96 * 64 / 32));
+    assert_eq!(u(&r["experts_total"]), 8 * 32);
+    assert_eq!(u(&c["routed_experts"]["bytes"]), 256 * 9792);
+    assert_eq!(u(&c["routed_experts"]["params"]), 256 * 3 * 96 * 64);
+    // Attention: six KDA layers (141,344 params) and three MLA (61,288).
+    assert_eq!(u(&c["attention"]["params"]), 6 * 141_344 + 3 * 61_288);
+    assert_eq!(u(&c["attention"]["bytes"]), 6 * 287_872 + 3 * 122_576);
+    assert_eq!(u(&c["norms_attn_res"]["params"]), 9 * 6 * 128 + 3 * 128);
+    assert_eq!(u(&r["total"]["bytes"]), 7_026_800);
+    let spine = 7_026_800 - 256 * 9792;
+    assert_eq!(u(&r["spine"]["bf16_bytes"]), spine);
+    // Per decode token: the spine less the embedding table plus one row; 4 experts × 8 layers.
+    assert_eq!(
+        u(&r["per_token"]["spine_bf16_bytes"]),
+        spine - 327_680 + 256
+    );
+    assert_eq!(u(&r["per_token"]["routed_expert_bytes"]), 4 * 9792 * 8);
+    // State: KDA 4·48·48·4 + 3·3·192·4 per layer; MLA (40 + 16)·4 per token.
+    assert_eq!(u(&r["state"]["kda_bytes"]), 6 * (36_864 + 6_912));
+    assert_eq!(u(&r["state"]["mla_bytes"]), 3 * 224 * 100);
+    // Scratch: logits 1280·4, 16 rows of the widest (320) projection, 2·4 experts.
+    let scratch = 1280 * 4 + 16 * 320 * 4 + 2 * 4 * 9792;
+    assert_eq!(u(&r["scratch_bytes"]), scratch);
+    let l = &r["ledger"]["bf16"];
+    let fixed = spine + 6 * 43_776 + 3 * 224 * 100 + scratch;
+    assert_eq!(u(&l["min_budget_bytes"]), fixed);
+    assert_eq!(u(&l["cache_experts"]), (6_000_000 - fixed) / 9792);
+    assert_eq!(l["fits"], true);
+    assert_eq!(u(&r["files"]["shards"]), 2);
+}
+
+#[test]
+fn inspect_works_from_config_alone_and_says_when_the_spine_does_not_fit() {
+    let dir = tmp("config-only");
+    let o = fathom(&[
+        "synth",
+        "--preset",
+        "k3",
+        "--layers",
+        "3",
+        "--dry-run",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("3 layers, hidden 7168, 896 experts top-16"),
+        "{}",
+        text(&o)
+    );
+    assert!(!dir.exists(), "--dry-run writes nothing");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data/k3-tiny/checkpoint/config.json");
+    std::fs::copy(cfg, dir.join("config.json")).unwrap();
+    let o = fathom(&["inspect", dir.to_str().unwrap(), "--ram-budget", "1MB"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("does not fit") && t.contains("at least"), "{t}");
+    assert!(!t.contains("on disk"), "{t}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let dir = tmp("bad");
+    let d = dir.to_str().unwrap();
+    let o = fathom(&["synth", "--preset", "tiny", "--top-k", "64", "--out", d]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--top-k 64"), "{}", text(&o));
+    let o = fathom(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--target-size",
+        "12XB",
+        "--out",
+        d,
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("unknown unit"), "{}", text(&o));
+    let o = fathom(&["inspect", d]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("config.json"), "{}", text(&o));
+    let o = fathom(&["verify", d]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("FAILED"), "{}", text(&o));
+}
