@@ -19,7 +19,13 @@ const RESERVED: [&str; 6] = [
 ];
 
 /// Placeholders a peer's command template may use.
-pub const PLACEHOLDERS: [&str; 5] = ["{prompt}", "{prompt_ids}", "{max_new}", "{model}", "{threads}"];
+pub const PLACEHOLDERS: [&str; 5] = [
+    "{prompt}",
+    "{prompt_ids}",
+    "{max_new}",
+    "{model}",
+    "{threads}",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ArmKind {
@@ -292,7 +298,12 @@ mod tests {
         assert_eq!(
             a.kind,
             ArmKind::Fathom {
-                flags: vec!["--experts".into(), "stream".into(), "--ram-budget".into(), "100MB".into()]
+                flags: vec![
+                    "--experts".into(),
+                    "stream".into(),
+                    "--ram-budget".into(),
+                    "100MB".into()
+                ]
             }
         );
         let d = Arm::parse_fathom("default=").unwrap();
@@ -310,7 +321,13 @@ mod tests {
     #[test]
     fn prompts_file_and_ids() {
         let p = parse_prompts_file("# c\n\nids: 1, 2,3\nhello world\n").unwrap();
-        assert_eq!(p, [Prompt::Ids(vec![1, 2, 3]), Prompt::Text("hello world".into())]);
+        assert_eq!(
+            p,
+            [
+                Prompt::Ids(vec![1, 2, 3]),
+                Prompt::Text("hello world".into())
+            ]
+        );
         assert!(parse_prompts_file("# only\n").is_err());
         assert!(parse_prompts_file("ids: 1,x").is_err());
         assert!(parse_ids(",").is_err());
@@ -318,16 +335,28 @@ mod tests {
 
     #[test]
     fn substitutes_placeholders_per_word() {
-        let t = split_words("llama-cli -m m.gguf -p {prompt} -n {max_new} -t {threads} --x={model}").unwrap();
+        let t =
+            split_words("llama-cli -m m.gguf -p {prompt} -n {max_new} -t {threads} --x={model}")
+                .unwrap();
         let prompt = Prompt::Text("a \"quoted\" $(prompt)".into());
-        let v = PeerVars { prompt: &prompt, max_new: 8, model: "dir", threads: 2 };
+        let v = PeerVars {
+            prompt: &prompt,
+            max_new: 8,
+            model: "dir",
+            threads: 2,
+        };
         let out = substitute(&t, &v).unwrap();
         assert_eq!(out[4], "a \"quoted\" $(prompt)");
         assert_eq!(out[6], "8");
         assert_eq!(out[8], "2");
         assert_eq!(out[9], "--x=dir");
         let ids = Prompt::Ids(vec![1, 2]);
-        let v = PeerVars { prompt: &ids, max_new: 8, model: "dir", threads: 2 };
+        let v = PeerVars {
+            prompt: &ids,
+            max_new: 8,
+            model: "dir",
+            threads: 2,
+        };
         assert!(substitute(&t, &v).is_err());
         let t2 = split_words("x {prompt_ids}").unwrap();
         assert_eq!(substitute(&t2, &v).unwrap()[1], "1,2");

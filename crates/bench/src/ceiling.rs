@@ -89,16 +89,24 @@ pub fn expert_spans(spec: &K3Spec, ck: &Checkpoint) -> Result<Vec<(usize, u64, u
 
 /// Reads random expert spans with `limits.io_threads` threads until
 /// `limits.storage_bytes` are read or `limits.seconds` pass (at least one read).
-pub fn measure_storage(ck: &Checkpoint, spans: &[(usize, u64, u64)], limits: Limits) -> Result<StorageCeiling> {
+pub fn measure_storage(
+    ck: &Checkpoint,
+    spans: &[(usize, u64, u64)],
+    limits: Limits,
+) -> Result<StorageCeiling> {
     anyhow::ensure!(!spans.is_empty(), "the model has no routed experts to read");
     let readers = ck
         .shards()
         .iter()
-        .map(|s| ShardReader::open(&s.path, true).with_context(|| format!("opening {}", s.path.display())))
+        .map(|s| {
+            ShardReader::open(&s.path, true)
+                .with_context(|| format!("opening {}", s.path.display()))
+        })
         .collect::<Result<Vec<_>>>()?;
     let direct = readers.iter().all(ShardReader::is_direct);
     // A long random sequence over the spans: a fresh shuffle per pass.
-    let passes = (limits.storage_bytes / spans.iter().map(|s| s.2).sum::<u64>().max(1) + 1).min(64) as usize;
+    let passes =
+        (limits.storage_bytes / spans.iter().map(|s| s.2).sum::<u64>().max(1) + 1).min(64) as usize;
     let mut rng = SplitMix(SEED);
     let mut order: Vec<usize> = Vec::with_capacity(passes * spans.len());
     for _ in 0..passes {
@@ -119,11 +127,15 @@ pub fn measure_storage(ck: &Checkpoint, spans: &[(usize, u64, u64)], limits: Lim
             .map(|_| {
                 s.spawn(|| -> std::io::Result<()> {
                     loop {
-                        if bytes.load(Ordering::Relaxed) >= limits.storage_bytes || start.elapsed() >= deadline {
+                        if bytes.load(Ordering::Relaxed) >= limits.storage_bytes
+                            || start.elapsed() >= deadline
+                        {
                             return Ok(());
                         }
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&k) = order.get(i % order.len()) else { return Ok(()) };
+                        let Some(&k) = order.get(i % order.len()) else {
+                            return Ok(());
+                        };
                         let (shard, off, len) = spans[k];
                         let (buf, _) = readers[shard].read_span(off, len)?;
                         bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
@@ -132,7 +144,9 @@ pub fn measure_storage(ck: &Checkpoint, spans: &[(usize, u64, u64)], limits: Lim
                 })
             })
             .collect();
-        workers.into_iter().find_map(|w| w.join().ok().and_then(|r| r.err()))
+        workers
+            .into_iter()
+            .find_map(|w| w.join().ok().and_then(|r| r.err()))
     });
     if let Some(e) = err {
         return Err(e).context("reading expert spans");
@@ -184,7 +198,11 @@ pub fn measure_memory(array_bytes: u64, seconds: f64) -> MemoryCeiling {
     while passes < 3 || (passes < 50 && start.elapsed().as_secs_f64() < seconds) {
         let t = Instant::now();
         std::thread::scope(|sc| {
-            for ((a, b), c) in a.chunks_mut(chunk).zip(b.chunks(chunk)).zip(c.chunks(chunk)) {
+            for ((a, b), c) in a
+                .chunks_mut(chunk)
+                .zip(b.chunks(chunk))
+                .zip(c.chunks(chunk))
+            {
                 sc.spawn(move || {
                     for ((x, y), z) in a.iter_mut().zip(b).zip(c) {
                         *x = y + s * z;
@@ -218,16 +236,34 @@ pub fn triad_array_bytes() -> u64 {
     (256u64 << 20).min(avail / 16).max(16 << 20)
 }
 
-/// Bytes of spine one decoded token touches: the resident spine at its stored
-/// precision, except that only one row of the embedding table is read.
-pub fn spine_bytes_per_token(spec: &K3Spec) -> u64 {
-    let emb: u64 = tensor_table(spec)
+/// Bytes of spine one decoded token touches: the resident spine, except that
+/// only one row of the embedding table is read. With `int8` (`--spine int8`)
+/// every 2-D attention, dense-MLP, latent, shared-expert and head matrix
+/// counts as per-row int8 (a byte per weight plus an f32 scale per row), as
+/// `K3Weights::quantize_spine_int8` stores it; embedding, routers and vectors
+/// stay as stored.
+pub fn spine_bytes_per_token(spec: &K3Spec, int8: bool) -> u64 {
+    let table = tensor_table(spec);
+    let emb: u64 = table
         .iter()
         .filter(|t| t.role == Role::Embedding)
         .map(|t| t.bytes())
         .sum();
     let row = emb / spec.vocab_size.max(1) as u64;
-    spine_bytes(spec) - emb + row
+    let mut total = spine_bytes(spec) - emb + row;
+    if int8 {
+        for t in &table {
+            let quantised = matches!(
+                t.role,
+                Role::Attention | Role::DenseMlp | Role::Latent | Role::SharedExpert | Role::Head
+            );
+            if let ([r, c], true) = (t.shape.as_slice(), quantised) {
+                let q = (r * c + 4 * r) as u64;
+                total = total - t.bytes() + q.min(t.bytes());
+            }
+        }
+    }
+    total
 }
 
 /// Which resource bounds an arm's decode.
@@ -258,8 +294,10 @@ pub fn decode_ceiling(
 
 /// Opens the model for the ceilings: spec, checkpoint, spans.
 pub fn open_model(dir: &Path) -> Result<(K3Spec, Checkpoint)> {
-    let spec = K3Spec::from_dir(dir).with_context(|| format!("reading {}/config.json", dir.display()))?;
-    let ck = Checkpoint::open(dir).with_context(|| format!("opening the checkpoint in {}", dir.display()))?;
+    let spec =
+        K3Spec::from_dir(dir).with_context(|| format!("reading {}/config.json", dir.display()))?;
+    let ck = Checkpoint::open(dir)
+        .with_context(|| format!("opening the checkpoint in {}", dir.display()))?;
     Ok((spec, ck))
 }
 
@@ -270,9 +308,18 @@ mod tests {
     #[test]
     fn ceiling_takes_the_tighter_bound() {
         // 2 GB/s storage, 10 GB/s memory, 1 GB per token of experts, 1 GB of spine.
-        assert_eq!(decode_ceiling(2e9, 10e9, 1e9, 1_000_000_000), (2.0, Bound::Storage));
-        assert_eq!(decode_ceiling(2e9, 10e9, 0.0, 1_000_000_000), (10.0, Bound::Memory));
-        assert_eq!(decode_ceiling(2e9, 1e9, 1e8, 1_000_000_000), (1.0, Bound::Memory));
+        assert_eq!(
+            decode_ceiling(2e9, 10e9, 1e9, 1_000_000_000),
+            (2.0, Bound::Storage)
+        );
+        assert_eq!(
+            decode_ceiling(2e9, 10e9, 0.0, 1_000_000_000),
+            (10.0, Bound::Memory)
+        );
+        assert_eq!(
+            decode_ceiling(2e9, 1e9, 1e8, 1_000_000_000),
+            (1.0, Bound::Memory)
+        );
     }
 
     #[test]
@@ -290,10 +337,16 @@ mod tests {
         let (spec, ck) = open_model(&tiny_dir()).unwrap();
         let spans = expert_spans(&spec, &ck).unwrap();
         assert_eq!(spans.len(), 8 * 32);
-        let limits = Limits { storage_bytes: 1 << 20, seconds: 1.0, io_threads: 4 };
+        let limits = Limits {
+            storage_bytes: 1 << 20,
+            seconds: 1.0,
+            io_threads: 4,
+        };
         let s = measure_storage(&ck, &spans, limits).unwrap();
         assert!(s.bytes >= 1 << 20 && s.bytes_per_s > 0.0, "{s:?}");
-        let sp = spine_bytes_per_token(&spec);
+        let sp = spine_bytes_per_token(&spec, false);
         assert!(sp > 0 && sp < spine_bytes(&spec));
+        let q = spine_bytes_per_token(&spec, true);
+        assert!(q < sp && q > sp / 3, "{q} vs {sp}");
     }
 }

@@ -55,14 +55,17 @@ pub fn own_memory_cgroup(proc_cgroup: &str, mountinfo: &str) -> Result<Place, St
             let m = mounts
                 .iter()
                 .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == "memory"))
-                .ok_or("this process is in a v1 memory cgroup but no v1 memory hierarchy is mounted")?;
+                .ok_or(
+                    "this process is in a v1 memory cgroup but no v1 memory hierarchy is mounted",
+                )?;
             return Ok(Place {
                 version: Version::V1,
                 dir: m.resolve(path)?,
             });
         }
     }
-    let path = v2_path.ok_or("/proc/self/cgroup names no memory cgroup (no v1 memory line, no v2 0:: line)")?;
+    let path = v2_path
+        .ok_or("/proc/self/cgroup names no memory cgroup (no v1 memory line, no v2 0:: line)")?;
     let m = mounts
         .iter()
         .find(|m| m.fstype == "cgroup2")
@@ -120,7 +123,10 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -135,7 +141,8 @@ fn unescape(s: &str) -> String {
 /// This process's memory cgroup, read from `/proc`.
 pub fn own() -> Result<Place> {
     let cg = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let mi =
+        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     own_memory_cgroup(&cg, &mi).map_err(|e| anyhow::anyhow!("--memory-cap: {e}"))
 }
 
@@ -252,7 +259,11 @@ impl Child {
     pub fn usage(&self) -> Usage {
         let d = &self.place.dir;
         let (peak, events, key) = match self.place.version {
-            Version::V1 => ("memory.max_usage_in_bytes", "memory.oom_control", "oom_kill"),
+            Version::V1 => (
+                "memory.max_usage_in_bytes",
+                "memory.oom_control",
+                "oom_kill",
+            ),
             Version::V2 => ("memory.peak", "memory.events", "oom_kill"),
         };
         let peak_bytes = std::fs::read_to_string(d.join(peak))
@@ -318,7 +329,10 @@ mod tests {
         let cg = "4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
         let p = own_memory_cgroup(cg, MI_V1).unwrap();
         assert_eq!(p.version, Version::V1);
-        assert_eq!(p.dir, PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"));
+        assert_eq!(
+            p.dir,
+            PathBuf::from("/sys/fs/cgroup/memory/process_api/abc")
+        );
     }
 
     #[test]

@@ -220,7 +220,10 @@ build: 1234abcd (4321)
 ]"#;
         let r = parse_peer_output(j, "loading…").unwrap();
         assert_eq!(r.format, "llama-bench-json");
-        assert_eq!((r.decode_tok_s, r.prefill_tok_s), (Some(11.45), Some(63.12)));
+        assert_eq!(
+            (r.decode_tok_s, r.prefill_tok_s),
+            (Some(11.45), Some(63.12))
+        );
         let jl = "{\"n_prompt\": 0, \"n_gen\": 16, \"avg_ts\": 2.5}\n";
         assert_eq!(parse_peer_output(jl, "").unwrap().decode_tok_s, Some(2.5));
     }

@@ -78,8 +78,10 @@ impl From<&BenchConfig> for Config {
 pub struct Ceilings {
     pub storage: StorageCeiling,
     pub memory: MemoryCeiling,
-    /// Spine bytes one decoded token touches (embedding: one row).
+    /// Spine bytes one decoded token touches (embedding: one row), as stored.
     pub spine_bytes_per_token: u64,
+    /// The same for an arm that reports `"spine": "int8"` (an estimate from the tensor table).
+    pub spine_bytes_per_token_int8: u64,
     /// Bytes of one routed expert.
     pub expert_bytes: u64,
 }
@@ -92,6 +94,16 @@ pub enum Status {
     Rejected,
     /// A process failed (exit status, timeout, unreadable output).
     Failed,
+}
+
+impl Status {
+    pub fn word(self) -> &'static str {
+        match self {
+            Status::Accepted => "accepted",
+            Status::Rejected => "REJECTED",
+            Status::Failed => "FAILED",
+        }
+    }
 }
 
 /// One arm's verdict and figures.
@@ -108,6 +120,8 @@ pub struct ArmReport {
     pub summary: BTreeMap<&'static str, Summary>,
     pub ceiling_tok_s: Option<f64>,
     pub bound: Option<Bound>,
+    /// Spine bytes per token the memory bound used (int8 where the arm's runs say so).
+    pub spine_bytes_per_token: Option<u64>,
     /// Median steady decode ÷ ceiling.
     pub decode_vs_ceiling: Option<f64>,
     /// Peer name → this arm's median decode ÷ the peer's.
@@ -134,7 +148,12 @@ fn references(cfg: &BenchConfig, samples: &[Sample]) -> Vec<Option<(Vec<u32>, St
                 .iter()
                 .filter(ok)
                 .find(|s| s.arm == fathom[0].name)
-                .or_else(|| samples.iter().filter(ok).find(|s| fathom.iter().any(|a| a.name == s.arm)))?;
+                .or_else(|| {
+                    samples
+                        .iter()
+                        .filter(ok)
+                        .find(|s| fathom.iter().any(|a| a.name == s.arm))
+                })?;
             let what = format!("arm {} rep {}", first.arm, first.rep);
             Some((first.output_ids.clone()?, what))
         })
@@ -150,10 +169,14 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
         .map(|arm| {
             let mine: Vec<&Sample> = samples.iter().filter(|s| s.arm == arm.name).collect();
             let (status, message) = verdict(arm, &mine, &refs);
-            let measured: Vec<&Sample> = mine.iter().copied().filter(|s| !s.warmup && s.ok).collect();
+            let measured: Vec<&Sample> =
+                mine.iter().copied().filter(|s| !s.warmup && s.ok).collect();
             let mut summary = BTreeMap::new();
             for m in Metric::ALL {
-                let v: Vec<f64> = measured.iter().filter_map(|s| s.metrics[m as usize]).collect();
+                let v: Vec<f64> = measured
+                    .iter()
+                    .filter_map(|s| s.metrics[m as usize])
+                    .collect();
                 if let Some(s) = summarize(&v) {
                     summary.insert(m.key(), s);
                 }
@@ -168,17 +191,27 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
                 summary,
                 ceiling_tok_s: None,
                 bound: None,
+                spine_bytes_per_token: None,
                 decode_vs_ceiling: None,
                 vs_peers: BTreeMap::new(),
             };
             if !arm.is_peer() {
                 let per_token = r.median(Metric::ExpertBytesPerToken).unwrap_or(0.0);
+                let int8 = measured
+                    .iter()
+                    .any(|s| s.raw.get("spine").and_then(|v| v.as_str()) == Some("int8"));
+                let spine = if int8 {
+                    c.spine_bytes_per_token_int8
+                } else {
+                    c.spine_bytes_per_token
+                };
                 let (ceil, bound) = decode_ceiling(
                     c.storage.bytes_per_s,
                     c.memory.bytes_per_s,
                     per_token,
-                    c.spine_bytes_per_token,
+                    spine,
                 );
+                r.spine_bytes_per_token = Some(spine);
                 r.ceiling_tok_s = Some(ceil);
                 r.bound = Some(bound);
                 if status == Status::Accepted {
@@ -193,7 +226,10 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
         .filter(|r| r.kind == "peer" && r.status == Status::Accepted)
         .filter_map(|r| Some((r.name.clone(), r.median(Metric::DecodeTokS)?)))
         .collect();
-    for r in reports.iter_mut().filter(|r| r.kind == "fathom" && r.status == Status::Accepted) {
+    for r in reports
+        .iter_mut()
+        .filter(|r| r.kind == "fathom" && r.status == Status::Accepted)
+    {
         if let Some(d) = r.median(Metric::DecodeTokS) {
             for (p, pd) in &peers {
                 if *pd > 0.0 {
@@ -205,14 +241,22 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
     reports
 }
 
-fn verdict(arm: &Arm, mine: &[&Sample], refs: &[Option<(Vec<u32>, String)>]) -> (Status, Option<String>) {
+fn verdict(
+    arm: &Arm,
+    mine: &[&Sample],
+    refs: &[Option<(Vec<u32>, String)>],
+) -> (Status, Option<String>) {
     if let ArmKind::Fathom { .. } = arm.kind {
         for s in mine.iter().filter(|s| s.ok) {
             let (Some(got), Some(Some((want, from)))) = (&s.output_ids, refs.get(s.prompt)) else {
                 continue;
             };
             if got != want {
-                let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+                let at = got
+                    .iter()
+                    .zip(want)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(got.len().min(want.len()));
                 return (
                     Status::Rejected,
                     Some(format!(
@@ -265,7 +309,9 @@ pub fn human_bytes(b: f64) -> String {
 /// Three significant figures for rates and ratios.
 pub fn sig3(v: f64) -> String {
     let a = v.abs();
-    if a >= 100.0 {
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 100.0 {
         format!("{v:.0}")
     } else if a >= 10.0 {
         format!("{v:.1}")
@@ -289,7 +335,11 @@ fn fmt_value(m: Metric, v: f64) -> String {
 pub fn render_table(r: &Report) -> String {
     let mut o = String::new();
     let c = &r.config;
-    let prompts = if c.prompts.len() == 1 { "1 prompt".to_string() } else { format!("{} prompts", c.prompts.len()) };
+    let prompts = if c.prompts.len() == 1 {
+        "1 prompt".to_string()
+    } else {
+        format!("{} prompts", c.prompts.len())
+    };
     let _ = writeln!(
         o,
         "fathom bench: {}, {prompts}, {} new tokens, {} reps (+{} warmup discarded), memory cap {}",
@@ -297,7 +347,8 @@ pub fn render_table(r: &Report) -> String {
         c.max_new,
         c.reps,
         c.warmup,
-        c.memory_cap_bytes.map_or("none".into(), |b| human_bytes(b as f64))
+        c.memory_cap_bytes
+            .map_or("none".into(), |b| human_bytes(b as f64))
     );
     let m = &r.machine;
     let _ = writeln!(
@@ -314,7 +365,11 @@ pub fn render_table(r: &Report) -> String {
         o,
         "ceilings (this run): storage {}/s ({}, {} threads, {} in {:.2} s, {} reads over {} expert spans), memory {}/s (triad, {} threads, 3 × {})",
         human_bytes(s.bytes_per_s),
-        if s.direct { "O_DIRECT" } else { "buffered, O_DIRECT refused" },
+        if s.direct {
+            "O_DIRECT"
+        } else {
+            "buffered, O_DIRECT refused"
+        },
         s.threads,
         human_bytes(s.bytes as f64),
         s.seconds,
@@ -326,17 +381,32 @@ pub fn render_table(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "  spine touched per token {}, one expert {}",
+        "  spine touched per token {} (int8 spine: {}), one expert {}",
         human_bytes(r.ceilings.spine_bytes_per_token as f64),
+        human_bytes(r.ceilings.spine_bytes_per_token_int8 as f64),
         human_bytes(r.ceilings.expert_bytes as f64)
     );
     for a in &r.arms {
         let _ = writeln!(o);
-        let _ = writeln!(o, "arm {} ({}: {:?}): {:?}, {} measured samples", a.name, a.kind, a.spec, a.status, a.samples);
+        let _ = writeln!(
+            o,
+            "arm {} ({}: {:?}): {}, {} measured samples",
+            a.name,
+            a.kind,
+            a.spec,
+            a.status.word(),
+            a.samples
+        );
         if let Some(msg) = &a.message {
             let _ = writeln!(o, "  {msg}");
         }
-        let _ = writeln!(o, "  {:<20} {:>14} {:>14} {:>14}", "", "min", "median", "max");
+        if !a.summary.is_empty() {
+            let _ = writeln!(
+                o,
+                "  {:<20} {:>14} {:>14} {:>14}",
+                "", "min", "median", "max"
+            );
+        }
         for m in Metric::ALL {
             if let Some(s) = a.summary.get(m.key()) {
                 let _ = writeln!(
@@ -352,36 +422,58 @@ pub fn render_table(r: &Report) -> String {
         if let (Some(ceil), Some(b)) = (a.ceiling_tok_s, a.bound) {
             let _ = writeln!(
                 o,
-                "  decode ceiling {} tok/s ({b:?}-bound); achieved ÷ ceiling {}",
+                "  decode ceiling {} tok/s ({}-bound, spine {}/token); achieved ÷ ceiling {}",
                 sig3(ceil),
-                a.decode_vs_ceiling.map_or("n/a (not accepted)".into(), sig3)
+                if b == Bound::Storage {
+                    "storage"
+                } else {
+                    "memory"
+                },
+                human_bytes(a.spine_bytes_per_token.unwrap_or(0) as f64),
+                a.decode_vs_ceiling
+                    .map_or("n/a (not accepted)".into(), sig3)
             );
         }
     }
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "{:<14} {:<9} {:>28} {:>16} {:>10}  {}",
-        "arm", "status", "decode tok/s median [min–max]", "ceiling tok/s", "÷ ceiling", "÷ peer"
+        "{:<14} {:<9} {:>28} {:>16} {:>10}  ÷ peer",
+        "arm", "status", "decode tok/s median [min–max]", "ceiling tok/s", "÷ ceiling"
     );
     for a in &r.arms {
-        let d = a.summary.get(Metric::DecodeTokS.key()).map_or("-".into(), |s| {
-            format!("{} [{}–{}]", sig3(s.median), sig3(s.min), sig3(s.max))
-        });
+        let d = a
+            .summary
+            .get(Metric::DecodeTokS.key())
+            .map_or("-".into(), |s| {
+                format!("{} [{}–{}]", sig3(s.median), sig3(s.min), sig3(s.max))
+            });
         let ceil = match (a.ceiling_tok_s, a.bound) {
-            (Some(c), Some(b)) => format!("{} ({})", sig3(c), if b == Bound::Storage { "I/O" } else { "mem" }),
+            (Some(c), Some(b)) => format!(
+                "{} ({})",
+                sig3(c),
+                if b == Bound::Storage { "I/O" } else { "mem" }
+            ),
             _ => "-".into(),
         };
-        let peers: Vec<String> = a.vs_peers.iter().map(|(p, v)| format!("{}× {p}", sig3(*v))).collect();
+        let peers: Vec<String> = a
+            .vs_peers
+            .iter()
+            .map(|(p, v)| format!("{}× {p}", sig3(*v)))
+            .collect();
         let _ = writeln!(
             o,
             "{:<14} {:<9} {:>28} {:>16} {:>10}  {}",
             a.name,
-            format!("{:?}", a.status).to_lowercase(),
+            a.status.word(),
             d,
             ceil,
             a.decode_vs_ceiling.map_or("-".into(), sig3),
-            if peers.is_empty() { "-".into() } else { peers.join(", ") }
+            if peers.is_empty() {
+                "-".into()
+            } else {
+                peers.join(", ")
+            }
         );
     }
     o

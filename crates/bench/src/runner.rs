@@ -15,6 +15,8 @@ use crate::cgroup;
 pub struct Launch<'a> {
     pub program: PathBuf,
     pub args: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
     /// Parent cgroup and limit in bytes, for `--memory-cap`.
     pub cap: Option<(&'a cgroup::Place, u64)>,
     pub timeout: Duration,
@@ -67,6 +69,7 @@ pub fn launch(l: &Launch) -> Result<Finished> {
     let mut cmd = Command::new(&l.program);
     // Same process group as fathom, so Ctrl-C stops the measured process too.
     cmd.args(&l.args)
+        .envs(l.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -135,6 +138,7 @@ mod tests {
         launch(&Launch {
             program: "sh".into(),
             args: vec!["-c".into(), script.into()],
+            env: vec![],
             cap: None,
             timeout: Duration::from_secs_f64(timeout),
         })
@@ -144,7 +148,10 @@ mod tests {
     #[test]
     fn captures_both_streams_and_status() {
         let f = sh("echo out; echo err >&2; exit 3", 10.0);
-        assert_eq!((f.stdout.as_str(), f.stderr.as_str(), f.code), ("out\n", "err\n", Some(3)));
+        assert_eq!(
+            (f.stdout.as_str(), f.stderr.as_str(), f.code),
+            ("out\n", "err\n", Some(3))
+        );
         assert!(!f.success());
         assert!(f.failure().contains("status 3") && f.failure().contains("err"));
     }
@@ -161,6 +168,7 @@ mod tests {
         let r = launch(&Launch {
             program: "/nonexistent/fathom-bench-test".into(),
             args: vec![],
+            env: vec![],
             cap: None,
             timeout: Duration::from_secs(1),
         });

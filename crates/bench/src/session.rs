@@ -47,15 +47,17 @@ impl BenchConfig {
             bail!("--max-new must be at least 1 (decode speed needs generated tokens)");
         }
         if self.expect_ids.is_some() && self.prompts.len() > 1 {
-            bail!("--expect-ids applies to a single prompt; with --prompts the first arm's outputs are the reference");
+            bail!(
+                "--expect-ids applies to a single prompt; with --prompts the first arm's outputs are the reference"
+            );
         }
         if !self.arms.iter().any(|a| !a.is_peer()) {
             bail!("no fathom arm to measure");
         }
-        if let Some(cap) = self.memory_cap {
-            if cap < 16 << 20 {
-                bail!("--memory-cap {cap} bytes is too small to start a process (at least 16 MiB)");
-            }
+        if let Some(cap) = self.memory_cap
+            && cap < 16 << 20
+        {
+            bail!("--memory-cap {cap} bytes is too small to start a process (at least 16 MiB)");
         }
         crate::arm::check_unique(&self.arms)
     }
@@ -117,7 +119,8 @@ fn measure_ceilings(cfg: &BenchConfig, progress: &mut impl FnMut(&str)) -> Resul
     Ok(Ceilings {
         storage,
         memory,
-        spine_bytes_per_token: ceiling::spine_bytes_per_token(&spec),
+        spine_bytes_per_token: ceiling::spine_bytes_per_token(&spec, false),
+        spine_bytes_per_token_int8: ceiling::spine_bytes_per_token(&spec, true),
         expert_bytes: fathom_model::kimi_k3::tensors::expert_bytes(&spec),
     })
 }
@@ -134,7 +137,11 @@ fn run_one(
     let cap = cap_parent.zip(cfg.memory_cap);
     let (program, args) = match &arm.kind {
         ArmKind::Fathom { flags } => {
-            let mut a: Vec<String> = vec!["run".into(), "--model".into(), cfg.model.display().to_string()];
+            let mut a: Vec<String> = vec![
+                "run".into(),
+                "--model".into(),
+                cfg.model.display().to_string(),
+            ];
             a.extend(prompt.run_flags());
             a.extend(["--max-new".into(), cfg.max_new.to_string(), "--json".into()]);
             a.extend(flags.iter().cloned());
@@ -142,8 +149,14 @@ fn run_one(
         }
         ArmKind::Peer { template } => {
             let model = cfg.model.display().to_string();
-            let vars = PeerVars { prompt, max_new: cfg.max_new, model: &model, threads: cfg.threads };
-            let mut argv = substitute(template, &vars).map_err(|e| anyhow::anyhow!("--peer {}: {e}", arm.name))?;
+            let vars = PeerVars {
+                prompt,
+                max_new: cfg.max_new,
+                model: &model,
+                threads: cfg.threads,
+            };
+            let mut argv = substitute(template, &vars)
+                .map_err(|e| anyhow::anyhow!("--peer {}: {e}", arm.name))?;
             let program = PathBuf::from(argv.remove(0));
             (program, argv)
         }
@@ -163,7 +176,19 @@ fn run_one(
         raw: serde_json::Value::Null,
         metrics: [None; 8],
     };
-    let launched = launch(&Launch { program: program.clone(), args, cap, timeout: cfg.timeout });
+    // `fathom --threads N bench` reaches the arms through the environment (an
+    // arm's own --threads flag still wins); peers get {threads} instead.
+    let env = match arm.kind {
+        ArmKind::Fathom { .. } => vec![("FATHOM_THREADS".to_string(), cfg.threads.to_string())],
+        ArmKind::Peer { .. } => vec![],
+    };
+    let launched = launch(&Launch {
+        program,
+        args,
+        env,
+        cap,
+        timeout: cfg.timeout,
+    });
     let f: Finished = match launched {
         Ok(f) => f,
         // A cgroup that cannot be made fails the whole run: every arm would fail alike.
@@ -207,9 +232,19 @@ fn progress_line(s: &Sample, rep: usize, total: usize, warm: bool) -> String {
     let tag = if warm { " warmup" } else { "" };
     let what = if s.ok {
         let d = s.metrics[crate::sample::Metric::DecodeTokS as usize];
-        format!("decode {}", d.map_or("n/a".into(), |d| format!("{d:.2} tok/s")))
+        format!(
+            "decode {}",
+            d.map_or("n/a".into(), |d| format!("{d:.2} tok/s"))
+        )
     } else {
         format!("FAILED: {}", s.error.as_deref().unwrap_or("?"))
     };
-    format!("[rep {}/{}{tag}] prompt {} arm {}: {what} ({:.1} s)", rep + 1, total, s.prompt, s.arm, s.wall_s)
+    format!(
+        "[rep {}/{}{tag}] prompt {} arm {}: {what} ({:.2} s)",
+        rep + 1,
+        total,
+        s.prompt,
+        s.arm,
+        s.wall_s
+    )
 }

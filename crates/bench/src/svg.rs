@@ -49,19 +49,39 @@ pub fn render(r: &Report) -> String {
         "fathom bench: steady decode tok/s (median, min–max), {} new tokens, {} reps{}",
         r.config.max_new,
         r.config.reps,
-        r.config
-            .memory_cap_bytes
-            .map_or(String::new(), |b| format!(", cap {}", crate::report::human_bytes(b as f64)))
+        r.config.memory_cap_bytes.map_or(String::new(), |b| format!(
+            ", cap {}",
+            crate::report::human_bytes(b as f64)
+        ))
     );
-    let _ = writeln!(s, r#"<text x="{}" y="24" text-anchor="middle" font-size="14">{}</text>"#, W / 2.0, esc(&title));
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="24" text-anchor="middle" font-size="14">{}</text>"#,
+        W / 2.0,
+        esc(&title)
+    );
     // Axis and gridlines.
     for i in 0..=5 {
         let v = ymax * i as f64 / 5.0;
         let yy = y(v);
-        let _ = writeln!(s, r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{}" y2="{yy:.1}" stroke="#ddd"/>"##, W - RIGHT);
-        let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, yy + 4.0, sig3(v));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{}" y2="{yy:.1}" stroke="#ddd"/>"##,
+            W - RIGHT
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+            LEFT - 6.0,
+            yy + 4.0,
+            sig3(v)
+        );
     }
-    let _ = writeln!(s, r##"<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{}" stroke="#333"/>"##, H - BOTTOM);
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{}" stroke="#333"/>"##,
+        H - BOTTOM
+    );
     let _ = writeln!(
         s,
         r#"<text x="16" y="{:.1}" transform="rotate(-90 16 {:.1})" text-anchor="middle">tok/s</text>"#,
@@ -101,12 +121,21 @@ pub fn render(r: &Report) -> String {
                 cx + 8.0,
                 y(hi)
             );
-            let _ = writeln!(s, r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, y(hi) - 6.0, sig3(med));
+            let _ = writeln!(
+                s,
+                r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                y(hi) - 6.0,
+                sig3(med)
+            );
         }
         if let Some(c) = a.ceiling_tok_s {
             let off = c > ymax;
             let yy = y(c);
-            let label = if off { format!("ceiling {} (off scale)", sig3(c)) } else { format!("ceiling {}", sig3(c)) };
+            let label = if off {
+                format!("ceiling {} (off scale)", sig3(c))
+            } else {
+                format!("ceiling {}", sig3(c))
+            };
             let _ = writeln!(
                 s,
                 r##"<line x1="{:.1}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#d55e00" stroke-width="2" stroke-dasharray="6 3"/><text x="{cx:.1}" y="{:.1}" text-anchor="middle" fill="#d55e00" font-size="11">{}</text>"##,
@@ -116,13 +145,25 @@ pub fn render(r: &Report) -> String {
                 esc(&label)
             );
         }
-        let _ = writeln!(s, r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, H - BOTTOM + 18.0, esc(&a.name));
+        let _ = writeln!(
+            s,
+            r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            H - BOTTOM + 18.0,
+            esc(&a.name)
+        );
         let note = match a.status {
-            Status::Accepted => a.decode_vs_ceiling.map_or(String::new(), |v| format!("{} of ceiling", sig3(v))),
+            Status::Accepted => a
+                .decode_vs_ceiling
+                .map_or(String::new(), |v| format!("{} of ceiling", sig3(v))),
             Status::Rejected => "rejected: output differs".into(),
             Status::Failed => "failed".into(),
         };
-        let _ = writeln!(s, r##"<text x="{cx:.1}" y="{:.1}" text-anchor="middle" fill="#555" font-size="11">{}</text>"##, H - BOTTOM + 34.0, esc(&note));
+        let _ = writeln!(
+            s,
+            r##"<text x="{cx:.1}" y="{:.1}" text-anchor="middle" fill="#555" font-size="11">{}</text>"##,
+            H - BOTTOM + 34.0,
+            esc(&note)
+        );
     }
     s.push_str("</svg>\n");
     s
@@ -130,15 +171,22 @@ pub fn render(r: &Report) -> String {
 
 /// Rounds up to 1, 2 or 5 × a power of ten, so gridlines land on round values.
 fn nice_max(v: f64) -> f64 {
-    if !(v > 0.0) || !v.is_finite() {
+    if v.is_nan() || v <= 0.0 || !v.is_finite() {
         return 1.0;
     }
     let p = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * p).find(|x| *x >= v).unwrap_or(10.0 * p)
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * p)
+        .find(|x| *x >= v)
+        .unwrap_or(10.0 * p)
 }
 
 fn esc(t: &str) -> String {
-    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    t.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 #[cfg(test)]

@@ -73,14 +73,21 @@ pub enum SpineArg {
     Int8,
 }
 
+impl SpineArg {
+    /// The representation the RAM ledger counts and `apply_spine` produces.
+    pub fn spine(self) -> fathom_model::Spine {
+        match self {
+            SpineArg::Bf16 => fathom_model::Spine::Bf16,
+            SpineArg::Int8 => fathom_model::Spine::Int8,
+        }
+    }
+}
+
 /// Puts a loaded model's spine in the precision `arg` asks for, announcing
 /// the choice on stderr (int8 is labelled lossy), and returns it.
 pub fn apply_spine(model: &mut fathom_model::K3Model, arg: SpineArg) -> fathom_model::Spine {
     use fathom_model::Spine;
-    let spine = match arg {
-        SpineArg::Bf16 => Spine::Bf16,
-        SpineArg::Int8 => Spine::Int8,
-    };
+    let spine = arg.spine();
     if spine == Spine::Int8 {
         model.weights.quantize_spine_int8();
         eprintln!("spine: int8 (lossy: per-row int8 weights, quantised at load)");

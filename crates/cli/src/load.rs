@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use fathom_model::K3Model;
 use fathom_model::kimi_k3::config::K3Spec;
+use fathom_model::{K3Model, Spine};
 use fathom_stream::budget::{Ledger, default_budget};
 use fathom_stream::{StreamConfig, StreamedExperts};
 
@@ -43,6 +43,10 @@ pub struct MemoryArgs {
     /// Do not prefetch the next layer's predicted experts.
     #[arg(long)]
     pub no_prefetch: bool,
+    /// How many of the next layer's predicted experts to prefetch, most
+    /// confident first (default: top-k). Wrong guesses cost read bandwidth.
+    #[arg(long)]
+    pub prefetch_depth: Option<usize>,
     /// Read through the page cache instead of O_DIRECT (the budget is then not honest).
     #[arg(long)]
     pub buffered_io: bool,
@@ -76,11 +80,15 @@ pub fn check_model_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Loads a model under `mem`'s budget, for passes of up to `positions` tokens.
+/// Loads a model under `mem`'s budget, for passes of up to `positions` tokens,
+/// counting the spine in the representation `spine` it will run in (the
+/// caller quantises after loading; the cache is sized for the int8 spine
+/// already — loading briefly holds the spine as stored).
 pub fn load_model_with(
     dir: &Path,
     mem: &MemoryArgs,
     positions: usize,
+    spine: Spine,
 ) -> Result<(K3Model, LoadInfo)> {
     check_model_dir(dir)?;
     let spec = K3Spec::from_dir(dir)
@@ -94,7 +102,14 @@ pub fn load_model_with(
     } else {
         2 * spec.top_k
     };
-    let ledger = Ledger::plan(&spec, budget, mem.context, positions.max(1), max_inflight);
+    let ledger = Ledger::plan_for(
+        &spec,
+        spine,
+        budget,
+        mem.context,
+        positions.max(1),
+        max_inflight,
+    );
     let stream = match mem.experts {
         ExpertMode::Resident => false,
         ExpertMode::Stream => true,
@@ -120,6 +135,7 @@ pub fn load_model_with(
         direct: !mem.buffered_io,
         prefetch: !mem.no_prefetch,
         max_inflight,
+        prefetch_depth: mem.prefetch_depth.unwrap_or(spec.top_k),
     };
     let mut direct = None;
     let model = K3Model::load_with(dir, |spec, ck, table| {

@@ -22,6 +22,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    Demo(commands::demo::DemoArgs),
     Run(commands::run::RunArgs),
     Bench(commands::bench::BenchArgs),
     Logits(commands::logits::LogitsArgs),
@@ -44,6 +45,7 @@ fn main() {
         }
     }
     let result = match cli.command {
+        Command::Demo(a) => commands::demo::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Logits(a) => commands::logits::run(a),

@@ -156,6 +156,26 @@ fn differing_output_is_rejected_not_averaged() {
 }
 
 #[test]
+fn peer_rates_are_parsed_and_compared() {
+    let json = tmp("peer.json");
+    // A stand-in peer printing llama.cpp's perf summary; {max_new} is substituted.
+    let peer = "fake=sh -c 'echo \"llama_perf_context_print:        eval time =  100.00 ms / $0 runs   (   25.00 ms per token,    40.00 tokens per second)\" >&2' {max_new}";
+    let o = bench("1", &["--peer", peer, "--json", json.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (ours, fake) = (&r["arms"][0], &r["arms"][1]);
+    assert_eq!(
+        (fake["kind"].as_str(), fake["status"].as_str()),
+        (Some("peer"), Some("accepted"))
+    );
+    assert_eq!(fake["summary"]["decode_tok_s"]["median"], 40.0);
+    assert_eq!(r["samples"][1]["raw"]["decode_tokens"], 4);
+    let ratio = ours["vs_peers"]["fake"].as_f64().unwrap();
+    let d = ours["summary"]["decode_tok_s"]["median"].as_f64().unwrap();
+    assert!((ratio - d / 40.0).abs() < 1e-9);
+}
+
+#[test]
 fn bad_input_is_one_error_line() {
     for (args, want) in [
         (&["--arm", "noequals"][..], "NAME="),

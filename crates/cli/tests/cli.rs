@@ -253,3 +253,41 @@ fn tokenize_json_and_text_prompt_round_trip() {
     assert_eq!(p, ids);
     assert!(r["text"].is_string());
 }
+
+#[test]
+fn demo_makes_a_model_larger_than_its_budget_and_streams_it() {
+    let dir = std::env::temp_dir().join(format!("fathom-demo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let args = [
+        "demo",
+        "--dir",
+        d,
+        "--preset",
+        "tiny",
+        "--ram-budget",
+        "150MB",
+        "--max-new",
+        "4",
+    ];
+    let out = fathom(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("making a") && err.contains("direct I/O"),
+        "{err}"
+    );
+    let on_disk: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(
+        on_disk > 375_000_000,
+        "model should be ~3x the 150 MB budget, is {on_disk}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("def fibonacci(n):"));
+    // Second run reuses the cached model.
+    let out = fathom(&args);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("using the cached demo model"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

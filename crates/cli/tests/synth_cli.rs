@@ -114,6 +114,34 @@ fn verify_names_a_tensor_with_a_wrong_shape() {
     );
 }
 
+/// The tiny preset's spine as `--spine int8` leaves it: every projection
+/// matrix [r, c] becomes r·c int8 bytes + 4·r of f32 scales; the embedding,
+/// routers, conv taps and vectors stay as stored.
+fn tiny_int8_spine() -> u64 {
+    let q = |r: u64, c: u64| r * c + 4 * r;
+    // KDA (P = 4·48 = 192): q/k/v, f_a, f_b, b, g, o quantised; conv taps
+    // [192, 1, 4], A_log [48], dt_bias [192], o_norm [48] f32.
+    let kda = 3 * q(192, 128)
+        + q(48, 128)
+        + q(192, 48)
+        + q(4, 128)
+        + q(192, 128)
+        + q(128, 192)
+        + (3 * 192 * 4 + 48 + 192 + 48) * 4;
+    // MLA: q_a, q_b, kv_a, kv_b, g, o quantised; two bf16 norms (64, 40).
+    let mla =
+        q(64, 128) + q(192, 64) + q(56, 128) + q(224, 40) + q(96, 128) + q(128, 96) + (64 + 40) * 2;
+    let per_layer = 6 * 128 * 2; // two norms, two attention-residual pairs
+    let dense = 2 * q(320, 128) + q(128, 320);
+    // MoE: router [32, 128] bf16 + bias f32 stay; latent down/up and the
+    // two shared experts (192) are quantised; the latent norm stays bf16.
+    let moe =
+        32 * 128 * 2 + 32 * 4 + q(64, 128) + 64 * 2 + q(128, 64) + 2 * q(192, 128) + q(128, 192);
+    // Embedding bf16, final norm + output attention-residual pair, int8 head.
+    let global = 1280 * 128 * 2 + 3 * 128 * 2 + q(1280, 128);
+    6 * kda + 3 * mla + 9 * per_layer + dense + 8 * moe + global
+}
+
 #[test]
 fn inspect_json_matches_hand_computed_numbers() {
     let dir = synth_tiny("inspect");
@@ -124,7 +152,7 @@ fn inspect_json_matches_hand_computed_numbers() {
         "--context",
         "100",
         "--ram-budget",
-        "6MB",
+        "74MB",
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -140,6 +168,9 @@ fn inspect_json_matches_hand_computed_numbers() {
     assert_eq!(u(&c["head"]["bytes"]), 327_680);
     // One expert: w1, w3 [96, 64] and w2 [64, 96] at 4 bits + a scale byte per 32.
     assert_eq!(u(&r["expert_bytes"]), 3 * (96 * 64 / 2 + 96 * 64 / 32));
+    // In RAM: 9792 rounded up to 4 KiB blocks (12288) + one block of slack.
+    let eram = 3 * 4096 + 4096;
+    assert_eq!(u(&r["expert_ram_bytes"]), eram);
     assert_eq!(u(&r["experts_total"]), 8 * 32);
     assert_eq!(u(&c["routed_experts"]["bytes"]), 256 * 9792);
     assert_eq!(u(&c["routed_experts"]["params"]), 256 * 3 * 96 * 64);
@@ -150,23 +181,45 @@ fn inspect_json_matches_hand_computed_numbers() {
     assert_eq!(u(&r["total"]["bytes"]), 7_026_800);
     let spine = 7_026_800 - 256 * 9792;
     assert_eq!(u(&r["spine"]["bf16_bytes"]), spine);
-    // Per decode token: the spine less the embedding table plus one row; 4 experts × 8 layers.
+    let int8 = tiny_int8_spine();
+    assert_eq!(u(&r["spine"]["int8_bytes"]), int8);
+    // Per decode token: the spine less the embedding table plus one bf16
+    // row (the embedding is never quantised); 4 experts × 8 layers.
     assert_eq!(
         u(&r["per_token"]["spine_bf16_bytes"]),
         spine - 327_680 + 256
     );
+    assert_eq!(u(&r["per_token"]["spine_int8_bytes"]), int8 - 327_680 + 256);
     assert_eq!(u(&r["per_token"]["routed_expert_bytes"]), 4 * 9792 * 8);
     // State: KDA 4·48·48·4 + 3·3·192·4 per layer; MLA (40 + 16)·4 per token.
+    let state = 6 * (36_864 + 6_912) + 3 * 224 * 100;
     assert_eq!(u(&r["state"]["kda_bytes"]), 6 * (36_864 + 6_912));
     assert_eq!(u(&r["state"]["mla_bytes"]), 3 * 224 * 100);
-    // Scratch: logits 1280·4, 16 rows of the widest (320) projection, 2·4 experts.
-    let scratch = 1280 * 4 + 16 * 320 * 4 + 2 * 4 * 9792;
+    // Scratch for one position: 64 MiB baseline, logits 1280·4, 64 hidden
+    // rows 64·128·4, and 4 experts' intermediates (2·96 + 64)·4.
+    let scratch = (64 << 20) + 1280 * 4 + 64 * 128 * 4 + 4 * (2 * 96 + 64) * 4;
     assert_eq!(u(&r["scratch_bytes"]), scratch);
-    let l = &r["ledger"]["bf16"];
-    let fixed = spine + 6 * 43_776 + 3 * 224 * 100 + scratch;
-    assert_eq!(u(&l["min_budget_bytes"]), fixed);
-    assert_eq!(u(&l["cache_experts"]), (6_000_000 - fixed) / 9792);
-    assert_eq!(l["fits"], true);
+    // I/O buffers: 2·4 reads in flight (prefetch on) + 4 experts computing.
+    let io = (2 * 4 + 4) * eram;
+    assert_eq!(u(&r["io_buffers_bytes"]), io);
+    for (k, sp) in [("bf16", spine), ("int8", int8)] {
+        let l = &r["ledger"][k];
+        let fixed = sp + state + scratch + io;
+        assert_eq!(
+            (u(&l["spine"]), u(&l["state"]), u(&l["scratch"])),
+            (sp, state, scratch),
+            "{k}"
+        );
+        assert_eq!((u(&l["io_buffers"]), u(&l["expert_bytes"])), (io, eram));
+        assert_eq!(u(&l["min_budget_bytes"]), fixed, "{k}");
+        let experts = ((74_000_000 - fixed) / eram).min(256);
+        assert_eq!(u(&l["cache_experts"]), experts, "{k}");
+        assert_eq!(u(&l["cache"]), experts * eram, "{k}");
+        assert_eq!(l["fits"], true);
+    }
+    // The int8 spine leaves room for more experts (neither holds all 256).
+    let cached = |k: &str| u(&r["ledger"][k]["cache_experts"]);
+    assert!(cached("bf16") < cached("int8") && cached("int8") < 256);
     assert_eq!(u(&r["files"]["shards"]), 2);
 }
 

@@ -1,16 +1,20 @@
 //! The RAM ledger: decided before loading, from the config alone.
 //!
 //! ```text
-//! budget = resident spine + sequence state (for the admitted context)
+//! budget = resident spine (as stored, or int8 after `--spine int8`)
+//!        + sequence state (for the admitted context)
 //!        + scratch (activations, logits, process baseline)
 //!        + I/O buffers (reads in flight + the layer being computed)
 //!        + expert cache (whatever is left, in whole experts)
 //! ```
 //! If the spine, state, scratch and buffers alone exceed the budget the plan
-//! fails and says what budget would work.
+//! fails and says what budget would work. This is the one home of these
+//! formulas: the loader sizes the expert cache with them and `fathom
+//! inspect --ram-budget` prints them.
 
+use fathom_model::Spine;
 use fathom_model::kimi_k3::config::{AttnKind, K3Spec};
-use fathom_model::kimi_k3::tensors::{expert_bytes, tensor_table};
+use fathom_model::kimi_k3::tensors::{Role, TensorSpec, expert_bytes, tensor_table};
 use fathom_weights::IO_ALIGN;
 
 /// Fixed allowance for the process itself (binary, allocator, thread stacks).
@@ -19,6 +23,8 @@ const BASELINE: u64 = 64 << 20;
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Ledger {
     pub budget: u64,
+    /// Precision the spine is counted at: `"bf16"` (as stored) or `"int8"`.
+    pub spine_repr: &'static str,
     pub spine: u64,
     pub state: u64,
     pub scratch: u64,
@@ -32,25 +38,78 @@ pub struct Ledger {
 
 /// Bytes of the resident spine as loaded (stored precision).
 pub fn spine_bytes(spec: &K3Spec) -> u64 {
+    spine_bytes_for(spec, Spine::Bf16)
+}
+
+/// Bytes of the resident spine in representation `repr`.
+pub fn spine_bytes_for(spec: &K3Spec, repr: Spine) -> u64 {
     tensor_table(spec)
         .iter()
         .filter(|t| t.role.is_spine())
-        .map(|t| t.bytes())
+        .map(|t| match repr {
+            Spine::Bf16 => t.bytes(),
+            Spine::Int8 => int8_bytes(t),
+        })
         .sum()
+}
+
+/// Whether `K3Weights::quantize_spine_int8` turns this tensor into int8:
+/// every projection matrix of attention, the dense MLP, the LatentMoE
+/// down/up projections, the shared experts and the head. The embedding (a
+/// row lookup), the routers (their scores pick the experts), the conv taps
+/// (3-D), vectors and the `[1, d]` attention-residual queries stay as stored.
+fn quantised_to_int8(t: &TensorSpec) -> bool {
+    t.shape.len() == 2
+        && matches!(
+            t.role,
+            Role::Attention | Role::DenseMlp | Role::Latent | Role::SharedExpert | Role::Head
+        )
+}
+
+/// One spine tensor after `--spine int8`: 1 byte per weight plus an f32
+/// scale per row for a quantised matrix, its stored bytes otherwise.
+fn int8_bytes(t: &TensorSpec) -> u64 {
+    match t.shape.as_slice() {
+        [rows, cols] if quantised_to_int8(t) => (rows * cols + 4 * rows) as u64,
+        _ => t.bytes(),
+    }
+}
+
+/// KDA recurrent state (`H·K·K` fp32 per layer) and three conv windows of
+/// `kernel − 1` rows of width `H·K` fp32 per layer; independent of context.
+pub fn kda_state_bytes(spec: &K3Spec) -> u64 {
+    let kda_layers = spec.attn_kinds.iter().filter(|k| **k == AttnKind::Kda);
+    let per_layer = 4
+        * (spec.kda_heads * spec.kda_head_dim * spec.kda_head_dim
+            + 3 * (spec.conv_kernel - 1) * spec.kda_width()) as u64;
+    kda_layers.count() as u64 * per_layer
+}
+
+/// MLA latent rows: `kv_lora_rank + qk_rope_head_dim` fp32 per token per layer.
+pub fn mla_state_bytes(spec: &K3Spec, context: usize) -> u64 {
+    let mla_layers = spec.attn_kinds.iter().filter(|k| **k == AttnKind::Mla);
+    mla_layers.count() as u64 * 4 * (spec.mla_cache_width() * context) as u64
 }
 
 /// Sequence state for `context` tokens: KDA matrices + conv windows, MLA latent rows.
 pub fn state_bytes(spec: &K3Spec, context: usize) -> u64 {
-    spec.attn_kinds
-        .iter()
-        .map(|k| match k {
-            AttnKind::Kda => {
-                4 * (spec.kda_heads * spec.kda_head_dim * spec.kda_head_dim
-                    + 3 * (spec.conv_kernel - 1) * spec.kda_width()) as u64
-            }
-            AttnKind::Mla => 4 * (spec.mla_cache_width() * context) as u64,
-        })
-        .sum()
+    kda_state_bytes(spec) + mla_state_bytes(spec, context)
+}
+
+/// Working memory for passes of `positions` tokens: the process baseline,
+/// fp32 logits for every position, 64 hidden-sized fp32 rows per position
+/// (a dozen per decoder block: generous and simple) and, per position,
+/// `top_k` experts' fp32 intermediates (`2·F + L` each).
+pub fn scratch_bytes(spec: &K3Spec, positions: usize) -> u64 {
+    let (p, d) = (positions as u64, spec.hidden_size as u64);
+    let expert = (spec.top_k * (2 * spec.moe_intermediate_size + spec.latent_size)) as u64;
+    BASELINE + 4 * p * (spec.vocab_size as u64 + 64 * d) + 4 * p * expert
+}
+
+/// Expert reads in flight plus the experts of the layer being computed
+/// (`top_k` per position), each [`expert_ram_bytes`].
+pub fn io_buffer_bytes(spec: &K3Spec, positions: usize, max_inflight: usize) -> u64 {
+    (max_inflight + spec.top_k * positions) as u64 * expert_ram_bytes(spec)
 }
 
 /// RAM for one streamed expert: its bytes plus up to two 4 KiB blocks of
@@ -61,7 +120,8 @@ pub fn expert_ram_bytes(spec: &K3Spec) -> u64 {
 
 impl Ledger {
     /// Plans a budget for up to `context` tokens of state and `positions`
-    /// tokens per pass, with `max_inflight` reads in flight.
+    /// tokens per pass, with `max_inflight` reads in flight, the spine
+    /// counted as stored.
     pub fn plan(
         spec: &K3Spec,
         budget: u64,
@@ -69,42 +129,76 @@ impl Ledger {
         positions: usize,
         max_inflight: usize,
     ) -> Result<Self, String> {
-        let spine = spine_bytes(spec);
-        let state = state_bytes(spec, context);
-        let d = spec.hidden_size as u64;
-        // Logits for every position, a dozen hidden-sized rows per position per
-        // block of the decoder, expert intermediates: generous and simple.
-        let scratch = BASELINE
-            + 4 * positions as u64 * (spec.vocab_size as u64 + 64 * d)
-            + 4 * positions as u64
-                * (spec.top_k * (2 * spec.moe_intermediate_size + spec.latent_size)) as u64;
-        let per = expert_ram_bytes(spec);
-        let io_buffers = (max_inflight + spec.top_k * positions) as u64 * per;
-        let fixed = spine + state + scratch + io_buffers;
+        Self::plan_for(spec, Spine::Bf16, budget, context, positions, max_inflight)
+    }
+
+    /// [`Ledger::plan`] with the spine counted in representation `spine`.
+    pub fn plan_for(
+        spec: &K3Spec,
+        spine: Spine,
+        budget: u64,
+        context: usize,
+        positions: usize,
+        max_inflight: usize,
+    ) -> Result<Self, String> {
+        Self::minimum(spec, spine, context, positions, max_inflight).with_budget(spec, budget)
+    }
+
+    /// The fixed parts alone, with an empty expert cache: `budget` is their
+    /// sum, the least budget that works.
+    pub fn minimum(
+        spec: &K3Spec,
+        spine: Spine,
+        context: usize,
+        positions: usize,
+        max_inflight: usize,
+    ) -> Self {
+        let mut l = Ledger {
+            budget: 0,
+            spine_repr: spine.name(),
+            spine: spine_bytes_for(spec, spine),
+            state: state_bytes(spec, context),
+            scratch: scratch_bytes(spec, positions),
+            io_buffers: io_buffer_bytes(spec, positions, max_inflight),
+            cache: 0,
+            cache_experts: 0,
+            expert_bytes: expert_ram_bytes(spec),
+            context,
+        };
+        l.budget = l.fixed();
+        l
+    }
+
+    /// Spine, state, scratch and I/O buffers: everything but the cache.
+    pub fn fixed(&self) -> u64 {
+        self.spine + self.state + self.scratch + self.io_buffers
+    }
+
+    /// Gives what `budget` leaves after the fixed parts to the expert cache,
+    /// in whole experts (at most every expert of the model); fails naming
+    /// the parts when they alone exceed it.
+    pub fn with_budget(self, spec: &K3Spec, budget: u64) -> Result<Self, String> {
+        let fixed = self.fixed();
         if fixed > budget {
             return Err(format!(
-                "a RAM budget of {} is too small: the resident spine needs {}, state for {context} tokens {}, scratch {}, I/O buffers {} — at least {} (with no expert cache)",
+                "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} tokens {}, scratch {}, I/O buffers {} — at least {} (with no expert cache)",
                 human(budget),
-                human(spine),
-                human(state),
-                human(scratch),
-                human(io_buffers),
+                self.spine_repr,
+                human(self.spine),
+                self.context,
+                human(self.state),
+                human(self.scratch),
+                human(self.io_buffers),
                 human(fixed)
             ));
         }
-        let cache_experts = ((budget - fixed) / per) as usize;
         let total_experts = spec.moe_layers().count() * spec.num_experts;
-        let cache_experts = cache_experts.min(total_experts);
+        let cache_experts = (((budget - fixed) / self.expert_bytes) as usize).min(total_experts);
         Ok(Ledger {
             budget,
-            spine,
-            state,
-            scratch,
-            io_buffers,
-            cache: cache_experts as u64 * per,
+            cache: cache_experts as u64 * self.expert_bytes,
             cache_experts,
-            expert_bytes: per,
-            context,
+            ..self
         })
     }
 
@@ -116,9 +210,10 @@ impl Ledger {
     /// A few lines for humans.
     pub fn describe(&self) -> String {
         format!(
-            "RAM budget {}: spine {}, state {} ({} tokens), scratch {}, I/O buffers {}, expert cache {} ({} experts of {})",
+            "RAM budget {}: spine {} ({}), state {} ({} tokens), scratch {}, I/O buffers {}, expert cache {} ({} experts of {})",
             human(self.budget),
             human(self.spine),
+            self.spine_repr,
             human(self.state),
             self.context,
             human(self.scratch),
@@ -220,6 +315,58 @@ mod tests {
         assert_eq!(l.cache_experts, 8 * 32);
         let e = Ledger::plan(&s, 10 << 20, 4096, 1, 8).unwrap_err();
         assert!(e.contains("too small") && e.contains("spine"), "{e}");
+    }
+
+    #[test]
+    fn int8_spine_counts_what_quantize_spine_int8_produces() {
+        let s = tiny();
+        // A quantised [r, c] matrix: r·c int8 bytes + 4·r of f32 scales.
+        let q = |r: usize, c: usize| (r * c + 4 * r) as u64;
+        // KDA (P = 4·48 = 192, d = 128): q/k/v, f_a, f_b, b, g, o quantised;
+        // conv taps [192, 1, 4] f32, A_log [48] f32, dt_bias [192] f32 and
+        // o_norm [48] f32 as stored.
+        let kda = 3 * q(192, 128)
+            + q(48, 128)
+            + q(192, 48)
+            + q(4, 128)
+            + q(192, 128)
+            + q(128, 192)
+            + 3 * 192 * 4 * 4
+            + 48 * 4
+            + 192 * 4
+            + 48 * 4;
+        // MLA: q_a [64, 128], q_b [4·48, 64], kv_a [40 + 16, 128],
+        // kv_b [4·(32 + 24), 40], g [4·24, 128], o [128, 96]; two bf16 norms.
+        let mla = q(64, 128)
+            + q(192, 64)
+            + q(56, 128)
+            + q(224, 40)
+            + q(96, 128)
+            + q(128, 96)
+            + 2 * (64 + 40);
+        // Two norms and two attention-residual (norm, [1, d] query) pairs, bf16.
+        let per_layer = 6 * 128 * 2;
+        let dense = 2 * q(320, 128) + q(128, 320);
+        // MoE: the router [32, 128] bf16 and its f32 bias stay; latent
+        // down/up and the shared experts (2·96 = 192) are quantised.
+        let moe = 32 * 128 * 2
+            + 32 * 4
+            + q(64, 128)
+            + 64 * 2
+            + q(128, 64)
+            + 2 * q(192, 128)
+            + q(128, 192);
+        // Embedding [1024, 128] bf16 stays; final norm and output
+        // attention-residual pair bf16; the head is quantised.
+        let global = 1024 * 128 * 2 + 3 * 128 * 2 + q(1024, 128);
+        let want = 6 * kda + 3 * mla + 9 * per_layer + dense + 8 * moe + global;
+        assert_eq!(want, 2_464_240);
+        assert_eq!(spine_bytes_for(&s, Spine::Int8), want);
+        let l = Ledger::plan_for(&s, Spine::Int8, 200 << 20, 4096, 1, 8).unwrap();
+        assert_eq!((l.spine, l.spine_repr), (want, "int8"));
+        let b = Ledger::plan(&s, 200 << 20, 4096, 1, 8).unwrap();
+        assert_eq!((b.spine, b.spine_repr), (spine_bytes(&s), "bf16"));
+        assert_eq!(l.fixed() - l.spine, b.fixed() - b.spine);
     }
 
     #[test]

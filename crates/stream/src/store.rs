@@ -39,6 +39,9 @@ pub struct StreamConfig {
     pub prefetch: bool,
     /// Reads (demand + prefetch) allowed in flight; bounds I/O buffer memory.
     pub max_inflight: usize,
+    /// How many of a hint's guesses (most confident first) to prefetch. A
+    /// wrong guess costs read bandwidth the demand reads then lack.
+    pub prefetch_depth: usize,
 }
 
 impl StreamConfig {
@@ -49,6 +52,7 @@ impl StreamConfig {
             direct: true,
             prefetch: true,
             max_inflight: 2 * spec.top_k,
+            prefetch_depth: spec.top_k,
         }
     }
 }
@@ -132,6 +136,7 @@ struct Shared {
     queue_cv: Condvar,
     counters: Counters,
     max_inflight: usize,
+    prefetch_depth: usize,
     prefetch: bool,
 }
 
@@ -166,6 +171,7 @@ impl StreamedExperts {
             queue_cv: Condvar::new(),
             counters: Counters::default(),
             max_inflight: cfg.max_inflight.max(1),
+            prefetch_depth: cfg.prefetch_depth,
             prefetch: cfg.prefetch,
         });
         let threads = (0..cfg.io_threads.max(1))
@@ -362,7 +368,7 @@ impl ExpertSource for StreamedExperts {
             s.counters
                 .hinted
                 .fetch_add(valid.len() as u64, Ordering::Relaxed);
-            for &e in &valid {
+            for &e in valid.iter().take(s.prefetch_depth) {
                 let k = (l, e);
                 if inner.inflight.len() >= s.max_inflight {
                     break;

@@ -2,6 +2,12 @@
 //!
 //! `O_DIRECT` reads need the buffer address, file offset and length aligned to
 //! the device's logical block size; 4 KiB covers every device we target.
+//!
+//! Buffers of [`MMAP_MIN`] bytes or more are mapped straight from the kernel
+//! and unmapped on drop. Streamed experts are allocated and freed all the
+//! time from many I/O threads; through malloc, freed buffers would linger in
+//! per-thread arenas and the process would hold more than the RAM budget
+//! says. A mapping is returned to the system the moment it is dropped.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ops::{Deref, DerefMut};
@@ -9,6 +15,9 @@ use std::ptr::NonNull;
 
 /// Alignment of every [`AlignedBuf`].
 pub const IO_ALIGN: usize = 4096;
+
+/// Buffers at least this large are anonymous mappings (page-aligned).
+pub const MMAP_MIN: usize = 256 << 10;
 
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
@@ -29,6 +38,26 @@ impl AlignedBuf {
                 len: 0,
             };
         }
+        if len >= MMAP_MIN {
+            // SAFETY: a fresh private anonymous mapping; the kernel zero-fills it.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                std::alloc::handle_alloc_error(
+                    Layout::from_size_align(len, IO_ALIGN).expect("buffer size overflows"),
+                );
+            }
+            let ptr = NonNull::new(p.cast::<u8>()).expect("mmap returned null");
+            return AlignedBuf { ptr, len };
+        }
         let layout = Layout::from_size_align(len, IO_ALIGN).expect("buffer size overflows");
         // SAFETY: layout has non-zero size.
         let p = unsafe { alloc_zeroed(layout) };
@@ -45,7 +74,10 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.len >= MMAP_MIN {
+            // SAFETY: mapped in `zeroed` with exactly this length, unmapped once.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        } else if self.len > 0 {
             // SAFETY: allocated in `zeroed` with exactly this layout.
             unsafe {
                 dealloc(
@@ -90,10 +122,13 @@ mod tests {
 
     #[test]
     fn aligned_and_writable() {
-        let mut b = AlignedBuf::zeroed(10_000);
-        assert_eq!(b.as_ptr() as usize % IO_ALIGN, 0);
-        b[9_999] = 7;
-        assert_eq!(b.clone()[9_999], 7);
+        for len in [10_000, MMAP_MIN + 5] {
+            let mut b = AlignedBuf::zeroed(len);
+            assert_eq!(b.as_ptr() as usize % IO_ALIGN, 0);
+            assert!(b.iter().all(|&x| x == 0));
+            b[len - 1] = 7;
+            assert_eq!(b.clone()[len - 1], 7);
+        }
         assert!(AlignedBuf::zeroed(0).is_empty());
     }
 }

@@ -72,7 +72,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             a.model.display()
         );
     };
-    let (model, info) = load_model_with(&a.model, &a.mem, 1)?;
+    let (model, info) = load_model_with(&a.model, &a.mem, 1, fathom_model::Spine::Bf16)?;
     let load_s = info.load_s;
     let stop: Vec<u32> = model.spec.eos_token_id.into_iter().collect();
     eprintln!("loaded in {load_s:.2}s; type a message, Ctrl-C stops a reply, Ctrl-D quits");

@@ -3,18 +3,26 @@
 //! actual shard sizes when they are present.
 //!
 //! Representations: the spine (everything but routed experts) as stored
-//! (bf16, a few f32 vectors) or as row-wise int8 (1 byte per parameter of
-//! every matrix plus a 4-byte scale per row; vectors stay as stored);
-//! routed experts always in their MXFP4 form. A decode token reads the whole
-//! spine once except the embedding, of which it reads one row, and
-//! `top_k` experts in each MoE layer.
+//! (bf16, a few f32 vectors) or as `--spine int8` leaves it (row-wise int8
+//! projection matrices, 1 byte per weight plus a 4-byte scale per row; the
+//! embedding, routers and vectors stay as stored); routed experts always in
+//! their MXFP4 form. A decode token reads the whole spine once except the
+//! embedding, of which it reads one row, and `top_k` experts in each MoE
+//! layer. State, scratch, I/O buffers and the RAM ledger are
+//! [`fathom_stream::budget`]'s, the ones the loader sizes its cache with,
+//! for one-token passes with next-layer prefetch on (the `run` defaults).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use fathom_model::Spine;
 use fathom_model::kimi_k3::config::{AttnKind, FfnKind, K3Spec};
 use fathom_model::kimi_k3::tensors::{Role, expert_bytes, tensor_table};
+use fathom_stream::budget::{
+    Ledger, expert_ram_bytes, io_buffer_bytes, kda_state_bytes, mla_state_bytes, scratch_bytes,
+    spine_bytes_for,
+};
 use fathom_synth::units::{format_bytes, parse_size};
 use serde_json::{Value, json};
 
@@ -30,7 +38,7 @@ pub struct InspectArgs {
     ram_budget: Option<u64>,
     /// Context length the sequence state is sized for (tokens).
     #[arg(long, default_value_t = 4096)]
-    context: u64,
+    context: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -49,27 +57,10 @@ const COMPONENTS: [(&str, &[Role]); 9] = [
     ("norms_attn_res", &[Role::Norm, Role::AttnRes]),
 ];
 
-/// Sizes of one spine representation.
-#[derive(Default, Clone, Copy)]
-struct Spine {
-    /// Everything resident.
-    total: u64,
-    /// What one decode token reads (one embedding row instead of the table).
-    per_token: u64,
-}
-
-/// Per-component and per-representation totals from the tensor table.
-struct Sizes {
-    /// (name, params, stored bytes)
-    components: Vec<(&'static str, u64, u64)>,
-    bf16: Spine,
-    int8: Spine,
-}
-
-fn sizes(spec: &K3Spec) -> Sizes {
+/// (name, params, stored bytes) per component, from the tensor table.
+fn components(spec: &K3Spec) -> Vec<(&'static str, u64, u64)> {
     let mut components: Vec<(&str, u64, u64)> =
         COMPONENTS.iter().map(|(n, _)| (*n, 0, 0)).collect();
-    let (mut bf16, mut int8) = (Spine::default(), Spine::default());
     for t in tensor_table(spec) {
         let numel = t.shape.iter().product::<usize>() as u64;
         let params = match t.role {
@@ -83,62 +74,8 @@ fn sizes(spec: &K3Spec) -> Sizes {
             .expect("every role is in a component");
         components[i].1 += params;
         components[i].2 += t.bytes();
-        if !t.role.is_spine() {
-            continue;
-        }
-        let q = match t.shape.as_slice() {
-            [rows, cols] => (*rows * *cols + 4 * *rows) as u64,
-            _ => t.bytes(),
-        };
-        bf16.total += t.bytes();
-        int8.total += q;
-        if t.role == Role::Embedding {
-            let d = spec.hidden_size as u64;
-            bf16.per_token += d * t.dtype.bitsize() as u64 / 8;
-            int8.per_token += d + 4;
-        } else {
-            bf16.per_token += t.bytes();
-            int8.per_token += q;
-        }
     }
-    Sizes {
-        components,
-        bf16,
-        int8,
-    }
-}
-
-/// Sequence state for `context` tokens: KDA recurrent matrices `H·K·K`
-/// fp32 and three conv windows of `kernel−1` rows of width `H·K` per KDA
-/// layer; per MLA layer `(kv_lora + rope)` fp32 per token.
-fn state_bytes(spec: &K3Spec, context: u64) -> (u64, u64) {
-    let kda_layers = spec
-        .attn_kinds
-        .iter()
-        .filter(|k| **k == AttnKind::Kda)
-        .count() as u64;
-    let mla_layers = spec.num_layers as u64 - kda_layers;
-    let (h, k) = (spec.kda_heads as u64, spec.kda_head_dim as u64);
-    let per_kda = h * k * k * 4 + 3 * (spec.conv_kernel as u64 - 1) * h * k * 4;
-    let per_mla_token = spec.mla_cache_width() as u64 * 4;
-    (kda_layers * per_kda, mla_layers * per_mla_token * context)
-}
-
-/// Working memory besides weights and state (an estimate): fp32 logits,
-/// sixteen activation rows of the widest projection, and staging for two
-/// MoE layers' experts in flight (streamed reads overlap compute).
-fn scratch_bytes(spec: &K3Spec) -> u64 {
-    let widest = [
-        spec.hidden_size,
-        spec.kda_width(),
-        spec.mla_heads * spec.qk_head_dim(),
-        spec.intermediate_size,
-        spec.num_shared_experts * spec.moe_intermediate_size,
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or(0) as u64;
-    spec.vocab_size as u64 * 4 + 16 * widest * 4 + 2 * spec.top_k as u64 * expert_bytes(spec)
+    components
 }
 
 /// Compact layer plan: `K` = KDA, `M` = MLA; `D` = dense MLP, `E` = MoE.
@@ -172,44 +109,77 @@ fn shard_files(dir: &Path) -> Result<Option<(usize, u64)>> {
     Ok((n > 0).then_some((n, bytes)))
 }
 
-/// The RAM ledger of one spine representation.
-fn ledger(spine: u64, state: u64, scratch: u64, budget: u64, spec: &K3Spec, moe: u64) -> Value {
-    let eb = expert_bytes(spec);
-    let fixed = spine + state + scratch;
-    let all = spec.num_experts as u64 * moe;
-    let cache = budget.saturating_sub(fixed);
-    let experts = (cache / eb).min(all);
-    json!({
-        "spine_bytes": spine,
-        "state_bytes": state,
-        "scratch_bytes": scratch,
-        "fits": budget >= fixed,
+/// Tokens per pass the ledger is planned for: decode.
+const POSITIONS: usize = 1;
+
+/// Expert reads in flight with next-layer prefetch on (as `load_model_with`).
+fn max_inflight(spec: &K3Spec) -> usize {
+    2 * spec.top_k
+}
+
+/// The budget ledger of one spine representation: its fields, plus whether
+/// it fits, the least budget that would, and the cached share of experts.
+fn ledger(spec: &K3Spec, spine: Spine, budget: u64, context: usize) -> Result<Value> {
+    let min = Ledger::minimum(spec, spine, context, POSITIONS, max_inflight(spec));
+    let fixed = min.fixed();
+    let (fits, l) = match min.clone().with_budget(spec, budget) {
+        Ok(l) => (true, l),
+        Err(_) => (false, Ledger { budget, ..min }),
+    };
+    let all = spec.moe_layers().count() * spec.num_experts;
+    let mut v = serde_json::to_value(&l)?;
+    let extra = json!({
+        "spine_bytes": l.spine,
+        "state_bytes": l.state,
+        "scratch_bytes": l.scratch,
+        "io_buffers_bytes": l.io_buffers,
+        "cache_bytes": l.cache,
+        "fits": fits,
         "min_budget_bytes": fixed,
-        "cache_bytes": experts * eb,
-        "cache_experts": experts,
-        "cache_fraction": if all > 0 { experts as f64 / all as f64 } else { 0.0 },
-    })
+        "cache_fraction": if all > 0 { l.cache_experts as f64 / all as f64 } else { 0.0 },
+    });
+    for (k, x) in extra.as_object().into_iter().flatten() {
+        v[k] = x.clone();
+    }
+    Ok(v)
 }
 
 /// Everything `inspect` reports, as JSON (the text form prints from it).
-fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, context: u64) -> Result<Value> {
-    let s = sizes(spec);
+fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, context: usize) -> Result<Value> {
+    let components = components(spec);
     let (attn, ffn) = layer_plan(spec);
     let moe_layers = spec.moe_layers().count() as u64;
     let eb = expert_bytes(spec);
     let routed_per_token = spec.top_k as u64 * eb * moe_layers;
-    let (kda, mla) = state_bytes(spec, context);
-    let scratch = scratch_bytes(spec);
+    let (kda, mla) = (kda_state_bytes(spec), mla_state_bytes(spec, context));
+    let (bf16, int8) = (
+        spine_bytes_for(spec, Spine::Bf16),
+        spine_bytes_for(spec, Spine::Int8),
+    );
+    // The embedding is never quantised: a token reads one stored row of it.
+    let emb = components
+        .iter()
+        .find(|c| c.0 == "embedding")
+        .map_or(0, |c| c.2);
+    let per_token = |spine: u64| spine - emb + emb / spec.vocab_size as u64;
     let blocks: Vec<usize> = (0..spec.num_layers)
         .step_by(spec.attn_res_block_size)
         .collect();
     let mut comps = serde_json::Map::new();
-    for (name, p, b) in &s.components {
+    for (name, p, b) in &components {
         comps.insert(name.to_string(), json!({"params": p, "bytes": b}));
     }
-    let params: u64 = s.components.iter().map(|c| c.1).sum();
-    let bytes: u64 = s.components.iter().map(|c| c.2).sum();
+    let params: u64 = components.iter().map(|c| c.1).sum();
+    let bytes: u64 = components.iter().map(|c| c.2).sum();
     let files = shard_files(dir)?.map(|(n, b)| json!({"shards": n, "bytes": b}));
+    let ledgers = match budget {
+        Some(b) => Some(json!({
+            "budget_bytes": b,
+            "bf16": ledger(spec, Spine::Bf16, b, context)?,
+            "int8": ledger(spec, Spine::Int8, b, context)?,
+        })),
+        None => None,
+    };
     Ok(json!({
         "model": {
             "layers": spec.num_layers, "hidden_size": spec.hidden_size,
@@ -220,20 +190,18 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, context: u64) -> Resul
         "components": comps,
         "total": {"params": params, "bytes": bytes},
         "expert_bytes": eb,
+        "expert_ram_bytes": expert_ram_bytes(spec),
         "experts_total": spec.num_experts as u64 * moe_layers,
-        "spine": {"bf16_bytes": s.bf16.total, "int8_bytes": s.int8.total},
+        "spine": {"bf16_bytes": bf16, "int8_bytes": int8},
         "per_token": {
-            "spine_bf16_bytes": s.bf16.per_token,
-            "spine_int8_bytes": s.int8.per_token,
+            "spine_bf16_bytes": per_token(bf16),
+            "spine_int8_bytes": per_token(int8),
             "routed_expert_bytes": routed_per_token,
         },
         "state": {"context": context, "kda_bytes": kda, "mla_bytes": mla, "total_bytes": kda + mla},
-        "scratch_bytes": scratch,
-        "ledger": budget.map(|b| json!({
-            "budget_bytes": b,
-            "bf16": ledger(s.bf16.total, kda + mla, scratch, b, spec, moe_layers),
-            "int8": ledger(s.int8.total, kda + mla, scratch, b, spec, moe_layers),
-        })),
+        "scratch_bytes": scratch_bytes(spec, POSITIONS),
+        "io_buffers_bytes": io_buffer_bytes(spec, POSITIONS, max_inflight(spec)),
+        "ledger": ledgers,
         "files": files,
     }))
 }
@@ -319,8 +287,9 @@ fn print_text(r: &Value) {
     println!();
     let p = &r["per_token"];
     println!(
-        "one expert: {}; all {} experts: {}",
+        "one expert: {} ({} in RAM); all {} experts: {}",
         b(&r["expert_bytes"]),
+        b(&r["expert_ram_bytes"]),
         r["experts_total"],
         b(&r["components"]["routed_experts"]["bytes"])
     );
@@ -332,12 +301,13 @@ fn print_text(r: &Value) {
     );
     let st = &r["state"];
     println!(
-        "sequence state at {} tokens: {} (KDA {}, MLA {}); scratch ≈ {}",
+        "sequence state at {} tokens: {} (KDA {}, MLA {}); scratch ≈ {}; I/O buffers {}",
         st["context"],
         b(&st["total_bytes"]),
         b(&st["kda_bytes"]),
         b(&st["mla_bytes"]),
-        b(&r["scratch_bytes"])
+        b(&r["scratch_bytes"]),
+        b(&r["io_buffers_bytes"])
     );
     if let Some(f) = r["files"].as_object() {
         println!("on disk: {} shard files, {}", f["shards"], b(&f["bytes"]));
@@ -361,6 +331,7 @@ fn print_ledger(l: &serde_json::Map<String, Value>) {
     row("resident spine", "spine_bytes");
     row("sequence state", "state_bytes");
     row("scratch", "scratch_bytes");
+    row("I/O buffers", "io_buffers_bytes");
     row("expert cache", "cache_bytes");
     let experts = |k: &str| {
         let x = &l[k];

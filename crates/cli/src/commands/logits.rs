@@ -33,7 +33,7 @@ pub struct LogitsArgs {
 
 pub fn run(a: LogitsArgs) -> Result<()> {
     let prompt = parse_ids(&a.prompt_ids)?;
-    let (mut model, _) = load_model_with(&a.model, &a.mem, prompt.len())?;
+    let (mut model, _) = load_model_with(&a.model, &a.mem, prompt.len(), a.spine.spine())?;
     let _spine = apply_spine(&mut model, a.spine);
     check_vocab(&prompt, model.spec.vocab_size)?;
     let mut state = model.new_state();

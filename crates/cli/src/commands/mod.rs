@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod chat;
+pub mod demo;
 pub mod eval_quant;
 pub mod inspect;
 pub mod logits;

@@ -106,7 +106,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         tok.as_deref(),
         &a.model,
     )?;
-    let (mut model, info) = load_model_with(&a.model, &a.mem, prompt.len())?;
+    let (mut model, info) = load_model_with(&a.model, &a.mem, prompt.len(), a.spine.spine())?;
     let spine = apply_spine(&mut model, a.spine);
     check_vocab(&prompt, model.spec.vocab_size)?;
     if !a.json || a.stats {

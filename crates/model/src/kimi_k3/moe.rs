@@ -118,12 +118,17 @@ pub fn moe(
 ) -> Result<Vec<f32>> {
     let routes = route(spec, w, x, t);
     if let Some(h) = hint.filter(|_| source.wants_hints()) {
-        let mut guess: Vec<u32> = route(spec, h.weights, x, t)
-            .into_iter()
-            .flat_map(|r| r.ids)
-            .collect();
-        guess.sort_unstable();
-        guess.dedup();
+        // Most confident first: every position's best guess, then every
+        // position's second, … (the source may act on a prefix only).
+        let guesses = route(spec, h.weights, x, t);
+        let mut guess: Vec<u32> = Vec::with_capacity(t * spec.top_k);
+        for rank in 0..spec.top_k {
+            for g in &guesses {
+                if !guess.contains(&g.ids[rank]) {
+                    guess.push(g.ids[rank]);
+                }
+            }
+        }
         source.hint(h.layer, &guess);
     }
     let mut union: Vec<u32> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
