@@ -63,10 +63,9 @@ impl Linear {
                 )));
             }
         };
-        let bytes = ck.read(loc)?;
         let data = match loc.dtype {
-            Dtype::BF16 => WeightData::Bf16(convert::bytes_to_u16(&bytes)),
-            dt => WeightData::F32(convert::to_f32(dt, &bytes).ok_or_else(|| {
+            Dtype::BF16 => WeightData::Bf16(ck.read_u16(loc)?),
+            dt => WeightData::F32(convert::to_f32(dt, &ck.read(loc)?).ok_or_else(|| {
                 ModelError::Experts(format!("{name}: {dt:?} is not a float dtype"))
             })?),
         };

@@ -175,12 +175,39 @@ impl Checkpoint {
         Ok(buf)
     }
 
-    /// Reads `buf.len()` bytes at absolute `offset` of shard `shard`.
+    /// Reads `buf.len()` bytes at absolute `offset` of shard `shard`, then
+    /// drops that range from the page cache: what fathom keeps, it keeps in
+    /// its own (budgeted) memory, not twice.
     pub fn read_into(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
         let s = &self.shards[shard];
         s.file
             .read_exact_at(buf, offset)
-            .map_err(|e| WeightsError::io(&s.path, e))
+            .map_err(|e| WeightsError::io(&s.path, e))?;
+        // SAFETY: plain fadvise on a valid fd; failure only loses the hint.
+        unsafe {
+            libc::posix_fadvise(
+                std::os::unix::io::AsRawFd::as_raw_fd(&s.file),
+                offset as i64,
+                buf.len() as i64,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        Ok(())
+    }
+
+    /// Reads a 16-bit tensor (BF16/F16) straight into its element vector, with
+    /// no intermediate byte copy (the spine's largest tensors are 100s of MB).
+    pub fn read_u16(&self, loc: &TensorLoc) -> Result<Vec<u16>> {
+        let mut v = vec![0u16; loc.len as usize / 2];
+        // SAFETY: u16 has no invalid bit patterns and the byte view covers
+        // exactly the vector's initialised storage. Files are little-endian,
+        // as are all targets fathom builds for (checked below).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 2) };
+        self.read_into(loc.shard, loc.offset, bytes)?;
+        if cfg!(target_endian = "big") {
+            v.iter_mut().for_each(|x| *x = u16::from_le(*x));
+        }
+        Ok(v)
     }
 }
 
