@@ -191,6 +191,14 @@ impl StreamedExperts {
         self.shared.shards.iter().all(ShardReader::is_direct)
     }
 
+    /// Waits until no read is in flight (stray prefetches included), so that
+    /// counters read afterwards cover exactly what came before.
+    pub fn drain(&self) {
+        while !self.shared.inner.lock().unwrap().inflight.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     pub fn cache_capacity(&self) -> usize {
         self.shared.inner.lock().unwrap().cache.capacity()
     }
