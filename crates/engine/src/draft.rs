@@ -66,7 +66,11 @@ impl<'d> ModelDrafter<'d> {
                 model.spec.vocab_size
             )));
         }
-        Ok(ModelDrafter { model, state: model.new_state(), consumed: Vec::new() })
+        Ok(ModelDrafter {
+            model,
+            state: model.new_state(),
+            consumed: Vec::new(),
+        })
     }
 }
 
@@ -80,7 +84,9 @@ impl Drafter for ModelDrafter<'_> {
             self.state = self.model.new_state();
             self.consumed.clear();
         }
-        let mut logits = self.model.forward(&mut self.state, &ctx[self.consumed.len()..], Logits::Last)?;
+        let mut logits =
+            self.model
+                .forward(&mut self.state, &ctx[self.consumed.len()..], Logits::Last)?;
         self.consumed = ctx.to_vec();
         let snap = self.state.snapshot();
         let mut out = Vec::with_capacity(k);

@@ -8,7 +8,7 @@ pub mod session;
 pub mod speculative;
 pub mod sys;
 
+pub use draft::{Drafter, ModelDrafter, NgramDrafter};
 pub use generate::{GenStats, Generation, StopReason, argmax, greedy, greedy_from};
 pub use session::Session;
-pub use draft::{Drafter, ModelDrafter, NgramDrafter};
 pub use speculative::{DraftOptions, DraftStats, speculative, speculative_from};

@@ -51,7 +51,10 @@ pub struct DraftOptions {
 
 impl Default for DraftOptions {
     fn default() -> Self {
-        DraftOptions { max_k: 8, adaptive: true }
+        DraftOptions {
+            max_k: 8,
+            adaptive: true,
+        }
     }
 }
 
@@ -72,7 +75,15 @@ impl Policy {
     fn new(o: DraftOptions) -> Self {
         let max_k = o.max_k.max(1);
         let k = if o.adaptive { max_k.min(4) } else { max_k };
-        Policy { adaptive: o.adaptive, k, max_k, spec_cost: None, plain_cost: None, off_for: 0, accept_ema: 0.5 }
+        Policy {
+            adaptive: o.adaptive,
+            k,
+            max_k,
+            spec_cost: None,
+            plain_cost: None,
+            off_for: 0,
+            accept_ema: 0.5,
+        }
     }
 
     fn ema(v: &mut Option<f64>, x: f64) {
@@ -86,7 +97,13 @@ impl Policy {
         let rate = accepted as f64 / proposed.max(1) as f64;
         self.accept_ema = 0.7 * self.accept_ema + 0.3 * rate;
         Self::ema(&mut self.spec_cost, secs / (accepted + 1) as f64);
-        self.k = if accepted == proposed { (self.k + 1).min(self.max_k) } else if self.accept_ema < 0.3 { self.k.saturating_sub(1).max(1) } else { self.k };
+        self.k = if accepted == proposed {
+            (self.k + 1).min(self.max_k)
+        } else if self.accept_ema < 0.3 {
+            self.k.saturating_sub(1).max(1)
+        } else {
+            self.k
+        };
         if let (Some(s), Some(p)) = (self.spec_cost, self.plain_cost) {
             if s > 1.05 * p {
                 self.off_for = 16; // does not pay: plain steps, then probe again
@@ -117,7 +134,16 @@ pub fn speculative(
     opts: DraftOptions,
     on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<(Generation, DraftStats)> {
-    speculative_from(model, &mut model.new_state(), prompt, max_new, stop_ids, drafter, opts, on_token)
+    speculative_from(
+        model,
+        &mut model.new_state(),
+        prompt,
+        max_new,
+        stop_ids,
+        drafter,
+        opts,
+        on_token,
+    )
 }
 
 /// As [`speculative`], continuing `state`.
@@ -133,8 +159,14 @@ pub fn speculative_from(
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<(Generation, DraftStats)> {
     let before = model.experts.stats();
-    let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
-    let mut ds = DraftStats { drafter: drafter.name(), ..Default::default() };
+    let mut stats = GenStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let mut ds = DraftStats {
+        drafter: drafter.name(),
+        ..Default::default()
+    };
     let mut policy = Policy::new(opts);
     let t0 = Instant::now();
     let logits = model.forward(state, prompt, Logits::Last)?;
@@ -167,7 +199,11 @@ pub fn speculative_from(
         if room == 0 {
             break;
         }
-        let drafts = if policy.drafting() { drafter.propose(&context, policy.k.min(room))? } else { Vec::new() };
+        let drafts = if policy.drafting() {
+            drafter.propose(&context, policy.k.min(room))?
+        } else {
+            Vec::new()
+        };
         let t = Instant::now();
         if drafts.is_empty() {
             let logits = model.forward(state, &[next], Logits::Last)?;
@@ -184,7 +220,9 @@ pub fn speculative_from(
         let all = model.forward(state, &input, Logits::All)?;
         let v = model.spec.vocab_size;
         let mut accepted = 0;
-        while accepted < drafts.len() && argmax(&all[accepted * v..(accepted + 1) * v]) == drafts[accepted] {
+        while accepted < drafts.len()
+            && argmax(&all[accepted * v..(accepted + 1) * v]) == drafts[accepted]
+        {
             accepted += 1;
         }
         let bonus = argmax(&all[accepted * v..(accepted + 1) * v]);
@@ -214,7 +252,11 @@ pub fn speculative_from(
     if let Some(s) = decode_start {
         stats.decode_s = s.elapsed().as_secs_f64();
         let steady = out.len().saturating_sub(1);
-        stats.decode_tok_s = if steady > 0 { steady as f64 / stats.decode_s.max(1e-9) } else { 0.0 };
+        stats.decode_tok_s = if steady > 0 {
+            steady as f64 / stats.decode_s.max(1e-9)
+        } else {
+            0.0
+        };
     }
     let after = model.experts.stats();
     let d = after.since(&before);
@@ -226,8 +268,20 @@ pub fn speculative_from(
     stats.state_bytes = state.bytes();
     ds.acceptance_rate = ds.accepted as f64 / ds.proposed.max(1) as f64;
     let gen_after_first = out.len().saturating_sub(1) as f64;
-    ds.tokens_per_pass = if ds.verify_passes > 0 { (ds.accepted + ds.verify_passes) as f64 / ds.verify_passes as f64 } else { 0.0 };
+    ds.tokens_per_pass = if ds.verify_passes > 0 {
+        (ds.accepted + ds.verify_passes) as f64 / ds.verify_passes as f64
+    } else {
+        0.0
+    };
     let eb = fathom_model::kimi_k3::tensors::expert_bytes(&model.spec) as f64;
-    ds.expert_bytes_per_token = (after.requested - pass_requests_before) as f64 * eb / gen_after_first.max(1.0);
-    Ok((Generation { output_ids: out, stats, stop }, ds))
+    ds.expert_bytes_per_token =
+        (after.requested - pass_requests_before) as f64 * eb / gen_after_first.max(1.0);
+    Ok((
+        Generation {
+            output_ids: out,
+            stats,
+            stop,
+        },
+        ds,
+    ))
 }

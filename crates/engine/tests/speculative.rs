@@ -16,7 +16,9 @@ fn tiny() -> PathBuf {
 }
 
 fn shared(name: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models").join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/models")
+        .join(name);
     p.join("config.json").is_file().then_some(p)
 }
 
@@ -32,7 +34,15 @@ impl Drafter for Scripted {
     fn propose(&mut self, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
         let done = ctx.len() - self.prompt_len;
         Ok((0..k)
-            .filter_map(|i| self.truth.get(done + i).map(|&t| if i < self.right { t } else { (t + 1 + i as u32) % self.vocab }))
+            .filter_map(|i| {
+                self.truth.get(done + i).map(|&t| {
+                    if i < self.right {
+                        t
+                    } else {
+                        (t + 1 + i as u32) % self.vocab
+                    }
+                })
+            })
             .collect())
     }
     fn name(&self) -> String {
@@ -41,12 +51,32 @@ impl Drafter for Scripted {
 }
 
 fn plain(model: &K3Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    greedy(model, prompt, n, &[], |_| ControlFlow::Continue(())).unwrap().output_ids
+    greedy(model, prompt, n, &[], |_| ControlFlow::Continue(()))
+        .unwrap()
+        .output_ids
 }
 
-fn drafted(model: &K3Model, prompt: &[u32], n: usize, d: &mut dyn Drafter, k: usize, adaptive: bool) -> Vec<u32> {
+fn drafted(
+    model: &K3Model,
+    prompt: &[u32],
+    n: usize,
+    d: &mut dyn Drafter,
+    k: usize,
+    adaptive: bool,
+) -> Vec<u32> {
     let opts = DraftOptions { max_k: k, adaptive };
-    speculative(model, prompt, n, &[], d, opts, |_| ControlFlow::Continue(())).unwrap().0.output_ids
+    speculative(
+        model,
+        prompt,
+        n,
+        &[],
+        d,
+        opts,
+        |_| ControlFlow::Continue(()),
+    )
+    .unwrap()
+    .0
+    .output_ids
 }
 
 fn check_all_lengths(model: &K3Model, prompt: &[u32], n: usize) {
@@ -56,12 +86,29 @@ fn check_all_lengths(model: &K3Model, prompt: &[u32], n: usize) {
     let vocab = model.spec.vocab_size as u32;
     for k in 1..=8 {
         for right in [0, k, k / 2] {
-            let mut d = Scripted { prompt_len: prompt.len(), truth: truth.clone(), right, vocab };
-            assert_eq!(drafted(model, prompt, n, &mut d, k, false), want, "k {k}, {right} right");
+            let mut d = Scripted {
+                prompt_len: prompt.len(),
+                truth: truth.clone(),
+                right,
+                vocab,
+            };
+            assert_eq!(
+                drafted(model, prompt, n, &mut d, k, false),
+                want,
+                "k {k}, {right} right"
+            );
         }
-        assert_eq!(drafted(model, prompt, n, &mut NgramDrafter::default(), k, false), want, "ngram k {k}");
+        assert_eq!(
+            drafted(model, prompt, n, &mut NgramDrafter::default(), k, false),
+            want,
+            "ngram k {k}"
+        );
     }
-    assert_eq!(drafted(model, prompt, n, &mut NgramDrafter::default(), 8, true), want, "ngram adaptive");
+    assert_eq!(
+        drafted(model, prompt, n, &mut NgramDrafter::default(), 8, true),
+        want,
+        "ngram adaptive"
+    );
 }
 
 #[test]
@@ -75,13 +122,33 @@ fn k3_tiny_streamed_with_no_cache_drafting_is_exact() {
     let resident = K3Model::load(&tiny()).unwrap();
     let prompt = [1, 119, 686, 809, 842];
     let want = plain(&resident, &prompt, 16);
-    let m = K3Model::load_with(&tiny(), |spec, ck, table| Ok(Arc::new(StreamedExperts::new(spec, ck, table, &StreamConfig::new(spec, 0))?)))
-        .unwrap();
+    let m = K3Model::load_with(&tiny(), |spec, ck, table| {
+        Ok(Arc::new(StreamedExperts::new(
+            spec,
+            ck,
+            table,
+            &StreamConfig::new(spec, 0),
+        )?))
+    })
+    .unwrap();
     for k in [1, 3, 8] {
-        assert_eq!(drafted(&m, &prompt, 16, &mut NgramDrafter::default(), k, false), want, "k {k}");
+        assert_eq!(
+            drafted(&m, &prompt, 16, &mut NgramDrafter::default(), k, false),
+            want,
+            "k {k}"
+        );
         let truth = plain(&resident, &prompt, 24);
-        let mut d = Scripted { prompt_len: prompt.len(), truth, right: k, vocab: 1024 };
-        assert_eq!(drafted(&m, &prompt, 16, &mut d, k, false), want, "oracle k {k}");
+        let mut d = Scripted {
+            prompt_len: prompt.len(),
+            truth,
+            right: k,
+            vocab: 1024,
+        };
+        assert_eq!(
+            drafted(&m, &prompt, 16, &mut d, k, false),
+            want,
+            "oracle k {k}"
+        );
     }
 }
 
@@ -98,11 +165,27 @@ fn k3_code_small_with_its_draft_model_is_exact() {
     let want = plain(&t, &prompt, 24);
     for k in [1, 2, 4, 8] {
         let mut d = ModelDrafter::new(&dm, t.spec.vocab_size).unwrap();
-        assert_eq!(drafted(&t, &prompt, 24, &mut d, k, false), want, "draft model k {k}");
+        assert_eq!(
+            drafted(&t, &prompt, 24, &mut d, k, false),
+            want,
+            "draft model k {k}"
+        );
     }
     let mut d = ModelDrafter::new(&dm, t.spec.vocab_size).unwrap();
-    let (g, s) = speculative(&t, &prompt, 24, &[], &mut d, DraftOptions::default(), |_| ControlFlow::Continue(())).unwrap();
+    let (g, s) = speculative(
+        &t,
+        &prompt,
+        24,
+        &[],
+        &mut d,
+        DraftOptions::default(),
+        |_| ControlFlow::Continue(()),
+    )
+    .unwrap();
     assert_eq!(g.output_ids, want);
-    assert!(s.accepted > 0, "the distilled draft should get some tokens right: {s:?}");
+    assert!(
+        s.accepted > 0,
+        "the distilled draft should get some tokens right: {s:?}"
+    );
     check_all_lengths(&t, &prompt, 12);
 }

@@ -202,7 +202,8 @@ impl Checkpoint {
         // SAFETY: u16 has no invalid bit patterns and the byte view covers
         // exactly the vector's initialised storage. Files are little-endian,
         // as are all targets fathom builds for (checked below).
-        let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 2) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 2) };
         self.read_into(loc.shard, loc.offset, bytes)?;
         if cfg!(target_endian = "big") {
             v.iter_mut().for_each(|x| *x = u16::from_le(*x));
