@@ -291,3 +291,46 @@ fn demo_makes_a_model_larger_than_its_budget_and_streams_it() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("using the cached demo model"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn chat_works_on_a_synth_model() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = std::env::temp_dir().join(format!("fathom-chat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let out = fathom(&["synth", "--out", d, "--preset", "tiny", "--seed", "3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args([
+            "chat",
+            "--model",
+            d,
+            "--max-new",
+            "5",
+            "--system",
+            "be brief",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Two turns: the second reuses the state of the first where the prompt extends it.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello there\nand again\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches(" tokens, ").count(), 2, "two replies: {err}");
+    assert!(!err.contains("panicked"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
