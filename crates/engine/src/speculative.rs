@@ -37,6 +37,10 @@ pub struct DraftStats {
     pub tokens_per_pass: f64,
     /// Unique expert bytes the passes touched per generated token.
     pub expert_bytes_per_token: f64,
+    /// Seconds spent drafting, in verification passes, and in plain steps.
+    pub draft_s: f64,
+    pub verify_s: f64,
+    pub plain_s: f64,
 }
 
 /// How drafts are used.
@@ -199,17 +203,22 @@ pub fn speculative_from(
         if room == 0 {
             break;
         }
+        let td = Instant::now();
         let drafts = if policy.drafting() {
             drafter.propose(&context, policy.k.min(room))?
         } else {
             Vec::new()
         };
+        let draft_s = td.elapsed().as_secs_f64();
+        ds.draft_s += draft_s;
         let t = Instant::now();
         if drafts.is_empty() {
             let logits = model.forward(state, &[next], Logits::Last)?;
             next = argmax(&logits);
             ds.plain_steps += 1;
-            policy.after_plain(t.elapsed().as_secs_f64());
+            let secs = t.elapsed().as_secs_f64();
+            ds.plain_s += secs;
+            policy.after_plain(secs);
             continue;
         }
         // Verify [next, d1..dk] in one pass.
@@ -230,7 +239,10 @@ pub fn speculative_from(
         ds.verify_passes += 1;
         ds.proposed += drafts.len() as u64;
         ds.accepted += accepted as u64;
-        policy.after_round(drafts.len(), accepted, t.elapsed().as_secs_f64());
+        let verify_s = t.elapsed().as_secs_f64();
+        ds.verify_s += verify_s;
+        // The round's cost includes drafting: that is what plain steps save.
+        policy.after_round(drafts.len(), accepted, verify_s + draft_s);
         // Emit the accepted drafts; `bonus` becomes the next pending token.
         for &d in &drafts[..accepted] {
             out.push(d);
