@@ -46,12 +46,34 @@ enum Renderer {
 }
 
 impl Renderer {
-    fn prompt(&self, tok: &dyn Tokenizer, messages: &[Message]) -> Result<Vec<u32>> {
+    /// The conversation's ids with (`generation = true`) or without the
+    /// generation prompt.
+    fn ids(&self, tok: &dyn Tokenizer, messages: &[Message], generation: bool) -> Result<Vec<u32>> {
         let segments: Vec<Segment> = match self {
-            Renderer::K3(o) => render_k3(messages, o)?,
-            Renderer::Jinja(t) => t.render_segments(&serde_json::to_value(messages)?, true)?,
+            Renderer::K3(o) => render_k3(
+                messages,
+                &K3Options {
+                    add_generation_prompt: generation,
+                    ..o.clone()
+                },
+            )?,
+            Renderer::Jinja(t) => {
+                t.render_segments(&serde_json::to_value(messages)?, generation)?
+            }
         };
         Ok(encode_segments(tok, &segments))
+    }
+
+    /// The prompt and the length of its part that renders the same next turn.
+    fn prompt(&self, tok: &dyn Tokenizer, messages: &[Message]) -> Result<(Vec<u32>, usize)> {
+        let prompt = self.ids(tok, messages, true)?;
+        let stable = self.ids(tok, messages, false)?;
+        let stable_len = if prompt.starts_with(&stable) {
+            stable.len()
+        } else {
+            0
+        };
+        Ok((prompt, stable_len))
     }
 }
 
@@ -99,10 +121,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
             continue;
         }
         messages.push(Message::new("user", line));
-        let prompt = renderer.prompt(tok.as_ref(), &messages)?;
+        let (prompt, stable_len) = renderer.prompt(tok.as_ref(), &messages)?;
         let mut stream = StreamDecoder::new(tok.as_ref());
         interrupted.store(false, Ordering::SeqCst);
-        let g = session.generate(&prompt, a.max_new, &stop, |id| {
+        let (g, reused) = session.generate(&prompt, stable_len, a.max_new, &stop, |id| {
             if !stop.contains(&id) {
                 let _ = out.write_all(stream.push(id).as_bytes());
                 let _ = out.flush();
@@ -130,7 +152,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             g.stats.generated_tokens,
             g.stats.decode_tok_s,
             prompt.len(),
-            prompt.len() - g.stats.prompt_tokens
+            reused
         );
     }
 }
