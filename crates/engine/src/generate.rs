@@ -3,6 +3,7 @@
 use std::ops::ControlFlow;
 use std::time::Instant;
 
+use fathom_model::experts::ExpertStats;
 use fathom_model::kimi_k3::state::SequenceState;
 use fathom_model::{K3Model, Logits, Result};
 
@@ -52,6 +53,91 @@ pub fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
+/// Timing, counters and the output of one generation; shared by the plain
+/// and the speculative loops so both report the same figures the same way.
+pub(crate) struct Meter {
+    before: ExpertStats,
+    t0: Instant,
+    decode_start: Option<Instant>,
+    pub stats: GenStats,
+    pub out: Vec<u32>,
+}
+
+impl Meter {
+    pub fn start(model: &K3Model, prompt_len: usize, max_new: usize) -> Self {
+        Meter {
+            before: model.experts.stats(),
+            t0: Instant::now(),
+            decode_start: None,
+            stats: GenStats {
+                prompt_tokens: prompt_len,
+                ..Default::default()
+            },
+            out: Vec::with_capacity(max_new),
+        }
+    }
+
+    /// The prompt has been read.
+    pub fn prefilled(&mut self) {
+        self.stats.prefill_s = self.t0.elapsed().as_secs_f64();
+        self.stats.prefill_tok_s = self.stats.prompt_tokens as f64 / self.stats.prefill_s.max(1e-9);
+    }
+
+    /// Appends a chosen token and reports it; `Some` ends generation.
+    pub fn emit(
+        &mut self,
+        token: u32,
+        max_new: usize,
+        stop_ids: &[u32],
+        on_token: &mut impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Option<StopReason> {
+        self.out.push(token);
+        if self.out.len() == 1 {
+            self.stats.first_token_s = self.t0.elapsed().as_secs_f64();
+            self.decode_start = Some(Instant::now());
+        }
+        if on_token(token).is_break() {
+            Some(StopReason::Cancelled)
+        } else if stop_ids.contains(&token) {
+            Some(StopReason::Eos)
+        } else if self.out.len() >= max_new {
+            Some(StopReason::MaxTokens)
+        } else {
+            None
+        }
+    }
+
+    pub fn finish(
+        mut self,
+        model: &K3Model,
+        state: &SequenceState,
+        stop: StopReason,
+    ) -> Generation {
+        let s = &mut self.stats;
+        if let Some(d) = self.decode_start {
+            s.decode_s = d.elapsed().as_secs_f64();
+            let steady = self.out.len().saturating_sub(1);
+            s.decode_tok_s = if steady > 0 {
+                steady as f64 / s.decode_s.max(1e-9)
+            } else {
+                0.0
+            };
+        }
+        let d = model.experts.stats().since(&self.before);
+        s.generated_tokens = self.out.len();
+        s.expert_bytes_read = d.bytes_read;
+        s.expert_cache_hits = d.hits;
+        s.expert_cache_misses = d.misses;
+        s.peak_rss_bytes = crate::sys::peak_rss_bytes().unwrap_or(0);
+        s.state_bytes = state.bytes();
+        Generation {
+            output_ids: self.out,
+            stats: self.stats,
+            stop,
+        }
+    }
+}
+
 /// Greedy decoding of up to `max_new` tokens from a fresh state. `stop_ids`
 /// end generation (the stop token is kept in the output). `on_token` sees
 /// each token as soon as it is chosen and may cancel.
@@ -83,57 +169,17 @@ pub fn greedy_from(
     stop_ids: &[u32],
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generation> {
-    let before = model.experts.stats();
-    let mut stats = GenStats {
-        prompt_tokens: prompt.len(),
-        ..Default::default()
-    };
-    let t0 = Instant::now();
+    let mut m = Meter::start(model, prompt.len(), max_new);
     let mut logits = model.forward(state, prompt, Logits::Last)?;
-    stats.prefill_s = t0.elapsed().as_secs_f64();
-    stats.prefill_tok_s = prompt.len() as f64 / stats.prefill_s.max(1e-9);
-    let mut out = Vec::with_capacity(max_new);
-    let mut stop = StopReason::MaxTokens;
-    let mut decode_start = None;
-    while out.len() < max_new {
-        let next = argmax(&logits);
-        out.push(next);
-        if out.len() == 1 {
-            stats.first_token_s = t0.elapsed().as_secs_f64();
-            decode_start = Some(Instant::now());
-        }
-        if on_token(next).is_break() {
-            stop = StopReason::Cancelled;
-            break;
-        }
-        if stop_ids.contains(&next) {
-            stop = StopReason::Eos;
-            break;
-        }
-        if out.len() == max_new {
-            break;
-        }
-        logits = model.forward(state, &[next], Logits::Last)?;
+    m.prefilled();
+    if max_new == 0 {
+        return Ok(m.finish(model, state, StopReason::MaxTokens));
     }
-    if let Some(s) = decode_start {
-        stats.decode_s = s.elapsed().as_secs_f64();
-        let steady = out.len().saturating_sub(1);
-        stats.decode_tok_s = if steady > 0 {
-            steady as f64 / stats.decode_s.max(1e-9)
-        } else {
-            0.0
-        };
+    loop {
+        if let Some(stop) = m.emit(argmax(&logits), max_new, stop_ids, &mut on_token) {
+            return Ok(m.finish(model, state, stop));
+        }
+        let last = *m.out.last().expect("just emitted");
+        logits = model.forward(state, &[last], Logits::Last)?;
     }
-    let after = model.experts.stats();
-    stats.generated_tokens = out.len();
-    stats.expert_bytes_read = after.bytes_read - before.bytes_read;
-    stats.expert_cache_hits = after.hits - before.hits;
-    stats.expert_cache_misses = after.misses - before.misses;
-    stats.peak_rss_bytes = crate::sys::peak_rss_bytes().unwrap_or(0);
-    stats.state_bytes = state.bytes();
-    Ok(Generation {
-        output_ids: out,
-        stats,
-        stop,
-    })
 }

@@ -22,7 +22,7 @@ use fathom_model::kimi_k3::state::SequenceState;
 use fathom_model::{K3Model, Logits, Result};
 
 use crate::draft::Drafter;
-use crate::generate::{GenStats, Generation, StopReason, argmax};
+use crate::generate::{Generation, Meter, StopReason, argmax};
 
 /// Drafting counters.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -162,47 +162,27 @@ pub fn speculative_from(
     opts: DraftOptions,
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<(Generation, DraftStats)> {
-    let before = model.experts.stats();
-    let mut stats = GenStats {
-        prompt_tokens: prompt.len(),
-        ..Default::default()
-    };
+    let mut m = Meter::start(model, prompt.len(), max_new);
     let mut ds = DraftStats {
         drafter: drafter.name(),
         ..Default::default()
     };
     let mut policy = Policy::new(opts);
-    let t0 = Instant::now();
     let logits = model.forward(state, prompt, Logits::Last)?;
-    stats.prefill_s = t0.elapsed().as_secs_f64();
-    stats.prefill_tok_s = prompt.len() as f64 / stats.prefill_s.max(1e-9);
+    m.prefilled();
+    if max_new == 0 {
+        return Ok((m.finish(model, state, StopReason::MaxTokens), ds));
+    }
     let mut context: Vec<u32> = prompt.to_vec();
-    let mut out: Vec<u32> = Vec::with_capacity(max_new);
-    let mut stop = StopReason::MaxTokens;
-    let mut decode_start = None;
     // `next` is known (argmax of the last logits) but not yet fed.
     let mut next = argmax(&logits);
-    let pass_requests_before = model.experts.stats().requested;
-    'outer: loop {
-        // Emit `next`.
-        out.push(next);
+    let requested_before = model.experts.stats().requested;
+    let stop = 'outer: loop {
         context.push(next);
-        if out.len() == 1 {
-            stats.first_token_s = t0.elapsed().as_secs_f64();
-            decode_start = Some(Instant::now());
+        if let Some(stop) = m.emit(next, max_new, stop_ids, &mut on_token) {
+            break stop;
         }
-        if on_token(next).is_break() {
-            stop = StopReason::Cancelled;
-            break;
-        }
-        if stop_ids.contains(&next) {
-            stop = StopReason::Eos;
-            break;
-        }
-        let room = max_new - out.len();
-        if room == 0 {
-            break;
-        }
+        let room = max_new - m.out.len();
         let td = Instant::now();
         let drafts = if policy.drafting() {
             drafter.propose(&context, policy.k.min(room))?
@@ -245,55 +225,22 @@ pub fn speculative_from(
         policy.after_round(drafts.len(), accepted, verify_s + draft_s);
         // Emit the accepted drafts; `bonus` becomes the next pending token.
         for &d in &drafts[..accepted] {
-            out.push(d);
             context.push(d);
-            if on_token(d).is_break() {
-                stop = StopReason::Cancelled;
-                break 'outer;
-            }
-            if stop_ids.contains(&d) {
-                stop = StopReason::Eos;
-                break 'outer;
-            }
-            if out.len() == max_new {
-                break 'outer;
+            if let Some(stop) = m.emit(d, max_new, stop_ids, &mut on_token) {
+                break 'outer stop;
             }
         }
         next = bonus;
-    }
-    if let Some(s) = decode_start {
-        stats.decode_s = s.elapsed().as_secs_f64();
-        let steady = out.len().saturating_sub(1);
-        stats.decode_tok_s = if steady > 0 {
-            steady as f64 / stats.decode_s.max(1e-9)
-        } else {
-            0.0
-        };
-    }
-    let after = model.experts.stats();
-    let d = after.since(&before);
-    stats.generated_tokens = out.len();
-    stats.expert_bytes_read = d.bytes_read;
-    stats.expert_cache_hits = d.hits;
-    stats.expert_cache_misses = d.misses;
-    stats.peak_rss_bytes = crate::sys::peak_rss_bytes().unwrap_or(0);
-    stats.state_bytes = state.bytes();
+    };
     ds.acceptance_rate = ds.accepted as f64 / ds.proposed.max(1) as f64;
-    let gen_after_first = out.len().saturating_sub(1) as f64;
     ds.tokens_per_pass = if ds.verify_passes > 0 {
         (ds.accepted + ds.verify_passes) as f64 / ds.verify_passes as f64
     } else {
         0.0
     };
+    let after_first = m.out.len().saturating_sub(1).max(1) as f64;
     let eb = fathom_model::kimi_k3::tensors::expert_bytes(&model.spec) as f64;
     ds.expert_bytes_per_token =
-        (after.requested - pass_requests_before) as f64 * eb / gen_after_first.max(1.0);
-    Ok((
-        Generation {
-            output_ids: out,
-            stats,
-            stop,
-        },
-        ds,
-    ))
+        (model.experts.stats().requested - requested_before) as f64 * eb / after_first;
+    Ok((m.finish(model, state, stop), ds))
 }
