@@ -131,3 +131,20 @@ fn cache_hits_on_repeat_and_prefetch_is_scored() {
     assert_eq!(second.bytes_read, 0, "nothing is read twice");
     assert!(first.hinted > 0 && first.hinted_used <= first.hinted);
 }
+
+#[test]
+fn synth_model_streamed_equals_resident() {
+    // A synthetic model in the released layout with many experts (so a small
+    // cache really evicts), written fresh for this test.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stream-synth");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut dims = fathom_synth::Preset::from_name("tiny").unwrap().dims();
+    dims.num_experts = 96;
+    dims.top_k = 8;
+    dims.num_layers = 5;
+    let plan = fathom_synth::Plan::new(&dims, 11, fathom_synth::DEFAULT_SHARD_SIZE).unwrap();
+    fathom_synth::write_model(&plan, &dir, &fathom_synth::WriteOptions::default(), &|_| {})
+        .unwrap();
+    check(&dir, &[5, 17, 400, 23, 99, 1000], 10, &[0, 12, 4 * 96]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
