@@ -1,46 +1,63 @@
 //! AVX-512 (F + BW) kernels: 32 lanes = two zmm accumulators per position.
 //!
 //! Each row's weights are dequantised in registers once per 32 columns and
-//! applied to up to four positions at a time (eight accumulators), so a row
-//! crosses the memory bus once for all T; further position groups re-read it
-//! from L1/L2. The operations are exactly those of `formats::block_scalar`.
+//! applied to up to two positions at a time with four rows in flight (eight
+//! rows at T = 1, except MXFP4: sixteen independent FMA chains and eight
+//! memory streams), so a row crosses the memory bus once for all T; further
+//! position groups re-read it from L1/L2. MXFP4 nibbles are expanded with
+//! VBMI's `vpmultishiftqb` where the CPU has it. The activations of a column block are loaded once and shared
+//! by the rows in flight. The operations are exactly those of
+//! `formats::block_scalar`: one fused multiply-add per weight into its lane.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use fathom_weights::mxfp4::{E2M1, GROUP, e8m0};
+use fathom_weights::mxfp4::{E2M1, GROUP};
 
 use crate::formats::{Bf16Rows, F32Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
 
 /// Rows in flight together.
 const NR: usize = 4;
+/// Rows in flight together at T = 1.
+const NR1: usize = 8;
 /// Positions sharing one pass over those rows.
 const NT: usize = 2;
 
 /// Formats that can load 32 dequantised weights into two zmm registers.
 pub trait Load512: Rows {
-    /// Columns `c .. c + 32` of row `r` (all in range).
+    /// Columns `c .. c + 32` of row `r`. Unchecked: this runs once per 32
+    /// weights, where bounds checks cost as much as the arithmetic.
     ///
     /// # Safety
-    /// The CPU supports AVX-512 F and BW, and `c + 32 <= cols`.
+    /// The CPU supports AVX-512 F and BW (and VBMI for [`Mxfp4Vbmi`]),
+    /// `r < rows` and `c + 32 <= cols`.
     unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2];
+
+    /// Whether [`NR1`] rows fit the registers at T = 1 (MXFP4's per-row
+    /// tables do not: eight rows spill, and measure slower than four).
+    const WIDE_T1: bool = true;
 }
 
 impl Load512 for F32Rows<'_> {
     #[inline(always)]
     unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2] {
-        let p = self.w[r * self.cols + c..][..LANES].as_ptr();
-        // SAFETY: the slice above holds 32 f32; unaligned loads.
-        unsafe { [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))] }
+        debug_assert!(r < self.rows() && c + LANES <= self.cols);
+        // SAFETY: the caller keeps the 32 f32 in range; unaligned loads.
+        unsafe {
+            let p = self.w.as_ptr().add(r * self.cols + c);
+            [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))]
+        }
     }
 }
 
 impl Load512 for Bf16Rows<'_> {
     #[inline(always)]
     unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2] {
-        let p = self.w[r * self.cols + c..][..LANES].as_ptr();
-        // SAFETY: the slice above holds 32 u16 (64 bytes); bf16 → f32 is a 16-bit shift.
+        debug_assert!(r < self.rows() && c + LANES <= self.cols);
+        // SAFETY: the caller keeps the 32 u16 (64 bytes) in range; bf16 → f32
+        // is a 16-bit shift.
         unsafe {
+            let p = self.w.as_ptr().add(r * self.cols + c);
             let a = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
             let b = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(16).cast()));
             [
@@ -54,9 +71,10 @@ impl Load512 for Bf16Rows<'_> {
 impl Load512 for Int8Rows<'_> {
     #[inline(always)]
     unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2] {
-        let p = self.q[r * self.cols + c..][..LANES].as_ptr();
-        // SAFETY: the slice above holds 32 bytes; i8 → i32 → f32 is exact.
+        debug_assert!(r < self.rows() && c + LANES <= self.cols);
+        // SAFETY: the caller keeps the 32 bytes in range; i8 → i32 → f32 is exact.
         unsafe {
+            let p = self.q.as_ptr().add(r * self.cols + c);
             let a = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()));
             let b = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(16).cast()));
             [_mm512_cvtepi32_ps(a), _mm512_cvtepi32_ps(b)]
@@ -64,19 +82,40 @@ impl Load512 for Int8Rows<'_> {
     }
 }
 
+/// The 16 signed E2M1 values, indexed by the whole nibble, times the group scale.
+///
+/// Scaling the table gives the same products `e2m1 · 2^e` as the scalar
+/// reference (one multiply per group instead of one per weight).
+#[inline(always)]
+unsafe fn mxfp4_lut(scale_byte: u8) -> __m512 {
+    // SAFETY: register-only.
+    unsafe {
+        let lut = _mm512_setr_ps(
+            E2M1[0], E2M1[1], E2M1[2], E2M1[3], E2M1[4], E2M1[5], E2M1[6], E2M1[7], -E2M1[0],
+            -E2M1[1], -E2M1[2], -E2M1[3], -E2M1[4], -E2M1[5], -E2M1[6], -E2M1[7],
+        );
+        _mm512_mul_ps(lut, _mm512_set1_ps(f32::from_bits(e8m0_bits(scale_byte))))
+    }
+}
+
+/// `e8m0(b).to_bits()` without branches: `b << 23`, plus the quiet bit for
+/// 0 (2^-127, subnormal) and 0xFF (NaN).
+#[inline(always)]
+fn e8m0_bits(b: u8) -> u32 {
+    ((b as u32) << 23) | (((b == 0) | (b == 0xFF)) as u32) << 22
+}
+
 impl Load512 for Mxfp4Rows<'_> {
+    const WIDE_T1: bool = false;
+
     #[inline(always)]
     unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2] {
         let m = &self.0;
-        let bytes = m.packed[(r * m.cols + c) / 2..][..LANES / 2].as_ptr();
-        let scale = e8m0(m.scales[(r * m.cols + c) / GROUP]);
-        // SAFETY: 16 packed bytes are in range (slice above); the rest is register work.
+        debug_assert!(r < m.rows && c + LANES <= m.cols);
+        // SAFETY: the caller keeps the 16 packed bytes and the scale in range.
         unsafe {
-            // The 16 signed E2M1 values, indexed by the whole nibble.
-            let lut = _mm512_setr_ps(
-                E2M1[0], E2M1[1], E2M1[2], E2M1[3], E2M1[4], E2M1[5], E2M1[6], E2M1[7], -E2M1[0],
-                -E2M1[1], -E2M1[2], -E2M1[3], -E2M1[4], -E2M1[5], -E2M1[6], -E2M1[7],
-            );
+            let bytes = m.packed.as_ptr().add((r * m.cols + c) / 2);
+            let lut = mxfp4_lut(*m.scales.get_unchecked((r * m.cols + c) / GROUP));
             let b = _mm_loadu_si128(bytes.cast());
             let mask = _mm_set1_epi8(0x0F);
             let lo = _mm_and_si128(b, mask);
@@ -84,11 +123,62 @@ impl Load512 for Mxfp4Rows<'_> {
             // Column order: low nibble (even column) then high nibble (odd).
             let c0 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
             let c1 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi));
-            // Scaling the table gives the same products `e2m1 · 2^e`, one multiply per group.
-            let lut = _mm512_mul_ps(lut, _mm512_set1_ps(scale));
             [
                 _mm512_permutexvar_ps(c0, lut),
                 _mm512_permutexvar_ps(c1, lut),
+            ]
+        }
+    }
+}
+
+/// MXFP4 rows read with AVX-512 VBMI: `vpmultishiftqb` moves each nibble
+/// straight into the low bits of its column's dword (vpermps reads only those
+/// four bits), so a 16-column half costs one broadcast load, one multishift
+/// and one permute.
+#[derive(Clone, Copy)]
+pub(crate) struct Mxfp4Vbmi<'a>(pub Mxfp4Rows<'a>);
+
+impl Rows for Mxfp4Vbmi<'_> {
+    fn rows(&self) -> usize {
+        self.0.rows()
+    }
+    fn cols(&self) -> usize {
+        self.0.cols()
+    }
+    #[inline(always)]
+    fn at(&self, r: usize, i: usize) -> f32 {
+        self.0.at(r, i)
+    }
+}
+
+impl Load512 for Mxfp4Vbmi<'_> {
+    const WIDE_T1: bool = false;
+
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2] {
+        let m = &self.0.0;
+        debug_assert!(r < m.rows && c + LANES <= m.cols);
+        // SAFETY: the caller keeps the 16 packed bytes and the scale in range.
+        unsafe {
+            let bytes = m.packed.as_ptr().add((r * m.cols + c) / 2);
+            let lut = mxfp4_lut(*m.scales.get_unchecked((r * m.cols + c) / GROUP));
+            // Qword k of the result holds columns 2k (low nibble of byte k, bit
+            // offset 8k) and 2k + 1 (high nibble, offset 8k + 4) in its two dwords.
+            let ctrl = _mm512_set_epi64(
+                (60 << 32) | 56,
+                (52 << 32) | 48,
+                (44 << 32) | 40,
+                (36 << 32) | 32,
+                (28 << 32) | 24,
+                (20 << 32) | 16,
+                (12 << 32) | 8,
+                4 << 32,
+            );
+            let q0 = _mm512_set1_epi64(bytes.cast::<i64>().read_unaligned());
+            let q1 = _mm512_set1_epi64(bytes.add(8).cast::<i64>().read_unaligned());
+            [
+                _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, q0), lut),
+                _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, q1), lut),
             ]
         }
     }
@@ -110,20 +200,30 @@ unsafe fn fold(a: [__m512; 2]) -> f32 {
     }
 }
 
-/// `acc[j] += x_j * w` for the K positions whose 32 activations start at `xp[j]`.
+/// `acc[j] = fma(x_j, w, acc[j])` for the K positions' activations `xv`.
 #[inline(always)]
-unsafe fn step<const K: usize>(acc: &mut [[__m512; 2]; K], wv: [__m512; 2], xp: &[*const f32; K]) {
-    for (a, &p) in acc.iter_mut().zip(xp) {
-        // SAFETY: the caller guarantees 32 readable f32 at `p`.
+unsafe fn step<const K: usize>(acc: &mut [[__m512; 2]; K], wv: [__m512; 2], xv: &[[__m512; 2]; K]) {
+    for (a, x) in acc.iter_mut().zip(xv) {
+        // SAFETY: register-only.
         unsafe {
-            a[0] = _mm512_add_ps(a[0], _mm512_mul_ps(_mm512_loadu_ps(p), wv[0]));
-            a[1] = _mm512_add_ps(a[1], _mm512_mul_ps(_mm512_loadu_ps(p.add(16)), wv[1]));
+            a[0] = _mm512_fmadd_ps(x[0], wv[0], a[0]);
+            a[1] = _mm512_fmadd_ps(x[1], wv[1], a[1]);
         }
     }
 }
 
+/// The 32 activations at each of `xp`.
+///
+/// # Safety
+/// Each pointer has 32 readable f32.
+#[inline(always)]
+unsafe fn load_x<const K: usize>(xp: [*const f32; K]) -> [[__m512; 2]; K] {
+    // SAFETY: forwarded from the caller.
+    xp.map(|p| unsafe { [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))] })
+}
+
 /// Dot products of rows `r0 .. r0 + R` with positions `j0 .. j0 + K`:
-/// `out[i·t + j0 + j]`. R rows in flight give independent add chains and
+/// `out[i·t + j0 + j]`. R rows in flight give independent FMA chains and
 /// memory streams at T = 1; each (row, position) keeps its own lanes, so
 /// the grouping never changes a result.
 #[inline(always)]
@@ -138,14 +238,18 @@ unsafe fn dots<W: Load512, const R: usize, const K: usize>(
     let n = w.cols();
     let full = n / LANES * LANES;
     let xs = &x[j0 * n..(j0 + K) * n];
+    assert!(r0 + R <= w.rows());
     // SAFETY: register-only.
     let mut acc = unsafe { [[[_mm512_setzero_ps(); 2]; K]; R] };
     let mut c = 0;
     while c < full {
-        let xp: [*const f32; K] = std::array::from_fn(|j| xs[j * n + c..][..LANES].as_ptr());
-        for (i, a) in acc.iter_mut().enumerate() {
-            // SAFETY: `c + 32 <= full <= n` (checked slices above hold 32 columns).
-            unsafe { step(a, w.load(r0 + i, c), &xp) };
+        // SAFETY: `c + 32 <= full <= n`, so each position's 32 activations
+        // lie in `xs` and each row's 32 weights in `w` (rows checked above).
+        unsafe {
+            let xv = load_x(std::array::from_fn(|j| xs.as_ptr().add(j * n + c)));
+            for (i, a) in acc.iter_mut().enumerate() {
+                step(a, w.load(r0 + i, c), &xv);
+            }
         }
         c += LANES;
     }
@@ -161,19 +265,11 @@ unsafe fn dots<W: Load512, const R: usize, const K: usize>(
                 row[col - full] = xs[j * n + col];
             }
         }
-        let xp: [*const f32; K] = std::array::from_fn(|j| xb[j].as_ptr());
+        // SAFETY: the stack buffers hold 32 f32 each.
+        let xv = unsafe { load_x(std::array::from_fn(|j| xb[j].as_ptr())) };
         for (i, a) in acc.iter_mut().enumerate() {
-            // SAFETY: the stack buffers hold 32 f32 each.
-            unsafe {
-                step(
-                    a,
-                    [
-                        _mm512_loadu_ps(wb[i].as_ptr()),
-                        _mm512_loadu_ps(wb[i].as_ptr().add(16)),
-                    ],
-                    &xp,
-                )
-            };
+            // SAFETY: as above.
+            unsafe { step(a, load_x([wb[i].as_ptr()])[0], &xv) };
         }
     }
     for (i, ai) in acc.into_iter().enumerate() {
@@ -206,12 +302,24 @@ unsafe fn rows_of<W: Load512, const R: usize>(
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw")]
-fn block<W: Load512>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+/// Rows `rows`, NR at a time.
+///
+/// # Safety
+/// The CPU supports what `W::load` needs; the caller is compiled with it.
+#[inline(always)]
+unsafe fn block_body<W: Load512>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
     let mut r = rows.start;
+    // At T = 1 nothing is reused across positions: eight rows in flight give
+    // sixteen FMA chains and eight memory streams (16 + 2 zmm of the 32).
+    while W::WIDE_T1 && t == 1 && r + NR1 <= rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        // SAFETY: forwarded from the caller.
+        unsafe { rows_of::<W, NR1>(w, r, x, t, o) };
+        r += NR1;
+    }
     while r + NR <= rows.end {
         let o = &mut out[(r - rows.start) * t..];
-        // SAFETY: this function is compiled with, and only reached on, AVX-512 F/BW.
+        // SAFETY: forwarded from the caller.
         unsafe { rows_of::<W, NR>(w, r, x, t, o) };
         r += NR;
     }
@@ -223,8 +331,50 @@ fn block<W: Load512>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [
     }
 }
 
+#[target_feature(enable = "avx512f,avx512bw")]
+fn block<W: Load512>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    // SAFETY: this function is compiled with, and only reached on, AVX-512 F/BW.
+    unsafe { block_body(w, x, t, rows, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn block_vbmi(w: &Mxfp4Vbmi<'_>, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    // SAFETY: this function is compiled with, and only reached on, AVX-512 F/BW/VBMI.
+    unsafe { block_body(w, x, t, rows, out) }
+}
+
 /// Table entry. Only `dispatch` references it, after detecting AVX-512 F/BW.
 pub(crate) fn entry<W: Load512>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
     // SAFETY: the dispatch table holding this entry is built only when the CPU has AVX-512 F/BW.
     unsafe { block(w, x, t, rows, out) }
+}
+
+/// MXFP4 table entry: the VBMI nibble expansion where the CPU has it (the
+/// detection is a cached flag, read once per row block), else the F/BW one.
+/// Both produce the same weights, so the choice never changes a result.
+pub(crate) fn entry_mxfp4(
+    w: &Mxfp4Rows<'_>,
+    x: &[f32],
+    t: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    if is_x86_feature_detected!("avx512vbmi") {
+        // SAFETY: AVX-512 F/BW (dispatch) and VBMI (just detected) are present.
+        unsafe { block_vbmi(&Mxfp4Vbmi(*w), x, t, rows, out) }
+    } else {
+        entry(w, x, t, rows, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fathom_weights::mxfp4::e8m0;
+
+    #[test]
+    fn branch_free_scale_is_e8m0() {
+        for b in 0..=255u8 {
+            assert_eq!(super::e8m0_bits(b), e8m0(b).to_bits(), "scale byte {b}");
+        }
+    }
 }

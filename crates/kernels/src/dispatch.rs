@@ -57,7 +57,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => is_x86_feature_detected!("avx2"),
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
@@ -85,7 +85,10 @@ static SCALAR: Kernels = table!(Isa::Scalar, block_scalar);
 static AVX2: Kernels = table!(Isa::Avx2, crate::avx2::entry);
 
 #[cfg(target_arch = "x86_64")]
-static AVX512: Kernels = table!(Isa::Avx512, crate::avx512::entry);
+static AVX512: Kernels = Kernels {
+    mxfp4: crate::avx512::entry_mxfp4,
+    ..table!(Isa::Avx512, crate::avx512::entry)
+};
 
 #[cfg(target_arch = "aarch64")]
 static NEON: Kernels = table!(Isa::Neon, crate::neon::entry);

@@ -5,16 +5,19 @@
 //!
 //! A dot product `x · w` over `n` columns uses [`LANES`] = 32 interleaved
 //! partial sums. The row is treated as zero-padded to a multiple of 32;
-//! column `i` goes to lane `i % 32` as `acc[l] = acc[l] + (x[i] * w[i])`
-//! with a separately rounded multiply and add (no FMA: Rust never contracts
-//! `a * b + c`, and a scalar `mul_add` without hardware FMA is a libm call).
-//! The 32 lanes are then folded in halves, `acc[i] += acc[i + h]` for
+//! column `i` goes to lane `i % 32` as `acc[l] = fma(x[i], w[i], acc[l])`,
+//! one fused multiply-add rounded once (`f32::mul_add`; every SIMD ISA has
+//! the same IEEE operation: `vfmadd` on AVX-512/AVX2+FMA, `vfmaq_f32` on NEON).
+//! The fused form is the contract because it is what the hardware does
+//! fastest; on a CPU without FMA the scalar reference becomes a libm call
+//! per element: correct, slow, and only used as the reference and as the
+//! fallback for such CPUs. The 32 lanes are then folded in halves, `acc[i] += acc[i + h]` for
 //! `h = 16, 8, 4, 2, 1`. Each weight is first dequantised *exactly* to f32
 //! (bf16 and int8 always are; an MXFP4 value is `e2m1 * 2^e`, one correctly
 //! rounded f32 product); int8 rows multiply the folded sum by the row scale.
 //!
 //! 32 lanes are two AVX-512 registers, four AVX2 registers or eight NEON
-//! registers: every ISA keeps independent add chains (hiding add latency at
+//! registers: every ISA keeps independent FMA chains (hiding their latency at
 //! T = 1) and performs the very same IEEE operations, so the SIMD results are
 //! bit-identical to this reference (NaN payloads excepted).
 
@@ -156,7 +159,7 @@ pub fn block_scalar<W: Rows>(
                     } else {
                         (0.0, 0.0)
                     };
-                    *a += xv * wv;
+                    *a = xv.mul_add(wv, *a);
                 }
             }
             out[k * t + j] = w.finish(r, fold32(acc));

@@ -141,7 +141,7 @@ fn block<W: LoadNeon>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut 
                         )
                     };
                     for (q, a) in acc.iter_mut().enumerate() {
-                        *a = vaddq_f32(*a, vmulq_f32(vld1q_f32(xp.add(4 * q)), wv[q]));
+                        *a = vfmaq_f32(*a, vld1q_f32(xp.add(4 * q)), wv[q]);
                     }
                     c += LANES;
                 }
