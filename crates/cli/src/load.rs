@@ -130,12 +130,12 @@ pub fn load_model_with(
     }
     let ledger = ledger.map_err(anyhow::Error::msg)?;
     let cfg = StreamConfig {
-        cache_experts: ledger.cache_experts,
         io_threads: mem.io_threads.max(1),
         direct: !mem.buffered_io,
         prefetch: !mem.no_prefetch,
         max_inflight,
         prefetch_depth: mem.prefetch_depth.unwrap_or(spec.top_k),
+        ..StreamConfig::new(&spec, ledger.cache_experts)
     };
     let mut direct = None;
     let model = K3Model::load_with(dir, |spec, ck, table| {
