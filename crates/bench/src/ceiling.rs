@@ -226,13 +226,7 @@ pub fn measure_memory(array_bytes: u64, seconds: f64) -> MemoryCeiling {
 /// Array size for the triad: far above any last-level cache (256 MiB each)
 /// but at most 1/16 of the available memory per array.
 pub fn triad_array_bytes() -> u64 {
-    let avail = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            let l = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-            l.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(4 << 30, |kb| kb * 1024);
+    let avail = fathom_stream::memory::meminfo("MemAvailable:").unwrap_or(4 << 30);
     (256u64 << 20).min(avail / 16).max(16 << 20)
 }
 

@@ -10,133 +10,20 @@
 //! allocates is charged elsewhere, and fathom itself never changes cgroup.
 //! After the process exits its peak usage is read and the directory removed.
 //!
-//! Both hierarchies are handled: v1 (`memory` controller mounted on its own,
-//! `memory.limit_in_bytes`, `memory.max_usage_in_bytes`) and v2 (unified,
-//! `memory.max`, `memory.peak`). Where both appear (hybrid systems) the one
-//! that actually carries the memory controller for this process wins: v1.
+//! Both hierarchies are handled: v1 (`memory.limit_in_bytes`,
+//! `memory.max_usage_in_bytes`) and v2 (`memory.max`, `memory.peak`); which
+//! one, and where fathom's own cgroup is, comes from [`fathom_stream::memory`].
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Version {
-    V1,
-    V2,
-}
-
-/// A memory cgroup directory and the hierarchy it belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Place {
-    pub version: Version,
-    pub dir: PathBuf,
-}
-
-/// Finds this process's memory cgroup directory from the texts of
-/// `/proc/self/cgroup` and `/proc/self/mountinfo` (a pure function, so it is
-/// testable with any system's files).
-pub fn own_memory_cgroup(proc_cgroup: &str, mountinfo: &str) -> Result<Place, String> {
-    let mounts: Vec<Mount> = mountinfo.lines().filter_map(Mount::parse).collect();
-    let mut v2_path = None;
-    for line in proc_cgroup.lines() {
-        let mut f = line.splitn(3, ':');
-        let (Some(_id), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
-            continue;
-        };
-        if ctrl.is_empty() {
-            v2_path = Some(path);
-        } else if ctrl.split(',').any(|c| c == "memory") {
-            let m = mounts
-                .iter()
-                .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == "memory"))
-                .ok_or(
-                    "this process is in a v1 memory cgroup but no v1 memory hierarchy is mounted",
-                )?;
-            return Ok(Place {
-                version: Version::V1,
-                dir: m.resolve(path)?,
-            });
-        }
-    }
-    let path = v2_path
-        .ok_or("/proc/self/cgroup names no memory cgroup (no v1 memory line, no v2 0:: line)")?;
-    let m = mounts
-        .iter()
-        .find(|m| m.fstype == "cgroup2")
-        .ok_or("no cgroup2 filesystem is mounted")?;
-    Ok(Place {
-        version: Version::V2,
-        dir: m.resolve(path)?,
-    })
-}
-
-/// The fields of one `/proc/self/mountinfo` line that matter here.
-struct Mount {
-    root: String,
-    point: PathBuf,
-    fstype: String,
-    super_opts: String,
-}
-
-impl Mount {
-    /// `36 35 0:30 / /sys/fs/cgroup/memory rw,relatime shared:1 - cgroup cgroup rw,memory`
-    fn parse(line: &str) -> Option<Mount> {
-        let (pre, post) = line.split_once(" - ")?;
-        let pre: Vec<&str> = pre.split(' ').collect();
-        let post: Vec<&str> = post.split(' ').collect();
-        Some(Mount {
-            root: unescape(pre.get(3)?),
-            point: PathBuf::from(unescape(pre.get(4)?)),
-            fstype: post.first()?.to_string(),
-            super_opts: post.get(2).unwrap_or(&"").to_string(),
-        })
-    }
-
-    /// The directory of cgroup `path` (relative to the hierarchy's root) under this mount.
-    fn resolve(&self, path: &str) -> Result<PathBuf, String> {
-        let root = self.root.trim_end_matches('/');
-        let rel = path.strip_prefix(root).ok_or_else(|| {
-            format!(
-                "cgroup {path} is outside the part of the hierarchy mounted at {} (root {})",
-                self.point.display(),
-                self.root
-            )
-        })?;
-        let rel = rel.trim_start_matches('/');
-        Ok(if rel.is_empty() {
-            self.point.clone()
-        } else {
-            self.point.join(rel)
-        })
-    }
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+pub use fathom_stream::memory::{Place, Version, own_memory_cgroup};
 
 /// This process's memory cgroup, read from `/proc`.
 pub fn own() -> Result<Place> {
@@ -311,61 +198,4 @@ impl Drop for Child {
 fn write(path: &Path, v: u64) -> Result<()> {
     std::fs::write(path, v.to_string())
         .with_context(|| format!("--memory-cap: writing {v} to {}", path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MI_V1: &str = "\
-25 30 0:23 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-30 25 0:27 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-31 25 0:28 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-35 25 0:31 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-";
-
-    #[test]
-    fn v1_memory_line_wins_on_hybrid_systems() {
-        let cg = "4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
-        let p = own_memory_cgroup(cg, MI_V1).unwrap();
-        assert_eq!(p.version, Version::V1);
-        assert_eq!(
-            p.dir,
-            PathBuf::from("/sys/fs/cgroup/memory/process_api/abc")
-        );
-    }
-
-    #[test]
-    fn v1_root_cgroup_is_the_mount_point() {
-        let p = own_memory_cgroup("4:memory:/\n", MI_V1).unwrap();
-        assert_eq!(p.dir, PathBuf::from("/sys/fs/cgroup/memory"));
-    }
-
-    #[test]
-    fn v2_unified() {
-        let mi = "28 22 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
-        let cg = "0::/user.slice/user-1000.slice/session-2.scope\n";
-        let p = own_memory_cgroup(cg, mi).unwrap();
-        assert_eq!(p.version, Version::V2);
-        assert_eq!(
-            p.dir,
-            PathBuf::from("/sys/fs/cgroup/user.slice/user-1000.slice/session-2.scope")
-        );
-    }
-
-    #[test]
-    fn bind_mounted_subtree_and_escapes() {
-        let mi = "40 22 0:26 /docker/x /sys/fs/my\\040cg rw - cgroup2 cgroup2 rw\n";
-        let p = own_memory_cgroup("0::/docker/x/inner\n", mi).unwrap();
-        assert_eq!(p.dir, PathBuf::from("/sys/fs/my cg/inner"));
-        let e = own_memory_cgroup("0::/elsewhere\n", mi).unwrap_err();
-        assert!(e.contains("outside"), "{e}");
-    }
-
-    #[test]
-    fn missing_pieces_are_errors() {
-        assert!(own_memory_cgroup("", MI_V1).is_err());
-        assert!(own_memory_cgroup("4:memory:/a\n", "").is_err());
-        assert!(own_memory_cgroup("0::/a\n", "garbage line\n").is_err());
-    }
 }

@@ -39,10 +39,7 @@ pub fn describe(model_dir: &Path) -> Machine {
         .find(|l| l.starts_with("model name") || l.starts_with("Model"))
         .and_then(|l| l.split_once(':'))
         .map(|(_, v)| v.trim().to_string());
-    let ram_bytes = read("/proc/meminfo").and_then(|s| {
-        let l = s.lines().find(|l| l.starts_with("MemTotal:"))?;
-        Some(l.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
-    });
+    let ram_bytes = fathom_stream::memory::meminfo("MemTotal:");
     let os = read("/etc/os-release").and_then(|s| {
         s.lines()
             .find_map(|l| l.strip_prefix("PRETTY_NAME="))
@@ -56,7 +53,7 @@ pub fn describe(model_dir: &Path) -> Machine {
         os,
         disk: disk_of(model_dir),
         loadavg: read("/proc/loadavg").map(|s| s.trim().to_string()),
-        cgroup_limit_bytes: fathom_stream::budget::cgroup_limit(),
+        cgroup_limit_bytes: fathom_stream::memory::memory_limit(),
     }
 }
 

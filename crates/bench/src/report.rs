@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use fathom_weights::units::format_bytes;
 use serde::Serialize;
 
 use crate::arm::{Arm, ArmKind, Prompt, join_ids};
@@ -286,24 +287,9 @@ fn verdict(
     (Status::Accepted, None)
 }
 
-/// Bytes with decimal units, three significant figures.
-pub fn human_bytes(b: f64) -> String {
-    let units = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = b;
-    let mut i = 0;
-    while v >= 1000.0 && i + 1 < units.len() {
-        v /= 1000.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{v:.0} B")
-    } else if v >= 100.0 {
-        format!("{v:.0} {}", units[i])
-    } else if v >= 10.0 {
-        format!("{v:.1} {}", units[i])
-    } else {
-        format!("{v:.2} {}", units[i])
-    }
+/// [`format_bytes`] of a measured byte count or rate (rounded to whole bytes).
+fn human_bytes(b: f64) -> String {
+    format_bytes(b.round() as u64)
 }
 
 /// Three significant figures for rates and ratios.
@@ -347,8 +333,7 @@ pub fn render_table(r: &Report) -> String {
         c.max_new,
         c.reps,
         c.warmup,
-        c.memory_cap_bytes
-            .map_or("none".into(), |b| human_bytes(b as f64))
+        c.memory_cap_bytes.map_or("none".into(), format_bytes)
     );
     let m = &r.machine;
     let _ = writeln!(
@@ -356,7 +341,7 @@ pub fn render_table(r: &Report) -> String {
         "machine: {}, {} CPUs, {} RAM, kernel {}, load {}",
         m.cpu_model.as_deref().unwrap_or("?"),
         m.logical_cpus,
-        m.ram_bytes.map_or("?".into(), |b| human_bytes(b as f64)),
+        m.ram_bytes.map_or("?".into(), format_bytes),
         m.kernel.as_deref().unwrap_or("?"),
         m.loadavg.as_deref().unwrap_or("?")
     );
@@ -371,20 +356,20 @@ pub fn render_table(r: &Report) -> String {
             "buffered, O_DIRECT refused"
         },
         s.threads,
-        human_bytes(s.bytes as f64),
+        format_bytes(s.bytes),
         s.seconds,
         s.reads,
         s.spans,
         human_bytes(mem.bytes_per_s),
         mem.threads,
-        human_bytes(mem.array_bytes as f64)
+        format_bytes(mem.array_bytes)
     );
     let _ = writeln!(
         o,
         "  spine touched per token {} (int8 spine: {}), one expert {}",
-        human_bytes(r.ceilings.spine_bytes_per_token as f64),
-        human_bytes(r.ceilings.spine_bytes_per_token_int8 as f64),
-        human_bytes(r.ceilings.expert_bytes as f64)
+        format_bytes(r.ceilings.spine_bytes_per_token),
+        format_bytes(r.ceilings.spine_bytes_per_token_int8),
+        format_bytes(r.ceilings.expert_bytes)
     );
     for a in &r.arms {
         let _ = writeln!(o);
@@ -429,7 +414,7 @@ pub fn render_table(r: &Report) -> String {
                 } else {
                     "memory"
                 },
-                human_bytes(a.spine_bytes_per_token.unwrap_or(0) as f64),
+                format_bytes(a.spine_bytes_per_token.unwrap_or(0)),
                 a.decode_vs_ceiling
                     .map_or("n/a (not accepted)".into(), sig3)
             );

@@ -51,7 +51,7 @@ pub fn render(r: &Report) -> String {
         r.config.reps,
         r.config.memory_cap_bytes.map_or(String::new(), |b| format!(
             ", cap {}",
-            crate::report::human_bytes(b as f64)
+            fathom_weights::units::format_bytes(b)
         ))
     );
     let _ = writeln!(

@@ -1,7 +1,7 @@
 //! Pieces shared by the subcommands: loading a model directory, parsing
 //! prompts, and the tokenizer a model ships.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use fathom_tokenizer::Tokenizer;
@@ -34,7 +34,7 @@ pub fn prompt_ids(
     ids: Option<&str>,
     text: Option<&str>,
     tok: Option<&dyn Tokenizer>,
-    model_dir: &PathBuf,
+    model_dir: &Path,
 ) -> Result<Vec<u32>> {
     match (ids, text) {
         (Some(ids), None) => parse_ids(ids),

@@ -11,6 +11,7 @@ use fathom_model::kimi_k3::config::K3Spec;
 use fathom_model::{K3Model, Spine};
 use fathom_stream::budget::{Ledger, default_budget};
 use fathom_stream::{StreamConfig, StreamedExperts};
+use fathom_weights::units::parse_size;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ExpertMode {
@@ -29,7 +30,7 @@ pub struct MemoryArgs {
     /// available memory, minus a 10 % margin). The resident spine, state for
     /// --context tokens, scratch and I/O buffers come first; the expert cache
     /// gets the rest.
-    #[arg(long, value_parser = parse_size_arg)]
+    #[arg(long, value_parser = parse_size)]
     pub ram_budget: Option<u64>,
     /// Where routed experts live.
     #[arg(long, value_enum, default_value_t = ExpertMode::Auto)]
@@ -50,10 +51,6 @@ pub struct MemoryArgs {
     /// Read through the page cache instead of O_DIRECT (the budget is then not honest).
     #[arg(long)]
     pub buffered_io: bool,
-}
-
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    fathom_synth::units::parse_size(s)
 }
 
 /// What loading decided, for stats and logs.

@@ -61,10 +61,13 @@ impl<'d> ModelDrafter<'d> {
     /// `target_vocab` must match the draft's vocabulary (same tokenizer).
     pub fn new(model: &'d K3Model, target_vocab: usize) -> Result<Self> {
         if model.spec.vocab_size != target_vocab {
-            return Err(ModelError::Experts(format!(
-                "draft model vocabulary {} differs from the target's {target_vocab}: they must share a tokenizer",
-                model.spec.vocab_size
-            )));
+            return Err(ModelError::Config {
+                field: "vocab_size".into(),
+                msg: format!(
+                    "draft model vocabulary {} differs from the target's {target_vocab}: they must share a tokenizer",
+                    model.spec.vocab_size
+                ),
+            });
         }
         Ok(ModelDrafter {
             model,

@@ -15,6 +15,9 @@ pub enum ModelError {
     EmptyInput,
     #[error("expert source: {0}")]
     Experts(String),
+    /// A tensor whose shape or dtype does not fit its use; the message names it.
+    #[error("tensor {0}")]
+    Tensor(String),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -55,9 +55,9 @@ impl Linear {
     pub fn load(ck: &Checkpoint, name: &str, loc: &TensorLoc) -> Result<Self> {
         let (rows, cols) = match loc.shape[..] {
             [r, c] => (r, c),
-            [r, one, c] if one == 1 => (r, c),
+            [r, 1, c] => (r, c),
             _ => {
-                return Err(ModelError::Experts(format!(
+                return Err(ModelError::Tensor(format!(
                     "{name}: expected a matrix, found {:?}",
                     loc.shape
                 )));
@@ -66,7 +66,7 @@ impl Linear {
         let data = match loc.dtype {
             Dtype::BF16 => WeightData::Bf16(ck.read_u16(loc)?),
             dt => WeightData::F32(convert::to_f32(dt, &ck.read(loc)?).ok_or_else(|| {
-                ModelError::Experts(format!("{name}: {dt:?} is not a float dtype"))
+                ModelError::Tensor(format!("{name}: {dt:?} is not a float dtype"))
             })?),
         };
         Ok(Linear { rows, cols, data })
@@ -138,5 +138,5 @@ impl Linear {
 pub fn load_vector(ck: &Checkpoint, name: &str, loc: &TensorLoc) -> Result<Vec<f32>> {
     let bytes = ck.read(loc)?;
     convert::to_f32(loc.dtype, &bytes)
-        .ok_or_else(|| ModelError::Experts(format!("{name}: {:?} is not a float dtype", loc.dtype)))
+        .ok_or_else(|| ModelError::Tensor(format!("{name}: {:?} is not a float dtype", loc.dtype)))
 }

@@ -16,6 +16,9 @@ use fathom_model::Spine;
 use fathom_model::kimi_k3::config::{AttnKind, K3Spec};
 use fathom_model::kimi_k3::tensors::{Role, TensorSpec, expert_bytes, tensor_table};
 use fathom_weights::IO_ALIGN;
+use fathom_weights::units::format_bytes;
+
+use crate::memory::{meminfo, memory_limit};
 
 /// Fixed allowance for the process itself (binary, allocator, thread stacks).
 const BASELINE: u64 = 64 << 20;
@@ -182,14 +185,14 @@ impl Ledger {
         if fixed > budget {
             return Err(format!(
                 "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} tokens {}, scratch {}, I/O buffers {} — at least {} (with no expert cache)",
-                human(budget),
+                format_bytes(budget),
                 self.spine_repr,
-                human(self.spine),
+                format_bytes(self.spine),
                 self.context,
-                human(self.state),
-                human(self.scratch),
-                human(self.io_buffers),
-                human(fixed)
+                format_bytes(self.state),
+                format_bytes(self.scratch),
+                format_bytes(self.io_buffers),
+                format_bytes(fixed)
             ));
         }
         let total_experts = spec.moe_layers().count() * spec.num_experts;
@@ -211,26 +214,17 @@ impl Ledger {
     pub fn describe(&self) -> String {
         format!(
             "RAM budget {}: spine {} ({}), state {} ({} tokens), scratch {}, I/O buffers {}, expert cache {} ({} experts of {})",
-            human(self.budget),
-            human(self.spine),
+            format_bytes(self.budget),
+            format_bytes(self.spine),
             self.spine_repr,
-            human(self.state),
+            format_bytes(self.state),
             self.context,
-            human(self.scratch),
-            human(self.io_buffers),
-            human(self.cache),
+            format_bytes(self.scratch),
+            format_bytes(self.io_buffers),
+            format_bytes(self.cache),
             self.cache_experts,
-            human(self.expert_bytes)
+            format_bytes(self.expert_bytes)
         )
-    }
-}
-
-fn human(b: u64) -> String {
-    let g = b as f64 / 1e9;
-    if g >= 1.0 {
-        format!("{g:.2} GB")
-    } else {
-        format!("{:.1} MB", b as f64 / 1e6)
     }
 }
 
@@ -239,55 +233,19 @@ fn human(b: u64) -> String {
 /// rest of the system. Returns (budget, where the figure came from).
 pub fn default_budget() -> (u64, String) {
     let avail = meminfo("MemAvailable:").unwrap_or(8 << 30);
-    let (limit, src) = match cgroup_limit() {
+    let (limit, src) = match memory_limit() {
         Some(c) if c < avail => (c, "memory-cgroup limit"),
         _ => (avail, "available memory"),
     };
     let margin = (limit / 10).max(256 << 20);
     (
         limit.saturating_sub(margin),
-        format!("{src} {} minus a {} margin", human(limit), human(margin)),
+        format!(
+            "{src} {} minus a {} margin",
+            format_bytes(limit),
+            format_bytes(margin)
+        ),
     )
-}
-
-fn meminfo(key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let l = s.lines().find(|l| l.starts_with(key))?;
-    Some(
-        l[key.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse::<u64>()
-            .ok()?
-            * 1024,
-    )
-}
-
-/// This process's memory-cgroup limit (v2 `memory.max`, or v1
-/// `memory.limit_in_bytes`), if one is set.
-pub fn cgroup_limit() -> Option<u64> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    for line in cg.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let file = if controllers.is_empty() {
-            format!("/sys/fs/cgroup{path}/memory.max")
-        } else if controllers.split(',').any(|c| c == "memory") {
-            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
-        } else {
-            continue;
-        };
-        if let Ok(v) = std::fs::read_to_string(&file) {
-            if let Ok(n) = v.trim().parse::<u64>() {
-                // v1 reports "no limit" as a huge page-rounded number.
-                if n < 1 << 60 {
-                    return Some(n);
-                }
-            }
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -306,10 +264,7 @@ mod tests {
     fn ledger_adds_up_and_refuses_too_small() {
         let s = tiny();
         let l = Ledger::plan(&s, 200 << 20, 4096, 1, 8).unwrap();
-        assert_eq!(
-            l.spine + l.state + l.scratch + l.io_buffers + l.cache <= l.budget,
-            true
-        );
+        assert!(l.spine + l.state + l.scratch + l.io_buffers + l.cache <= l.budget);
         assert_eq!(l.cache, l.cache_experts as u64 * l.expert_bytes);
         // k3-tiny: 8 MoE layers × 32 experts, all fit in 200 MiB.
         assert_eq!(l.cache_experts, 8 * 32);

@@ -15,6 +15,7 @@
 
 pub mod budget;
 pub mod cache;
+pub mod memory;
 pub mod reader;
 pub mod store;
 

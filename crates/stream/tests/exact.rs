@@ -2,7 +2,7 @@
 //! to the fully resident model, for cache sizes down to zero (every expert
 //! re-read on every use), with and without prefetch, any I/O thread count.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fathom_engine::greedy;
@@ -19,7 +19,7 @@ fn code_small() -> Option<PathBuf> {
     p.join("config.json").is_file().then_some(p)
 }
 
-fn streamed(dir: &PathBuf, cache: usize, prefetch: bool, threads: usize) -> K3Model {
+fn streamed(dir: &Path, cache: usize, prefetch: bool, threads: usize) -> K3Model {
     K3Model::load_with(dir, |spec, ck, table| {
         let mut cfg = StreamConfig::new(spec, cache);
         cfg.prefetch = prefetch;
@@ -41,7 +41,7 @@ fn run(model: &K3Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
     (g.output_ids, logits)
 }
 
-fn check(dir: &PathBuf, prompt: &[u32], n: usize, caches: &[usize]) {
+fn check(dir: &Path, prompt: &[u32], n: usize, caches: &[usize]) {
     let resident = K3Model::load(dir).unwrap();
     let want = run(&resident, prompt, n);
     for &cache in caches {

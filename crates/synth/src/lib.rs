@@ -17,7 +17,6 @@
 //! * [`init`]: seeded weights computable at any offset.
 //! * [`write`]: the parallel, direct-I/O, atomic writer.
 //! * [`tokenizer`]: the rank file and special tokens.
-//! * [`units`]: `40GB` / `512MiB` sizes.
 
 // `json!` of the released config.json layout nests deeper than the default limit.
 #![recursion_limit = "256"]
@@ -27,7 +26,6 @@ pub mod init;
 pub mod plan;
 pub mod preset;
 pub mod tokenizer;
-pub mod units;
 pub mod write;
 
 pub use error::SynthError;

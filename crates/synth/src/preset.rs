@@ -351,14 +351,7 @@ pub fn resolve(preset: Preset, o: &Overrides) -> Result<Resolved> {
             lo = hi;
             hi *= 2;
         }
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if size_at(mid)? <= target {
-                lo = mid
-            } else {
-                hi = mid
-            }
-        }
+        let lo = largest_fitting(lo, hi, target, size_at)?;
         let pick = if size_at(lo)?.abs_diff(target) <= size_at(lo + 1)?.abs_diff(target) {
             lo
         } else {
@@ -390,10 +383,21 @@ fn search_experts(d: &Dims, target: u64) -> Result<usize> {
         x.num_experts = e;
         x.data_bytes()
     };
-    let (mut lo, mut hi) = (d.top_k, d.num_experts);
+    let (lo, hi) = (d.top_k, d.num_experts);
     if size_at(hi)? <= target {
         return Ok(hi);
     }
+    largest_fitting(lo, hi, target, size_at)
+}
+
+/// Bisects `lo .. hi` for the largest count whose size fits `target`, sizes
+/// growing with the count and `size_at(hi)` over it; `lo` when none above it fits.
+fn largest_fitting(
+    mut lo: usize,
+    mut hi: usize,
+    target: u64,
+    size_at: impl Fn(usize) -> Result<u64>,
+) -> Result<usize> {
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
         if size_at(mid)? <= target {

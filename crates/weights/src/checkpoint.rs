@@ -269,7 +269,7 @@ fn read_header(
             .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
             .ok_or_else(|| bad_t("shape overflows".into()))?;
         let bits = numel as u128 * info.dtype.bitsize() as u128;
-        if bits % 8 != 0 || (bits / 8) as u64 != end - begin {
+        if !bits.is_multiple_of(8) || (bits / 8) as u64 != end - begin {
             return Err(bad_t(format!(
                 "{:?} {:?} needs {} bytes but data_offsets span {}",
                 info.dtype,

@@ -9,12 +9,14 @@
 //! * [`mxfp4`] is the compressed-tensors `mxfp4-pack-quantized` format of the
 //!   routed experts (E2M1 nibbles, E8M0 scale per 32 columns).
 //! * [`convert`] turns stored bytes into fp32 (bf16 is a shift, so exact).
+//! * [`units`] parses and prints byte sizes (`40GB`, `512MiB`, `63.2 MB`).
 
 pub mod buf;
 pub mod checkpoint;
 pub mod convert;
 pub mod error;
 pub mod mxfp4;
+pub mod units;
 
 pub use buf::{AlignedBuf, IO_ALIGN};
 pub use checkpoint::{Checkpoint, ShardFile, TensorLoc};

@@ -49,7 +49,7 @@ pub struct Mxfp4Ref<'a> {
 impl<'a> Mxfp4Ref<'a> {
     /// Checks the byte lengths against the shape. `cols` must be a multiple of 32.
     pub fn new(rows: usize, cols: usize, packed: &'a [u8], scales: &'a [u8]) -> Option<Self> {
-        (cols % GROUP == 0
+        (cols.is_multiple_of(GROUP)
             && packed.len() == rows * cols / 2
             && scales.len() == rows * cols / GROUP)
             .then_some(Mxfp4Ref {

@@ -15,7 +15,7 @@ fn tmpdir(tag: &str) -> PathBuf {
 /// Writes a safetensors file from a header object and a data section.
 fn write_st(path: &Path, header: serde_json::Value, data: &[u8]) {
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut f = (h.len() as u64).to_le_bytes().to_vec();

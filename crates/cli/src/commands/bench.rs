@@ -10,6 +10,7 @@ use clap::{ArgGroup, Args};
 use fathom_bench::arm::{Arm, Prompt, parse_ids, parse_prompts_file};
 use fathom_bench::ceiling::Limits;
 use fathom_bench::{BenchConfig, render_table, run_bench};
+use fathom_weights::units::parse_size;
 
 /// Benchmark arms of `fathom run` flags (and peer engines) in fresh processes,
 /// interleaved rep by rep, against the storage and memory ceilings measured in
@@ -63,13 +64,13 @@ pub struct BenchArgs {
     /// Run every measured process in its own memory cgroup with this limit
     /// (page cache charged), e.g. 4GB; created under fathom's own cgroup and
     /// removed afterwards. Needs write access to the cgroup filesystem.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory_cap: Option<u64>,
     /// Time limit of each ceiling measurement, in seconds.
     #[arg(long, default_value_t = 5.0, value_name = "S")]
     ceiling_secs: f64,
     /// Most bytes the storage ceiling reads.
-    #[arg(long, default_value = "2GB", value_name = "SIZE", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "2GB", value_name = "SIZE", value_parser = parse_size)]
     ceiling_bytes: u64,
     /// Parallel reads for the storage ceiling (the engine's default I/O threads).
     #[arg(long, default_value_t = 16, value_name = "N")]
@@ -77,10 +78,6 @@ pub struct BenchArgs {
     /// Time limit of each measured process, in seconds (then it is killed and the arm fails).
     #[arg(long, default_value_t = 1800.0, value_name = "S")]
     timeout: f64,
-}
-
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    fathom_synth::units::parse_size(s)
 }
 
 fn prompts(a: &BenchArgs) -> Result<Vec<Prompt>> {

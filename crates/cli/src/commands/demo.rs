@@ -15,9 +15,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use fathom_engine::greedy;
-use fathom_synth::units::format_bytes;
 use fathom_synth::{Overrides, Plan, Preset, WriteOptions, resolve, write_model};
 use fathom_tokenizer::StreamDecoder;
+use fathom_weights::units::format_bytes;
 
 use crate::common::tokenizer;
 use crate::load::{ExpertMode, MemoryArgs, load_model_with};
@@ -31,7 +31,7 @@ pub struct DemoArgs {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// RAM budget the demo runs within; the model is made about 3x larger.
-    #[arg(long, default_value = "3GB", value_parser = fathom_synth::units::parse_size)]
+    #[arg(long, default_value = "3GB", value_parser = fathom_weights::units::parse_size)]
     ram_budget: u64,
     /// Tokens to generate.
     #[arg(long, default_value_t = 24)]

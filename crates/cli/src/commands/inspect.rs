@@ -23,7 +23,7 @@ use fathom_stream::budget::{
     Ledger, expert_ram_bytes, io_buffer_bytes, kda_state_bytes, mla_state_bytes, scratch_bytes,
     spine_bytes_for,
 };
-use fathom_synth::units::{format_bytes, parse_size};
+use fathom_weights::units::{format_bytes, parse_size};
 use serde_json::{Value, json};
 
 /// Describe a K3 model: layer plan, parameters and bytes by component,

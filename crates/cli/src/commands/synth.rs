@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fathom_synth::units::{format_bytes, parse_size};
 use fathom_synth::{Overrides, Plan, Preset, WriteOptions, resolve, write_model};
+use fathom_weights::units::{format_bytes, parse_size};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Write a synthetic Kimi K3 checkpoint: the released tensor names, shapes,

@@ -14,8 +14,8 @@ use anyhow::{Result, bail};
 use clap::Args;
 use fathom_model::kimi_k3::config::K3Spec;
 use fathom_model::kimi_k3::weights::check_tensors;
-use fathom_synth::units::format_bytes;
 use fathom_weights::Checkpoint;
+use fathom_weights::units::format_bytes;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 

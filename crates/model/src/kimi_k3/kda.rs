@@ -177,7 +177,7 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
             }
             let mut o = vec![0f32; t * kd];
             delta_rule_head(s, &qh, &kh, &vh, &la, &beta, kd, kd, &mut o);
-            let inputs = journaling.then(|| HeadInputs {
+            let inputs = journaling.then_some(HeadInputs {
                 q: qh,
                 k: kh,
                 v: vh,
