@@ -229,7 +229,8 @@ impl Ledger {
 }
 
 /// The default budget: the memory-cgroup limit or the available memory,
-/// whichever is smaller, minus a margin of 10 % (at least 256 MiB) for the
+/// whichever is smaller, minus a margin of 10 % (at least 256 MiB, at most a
+/// quarter of a small limit) for the
 /// rest of the system. Returns (budget, where the figure came from).
 pub fn default_budget() -> (u64, String) {
     let avail = meminfo("MemAvailable:").unwrap_or(8 << 30);
@@ -237,7 +238,8 @@ pub fn default_budget() -> (u64, String) {
         Some(c) if c < avail => (c, "memory-cgroup limit"),
         _ => (avail, "available memory"),
     };
-    let margin = (limit / 10).max(256 << 20);
+    // 10 %, at least 256 MiB — but never more than a quarter of a small limit.
+    let margin = (limit / 10).max((256u64 << 20).min(limit / 4));
     (
         limit.saturating_sub(margin),
         format!(
