@@ -2,11 +2,13 @@
 //!
 //! Each row's weights are dequantised in registers once per 32 columns and
 //! applied to up to two positions at a time with four rows in flight (eight
-//! rows at T = 1, except MXFP4: sixteen independent FMA chains and eight
-//! memory streams), so a row crosses the memory bus once for all T; further
-//! position groups re-read it from L1/L2. MXFP4 nibbles are expanded with
-//! VBMI's `vpmultishiftqb` where the CPU has it. The activations of a column block are loaded once and shared
-//! by the rows in flight. The operations are exactly those of
+//! rows at T = 1: sixteen independent FMA chains and eight memory streams),
+//! so a row crosses the memory bus once for all T; further position groups
+//! re-read it from L1/L2. MXFP4 looks its scaled 16-entry table up per
+//! (row, group) in [`MXFP4_LUTS`] and, where the CPU has VBMI, runs its own
+//! loop ([`mxfp4_dots`]): nibbles expanded with `vpmultishiftqb`, per-row
+//! pointers, software prefetch. The activations of a column block are loaded
+//! once and shared by the rows in flight. The operations are exactly those of
 //! `formats::block_scalar`: one fused multiply-add per weight into its lane.
 
 use std::arch::x86_64::*;
@@ -29,7 +31,7 @@ pub trait Load512: Rows {
     /// weights, where bounds checks cost as much as the arithmetic.
     ///
     /// # Safety
-    /// The CPU supports AVX-512 F and BW (and VBMI for [`Mxfp4Vbmi`]),
+    /// The CPU supports AVX-512 F and BW,
     /// `r < rows` and `c + 32 <= cols`.
     unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2];
 
@@ -82,28 +84,52 @@ impl Load512 for Int8Rows<'_> {
     }
 }
 
-/// The 16 signed E2M1 values, indexed by the whole nibble, times the group scale.
+/// The 16 signed E2M1 values, indexed by the whole nibble, times the group
+/// scale: one aligned load from [`MXFP4_LUTS`].
 ///
-/// Scaling the table gives the same products `e2m1 · 2^e` as the scalar
-/// reference (one multiply per group instead of one per weight).
+/// # Safety
+/// The CPU supports AVX-512 F.
 #[inline(always)]
 unsafe fn mxfp4_lut(scale_byte: u8) -> __m512 {
-    // SAFETY: register-only.
-    unsafe {
-        let lut = _mm512_setr_ps(
-            E2M1[0], E2M1[1], E2M1[2], E2M1[3], E2M1[4], E2M1[5], E2M1[6], E2M1[7], -E2M1[0],
-            -E2M1[1], -E2M1[2], -E2M1[3], -E2M1[4], -E2M1[5], -E2M1[6], -E2M1[7],
-        );
-        _mm512_mul_ps(lut, _mm512_set1_ps(f32::from_bits(e8m0_bits(scale_byte))))
-    }
+    // SAFETY: one 64-byte aligned row of a static table.
+    unsafe { _mm512_load_ps(MXFP4_LUTS.0[scale_byte as usize].as_ptr()) }
 }
 
 /// `e8m0(b).to_bits()` without branches: `b << 23`, plus the quiet bit for
 /// 0 (2^-127, subnormal) and 0xFF (NaN).
 #[inline(always)]
-fn e8m0_bits(b: u8) -> u32 {
+const fn e8m0_bits(b: u8) -> u32 {
     ((b as u32) << 23) | (((b == 0) | (b == 0xFF)) as u32) << 22
 }
+
+/// The 16 signed E2M1 values (indexed by the whole nibble) times `e8m0(b)`,
+/// for every scale byte `b`: the same correctly rounded products
+/// `e2m1 · 2^e` as the scalar reference (each one exact, or NaN for 0xFF),
+/// computed at compile time and looked up with one load per (row, group)
+/// instead of a broadcast and a multiply. Scale bytes of real checkpoints
+/// cluster, so the few lines in use stay in L1.
+#[repr(C, align(64))]
+struct Mxfp4Luts([[f32; 16]; 256]);
+
+static MXFP4_LUTS: Mxfp4Luts = Mxfp4Luts({
+    let mut t = [[0f32; 16]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let s = f32::from_bits(e8m0_bits(b as u8));
+        let mut i = 0;
+        while i < 16 {
+            let m = if i & 8 != 0 {
+                -E2M1[i & 7]
+            } else {
+                E2M1[i & 7]
+            };
+            t[b][i] = m * s;
+            i += 1;
+        }
+        b += 1;
+    }
+    t
+});
 
 impl Load512 for Mxfp4Rows<'_> {
     const WIDE_T1: bool = false;
@@ -126,59 +152,6 @@ impl Load512 for Mxfp4Rows<'_> {
             [
                 _mm512_permutexvar_ps(c0, lut),
                 _mm512_permutexvar_ps(c1, lut),
-            ]
-        }
-    }
-}
-
-/// MXFP4 rows read with AVX-512 VBMI: `vpmultishiftqb` moves each nibble
-/// straight into the low bits of its column's dword (vpermps reads only those
-/// four bits), so a 16-column half costs one broadcast load, one multishift
-/// and one permute.
-#[derive(Clone, Copy)]
-pub(crate) struct Mxfp4Vbmi<'a>(pub Mxfp4Rows<'a>);
-
-impl Rows for Mxfp4Vbmi<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows()
-    }
-    fn cols(&self) -> usize {
-        self.0.cols()
-    }
-    #[inline(always)]
-    fn at(&self, r: usize, i: usize) -> f32 {
-        self.0.at(r, i)
-    }
-}
-
-impl Load512 for Mxfp4Vbmi<'_> {
-    const WIDE_T1: bool = false;
-
-    #[inline(always)]
-    unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2] {
-        let m = &self.0.0;
-        debug_assert!(r < m.rows && c + LANES <= m.cols);
-        // SAFETY: the caller keeps the 16 packed bytes and the scale in range.
-        unsafe {
-            let bytes = m.packed.as_ptr().add((r * m.cols + c) / 2);
-            let lut = mxfp4_lut(*m.scales.get_unchecked((r * m.cols + c) / GROUP));
-            // Qword k of the result holds columns 2k (low nibble of byte k, bit
-            // offset 8k) and 2k + 1 (high nibble, offset 8k + 4) in its two dwords.
-            let ctrl = _mm512_set_epi64(
-                (60 << 32) | 56,
-                (52 << 32) | 48,
-                (44 << 32) | 40,
-                (36 << 32) | 32,
-                (28 << 32) | 24,
-                (20 << 32) | 16,
-                (12 << 32) | 8,
-                4 << 32,
-            );
-            let q0 = _mm512_set1_epi64(bytes.cast::<i64>().read_unaligned());
-            let q1 = _mm512_set1_epi64(bytes.add(8).cast::<i64>().read_unaligned());
-            [
-                _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, q0), lut),
-                _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, q1), lut),
             ]
         }
     }
@@ -337,10 +310,128 @@ fn block<W: Load512>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [
     unsafe { block_body(w, x, t, rows, out) }
 }
 
+/// MXFP4 rows in flight at T = 1 on the VBMI path (the tables live in
+/// memory, so only the accumulators and activations take registers).
+const NR1_MXFP4: usize = 8;
+/// How far ahead of each row's read position the VBMI path prefetches.
+const PF_BYTES: usize = 1024;
+
+/// MXFP4 dot products of rows `r0 .. r0 + R` with positions `j0 .. j0 + K`
+/// on the VBMI path: the same operations as [`dots`] over [`Mxfp4Rows`] (a
+/// group's weights are the scaled table entries of its nibbles, one FMA per
+/// weight into its lane), with per-row pointers that advance by one group
+/// (16 packed bytes, one scale byte) per step, so a row's group costs one
+/// table load, two multishifts, two permutes and the FMAs. `vpmultishiftqb`
+/// moves each nibble straight into the low bits of its column's dword
+/// (`vpermps` reads only those four bits). Every fourth group, each row
+/// prefetches the line [`PF_BYTES`] ahead.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW/VBMI, `r0 + R <= rows`, and `x` holds
+/// positions `j0 .. j0 + K`.
+#[inline(always)]
+unsafe fn mxfp4_dots<const R: usize, const K: usize>(
+    w: &Mxfp4Rows<'_>,
+    r0: usize,
+    x: &[f32],
+    t: usize,
+    j0: usize,
+    out: &mut [f32],
+) {
+    let m = &w.0;
+    let n = m.cols;
+    let groups = n / GROUP;
+    let xs = &x[j0 * n..(j0 + K) * n];
+    assert!(r0 + R <= m.rows && n.is_multiple_of(GROUP));
+    // SAFETY: rows checked above; each row has `groups` scale bytes and
+    // `groups · 16` packed bytes, and each position `n` activations.
+    unsafe {
+        let pk: [*const u8; R] = std::array::from_fn(|i| m.packed.as_ptr().add((r0 + i) * (n / 2)));
+        let sc: [*const u8; R] = std::array::from_fn(|i| m.scales.as_ptr().add((r0 + i) * groups));
+        let luts = MXFP4_LUTS.0.as_ptr().cast::<f32>();
+        // Qword k of the result holds columns 2k (low nibble of byte k, bit
+        // offset 8k) and 2k + 1 (high nibble, offset 8k + 4) in its two dwords.
+        let ctrl = _mm512_set_epi64(
+            (60 << 32) | 56,
+            (52 << 32) | 48,
+            (44 << 32) | 40,
+            (36 << 32) | 32,
+            (28 << 32) | 24,
+            (20 << 32) | 16,
+            (12 << 32) | 8,
+            4 << 32,
+        );
+        let mut acc = [[[_mm512_setzero_ps(); 2]; K]; R];
+        for g in 0..groups {
+            let xv = load_x(std::array::from_fn(|j| xs.as_ptr().add(j * n + g * GROUP)));
+            if g % 4 == 0 {
+                for p in pk {
+                    // A hint: past the end of the rows it may point anywhere.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * g + PF_BYTES).cast());
+                }
+            }
+            for i in 0..R {
+                let lut = _mm512_load_ps(luts.add(16 * *sc[i].add(g) as usize));
+                let p = pk[i].add(16 * g);
+                let q0 = _mm512_set1_epi64(p.cast::<i64>().read_unaligned());
+                let q1 = _mm512_set1_epi64(p.add(8).cast::<i64>().read_unaligned());
+                let wv = [
+                    _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, q0), lut),
+                    _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ctrl, q1), lut),
+                ];
+                step(&mut acc[i], wv, &xv);
+            }
+        }
+        for (i, ai) in acc.into_iter().enumerate() {
+            for (j, a) in ai.into_iter().enumerate() {
+                out[i * t + j0 + j] = fold(a);
+            }
+        }
+    }
+}
+
+/// All positions of MXFP4 rows `r0 .. r0 + R`, K at a time.
+#[inline(always)]
+unsafe fn mxfp4_rows_of<const R: usize>(
+    w: &Mxfp4Rows<'_>,
+    r0: usize,
+    x: &[f32],
+    t: usize,
+    out: &mut [f32],
+) {
+    let mut j = 0;
+    while j + NT <= t {
+        // SAFETY: forwarded from the caller.
+        unsafe { mxfp4_dots::<R, NT>(w, r0, x, t, j, out) };
+        j += NT;
+    }
+    while j < t {
+        // SAFETY: forwarded from the caller.
+        unsafe { mxfp4_dots::<R, 1>(w, r0, x, t, j, out) };
+        j += 1;
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn block_vbmi(w: &Mxfp4Vbmi<'_>, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
-    // SAFETY: this function is compiled with, and only reached on, AVX-512 F/BW/VBMI.
-    unsafe { block_body(w, x, t, rows, out) }
+fn block_vbmi(w: &Mxfp4Rows<'_>, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    let mut r = rows.start;
+    // SAFETY (all calls): this function is compiled with, and only reached
+    // on, AVX-512 F/BW/VBMI; each call's rows lie in `rows`.
+    while t == 1 && r + NR1_MXFP4 <= rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        unsafe { mxfp4_rows_of::<NR1_MXFP4>(w, r, x, t, o) };
+        r += NR1_MXFP4;
+    }
+    while r + NR <= rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        unsafe { mxfp4_rows_of::<NR>(w, r, x, t, o) };
+        r += NR;
+    }
+    while r < rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        unsafe { mxfp4_rows_of::<1>(w, r, x, t, o) };
+        r += 1;
+    }
 }
 
 /// Table entry. Only `dispatch` references it, after detecting AVX-512 F/BW.
@@ -361,7 +452,7 @@ pub(crate) fn entry_mxfp4(
 ) {
     if is_x86_feature_detected!("avx512vbmi") {
         // SAFETY: AVX-512 F/BW (dispatch) and VBMI (just detected) are present.
-        unsafe { block_vbmi(&Mxfp4Vbmi(*w), x, t, rows, out) }
+        unsafe { block_vbmi(w, x, t, rows, out) }
     } else {
         entry(w, x, t, rows, out)
     }
@@ -369,12 +460,68 @@ pub(crate) fn entry_mxfp4(
 
 #[cfg(test)]
 mod tests {
-    use fathom_weights::mxfp4::e8m0;
+    use fathom_weights::mxfp4::{Mxfp4Ref, e2m1, e8m0};
+
+    use crate::formats::{Mxfp4Rows, block_scalar};
 
     #[test]
     fn branch_free_scale_is_e8m0() {
         for b in 0..=255u8 {
             assert_eq!(super::e8m0_bits(b), e8m0(b).to_bits(), "scale byte {b}");
+        }
+    }
+
+    #[test]
+    fn scaled_tables_are_the_reference_products() {
+        for b in 0..=255u8 {
+            for code in 0..16u8 {
+                let (got, want) = (
+                    super::MXFP4_LUTS.0[b as usize][code as usize],
+                    e2m1(code) * e8m0(b),
+                );
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "scale byte {b}, code {code}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    /// The VBMI loop against the scalar reference at every row grouping
+    /// (8, 4 and single rows) and position grouping (2 and single).
+    #[test]
+    fn vbmi_path_is_bit_identical_to_scalar() {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vbmi"))
+        {
+            return;
+        }
+        let mut s = 5u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        let (rows, cols) = (23, 160);
+        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| next() as u8).collect();
+        let scales: Vec<u8> = (0..rows * cols / 32)
+            .map(|_| (next() % 161) as u8)
+            .collect();
+        let w = Mxfp4Rows(Mxfp4Ref::new(rows, cols, &packed, &scales).unwrap());
+        for t in [1, 2, 3] {
+            let x: Vec<f32> = (0..t * cols)
+                .map(|_| next() as f32 / 2f32.powi(31) - 1.0)
+                .collect();
+            for range in [0..rows, 3..20, 5..6] {
+                let mut want = vec![0f32; range.len() * t];
+                let mut got = vec![1f32; range.len() * t];
+                block_scalar(&w, &x, t, range.clone(), &mut want);
+                super::entry_mxfp4(&w, &x, t, range.clone(), &mut got);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "t={t} rows={range:?}");
+            }
         }
     }
 }
