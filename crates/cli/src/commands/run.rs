@@ -74,6 +74,15 @@ fn parse_draft(s: &str) -> Result<DraftChoice> {
     })
 }
 
+/// `a / b` as a percentage for humans, or `-` when nothing was counted.
+fn pct(a: u64, b: u64) -> String {
+    if b == 0 {
+        "-".into()
+    } else {
+        format!("{:.0}%", 100.0 * a as f64 / b as f64)
+    }
+}
+
 /// Fraction `a / b`, or null when nothing was counted.
 fn ratio(a: u64, b: u64) -> serde_json::Value {
     if b == 0 {
@@ -150,14 +159,17 @@ pub fn run(a: RunArgs) -> Result<()> {
             let wall = now.1.duration_since(last.1).as_secs_f64();
             let what = if index == 0 { "prefill" } else { "token" };
             eprintln!(
-                "[{what} {index}] {:.3}s, experts read {:.1} MB ({} hit / {} miss), {:.0} MB/s, I/O wait {:.3}s, prefetch precision {}",
+                "[{what} {index}] {:.3}s, experts read {:.1} MB ({} hit / {} miss, hit rate {}), {:.0} MB/s, I/O wait {:.3}s vs compute {:.3}s, prefetch precision {} recall {}",
                 wall,
                 d.bytes_read as f64 / 1e6,
                 d.hits,
                 d.misses,
+                pct(d.hits, d.requested),
                 d.bytes_read as f64 / 1e6 / wall.max(1e-9),
                 d.wait_s,
-                ratio(d.hinted_used, d.hinted)
+                (wall - d.wait_s).max(0.0),
+                pct(d.hinted_used, d.hinted),
+                pct(d.hinted_used, d.requested)
             );
             last = now;
             index += 1;
