@@ -186,6 +186,11 @@ impl ExpertStats {
 pub trait ExpertSource: Send + Sync {
     /// The experts `ids` of `layer`, in the order asked. Must return every one.
     fn experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<Arc<ExpertWeights>>>;
+    /// Starts making `ids` of `layer` available without waiting; the model
+    /// calls this as soon as the router has decided, computes what does not
+    /// need the experts (latent projection, shared experts), then calls
+    /// [`ExpertSource::experts`] for the same ids. Default: nothing to start.
+    fn request(&self, _layer: usize, _ids: &[u32]) {}
     /// A guess at the experts `layer` will ask for next. Default: ignored.
     fn hint(&self, _layer: usize, _ids: &[u32]) {}
     /// Whether [`ExpertSource::hint`] is worth computing for this source.

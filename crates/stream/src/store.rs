@@ -104,6 +104,12 @@ impl Pending {
     }
 }
 
+/// An expert asked for by a request: already in RAM, or being read.
+enum Slot {
+    Ready(Arc<ExpertWeights>),
+    Reading(Arc<Pending>),
+}
+
 struct Job {
     key: Key,
     pending: Arc<Pending>,
@@ -123,6 +129,9 @@ struct Inner {
     hints: HashMap<u32, Vec<u32>>,
     /// Exponential average of the hints' precision (starts optimistic).
     precision: f64,
+    /// Experts requested ahead of `experts()` and not yet collected. Held
+    /// here (not only in the cache) so a zero-size cache still keeps them.
+    requested: HashMap<Key, Slot>,
 }
 
 #[derive(Default)]
@@ -178,6 +187,7 @@ impl StreamedExperts {
                 inflight: HashMap::new(),
                 hints: HashMap::new(),
                 precision: 1.0,
+                requested: HashMap::new(),
             }),
             queues: Mutex::new(Queues::default()),
             queue_cv: Condvar::new(),
@@ -197,6 +207,85 @@ impl StreamedExperts {
             })
             .collect();
         Ok(StreamedExperts { shared, threads })
+    }
+
+    /// Classifies `ids` (cached, being read, to read), queues the demand
+    /// reads and leaves a [`Slot`] per id for `experts` to collect.
+    fn submit(&self, layer: usize, ids: &[u32]) -> Result<()> {
+        let s = &*self.shared;
+        if s.table.layers.get(layer).is_none_or(|l| l.is_empty()) {
+            return Err(ModelError::Experts(format!(
+                "layer {layer} has no routed experts"
+            )));
+        }
+        let n_exp = s.table.layers[layer].len();
+        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= n_exp) {
+            return Err(ModelError::Experts(format!(
+                "layer {layer} has no expert {bad}"
+            )));
+        }
+        let l = layer as u32;
+        let mut demand = Vec::new();
+        {
+            let mut inner = s.inner.lock().unwrap();
+            // Score and retire this layer's hint.
+            if let Some(h) = inner.hints.remove(&l) {
+                let used = h.iter().filter(|e| ids.contains(e)).count();
+                if !h.is_empty() {
+                    let p = used as f64 / h.len() as f64;
+                    inner.precision = 0.9 * inner.precision + 0.1 * p;
+                }
+                s.counters
+                    .hinted_used
+                    .fetch_add(used as u64, Ordering::Relaxed);
+                for e in h.iter().filter(|e| !ids.contains(e)) {
+                    if let Some(p) = inner.inflight.get(&(l, *e)) {
+                        p.cancelled.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            for &e in ids {
+                let k = (l, e);
+                if let Some(x) = inner.cache.get(k) {
+                    inner.requested.insert(k, Slot::Ready(x));
+                    s.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                s.counters.misses.fetch_add(1, Ordering::Relaxed);
+                let p = match inner.inflight.get(&k) {
+                    Some(p) => {
+                        p.cancelled.store(false, Ordering::SeqCst);
+                        if !p.started.load(Ordering::SeqCst) {
+                            demand.push(Job {
+                                key: k,
+                                pending: p.clone(),
+                            }); // promote
+                        }
+                        p.clone()
+                    }
+                    None => {
+                        let p = Pending::new();
+                        inner.inflight.insert(k, p.clone());
+                        demand.push(Job {
+                            key: k,
+                            pending: p.clone(),
+                        });
+                        p
+                    }
+                };
+                inner.requested.insert(k, Slot::Reading(p));
+            }
+        }
+        s.counters
+            .requested
+            .fetch_add(ids.len() as u64, Ordering::Relaxed);
+        if !demand.is_empty() {
+            let mut q = s.queues.lock().unwrap();
+            q.demand.extend(demand);
+            drop(q);
+            s.queue_cv.notify_all();
+        }
+        Ok(())
     }
 
     /// Whether reads bypass the page cache with `O_DIRECT`.
@@ -292,91 +381,48 @@ fn remove_inflight(inner: &mut Inner, key: Key, p: &Arc<Pending>) {
 impl ExpertSource for StreamedExperts {
     fn experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<Arc<ExpertWeights>>> {
         let s = &*self.shared;
-        if s.table.layers.get(layer).is_none_or(|l| l.is_empty()) {
-            return Err(ModelError::Experts(format!(
-                "layer {layer} has no routed experts"
-            )));
-        }
-        let n_exp = s.table.layers[layer].len();
-        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= n_exp) {
-            return Err(ModelError::Experts(format!(
-                "layer {layer} has no expert {bad}"
-            )));
-        }
         let l = layer as u32;
-        let mut out: Vec<Option<Arc<ExpertWeights>>> = vec![None; ids.len()];
-        let mut waits = Vec::new();
-        let mut demand = Vec::new();
-        {
+        let missing: Vec<u32> = {
+            let inner = s.inner.lock().unwrap();
+            ids.iter()
+                .copied()
+                .filter(|&e| !inner.requested.contains_key(&(l, e)))
+                .collect()
+        };
+        if !missing.is_empty() {
+            self.submit(layer, &missing)?;
+        }
+        let slots: Vec<Slot> = {
             let mut inner = s.inner.lock().unwrap();
-            // Score and retire this layer's hint.
-            if let Some(h) = inner.hints.remove(&l) {
-                let used = h.iter().filter(|e| ids.contains(e)).count();
-                if !h.is_empty() {
-                    let p = used as f64 / h.len() as f64;
-                    inner.precision = 0.9 * inner.precision + 0.1 * p;
-                }
-                s.counters
-                    .hinted_used
-                    .fetch_add(used as u64, Ordering::Relaxed);
-                for e in h.iter().filter(|e| !ids.contains(e)) {
-                    if let Some(p) = inner.inflight.get(&(l, *e)) {
-                        p.cancelled.store(true, Ordering::SeqCst);
-                    }
-                }
-            }
-            for (i, &e) in ids.iter().enumerate() {
-                let k = (l, e);
-                if let Some(x) = inner.cache.get(k) {
-                    out[i] = Some(x);
-                    s.counters.hits.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                s.counters.misses.fetch_add(1, Ordering::Relaxed);
-                let p = match inner.inflight.get(&k) {
-                    Some(p) => {
-                        p.cancelled.store(false, Ordering::SeqCst);
-                        if !p.started.load(Ordering::SeqCst) {
-                            demand.push(Job {
-                                key: k,
-                                pending: p.clone(),
-                            }); // promote
-                        }
-                        p.clone()
-                    }
-                    None => {
-                        let p = Pending::new();
-                        inner.inflight.insert(k, p.clone());
-                        demand.push(Job {
-                            key: k,
-                            pending: p.clone(),
-                        });
-                        p
-                    }
-                };
-                waits.push((i, p));
-            }
-        }
-        s.counters
-            .requested
-            .fetch_add(ids.len() as u64, Ordering::Relaxed);
-        if !demand.is_empty() {
-            let mut q = s.queues.lock().unwrap();
-            q.demand.extend(demand);
-            drop(q);
-            s.queue_cv.notify_all();
-        }
+            let slots = ids
+                .iter()
+                .map(|&e| {
+                    inner
+                        .requested
+                        .remove(&(l, e))
+                        .expect("every id was submitted")
+                })
+                .collect();
+            inner.requested.retain(|k, _| k.0 != l);
+            slots
+        };
         let t0 = Instant::now();
-        for (i, p) in waits {
-            out[i] = Some(p.wait().map_err(ModelError::Experts)?);
-        }
+        let out = slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Ready(e) => Ok(e),
+                Slot::Reading(p) => p.wait().map_err(ModelError::Experts),
+            })
+            .collect::<Result<Vec<_>>>();
         s.counters
             .wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(out
-            .into_iter()
-            .map(|e| e.expect("every expert resolved"))
-            .collect())
+        out
+    }
+
+    fn request(&self, layer: usize, ids: &[u32]) {
+        // Errors resurface, with their message, in the `experts` call that follows.
+        let _ = self.submit(layer, ids);
     }
 
     fn hint(&self, layer: usize, ids: &[u32]) {

@@ -134,10 +134,13 @@ pub fn moe(
     let mut union: Vec<u32> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
     union.sort_unstable();
     union.dedup();
-    let experts: Vec<Arc<ExpertWeights>> = source.experts(layer, &union)?;
-
+    // Start the reads, compute what does not need the experts while they
+    // arrive (latent projection, shared experts), then collect them.
+    source.request(layer, &union);
     let l = spec.latent_size;
     let z = w.routed_expert_down_proj.forward(x, t);
+    let shared = w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t));
+    let experts: Vec<Arc<ExpertWeights>> = source.experts(layer, &union)?;
     // For each expert of the union: the (token, rank) pairs that use it.
     let users: Vec<Vec<(usize, usize)>> = union
         .iter()
@@ -186,8 +189,7 @@ pub fn moe(
         }
     }
     let mut out = w.routed_expert_up_proj.forward(&y, t);
-    if let Some(sh) = &w.shared_experts {
-        let s = mlp(spec, sh, x, t);
+    if let Some(s) = shared {
         out.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
     }
     if let Some(ro) = routes_out {
