@@ -128,7 +128,12 @@ fn cache_hits_on_repeat_and_prefetch_is_scored() {
     let second = m.experts.stats().since(&first);
     assert_eq!(second.misses, 0, "everything is cached the second time");
     assert_eq!(second.hits, second.requested);
-    assert_eq!(second.bytes_read, 0, "nothing is read twice");
+    // Reads in the second run can only be prefetches of wrong guesses.
+    let per = fathom_stream::budget::expert_ram_bytes(&m.spec);
+    assert!(
+        second.bytes_read <= (second.hinted - second.hinted_used) * per,
+        "{second:?}"
+    );
     assert!(first.hinted > 0 && first.hinted_used <= first.hinted);
 }
 
