@@ -89,27 +89,46 @@ impl ExpertLoc {
         ExpertWeights { buf, parts }
     }
 
-    /// Reads the expert with as few positional reads as possible (one when adjacent).
-    pub fn read(&self, spec: &K3Spec, ck: &Checkpoint) -> Result<ExpertWeights> {
+    /// Reads the expert through `read(shard, offset, len)`, which returns a
+    /// buffer holding at least that range and the file offset of its first
+    /// byte: one call for the whole span when the six tensors are adjacent
+    /// (as in the released files), else one per tensor, packed into one
+    /// buffer. Returns the expert and the bytes the reads returned.
+    pub fn read_with<E>(
+        &self,
+        spec: &K3Spec,
+        mut read: impl FnMut(usize, u64, u64) -> std::result::Result<(AlignedBuf, u64), E>,
+    ) -> std::result::Result<(ExpertWeights, u64), E> {
         if let Some((shard, off, len)) = self.span() {
+            let (buf, base) = read(shard, off, len)?;
+            let n = buf.len() as u64;
+            return Ok((self.from_span(spec, base, buf), n));
+        }
+        let mut bytes = Vec::with_capacity(self.bytes() as usize);
+        let mut parts = [(0, 0, [0, 0]); 3];
+        let mut n = 0;
+        for (i, m) in ExpertMatrix::ALL.iter().enumerate() {
+            let mut offsets = [0; 2];
+            for (k, t) in [&self.parts[i].0, &self.parts[i].1].into_iter().enumerate() {
+                let (b, base) = read(t.shard, t.offset, t.len)?;
+                n += b.len() as u64;
+                offsets[k] = bytes.len();
+                bytes.extend_from_slice(&b[(t.offset - base) as usize..][..t.len as usize]);
+            }
+            parts[i] = (offsets[0], offsets[1], m.shape(spec));
+        }
+        let buf = AlignedBuf::from_slice(&bytes);
+        Ok((ExpertWeights { buf, parts }, n))
+    }
+
+    /// Reads the expert from a checkpoint (buffered reads; the resident path).
+    pub fn read(&self, spec: &K3Spec, ck: &Checkpoint) -> Result<ExpertWeights> {
+        let (e, _) = self.read_with(spec, |shard, off, len| {
             let mut buf = AlignedBuf::zeroed(len as usize);
             ck.read_into(shard, off, &mut buf)?;
-            return Ok(self.from_span(spec, off, buf));
-        }
-        let mut buf = Vec::with_capacity(self.bytes() as usize);
-        let mut parts = [(0, 0, [0, 0]); 3];
-        for (i, m) in ExpertMatrix::ALL.iter().enumerate() {
-            let (p, s) = &self.parts[i];
-            let po = buf.len();
-            buf.extend(ck.read(p)?);
-            let so = buf.len();
-            buf.extend(ck.read(s)?);
-            parts[i] = (po, so, m.shape(spec));
-        }
-        Ok(ExpertWeights {
-            buf: AlignedBuf::from_slice(&buf),
-            parts,
-        })
+            Ok::<_, ModelError>((buf, off))
+        })?;
+        Ok(e)
     }
 }
 
@@ -246,6 +265,53 @@ impl ExpertSource for ResidentExperts {
             hits: served,
             requested: served,
             ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-tensor path (tensors scattered in the file) packs the same
+    /// bytes as the one-read span path.
+    #[test]
+    fn scattered_and_adjacent_tensors_read_alike() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
+        let spec = K3Spec::from_dir(&dir).unwrap();
+        let ck = Checkpoint::open(&dir).unwrap();
+        let table = ExpertTable::from_checkpoint(&spec, &ck).unwrap();
+        let adjacent = &table.layers[1][5];
+        let want = adjacent.read(&spec, &ck).unwrap();
+        // Move every tensor 10_000 bytes further than the previous one, in a
+        // fake file that holds the same bytes at the new places.
+        let mut scattered = adjacent.clone();
+        let mut file = vec![0u8; 200_000];
+        let mut at = 0u64;
+        for (p, s) in scattered.parts.iter_mut() {
+            for t in [p, s] {
+                at += 10_000;
+                let bytes = ck.read(t).unwrap();
+                file[at as usize..][..bytes.len()].copy_from_slice(&bytes);
+                t.offset = at;
+            }
+        }
+        assert!(scattered.span().is_none());
+        let mut reads = 0;
+        let (got, _) = scattered
+            .read_with(&spec, |_, off, len| {
+                reads += 1;
+                Ok::<_, ()>((
+                    AlignedBuf::from_slice(&file[off as usize..][..len as usize]),
+                    off,
+                ))
+            })
+            .unwrap();
+        assert_eq!(reads, 6);
+        for m in ExpertMatrix::ALL {
+            let (a, b) = (got.matrix(m), want.matrix(m));
+            assert_eq!((a.packed, a.scales), (b.packed, b.scales));
         }
     }
 }

@@ -99,33 +99,5 @@ pub fn read_expert(
     shards: &[ShardReader],
     loc: &ExpertLoc,
 ) -> std::io::Result<(ExpertWeights, u64)> {
-    if let Some((shard, off, len)) = loc.span() {
-        let (buf, base) = shards[shard].read_span(off, len)?;
-        let n = buf.len() as u64;
-        return Ok((loc.from_span(spec, base, buf), n));
-    }
-    // Scattered tensors: read each and pack them into one buffer.
-    let mut bytes = Vec::with_capacity(loc.bytes() as usize);
-    let mut parts = [(0, 0, [0, 0]); 3];
-    for (i, m) in fathom_model::kimi_k3::tensors::ExpertMatrix::ALL
-        .iter()
-        .enumerate()
-    {
-        let (p, s) = &loc.parts[i];
-        let po = bytes.len();
-        let (b, base) = shards[p.shard].read_span(p.offset, p.len)?;
-        bytes.extend_from_slice(&b[(p.offset - base) as usize..][..p.len as usize]);
-        let so = bytes.len();
-        let (b, base) = shards[s.shard].read_span(s.offset, s.len)?;
-        bytes.extend_from_slice(&b[(s.offset - base) as usize..][..s.len as usize]);
-        parts[i] = (po, so, m.shape(spec));
-    }
-    let n = bytes.len() as u64;
-    Ok((
-        ExpertWeights {
-            buf: AlignedBuf::from_slice(&bytes),
-            parts,
-        },
-        n,
-    ))
+    loc.read_with(spec, |shard, off, len| shards[shard].read_span(off, len))
 }
