@@ -302,10 +302,6 @@ impl StreamedExperts {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
-
-    pub fn cache_capacity(&self) -> usize {
-        self.shared.inner.lock().unwrap().cache.capacity()
-    }
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> ModelError {

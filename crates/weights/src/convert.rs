@@ -10,14 +10,6 @@ pub fn bf16_bytes_to_f32(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// Reinterprets little-endian bf16 bytes as raw u16 bit patterns.
-pub fn bytes_to_u16(bytes: &[u8]) -> Vec<u16> {
-    bytes
-        .chunks_exact(2)
-        .map(|b| u16::from_le_bytes([b[0], b[1]]))
-        .collect()
-}
-
 /// Converts little-endian f32 bytes to f32.
 pub fn f32_bytes_to_f32(bytes: &[u8]) -> Vec<f32> {
     bytes

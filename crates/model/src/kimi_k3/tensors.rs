@@ -289,20 +289,11 @@ pub fn tensor_table(spec: &K3Spec) -> Vec<TensorSpec> {
                 for x in 0..e {
                     for m in ExpertMatrix::ALL {
                         let [r, c] = m.shape(spec);
-                        push(
-                            expert_name(i, x, m, "weight_packed"),
-                            vec![r, c / 2],
-                            U8,
-                            Role::RoutedExpert,
-                            Some(i),
-                        );
-                        push(
-                            expert_name(i, x, m, "weight_scale"),
-                            vec![r, c / 32],
-                            U8,
-                            Role::RoutedExpert,
-                            Some(i),
-                        );
+                        // Two nibbles per byte; one E8M0 scale per 32 columns.
+                        for (part, cols) in [("weight_packed", c / 2), ("weight_scale", c / 32)] {
+                            let name = expert_name(i, x, m, part);
+                            push(name, vec![r, cols], U8, Role::RoutedExpert, Some(i));
+                        }
                     }
                 }
             }

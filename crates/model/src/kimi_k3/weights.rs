@@ -7,7 +7,7 @@
 use fathom_weights::{Checkpoint, Dtype};
 
 use super::config::{AttnKind, FfnKind, K3Spec};
-use super::tensors::{LM_HEAD, PREFIX, Role, TensorSpec, layer_name, tensor_table};
+use super::tensors::{LM_HEAD, PREFIX, TensorSpec, layer_name, tensor_table};
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, load_vector};
 
@@ -345,21 +345,4 @@ impl K3Weights {
         }
         self.lm_head.quantize_int8();
     }
-}
-
-/// Bytes of the checkpoint's tensors grouped by role (for `inspect`).
-pub fn bytes_by_role(spec: &K3Spec) -> Vec<(Role, u64, u64)> {
-    let mut m: std::collections::BTreeMap<Role, (u64, u64)> = Default::default();
-    for t in tensor_table(spec) {
-        let e = m.entry(t.role).or_default();
-        let numel = t.shape.iter().product::<usize>() as u64;
-        // MXFP4: a packed byte holds two parameters; scales are not parameters.
-        e.0 += match t.role {
-            Role::RoutedExpert if t.name.ends_with("weight_packed") => 2 * numel,
-            Role::RoutedExpert => 0,
-            _ => numel,
-        };
-        e.1 += t.bytes();
-    }
-    m.into_iter().map(|(r, (p, b))| (r, p, b)).collect()
 }
