@@ -18,6 +18,15 @@ pub enum ModelError {
     /// A tensor whose shape or dtype does not fit its use; the message names it.
     #[error("tensor {0}")]
     Tensor(String),
+    /// A NaN or infinity in a sequence's results (corrupt weights or input).
+    #[error("non-finite values in the logits of {what}: the checkpoint or the input is corrupt")]
+    NonFinite { what: String },
+    /// A sequence state misused (from another model, restored to its future, …).
+    #[error("sequence state: {0}")]
+    State(String),
+    /// Unknown `model_type`/`architectures`; the message lists what is supported.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

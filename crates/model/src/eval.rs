@@ -3,7 +3,8 @@
 //! position's next-token distribution is compared.
 
 use crate::Result;
-use crate::kimi_k3::{K3Model, Logits};
+use crate::kimi_k3::K3Model;
+use crate::lm::Logits;
 
 /// Agreement of a test model's logits with a reference's.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -16,8 +16,10 @@ use fathom_weights::mxfp4::Mxfp4Ref;
 use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
 
 use crate::error::{ModelError, Result};
-use crate::kimi_k3::config::K3Spec;
-use crate::kimi_k3::tensors::{ExpertMatrix, expert_name};
+
+/// `[rows, cols]` of an expert's three matrices, in the order the family's
+/// expert table lists them (K3: w1, w2, w3).
+pub type ExpertShapes = [[usize; 2]; 3];
 
 /// One routed expert's three MXFP4 matrices, in a single byte buffer (so a
 /// streamed expert is one read into one allocation).
@@ -29,8 +31,8 @@ pub struct ExpertWeights {
 }
 
 impl ExpertWeights {
-    pub fn matrix(&self, m: ExpertMatrix) -> Mxfp4Ref<'_> {
-        let i = m as usize;
+    /// Matrix `i` (0, 1, 2 in the table's order).
+    pub fn matrix(&self, i: usize) -> Mxfp4Ref<'_> {
         let (p, s, [r, c]) = self.parts[i];
         Mxfp4Ref {
             rows: r,
@@ -76,14 +78,14 @@ impl ExpertLoc {
     }
 
     /// Builds the expert from a buffer read at `span()`'s offset.
-    pub fn from_span(&self, spec: &K3Spec, base: u64, buf: AlignedBuf) -> ExpertWeights {
+    pub fn from_span(&self, shapes: &ExpertShapes, base: u64, buf: AlignedBuf) -> ExpertWeights {
         let mut parts = [(0, 0, [0, 0]); 3];
-        for (i, m) in ExpertMatrix::ALL.iter().enumerate() {
+        for (i, shape) in shapes.iter().enumerate() {
             let (p, s) = &self.parts[i];
             parts[i] = (
                 (p.offset - base) as usize,
                 (s.offset - base) as usize,
-                m.shape(spec),
+                *shape,
             );
         }
         ExpertWeights { buf, parts }
@@ -96,18 +98,18 @@ impl ExpertLoc {
     /// buffer. Returns the expert and the bytes the reads returned.
     pub fn read_with<E>(
         &self,
-        spec: &K3Spec,
+        shapes: &ExpertShapes,
         mut read: impl FnMut(usize, u64, u64) -> std::result::Result<(AlignedBuf, u64), E>,
     ) -> std::result::Result<(ExpertWeights, u64), E> {
         if let Some((shard, off, len)) = self.span() {
             let (buf, base) = read(shard, off, len)?;
             let n = buf.len() as u64;
-            return Ok((self.from_span(spec, base, buf), n));
+            return Ok((self.from_span(shapes, base, buf), n));
         }
         let mut bytes = Vec::with_capacity(self.bytes() as usize);
         let mut parts = [(0, 0, [0, 0]); 3];
         let mut n = 0;
-        for (i, m) in ExpertMatrix::ALL.iter().enumerate() {
+        for (i, shape) in shapes.iter().enumerate() {
             let mut offsets = [0; 2];
             for (k, t) in [&self.parts[i].0, &self.parts[i].1].into_iter().enumerate() {
                 let (b, base) = read(t.shard, t.offset, t.len)?;
@@ -115,15 +117,15 @@ impl ExpertLoc {
                 offsets[k] = bytes.len();
                 bytes.extend_from_slice(&b[(t.offset - base) as usize..][..t.len as usize]);
             }
-            parts[i] = (offsets[0], offsets[1], m.shape(spec));
+            parts[i] = (offsets[0], offsets[1], *shape);
         }
         let buf = AlignedBuf::from_slice(&bytes);
         Ok((ExpertWeights { buf, parts }, n))
     }
 
     /// Reads the expert from a checkpoint (buffered reads; the resident path).
-    pub fn read(&self, spec: &K3Spec, ck: &Checkpoint) -> Result<ExpertWeights> {
-        let (e, _) = self.read_with(spec, |shard, off, len| {
+    pub fn read(&self, shapes: &ExpertShapes, ck: &Checkpoint) -> Result<ExpertWeights> {
+        let (e, _) = self.read_with(shapes, |shard, off, len| {
             let mut buf = AlignedBuf::zeroed(len as usize);
             ck.read_into(shard, off, &mut buf)?;
             Ok::<_, ModelError>((buf, off))
@@ -132,35 +134,35 @@ impl ExpertLoc {
     }
 }
 
-/// Locators of every routed expert: `[moe layer][expert]`.
+/// Locators of every routed expert: `[layer][expert]`, built by the family.
 #[derive(Debug, Clone)]
 pub struct ExpertTable {
-    /// Indexed by absolute layer; empty for dense layers.
+    /// Indexed by absolute layer; empty for layers without routed experts.
     pub layers: Vec<Vec<ExpertLoc>>,
+    /// Shapes of the three matrices, the same for every expert.
+    pub shapes: ExpertShapes,
+    /// Experts each token uses per MoE layer.
+    pub top_k: usize,
 }
 
 impl ExpertTable {
-    pub fn from_checkpoint(spec: &K3Spec, ck: &Checkpoint) -> Result<Self> {
-        let mut layers = vec![Vec::new(); spec.num_layers];
-        for l in spec.moe_layers() {
-            let mut v = Vec::with_capacity(spec.num_experts);
-            for e in 0..spec.num_experts {
-                let get = |m, part| {
-                    let n = expert_name(l, e, m, part);
-                    ck.get(&n).cloned().ok_or(ModelError::Weights(
-                        fathom_weights::WeightsError::Missing(n),
-                    ))
-                };
-                let mut parts = Vec::with_capacity(3);
-                for m in ExpertMatrix::ALL {
-                    parts.push((get(m, "weight_packed")?, get(m, "weight_scale")?));
-                }
-                let parts: [(TensorLoc, TensorLoc); 3] = parts.try_into().expect("three matrices");
-                v.push(ExpertLoc { parts });
-            }
-            layers[l] = v;
-        }
-        Ok(ExpertTable { layers })
+    /// Experts in all layers.
+    pub fn count(&self) -> usize {
+        self.layers.iter().map(Vec::len).sum()
+    }
+
+    /// Layers with routed experts.
+    pub fn moe_layers(&self) -> usize {
+        self.layers.iter().filter(|l| !l.is_empty()).count()
+    }
+
+    /// Bytes of one expert's tensors.
+    pub fn expert_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .flatten()
+            .next()
+            .map_or(0, ExpertLoc::bytes)
     }
 }
 
@@ -201,15 +203,50 @@ impl ExpertStats {
     }
 }
 
+/// An expert still being read; `wait` blocks until it is in RAM.
+pub trait PendingExpert: Send + Sync {
+    fn wait(&self) -> Result<Arc<ExpertWeights>>;
+}
+
+/// One requested expert: in RAM already, or on its way.
+pub enum ExpertSlot {
+    Ready(Arc<ExpertWeights>),
+    Pending(Arc<dyn PendingExpert>),
+}
+
+/// What [`ExpertSource::request`] hands back: the caller's own claim on the
+/// experts it asked for. Nothing about a request lives in the source, so
+/// any number of passes may have requests out at once.
+pub struct ExpertTicket {
+    pub layer: usize,
+    pub ids: Vec<u32>,
+    pub slots: Vec<ExpertSlot>,
+}
+
+impl ExpertTicket {
+    /// Waits for every slot, in the order asked.
+    pub fn wait_all(self) -> Result<Vec<Arc<ExpertWeights>>> {
+        self.slots
+            .into_iter()
+            .map(|s| match s {
+                ExpertSlot::Ready(e) => Ok(e),
+                ExpertSlot::Pending(p) => p.wait(),
+            })
+            .collect()
+    }
+}
+
 /// Where the model gets routed experts from.
 pub trait ExpertSource: Send + Sync {
-    /// The experts `ids` of `layer`, in the order asked. Must return every one.
-    fn experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<Arc<ExpertWeights>>>;
-    /// Starts making `ids` of `layer` available without waiting; the model
-    /// calls this as soon as the router has decided, computes what does not
-    /// need the experts (latent projection, shared experts), then calls
-    /// [`ExpertSource::experts`] for the same ids. Default: nothing to start.
-    fn request(&self, _layer: usize, _ids: &[u32]) {}
+    /// Starts making `ids` of `layer` available and returns the ticket to
+    /// collect them with. The model calls this as soon as the router has
+    /// decided and computes what does not need the experts (latent
+    /// projection, shared experts) while they arrive.
+    fn request(&self, layer: usize, ids: &[u32]) -> Result<ExpertTicket>;
+    /// The ticket's experts, in the order asked; every one, always.
+    fn collect(&self, ticket: ExpertTicket) -> Result<Vec<Arc<ExpertWeights>>> {
+        ticket.wait_all()
+    }
     /// A guess at the experts `layer` will ask for next. Default: ignored.
     fn hint(&self, _layer: usize, _ids: &[u32]) {}
     /// Whether [`ExpertSource::hint`] is worth computing for this source.
@@ -226,13 +263,13 @@ pub struct ResidentExperts {
 }
 
 impl ResidentExperts {
-    pub fn load(spec: &K3Spec, ck: &Checkpoint, table: &ExpertTable) -> Result<Self> {
+    pub fn load(ck: &Checkpoint, table: &ExpertTable) -> Result<Self> {
         let layers = table
             .layers
             .iter()
             .map(|l| {
                 l.iter()
-                    .map(|e| e.read(spec, ck).map(Arc::new))
+                    .map(|e| e.read(&table.shapes, ck).map(Arc::new))
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
@@ -244,19 +281,26 @@ impl ResidentExperts {
 }
 
 impl ExpertSource for ResidentExperts {
-    fn experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<Arc<ExpertWeights>>> {
+    fn request(&self, layer: usize, ids: &[u32]) -> Result<ExpertTicket> {
         let l = self
             .layers
             .get(layer)
             .ok_or_else(|| ModelError::Experts(format!("layer {layer} has no experts")))?;
         self.served.fetch_add(ids.len() as u64, Ordering::Relaxed);
-        ids.iter()
+        let slots = ids
+            .iter()
             .map(|&e| {
                 l.get(e as usize)
                     .cloned()
+                    .map(ExpertSlot::Ready)
                     .ok_or_else(|| ModelError::Experts(format!("layer {layer} has no expert {e}")))
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok(ExpertTicket {
+            layer,
+            ids: ids.to_vec(),
+            slots,
+        })
     }
 
     fn stats(&self) -> ExpertStats {
@@ -279,11 +323,11 @@ mod tests {
     fn scattered_and_adjacent_tensors_read_alike() {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
-        let spec = K3Spec::from_dir(&dir).unwrap();
+        let spec = crate::kimi_k3::config::K3Spec::from_dir(&dir).unwrap();
         let ck = Checkpoint::open(&dir).unwrap();
-        let table = ExpertTable::from_checkpoint(&spec, &ck).unwrap();
+        let table = crate::kimi_k3::tensors::expert_table(&spec, &ck).unwrap();
         let adjacent = &table.layers[1][5];
-        let want = adjacent.read(&spec, &ck).unwrap();
+        let want = adjacent.read(&table.shapes, &ck).unwrap();
         // Move every tensor 10_000 bytes further than the previous one, in a
         // fake file that holds the same bytes at the new places.
         let mut scattered = adjacent.clone();
@@ -300,7 +344,7 @@ mod tests {
         assert!(scattered.span().is_none());
         let mut reads = 0;
         let (got, _) = scattered
-            .read_with(&spec, |_, off, len| {
+            .read_with(&table.shapes, |_, off, len| {
                 reads += 1;
                 Ok::<_, ()>((
                     AlignedBuf::from_slice(&file[off as usize..][..len as usize]),
@@ -309,7 +353,7 @@ mod tests {
             })
             .unwrap();
         assert_eq!(reads, 6);
-        for m in ExpertMatrix::ALL {
+        for m in 0..3 {
             let (a, b) = (got.matrix(m), want.matrix(m));
             assert_eq!((a.packed, a.scales), (b.packed, b.scales));
         }

@@ -8,10 +8,14 @@ pub mod eval;
 pub mod experts;
 pub mod kimi_k3;
 pub mod linear;
+pub mod lm;
+pub mod registry;
 
 pub use error::{ModelError, Result};
-pub use kimi_k3::{K3Model, Logits, Tracer};
+pub use kimi_k3::{K3Model, Tracer};
 pub use linear::Spine;
+pub use lm::{CausalLm, Logits, ModelInfo, SeqState, StateSnapshot, StepError, StepInput};
+pub use registry::{LoadOptions, load};
 
 /// Minimum items per rayon task for `n` items of `work_each` multiply-adds:
 /// below ~64k multiply-adds per task, thread wakeups cost more than they save,

@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use fathom_model::experts::{ExpertSource, ExpertStats, ExpertWeights, ResidentExperts};
+use fathom_model::experts::{
+    ExpertSlot, ExpertSource, ExpertStats, ExpertTicket, ExpertWeights, ResidentExperts,
+};
 use fathom_model::kimi_k3::moe::Route;
 use fathom_model::kimi_k3::weights::AttnWeights;
 use fathom_model::{K3Model, Logits, Tracer};
@@ -223,10 +225,9 @@ fn layer_stats_and_routes_match_golden() {
 struct SwappedNibbles(ResidentExperts);
 
 impl ExpertSource for SwappedNibbles {
-    fn experts(&self, layer: usize, ids: &[u32]) -> fathom_model::Result<Vec<Arc<ExpertWeights>>> {
-        Ok(self
-            .0
-            .experts(layer, ids)?
+    fn request(&self, layer: usize, ids: &[u32]) -> fathom_model::Result<ExpertTicket> {
+        let got = self.0.request(layer, ids)?.wait_all()?;
+        let slots = got
             .into_iter()
             .map(|e| {
                 let mut buf = e.buf.clone();
@@ -235,12 +236,17 @@ impl ExpertSource for SwappedNibbles {
                         *b = b.rotate_left(4);
                     }
                 }
-                Arc::new(ExpertWeights {
+                ExpertSlot::Ready(Arc::new(ExpertWeights {
                     buf,
                     parts: e.parts,
-                })
+                }))
             })
-            .collect())
+            .collect();
+        Ok(ExpertTicket {
+            layer,
+            ids: ids.to_vec(),
+            slots,
+        })
     }
     fn stats(&self) -> ExpertStats {
         self.0.stats()
@@ -249,11 +255,10 @@ impl ExpertSource for SwappedNibbles {
 
 #[test]
 fn negative_control_swapped_nibbles_fails_the_check() {
-    let model = K3Model::load_with(&data().join("checkpoint"), |spec, ck, table| {
-        Ok(Arc::new(SwappedNibbles(ResidentExperts::load(
-            spec, ck, table,
-        )?)))
-    })
+    let model = K3Model::load_with(
+        &data().join("checkpoint"),
+        Box::new(|ck, table| Ok(Arc::new(SwappedNibbles(ResidentExperts::load(ck, table)?)))),
+    )
     .unwrap();
     let worst = max_logit_error(&model).into_iter().fold(0.0, f32::max);
     eprintln!("swapped nibbles: max |Δlogit| {worst}");

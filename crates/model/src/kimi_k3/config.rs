@@ -74,6 +74,8 @@ pub struct K3Spec {
     pub attn_kinds: Vec<AttnKind>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
+    /// The longest context the checkpoint declares (`max_position_embeddings`).
+    pub max_position_embeddings: Option<usize>,
 }
 
 /// Typed access to one JSON object, reporting the dotted path on error.
@@ -321,6 +323,10 @@ impl K3Spec {
             attn_kinds,
             bos_token_id: opt_token(tv, "bos_token_id").or_else(|| opt_token(root, "bos_token_id")),
             eos_token_id: opt_token(tv, "eos_token_id").or_else(|| opt_token(root, "eos_token_id")),
+            max_position_embeddings: tv
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .map(|x| x as usize),
         };
         if let Some(h) = t.get("num_key_value_heads").and_then(Value::as_u64) {
             if h as usize != spec.mla_heads {

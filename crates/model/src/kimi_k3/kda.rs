@@ -124,69 +124,115 @@ fn delta_rule_head(
     }
 }
 
-/// KDA attention for `x [T, D]` (already `input_layernorm`ed). Returns `[T, D]`.
-pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f32> {
+/// A run of rows of the step's input belonging to one sequence.
+pub type Segment = std::ops::Range<usize>;
+
+/// One head's inputs for `t` positions starting at row `r0` of the
+/// projections (`q`, `k`, `v` convolved, `f`, `b` raw).
+struct HeadRows<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    f: &'a [f32],
+    b: &'a [f32],
+}
+
+fn head_inputs(spec: &K3Spec, w: &KdaWeights, r: &HeadRows<'_>, hh: usize) -> HeadInputs {
     let (h, kd) = (spec.kda_heads, spec.kda_head_dim);
     let p = h * kd;
-    let t = x.len() / spec.hidden_size;
-    let pre = [
-        w.q_proj.forward(x, t),
-        w.k_proj.forward(x, t),
-        w.v_proj.forward(x, t),
-    ];
-    let [wq, wk, wv] = &mut st.conv;
-    let q = short_conv(&pre[0], wq, &w.q_conv1d, p, spec.conv_kernel);
-    let k = short_conv(&pre[1], wk, &w.k_conv1d, p, spec.conv_kernel);
-    let v = short_conv(&pre[2], wv, &w.v_conv1d, p, spec.conv_kernel);
-    let f = w.f_b_proj.forward(&w.f_a_proj.forward(x, t), t);
-    let b = w.b_proj.forward(x, t);
-    let g = w.g_proj.forward(x, t);
+    let t = r.q.len() / p;
     let scale = (kd as f32).powf(-0.5);
+    let mut hi = HeadInputs {
+        q: vec![0f32; t * kd],
+        k: vec![0f32; t * kd],
+        v: vec![0f32; t * kd],
+        log_alpha: vec![0f32; t * kd],
+        beta: vec![0f32; t],
+    };
+    for ti in 0..t {
+        let src = ti * p + hh * kd;
+        let qr = &mut hi.q[ti * kd..(ti + 1) * kd];
+        qr.copy_from_slice(&r.q[src..src + kd]);
+        l2_normalize(qr, KDA_L2_EPS);
+        qr.iter_mut().for_each(|z| *z *= scale);
+        let kr = &mut hi.k[ti * kd..(ti + 1) * kd];
+        kr.copy_from_slice(&r.k[src..src + kd]);
+        l2_normalize(kr, KDA_L2_EPS);
+        hi.v[ti * kd..(ti + 1) * kd].copy_from_slice(&r.v[src..src + kd]);
+        for c in 0..kd {
+            let j = hh * kd + c;
+            hi.log_alpha[ti * kd + c] =
+                log_decay(r.f[ti * p + j], w.a[j], w.dt_bias[j], spec.gate_lower_bound);
+        }
+        hi.beta[ti] = sigmoid(r.b[ti * h + hh]);
+    }
+    hi
+}
 
-    // Per-head inputs, head-major [H][T, K].
-    let heads: Vec<usize> = (0..h).collect();
-    let journaling = st.journal.is_some();
-    // Heads in parallel only when there is enough work to pay for the wakeups.
-    let min_len = crate::par_min_len(h, t * kd * kd * 4);
-    let outs: Vec<(Vec<f32>, Option<HeadInputs>)> = heads
-        .par_iter()
-        .zip(st.s.par_chunks_mut(kd * kd))
+/// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
+/// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
+/// state. Projections run once over all N rows; the convolution and the
+/// delta rule run per sequence. Returns `[N, D]`.
+pub fn kda(
+    spec: &K3Spec,
+    w: &KdaWeights,
+    states: &mut [&mut KdaState],
+    segs: &[Segment],
+    x: &[f32],
+) -> Vec<f32> {
+    let (h, kd) = (spec.kda_heads, spec.kda_head_dim);
+    let p = h * kd;
+    let n = x.len() / spec.hidden_size;
+    let pre = [
+        w.q_proj.forward(x, n),
+        w.k_proj.forward(x, n),
+        w.v_proj.forward(x, n),
+    ];
+    let mut conv = [vec![0f32; n * p], vec![0f32; n * p], vec![0f32; n * p]];
+    let taps = [&w.q_conv1d, &w.k_conv1d, &w.v_conv1d];
+    for (st, seg) in states.iter_mut().zip(segs) {
+        for c in 0..3 {
+            let rows = seg.start * p..seg.end * p;
+            let out = short_conv(&pre[c][rows.clone()], &mut st.conv[c], taps[c], p, spec.conv_kernel);
+            conv[c][rows].copy_from_slice(&out);
+        }
+    }
+    let f = w.f_b_proj.forward(&w.f_a_proj.forward(x, n), n);
+    let b = w.b_proj.forward(x, n);
+    let g = w.g_proj.forward(x, n);
+
+    // Per head, every sequence's state slice, so heads run in parallel and
+    // each head walks the sequences in batch order.
+    let journaling: Vec<bool> = states.iter().map(|s| s.journal.is_some()).collect();
+    let mut per_head: Vec<Vec<&mut [f32]>> = (0..h).map(|_| Vec::new()).collect();
+    for st in states.iter_mut() {
+        for (hh, s) in st.s.chunks_mut(kd * kd).enumerate() {
+            per_head[hh].push(s);
+        }
+    }
+    let min_len = crate::par_min_len(h, n * kd * kd * 4);
+    let outs: Vec<(Vec<f32>, Vec<Option<HeadInputs>>)> = per_head
+        .into_par_iter()
+        .enumerate()
         .with_min_len(min_len)
-        .map(|(&hh, s)| {
-            let mut qh = vec![0f32; t * kd];
-            let mut kh = vec![0f32; t * kd];
-            let mut vh = vec![0f32; t * kd];
-            let mut la = vec![0f32; t * kd];
-            let mut beta = vec![0f32; t];
-            for ti in 0..t {
-                let src = ti * p + hh * kd;
-                let qr = &mut qh[ti * kd..(ti + 1) * kd];
-                qr.copy_from_slice(&q[src..src + kd]);
-                l2_normalize(qr, KDA_L2_EPS);
-                qr.iter_mut().for_each(|z| *z *= scale);
-                let kr = &mut kh[ti * kd..(ti + 1) * kd];
-                kr.copy_from_slice(&k[src..src + kd]);
-                l2_normalize(kr, KDA_L2_EPS);
-                vh[ti * kd..(ti + 1) * kd].copy_from_slice(&v[src..src + kd]);
-                for c in 0..kd {
-                    let j = hh * kd + c;
-                    la[ti * kd + c] =
-                        log_decay(f[ti * p + j], w.a[j], w.dt_bias[j], spec.gate_lower_bound);
-                }
-                beta[ti] = sigmoid(b[ti * h + hh]);
+        .map(|(hh, slices)| {
+            let mut o = vec![0f32; n * kd];
+            let mut inputs = Vec::with_capacity(segs.len());
+            for ((s, seg), &journal) in slices.into_iter().zip(segs).zip(&journaling) {
+                let rows = HeadRows {
+                    q: &conv[0][seg.start * p..seg.end * p],
+                    k: &conv[1][seg.start * p..seg.end * p],
+                    v: &conv[2][seg.start * p..seg.end * p],
+                    f: &f[seg.start * p..seg.end * p],
+                    b: &b[seg.start * h..seg.end * h],
+                };
+                let hi = head_inputs(spec, w, &rows, hh);
+                let os = &mut o[seg.start * kd..seg.end * kd];
+                delta_rule_head(s, &hi.q, &hi.k, &hi.v, &hi.log_alpha, &hi.beta, kd, kd, os);
+                inputs.push(journal.then_some(hi));
             }
-            let mut o = vec![0f32; t * kd];
-            delta_rule_head(s, &qh, &kh, &vh, &la, &beta, kd, kd, &mut o);
-            let inputs = journaling.then_some(HeadInputs {
-                q: qh,
-                k: kh,
-                v: vh,
-                log_alpha: la,
-                beta,
-            });
             // Gated RMSNorm of the head output.
-            for ti in 0..t {
-                let orow = &mut o[ti * kd..(ti + 1) * kd];
+            for (ti, orow) in o.chunks_exact_mut(kd).enumerate() {
                 rms_norm(orow, &w.o_norm, spec.rms_norm_eps);
                 for (c, ov) in orow.iter_mut().enumerate() {
                     *ov *= sigmoid(g[ti * p + hh * kd + c]);
@@ -195,20 +241,24 @@ pub fn kda(spec: &K3Spec, w: &KdaWeights, st: &mut KdaState, x: &[f32]) -> Vec<f
             (o, inputs)
         })
         .collect();
-    if let Some(j) = st.journal.as_mut() {
-        j.record(
-            &pre,
-            outs.iter().map(|(_, i)| i.as_ref().expect("journaling")),
-        );
+    for (si, (st, seg)) in states.iter_mut().zip(segs).enumerate() {
+        if let Some(j) = st.journal.as_mut() {
+            let pre_rows: [Vec<f32>; 3] =
+                std::array::from_fn(|c| pre[c][seg.start * p..seg.end * p].to_vec());
+            j.record(
+                &pre_rows,
+                outs.iter().map(|(_, i)| i[si].as_ref().expect("journaling")),
+            );
+        }
     }
-    let mut cat = vec![0f32; t * p];
+    let mut cat = vec![0f32; n * p];
     for (hh, (o, _)) in outs.iter().enumerate() {
-        for ti in 0..t {
+        for ti in 0..n {
             cat[ti * p + hh * kd..ti * p + (hh + 1) * kd]
                 .copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
         }
     }
-    w.o_proj.forward(&cat, t)
+    w.o_proj.forward(&cat, n)
 }
 
 /// One head's delta-rule inputs for the positions of a pass, kept so the

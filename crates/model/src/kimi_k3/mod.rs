@@ -3,10 +3,10 @@
 //!
 //! The math is `shared/docs/k3-model.md` (checked against torchtitan's K3,
 //! PR 4025, and Moonshot's `modeling_kimi_linear.py`); this module follows its
-//! section numbers. Activations are fp32 throughout. A forward pass takes any
-//! number T ≥ 1 of new tokens for one sequence: prefill, decode and
-//! speculative verification are the same code, and each position's result is
-//! bit-identical whatever T is.
+//! section numbers. Activations are fp32 throughout. A step takes any number
+//! of sequences, each with any number T ≥ 1 of new tokens: prefill, decode,
+//! speculative verification and batches are the same code, and each
+//! position's result is bit-identical whatever the step holds besides it.
 
 pub mod attn_res;
 pub mod config;
@@ -14,31 +14,42 @@ pub mod kda;
 pub mod mla;
 pub mod moe;
 pub mod state;
+mod step;
 pub mod tensors;
 pub mod weights;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use fathom_kernels::ops::rms_norm_rows;
 use fathom_weights::Checkpoint;
 
-use self::attn_res::attn_res;
 use self::config::K3Spec;
-use self::moe::{NextLayerHint, Route};
-use self::state::{LayerState, SequenceState};
-use self::weights::{AttnWeights, FfnWeights, K3Weights};
-use crate::error::{ModelError, Result};
-use crate::experts::{ExpertSource, ExpertTable, ResidentExperts};
+use self::moe::Route;
+use self::state::SequenceState;
+use self::weights::K3Weights;
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
 use crate::linear::Spine;
+use crate::registry::{Architecture, LoadOptions};
 
-/// Which positions' logits a pass returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last new position (prefill, decode).
-    Last,
-    /// Every new position (verification of proposed tokens).
-    All,
+/// The registry's entry for Kimi K3.
+pub const ARCHITECTURE: Architecture = Architecture {
+    family: "Kimi K3",
+    model_types: &["kimi_k3"],
+    architectures: &["KimiK3ForConditionalGeneration", "KimiK3ForCausalLM"],
+    load: load_lm,
+};
+
+fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
+    let mut m = match opts.experts {
+        Some(make) => K3Model::load_with(dir, make)?,
+        None => K3Model::load(dir)?,
+    };
+    if opts.spine == Spine::Int8 {
+        m.weights.quantize_spine_int8();
+    }
+    Ok(Arc::new(m))
 }
 
 /// Observer of named intermediates (`attn_in`, `attn_out`, `mlp_in`,
@@ -51,19 +62,21 @@ pub trait Tracer {
 
 /// A loaded K3 model: spec, resident spine, and a source of routed experts.
 pub struct K3Model {
-    pub spec: K3Spec,
+    pub spec: Arc<K3Spec>,
     pub weights: K3Weights,
     pub experts: Arc<dyn ExpertSource>,
     /// Locators of every routed expert (what a streamed source reads).
     pub expert_table: ExpertTable,
+    info: ModelInfo,
 }
 
 impl K3Model {
     /// Loads a model with every expert resident in RAM.
     pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with(dir, |spec, ck, table| {
-            Ok(Arc::new(ResidentExperts::load(spec, ck, table)?))
-        })
+        Self::load_with(
+            dir,
+            Box::new(|ck, table| Ok(Arc::new(ResidentExperts::load(ck, table)?))),
+        )
     }
 
     /// Loads a model with every expert resident and the spine in `spine` precision.
@@ -76,24 +89,19 @@ impl K3Model {
     }
 
     /// Loads the spine and builds the expert source with `make_source`.
-    pub fn load_with(
-        dir: &Path,
-        make_source: impl FnOnce(
-            &K3Spec,
-            &Arc<Checkpoint>,
-            &ExpertTable,
-        ) -> Result<Arc<dyn ExpertSource>>,
-    ) -> Result<Self> {
-        let spec = K3Spec::from_dir(dir)?;
+    pub fn load_with(dir: &Path, make_source: crate::registry::MakeSource) -> Result<Self> {
+        let spec = Arc::new(K3Spec::from_dir(dir)?);
         let ck = Arc::new(Checkpoint::open(dir)?);
         let weights = K3Weights::load(&spec, &ck)?;
-        let expert_table = ExpertTable::from_checkpoint(&spec, &ck)?;
-        let experts = make_source(&spec, &ck, &expert_table)?;
+        let expert_table = tensors::expert_table(&spec, &ck)?;
+        let experts = make_source(&ck, &expert_table)?;
+        let info = model_info(&spec, &expert_table);
         Ok(K3Model {
             spec,
             weights,
             experts,
             expert_table,
+            info,
         })
     }
 
@@ -101,8 +109,7 @@ impl K3Model {
         SequenceState::new(&self.spec)
     }
 
-    /// Runs `tokens` through the model from `state`, advancing it. Returns the
-    /// logits `[positions, vocab]` of the positions `which` asks for.
+    /// One sequence's pass (what [`CausalLm::forward`] does, on the concrete state).
     pub fn forward(
         &self,
         state: &mut SequenceState,
@@ -112,108 +119,56 @@ impl K3Model {
         self.forward_traced(state, tokens, which, None)
     }
 
+    /// One sequence's pass, observed by `tracer` (reference comparisons).
     pub fn forward_traced(
         &self,
         state: &mut SequenceState,
         tokens: &[u32],
         which: Logits,
-        mut tracer: Option<&mut dyn Tracer>,
+        tracer: Option<&mut dyn Tracer>,
     ) -> Result<Vec<f32>> {
-        let spec = &self.spec;
-        let w = &self.weights;
-        let (d, t, eps) = (spec.hidden_size, tokens.len(), spec.rms_norm_eps);
-        if t == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= spec.vocab_size) {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                vocab: spec.vocab_size,
-            });
-        }
-        let mut partial: Vec<f32> = tokens
-            .iter()
-            .flat_map(|&id| w.embed_tokens.row(id as usize))
-            .collect();
-        let mut blocks: Vec<Vec<f32>> = Vec::new();
-        for (i, lw) in w.layers.iter().enumerate() {
-            // Attention side (§3): mix, maybe open a block, attend.
-            let h = if blocks.is_empty() {
-                partial.clone()
-            } else {
-                attn_res(&partial, &blocks, &lw.self_attention_res, d, eps)
-            };
-            if i % spec.attn_res_block_size == 0 {
-                blocks.push(std::mem::replace(&mut partial, vec![0.0; t * d]));
-            }
-            trace(&mut tracer, i, "attn_in", &h);
-            let mut x = h;
-            rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
-            let a = match (&lw.attn, &mut state.layers[i]) {
-                (AttnWeights::Kda(aw), LayerState::Kda(st)) => kda::kda(spec, aw, st, &x),
-                (AttnWeights::Mla(aw), LayerState::Mla(st)) => mla::mla(spec, aw, st, &x),
-                _ => unreachable!("state layer kinds follow the spec"),
-            };
-            trace(&mut tracer, i, "attn_out", &a);
-            add(&mut partial, &a);
-
-            // MLP side.
-            let mut x = attn_res(&partial, &blocks, &lw.mlp_res, d, eps);
-            trace(&mut tracer, i, "mlp_in", &x);
-            rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
-            let m = match &lw.ffn {
-                FfnWeights::Dense(mw) => moe::mlp(spec, mw, &x, t),
-                FfnWeights::Moe(mw) => {
-                    let hint = w.layers.get(i + 1).and_then(|n| match &n.ffn {
-                        FfnWeights::Moe(nw) => Some(NextLayerHint {
-                            layer: i + 1,
-                            weights: nw,
-                        }),
-                        FfnWeights::Dense(_) => None,
-                    });
-                    let mut routes = tracer.as_ref().map(|_| Vec::new());
-                    let out = moe::moe(
-                        spec,
-                        i,
-                        mw,
-                        &x,
-                        t,
-                        self.experts.as_ref(),
-                        hint,
-                        routes.as_mut(),
-                    )?;
-                    if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
-                        tr.routes(i, &r);
-                    }
-                    out
-                }
-            };
-            trace(&mut tracer, i, "mlp_out", &m);
-            add(&mut partial, &m);
-        }
-        state.pos += t;
-
-        // Output mix, final norm and head, only for the rows asked for.
-        let first = match which {
-            Logits::Last => t - 1,
-            Logits::All => 0,
-        };
-        let rows = t - first;
-        let part = &partial[first * d..];
-        let blk: Vec<Vec<f32>> = blocks.iter().map(|b| b[first * d..].to_vec()).collect();
-        let mut hfin = attn_res(part, &blk, &w.output_attn_res, d, eps);
-        rms_norm_rows(&mut hfin, d, &w.norm, eps);
-        trace(&mut tracer, usize::MAX, "final_hidden", &hfin);
-        Ok(w.lm_head.forward(&hfin, rows))
+        let mut b = [StepInput {
+            state,
+            tokens,
+            logits: which,
+        }];
+        let mut out = step::step(self, &mut b, tracer).map_err(|e| e.error)?;
+        Ok(out.pop().unwrap_or_default())
     }
 }
 
-fn add(a: &mut [f32], b: &[f32]) {
-    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+fn model_info(spec: &K3Spec, table: &ExpertTable) -> ModelInfo {
+    ModelInfo {
+        family: ARCHITECTURE.family,
+        model_type: "kimi_k3".into(),
+        vocab_size: spec.vocab_size,
+        hidden_size: spec.hidden_size,
+        num_layers: spec.num_layers,
+        bos_token_id: spec.bos_token_id,
+        eos_token_ids: spec.eos_token_id.into_iter().collect(),
+        max_position_embeddings: spec.max_position_embeddings,
+        spine_bytes: tensors::tensor_table(spec)
+            .iter()
+            .filter(|t| t.role.is_spine() && t.role != tensors::Role::Embedding)
+            .map(tensors::TensorSpec::bytes)
+            .sum(),
+        expert_bytes: table.expert_bytes(),
+        experts_per_token: spec.top_k,
+        moe_layers: table.moe_layers(),
+    }
 }
 
-fn trace(tracer: &mut Option<&mut dyn Tracer>, layer: usize, name: &str, rows: &[f32]) {
-    if let Some(t) = tracer.as_deref_mut() {
-        t.tensor(layer, name, rows);
+impl CausalLm for K3Model {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+    fn new_state(&self) -> Box<dyn SeqState> {
+        Box::new(SequenceState::new(&self.spec))
+    }
+    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
+        step::step(self, batch, None)
+    }
+    fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
     }
 }

@@ -90,11 +90,11 @@ fn expert_forward(spec: &K3Spec, e: &ExpertWeights, z: &[f32], n: usize) -> Vec<
     let f = spec.moe_intermediate_size;
     let mut g = vec![0f32; n * f];
     let mut u = vec![0f32; n * f];
-    matmul_mxfp4(z, n, e.matrix(ExpertMatrix::W1), &mut g);
-    matmul_mxfp4(z, n, e.matrix(ExpertMatrix::W3), &mut u);
+    matmul_mxfp4(z, n, e.matrix(ExpertMatrix::W1 as usize), &mut g);
+    matmul_mxfp4(z, n, e.matrix(ExpertMatrix::W3 as usize), &mut u);
     situ_glu(&mut g, &u, spec.situ_beta, spec.situ_linear_beta);
     let mut y = vec![0f32; n * spec.latent_size];
-    matmul_mxfp4(&g, n, e.matrix(ExpertMatrix::W2), &mut y);
+    matmul_mxfp4(&g, n, e.matrix(ExpertMatrix::W2 as usize), &mut y);
     y
 }
 
@@ -136,22 +136,20 @@ pub fn moe(
     union.dedup();
     // Start the reads, compute what does not need the experts while they
     // arrive (latent projection, shared experts), then collect them.
-    source.request(layer, &union);
+    let ticket = source.request(layer, &union)?;
     let l = spec.latent_size;
     let z = w.routed_expert_down_proj.forward(x, t);
     let shared = w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t));
-    let experts: Vec<Arc<ExpertWeights>> = source.experts(layer, &union)?;
-    // For each expert of the union: the (token, rank) pairs that use it.
-    let users: Vec<Vec<(usize, usize)>> = union
-        .iter()
-        .map(|&e| {
-            routes
-                .iter()
-                .enumerate()
-                .filter_map(|(ti, r)| r.ids.iter().position(|&x| x == e).map(|j| (ti, j)))
-                .collect()
-        })
-        .collect();
+    let experts: Vec<Arc<ExpertWeights>> = source.collect(ticket)?;
+    // For each expert of the union: the (token, rank) pairs that use it,
+    // in token order.
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); union.len()];
+    for (ti, r) in routes.iter().enumerate() {
+        for (j, e) in r.ids.iter().enumerate() {
+            let u = union.binary_search(e).expect("the union holds every route");
+            users[u].push((ti, j));
+        }
+    }
     let outputs: Vec<Vec<f32>> = experts
         .par_iter()
         .zip(users.par_iter())

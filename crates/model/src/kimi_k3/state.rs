@@ -11,7 +11,12 @@
 //! MLA cache lengths; [`SequenceState::restore`] truncates the caches back.
 //! Rows appended after a snapshot are the only thing a rollback discards.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use super::config::{AttnKind, K3Spec};
+use crate::error::{ModelError, Result};
+use crate::lm::{SeqState, StateSnapshot};
 
 #[derive(Debug, Clone)]
 pub struct KdaState {
@@ -93,7 +98,13 @@ pub struct SequenceState {
     pub layers: Vec<LayerState>,
     /// Tokens consumed so far.
     pub pos: usize,
+    spec: Arc<K3Spec>,
+    /// The pass [`SeqState::begin_pass`] opened, if any.
+    pending: Option<PendingPass>,
 }
+
+/// Everything a failed step must put back: the state before it, journals included.
+pub(crate) struct UndoMark(Snapshot);
 
 /// A pass whose positions may be only partly kept (speculative verification).
 #[derive(Debug, Clone)]
@@ -122,7 +133,7 @@ impl Snapshot {
 }
 
 impl SequenceState {
-    pub fn new(spec: &K3Spec) -> Self {
+    pub fn new(spec: &Arc<K3Spec>) -> Self {
         let p = spec.kda_width();
         let layers = spec
             .attn_kinds
@@ -139,7 +150,27 @@ impl SequenceState {
                 }),
             })
             .collect();
-        SequenceState { layers, pos: 0 }
+        SequenceState {
+            layers,
+            pos: 0,
+            spec: spec.clone(),
+            pending: None,
+        }
+    }
+
+    /// A mark to undo a step with (KDA state and journal copied, MLA lengths).
+    pub(crate) fn undo_mark(&self) -> UndoMark {
+        UndoMark(self.snapshot())
+    }
+
+    /// Puts back what `mark` saw, journals included.
+    pub(crate) fn undo(&mut self, mark: &UndoMark) {
+        self.restore(&mark.0);
+        for (l, saved) in self.layers.iter_mut().zip(&mark.0.kda) {
+            if let (LayerState::Kda(k), Some(s)) = (l, saved) {
+                k.journal.clone_from(&s.journal);
+            }
+        }
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -191,7 +222,7 @@ impl SequenceState {
 
     /// Starts a pass that [`SequenceState::keep`] may later cut short. KDA
     /// layers journal their inputs; MLA caches just remember their length.
-    pub fn begin_pass(&mut self, spec: &K3Spec) -> PendingPass {
+    fn begin_pass_at(&mut self, spec: &K3Spec) -> PendingPass {
         let mut mla_len = Vec::with_capacity(self.layers.len());
         for l in &mut self.layers {
             match l {
@@ -212,7 +243,7 @@ impl SequenceState {
     /// rest: MLA rows are truncated, KDA state and conv windows rewound and
     /// replayed over the kept positions. The result is bit-identical to a
     /// state that was only ever fed those `n` positions.
-    pub fn keep(&mut self, spec: &K3Spec, pass: PendingPass, n: usize) {
+    fn keep_pass(&mut self, spec: &K3Spec, pass: PendingPass, n: usize) {
         let fed = self.pos - pass.pos;
         assert!(n <= fed, "cannot keep {n} of {fed} positions");
         for (i, l) in self.layers.iter_mut().enumerate() {
@@ -244,5 +275,64 @@ impl SequenceState {
                 LayerState::Mla(m) => 4 * m.rows.len(),
             })
             .sum()
+    }
+}
+
+impl StateSnapshot for Snapshot {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn pos(&self) -> usize {
+        self.pos
+    }
+}
+
+impl SeqState for SequenceState {
+    fn pos(&self) -> usize {
+        self.pos
+    }
+    fn bytes(&self) -> usize {
+        SequenceState::bytes(self)
+    }
+    fn snapshot(&self) -> Box<dyn StateSnapshot> {
+        Box::new(SequenceState::snapshot(self))
+    }
+    fn restore(&mut self, snap: &dyn StateSnapshot) -> Result<()> {
+        let snap = snap
+            .as_any()
+            .downcast_ref::<Snapshot>()
+            .ok_or_else(|| ModelError::State("snapshot of another model".into()))?;
+        if snap.pos > self.pos || snap.kda.len() != self.layers.len() {
+            return Err(ModelError::State(
+                "the snapshot is not from this sequence's past".into(),
+            ));
+        }
+        SequenceState::restore(self, snap);
+        Ok(())
+    }
+    fn begin_pass(&mut self) {
+        let spec = self.spec.clone();
+        self.pending = Some(self.begin_pass_at(&spec));
+    }
+    fn keep(&mut self, n: usize) -> Result<()> {
+        let pass = self
+            .pending
+            .take()
+            .ok_or_else(|| ModelError::State("keep without begin_pass".into()))?;
+        let fed = self.pos - pass.pos;
+        if n > fed {
+            return Err(ModelError::State(format!(
+                "cannot keep {n} of the {fed} positions fed"
+            )));
+        }
+        let spec = self.spec.clone();
+        self.keep_pass(&spec, pass, n);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }

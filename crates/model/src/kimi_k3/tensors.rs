@@ -340,3 +340,35 @@ pub fn expert_bytes(spec: &K3Spec) -> u64 {
         })
         .sum()
 }
+
+/// Locators of every routed expert of a K3 checkpoint.
+pub fn expert_table(
+    spec: &K3Spec,
+    ck: &fathom_weights::Checkpoint,
+) -> crate::Result<crate::experts::ExpertTable> {
+    use crate::experts::{ExpertLoc, ExpertTable};
+    let mut layers = vec![Vec::new(); spec.num_layers];
+    for l in spec.moe_layers() {
+        let mut v = Vec::with_capacity(spec.num_experts);
+        for e in 0..spec.num_experts {
+            let get = |m, part| {
+                let n = expert_name(l, e, m, part);
+                ck.get(&n)
+                    .cloned()
+                    .ok_or(fathom_weights::WeightsError::Missing(n))
+            };
+            let mut parts = Vec::with_capacity(3);
+            for m in ExpertMatrix::ALL {
+                parts.push((get(m, "weight_packed")?, get(m, "weight_scale")?));
+            }
+            let parts: [_; 3] = parts.try_into().expect("three matrices");
+            v.push(ExpertLoc { parts });
+        }
+        layers[l] = v;
+    }
+    Ok(ExpertTable {
+        layers,
+        shapes: ExpertMatrix::ALL.map(|m| m.shape(spec)),
+        top_k: spec.top_k,
+    })
+}

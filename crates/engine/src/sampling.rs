@@ -1,0 +1,896 @@
+//! Token sampling: turns one row of model logits into the next token.
+//!
+//! [`sample`] is a pure function of its arguments. The random draw comes
+//! from [`uniform`], a counter-based hash of `(seed, choice, position)`, not
+//! from a stateful generator, so a token can be recomputed at any time (after
+//! a preemption, on another worker, by a speculative verifier) and two
+//! completions of one request differ only through `choice`.
+//!
+//! # Processing order
+//!
+//! 1. Repetition penalty (CTRL / Hugging Face style): for each distinct
+//!    token in `prompt ∪ generated`, a logit `> 0` is divided by
+//!    `repetition_penalty`, any other logit is multiplied by it.
+//! 2. Presence and frequency penalties (OpenAI style), over `generated`
+//!    only: `logit -= presence · [count > 0] + frequency · count`.
+//! 3. If `temperature == 0`: return [`argmax`] of the penalised logits (with
+//!    no penalties this is exactly `argmax(logits)`).
+//! 4. Divide by the temperature (in f64).
+//! 5. Top-k: keep the `k` largest. Candidates are ordered by a total,
+//!    deterministic order: value descending, then token id ascending, so a
+//!    tie at the boundary keeps the lower id.
+//! 6. Softmax over the survivors (f64, max-subtracted).
+//! 7. Top-p: keep the smallest prefix (in that order) whose cumulative
+//!    probability is `>= top_p`; at least one token is always kept.
+//! 8. Min-p: drop tokens whose probability is `< min_p · max probability`.
+//! 9. Renormalise, draw `u = uniform(seed, choice, position)` and walk the
+//!    survivors in order: the first whose cumulative probability exceeds
+//!    `u` is chosen (the last survivor if rounding leaves `u` above the
+//!    total).
+//!
+//! Steps 1–2 work in f32 on a copy of the logits (no copy when no penalty
+//! applies); everything from step 4 on is f64, single-threaded and in this
+//! fixed order, so results are bit-reproducible.
+//!
+//! # Non-finite logits
+//!
+//! NaN counts as `-inf`: it is never chosen unless every logit is NaN or
+//! `-inf`, and then the answer is token 0 (greedy and sampled alike).
+//! `+inf` counts as the largest value: such tokens share all probability.
+//! Tokens whose probability underflows to exactly 0 are never drawn.
+//!
+//! # Log-probabilities
+//!
+//! [`Sampled::logprob`] and [`Sampled::top`] describe the *raw* model
+//! distribution: the log-softmax of the logits as given, before penalties,
+//! temperature and filters (the OpenAI convention differs between servers;
+//! this one does not depend on the sampling settings). It is computed in
+//! f64 (max-subtracted log-sum-exp) and reported as f32.
+//!
+//! # Cost
+//!
+//! With `top_k > 0` only the `k` best candidates are sorted (selection, then
+//! a sort of `k`); with `top_k == 0` the vocabulary is sorted once. The
+//! log-sum-exp for the reported log-probability is one more pass.
+
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Highest accepted temperature.
+pub const MAX_TEMPERATURE: f32 = 100.0;
+/// Most top log-probabilities one token may report.
+pub const MAX_LOGPROBS: usize = 20;
+
+/// How the next token is chosen. Defaults: greedy, every filter off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// 0 = greedy; otherwise a finite number in `(0, 100]`.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Nucleus sampling threshold in `(0, 1]`; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens below `min_p · max probability`; in `[0, 1]`, 0 = off.
+    pub min_p: f32,
+    /// CTRL-style penalty over prompt and generated tokens; `> 0`, 1 = off.
+    pub repetition_penalty: f32,
+    /// OpenAI presence penalty over generated tokens, in `[-2, 2]`.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty over generated tokens, in `[-2, 2]`.
+    pub frequency_penalty: f32,
+    /// Seed of the counter-based draw (see [`uniform`]).
+    pub seed: u64,
+    /// Number of top log-probabilities to report (at most 20); `None` = none.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+            logprobs: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks every field; the error names the field, the bad value and the
+    /// allowed range. NaN is rejected for every float field.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let t = self.temperature;
+        if !(0.0..=MAX_TEMPERATURE).contains(&t) {
+            return Err(invalid("temperature", "a finite number in [0, 100]", t));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(invalid("top_p", "a number in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(invalid("min_p", "a number in [0, 1]", self.min_p));
+        }
+        let rp = self.repetition_penalty;
+        if !(rp.is_finite() && rp > 0.0) {
+            let rule = "a finite number > 0 (1 = off)";
+            return Err(invalid("repetition_penalty", rule, rp));
+        }
+        for (field, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(invalid(field, "a number in [-2, 2]", v));
+            }
+        }
+        match self.logprobs {
+            Some(n) if n > MAX_LOGPROBS => Err(invalid("logprobs", "at most 20", n)),
+            _ => Ok(()),
+        }
+    }
+
+    /// True when the choice is the argmax (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// A rejected [`SamplingParams`] field.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SamplingError {
+    /// `field` is out of range; `msg` names it, the value and the range.
+    Invalid { field: &'static str, msg: String },
+}
+
+impl SamplingError {
+    /// The offending field's name (as in the JSON request).
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Invalid { field, .. } => field,
+        }
+    }
+}
+
+impl fmt::Display for SamplingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Invalid { msg, .. } => f.write_str(msg),
+        }
+    }
+}
+
+impl std::error::Error for SamplingError {}
+
+fn invalid(field: &'static str, rule: &str, got: impl fmt::Display) -> SamplingError {
+    let msg = format!("{field} must be {rule}, got {got}");
+    SamplingError::Invalid { field, msg }
+}
+
+/// One chosen token and its log-probabilities.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sampled {
+    pub token: u32,
+    /// log-softmax of the RAW model logits (before penalties/temperature/filters) at `token`.
+    pub logprob: f32,
+    /// The `logprobs` most likely tokens under the same raw log-softmax, best first, ties -> lower id.
+    /// Empty when params.logprobs is None.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Picks the next token. Pure function: the result depends only on its arguments.
+/// `prompt` and `generated` are the sequence's tokens so far (for penalties).
+/// `choice` is the completion index (n > 1 completions of one request differ by it),
+/// `position` the absolute position in the sequence of the token being chosen.
+///
+/// Token ids outside `logits` in `prompt`/`generated` are ignored. The
+/// parameters are expected to have passed [`SamplingParams::validate`].
+pub fn sample(
+    params: &SamplingParams,
+    logits: &[f32],
+    prompt: &[u32],
+    generated: &[u32],
+    choice: u32,
+    position: u64,
+) -> Sampled {
+    let penalised = apply_penalties(params, logits, prompt, generated);
+    let token = if params.is_greedy() {
+        argmax(&penalised)
+    } else {
+        let u = uniform(params.seed, choice, position);
+        draw(params, &penalised, u)
+    };
+    report(logits, token, params.logprobs.unwrap_or(0))
+}
+
+/// Index of the largest value; ties (and equal values) go to the LOWER index; i.e. a value replaces the
+/// best only if strictly greater. This must be exactly what greedy uses.
+///
+/// NaN never replaces anything (it counts as `-inf`); an empty slice, or one
+/// of only NaN / `-inf`, gives 0.
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > best_value {
+            best = i;
+            best_value = v;
+        }
+    }
+    best as u32
+}
+
+const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// SplitMix64's output finalizer: a bijection on `u64` with good avalanche.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The uniform draw in [0, 1) for (seed, choice, position): a counter-based hash (SplitMix64-style finalizer
+/// chained over the three inputs), 53 random bits -> f64. Never a stateful RNG.
+///
+/// Each chaining step is a bijection of the running hash for a fixed input,
+/// so for a fixed `(seed, choice)` different positions give different
+/// 64-bit hashes. This function is part of the reproducibility contract:
+/// changing it changes every seeded completion.
+pub fn uniform(seed: u64, choice: u32, position: u64) -> f64 {
+    let mut h = mix64(seed.wrapping_add(GOLDEN_GAMMA));
+    h = mix64(h ^ mix64(u64::from(choice).wrapping_add(GOLDEN_GAMMA.wrapping_mul(2))));
+    h = mix64(h ^ mix64(position.wrapping_add(GOLDEN_GAMMA.wrapping_mul(3))));
+    (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// Steps 1–2: the logits after repetition, presence and frequency
+/// penalties; borrowed unchanged when no penalty applies.
+fn apply_penalties<'a>(
+    params: &SamplingParams,
+    logits: &'a [f32],
+    prompt: &[u32],
+    generated: &[u32],
+) -> Cow<'a, [f32]> {
+    let repetition =
+        params.repetition_penalty != 1.0 && !(prompt.is_empty() && generated.is_empty());
+    let occurrence = (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0)
+        && !generated.is_empty();
+    if !repetition && !occurrence {
+        return Cow::Borrowed(logits);
+    }
+    let mut out = logits.to_vec();
+    if repetition {
+        repetition_penalty(&mut out, params.repetition_penalty, prompt, generated);
+    }
+    if occurrence {
+        let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
+        occurrence_penalty(&mut out, presence, frequency, generated);
+    }
+    Cow::Owned(out)
+}
+
+/// Step 1: once per distinct token of `prompt ∪ generated`.
+fn repetition_penalty(logits: &mut [f32], penalty: f32, prompt: &[u32], generated: &[u32]) {
+    let mut seen = vec![false; logits.len()];
+    for &t in prompt.iter().chain(generated) {
+        let t = t as usize;
+        if t < logits.len() && !seen[t] {
+            seen[t] = true;
+            let l = logits[t];
+            logits[t] = if l > 0.0 { l / penalty } else { l * penalty };
+        }
+    }
+}
+
+/// Step 2: `logit -= presence · [count > 0] + frequency · count`.
+fn occurrence_penalty(logits: &mut [f32], presence: f32, frequency: f32, generated: &[u32]) {
+    let mut sorted = generated.to_vec();
+    sorted.sort_unstable();
+    for run in sorted.chunk_by(|a, b| a == b) {
+        if let Some(l) = logits.get_mut(run[0] as usize) {
+            *l -= presence + frequency * run.len() as f32;
+        }
+    }
+}
+
+/// The deterministic total order of candidates: value descending, then id
+/// ascending. Values are never NaN here (see [`order_key`]).
+fn by_rank(a: &(u32, f64), b: &(u32, f64)) -> Ordering {
+    b.1.partial_cmp(&a.1)
+        .unwrap_or(Ordering::Equal)
+        .then(a.0.cmp(&b.0))
+}
+
+/// NaN → `-inf`, `+inf` → `f64::MAX` (so max-subtraction stays finite).
+fn order_key(v: f64) -> f64 {
+    if v.is_nan() {
+        f64::NEG_INFINITY
+    } else if v == f64::INFINITY {
+        f64::MAX
+    } else {
+        v
+    }
+}
+
+/// Steps 4–9 for a positive temperature.
+fn draw(params: &SamplingParams, logits: &[f32], u: f64) -> u32 {
+    let ranked = ranked_candidates(logits, f64::from(params.temperature), params.top_k);
+    if ranked.is_empty() {
+        return 0; // every logit is NaN or -inf
+    }
+    let probs = softmax_sorted(&ranked);
+    let keep = nucleus_len(&probs, params.top_p)
+        .min(min_p_len(&probs, params.min_p))
+        .min(positive_len(&probs))
+        .max(1);
+    let total: f64 = probs[..keep].iter().sum();
+    let mut cumulative = 0.0;
+    for (&(token, _), &p) in ranked[..keep].iter().zip(&probs) {
+        cumulative += p / total;
+        if cumulative > u {
+            return token;
+        }
+    }
+    ranked[keep - 1].0
+}
+
+/// Steps 4–5: scaled logits of the finite-or-`+inf` tokens, top-k applied,
+/// sorted by [`by_rank`].
+fn ranked_candidates(logits: &[f32], temperature: f64, top_k: usize) -> Vec<(u32, f64)> {
+    let mut ranked: Vec<(u32, f64)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, order_key(f64::from(l) / temperature)))
+        .filter(|&(_, v)| v > f64::NEG_INFINITY)
+        .collect();
+    if top_k > 0 && top_k < ranked.len() {
+        ranked.select_nth_unstable_by(top_k - 1, by_rank);
+        ranked.truncate(top_k);
+    }
+    ranked.sort_unstable_by(by_rank);
+    ranked
+}
+
+/// Step 6: probabilities of candidates already sorted best first.
+fn softmax_sorted(ranked: &[(u32, f64)]) -> Vec<f64> {
+    let max = ranked[0].1;
+    let mut probs: Vec<f64> = ranked.iter().map(|&(_, v)| (v - max).exp()).collect();
+    let sum: f64 = probs.iter().sum();
+    for p in &mut probs {
+        *p /= sum;
+    }
+    probs
+}
+
+/// Step 7: length of the smallest prefix whose cumulative probability
+/// reaches `top_p` (at least 1).
+fn nucleus_len(probs: &[f64], top_p: f32) -> usize {
+    if top_p >= 1.0 {
+        return probs.len();
+    }
+    let top_p = f64::from(top_p);
+    let mut cumulative = 0.0;
+    for (i, &p) in probs.iter().enumerate() {
+        cumulative += p;
+        if cumulative >= top_p {
+            return i + 1;
+        }
+    }
+    probs.len()
+}
+
+/// Step 8: number of tokens with probability `>= min_p · max` (a prefix,
+/// since `probs` is non-increasing).
+fn min_p_len(probs: &[f64], min_p: f32) -> usize {
+    if min_p <= 0.0 {
+        return probs.len();
+    }
+    let threshold = f64::from(min_p) * probs[0];
+    probs.partition_point(|&p| p >= threshold)
+}
+
+/// Tokens whose probability did not underflow to zero (a prefix).
+fn positive_len(probs: &[f64]) -> usize {
+    probs.partition_point(|&p| p > 0.0)
+}
+
+/// The raw log-softmax at `token` and at the `top_n` best tokens.
+fn report(logits: &[f32], token: u32, top_n: usize) -> Sampled {
+    let lsm = LogSoftmax::new(logits);
+    let logprob = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lsm.at(l));
+    let top = top_tokens(logits, top_n)
+        .into_iter()
+        .map(|t| (t, lsm.at(logits[t as usize])))
+        .collect();
+    Sampled {
+        token,
+        logprob,
+        top,
+    }
+}
+
+/// `log_softmax(x) = (x - max) - ln Σ exp(x_j - max)`, in f64.
+struct LogSoftmax {
+    max: f64,
+    log_sum: f64,
+}
+
+impl LogSoftmax {
+    fn new(logits: &[f32]) -> Self {
+        let max = logits
+            .iter()
+            .map(|&l| order_key(f64::from(l)))
+            .fold(f64::NEG_INFINITY, f64::max);
+        if max == f64::NEG_INFINITY {
+            return Self { max, log_sum: 0.0 };
+        }
+        let sum: f64 = logits
+            .iter()
+            .map(|&l| (order_key(f64::from(l)) - max).exp())
+            .sum();
+        Self {
+            max,
+            log_sum: sum.ln(),
+        }
+    }
+
+    /// `-inf` when every logit is NaN or `-inf`.
+    fn at(&self, logit: f32) -> f32 {
+        if self.max == f64::NEG_INFINITY {
+            return f32::NEG_INFINITY;
+        }
+        ((order_key(f64::from(logit)) - self.max) - self.log_sum) as f32
+    }
+}
+
+/// The `n` best raw logits' ids in [`by_rank`] order, in one pass with a
+/// small sorted buffer (n is at most [`MAX_LOGPROBS`] after validation).
+fn top_tokens(logits: &[f32], n: usize) -> Vec<u32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut best: Vec<(u32, f64)> = Vec::with_capacity(n + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        let c = (i as u32, order_key(f64::from(l)));
+        if best.len() == n && by_rank(&c, &best[n - 1]) != Ordering::Less {
+            continue;
+        }
+        let at = best.partition_point(|b| by_rank(b, &c) == Ordering::Less);
+        best.insert(at, c);
+        best.truncate(n);
+    }
+    best.into_iter().map(|(t, _)| t).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tiny LCG for test data (not the sampler's randomness).
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn next_u32(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) as u32
+        }
+
+        /// Uniform in [-5, 5).
+        fn next_f32(&mut self) -> f32 {
+            (self.next_u32() as f32 / (1u64 << 31) as f32) * 10.0 - 5.0
+        }
+
+        fn logits(&mut self, n: usize) -> Vec<f32> {
+            (0..n).map(|_| self.next_f32()).collect()
+        }
+    }
+
+    fn temp(t: f32) -> SamplingParams {
+        SamplingParams {
+            temperature: t,
+            ..SamplingParams::default()
+        }
+    }
+
+    fn pick(p: &SamplingParams, logits: &[f32], position: u64) -> u32 {
+        sample(p, logits, &[], &[], 0, position).token
+    }
+
+    /// Reference: first index holding the maximum, computed another way.
+    fn first_max(x: &[f32]) -> u32 {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        x.iter().position(|&v| v == max).unwrap() as u32
+    }
+
+    fn softmax(x: &[f32], t: f64) -> Vec<f64> {
+        let m = x.iter().map(|&v| f64::from(v) / t).fold(f64::MIN, f64::max);
+        let e: Vec<f64> = x.iter().map(|&v| (f64::from(v) / t - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.into_iter().map(|v| v / s).collect()
+    }
+
+    fn counts(p: &SamplingParams, logits: &[f32], draws: u64) -> Vec<usize> {
+        let mut c = vec![0; logits.len()];
+        for pos in 0..draws {
+            c[pick(p, logits, pos) as usize] += 1;
+        }
+        c
+    }
+
+    #[test]
+    fn greedy_equals_argmax_on_random_logits() {
+        let mut rng = Lcg(7);
+        let greedy = SamplingParams::default();
+        for round in 0..200 {
+            let mut logits = rng.logits(1 + round * 7);
+            if round % 2 == 0 {
+                // Integer-valued logits: ties are common.
+                logits.iter_mut().for_each(|v| *v = v.round());
+            }
+            let expected = first_max(&logits);
+            assert_eq!(argmax(&logits), expected, "round {round}");
+            assert_eq!(pick(&greedy, &logits, round as u64), expected);
+        }
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(pick(&greedy, &[0.5, 3.0, 2.0, 3.0], 0), 1);
+    }
+
+    #[test]
+    fn greedy_ignores_filters_and_seed() {
+        let logits = [0.1, 0.9, 0.3];
+        let p = SamplingParams {
+            top_k: 1,
+            top_p: 0.1,
+            min_p: 0.9,
+            seed: 99,
+            ..SamplingParams::default()
+        };
+        assert_eq!(sample(&p, &logits, &[], &[], 3, 17).token, 1);
+    }
+
+    #[test]
+    fn nan_counts_as_negative_infinity() {
+        let nan = f32::NAN;
+        assert_eq!(argmax(&[nan, 1.0, nan]), 1);
+        assert_eq!(argmax(&[nan, f32::NEG_INFINITY, -3.0]), 2);
+        assert_eq!(argmax(&[nan, nan]), 0);
+        assert_eq!(argmax(&[]), 0);
+        for pos in 0..50 {
+            assert_eq!(pick(&temp(1.0), &[nan, 1.0, nan], pos), 1);
+            assert_eq!(pick(&temp(1.0), &[nan, nan, nan], pos), 0);
+        }
+        let p = temp(1.0);
+        let s = sample(&p, &[nan, f32::INFINITY, 0.0], &[], &[], 0, 0);
+        assert_eq!((s.token, s.logprob), (1, 0.0));
+    }
+
+    #[test]
+    fn zero_probability_tokens_are_never_drawn() {
+        let largest_u = 1.0 - f64::EPSILON / 2.0;
+        for n in 1..100 {
+            let mut logits = vec![0.0; n];
+            logits.push(-1000.0); // exp(-1000) underflows to 0
+            for u in [0.0, 0.5, largest_u] {
+                assert!((draw(&temp(1.0), &logits, u) as usize) < n, "n {n} u {u}");
+            }
+        }
+    }
+
+    #[test]
+    fn validate_rejects_each_bad_value_naming_the_field() {
+        type Edit = fn(&mut SamplingParams);
+        let cases: [(&str, &str, Edit); 11] = [
+            ("temperature", "-1", |p| p.temperature = -1.0),
+            ("temperature", "NaN", |p| p.temperature = f32::NAN),
+            ("temperature", "inf", |p| p.temperature = f32::INFINITY),
+            ("top_p", "0", |p| p.top_p = 0.0),
+            ("top_p", "1.5", |p| p.top_p = 1.5),
+            ("min_p", "-0.1", |p| p.min_p = -0.1),
+            ("min_p", "1.1", |p| p.min_p = 1.1),
+            ("repetition_penalty", "0", |p| p.repetition_penalty = 0.0),
+            ("presence_penalty", "3", |p| p.presence_penalty = 3.0),
+            ("frequency_penalty", "-3", |p| p.frequency_penalty = -3.0),
+            ("logprobs", "21", |p| p.logprobs = Some(21)),
+        ];
+        for (field, value, edit) in cases {
+            let mut p = SamplingParams::default();
+            edit(&mut p);
+            let err = p.validate().expect_err(field);
+            let msg = err.to_string();
+            assert_eq!(err.field(), field);
+            assert!(msg.starts_with(field), "{msg}");
+            assert!(msg.ends_with(&format!("got {value}")), "{msg}");
+        }
+        let msg = temp(-1.0).validate().unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "temperature must be a finite number in [0, 100], got -1"
+        );
+    }
+
+    #[test]
+    fn validate_rejects_nan_in_every_float_field() {
+        type Edit = fn(&mut SamplingParams);
+        let cases: [(&str, Edit); 6] = [
+            ("temperature", |p| p.temperature = f32::NAN),
+            ("top_p", |p| p.top_p = f32::NAN),
+            ("min_p", |p| p.min_p = f32::NAN),
+            ("repetition_penalty", |p| p.repetition_penalty = f32::NAN),
+            ("presence_penalty", |p| p.presence_penalty = f32::NAN),
+            ("frequency_penalty", |p| p.frequency_penalty = f32::NAN),
+        ];
+        for (field, edit) in cases {
+            let mut p = SamplingParams::default();
+            edit(&mut p);
+            assert_eq!(p.validate().unwrap_err().field(), field);
+        }
+    }
+
+    #[test]
+    fn validate_accepts_defaults_and_edges() {
+        assert_eq!(SamplingParams::default().validate(), Ok(()));
+        assert!(SamplingParams::default().is_greedy());
+        let edges = SamplingParams {
+            temperature: 100.0,
+            top_k: 40,
+            top_p: 1.0,
+            min_p: 1.0,
+            repetition_penalty: 0.01,
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
+            seed: u64::MAX,
+            logprobs: Some(20),
+        };
+        assert_eq!(edges.validate(), Ok(()));
+        assert!(!edges.is_greedy());
+    }
+
+    #[test]
+    fn serde_fills_missing_fields_with_defaults() {
+        let p: SamplingParams =
+            serde_json::from_str(r#"{"temperature": 0.5, "logprobs": 3}"#).unwrap();
+        let expected = SamplingParams {
+            temperature: 0.5,
+            logprobs: Some(3),
+            ..SamplingParams::default()
+        };
+        assert_eq!(p, expected);
+        let back: SamplingParams =
+            serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+    }
+
+    #[test]
+    fn draws_are_reproducible_and_vary_with_choice_and_position() {
+        let mut rng = Lcg(11);
+        let logits = rng.logits(500);
+        let p = SamplingParams {
+            seed: 1234,
+            ..temp(1.0)
+        };
+        for pos in 0..100 {
+            let a = sample(&p, &logits, &[1, 2], &[3], 2, pos);
+            let b = sample(&p, &logits, &[1, 2], &[3], 2, pos);
+            assert_eq!(a, b);
+        }
+        let u = uniform(1234, 0, 5);
+        assert_eq!(u, uniform(1234, 0, 5));
+        assert_ne!(u, uniform(1234, 1, 5));
+        assert_ne!(u, uniform(1234, 0, 6));
+        assert_ne!(u, uniform(1235, 0, 5));
+        assert_ne!(uniform(0, 1, 0), uniform(0, 0, 1));
+        let tokens: Vec<u32> = (0..50).map(|pos| pick(&p, &logits, pos)).collect();
+        let other: Vec<u32> = (0..50)
+            .map(|pos| sample(&p, &logits, &[], &[], 1, pos).token)
+            .collect();
+        assert_ne!(tokens, other);
+    }
+
+    #[test]
+    fn uniform_is_in_unit_interval_and_balanced() {
+        let n = 100_000;
+        let mut sum = 0.0;
+        for pos in 0..n {
+            let u = uniform(5, 0, pos);
+            assert!((0.0..1.0).contains(&u));
+            sum += u;
+        }
+        assert!((sum / n as f64 - 0.5).abs() < 0.01);
+    }
+
+    #[test]
+    fn empirical_frequencies_match_softmax() {
+        let logits = [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2];
+        let draws = 20_000;
+        for t in [1.0f32, 0.5] {
+            let p = SamplingParams {
+                seed: 42,
+                ..temp(t)
+            };
+            let expected = softmax(&logits, f64::from(t));
+            let got = counts(&p, &logits, draws);
+            for (i, (&c, &e)) in got.iter().zip(&expected).enumerate() {
+                let f = c as f64 / draws as f64;
+                assert!((f - e).abs() < 0.015, "t {t} token {i}: {f} vs {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn top_k_returns_only_the_k_best() {
+        let mut rng = Lcg(3);
+        let logits: Vec<f32> = rng.logits(64).iter().map(|v| v * 0.2).collect();
+        let mut best: Vec<u32> = (0..64).collect();
+        best.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        let p = SamplingParams {
+            top_k: 2,
+            ..temp(2.0)
+        };
+        let got = counts(&p, &logits, 2000);
+        for (token, &c) in got.iter().enumerate() {
+            let allowed = best[..2].contains(&(token as u32));
+            assert_eq!(c > 0, allowed, "token {token} drawn {c} times");
+        }
+    }
+
+    #[test]
+    fn top_k_ties_at_the_boundary_keep_lower_ids() {
+        let logits = [1.0, 2.0, 2.0, 2.0];
+        let p = SamplingParams {
+            top_k: 2,
+            ..temp(1.0)
+        };
+        let got = counts(&p, &logits, 1000);
+        assert!(got[0] == 0 && got[3] == 0, "{got:?}");
+        assert!(got[1] > 0 && got[2] > 0, "{got:?}");
+    }
+
+    #[test]
+    fn top_p_keeps_a_dominant_token_only() {
+        let logits = [0.6f32.ln(), 0.2f32.ln(), 0.2f32.ln()];
+        let open = counts(&temp(1.0), &logits, 1000);
+        assert!(open[1] > 0 && open[2] > 0);
+        let p = SamplingParams {
+            top_p: 0.5,
+            ..temp(1.0)
+        };
+        assert_eq!(counts(&p, &logits, 1000), vec![1000, 0, 0]);
+        let p = SamplingParams {
+            top_p: 0.7,
+            ..temp(1.0)
+        };
+        let got = counts(&p, &logits, 1000);
+        assert!(got[0] > 0 && got[1] > 0 && got[2] == 0, "{got:?}");
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_above_threshold() {
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.15f32.ln(), 0.05f32.ln()];
+        for (min_p, survivors) in [(0.0, 4), (0.25, 3), (0.5, 2), (1.0, 1)] {
+            let p = SamplingParams { min_p, ..temp(1.0) };
+            let got = counts(&p, &logits, 2000);
+            for (token, &c) in got.iter().enumerate() {
+                assert_eq!(c > 0, token < survivors, "min_p {min_p}: {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_lowers_repeated_tokens() {
+        let logits = [3.0, 2.8, -1.0];
+        let p = SamplingParams {
+            repetition_penalty: 1.2,
+            ..SamplingParams::default()
+        };
+        assert_eq!(pick(&p, &logits, 0), 0);
+        assert_eq!(sample(&p, &logits, &[0], &[], 0, 1).token, 1);
+        assert_eq!(sample(&p, &logits, &[], &[0, 0], 0, 1).token, 1);
+        let out = apply_penalties(&p, &logits, &[0, 2, 2], &[0]);
+        assert_eq!(out[..], [2.5, 2.8, -1.2][..]);
+        assert!(matches!(
+            apply_penalties(&temp(1.0), &logits, &[0], &[0]),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_count_generated_tokens() {
+        let logits = [3.0, 2.7, 0.0];
+        let freq = SamplingParams {
+            frequency_penalty: 0.2,
+            ..SamplingParams::default()
+        };
+        assert_eq!(sample(&freq, &logits, &[], &[0], 0, 1).token, 0);
+        assert_eq!(sample(&freq, &logits, &[], &[0, 0], 0, 2).token, 1);
+        // The prompt does not count.
+        assert_eq!(sample(&freq, &logits, &[0, 0, 0], &[], 0, 3).token, 0);
+        let presence = SamplingParams {
+            presence_penalty: 0.5,
+            ..SamplingParams::default()
+        };
+        assert_eq!(sample(&presence, &logits, &[], &[0], 0, 1).token, 1);
+        let both = SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..SamplingParams::default()
+        };
+        let out = apply_penalties(&both, &logits, &[], &[2, 0, 2, 9]);
+        assert_eq!(out[..], [2.25, 2.7, -1.0][..]);
+    }
+
+    fn reference_log_softmax(x: &[f32]) -> Vec<f64> {
+        softmax(x, 1.0).into_iter().map(f64::ln).collect()
+    }
+
+    #[test]
+    fn logprobs_describe_the_raw_distribution() {
+        let mut rng = Lcg(5);
+        let logits = rng.logits(1000);
+        let reference = reference_log_softmax(&logits);
+        let p = SamplingParams {
+            logprobs: Some(5),
+            repetition_penalty: 1.3,
+            top_k: 10,
+            ..temp(0.8)
+        };
+        for pos in 0..50 {
+            let s = sample(&p, &logits, &[pos as u32], &[], 0, pos);
+            let want = reference[s.token as usize];
+            assert!((f64::from(s.logprob) - want).abs() < 1e-5);
+            assert_eq!(s.top.len(), 5);
+            assert_eq!(s.top[0].0, argmax(&logits));
+            assert!(s.top.windows(2).all(|w| w[0].1 >= w[1].1));
+            let mass: f64 = s.top.iter().map(|&(_, l)| f64::from(l).exp()).sum();
+            assert!(mass <= 1.0 + 1e-6, "{mass}");
+            for &(t, l) in &s.top {
+                assert!((f64::from(l) - reference[t as usize]).abs() < 1e-5);
+            }
+        }
+        let none = sample(&temp(0.8), &logits, &[], &[], 0, 0);
+        assert!(none.top.is_empty());
+    }
+
+    #[test]
+    fn logprob_top_list_breaks_ties_by_lower_id() {
+        let logits = [1.0, 3.0, 2.0, 3.0, 2.0];
+        let p = SamplingParams {
+            logprobs: Some(3),
+            ..SamplingParams::default()
+        };
+        let s = sample(&p, &logits, &[], &[], 0, 0);
+        let ids: Vec<u32> = s.top.iter().map(|&(t, _)| t).collect();
+        assert_eq!(ids, vec![1, 3, 2]);
+        assert_eq!(s.token, 1);
+        assert_eq!(s.logprob, s.top[0].1);
+    }
+
+    #[test]
+    fn large_vocabulary_with_top_k() {
+        let mut rng = Lcg(9);
+        let logits = rng.logits(163_840);
+        let mut best: Vec<u32> = (0..logits.len() as u32).collect();
+        best.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        let p = SamplingParams {
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.01,
+            ..temp(0.7)
+        };
+        for pos in 0..5 {
+            let token = pick(&p, &logits, pos);
+            assert!(best[..40].contains(&token));
+        }
+    }
+}

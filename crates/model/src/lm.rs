@@ -1,0 +1,138 @@
+//! The family-neutral causal-LM interface: everything above the model
+//! (engine, CLI, bench, server) speaks only this.
+//!
+//! A [`CausalLm`] owns its weights and its expert source; a sequence's state
+//! is a [`SeqState`] made by the model and owned by whoever drives the
+//! sequence. One [`CausalLm::step`] advances several sequences at once, each
+//! by any number of new positions (prefill chunk, decode token, draft
+//! verification), reading each spine matrix once for all rows and each
+//! selected expert once for all rows routed to it. Per sequence the result is
+//! bit-identical whatever else is in the batch: every reduction runs in an
+//! order fixed by the model's dimensions, never by the batch.
+
+use std::any::Any;
+
+use crate::error::{ModelError, Result};
+use crate::experts::ExpertStats;
+
+/// Which positions' logits a pass returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last new position (prefill, decode).
+    Last,
+    /// Every new position (verification of proposed tokens).
+    All,
+    /// None (a prefill chunk that is not the prompt's last).
+    None,
+}
+
+impl Logits {
+    /// Rows of logits returned for `t` new positions.
+    pub fn rows(self, t: usize) -> usize {
+        match self {
+            Logits::Last => t.min(1),
+            Logits::All => t,
+            Logits::None => 0,
+        }
+    }
+}
+
+/// What the layers above need to know about a model, whatever its family.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelInfo {
+    /// Human name of the family (`"Kimi K3"`).
+    pub family: &'static str,
+    /// `config.json`'s top-level `model_type`.
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation.
+    pub eos_token_ids: Vec<u32>,
+    /// The longest context the checkpoint declares, if it does.
+    pub max_position_embeddings: Option<usize>,
+    /// Bytes of resident spine weights read per decoded row (all of them).
+    pub spine_bytes: u64,
+    /// Bytes of one routed expert.
+    pub expert_bytes: u64,
+    /// Routed experts each token uses per MoE layer, and the MoE layer count.
+    pub experts_per_token: usize,
+    pub moe_layers: usize,
+}
+
+/// The state of one sequence: made by [`CausalLm::new_state`], advanced only
+/// by that model's [`CausalLm::step`].
+pub trait SeqState: Send + Any {
+    /// Tokens consumed so far.
+    fn pos(&self) -> usize;
+    /// Bytes the state holds.
+    fn bytes(&self) -> usize;
+    /// A restorable copy of this point of the sequence.
+    fn snapshot(&self) -> Box<dyn StateSnapshot>;
+    /// Returns to `snap`, taken from this sequence at or before its position.
+    fn restore(&mut self, snap: &dyn StateSnapshot) -> Result<()>;
+    /// Positions fed from now on may be partly discarded by [`SeqState::keep`].
+    fn begin_pass(&mut self);
+    /// Keeps the first `n` positions fed since `begin_pass` and forgets the
+    /// rest; bit-identical to a state that was only ever fed those `n`.
+    fn keep(&mut self, n: usize) -> Result<()>;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A saved point of a sequence.
+pub trait StateSnapshot: Send + Sync + Any {
+    fn as_any(&self) -> &dyn Any;
+    /// Tokens the sequence had consumed.
+    fn pos(&self) -> usize;
+}
+
+/// One sequence's part of a step.
+pub struct StepInput<'a> {
+    pub state: &'a mut dyn SeqState,
+    /// New tokens (≥ 1).
+    pub tokens: &'a [u32],
+    pub logits: Logits,
+}
+
+/// A failed step. Every state is exactly as it was before the call; `seq`
+/// names the batch entry at fault when the failure is one sequence's own
+/// (bad token, non-finite values), `None` when it is the step's (I/O).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct StepError {
+    pub seq: Option<usize>,
+    #[source]
+    pub error: ModelError,
+}
+
+/// A causal language model of any family.
+pub trait CausalLm: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+    fn new_state(&self) -> Box<dyn SeqState>;
+    /// Advances every entry of `batch` by its tokens and returns, per entry,
+    /// the logits `[rows, vocab]` its [`Logits`] asks for. Atomic: on error
+    /// no state has changed.
+    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError>;
+    /// Cumulative counters of the expert source.
+    fn expert_stats(&self) -> ExpertStats;
+
+    /// One sequence, one pass.
+    fn forward(&self, state: &mut dyn SeqState, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let mut b = [StepInput {
+            state,
+            tokens,
+            logits: which,
+        }];
+        let mut out = self.step(&mut b).map_err(|e| e.error)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+}
+
+/// Downcasts a state made by the family's own `new_state`.
+pub fn state_mut<T: SeqState>(s: &mut dyn SeqState) -> Result<&mut T> {
+    s.as_any_mut()
+        .downcast_mut::<T>()
+        .ok_or_else(|| ModelError::State("it was made by another model".into()))
+}
