@@ -1,13 +1,14 @@
 //! Draft sources: cheap guesses at the next tokens. A draft only proposes;
 //! the full model verifies every proposed token and decides the output.
 
-use fathom_model::kimi_k3::state::SequenceState;
-use fathom_model::{K3Model, Logits, ModelError, Result};
+use std::sync::Arc;
 
-use crate::generate::argmax;
+use fathom_model::{CausalLm, Logits, ModelError, Result, SeqState};
+
+use crate::sampling::argmax;
 
 /// Something that proposes continuations of the committed tokens.
-pub trait Drafter {
+pub trait Drafter: Send {
     /// Up to `k` tokens likely to follow `context` (every committed token).
     fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>>;
     fn name(&self) -> String;
@@ -51,33 +52,33 @@ impl Drafter for NgramDrafter {
 /// A small model with the same tokenizer, run greedily. It keeps its own
 /// state in step with the committed tokens: each round it reads the newly
 /// committed tokens in one pass, drafts k tokens, then rolls back the drafts.
-pub struct ModelDrafter<'d> {
-    model: &'d K3Model,
-    state: SequenceState,
+pub struct ModelDrafter {
+    model: Arc<dyn CausalLm>,
+    state: Box<dyn SeqState>,
     consumed: Vec<u32>,
 }
 
-impl<'d> ModelDrafter<'d> {
+impl ModelDrafter {
     /// `target_vocab` must match the draft's vocabulary (same tokenizer).
-    pub fn new(model: &'d K3Model, target_vocab: usize) -> Result<Self> {
-        if model.spec.vocab_size != target_vocab {
+    pub fn new(model: Arc<dyn CausalLm>, target_vocab: usize) -> Result<Self> {
+        let vocab = model.info().vocab_size;
+        if vocab != target_vocab {
             return Err(ModelError::Config {
                 field: "vocab_size".into(),
                 msg: format!(
-                    "draft model vocabulary {} differs from the target's {target_vocab}: they must share a tokenizer",
-                    model.spec.vocab_size
+                    "draft model vocabulary {vocab} differs from the target's {target_vocab}: they must share a tokenizer"
                 ),
             });
         }
         Ok(ModelDrafter {
-            model,
             state: model.new_state(),
+            model,
             consumed: Vec::new(),
         })
     }
 }
 
-impl Drafter for ModelDrafter<'_> {
+impl Drafter for ModelDrafter {
     fn propose(&mut self, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
         if k == 0 || ctx.is_empty() {
             return Ok(Vec::new());
@@ -87,9 +88,8 @@ impl Drafter for ModelDrafter<'_> {
             self.state = self.model.new_state();
             self.consumed.clear();
         }
-        let mut logits =
-            self.model
-                .forward(&mut self.state, &ctx[self.consumed.len()..], Logits::Last)?;
+        let new = &ctx[self.consumed.len()..];
+        let mut logits = self.model.forward(self.state.as_mut(), new, Logits::Last)?;
         self.consumed = ctx.to_vec();
         let snap = self.state.snapshot();
         let mut out = Vec::with_capacity(k);
@@ -97,10 +97,12 @@ impl Drafter for ModelDrafter<'_> {
             let t = argmax(&logits);
             out.push(t);
             if i + 1 < k {
-                logits = self.model.forward(&mut self.state, &[t], Logits::Last)?;
+                logits = self
+                    .model
+                    .forward(self.state.as_mut(), &[t], Logits::Last)?;
             }
         }
-        self.state.restore(&snap);
+        self.state.restore(snap.as_ref())?;
         Ok(out)
     }
 

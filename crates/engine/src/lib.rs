@@ -1,14 +1,26 @@
 //! Scheduling: what to run through the model, in which order, and what it
-//! cost. The model computes; the engine decides (greedy decoding now;
-//! speculation and batching build on the same multi-position pass).
+//! cost. The model computes; the engine decides — which sequences share a
+//! step ([`Engine`]), how tokens are chosen ([`sampling`]), when drafts are
+//! proposed and verified ([`speculative`]), and what a run reports
+//! ([`report`]). It speaks only the family-neutral [`fathom_model::CausalLm`].
 
 pub mod draft;
 pub mod generate;
+mod plan;
+pub mod report;
+pub mod sampling;
+pub mod scheduler;
 pub mod session;
 pub mod speculative;
+pub mod stop;
 pub mod sys;
 
 pub use draft::{Drafter, ModelDrafter, NgramDrafter};
-pub use generate::{GenStats, Generation, StopReason, argmax, greedy, greedy_from};
+pub use generate::{GenError, generate, greedy};
+pub use report::{RunReport, RunStats, SeqStats};
+pub use sampling::{SamplingParams, argmax};
+pub use scheduler::{
+    Decoder, Engine, EngineOptions, Event, FinishReason, Finished, Request, SeqId, TokenEvent,
+};
 pub use session::Session;
-pub use speculative::{DraftOptions, DraftStats, speculative, speculative_from};
+pub use speculative::{DraftOptions, DraftStats};

@@ -54,7 +54,6 @@
 //! log-sum-exp for the reported log-probability is one more pass.
 
 use std::borrow::Cow;
-use std::cmp::Ordering;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -300,12 +299,33 @@ fn occurrence_penalty(logits: &mut [f32], presence: f32, frequency: f32, generat
     }
 }
 
-/// The deterministic total order of candidates: value descending, then id
-/// ascending. Values are never NaN here (see [`order_key`]).
-fn by_rank(a: &(u32, f64), b: &(u32, f64)) -> Ordering {
-    b.1.partial_cmp(&a.1)
-        .unwrap_or(Ordering::Equal)
-        .then(a.0.cmp(&b.0))
+/// A candidate as `(rank_key(value), id)`: the tuple's natural order is the
+/// deterministic total order of the module, value descending, then id
+/// ascending. Integer keys make the full-vocabulary sort a few times faster
+/// than comparing floats.
+type Ranked = (u64, u32);
+
+/// Order-reversing bijection from non-NaN `f64` to `u64`: a larger value
+/// gets a smaller key. `-0.0` is folded into `+0.0` so the two tie.
+fn rank_key(v: f64) -> u64 {
+    let bits = (v + 0.0).to_bits();
+    let ascending = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    };
+    !ascending
+}
+
+/// Inverse of [`rank_key`].
+fn rank_value(key: u64) -> f64 {
+    let ascending = !key;
+    let bits = if ascending >> 63 == 1 {
+        ascending & !(1 << 63)
+    } else {
+        !ascending
+    };
+    f64::from_bits(bits)
 }
 
 /// NaN → `-inf`, `+inf` → `f64::MAX` (so max-subtraction stays finite).
@@ -332,36 +352,40 @@ fn draw(params: &SamplingParams, logits: &[f32], u: f64) -> u32 {
         .max(1);
     let total: f64 = probs[..keep].iter().sum();
     let mut cumulative = 0.0;
-    for (&(token, _), &p) in ranked[..keep].iter().zip(&probs) {
+    for (&(_, token), &p) in ranked[..keep].iter().zip(&probs) {
         cumulative += p / total;
         if cumulative > u {
             return token;
         }
     }
-    ranked[keep - 1].0
+    ranked[keep - 1].1
 }
 
 /// Steps 4–5: scaled logits of the finite-or-`+inf` tokens, top-k applied,
-/// sorted by [`by_rank`].
-fn ranked_candidates(logits: &[f32], temperature: f64, top_k: usize) -> Vec<(u32, f64)> {
-    let mut ranked: Vec<(u32, f64)> = logits
+/// sorted best first.
+fn ranked_candidates(logits: &[f32], temperature: f64, top_k: usize) -> Vec<Ranked> {
+    let mut ranked: Vec<Ranked> = logits
         .iter()
         .enumerate()
-        .map(|(i, &l)| (i as u32, order_key(f64::from(l) / temperature)))
-        .filter(|&(_, v)| v > f64::NEG_INFINITY)
+        .map(|(i, &l)| (order_key(f64::from(l) / temperature), i as u32))
+        .filter(|&(v, _)| v > f64::NEG_INFINITY)
+        .map(|(v, i)| (rank_key(v), i))
         .collect();
     if top_k > 0 && top_k < ranked.len() {
-        ranked.select_nth_unstable_by(top_k - 1, by_rank);
+        ranked.select_nth_unstable(top_k - 1);
         ranked.truncate(top_k);
     }
-    ranked.sort_unstable_by(by_rank);
+    ranked.sort_unstable();
     ranked
 }
 
 /// Step 6: probabilities of candidates already sorted best first.
-fn softmax_sorted(ranked: &[(u32, f64)]) -> Vec<f64> {
-    let max = ranked[0].1;
-    let mut probs: Vec<f64> = ranked.iter().map(|&(_, v)| (v - max).exp()).collect();
+fn softmax_sorted(ranked: &[Ranked]) -> Vec<f64> {
+    let max = rank_value(ranked[0].0);
+    let mut probs: Vec<f64> = ranked
+        .iter()
+        .map(|&(key, _)| (rank_value(key) - max).exp())
+        .collect();
     let sum: f64 = probs.iter().sum();
     for p in &mut probs {
         *p /= sum;
@@ -452,23 +476,23 @@ impl LogSoftmax {
     }
 }
 
-/// The `n` best raw logits' ids in [`by_rank`] order, in one pass with a
+/// The `n` best raw logits' ids in [`Ranked`] order, in one pass with a
 /// small sorted buffer (n is at most [`MAX_LOGPROBS`] after validation).
 fn top_tokens(logits: &[f32], n: usize) -> Vec<u32> {
     if n == 0 {
         return Vec::new();
     }
-    let mut best: Vec<(u32, f64)> = Vec::with_capacity(n + 1);
+    let mut best: Vec<Ranked> = Vec::with_capacity(n + 1);
     for (i, &l) in logits.iter().enumerate() {
-        let c = (i as u32, order_key(f64::from(l)));
-        if best.len() == n && by_rank(&c, &best[n - 1]) != Ordering::Less {
+        let c = (rank_key(order_key(f64::from(l))), i as u32);
+        if best.len() == n && c >= best[n - 1] {
             continue;
         }
-        let at = best.partition_point(|b| by_rank(b, &c) == Ordering::Less);
+        let at = best.partition_point(|b| *b < c);
         best.insert(at, c);
         best.truncate(n);
     }
-    best.into_iter().map(|(t, _)| t).collect()
+    best.into_iter().map(|(_, t)| t).collect()
 }
 
 #[cfg(test)]
@@ -574,6 +598,28 @@ mod tests {
         let p = temp(1.0);
         let s = sample(&p, &[nan, f32::INFINITY, 0.0], &[], &[], 0, 0);
         assert_eq!((s.token, s.logprob), (1, 0.0));
+    }
+
+    #[test]
+    fn rank_key_reverses_the_order_and_round_trips() {
+        let values = [
+            f64::NEG_INFINITY,
+            f64::MIN,
+            -3.5,
+            -f64::MIN_POSITIVE,
+            0.0,
+            f64::MIN_POSITIVE,
+            1.0,
+            7.25,
+            f64::MAX,
+        ];
+        for w in values.windows(2) {
+            assert!(rank_key(w[0]) > rank_key(w[1]), "{w:?}");
+        }
+        for v in values {
+            assert_eq!(rank_value(rank_key(v)), v);
+        }
+        assert_eq!(rank_key(-0.0), rank_key(0.0));
     }
 
     #[test]
@@ -731,17 +777,20 @@ mod tests {
     #[test]
     fn top_k_returns_only_the_k_best() {
         let mut rng = Lcg(3);
-        let logits: Vec<f32> = rng.logits(64).iter().map(|v| v * 0.2).collect();
-        let mut best: Vec<u32> = (0..64).collect();
+        // Large enough that selection partitions instead of sorting outright.
+        let logits: Vec<f32> = rng.logits(300).iter().map(|v| v * 0.2).collect();
+        let mut best: Vec<u32> = (0..300).collect();
         best.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        let p = SamplingParams {
-            top_k: 2,
-            ..temp(2.0)
-        };
-        let got = counts(&p, &logits, 2000);
-        for (token, &c) in got.iter().enumerate() {
-            let allowed = best[..2].contains(&(token as u32));
-            assert_eq!(c > 0, allowed, "token {token} drawn {c} times");
+        for k in [1, 2, 5, 40] {
+            let p = SamplingParams {
+                top_k: k,
+                ..temp(5.0)
+            };
+            let got = counts(&p, &logits, 3000);
+            for (token, &c) in got.iter().enumerate() {
+                let allowed = best[..k].contains(&(token as u32));
+                assert_eq!(c > 0, allowed, "k {k}: token {token} drawn {c} times");
+            }
         }
     }
 
@@ -759,30 +808,54 @@ mod tests {
 
     #[test]
     fn top_p_keeps_a_dominant_token_only() {
-        let logits = [0.6f32.ln(), 0.2f32.ln(), 0.2f32.ln()];
+        let logits = [0.15f32.ln(), 0.6f32.ln(), 0.25f32.ln()];
         let open = counts(&temp(1.0), &logits, 1000);
-        assert!(open[1] > 0 && open[2] > 0);
+        assert!(open.iter().all(|&c| c > 0), "{open:?}");
         let p = SamplingParams {
             top_p: 0.5,
             ..temp(1.0)
         };
-        assert_eq!(counts(&p, &logits, 1000), vec![1000, 0, 0]);
+        assert_eq!(counts(&p, &logits, 1000), vec![0, 1000, 0]);
         let p = SamplingParams {
             top_p: 0.7,
             ..temp(1.0)
         };
         let got = counts(&p, &logits, 1000);
-        assert!(got[0] > 0 && got[1] > 0 && got[2] == 0, "{got:?}");
+        assert!(got[0] == 0 && got[1] > 0 && got[2] > 0, "{got:?}");
+        // Exactly reaching top_p is enough: [0.5, 0.5] with top_p 0.5.
+        let p = SamplingParams {
+            top_p: 0.5,
+            ..temp(1.0)
+        };
+        assert_eq!(counts(&p, &[0.0, 0.0], 100), vec![100, 0]);
+    }
+
+    #[test]
+    fn draw_walks_candidates_best_first() {
+        let logits = [0.2f32.ln(), 0.5f32.ln(), 0.3f32.ln()];
+        let p = temp(1.0);
+        let walk = [
+            (0.0, 1),
+            (0.49, 1),
+            (0.51, 2),
+            (0.79, 2),
+            (0.81, 0),
+            (0.999, 0),
+        ];
+        for (u, token) in walk {
+            assert_eq!(draw(&p, &logits, u), token, "u {u}");
+        }
     }
 
     #[test]
     fn min_p_keeps_tokens_above_threshold() {
-        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.15f32.ln(), 0.05f32.ln()];
+        let logits = [0.15f32.ln(), 0.5f32.ln(), 0.05f32.ln(), 0.3f32.ln()];
+        let rank = [2, 0, 3, 1]; // of each token; 0 = most likely
         for (min_p, survivors) in [(0.0, 4), (0.25, 3), (0.5, 2), (1.0, 1)] {
             let p = SamplingParams { min_p, ..temp(1.0) };
             let got = counts(&p, &logits, 2000);
             for (token, &c) in got.iter().enumerate() {
-                assert_eq!(c > 0, token < survivors, "min_p {min_p}: {got:?}");
+                assert_eq!(c > 0, rank[token] < survivors, "min_p {min_p}: {got:?}");
             }
         }
     }

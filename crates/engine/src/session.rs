@@ -15,26 +15,27 @@
 //! a restored snapshot is bit-identical to having fed its tokens.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
-use fathom_model::kimi_k3::state::{SequenceState, Snapshot};
-use fathom_model::{K3Model, Logits, Result};
+use fathom_model::{CausalLm, Logits, SeqState, StateSnapshot};
 
-use crate::generate::{Generation, greedy_from};
+use crate::generate::{GenError, generate};
+use crate::scheduler::{Decoder, Finished, Request, TokenEvent};
 
-pub struct Session<'m> {
-    model: &'m K3Model,
-    state: SequenceState,
+pub struct Session {
+    model: Arc<dyn CausalLm>,
+    state: Box<dyn SeqState>,
     /// Tokens the state has consumed.
     consumed: Vec<u32>,
     /// The state after the last turn's stable prefix, and that prefix.
-    stable: Option<(Snapshot, Vec<u32>)>,
+    stable: Option<(Box<dyn StateSnapshot>, Vec<u32>)>,
 }
 
-impl<'m> Session<'m> {
-    pub fn new(model: &'m K3Model) -> Self {
+impl Session {
+    pub fn new(model: Arc<dyn CausalLm>) -> Self {
         Session {
-            model,
             state: model.new_state(),
+            model,
             consumed: Vec::new(),
             stable: None,
         }
@@ -51,8 +52,10 @@ impl<'m> Session<'m> {
             return self.consumed.len();
         }
         if let Some((snap, ids)) = &self.stable {
-            if ids.len() < prompt.len() && prompt.starts_with(ids) {
-                self.state.restore(snap);
+            if ids.len() < prompt.len()
+                && prompt.starts_with(ids)
+                && self.state.restore(snap.as_ref()).is_ok()
+            {
                 self.consumed = ids.clone();
                 return ids.len();
             }
@@ -64,41 +67,45 @@ impl<'m> Session<'m> {
 
     /// Generates a reply to the full conversation `prompt`, whose first
     /// `stable_len` tokens (the conversation without the generation prompt)
-    /// will render identically next turn. Returns the generation and how many
-    /// prompt tokens were reused.
+    /// will render identically next turn. `req` carries everything but the
+    /// prompt and state (sampling, limits, stops). Returns the generation and
+    /// how many prompt tokens were reused.
     pub fn generate(
         &mut self,
         prompt: &[u32],
         stable_len: usize,
-        max_new: usize,
-        stop_ids: &[u32],
-        on_token: impl FnMut(u32) -> ControlFlow<()>,
-    ) -> Result<(Generation, usize)> {
+        mut req: Request,
+        decoder: Option<Decoder>,
+        on_token: impl FnMut(&TokenEvent) -> ControlFlow<()>,
+    ) -> Result<(Finished, usize), GenError> {
         let reused = self.reuse(prompt);
         let stable_len = stable_len.min(prompt.len() - 1);
         if reused < stable_len {
+            let part = &prompt[reused..stable_len];
             self.model
-                .forward(&mut self.state, &prompt[reused..stable_len], Logits::Last)?;
-            self.consumed.extend_from_slice(&prompt[reused..stable_len]);
+                .forward(self.state.as_mut(), part, Logits::None)
+                .map_err(|e| GenError::Failed(e.to_string()))?;
+            self.consumed.extend_from_slice(part);
         }
         if self.consumed.len() == stable_len {
             self.stable = Some((self.state.snapshot(), prompt[..stable_len].to_vec()));
         }
-        let tail = &prompt[self.consumed.len()..];
-        let g = greedy_from(
-            self.model,
-            &mut self.state,
-            tail,
-            max_new,
-            stop_ids,
-            on_token,
-        )?;
-        self.consumed.extend_from_slice(tail);
-        if let Some((_, fed)) = g.output_ids.split_last() {
-            self.consumed.extend_from_slice(fed);
+        let state = std::mem::replace(&mut self.state, self.model.new_state());
+        req.prompt = prompt.to_vec();
+        req.state = Some((state, self.consumed.len()));
+        let mut done = generate(&self.model, req, decoder, on_token);
+        match &mut done {
+            Ok(f) => {
+                self.state = std::mem::replace(&mut f.state, self.model.new_state());
+                self.consumed = std::mem::take(&mut f.consumed);
+            }
+            Err(_) => {
+                self.consumed.clear();
+                self.stable = None;
+            }
         }
-        debug_assert_eq!(self.consumed.len(), self.state.pos);
-        Ok((g, reused))
+        debug_assert_eq!(self.consumed.len(), self.state.pos());
+        Ok((done?, reused))
     }
 }
 
@@ -107,41 +114,36 @@ mod tests {
     use super::*;
     use crate::greedy;
 
-    fn tiny() -> K3Model {
+    fn tiny() -> Arc<dyn CausalLm> {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../model/tests/data/k3-tiny/checkpoint");
-        K3Model::load(&p).unwrap()
+        fathom_model::load(&p, Default::default()).unwrap()
+    }
+
+    fn req(max_new: usize) -> Request {
+        Request::new(Vec::new(), max_new)
     }
 
     #[test]
     fn reused_turns_give_the_same_tokens_as_fresh_ones() {
         let m = tiny();
-        let go = |_| ControlFlow::Continue(());
-        let mut s = Session::new(&m);
+        let go = |_: &TokenEvent| ControlFlow::Continue(());
+        let mut s = Session::new(m.clone());
         // Turn 1: stable part [1, 5, 9], generation prompt [7].
         let p1 = [1, 5, 9, 7];
-        let (g1, r1) = s.generate(&p1, 3, 4, &[], go).unwrap();
+        let (g1, r1) = s.generate(&p1, 3, req(4), None, go).unwrap();
         assert_eq!(r1, 0);
-        assert_eq!(
-            g1.output_ids,
-            greedy(&m, &p1, 4, &[], go).unwrap().output_ids
-        );
+        assert_eq!(g1.output_ids, greedy(&m, &p1, 4, &[]).unwrap());
         // Turn 2 re-renders the reply differently: only the stable part is shared.
         let p2 = [1, 5, 9, 8, 8, 3, 7];
-        let (g2, r2) = s.generate(&p2, 6, 4, &[], go).unwrap();
+        let (g2, r2) = s.generate(&p2, 6, req(4), None, go).unwrap();
         assert_eq!(r2, 3, "the snapshot after the stable part is reused");
-        assert_eq!(
-            g2.output_ids,
-            greedy(&m, &p2, 4, &[], go).unwrap().output_ids
-        );
+        assert_eq!(g2.output_ids, greedy(&m, &p2, 4, &[]).unwrap());
         // Turn 3 extends what was consumed: the tail alone is fed.
         let mut p3 = p2[..6].to_vec();
         p3.extend([7, 2]);
-        let (g3, r3) = s.generate(&p3, 7, 3, &[], go).unwrap();
+        let (g3, r3) = s.generate(&p3, 7, req(3), None, go).unwrap();
         assert_eq!(r3, 6);
-        assert_eq!(
-            g3.output_ids,
-            greedy(&m, &p3, 3, &[], go).unwrap().output_ids
-        );
+        assert_eq!(g3.output_ids, greedy(&m, &p3, 3, &[]).unwrap());
     }
 }

@@ -7,12 +7,20 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use fathom_engine::{DraftOptions, Drafter, ModelDrafter, NgramDrafter, greedy, speculative};
-use fathom_model::{K3Model, Result};
+use fathom_engine::{
+    DraftOptions, Drafter, ModelDrafter, NgramDrafter, Request, SamplingParams, generate,
+};
+use fathom_model::{CausalLm, LoadOptions, Result};
 use fathom_stream::{StreamConfig, StreamedExperts};
+
+type Lm = Arc<dyn CausalLm>;
 
 fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/k3-tiny/checkpoint")
+}
+
+fn load(dir: &std::path::Path) -> Lm {
+    fathom_model::load(dir, LoadOptions::default()).unwrap()
 }
 
 fn shared(name: &str) -> Option<PathBuf> {
@@ -50,62 +58,109 @@ impl Drafter for Scripted {
     }
 }
 
-fn plain(model: &K3Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    greedy(model, prompt, n, &[], |_| ControlFlow::Continue(()))
-        .unwrap()
-        .output_ids
+fn sampled(temperature: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_p: 0.95,
+        seed: 7,
+        ..Default::default()
+    }
+}
+
+fn run(
+    m: &Lm,
+    prompt: &[u32],
+    n: usize,
+    sp: &SamplingParams,
+    d: Option<(Box<dyn Drafter>, DraftOptions)>,
+) -> (Vec<u32>, Option<fathom_engine::DraftStats>) {
+    let mut req = Request::new(prompt.to_vec(), n);
+    req.sampling = sp.clone();
+    if let Some((d, o)) = d {
+        req.drafter = Some(d);
+        req.draft = o;
+    }
+    let f = generate(m, req, None, |_| ControlFlow::Continue(())).unwrap();
+    (f.output_ids, f.draft)
+}
+
+fn plain(model: &Lm, prompt: &[u32], n: usize) -> Vec<u32> {
+    run(model, prompt, n, &SamplingParams::default(), None).0
 }
 
 fn drafted(
-    model: &K3Model,
+    model: &Lm,
     prompt: &[u32],
     n: usize,
-    d: &mut dyn Drafter,
+    d: Box<dyn Drafter>,
     k: usize,
     adaptive: bool,
 ) -> Vec<u32> {
-    let opts = DraftOptions { max_k: k, adaptive };
-    speculative(
-        model,
-        prompt,
-        n,
-        &[],
-        d,
-        opts,
-        |_| ControlFlow::Continue(()),
-    )
-    .unwrap()
-    .0
-    .output_ids
+    drafted_with(model, prompt, n, d, k, adaptive, &SamplingParams::default())
 }
 
-fn check_all_lengths(model: &K3Model, prompt: &[u32], n: usize) {
+fn drafted_with(
+    model: &Lm,
+    prompt: &[u32],
+    n: usize,
+    d: Box<dyn Drafter>,
+    k: usize,
+    adaptive: bool,
+    sp: &SamplingParams,
+) -> Vec<u32> {
+    let opts = DraftOptions { max_k: k, adaptive };
+    run(model, prompt, n, sp, Some((d, opts))).0
+}
+
+fn check_all_lengths(model: &Lm, prompt: &[u32], n: usize) {
+    check_all_lengths_with(model, prompt, n, &SamplingParams::default());
+}
+
+/// Drafts of every length, right and wrong, under `sp`: always what
+/// decoding without drafts gives for the same seed.
+fn check_all_lengths_with(model: &Lm, prompt: &[u32], n: usize, sp: &SamplingParams) {
     // Truth with room for the lookahead of the last round.
-    let truth = plain(model, prompt, n + 8);
+    let truth = run(model, prompt, n + 8, sp, None).0;
     let want = truth[..n].to_vec();
-    let vocab = model.spec.vocab_size as u32;
+    let vocab = model.info().vocab_size as u32;
     for k in 1..=8 {
         for right in [0, k, k / 2] {
-            let mut d = Scripted {
+            let d = Box::new(Scripted {
                 prompt_len: prompt.len(),
                 truth: truth.clone(),
                 right,
                 vocab,
-            };
+            });
             assert_eq!(
-                drafted(model, prompt, n, &mut d, k, false),
+                drafted_with(model, prompt, n, d, k, false, sp),
                 want,
                 "k {k}, {right} right"
             );
         }
         assert_eq!(
-            drafted(model, prompt, n, &mut NgramDrafter::default(), k, false),
+            drafted_with(
+                model,
+                prompt,
+                n,
+                Box::new(NgramDrafter::default()),
+                k,
+                false,
+                sp
+            ),
             want,
             "ngram k {k}"
         );
     }
     assert_eq!(
-        drafted(model, prompt, n, &mut NgramDrafter::default(), 8, true),
+        drafted_with(
+            model,
+            prompt,
+            n,
+            Box::new(NgramDrafter::default()),
+            8,
+            true,
+            sp
+        ),
         want,
         "ngram adaptive"
     );
@@ -113,42 +168,56 @@ fn check_all_lengths(model: &K3Model, prompt: &[u32], n: usize) {
 
 #[test]
 fn k3_tiny_drafting_is_exact() {
-    let m = K3Model::load(&tiny()).unwrap();
+    let m = load(&tiny());
     check_all_lengths(&m, &[1, 591, 25, 203, 739], 20);
 }
 
 #[test]
+fn k3_tiny_drafting_under_sampling_gives_the_same_sample() {
+    let m = load(&tiny());
+    for t in [0.7, 1.0, 1.5] {
+        let sp = sampled(t);
+        // The seed matters (otherwise this test could not fail).
+        let other = SamplingParams {
+            seed: 8,
+            ..sp.clone()
+        };
+        let prompt = [1, 591, 25, 203, 739];
+        assert_ne!(
+            run(&m, &prompt, 20, &sp, None).0,
+            run(&m, &prompt, 20, &other, None).0
+        );
+        check_all_lengths_with(&m, &prompt, 16, &sp);
+    }
+}
+
+#[test]
 fn k3_tiny_streamed_with_no_cache_drafting_is_exact() {
-    let resident = K3Model::load(&tiny()).unwrap();
+    let resident = load(&tiny());
     let prompt = [1, 119, 686, 809, 842];
     let want = plain(&resident, &prompt, 16);
-    let m = K3Model::load_with(&tiny(), |spec, ck, table| {
-        Ok(Arc::new(StreamedExperts::new(
-            spec,
-            ck,
-            table,
-            &StreamConfig::new(spec, 0),
-        )?))
-    })
-    .unwrap();
+    let opts = LoadOptions {
+        experts: Some(Box::new(|ck, table| {
+            let cfg = StreamConfig::new(table.top_k, 0);
+            Ok(Arc::new(StreamedExperts::new(ck, table, &cfg)?))
+        })),
+        ..Default::default()
+    };
+    let m = fathom_model::load(&tiny(), opts).unwrap();
     for k in [1, 3, 8] {
         assert_eq!(
-            drafted(&m, &prompt, 16, &mut NgramDrafter::default(), k, false),
+            drafted(&m, &prompt, 16, Box::new(NgramDrafter::default()), k, false),
             want,
             "k {k}"
         );
         let truth = plain(&resident, &prompt, 24);
-        let mut d = Scripted {
+        let d = Box::new(Scripted {
             prompt_len: prompt.len(),
             truth,
             right: k,
             vocab: 1024,
-        };
-        assert_eq!(
-            drafted(&m, &prompt, 16, &mut d, k, false),
-            want,
-            "oracle k {k}"
-        );
+        });
+        assert_eq!(drafted(&m, &prompt, 16, d, k, false), want, "oracle k {k}");
     }
 }
 
@@ -158,34 +227,42 @@ fn k3_code_small_with_its_draft_model_is_exact() {
         eprintln!("skipped: shared/models/k3-code-{{small,draft}} are not beside the repository");
         return;
     };
-    let t = K3Model::load(&target).unwrap();
-    let dm = K3Model::load(&draft).unwrap();
+    let t = load(&target);
+    let dm = load(&draft);
+    let vocab = t.info().vocab_size;
     // `[BOS]while True:\n`-like code prompt from the model's tokenizer space.
     let prompt = [8192, 886, 970, 198, 886, 970];
     let want = plain(&t, &prompt, 24);
     for k in [1, 2, 4, 8] {
-        let mut d = ModelDrafter::new(&dm, t.spec.vocab_size).unwrap();
+        let d = Box::new(ModelDrafter::new(dm.clone(), vocab).unwrap());
         assert_eq!(
-            drafted(&t, &prompt, 24, &mut d, k, false),
+            drafted(&t, &prompt, 24, d, k, false),
             want,
             "draft model k {k}"
         );
     }
-    let mut d = ModelDrafter::new(&dm, t.spec.vocab_size).unwrap();
-    let (g, s) = speculative(
+    let d = Box::new(ModelDrafter::new(dm.clone(), vocab).unwrap());
+    let (got, s) = run(
         &t,
         &prompt,
         24,
-        &[],
-        &mut d,
-        DraftOptions::default(),
-        |_| ControlFlow::Continue(()),
-    )
-    .unwrap();
-    assert_eq!(g.output_ids, want);
+        &SamplingParams::default(),
+        Some((d, DraftOptions::default())),
+    );
+    assert_eq!(got, want);
+    let s = s.unwrap();
     assert!(
         s.accepted > 0,
         "the distilled draft should get some tokens right: {s:?}"
     );
     check_all_lengths(&t, &prompt, 12);
+    // Sampled: the draft model proposes, the full model's sample decides.
+    let sp = sampled(0.8);
+    let want = run(&t, &prompt, 24, &sp, None).0;
+    let d = Box::new(ModelDrafter::new(dm, vocab).unwrap());
+    let opts = DraftOptions {
+        max_k: 4,
+        adaptive: false,
+    };
+    assert_eq!(run(&t, &prompt, 24, &sp, Some((d, opts))).0, want);
 }

@@ -167,7 +167,7 @@ impl ExpertTable {
 }
 
 /// Counters every source keeps (cumulative; diff two readings for a window).
-#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ExpertStats {
     /// Bytes read from storage (including prefetches that went unused).
     pub bytes_read: u64,

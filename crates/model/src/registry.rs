@@ -129,11 +129,19 @@ mod tests {
 
     #[test]
     fn unknown_architectures_list_what_is_supported() {
-        let e = detect_json(r#"{"model_type": "llama"}"#).unwrap_err().to_string();
-        assert!(e.contains("\"llama\"") && e.contains("Kimi K3") && e.contains("kimi_k3"), "{e}");
+        let e = detect_json(r#"{"model_type": "llama"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"llama\"") && e.contains("Kimi K3") && e.contains("kimi_k3"),
+            "{e}"
+        );
         let e = detect_json(r#"{"architectures": ["FooForCausalLM"]}"#)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("FooForCausalLM") && e.contains("supported"), "{e}");
+        assert!(
+            e.contains("FooForCausalLM") && e.contains("supported"),
+            "{e}"
+        );
     }
 }

@@ -20,18 +20,33 @@ use fathom_model::experts::ExpertWeights;
 /// (layer, expert)
 pub type Key = (u32, u32);
 
+const NIL: usize = usize::MAX;
+
+struct Node {
+    key: Key,
+    value: Arc<ExpertWeights>,
+    prev: usize,
+    next: usize,
+}
+
+/// LRU over a slab of nodes in a doubly linked recency list (head: most
+/// recent): lookup, touch, insert and eviction are all O(1).
 pub struct LruCache {
     capacity: usize,
-    tick: u64,
-    map: HashMap<Key, (Arc<ExpertWeights>, u64)>,
+    map: HashMap<Key, usize>,
+    nodes: Vec<Node>,
+    head: usize,
+    tail: usize,
 }
 
 impl LruCache {
     pub fn new(capacity: usize) -> Self {
         LruCache {
             capacity,
-            tick: 0,
-            map: HashMap::with_capacity(capacity),
+            map: HashMap::with_capacity(capacity.min(1 << 20)),
+            nodes: Vec::with_capacity(capacity.min(1 << 20)),
+            head: NIL,
+            tail: NIL,
         }
     }
 
@@ -47,38 +62,75 @@ impl LruCache {
         self.map.is_empty()
     }
 
+    fn unlink(&mut self, i: usize) {
+        let (p, n) = (self.nodes[i].prev, self.nodes[i].next);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.nodes[p].next = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.nodes[n].prev = p;
+        }
+    }
+
+    fn push_front(&mut self, i: usize) {
+        self.nodes[i].prev = NIL;
+        self.nodes[i].next = self.head;
+        if self.head != NIL {
+            self.nodes[self.head].prev = i;
+        }
+        self.head = i;
+        if self.tail == NIL {
+            self.tail = i;
+        }
+    }
+
     /// Looks up and marks as used.
     pub fn get(&mut self, k: Key) -> Option<Arc<ExpertWeights>> {
-        self.tick += 1;
-        let t = self.tick;
-        self.map.get_mut(&k).map(|(e, used)| {
-            *used = t;
-            e.clone()
-        })
+        let i = *self.map.get(&k)?;
+        self.unlink(i);
+        self.push_front(i);
+        Some(self.nodes[i].value.clone())
     }
 
     pub fn contains(&self, k: Key) -> bool {
         self.map.contains_key(&k)
     }
 
-    /// Inserts, evicting the least recently used entry if full. A zero-capacity
-    /// cache keeps nothing.
+    /// Inserts (or refreshes) as most recent, evicting the least recently
+    /// used entry if full. A zero-capacity cache keeps nothing.
     pub fn insert(&mut self, k: Key, e: Arc<ExpertWeights>) {
         if self.capacity == 0 {
             return;
         }
-        self.tick += 1;
-        if !self.map.contains_key(&k) && self.map.len() >= self.capacity {
-            if let Some(victim) = self
-                .map
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| *k)
-            {
-                self.map.remove(&victim);
-            }
+        if let Some(&i) = self.map.get(&k) {
+            self.nodes[i].value = e;
+            self.unlink(i);
+            self.push_front(i);
+            return;
         }
-        self.map.insert(k, (e, self.tick));
+        let i = if self.map.len() >= self.capacity {
+            // Reuse the least recently used node.
+            let i = self.tail;
+            self.unlink(i);
+            self.map.remove(&self.nodes[i].key);
+            self.nodes[i].key = k;
+            self.nodes[i].value = e;
+            i
+        } else {
+            self.nodes.push(Node {
+                key: k,
+                value: e,
+                prev: NIL,
+                next: NIL,
+            });
+            self.nodes.len() - 1
+        };
+        self.map.insert(k, i);
+        self.push_front(i);
     }
 }
 
@@ -102,6 +154,15 @@ mod tests {
         assert!(c.get((0, 1)).is_some()); // 2 is now the oldest
         c.insert((0, 3), e());
         assert!(c.contains((0, 1)) && c.contains((0, 3)) && !c.contains((0, 2)));
+        // Refreshing an entry makes it most recent; eviction follows use order.
+        c.insert((0, 1), e());
+        c.insert((0, 4), e()); // evicts 3
+        assert!(c.contains((0, 1)) && c.contains((0, 4)) && !c.contains((0, 3)));
+        for i in 5..100 {
+            c.insert((1, i), e());
+            assert_eq!(c.len(), 2);
+        }
+        assert!(c.contains((1, 98)) && c.contains((1, 99)));
         let mut z = LruCache::new(0);
         z.insert((0, 1), e());
         assert!(z.is_empty());

@@ -11,8 +11,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use fathom_model::experts::{ExpertLoc, ExpertWeights};
-use fathom_model::kimi_k3::config::K3Spec;
+use fathom_model::experts::{ExpertLoc, ExpertShapes, ExpertWeights};
 use fathom_weights::{AlignedBuf, IO_ALIGN};
 
 /// One shard opened for expert reads.
@@ -95,9 +94,9 @@ impl ShardReader {
 /// Reads one expert with a single positional read of its span (or one per
 /// tensor if a checkpoint scatters them).
 pub fn read_expert(
-    spec: &K3Spec,
+    shapes: &ExpertShapes,
     shards: &[ShardReader],
     loc: &ExpertLoc,
 ) -> std::io::Result<(ExpertWeights, u64)> {
-    loc.read_with(spec, |shard, off, len| shards[shard].read_span(off, len))
+    loc.read_with(shapes, |shard, off, len| shards[shard].read_span(off, len))
 }

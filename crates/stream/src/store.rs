@@ -18,8 +18,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use fathom_model::experts::{ExpertSource, ExpertStats, ExpertTable, ExpertWeights};
-use fathom_model::kimi_k3::config::K3Spec;
+use fathom_model::experts::{
+    ExpertSlot, ExpertSource, ExpertStats, ExpertTable, ExpertTicket, ExpertWeights, PendingExpert,
+};
 use fathom_model::{ModelError, Result};
 use fathom_weights::Checkpoint;
 
@@ -52,14 +53,15 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
-    pub fn new(spec: &K3Spec, cache_experts: usize) -> Self {
+    /// Defaults for a model whose tokens use `top_k` experts per layer.
+    pub fn new(top_k: usize, cache_experts: usize) -> Self {
         StreamConfig {
             cache_experts,
             io_threads: 16,
             direct: true,
             prefetch: true,
-            max_inflight: 2 * spec.top_k,
-            prefetch_depth: spec.top_k,
+            max_inflight: 2 * top_k,
+            prefetch_depth: top_k,
             prefetch_min_precision: 0.5,
         }
     }
@@ -104,10 +106,10 @@ impl Pending {
     }
 }
 
-/// An expert asked for by a request: already in RAM, or being read.
-enum Slot {
-    Ready(Arc<ExpertWeights>),
-    Reading(Arc<Pending>),
+impl PendingExpert for Pending {
+    fn wait(&self) -> Result<Arc<ExpertWeights>> {
+        Pending::wait(self).map_err(ModelError::Experts)
+    }
 }
 
 struct Job {
@@ -131,9 +133,6 @@ struct Inner {
     /// scored from the first layer on, and prefetching begins once they have
     /// shown they are right often enough (about one token on k3-code-small).
     precision: f64,
-    /// Experts requested ahead of `experts()` and not yet collected. Held
-    /// here (not only in the cache) so a zero-size cache still keeps them.
-    requested: HashMap<Key, Slot>,
 }
 
 #[derive(Default)]
@@ -149,7 +148,6 @@ struct Counters {
 }
 
 struct Shared {
-    spec: K3Spec,
     table: ExpertTable,
     shards: Vec<ShardReader>,
     inner: Mutex<Inner>,
@@ -169,19 +167,13 @@ pub struct StreamedExperts {
 }
 
 impl StreamedExperts {
-    pub fn new(
-        spec: &K3Spec,
-        ck: &Checkpoint,
-        table: &ExpertTable,
-        cfg: &StreamConfig,
-    ) -> Result<Self> {
+    pub fn new(ck: &Checkpoint, table: &ExpertTable, cfg: &StreamConfig) -> Result<Self> {
         let shards = ck
             .shards()
             .iter()
             .map(|s| ShardReader::open(&s.path, cfg.direct).map_err(|e| io_err(&s.path, e)))
             .collect::<Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
-            spec: spec.clone(),
             table: table.clone(),
             shards,
             inner: Mutex::new(Inner {
@@ -189,7 +181,6 @@ impl StreamedExperts {
                 inflight: HashMap::new(),
                 hints: HashMap::new(),
                 precision: 0.0,
-                requested: HashMap::new(),
             }),
             queues: Mutex::new(Queues::default()),
             queue_cv: Condvar::new(),
@@ -212,8 +203,9 @@ impl StreamedExperts {
     }
 
     /// Classifies `ids` (cached, being read, to read), queues the demand
-    /// reads and leaves a [`Slot`] per id for `experts` to collect.
-    fn submit(&self, layer: usize, ids: &[u32]) -> Result<()> {
+    /// reads and returns a slot per id, which the caller owns (a zero-size
+    /// cache still keeps the expert alive through it).
+    fn submit(&self, layer: usize, ids: &[u32]) -> Result<Vec<ExpertSlot>> {
         let s = &*self.shared;
         if s.table.layers.get(layer).is_none_or(|l| l.is_empty()) {
             return Err(ModelError::Experts(format!(
@@ -228,6 +220,7 @@ impl StreamedExperts {
         }
         let l = layer as u32;
         let mut demand = Vec::new();
+        let mut slots = Vec::with_capacity(ids.len());
         {
             let mut inner = s.inner.lock().unwrap();
             // Score and retire this layer's hint.
@@ -249,7 +242,7 @@ impl StreamedExperts {
             for &e in ids {
                 let k = (l, e);
                 if let Some(x) = inner.cache.get(k) {
-                    inner.requested.insert(k, Slot::Ready(x));
+                    slots.push(ExpertSlot::Ready(x));
                     s.counters.hits.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -275,7 +268,7 @@ impl StreamedExperts {
                         p
                     }
                 };
-                inner.requested.insert(k, Slot::Reading(p));
+                slots.push(ExpertSlot::Pending(p));
             }
         }
         s.counters
@@ -287,7 +280,7 @@ impl StreamedExperts {
             drop(q);
             s.queue_cv.notify_all();
         }
-        Ok(())
+        Ok(slots)
     }
 
     /// Whether reads bypass the page cache with `O_DIRECT`.
@@ -348,7 +341,7 @@ fn io_loop(s: &Shared) {
         let (layer, expert) = job.key;
         let loc = &s.table.layers[layer as usize][expert as usize];
         let t0 = Instant::now();
-        let result = read_expert(&s.spec, &s.shards, loc);
+        let result = read_expert(&s.table.shapes, &s.shards, loc);
         s.counters
             .read_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -377,50 +370,22 @@ fn remove_inflight(inner: &mut Inner, key: Key, p: &Arc<Pending>) {
 }
 
 impl ExpertSource for StreamedExperts {
-    fn experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<Arc<ExpertWeights>>> {
-        let s = &*self.shared;
-        let l = layer as u32;
-        let missing: Vec<u32> = {
-            let inner = s.inner.lock().unwrap();
-            ids.iter()
-                .copied()
-                .filter(|&e| !inner.requested.contains_key(&(l, e)))
-                .collect()
-        };
-        if !missing.is_empty() {
-            self.submit(layer, &missing)?;
-        }
-        let slots: Vec<Slot> = {
-            let mut inner = s.inner.lock().unwrap();
-            let slots = ids
-                .iter()
-                .map(|&e| {
-                    inner
-                        .requested
-                        .remove(&(l, e))
-                        .expect("every id was submitted")
-                })
-                .collect();
-            inner.requested.retain(|k, _| k.0 != l);
-            slots
-        };
+    fn request(&self, layer: usize, ids: &[u32]) -> Result<ExpertTicket> {
+        Ok(ExpertTicket {
+            layer,
+            ids: ids.to_vec(),
+            slots: self.submit(layer, ids)?,
+        })
+    }
+
+    fn collect(&self, ticket: ExpertTicket) -> Result<Vec<Arc<ExpertWeights>>> {
         let t0 = Instant::now();
-        let out = slots
-            .into_iter()
-            .map(|slot| match slot {
-                Slot::Ready(e) => Ok(e),
-                Slot::Reading(p) => p.wait().map_err(ModelError::Experts),
-            })
-            .collect::<Result<Vec<_>>>();
-        s.counters
+        let out = ticket.wait_all();
+        self.shared
+            .counters
             .wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
-    }
-
-    fn request(&self, layer: usize, ids: &[u32]) {
-        // Errors resurface, with their message, in the `experts` call that follows.
-        let _ = self.submit(layer, ids);
     }
 
     fn hint(&self, layer: usize, ids: &[u32]) {

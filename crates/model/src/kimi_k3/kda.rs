@@ -193,7 +193,13 @@ pub fn kda(
     for (st, seg) in states.iter_mut().zip(segs) {
         for c in 0..3 {
             let rows = seg.start * p..seg.end * p;
-            let out = short_conv(&pre[c][rows.clone()], &mut st.conv[c], taps[c], p, spec.conv_kernel);
+            let out = short_conv(
+                &pre[c][rows.clone()],
+                &mut st.conv[c],
+                taps[c],
+                p,
+                spec.conv_kernel,
+            );
             conv[c][rows].copy_from_slice(&out);
         }
     }
@@ -247,7 +253,8 @@ pub fn kda(
                 std::array::from_fn(|c| pre[c][seg.start * p..seg.end * p].to_vec());
             j.record(
                 &pre_rows,
-                outs.iter().map(|(_, i)| i[si].as_ref().expect("journaling")),
+                outs.iter()
+                    .map(|(_, i)| i[si].as_ref().expect("journaling")),
             );
         }
     }

@@ -114,7 +114,9 @@ pub fn mla(
     let mut past = Vec::with_capacity(caches.len());
     for (cache, seg) in caches.iter_mut().zip(segs) {
         past.push(cache.len());
-        cache.rows.extend_from_slice(&c[seg.start * width..seg.end * width]);
+        cache
+            .rows
+            .extend_from_slice(&c[seg.start * width..seg.end * width]);
     }
     let caches: &[&mut MlaCache] = caches;
     let gate = w.g_proj.forward(x, n); // [N, H·dv]
@@ -152,7 +154,13 @@ pub fn mla(
                     let qh = &q[ti * h * dq + hh * dq..][..dq];
                     let g = &gate[ti * h * dv + hh * dv..][..dv];
                     // causal: this position sees itself and all before
-                    hc.attend(qh, &cache.rows, p0 + i + 1, g, &mut out[ti * dv..(ti + 1) * dv]);
+                    hc.attend(
+                        qh,
+                        &cache.rows,
+                        p0 + i + 1,
+                        g,
+                        &mut out[ti * dv..(ti + 1) * dv],
+                    );
                 }
             }
             out

@@ -29,8 +29,8 @@ use self::state::SequenceState;
 use self::weights::K3Weights;
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
-use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
 use crate::linear::Spine;
+use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
 use crate::registry::{Architecture, LoadOptions};
 
 /// The registry's entry for Kimi K3.

@@ -1,0 +1,162 @@
+//! The typed run report: what `run --json`, `batch --json`, the bench and
+//! the server's metrics all read and write. No JSON key is spelled twice.
+
+use fathom_model::experts::ExpertStats;
+use serde::{Deserialize, Serialize};
+
+use crate::speculative::DraftStats;
+
+/// What one sequence's generation cost.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SeqStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Submitted → prompt read (queueing included).
+    pub prefill_s: f64,
+    /// Prompt tokens fed ÷ `prefill_s`.
+    pub prefill_tok_s: f64,
+    /// Submitted → first generated token known.
+    pub first_token_s: f64,
+    /// First token → last token.
+    pub decode_s: f64,
+    /// Tokens after the first ÷ `decode_s` (the steady state).
+    pub decode_tok_s: f64,
+    pub state_bytes: usize,
+    pub peak_rss_bytes: u64,
+}
+
+/// Expert-source figures over an interval.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IoStats {
+    pub expert_bytes_read: u64,
+    pub expert_cache_hits: u64,
+    pub expert_cache_misses: u64,
+    pub expert_hit_rate: Option<f64>,
+    pub prefetch_precision: Option<f64>,
+    pub prefetch_recall: Option<f64>,
+    pub read_bandwidth_bytes_s: Option<f64>,
+    pub io_wait_s: f64,
+    pub compute_s: f64,
+}
+
+fn ratio(a: u64, b: u64) -> Option<f64> {
+    (b > 0).then(|| a as f64 / b as f64)
+}
+
+impl IoStats {
+    /// The figures of `s`, an interval of `wall_s` seconds.
+    pub fn from_experts(s: &ExpertStats, wall_s: f64) -> Self {
+        IoStats {
+            expert_bytes_read: s.bytes_read,
+            expert_cache_hits: s.hits,
+            expert_cache_misses: s.misses,
+            expert_hit_rate: ratio(s.hits, s.requested),
+            prefetch_precision: ratio(s.hinted_used, s.hinted),
+            prefetch_recall: ratio(s.hinted_used, s.requested),
+            read_bandwidth_bytes_s: (s.read_s > 0.0)
+                .then(|| s.bytes_read as f64 / wall_s.max(1e-9)),
+            io_wait_s: s.wait_s,
+            compute_s: (wall_s - s.wait_s).max(0.0),
+        }
+    }
+}
+
+/// How the model was loaded and run (the same for every sequence of a process).
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunSetup {
+    pub load_s: f64,
+    pub threads: usize,
+    /// `resident` or `streamed`.
+    pub experts: String,
+    pub spine: String,
+    pub spine_lossy: bool,
+    pub direct_io: Option<bool>,
+    pub ram_budget_bytes: Option<u64>,
+    pub expert_cache_slots: Option<usize>,
+}
+
+/// `stats` of `fathom run --json`.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunStats {
+    #[serde(flatten)]
+    pub seq: SeqStats,
+    #[serde(flatten)]
+    pub io: IoStats,
+    #[serde(flatten)]
+    pub setup: RunSetup,
+    /// `stop`, `length`, `cancelled` or `error`.
+    pub finish_reason: String,
+    pub draft: Option<DraftStats>,
+}
+
+/// `fathom run --json`: exactly this object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    pub prompt_ids: Vec<u32>,
+    pub output_ids: Vec<u32>,
+    /// Null when the model ships no tokenizer.
+    pub text: Option<String>,
+    pub finish_reason: String,
+    pub stats: RunStats,
+}
+
+/// Counters of the step engine.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineStats {
+    /// Model steps run.
+    pub steps: u64,
+    /// Sequences summed over steps (÷ steps = mean batch size).
+    pub batch_sum: u64,
+    /// New positions fed, summed over steps.
+    pub rows: u64,
+    /// First step → now.
+    pub wall_s: f64,
+    #[serde(skip)]
+    pub experts: ExpertStats,
+}
+
+impl EngineStats {
+    pub fn mean_batch_size(&self) -> f64 {
+        self.batch_sum as f64 / self.steps.max(1) as f64
+    }
+}
+
+/// One line of `fathom batch --json`'s `results`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchResult {
+    pub prompt_ids: Vec<u32>,
+    pub output_ids: Vec<u32>,
+    pub text: Option<String>,
+    pub finish_reason: String,
+    pub stats: SeqStats,
+}
+
+/// `stats` of `fathom batch --json`.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BatchStats {
+    /// Generated tokens of all sequences ÷ wall time of the steps (prefill
+    /// included, load excluded).
+    pub aggregate_tok_s: f64,
+    pub generated_tokens: usize,
+    pub prompt_tokens: usize,
+    pub steps: u64,
+    pub mean_batch_size: f64,
+    pub wall_s: f64,
+    #[serde(flatten)]
+    pub io: IoStats,
+    #[serde(flatten)]
+    pub setup: RunSetup,
+}
+
+/// `fathom batch --json`: exactly this object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchReport {
+    pub results: Vec<BatchResult>,
+    pub stats: BatchStats,
+}
