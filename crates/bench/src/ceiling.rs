@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fathom_model::experts::ExpertTable;
 use fathom_model::kimi_k3::config::K3Spec;
 use fathom_model::kimi_k3::tensors::{Role, tensor_table};
 use fathom_stream::budget::spine_bytes;
@@ -71,7 +70,8 @@ impl Default for Limits {
 /// `(shard, offset, len)` of every routed expert (one span each where the six
 /// tensors are adjacent, else each tensor on its own).
 pub fn expert_spans(spec: &K3Spec, ck: &Checkpoint) -> Result<Vec<(usize, u64, u64)>> {
-    let table = ExpertTable::from_checkpoint(spec, ck).context("locating the routed experts")?;
+    let table = fathom_model::kimi_k3::tensors::expert_table(spec, ck)
+        .context("locating the routed experts")?;
     let mut spans = Vec::new();
     for loc in table.layers.iter().flatten() {
         match loc.span() {

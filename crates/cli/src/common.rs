@@ -24,9 +24,10 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 }
 
 /// The tokenizer shipped in the model directory, if any.
-pub fn tokenizer(dir: &Path) -> Result<Option<Box<dyn Tokenizer>>> {
-    fathom_tokenizer::load_from_dir(dir)
-        .with_context(|| format!("cannot load the tokenizer in {}", dir.display()))
+pub fn tokenizer(dir: &Path) -> Result<Option<std::sync::Arc<dyn Tokenizer>>> {
+    Ok(fathom_tokenizer::load_from_dir(dir)
+        .with_context(|| format!("cannot load the tokenizer in {}", dir.display()))?
+        .map(std::sync::Arc::from))
 }
 
 /// Resolves the prompt: explicit ids, or text through the model's tokenizer.
@@ -83,16 +84,87 @@ impl SpineArg {
     }
 }
 
-/// Puts a loaded model's spine in the precision `arg` asks for, announcing
-/// the choice on stderr (int8 is labelled lossy), and returns it.
-pub fn apply_spine(model: &mut fathom_model::K3Model, arg: SpineArg) -> fathom_model::Spine {
-    use fathom_model::Spine;
-    let spine = arg.spine();
-    if spine == Spine::Int8 {
-        model.weights.quantize_spine_int8();
+/// Announces the spine precision on stderr (int8 is labelled lossy).
+pub fn announce_spine(spine: fathom_model::Spine) {
+    if spine.lossy() {
         eprintln!("spine: int8 (lossy: per-row int8 weights, quantised at load)");
     } else {
         eprintln!("spine: bf16 (exact, as stored)");
     }
-    spine
+}
+
+/// Sampling and stopping, shared by `run` and `batch`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 (the default) is greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass, in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the most likely one, in [0, 1].
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of tokens already seen (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Subtract from the logits of tokens generated at least once, in [-2, 2].
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtract this times a token's count among generated tokens, in [-2, 2].
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Seed of the random draws; the draw for a position depends only on
+    /// (seed, position), so batching and drafting never change output.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when the text contains this string (repeatable; cut from the output).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Report the N most likely tokens' log-probabilities at each position (≤ 20).
+    #[arg(long)]
+    pub logprobs: Option<usize>,
+}
+
+impl SamplingArgs {
+    /// The validated parameters; a bad value names its flag.
+    pub fn params(&self) -> Result<fathom_engine::SamplingParams> {
+        let p = fathom_engine::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            logprobs: self.logprobs,
+        };
+        p.validate()
+            .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
+        Ok(p)
+    }
+}
+
+/// Whether `--prompt TEXT` gets a BOS token: the tokenizer config's
+/// `add_bos_token` decides; when it does not say, a `bos_token_id` in
+/// `config.json` means yes.
+pub fn wants_bos(model_dir: &Path, bos: Option<u32>) -> Option<u32> {
+    let said = std::fs::read_to_string(model_dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get("add_bos_token").and_then(serde_json::Value::as_bool));
+    match said {
+        Some(false) => None,
+        _ => bos,
+    }
+}
+
+/// The tokenizer as the engine's text decoder.
+pub fn decoder(tok: Option<&std::sync::Arc<dyn Tokenizer>>) -> Option<fathom_engine::Decoder> {
+    let t = tok?.clone();
+    Some(std::sync::Arc::new(move |ids: &[u32]| t.decode(ids)))
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use fathom_model::kimi_k3::config::K3Spec;
-use fathom_model::{K3Model, Spine};
+use fathom_model::{CausalLm, LoadOptions, Spine};
 use fathom_stream::budget::{Ledger, default_budget};
 use fathom_stream::{StreamConfig, StreamedExperts};
 use fathom_weights::units::parse_size;
@@ -78,16 +78,19 @@ pub fn check_model_dir(dir: &Path) -> Result<()> {
 }
 
 /// Loads a model under `mem`'s budget, for passes of up to `positions` tokens,
-/// counting the spine in the representation `spine` it will run in (the
-/// caller quantises after loading; the cache is sized for the int8 spine
-/// already — loading briefly holds the spine as stored).
+/// with the spine in `spine` precision (int8 is quantised at load; the
+/// cache is sized for it — loading briefly holds the spine as stored).
+/// The architecture registry picks the family from `config.json`.
 pub fn load_model_with(
     dir: &Path,
     mem: &MemoryArgs,
     positions: usize,
     spine: Spine,
-) -> Result<(K3Model, LoadInfo)> {
+) -> Result<(Arc<dyn CausalLm>, LoadInfo)> {
     check_model_dir(dir)?;
+    fathom_model::registry::detect(dir)
+        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    // The RAM ledger reads the K3 spec (the only family so far).
     let spec = K3Spec::from_dir(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
     let (budget, budget_source) = match mem.ram_budget {
@@ -114,7 +117,11 @@ pub fn load_model_with(
     };
     let t0 = Instant::now();
     if !stream {
-        let model = K3Model::load(dir)
+        let opts = LoadOptions {
+            spine,
+            experts: None,
+        };
+        let model = fathom_model::load(dir, opts)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?;
         let info = LoadInfo {
             load_s: t0.elapsed().as_secs_f64(),
@@ -132,15 +139,21 @@ pub fn load_model_with(
         prefetch: !mem.no_prefetch,
         max_inflight,
         prefetch_depth: mem.prefetch_depth.unwrap_or(spec.top_k),
-        ..StreamConfig::new(&spec, ledger.cache_experts)
+        ..StreamConfig::new(spec.top_k, ledger.cache_experts)
     };
-    let mut direct = None;
-    let model = K3Model::load_with(dir, |spec, ck, table| {
-        let s = StreamedExperts::new(spec, ck, table, &cfg)?;
-        direct = Some(s.direct_io());
-        Ok(Arc::new(s))
-    })
-    .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    let direct = Arc::new(std::sync::OnceLock::new());
+    let d2 = direct.clone();
+    let opts = LoadOptions {
+        spine,
+        experts: Some(Box::new(move |ck, table| {
+            let s = StreamedExperts::new(ck, table, &cfg)?;
+            let _ = d2.set(s.direct_io());
+            Ok(Arc::new(s))
+        })),
+    };
+    let model = fathom_model::load(dir, opts)
+        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    let direct = direct.get().copied();
     let info = LoadInfo {
         load_s: t0.elapsed().as_secs_f64(),
         experts: "streamed",

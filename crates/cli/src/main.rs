@@ -24,6 +24,7 @@ struct Cli {
 enum Command {
     Demo(commands::demo::DemoArgs),
     Run(commands::run::RunArgs),
+    Batch(commands::batch::BatchArgs),
     Bench(commands::bench::BenchArgs),
     Logits(commands::logits::LogitsArgs),
     Tokenize(commands::tokenize::TokenizeArgs),
@@ -47,6 +48,7 @@ fn main() {
     let result = match cli.command {
         Command::Demo(a) => commands::demo::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Batch(a) => commands::batch::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Logits(a) => commands::logits::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),

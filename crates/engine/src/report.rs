@@ -93,6 +93,15 @@ pub struct RunStats {
     pub draft: Option<DraftStats>,
 }
 
+/// One position's log-probabilities (of the raw model distribution).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely tokens, best first: `[id, logprob]`.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// `fathom run --json`: exactly this object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunReport {
@@ -101,6 +110,9 @@ pub struct RunReport {
     /// Null when the model ships no tokenizer.
     pub text: Option<String>,
     pub finish_reason: String,
+    /// Per generated token, with `--logprobs N`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
     pub stats: RunStats,
 }
 

@@ -270,9 +270,9 @@ fn a_failed_step_leaves_every_state_unchanged() {
     let mut a = lm.new_state();
     let mut b = lm.new_state();
     let step = |a: &mut dyn fathom_model::SeqState,
-                    b: &mut dyn fathom_model::SeqState,
-                    ta: &[u32],
-                    tb: &[u32]| {
+                b: &mut dyn fathom_model::SeqState,
+                ta: &[u32],
+                tb: &[u32]| {
         let mut batch = [
             StepInput {
                 state: a,

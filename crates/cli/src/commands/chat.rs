@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Result, bail};
 use clap::Args;
 use fathom_chat::{ChatTemplate, K3Options, Message, Segment, encode_segments, render_k3};
-use fathom_engine::{Session, StopReason};
+use fathom_engine::{FinishReason, Request, Session, TokenEvent};
 use fathom_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::common::tokenizer;
@@ -96,7 +96,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     };
     let (model, info) = load_model_with(&a.model, &a.mem, 1, fathom_model::Spine::Bf16)?;
     let load_s = info.load_s;
-    let stop: Vec<u32> = model.spec.eos_token_id.into_iter().collect();
+    let stop: Vec<u32> = model.info().eos_token_ids.clone();
     eprintln!("loaded in {load_s:.2}s; type a message, Ctrl-C stops a reply, Ctrl-D quits");
 
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -105,7 +105,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))?;
     }
     let mut messages: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
-    let mut session = Session::new(&model);
+    let mut session = Session::new(model.clone());
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     loop {
@@ -124,7 +124,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
         let (prompt, stable_len) = renderer.prompt(tok.as_ref(), &messages)?;
         let mut stream = StreamDecoder::new(tok.as_ref());
         interrupted.store(false, Ordering::SeqCst);
-        let (g, reused) = session.generate(&prompt, stable_len, a.max_new, &stop, |id| {
+        let mut req = Request::new(Vec::new(), a.max_new);
+        req.stop_ids = stop.clone();
+        let (g, reused) = session.generate(&prompt, stable_len, req, None, |ev: &TokenEvent| {
+            let id = ev.sampled.token;
             if !stop.contains(&id) {
                 let _ = out.write_all(stream.push(id).as_bytes());
                 let _ = out.flush();
@@ -137,7 +140,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         })?;
         let _ = out.write_all(stream.finish().as_bytes());
         writeln!(out)?;
-        if g.stop == StopReason::Cancelled {
+        if g.reason == FinishReason::Cancelled {
             eprintln!("[reply stopped]");
         }
         let reply_ids: Vec<u32> = g

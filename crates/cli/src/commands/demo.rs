@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fathom_engine::greedy;
+use fathom_engine::generate;
 use fathom_synth::{Overrides, Plan, Preset, WriteOptions, resolve, write_model};
 use fathom_tokenizer::StreamDecoder;
 use fathom_weights::units::format_bytes;
@@ -123,12 +123,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut text = a.prompt.clone();
     let mut stream = StreamDecoder::new(tok.as_ref());
     let t0 = Instant::now();
-    let base = model.experts.stats();
+    let base = model.expert_stats();
     let mut n = 0usize;
-    let g = greedy(&model, &prompt, a.max_new, &[], |id| {
+    let req = fathom_engine::Request::new(prompt.clone(), a.max_new);
+    let g = generate(&model, req, None, |ev: &fathom_engine::TokenEvent| {
+        let id = ev.sampled.token;
         n += 1;
         text.push_str(&stream.push(id));
-        let s = model.experts.stats().since(&base);
+        let s = model.expert_stats().since(&base);
         let secs = t0.elapsed().as_secs_f64();
         // One redrawn line: the tail of the text, then the live figures.
         let tail: String = text

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use fathom_model::Logits;
 
-use crate::common::{SpineArg, apply_spine, check_vocab, parse_ids};
+use crate::common::{SpineArg, check_vocab, parse_ids};
 use crate::load::{MemoryArgs, load_model_with};
 
 /// Print the top logits at the last position of a prompt.
@@ -33,11 +33,10 @@ pub struct LogitsArgs {
 
 pub fn run(a: LogitsArgs) -> Result<()> {
     let prompt = parse_ids(&a.prompt_ids)?;
-    let (mut model, _) = load_model_with(&a.model, &a.mem, prompt.len(), a.spine.spine())?;
-    let _spine = apply_spine(&mut model, a.spine);
-    check_vocab(&prompt, model.spec.vocab_size)?;
+    let (model, _) = load_model_with(&a.model, &a.mem, prompt.len(), a.spine.spine())?;
+    check_vocab(&prompt, model.info().vocab_size)?;
     let mut state = model.new_state();
-    let logits = model.forward(&mut state, &prompt, Logits::Last)?;
+    let logits = model.forward(state.as_mut(), &prompt, Logits::Last)?;
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&x, &y| logits[y].total_cmp(&logits[x]).then(x.cmp(&y)));
     let top: Vec<(usize, f32)> = order.iter().take(a.top).map(|&i| (i, logits[i])).collect();

@@ -1,3 +1,4 @@
+pub mod batch;
 pub mod bench;
 pub mod chat;
 pub mod demo;

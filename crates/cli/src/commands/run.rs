@@ -1,39 +1,52 @@
-//! `fathom run`: greedy generation from a prompt.
+//! `fathom run`: one sequence from a prompt, greedy or sampled, through the
+//! step engine.
 
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use fathom_engine::{DraftOptions, ModelDrafter, NgramDrafter, greedy, speculative};
-use fathom_model::K3Model;
-use fathom_model::experts::ExpertStats;
-use fathom_tokenizer::StreamDecoder;
+use fathom_engine::report::{IoStats, RunSetup, TokenLogprob};
+use fathom_engine::{
+    DraftOptions, Drafter, ModelDrafter, NgramDrafter, Request, RunReport, RunStats, TokenEvent,
+    generate,
+};
+use fathom_model::{CausalLm, LoadOptions};
 
-use crate::common::{SpineArg, apply_spine, check_vocab, prompt_ids, tokenizer};
-use crate::load::{MemoryArgs, load_model_with};
+use crate::common::{
+    SamplingArgs, SpineArg, announce_spine, check_vocab, decoder, prompt_ids, tokenizer, wants_bos,
+};
+use crate::load::{LoadInfo, MemoryArgs, load_model_with};
 
-/// Generate text greedily (argmax at every step) from a prompt.
+/// Generate from a prompt: greedy by default, sampled with --temperature.
 #[derive(Args)]
 pub struct RunArgs {
     /// Model directory (config.json + safetensors shards).
     #[arg(long)]
     model: PathBuf,
-    /// Prompt as comma-separated token ids, e.g. 1,591,25.
+    /// Prompt as comma-separated token ids, e.g. 1,591,25 (used as given).
     #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
     prompt_ids: Option<String>,
-    /// Prompt as text (needs a tokenizer in the model directory).
+    /// Prompt as text (needs a tokenizer in the model directory). A BOS token
+    /// is put first when tokenizer_config.json sets add_bos_token, or, when
+    /// it does not say, when config.json names a bos_token_id.
     #[arg(long)]
     prompt: Option<String>,
+    /// Do not put a BOS token before a --prompt text.
+    #[arg(long)]
+    no_bos: bool,
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 32)]
     max_new: usize,
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
-    /// Print exactly one JSON object on stdout: prompt_ids, output_ids, text, stats.
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Print exactly one JSON object on stdout: prompt_ids, output_ids, text,
+    /// finish_reason, logprobs (with --logprobs), stats.
     #[arg(long)]
     json: bool,
     /// Per-token expert I/O statistics on stderr.
@@ -44,9 +57,10 @@ pub struct RunArgs {
     spine: SpineArg,
     /// Draft source for speculative decoding: `ngram` (prompt lookup, no
     /// extra model), `model:DIR` (a small checkpoint with the same
-    /// tokenizer), or `off`. The full model verifies every proposed token, so
-    /// output is identical to plain greedy decoding; drafting adapts its
-    /// length and switches itself off when it does not pay.
+    /// tokenizer), or `off`. The full model decides every token (a draft is
+    /// kept only where it equals the token the model samples there), so
+    /// output is identical to `off`; drafting adapts its length and switches
+    /// itself off when it does not pay.
     #[arg(long, default_value = "ngram")]
     draft: String,
     /// Most tokens proposed per verification pass.
@@ -57,68 +71,96 @@ pub struct RunArgs {
 }
 
 /// Where drafts come from.
-enum DraftChoice {
+pub enum DraftChoice {
     Off,
     Ngram,
     Model(PathBuf),
 }
 
-fn parse_draft(s: &str) -> Result<DraftChoice> {
+pub fn parse_draft(s: &str) -> Result<DraftChoice> {
     Ok(match s {
         "off" | "none" => DraftChoice::Off,
         "ngram" => DraftChoice::Ngram,
         _ => match s.strip_prefix("model:") {
             Some(dir) if !dir.is_empty() => DraftChoice::Model(PathBuf::from(dir)),
-            _ => anyhow::bail!("--draft {s:?}: expected ngram, model:DIR or off"),
+            _ => bail!("--draft {s:?}: expected ngram, model:DIR or off"),
         },
     })
 }
 
-/// `a / b` as a percentage for humans, or `-` when nothing was counted.
-fn pct(a: u64, b: u64) -> String {
-    if b == 0 {
-        "-".into()
-    } else {
-        format!("{:.0}%", 100.0 * a as f64 / b as f64)
-    }
-}
-
-/// Fraction `a / b`, or null when nothing was counted.
-fn ratio(a: u64, b: u64) -> serde_json::Value {
-    if b == 0 {
-        serde_json::Value::Null
-    } else {
-        (a as f64 / b as f64).into()
-    }
-}
-
-/// Prefetch and I/O figures for an interval of expert statistics.
-fn io_summary(s: &ExpertStats, wall_s: f64) -> serde_json::Value {
-    serde_json::json!({
-        "expert_bytes_read": s.bytes_read,
-        "expert_cache_hits": s.hits,
-        "expert_cache_misses": s.misses,
-        "expert_hit_rate": ratio(s.hits, s.requested),
-        "prefetch_precision": ratio(s.hinted_used, s.hinted),
-        "prefetch_recall": ratio(s.hinted_used, s.requested),
-        "read_bandwidth_bytes_s": if s.read_s > 0.0 { (s.bytes_read as f64 / wall_s.max(1e-9)).into() } else { serde_json::Value::Null },
-        "io_wait_s": s.wait_s,
-        "compute_s": (wall_s - s.wait_s).max(0.0),
+/// The drafter `choice` names, for a target of vocabulary `vocab`.
+pub fn make_drafter(choice: &DraftChoice, vocab: usize) -> Result<Option<Box<dyn Drafter>>> {
+    Ok(match choice {
+        DraftChoice::Off => None,
+        DraftChoice::Ngram => Some(Box::new(NgramDrafter::default())),
+        DraftChoice::Model(dir) => {
+            let dm = fathom_model::load(dir, LoadOptions::default())
+                .with_context(|| format!("cannot load the draft model in {}", dir.display()))?;
+            Some(Box::new(ModelDrafter::new(dm, vocab)?))
+        }
     })
 }
 
+/// Adds the BOS token before a text prompt where the model wants one.
+pub fn with_bos(
+    mut ids: Vec<u32>,
+    dir: &Path,
+    lm: &dyn CausalLm,
+    text: bool,
+    no_bos: bool,
+) -> Vec<u32> {
+    if text && !no_bos {
+        if let Some(b) = wants_bos(dir, lm.info().bos_token_id) {
+            if ids.first() != Some(&b) {
+                ids.insert(0, b);
+            }
+        }
+    }
+    ids
+}
+
+/// How the model was set up, for the report.
+pub fn setup(info: &LoadInfo, spine: fathom_model::Spine) -> RunSetup {
+    RunSetup {
+        load_s: info.load_s,
+        threads: rayon::current_num_threads(),
+        experts: info.experts.into(),
+        spine: spine.name().into(),
+        spine_lossy: spine.lossy(),
+        direct_io: info.direct_io,
+        ram_budget_bytes: info.ledger.as_ref().map(|l| l.budget),
+        expert_cache_slots: info.ledger.as_ref().map(|l| l.cache_experts),
+    }
+}
+
 pub fn run(a: RunArgs) -> Result<()> {
+    let sampling = a.sampling.params()?;
+    let draft = parse_draft(&a.draft)?;
     let tok = tokenizer(&a.model)?;
+    if !a.sampling.stop.is_empty() && tok.is_none() {
+        bail!(
+            "--stop needs a tokenizer in {} (the text is matched)",
+            a.model.display()
+        );
+    }
     let prompt = prompt_ids(
         a.prompt_ids.as_deref(),
         a.prompt.as_deref(),
         tok.as_deref(),
         &a.model,
     )?;
-    let (mut model, info) = load_model_with(&a.model, &a.mem, prompt.len(), a.spine.spine())?;
-    let spine = apply_spine(&mut model, a.spine);
-    check_vocab(&prompt, model.spec.vocab_size)?;
+    let spine = a.spine.spine();
+    let (model, info) = load_model_with(&a.model, &a.mem, prompt.len() + 1, spine)?;
+    let prompt = with_bos(
+        prompt,
+        &a.model,
+        model.as_ref(),
+        a.prompt.is_some(),
+        a.no_bos,
+    );
+    check_vocab(&prompt, model.info().vocab_size)?;
     if !a.json || a.stats {
+        announce_spine(spine);
         if let Some(l) = &info.ledger {
             eprintln!(
                 "{} ({}); experts {}",
@@ -128,122 +170,134 @@ pub fn run(a: RunArgs) -> Result<()> {
             );
         }
     }
-    let stop: Vec<u32> = if a.ignore_eos {
-        vec![]
-    } else {
-        model.spec.eos_token_id.into_iter().collect()
-    };
-
-    let mut stdout = std::io::stdout().lock();
-    let mut stream = tok.as_deref().map(StreamDecoder::new);
-    let json = a.json;
-    let start_stats = model.experts.stats();
-    let mut last = (start_stats, Instant::now());
-    let mut index = 0usize;
-    let draft = parse_draft(&a.draft)?;
-    let draft_model = match &draft {
-        DraftChoice::Model(dir) => Some(
-            K3Model::load(dir)
-                .with_context(|| format!("cannot load the draft model in {}", dir.display()))?,
-        ),
-        _ => None,
-    };
-    let opts = DraftOptions {
+    let mut req = Request::new(prompt.clone(), a.max_new);
+    req.sampling = sampling;
+    req.stop_strings = a.sampling.stop.clone();
+    if !a.ignore_eos {
+        req.stop_ids = model.info().eos_token_ids.clone();
+    }
+    req.drafter = make_drafter(&draft, model.info().vocab_size)?;
+    req.draft = DraftOptions {
         max_k: a.draft_max as usize,
         adaptive: true,
     };
-    let on_token = |id| {
-        if a.stats {
-            let now = (model.experts.stats(), Instant::now());
-            let d = now.0.since(&last.0);
-            let wall = now.1.duration_since(last.1).as_secs_f64();
-            let what = if index == 0 { "prefill" } else { "token" };
-            eprintln!(
-                "[{what} {index}] {:.3}s, experts read {:.1} MB ({} hit / {} miss, hit rate {}), {:.0} MB/s, I/O wait {:.3}s vs compute {:.3}s, prefetch precision {} recall {}",
-                wall,
-                d.bytes_read as f64 / 1e6,
-                d.hits,
-                d.misses,
-                pct(d.hits, d.requested),
-                d.bytes_read as f64 / 1e6 / wall.max(1e-9),
-                d.wait_s,
-                (wall - d.wait_s).max(0.0),
-                pct(d.hinted_used, d.hinted),
-                pct(d.hinted_used, d.requested)
-            );
-            last = now;
-            index += 1;
+
+    let mut stdout = std::io::stdout().lock();
+    let start_stats = model.expert_stats();
+    let mut meter = TokenMeter::new(&*model, a.stats);
+    let mut logprobs = Vec::new();
+    let json = a.json;
+    let on_token = |ev: &TokenEvent| {
+        meter.tick(&*model);
+        if a.sampling.logprobs.is_some() {
+            logprobs.push(TokenLogprob {
+                token: ev.sampled.token,
+                logprob: ev.sampled.logprob,
+                top: ev.sampled.top.clone(),
+            });
         }
         if !json {
-            let piece = match stream.as_mut() {
-                Some(s) => s.push(id),
-                None => format!("{id} "),
+            let piece = if tok.is_some() {
+                ev.text.clone()
+            } else {
+                format!("{} ", ev.sampled.token)
             };
             let _ = stdout.write_all(piece.as_bytes());
             let _ = stdout.flush();
         }
         ControlFlow::Continue(())
     };
-    let (generation, draft_stats) = match (&draft, &draft_model) {
-        (DraftChoice::Model(_), Some(dm)) => {
-            let mut d = ModelDrafter::new(dm, model.spec.vocab_size)?;
-            let (g, s) = speculative(&model, &prompt, a.max_new, &stop, &mut d, opts, on_token)?;
-            (g, Some(s))
-        }
-        (DraftChoice::Ngram, _) => {
-            let mut d = NgramDrafter::default();
-            let (g, s) = speculative(&model, &prompt, a.max_new, &stop, &mut d, opts, on_token)?;
-            (g, Some(s))
-        }
-        _ => (greedy(&model, &prompt, a.max_new, &stop, on_token)?, None),
+    let f = generate(&model, req, decoder(tok.as_ref()), on_token)?;
+    let total = model.expert_stats().since(&start_stats);
+    let wall = f.stats.prefill_s + f.stats.decode_s;
+    let stats = RunStats {
+        seq: f.stats.clone(),
+        io: IoStats::from_experts(&total, wall),
+        setup: setup(&info, spine),
+        finish_reason: f.reason.name().into(),
+        draft: f.draft.clone(),
     };
-    let text = tok.as_deref().map(|t| t.decode(&generation.output_ids));
-    let total = model.experts.stats().since(&start_stats);
-    let wall = generation.stats.prefill_s + generation.stats.decode_s;
-    let mut stats = serde_json::to_value(&generation.stats)?;
-    if let (Some(o), Some(io)) = (stats.as_object_mut(), io_summary(&total, wall).as_object()) {
-        o.extend(io.clone());
-    }
-    stats["load_s"] = info.load_s.into();
-    stats["stop"] = serde_json::to_value(generation.stop)?;
-    stats["threads"] = rayon::current_num_threads().into();
-    stats["experts"] = info.experts.into();
-    stats["draft"] = serde_json::to_value(&draft_stats)?;
-    stats["spine"] = spine.name().into();
-    stats["spine_lossy"] = spine.lossy().into();
-    stats["direct_io"] = serde_json::to_value(info.direct_io)?;
-    stats["ram_budget_bytes"] = serde_json::to_value(info.ledger.as_ref().map(|l| l.budget))?;
-    stats["expert_cache_slots"] =
-        serde_json::to_value(info.ledger.as_ref().map(|l| l.cache_experts))?;
     if json {
-        let mut obj = serde_json::json!({
-            "prompt_ids": prompt,
-            "output_ids": generation.output_ids,
-        });
-        if let Some(t) = text {
-            obj["text"] = t.into();
-        }
-        obj["stats"] = stats;
-        writeln!(stdout, "{obj}")?;
-    } else {
-        if let Some(s) = stream.as_mut() {
-            let _ = stdout.write_all(s.finish().as_bytes());
-        }
-        writeln!(stdout)?;
-        let s = &generation.stats;
-        eprintln!(
-            "{} prompt tokens, {} generated ({:?}); load {:.2}s, prefill {:.1} tok/s, first token {:.3}s, decode {:.2} tok/s, experts read {:.1} MB, hit rate {}, peak RSS {:.1} MiB",
-            s.prompt_tokens,
-            s.generated_tokens,
-            generation.stop,
-            info.load_s,
-            s.prefill_tok_s,
-            s.first_token_s,
-            s.decode_tok_s,
-            total.bytes_read as f64 / 1e6,
-            ratio(total.hits, total.requested),
-            s.peak_rss_bytes as f64 / (1 << 20) as f64
-        );
+        let report = RunReport {
+            prompt_ids: prompt,
+            output_ids: f.output_ids,
+            text: f.text,
+            finish_reason: f.reason.name().into(),
+            logprobs: a.sampling.logprobs.map(|_| logprobs),
+            stats,
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&report)?)?;
+        return Ok(());
     }
+    stdout.write_all(f.text_tail.as_bytes())?;
+    writeln!(stdout)?;
+    let s = &stats.seq;
+    eprintln!(
+        "{} prompt tokens, {} generated ({}); load {:.2}s, prefill {:.1} tok/s, first token {:.3}s, decode {:.2} tok/s, experts read {:.1} MB, hit rate {}, peak RSS {:.1} MiB",
+        s.prompt_tokens,
+        s.generated_tokens,
+        f.reason.name(),
+        info.load_s,
+        s.prefill_tok_s,
+        s.first_token_s,
+        s.decode_tok_s,
+        total.bytes_read as f64 / 1e6,
+        stats
+            .io
+            .expert_hit_rate
+            .map_or("-".into(), |r| format!("{r:.2}")),
+        s.peak_rss_bytes as f64 / (1 << 20) as f64
+    );
     Ok(())
+}
+
+/// `--stats`: expert I/O per token on stderr.
+struct TokenMeter {
+    on: bool,
+    last: (fathom_model::experts::ExpertStats, Instant),
+    index: usize,
+}
+
+fn pct(a: u64, b: u64) -> String {
+    if b == 0 {
+        "-".into()
+    } else {
+        format!("{:.0}%", 100.0 * a as f64 / b as f64)
+    }
+}
+
+impl TokenMeter {
+    fn new(model: &dyn CausalLm, on: bool) -> Self {
+        TokenMeter {
+            on,
+            last: (model.expert_stats(), Instant::now()),
+            index: 0,
+        }
+    }
+
+    fn tick(&mut self, model: &dyn CausalLm) {
+        if !self.on {
+            return;
+        }
+        let now = (model.expert_stats(), Instant::now());
+        let d = now.0.since(&self.last.0);
+        let wall = now.1.duration_since(self.last.1).as_secs_f64();
+        let what = if self.index == 0 { "prefill" } else { "token" };
+        eprintln!(
+            "[{what} {}] {:.3}s, experts read {:.1} MB ({} hit / {} miss, hit rate {}), {:.0} MB/s, I/O wait {:.3}s vs compute {:.3}s, prefetch precision {} recall {}",
+            self.index,
+            wall,
+            d.bytes_read as f64 / 1e6,
+            d.hits,
+            d.misses,
+            pct(d.hits, d.requested),
+            d.bytes_read as f64 / 1e6 / wall.max(1e-9),
+            d.wait_s,
+            (wall - d.wait_s).max(0.0),
+            pct(d.hinted_used, d.hinted),
+            pct(d.hinted_used, d.requested)
+        );
+        self.last = now;
+        self.index += 1;
+    }
 }
