@@ -13,6 +13,7 @@
 //! description ([`report`], [`machine`]) and an SVG chart ([`svg`]).
 
 pub mod arm;
+pub mod batch;
 pub mod ceiling;
 pub mod cgroup;
 pub mod machine;

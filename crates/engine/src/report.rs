@@ -160,6 +160,12 @@ pub struct BatchStats {
     pub steps: u64,
     pub mean_batch_size: f64,
     pub wall_s: f64,
+    /// Routed experts fetched per step (the union over the step's rows,
+    /// summed over MoE layers), bytes of one expert, and spine bytes read
+    /// per step: what the step bound is made of.
+    pub experts_per_step: f64,
+    pub expert_bytes: u64,
+    pub spine_bytes: u64,
     #[serde(flatten)]
     pub io: IoStats,
     #[serde(flatten)]

@@ -219,15 +219,25 @@ pub fn run(a: BatchArgs) -> Result<()> {
             stats: f.stats,
         })
         .collect();
-    report(a.json, results, &es, io, setup(&info, spine))
+    let mut stats = BatchStats {
+        experts_per_step: es.experts.requested as f64 / es.steps.max(1) as f64,
+        expert_bytes: model.info().expert_bytes,
+        spine_bytes: model.info().spine_bytes,
+        io,
+        setup: setup(&info, spine),
+        ..Default::default()
+    };
+    if spine.lossy() {
+        stats.spine_bytes /= 2;
+    }
+    report(a.json, results, &es, stats)
 }
 
 fn report(
     json: bool,
     results: Vec<BatchResult>,
     es: &fathom_engine::report::EngineStats,
-    io: IoStats,
-    setup: fathom_engine::report::RunSetup,
+    base: BatchStats,
 ) -> Result<()> {
     let generated: usize = results.iter().map(|r| r.output_ids.len()).sum();
     let stats = BatchStats {
@@ -237,8 +247,7 @@ fn report(
         steps: es.steps,
         mean_batch_size: es.mean_batch_size(),
         wall_s: es.wall_s,
-        io,
-        setup,
+        ..base
     };
     let mut out = std::io::stdout().lock();
     if json {

@@ -78,6 +78,12 @@ pub struct BenchArgs {
     /// Time limit of each measured process, in seconds (then it is killed and the arm fails).
     #[arg(long, default_value_t = 1800.0, value_name = "S")]
     timeout: f64,
+    /// Sweep batch sizes instead (e.g. 1,2,4,8,16): `fathom batch` on the
+    /// first B lines of --prompts (JSON lines, cycled), plus the largest
+    /// batch's prompts one after another, beside the step bound; the first
+    /// --arm's flags apply to every run.
+    #[arg(long, value_name = "B,B,..", value_delimiter = ',')]
+    batch_sizes: Vec<usize>,
 }
 
 fn prompts(a: &BenchArgs) -> Result<Vec<Prompt>> {
@@ -142,7 +148,58 @@ fn config(a: &BenchArgs) -> Result<BenchConfig> {
     })
 }
 
+fn run_sweep(a: &BenchArgs) -> Result<()> {
+    use fathom_bench::batch::{
+        BatchBenchConfig, read_prompt_lines, render_batch_table, run_batch_bench,
+    };
+    if a.batch_sizes.iter().any(|&b| b == 0 || b > 4096) {
+        bail!("--batch-sizes: each size must be in 1..=4096");
+    }
+    let path = a
+        .prompts
+        .as_ref()
+        .context("--batch-sizes needs --prompts FILE (JSON lines)")?;
+    let flags = match a.arms.first() {
+        Some(arm) => arm
+            .split_once('=')
+            .map_or("", |(_, f)| f)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        None => Vec::new(),
+    };
+    let work_dir = std::env::temp_dir().join(format!("fathom-batch-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work_dir)?;
+    let cfg = BatchBenchConfig {
+        exe: std::env::current_exe().context("locating the fathom executable")?,
+        model: a.model.clone(),
+        prompt_lines: read_prompt_lines(path)?,
+        sizes: a.batch_sizes.clone(),
+        max_new: a.max_new,
+        reps: a.reps,
+        flags,
+        limits: Limits {
+            storage_bytes: a.ceiling_bytes,
+            seconds: a.ceiling_secs,
+            io_threads: a.ceiling_io_threads.max(1),
+        },
+        work_dir: work_dir.clone(),
+    };
+    let report = run_batch_bench(&cfg, |line| eprintln!("{line}"));
+    let _ = std::fs::remove_dir_all(&work_dir);
+    let report = report?;
+    print!("{}", render_batch_table(&report));
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
+    if !a.batch_sizes.is_empty() {
+        return run_sweep(&a);
+    }
     let cfg = config(&a)?;
     let report = run_bench(&cfg, |line| eprintln!("{line}"))?;
     print!("{}", render_table(&report));
