@@ -87,10 +87,8 @@ fn run_json_is_one_object_with_the_golden_tokens() {
     ] {
         assert!(v["stats"][key].is_number(), "stats.{key} missing");
     }
-    assert!(
-        v.get("text").is_none(),
-        "k3-tiny has no tokenizer, so no text"
-    );
+    assert!(v["text"].is_null(), "k3-tiny has no tokenizer, so no text");
+    assert_eq!(v["finish_reason"], "length");
 }
 
 #[test]
@@ -250,8 +248,133 @@ fn tokenize_json_and_text_prompt_round_trip() {
         .iter()
         .map(|x| x.as_u64().unwrap())
         .collect();
-    assert_eq!(p, ids);
+    // k3-code-small's config names bos_token_id 8192 and its tokenizer
+    // config does not say otherwise: `--prompt` puts BOS first.
+    assert_eq!(p[0], 8192);
+    assert_eq!(p[1..], ids[..]);
     assert!(r["text"].is_string());
+    let out = fathom(&[
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        "import os\n",
+        "--max-new",
+        "1",
+        "--json",
+        "--no-bos",
+    ]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["prompt_ids"].as_array().unwrap().len(), ids.len());
+}
+
+#[test]
+fn bad_sampling_values_give_one_clear_error() {
+    let ck = tiny().join("checkpoint");
+    let m = ck.to_str().unwrap();
+    for (flag, value, needle) in [
+        ("--temperature", "-1", "--temperature must be"),
+        ("--top-p", "0", "--top-p must be"),
+        ("--top-p", "1.5", "--top-p must be"),
+        ("--min-p", "2", "--min-p must be"),
+        ("--repetition-penalty", "0", "--repetition-penalty must be"),
+        ("--presence-penalty", "3", "--presence-penalty must be"),
+        ("--logprobs", "21", "--logprobs must be"),
+    ] {
+        fails_with(
+            &["run", "--model", m, "--prompt-ids", "1,2", flag, value],
+            needle,
+        );
+    }
+    // --stop needs a tokenizer to match text; k3-tiny has none.
+    fails_with(
+        &["run", "--model", m, "--prompt-ids", "1,2", "--stop", "x"],
+        "--stop needs a tokenizer",
+    );
+}
+
+/// `fathom batch` gives every line exactly what `fathom run` gives alone.
+#[test]
+fn batch_equals_run_per_prompt() {
+    let Some(m) = code_small() else {
+        eprintln!("skipped: shared/models/k3-code-small is not beside the repository");
+        return;
+    };
+    let m = m.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("fathom-batch-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("p.jsonl");
+    let lines = [
+        r#"{"prompt": "def fibonacci(n):"}"#,
+        r#"{"prompt": "import numpy as np\n", "max_new": 5}"#,
+        r#"{"prompt": "class Stack:", "temperature": 0.8, "seed": 3}"#,
+        r#"{"prompt_ids": [8192, 886, 970, 198], "temperature": 1.2, "top_k": 20, "seed": 9}"#,
+        r#"{"prompt": "for i in range(10):", "stop": ["\n"]}"#,
+    ];
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let out = fathom(&[
+        "batch",
+        "--model",
+        m,
+        "--prompts",
+        file.to_str().unwrap(),
+        "--max-new",
+        "12",
+        "--max-step-tokens",
+        "6",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = b["results"].as_array().unwrap();
+    assert_eq!(results.len(), lines.len());
+    assert!(b["stats"]["aggregate_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(b["stats"]["mean_batch_size"].as_f64().unwrap() > 1.0);
+    let runs: [&[&str]; 5] = [
+        &["--prompt", "def fibonacci(n):"],
+        &["--prompt", "import numpy as np\n", "--max-new", "5"],
+        &[
+            "--prompt",
+            "class Stack:",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "3",
+        ],
+        &[
+            "--prompt-ids",
+            "8192,886,970,198",
+            "--temperature",
+            "1.2",
+            "--top-k",
+            "20",
+            "--seed",
+            "9",
+        ],
+        &["--prompt", "for i in range(10):", "--stop", "\n"],
+    ];
+    for (i, extra) in runs.iter().enumerate() {
+        let mut args = vec!["run", "--model", m, "--max-new", "12", "--json"];
+        args.extend_from_slice(extra);
+        let out = fathom(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        for key in ["prompt_ids", "output_ids", "text", "finish_reason"] {
+            assert_eq!(r[key], results[i][key], "line {i}: {key}");
+        }
+    }
+    if results[4]["finish_reason"] == "stop" {
+        assert!(!results[4]["text"].as_str().unwrap().contains('\n'));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

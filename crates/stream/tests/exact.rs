@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use fathom_engine::greedy;
 use fathom_model::kimi_k3::tensors::expert_bytes;
-use fathom_model::{K3Model, Logits};
+use fathom_model::{CausalLm, K3Model, Logits};
 use fathom_stream::{StreamConfig, StreamedExperts};
 
 fn tiny() -> PathBuf {
@@ -19,30 +19,28 @@ fn code_small() -> Option<PathBuf> {
     p.join("config.json").is_file().then_some(p)
 }
 
-fn streamed(dir: &Path, cache: usize, prefetch: bool, threads: usize) -> K3Model {
-    K3Model::load_with(dir, |spec, ck, table| {
-        let mut cfg = StreamConfig::new(spec, cache);
+fn streamed(dir: &Path, cache: usize, prefetch: bool, threads: usize) -> Arc<K3Model> {
+    let make: fathom_model::registry::MakeSource = Box::new(move |ck, table| {
+        let mut cfg = StreamConfig::new(table.top_k, cache);
         cfg.prefetch = prefetch;
         cfg.io_threads = threads;
-        Ok(Arc::new(StreamedExperts::new(spec, ck, table, &cfg)?))
-    })
-    .unwrap()
+        Ok(Arc::new(StreamedExperts::new(ck, table, &cfg)?))
+    });
+    Arc::new(K3Model::load_with(dir, make).unwrap())
 }
 
-fn run(model: &K3Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
-    let g = greedy(model, prompt, n, &[], |_| {
-        std::ops::ControlFlow::Continue(())
-    })
-    .unwrap();
+fn run(model: &Arc<K3Model>, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let lm: Arc<dyn CausalLm> = model.clone();
+    let out = greedy(&lm, prompt, n, &[]).unwrap();
     let mut st = model.new_state();
     let mut seq = prompt.to_vec();
-    seq.extend(&g.output_ids);
+    seq.extend(&out);
     let logits = model.forward(&mut st, &seq, Logits::All).unwrap();
-    (g.output_ids, logits)
+    (out, logits)
 }
 
 fn check(dir: &Path, prompt: &[u32], n: usize, caches: &[usize]) {
-    let resident = K3Model::load(dir).unwrap();
+    let resident = Arc::new(K3Model::load(dir).unwrap());
     let want = run(&resident, prompt, n);
     for &cache in caches {
         for (prefetch, threads) in [(false, 1), (true, 4)] {
@@ -105,19 +103,23 @@ fn each_expert_is_one_read() {
 
 #[test]
 fn cache_hits_on_repeat_and_prefetch_is_scored() {
-    let mut store = None;
-    let m = K3Model::load_with(&tiny(), |spec, ck, table| {
-        let s = Arc::new(StreamedExperts::new(
-            spec,
-            ck,
-            table,
-            &StreamConfig::new(spec, 256),
-        )?);
-        store = Some(s.clone());
-        Ok(s)
-    })
+    let slot = Arc::new(std::sync::OnceLock::new());
+    let s2 = slot.clone();
+    let m = K3Model::load_with(
+        &tiny(),
+        Box::new(move |ck, table| {
+            let s = Arc::new(StreamedExperts::new(
+                ck,
+                table,
+                &StreamConfig::new(table.top_k, 256),
+            )?);
+            let _ = s2.set(s.clone());
+            Ok(s)
+        }),
+    )
     .unwrap();
-    let store = store.unwrap();
+    let m = Arc::new(m);
+    let store = slot.get().unwrap().clone();
     let prompt = [1, 591, 25, 203, 739];
     run(&m, &prompt, 4);
     // Let the first run's last prefetches land before taking the baseline.

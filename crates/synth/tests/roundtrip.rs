@@ -136,11 +136,9 @@ fn loads_generates_and_ships_a_working_tokenizer() {
     synth(&dir, &dims, 1, &WriteOptions::default());
     let model = K3Model::load(&dir).unwrap();
     assert_eq!(model.spec.eos_token_id, Some(1026));
-    let out = fathom_engine::greedy(&model, &[5, 300, 17], 6, &[], |_| {
-        std::ops::ControlFlow::Continue(())
-    })
-    .unwrap();
-    assert_eq!(out.output_ids.len(), 6);
+    let lm: std::sync::Arc<dyn fathom_model::CausalLm> = std::sync::Arc::new(model);
+    let out = fathom_engine::greedy(&lm, &[5, 300, 17], 6, &[]).unwrap();
+    assert_eq!(out.len(), 6);
 
     let tok = fathom_tokenizer::load_from_dir(&dir).unwrap().unwrap();
     assert_eq!(tok.vocab_size(), dims.vocab_size);
