@@ -97,7 +97,7 @@ pub fn announce_spine(spine: fathom_model::Spine) {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Sampling temperature; 0 (the default) is greedy decoding.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Keep only the K most likely tokens (0: off).
     #[arg(long, default_value_t = 0)]
@@ -112,10 +112,10 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
     /// Subtract from the logits of tokens generated at least once, in [-2, 2].
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f32,
     /// Subtract this times a token's count among generated tokens, in [-2, 2].
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
     /// Seed of the random draws; the draw for a position depends only on
     /// (seed, position), so batching and drafting never change output.

@@ -358,7 +358,10 @@ fn batch_equals_run_per_prompt() {
         &["--prompt", "for i in range(10):", "--stop", "\n"],
     ];
     for (i, extra) in runs.iter().enumerate() {
-        let mut args = vec!["run", "--model", m, "--max-new", "12", "--json"];
+        let mut args = vec!["run", "--model", m, "--json"];
+        if !extra.contains(&"--max-new") {
+            args.extend_from_slice(&["--max-new", "12"]);
+        }
         args.extend_from_slice(extra);
         let out = fathom(&args);
         assert!(
