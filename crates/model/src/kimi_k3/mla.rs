@@ -36,25 +36,44 @@ struct HeadCtx<'a> {
     w_uv: &'a [f32],
 }
 
+/// Buffers one head reuses across its positions.
+#[derive(Default)]
+struct Scratch {
+    q_lat: Vec<f32>,
+    scores: Vec<f32>,
+    ctx: Vec<f32>,
+}
+
 impl HeadCtx<'_> {
-    fn attend(&self, qh: &[f32], rows: &[f32], n: usize, gate: &[f32], o: &mut [f32]) {
+    fn attend(
+        &self,
+        qh: &[f32],
+        rows: &[f32],
+        n: usize,
+        gate: &[f32],
+        o: &mut [f32],
+        sc: &mut Scratch,
+    ) {
         let (lora, width, dn) = (self.lora, self.width, self.dn);
+        let Scratch { q_lat, scores, ctx } = sc;
         // q_lat = W_uk,hᵀ q_nope
-        let mut q_lat = vec![0f32; lora];
+        q_lat.clear();
+        q_lat.resize(lora, 0.0);
         for (&qi, wr) in qh[..dn].iter().zip(self.w_uk.chunks_exact(lora)) {
             for (ql, &wv) in q_lat.iter_mut().zip(wr) {
                 *ql += qi * wv;
             }
         }
-        let mut scores = Vec::with_capacity(n);
+        scores.clear();
         for s in 0..n {
             let r = &rows[s * width..(s + 1) * width];
-            let nope: f32 = r[..lora].iter().zip(&q_lat).map(|(a, b)| a * b).sum();
+            let nope: f32 = r[..lora].iter().zip(q_lat.iter()).map(|(a, b)| a * b).sum();
             let rope: f32 = r[lora..].iter().zip(&qh[dn..]).map(|(a, b)| a * b).sum();
             scores.push((nope + rope) * self.scale);
         }
-        softmax(&mut scores);
-        let mut ctx = vec![0f32; lora];
+        softmax(scores);
+        ctx.clear();
+        ctx.resize(lora, 0.0);
         for (s, &ps) in scores.iter().enumerate() {
             let r = &rows[s * width..s * width + lora];
             for (cv, &l) in ctx.iter_mut().zip(r) {
@@ -63,7 +82,7 @@ impl HeadCtx<'_> {
         }
         for (j, (ov, wr)) in o.iter_mut().zip(self.w_uv.chunks_exact(lora)).enumerate() {
             let mut acc = 0f32;
-            for (&wv, &cv) in wr.iter().zip(&ctx) {
+            for (&wv, &cv) in wr.iter().zip(ctx.iter()) {
                 acc += wv * cv;
             }
             *ov = acc * sigmoid(gate[j]);
@@ -149,6 +168,7 @@ pub fn mla(
                 w_uv: &w_uv,
             };
             let mut out = vec![0f32; n * dv];
+            let mut sc = Scratch::default();
             for ((cache, seg), &p0) in caches.iter().zip(segs).zip(&past) {
                 for (i, ti) in seg.clone().enumerate() {
                     let qh = &q[ti * h * dq + hh * dq..][..dq];
@@ -160,6 +180,7 @@ pub fn mla(
                         p0 + i + 1,
                         g,
                         &mut out[ti * dv..(ti + 1) * dv],
+                        &mut sc,
                     );
                 }
             }
