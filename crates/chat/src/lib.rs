@@ -10,14 +10,17 @@
 
 mod clock;
 mod error;
+mod format;
 mod jinja;
 mod k3;
 mod message;
 mod pyjson;
+mod reply;
 mod segment;
 mod tool_args;
 
 pub use error::ChatError;
+pub use format::{ChatFormat, ChatOptions, ChatPrompt};
 pub use jinja::ChatTemplate;
 pub use k3::{
     CLOSE, END_OF_MSG, K3Options, OPEN, ResponseFormat, SEP, ThinkingEffort, ToolChoice,
@@ -25,4 +28,5 @@ pub use k3::{
 };
 pub use message::{Content, ContentPart, FunctionCall, Message, ToolCall};
 pub use pyjson::{PyJsonOptions, dumps as py_json_dumps};
+pub use reply::{PlainReply, ReplyDelta, ReplyParser, XtmlReply};
 pub use segment::{Segment, SegmentWriter, encode_segments, segments_to_string};

@@ -43,6 +43,7 @@ pub fn generate(
                     }
                     return Ok(*done);
                 }
+                Event::Checkpoint { .. } => {}
             }
         }
     }

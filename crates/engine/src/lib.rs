@@ -4,6 +4,7 @@
 //! proposed and verified ([`speculative`]), and what a run reports
 //! ([`report`]). It speaks only the family-neutral [`fathom_model::CausalLm`].
 
+pub mod constraint;
 pub mod draft;
 pub mod generate;
 mod plan;
@@ -15,6 +16,7 @@ pub mod speculative;
 pub mod stop;
 pub mod sys;
 
+pub use constraint::Constraint;
 pub use draft::{Drafter, ModelDrafter, NgramDrafter};
 pub use generate::{GenError, generate, greedy};
 pub use report::{RunReport, RunStats, SeqStats};

@@ -77,7 +77,10 @@ pub(crate) fn plan(e: &mut Engine) -> Vec<Work> {
         if s.done.is_some() || s.fed >= len {
             continue;
         }
-        let chunk = (len - s.fed).min(budget.max(1));
+        let mut chunk = (len - s.fed).min(budget.max(1));
+        if let Some(&c) = s.req.checkpoints.iter().filter(|&&c| c > s.fed).min() {
+            chunk = chunk.min(c - s.fed);
+        }
         budget = budget.saturating_sub(chunk);
         let logits = if s.fed + chunk == len {
             Logits::Last
@@ -110,6 +113,13 @@ pub(crate) fn absorb(
     let s = &mut e.seqs[w.seq];
     if !w.decode {
         s.fed += w.tokens.len();
+        if s.req.checkpoints.contains(&s.fed) {
+            events.push(Event::Checkpoint {
+                seq: s.id,
+                tokens: s.req.prompt[..s.fed].to_vec(),
+                state: s.state.fork(),
+            });
+        }
         if s.fed < s.req.prompt.len() {
             return;
         }
@@ -118,14 +128,17 @@ pub(crate) fn absorb(
             s.done = Some(FinishReason::Length);
             return;
         }
-        let sm = draw(s, &logits[..vocab]);
-        emit(s, sm, decoder.as_ref(), events);
+        if let Some(sm) = draw(s, &logits[..vocab]) {
+            emit(s, sm, decoder.as_ref(), events);
+        }
         return;
     }
     let k = w.drafts.len();
     let mut accepted = 0;
     for j in 0..=k {
-        let sm = draw(s, &logits[j * vocab..(j + 1) * vocab]);
+        let Some(sm) = draw(s, &logits[j * vocab..(j + 1) * vocab]) else {
+            break;
+        };
         let tok = sm.token;
         let ended = emit(s, sm, decoder.as_ref(), events);
         if ended || j == k || tok != w.drafts[j] {
@@ -155,11 +168,31 @@ pub(crate) fn absorb(
     }
 }
 
-/// The full model's choice for the sequence's next position.
-fn draw(s: &Seq, logits: &[f32]) -> Sampled {
-    let r = &s.req;
+/// The full model's choice for the sequence's next position, among what
+/// its constraint allows; `None` (and the sequence ended) when the
+/// constraint allows nothing.
+fn draw(s: &mut Seq, logits: &[f32]) -> Option<Sampled> {
+    let r = &mut s.req;
     let pos = (r.prompt.len() + s.out.len()) as u64;
-    sample(&r.sampling, logits, &r.prompt, &s.out, r.choice, pos)
+    let Some(c) = r.constraint.as_mut() else {
+        return Some(sample(
+            &r.sampling,
+            logits,
+            &r.prompt,
+            &s.out,
+            r.choice,
+            pos,
+        ));
+    };
+    let mut masked = logits.to_vec();
+    if !c.mask(&mut masked) {
+        let why = "the response format allows no token here".to_string();
+        s.done = Some(FinishReason::Error(why));
+        return None;
+    }
+    let sm = sample(&r.sampling, &masked, &r.prompt, &s.out, r.choice, pos);
+    c.accept(sm.token);
+    Some(sm)
 }
 
 /// Appends a chosen token, releases its text, and decides whether the
@@ -172,7 +205,9 @@ fn emit(s: &mut Seq, sm: Sampled, decoder: Option<&Decoder>, events: &mut Vec<Ev
     }
     let mut piece = String::new();
     let mut stopped = false;
-    if let Some(dec) = decoder {
+    // A stop token ends the sequence; its spelling is not part of the text.
+    let stop_token = s.req.stop_ids.contains(&tok);
+    if let Some(dec) = decoder.filter(|_| !stop_token) {
         let full = dec(&s.out);
         // An incomplete UTF-8 sequence decodes to U+FFFD: wait for the rest.
         if !full.ends_with('\u{FFFD}') {
@@ -192,7 +227,8 @@ fn emit(s: &mut Seq, sm: Sampled, decoder: Option<&Decoder>, events: &mut Vec<Ev
             text: piece,
         },
     });
-    if stopped || s.req.stop_ids.contains(&tok) {
+    let complete = s.req.constraint.as_ref().is_some_and(|c| c.is_done());
+    if stopped || complete || stop_token {
         s.done = Some(FinishReason::Stop);
     } else if s.out.len() >= s.req.max_new {
         s.done = Some(FinishReason::Length);

@@ -113,6 +113,11 @@ pub struct RunReport {
     /// Per generated token, with `--logprobs N`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// With `--chat`: the reply's answer and thinking, split as the server splits them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     pub stats: RunStats,
 }
 

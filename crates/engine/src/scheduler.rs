@@ -15,6 +15,7 @@ use std::time::Instant;
 use fathom_model::experts::ExpertStats;
 use fathom_model::{CausalLm, Logits, ModelError, SeqState, StepInput};
 
+use crate::constraint::Constraint;
 use crate::draft::Drafter;
 use crate::report::{EngineStats, SeqStats};
 use crate::sampling::{Sampled, SamplingParams};
@@ -42,6 +43,11 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     pub drafter: Option<Box<dyn Drafter>>,
     pub draft: DraftOptions,
+    /// Masks the logits before each choice (structured output).
+    pub constraint: Option<Box<dyn Constraint>>,
+    /// Prompt lengths after which the state is reported ([`Event::Checkpoint`],
+    /// for prefix caches); prefill chunks end there.
+    pub checkpoints: Vec<usize>,
 }
 
 impl Request {
@@ -56,6 +62,8 @@ impl Request {
             stop_strings: Vec::new(),
             drafter: None,
             draft: DraftOptions::default(),
+            constraint: None,
+            checkpoints: Vec::new(),
         }
     }
 }
@@ -110,8 +118,20 @@ pub struct Finished {
 }
 
 pub enum Event {
-    Token { seq: SeqId, token: TokenEvent },
-    Finished { seq: SeqId, done: Box<Finished> },
+    Token {
+        seq: SeqId,
+        token: TokenEvent,
+    },
+    /// The state after the prompt's first `tokens.len()` tokens (a requested checkpoint).
+    Checkpoint {
+        seq: SeqId,
+        tokens: Vec<u32>,
+        state: Box<dyn SeqState>,
+    },
+    Finished {
+        seq: SeqId,
+        done: Box<Finished>,
+    },
 }
 
 /// How the engine schedules.
@@ -274,6 +294,14 @@ impl Engine {
     /// Sequences not yet finished.
     pub fn running(&self) -> usize {
         self.seqs.len()
+    }
+
+    /// Sequences still reading their prompt.
+    pub fn prefilling(&self) -> usize {
+        self.seqs
+            .iter()
+            .filter(|s| s.fed < s.req.prompt.len())
+            .count()
     }
 
     pub fn is_idle(&self) -> bool {

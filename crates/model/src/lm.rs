@@ -77,6 +77,11 @@ pub trait SeqState: Send + Any {
     /// Keeps the first `n` positions fed since `begin_pass` and forgets the
     /// rest; bit-identical to a state that was only ever fed those `n`.
     fn keep(&mut self, n: usize) -> Result<()>;
+    /// An independent copy at the current position (for prefix caches); an
+    /// open pass is not carried over.
+    fn fork(&self) -> Box<dyn SeqState>;
+    /// The state as bytes; [`CausalLm::decode_state`] reads them back.
+    fn encode(&self) -> Vec<u8>;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
@@ -117,6 +122,9 @@ pub trait CausalLm: Send + Sync {
     fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError>;
     /// Cumulative counters of the expert source.
     fn expert_stats(&self) -> ExpertStats;
+    /// A state from [`SeqState::encode`]'s bytes; an error names what does
+    /// not fit this model (never trusted blindly).
+    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>>;
 
     /// One sequence, one pass.
     fn forward(&self, state: &mut dyn SeqState, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {

@@ -164,6 +164,10 @@ impl Tokenizer for HfTokenizer {
         self.specials.get(name).copied()
     }
 
+    fn is_special(&self, id: u32) -> bool {
+        self.specials.values().any(|&v| v == id)
+    }
+
     fn vocab_size(&self) -> usize {
         self.id_bytes.len()
     }

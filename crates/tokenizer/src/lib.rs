@@ -44,6 +44,8 @@ pub trait Tokenizer: Send + Sync {
     fn token_bytes(&self, id: u32) -> Option<Vec<u8>>;
     /// The id of a special token, by spelling.
     fn special_id(&self, name: &str) -> Option<u32>;
+    /// Whether `id` is a special token (markup, never plain text).
+    fn is_special(&self, id: u32) -> bool;
     /// Size of the id space (ranks plus specials), i.e. the expected `lm_head` rows.
     fn vocab_size(&self) -> usize;
 }

@@ -232,6 +232,10 @@ impl Tokenizer for TiktokenBpe {
         self.specials.get(name).copied()
     }
 
+    fn is_special(&self, id: u32) -> bool {
+        self.specials.values().any(|&v| v == id)
+    }
+
     fn vocab_size(&self) -> usize {
         self.id_bytes.len()
     }

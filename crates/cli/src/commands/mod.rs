@@ -6,6 +6,7 @@ pub mod eval_quant;
 pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
 pub mod verify;

@@ -8,12 +8,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use fathom_chat::{ChatFormat, ChatOptions, ChatPrompt, Message, ReplyDelta, ReplyParser};
 use fathom_engine::report::{IoStats, RunSetup, TokenLogprob};
 use fathom_engine::{
     DraftOptions, Drafter, ModelDrafter, NgramDrafter, Request, RunReport, RunStats, TokenEvent,
     generate,
 };
 use fathom_model::{CausalLm, LoadOptions};
+use fathom_tokenizer::Tokenizer;
 
 use crate::common::{
     SamplingArgs, SpineArg, announce_spine, check_vocab, decoder, prompt_ids, tokenizer, wants_bos,
@@ -37,6 +39,13 @@ pub struct RunArgs {
     /// Do not put a BOS token before a --prompt text.
     #[arg(long)]
     no_bos: bool,
+    /// Send --prompt as one user message in the model's chat format (as
+    /// `fathom serve`'s chat endpoint renders it; no BOS).
+    #[arg(long, requires = "prompt")]
+    chat: bool,
+    /// With --chat: answer without the thinking channel.
+    #[arg(long, requires = "chat")]
+    no_thinking: bool,
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 32)]
     max_new: usize,
@@ -143,19 +152,27 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.model.display()
         );
     }
-    let prompt = prompt_ids(
-        a.prompt_ids.as_deref(),
-        a.prompt.as_deref(),
-        tok.as_deref(),
-        &a.model,
-    )?;
+    let chat = match (&tok, a.chat) {
+        (Some(t), true) => Some(chat_prompt(&a, t.as_ref())?),
+        (None, true) => bail!("--chat needs a tokenizer in {}", a.model.display()),
+        _ => None,
+    };
+    let prompt = match &chat {
+        Some((_, p)) => p.ids.clone(),
+        None => prompt_ids(
+            a.prompt_ids.as_deref(),
+            a.prompt.as_deref(),
+            tok.as_deref(),
+            &a.model,
+        )?,
+    };
     let spine = a.spine.spine();
     let (model, info) = load_model_with(&a.model, &a.mem, prompt.len() + 1, spine)?;
     let prompt = with_bos(
         prompt,
         &a.model,
         model.as_ref(),
-        a.prompt.is_some(),
+        a.prompt.is_some() && !a.chat,
         a.no_bos,
     );
     check_vocab(&prompt, model.info().vocab_size)?;
@@ -217,8 +234,17 @@ pub fn run(a: RunArgs) -> Result<()> {
         finish_reason: f.reason.name().into(),
         draft: f.draft.clone(),
     };
+    let (content, reasoning_content) = match (&chat, &f.text) {
+        (Some((format, p)), Some(text)) => {
+            let (c, r) = split_reply(format.reply_parser(p.thinking).as_mut(), text);
+            (Some(c), r)
+        }
+        _ => (None, None),
+    };
     if json {
         let report = RunReport {
+            content,
+            reasoning_content,
             prompt_ids: prompt,
             output_ids: f.output_ids,
             text: f.text,
@@ -249,6 +275,38 @@ pub fn run(a: RunArgs) -> Result<()> {
         s.peak_rss_bytes as f64 / (1 << 20) as f64
     );
     Ok(())
+}
+
+/// `--chat`: the prompt as one user message in the model's chat format.
+fn chat_prompt(a: &RunArgs, tok: &dyn Tokenizer) -> Result<(ChatFormat, ChatPrompt)> {
+    let Some(format) = ChatFormat::detect(&a.model, tok)? else {
+        bail!(
+            "{} has no chat format (no chat template): drop --chat",
+            a.model.display()
+        );
+    };
+    let opts = ChatOptions {
+        thinking: Some(!a.no_thinking),
+        ..ChatOptions::default()
+    };
+    let text = a.prompt.as_deref().unwrap_or_default();
+    let p = format.prompt(tok, &[Message::new("user", text)], &opts)?;
+    Ok((format, p))
+}
+
+/// A reply's answer and (if any) thinking text.
+fn split_reply(p: &mut dyn ReplyParser, text: &str) -> (String, Option<String>) {
+    let (mut content, mut reasoning) = (String::new(), None::<String>);
+    let mut deltas = p.push(text);
+    deltas.extend(p.finish());
+    for d in deltas {
+        match d {
+            ReplyDelta::Content(t) => content.push_str(&t),
+            ReplyDelta::Reasoning(t) => reasoning.get_or_insert_default().push_str(&t),
+            ReplyDelta::ToolCall { .. } => {}
+        }
+    }
+    (content, reasoning)
 }
 
 /// `--stats`: expert I/O per token on stderr.

@@ -14,6 +14,7 @@ pub mod kda;
 pub mod mla;
 pub mod moe;
 pub mod state;
+mod state_io;
 mod step;
 pub mod tensors;
 pub mod weights;
@@ -170,5 +171,8 @@ impl CausalLm for K3Model {
     }
     fn expert_stats(&self) -> ExpertStats {
         self.experts.stats()
+    }
+    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
+        Ok(Box::new(state_io::decode(&self.spec, bytes)?))
     }
 }

@@ -329,6 +329,19 @@ impl SeqState for SequenceState {
         self.keep_pass(&spec, pass, n);
         Ok(())
     }
+    fn fork(&self) -> Box<dyn SeqState> {
+        let mut s = self.clone();
+        s.pending = None;
+        for l in &mut s.layers {
+            if let LayerState::Kda(k) = l {
+                k.journal = None;
+            }
+        }
+        Box::new(s)
+    }
+    fn encode(&self) -> Vec<u8> {
+        super::state_io::encode(self)
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -1,0 +1,176 @@
+//! `fathom serve`: the OpenAI-compatible HTTP server.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use fathom_chat::ChatFormat;
+use fathom_serve::{Loaded, ServeConfig};
+use fathom_stream::budget::default_budget;
+use fathom_weights::units::parse_size;
+
+use crate::common::{SpineArg, tokenizer, wants_bos};
+use crate::load::{MemoryArgs, check_model_dir, load_model_with};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Serve a model over an OpenAI-compatible HTTP API (and a chat page at /).
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model directory (config.json, shards, tokenizer).
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to listen on; the default accepts local connections only.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The model name clients use (default: the directory's name).
+    #[arg(long)]
+    model_id: Option<String>,
+    /// Sequences decoded together at most (continuous batching).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    max_seqs: u32,
+    /// Requests waiting for a slot at most; beyond, 429 with Retry-After.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    max_queue: u32,
+    /// New positions per engine step at most (long prompts are prefilled in chunks of it).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    max_step_tokens: u32,
+    /// Require `Authorization: Bearer KEY` on the API.
+    #[arg(long, env = "FATHOM_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Allow browser requests from this origin (repeatable); CORS is off without it.
+    #[arg(long)]
+    cors_origin: Vec<String>,
+    /// Largest request body.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    max_body: u64,
+    /// Seconds to finish running requests after SIGINT/SIGTERM before cancelling them.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout: u64,
+    /// Prompt tokens between saved prefix states (0: save only at chat-turn boundaries).
+    #[arg(long, default_value_t = 256)]
+    prefix_block: usize,
+    /// RAM for saved prefix states (default: a tenth of the RAM budget; 0 turns reuse off).
+    #[arg(long, value_parser = parse_size)]
+    prefix_cache: Option<u64>,
+    /// Keep saved prefix states in this directory too, across restarts.
+    #[arg(long)]
+    state_cache_dir: Option<PathBuf>,
+    /// Precision of the resident spine matrices (int8 is lossy).
+    #[arg(long, value_enum, default_value_t = SpineArg::Bf16)]
+    spine: SpineArg,
+    /// Log lines as text or JSON (RUST_LOG filters, default info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(flatten)]
+    mem: MemoryArgs,
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => b.try_init(),
+        LogFormat::Json => b.json().try_init(),
+    };
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    init_logs(a.log_format);
+    check_model_dir(&a.model)?;
+    if a.api_key.as_deref().is_some_and(str::is_empty) {
+        bail!("--api-key (or FATHOM_API_KEY) is empty: give a key or leave it unset");
+    }
+    let max_body = usize::try_from(a.max_body)
+        .unwrap_or(usize::MAX)
+        .clamp(1024, 1 << 30);
+    let (budget, _) = match a.mem.ram_budget {
+        Some(b) => (b, String::new()),
+        None => default_budget(),
+    };
+    let prefix_budget = a.prefix_cache.unwrap_or(budget / 10);
+    if prefix_budget >= budget {
+        bail!(
+            "--prefix-cache ({prefix_budget} bytes) must be below the RAM budget ({budget} bytes)"
+        );
+    }
+    let model_id = a.model_id.clone().unwrap_or_else(|| {
+        a.model
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "fathom".into())
+    });
+    let cfg = ServeConfig {
+        model_id,
+        host: a.host.clone(),
+        port: a.port,
+        max_seqs: a.max_seqs as usize,
+        max_queue: a.max_queue as usize,
+        max_step_tokens: a.max_step_tokens as usize,
+        context: a.mem.context,
+        api_key: a.api_key.clone(),
+        cors_origins: a.cors_origin.clone(),
+        max_body,
+        shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
+        prefix_block: a.prefix_block,
+        prefix_budget,
+        state_cache_dir: a.state_cache_dir.clone(),
+    };
+    let mut mem = a.mem.clone();
+    mem.ram_budget = Some(budget - prefix_budget);
+    let dir = a.model.clone();
+    let spine = a.spine.spine();
+    let step = a.max_step_tokens as usize;
+    let load = Box::new(move || -> Result<Loaded> {
+        let Some(tok) = tokenizer(&dir)? else {
+            bail!(
+                "{} ships no tokenizer (tiktoken.model or tokenizer.json): the server needs one",
+                dir.display()
+            );
+        };
+        let chat = ChatFormat::detect(&dir, tok.as_ref())?;
+        let (lm, info) = load_model_with(&dir, &mem, step, spine)?;
+        if let Some(l) = &info.ledger {
+            tracing::info!(
+                "RAM ledger: {}; prefix states {} bytes",
+                l.describe(),
+                prefix_budget
+            );
+        }
+        tracing::info!(
+            experts = info.experts,
+            load_s = info.load_s,
+            chat = chat.as_ref().map(|c| c.name()),
+            "model loaded"
+        );
+        let bos = wants_bos(&dir, lm.info().bos_token_id);
+        let fingerprint = fathom_serve::fingerprint(&dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?;
+        Ok(Loaded {
+            lm,
+            tokenizer: tok,
+            chat,
+            bos,
+            fingerprint,
+        })
+    });
+    let server = fathom_serve::start(cfg, load, true)?;
+    tracing::info!(
+        "listening on http://{} (chat page at /, API under /v1)",
+        server.addr
+    );
+    server.wait()
+}

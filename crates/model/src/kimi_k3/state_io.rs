@@ -1,0 +1,195 @@
+//! A sequence state as bytes (for prefix caches kept on disk), and back.
+//!
+//! Layout, little-endian: magic `K3ST`, version `u32`, `pos: u64`, layer
+//! count `u32`, then per layer a kind byte — KDA (`0`): three conv windows
+//! and the recurrent state, each `u64` length + f32s; MLA (`1`): width `u32`,
+//! row count `u64`, f32s. Decoding checks every length against the model's
+//! dimensions before allocating, so a foreign or truncated file is an error.
+
+use std::sync::Arc;
+
+use super::config::{AttnKind, K3Spec};
+use super::state::{LayerState, SequenceState};
+use crate::error::{ModelError, Result};
+
+const MAGIC: &[u8; 4] = b"K3ST";
+const VERSION: u32 = 1;
+
+pub(crate) fn encode(s: &SequenceState) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.bytes() + 64);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(s.pos as u64).to_le_bytes());
+    out.extend_from_slice(&(s.layers.len() as u32).to_le_bytes());
+    for l in &s.layers {
+        match l {
+            LayerState::Kda(k) => {
+                out.push(0);
+                for v in k.conv.iter().chain(std::iter::once(&k.s)) {
+                    put_f32s(&mut out, v);
+                }
+            }
+            LayerState::Mla(m) => {
+                out.push(1);
+                out.extend_from_slice(&(m.width as u32).to_le_bytes());
+                put_f32s(&mut out, &m.rows);
+            }
+        }
+    }
+    out
+}
+
+fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
+    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        if self.b.len() < n {
+            return Err(bad("the data ends early"));
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    /// `want` floats (length checked before reading).
+    fn f32s(&mut self, want: usize, what: &str) -> Result<Vec<f32>> {
+        let n = self.u64()?;
+        if n != want as u64 {
+            return Err(bad(&format!(
+                "{what} has {n} values, the model needs {want}"
+            )));
+        }
+        let raw = self.take(want.checked_mul(4).ok_or_else(|| bad("size overflow"))?)?;
+        let v: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
+            .collect();
+        if v.iter().any(|x| !x.is_finite()) {
+            return Err(bad(&format!("{what} holds non-finite values")));
+        }
+        Ok(v)
+    }
+}
+
+fn bad(why: &str) -> ModelError {
+    ModelError::State(format!("saved state does not fit this model: {why}"))
+}
+
+pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> {
+    let mut r = Reader { b: bytes };
+    if r.take(4)? != MAGIC {
+        return Err(bad("not a Kimi K3 state (magic)"));
+    }
+    let v = r.u32()?;
+    if v != VERSION {
+        return Err(bad(&format!(
+            "format version {v}, this build reads {VERSION}"
+        )));
+    }
+    let pos = r.u64()?;
+    // Every MLA layer holds pos rows: bound pos by what the bytes can hold.
+    if pos > bytes.len() as u64 {
+        return Err(bad(&format!("position {pos} exceeds what the data holds")));
+    }
+    let pos = pos as usize;
+    let n = r.u32()? as usize;
+    if n != spec.attn_kinds.len() {
+        return Err(bad(&format!(
+            "{n} layers, the model has {}",
+            spec.attn_kinds.len()
+        )));
+    }
+    let mut s = SequenceState::new(spec);
+    s.pos = pos;
+    for (i, (l, kind)) in s.layers.iter_mut().zip(&spec.attn_kinds).enumerate() {
+        let tag = r.take(1)?[0];
+        match (l, kind, tag) {
+            (LayerState::Kda(k), AttnKind::Kda, 0) => {
+                for (j, c) in k.conv.iter_mut().enumerate() {
+                    *c = r.f32s(c.len(), &format!("layer {i} conv window {j}"))?;
+                }
+                k.s = r.f32s(k.s.len(), &format!("layer {i} recurrent state"))?;
+            }
+            (LayerState::Mla(m), AttnKind::Mla, 1) => {
+                let w = r.u32()? as usize;
+                if w != m.width {
+                    return Err(bad(&format!(
+                        "layer {i} rows are {w} wide, not {}",
+                        m.width
+                    )));
+                }
+                let want = pos.checked_mul(w).ok_or_else(|| bad("size overflow"))?;
+                m.rows = r.f32s(want, &format!("layer {i} latent cache"))?;
+            }
+            _ => return Err(bad(&format!("layer {i} is of another kind"))),
+        }
+    }
+    if !r.b.is_empty() {
+        return Err(bad(&format!("{} bytes left over", r.b.len())));
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::lm::{CausalLm, Logits};
+
+    fn tiny() -> std::sync::Arc<dyn CausalLm> {
+        let p =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
+        crate::load(&p, Default::default()).unwrap()
+    }
+
+    #[test]
+    fn encoded_state_continues_bit_identically() {
+        let m = tiny();
+        let mut a = m.new_state();
+        m.forward(a.as_mut(), &[1, 5, 9, 7, 3], Logits::None)
+            .unwrap();
+        let bytes = a.encode();
+        let mut b = m.decode_state(&bytes).unwrap();
+        let mut c = a.fork();
+        assert_eq!(b.pos(), 5);
+        let la = m.forward(a.as_mut(), &[4, 2], Logits::All).unwrap();
+        let lb = m.forward(b.as_mut(), &[4, 2], Logits::All).unwrap();
+        let lc = m.forward(c.as_mut(), &[4, 2], Logits::All).unwrap();
+        assert_eq!(la, lb);
+        assert_eq!(la, lc);
+        assert_eq!(b.encode(), a.encode());
+    }
+
+    #[test]
+    fn foreign_or_damaged_bytes_are_refused() {
+        let m = tiny();
+        let mut a = m.new_state();
+        m.forward(a.as_mut(), &[1, 5, 9], Logits::None).unwrap();
+        let bytes = a.encode();
+        let err = |b: &[u8]| m.decode_state(b).err().expect("refused").to_string();
+        assert!(err(&bytes[..bytes.len() - 3]).contains("ends early"));
+        assert!(err(b"GGUF....").contains("magic"));
+        let mut more = bytes.clone();
+        more.push(0);
+        assert!(err(&more).contains("left over"));
+        let mut huge = bytes.clone();
+        huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(err(&huge).contains("position"));
+        let mut nan = bytes.clone();
+        let at = nan.len() - 4;
+        nan[at..].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(err(&nan).contains("non-finite"));
+    }
+}
