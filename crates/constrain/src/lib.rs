@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+mod frame;
 mod grammar;
 mod matcher;
 mod schema;

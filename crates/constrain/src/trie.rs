@@ -1,7 +1,8 @@
 //! The vocabulary as a byte trie, and the token mask computed over it.
 
+use crate::frame::{Frame, Top, content_budget, step_top};
 use crate::grammar::Grammar;
-use crate::matcher::{Frame, Matcher, State, Top, content_budget, step_top};
+use crate::matcher::{Matcher, State};
 use crate::string::{StrSt, StrStep, is_plain, str_step};
 
 /// The vocabulary as a byte trie, built once per tokenizer.

@@ -21,6 +21,14 @@ fn accepts_byte_by_byte_complete_only_at_end() {
 }
 
 #[test]
+fn types_are_shareable() {
+    fn check<T: Send + Sync>() {}
+    check::<fathom_constrain::Grammar>();
+    check::<Matcher>();
+    check::<fathom_constrain::TokenTrie>();
+}
+
+#[test]
 fn accepts_in_one_feed() {
     let g = obj();
     let mut m = Matcher::new(&g);

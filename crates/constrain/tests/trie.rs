@@ -190,8 +190,11 @@ fn vocab_from(docs: &[String], r: &mut Rng) -> Vec<Option<Vec<u8>>> {
 
 /// For every prefix of every doc, the trie mask equals feeding each token to a clone.
 fn check_against_brute_force(g: &Arc<Grammar>, docs: &[String], r: &mut Rng) {
-    let v = vocab_from(docs, r);
-    let trie = TokenTrie::new(&v);
+    check_vocab(g, docs, &vocab_from(docs, r));
+}
+
+fn check_vocab(g: &Arc<Grammar>, docs: &[String], v: &[Option<Vec<u8>>]) {
+    let trie = TokenTrie::new(v);
     let mut mask = vec![false; v.len()];
     for doc in docs {
         let mut m = Matcher::new(g);
@@ -236,6 +239,8 @@ fn matches_brute_force_json_object() {
         })
         .collect();
     check_against_brute_force(&obj(), &docs, &mut r);
+    // A BPE-like vocabulary on a few of the same documents.
+    check_vocab(&obj(), &docs[..6], &synthetic_vocab(2000));
 }
 
 #[test]
@@ -276,10 +281,15 @@ fn matches_brute_force_schemas() {
     .map(String::from)
     .to_vec();
     check_against_brute_force(&alt, &docs, &mut r);
-    let short = schema(json!({"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 6}}));
-    let docs: Vec<String> = [r#"["abcdef","é😀\n\u00e9xy", "a b c", "的的的的的的"]"#, r#"["{\"a\":", "]]]]]]"]"#]
-        .map(String::from)
-        .to_vec();
+    let short = schema(
+        json!({"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 6}}),
+    );
+    let docs: Vec<String> = [
+        r#"["abcdef","é😀\n\u00e9xy", "a b c", "的的的的的的"]"#,
+        r#"["{\"a\":", "]]]]]]"]"#,
+    ]
+    .map(String::from)
+    .to_vec();
     check_against_brute_force(&short, &docs, &mut r);
 }
 

@@ -17,18 +17,29 @@ pub const MAX_STOP_CHARS: usize = 256;
 /// Most completions per request.
 pub const MAX_N: u32 = 8;
 
-/// Parses a JSON body into `T`; errors name the field path.
-pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+/// Parses a JSON body: the shared fields and the endpoint's own; errors
+/// name the field path.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<(Common, T), ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    Ok((fields(&v)?, fields(&v)?))
+}
+
+fn fields<T: DeserializeOwned>(v: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::bad_request(format!("the body is not valid JSON: {inner}"))
-        } else if path == "." {
-            ApiError::bad_request(format!("the body does not fit the request: {inner}"))
+        if path == "." {
+            // A missing field: serde names it in the message.
+            let missing = inner.to_string();
+            let field = missing.split('`').nth(1).unwrap_or("body").to_string();
+            ApiError::invalid(&field, format!("the request lacks a field: {missing}"))
         } else {
-            ApiError::invalid(&path, format!("`{path}`: {inner}"))
+            let top = path.split(['.', '[']).next().unwrap_or(&path).to_string();
+            ApiError::invalid(&top, format!("`{path}`: {inner}"))
         }
     })
 }
@@ -70,8 +81,6 @@ pub struct Common {
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
-    #[serde(flatten)]
-    pub common: Common,
     pub messages: Vec<Message>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
@@ -92,8 +101,6 @@ pub enum Prompt {
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
-    #[serde(flatten)]
-    pub common: Common,
     pub prompt: Prompt,
     pub logprobs: Option<u32>,
     #[serde(default)]

@@ -31,6 +31,9 @@ pub(crate) struct JsonConstraint {
     seen: Vec<u32>,
     active: bool,
     allowed: Vec<bool>,
+    /// End-of-sequence ids, allowed once the document is complete (a
+    /// top-level number never closes by itself).
+    stop_ids: Vec<u32>,
 }
 
 impl JsonConstraint {
@@ -39,6 +42,7 @@ impl JsonConstraint {
         trie: Arc<TokenTrie>,
         tok: Arc<dyn Tokenizer>,
         trigger: Vec<u32>,
+        stop_ids: Vec<u32>,
         vocab: usize,
     ) -> Self {
         JsonConstraint {
@@ -49,6 +53,7 @@ impl JsonConstraint {
             trigger,
             seen: Vec::new(),
             allowed: vec![false; vocab],
+            stop_ids,
         }
     }
 }
@@ -59,6 +64,13 @@ impl Constraint for JsonConstraint {
             return true;
         }
         self.trie.allowed(&self.matcher, &mut self.allowed);
+        if self.matcher.is_complete() {
+            for &id in &self.stop_ids {
+                if let Some(a) = self.allowed.get_mut(id as usize) {
+                    *a = true;
+                }
+            }
+        }
         let mut any = false;
         for (l, &ok) in logits.iter_mut().zip(&self.allowed) {
             if ok {

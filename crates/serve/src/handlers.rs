@@ -45,8 +45,8 @@ pub(crate) async fn chat(
     let r = async {
         let bytes = read_body(&headers, body, st.cfg.max_body).await?;
         let ready = st.ready()?;
-        let req: ChatRequest = api::parse(&bytes)?;
-        let p = prepare_chat(&st, ready, req)?;
+        let (common, req): (Common, ChatRequest) = api::parse(&bytes)?;
+        let p = prepare_chat(&st, ready, common, req)?;
         Ok::<_, ApiError>((ready, p))
     }
     .await;
@@ -61,8 +61,8 @@ pub(crate) async fn completions(
     let r = async {
         let bytes = read_body(&headers, body, st.cfg.max_body).await?;
         let ready = st.ready()?;
-        let req: CompletionRequest = api::parse(&bytes)?;
-        let p = prepare_completion(&st, ready, req)?;
+        let (common, req): (Common, CompletionRequest) = api::parse(&bytes)?;
+        let p = prepare_completion(&st, ready, common, req)?;
         Ok::<_, ApiError>((ready, p))
     }
     .await;
@@ -141,8 +141,13 @@ fn budget(
     }
 }
 
-fn prepare_chat(st: &AppState, ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> {
-    check_model(st, &req.common)?;
+fn prepare_chat(
+    st: &AppState,
+    ready: &Ready,
+    common: Common,
+    req: ChatRequest,
+) -> Result<Prepared, ApiError> {
+    check_model(st, &common)?;
     let Some(format) = ready.loaded.chat.as_ref() else {
         return Err(ApiError::bad_request(
             "this model has no chat format (no chat template): use /v1/completions",
@@ -161,7 +166,7 @@ fn prepare_chat(st: &AppState, ready: &Ready, req: ChatRequest) -> Result<Prepar
         }
         _ => None,
     };
-    let settings = req.common.settings(top)?;
+    let settings = common.settings(top)?;
     let mut opts = ChatOptions {
         tools: req.tools.clone(),
         ..ChatOptions::default()
@@ -259,9 +264,10 @@ fn response_format(v: Option<&Value>) -> Result<Json, ApiError> {
 fn prepare_completion(
     st: &AppState,
     ready: &Ready,
+    common: Common,
     req: CompletionRequest,
 ) -> Result<Prepared, ApiError> {
-    check_model(st, &req.common)?;
+    check_model(st, &common)?;
     if req.echo {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
@@ -300,7 +306,7 @@ fn prepare_completion(
         ));
     }
     let top = req.logprobs.map(|n| n as usize);
-    let settings = req.common.settings(top)?;
+    let settings = common.settings(top)?;
     let max_new =
         budget(st, ready, prompt.len(), settings.max_tokens.or(Some(16))).map_err(|mut e| {
             if e.param.as_deref() == Some("messages") {
@@ -355,6 +361,7 @@ async fn run(st: &Arc<AppState>, ready: &Ready, p: Prepared) -> Result<Response,
                 trie.clone(),
                 ready.loaded.tokenizer.clone(),
                 trigger.clone(),
+                info.eos_token_ids.clone(),
                 info.vocab_size,
             );
             r.constraint = Some(Box::new(c));
