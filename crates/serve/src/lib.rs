@@ -11,6 +11,7 @@ mod constraint;
 mod error;
 mod generate;
 mod handlers;
+pub mod load;
 mod metrics;
 mod prefix;
 mod respond;

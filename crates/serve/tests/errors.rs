@@ -11,8 +11,14 @@ use serde_json::{Value, json};
 
 fn error_of(v: &Value) -> (&str, &str) {
     let e = &v["error"];
-    assert!(e.get("type").is_some() && e.get("code").is_some() && e.get("param").is_some(), "not an OpenAI error: {v}");
-    (e["param"].as_str().unwrap_or(""), e["message"].as_str().unwrap())
+    assert!(
+        e.get("type").is_some() && e.get("code").is_some() && e.get("param").is_some(),
+        "not an OpenAI error: {v}"
+    );
+    (
+        e["param"].as_str().unwrap_or(""),
+        e["message"].as_str().unwrap(),
+    )
 }
 
 #[test]
@@ -24,22 +30,118 @@ fn bad_inputs_get_their_4xx_and_the_server_keeps_serving() {
     let (server, url) = start(cfg, lm);
     let msgs = json!([{"role": "user", "content": "hi"}]);
     let cases: Vec<(&str, Value, u16, &str, &str)> = vec![
-        ("/v1/chat/completions", json!({"messages": []}), 400, "messages", "empty"),
-        ("/v1/chat/completions", json!({"messages": "hi"}), 400, "messages", "invalid type"),
-        ("/v1/chat/completions", json!({"messages": msgs, "temperature": "hot"}), 400, "temperature", "invalid type"),
-        ("/v1/chat/completions", json!({"messages": msgs, "temperature": -1}), 400, "temperature", "temperature"),
-        ("/v1/chat/completions", json!({"messages": msgs, "top_p": 2}), 400, "top_p", "top_p"),
-        ("/v1/chat/completions", json!({"messages": msgs, "n": 0}), 400, "n", "n must be"),
-        ("/v1/chat/completions", json!({"messages": msgs, "stop": ["a", "b", "c", "d", "e"]}), 400, "stop", "at most 4"),
-        ("/v1/chat/completions", json!({"messages": msgs, "model": "gpt-9"}), 404, "model", "gpt-9"),
-        ("/v1/chat/completions", json!({"messages": msgs, "max_tokens": 100000}), 400, "max_tokens", "100000"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "x"}]}), 400, "messages", "wizard"),
-        ("/v1/chat/completions", json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a+"}}}}), 400, "response_format", "pattern"),
-        ("/v1/chat/completions", json!({"messages": msgs, "chat_template_kwargs": {"thinking": "no"}}), 400, "chat_template_kwargs", "true or false"),
-        ("/v1/completions", json!({"prompt": [1, 2, 999999]}), 400, "prompt", "999999"),
-        ("/v1/completions", json!({"prompt": "x", "echo": true}), 400, "echo", "echo"),
-        ("/v1/completions", json!({"prompt": "x", "max_tokens": 600}), 400, "max_tokens", "512"),
-        ("/v1/completions", json!({"prompt": "x", "logprobs": 50}), 400, "logprobs", "20"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": []}),
+            400,
+            "messages",
+            "empty",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": "hi"}),
+            400,
+            "messages",
+            "invalid type",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "temperature": "hot"}),
+            400,
+            "temperature",
+            "invalid type",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "temperature": -1}),
+            400,
+            "temperature",
+            "temperature",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "top_p": 2}),
+            400,
+            "top_p",
+            "top_p",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "n": 0}),
+            400,
+            "n",
+            "n must be",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "stop": ["a", "b", "c", "d", "e"]}),
+            400,
+            "stop",
+            "at most 4",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "model": "gpt-9"}),
+            404,
+            "model",
+            "gpt-9",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 100000}),
+            400,
+            "max_tokens",
+            "100000",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            400,
+            "messages",
+            "wizard",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a+"}}}}),
+            400,
+            "response_format",
+            "pattern",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "chat_template_kwargs": {"thinking": "no"}}),
+            400,
+            "chat_template_kwargs",
+            "true or false",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2, 999999]}),
+            400,
+            "prompt",
+            "999999",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "echo": true}),
+            400,
+            "echo",
+            "echo",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 600}),
+            400,
+            "max_tokens",
+            "512",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "logprobs": 50}),
+            400,
+            "logprobs",
+            "20",
+        ),
     ];
     rt().block_on(async {
         for (path, body, status, param, needle) in cases {
@@ -83,7 +185,12 @@ fn api_key_cors_page_and_health() {
     rt().block_on(async {
         let c = client();
         let body = json!({"prompt": "x", "max_tokens": 2});
-        for auth in [None, Some("Bearer wrong"), Some("Bearer s3cre"), Some("s3cret")] {
+        for auth in [
+            None,
+            Some("Bearer wrong"),
+            Some("Bearer s3cre"),
+            Some("s3cret"),
+        ] {
             let mut r = c.post(format!("{url}/v1/completions")).json(&body);
             if let Some(a) = auth {
                 r = r.header("authorization", a);
@@ -91,13 +198,40 @@ fn api_key_cors_page_and_health() {
             let r = r.send().await.unwrap();
             assert_eq!(r.status(), 401, "{auth:?}");
         }
-        let r = c.post(format!("{url}/v1/completions")).bearer_auth("s3cret").json(&body).send().await.unwrap();
+        let r = c
+            .post(format!("{url}/v1/completions"))
+            .bearer_auth("s3cret")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
-        assert_eq!(c.get(format!("{url}/v1/models")).send().await.unwrap().status(), 401);
+        assert_eq!(
+            c.get(format!("{url}/v1/models"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            401
+        );
         // The page and health need no key.
-        let page = c.get(format!("{url}/")).send().await.unwrap().text().await.unwrap();
+        let page = c
+            .get(format!("{url}/"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert!(page.contains("id=\"prompt\"") && page.contains("/v1/chat/completions"));
-        assert_eq!(c.get(format!("{url}/health")).send().await.unwrap().status(), 200);
+        assert_eq!(
+            c.get(format!("{url}/health"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
         let r = c
             .request(reqwest::Method::OPTIONS, format!("{url}/v1/completions"))
             .header("origin", "http://example.test")
@@ -105,7 +239,10 @@ fn api_key_cors_page_and_health() {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.headers()["access-control-allow-origin"], "http://example.test");
+        assert_eq!(
+            r.headers()["access-control-allow-origin"],
+            "http://example.test"
+        );
     });
     server.stop().unwrap();
 }
@@ -131,7 +268,12 @@ fn a_full_queue_answers_429_with_retry_after() {
             async move { post(&url, "/v1/completions", long).await.0 }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let r = client().post(format!("{url}/v1/completions")).json(&long).send().await.unwrap();
+        let r = client()
+            .post(format!("{url}/v1/completions"))
+            .json(&long)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()["retry-after"], "1");
         assert_eq!(a.await.unwrap(), 200);

@@ -1,5 +1,6 @@
 pub mod batch;
 pub mod bench;
+pub mod bench_serve;
 pub mod chat;
 pub mod demo;
 pub mod eval_quant;
