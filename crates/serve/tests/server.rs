@@ -275,3 +275,72 @@ fn shutdown_finishes_running_requests_then_refuses() {
     let after = rt.block_on(async { reqwest::get(format!("{url}/health")).await });
     assert!(after.is_err(), "the server still answers after stop");
 }
+
+#[test]
+fn stop_strings_n_and_logprobs_match_solo_runs() {
+    let (lm, tok) = need_model!();
+    let (server, url) = start(config(), lm);
+    let (full, _, _) = solo(completion_ids(PROMPTS[0]), 24, greedy(), &[]);
+    // A stop string from the middle of the greedy output: the text ends just before it.
+    let chars: Vec<char> = full.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
+    let (cut, _, reason) = solo(completion_ids(PROMPTS[0]), 24, greedy(), std::slice::from_ref(&stop));
+    assert_eq!(reason, "stop");
+    assert!(!cut.contains(&stop));
+    let sampled = SamplingParams { temperature: 0.9, seed: 3, logprobs: Some(2), ..Default::default() };
+    let mut per_choice = Vec::new();
+    for choice in 0..2u32 {
+        let (lm2, _) = common::model().unwrap();
+        let mut r = fathom_engine::Request::new(completion_ids(PROMPTS[1]), 6);
+        r.sampling = sampled.clone();
+        r.choice = choice;
+        r.stop_ids = lm2.info().eos_token_ids.clone();
+        let mut lps = Vec::new();
+        let f = fathom_engine::generate(&lm2, r, Some(decoder(&tok)), |ev| {
+            lps.push(ev.sampled.logprob);
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+        per_choice.push((f.text.unwrap(), lps));
+    }
+    rt().block_on(async {
+        for stream in [false, true] {
+            let body = json!({"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stop": stop, "stream": stream});
+            let text = if stream {
+                let chunks = post_stream(&url, "/v1/completions", body).await;
+                // No chunk carries any part of the stop string.
+                assert!(chunks.iter().all(|c| !c.contains(&stop)), "{chunks:?}");
+                joined(&chunks, "text")
+            } else {
+                let (_, v) = post(&url, "/v1/completions", body).await;
+                assert_eq!(v["choices"][0]["finish_reason"], "stop");
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            };
+            assert_eq!(text, cut);
+        }
+        let body = json!({"prompt": PROMPTS[1], "max_tokens": 6, "temperature": 0.9, "seed": 3, "n": 2, "logprobs": 2});
+        let (st, v) = post(&url, "/v1/completions", body).await;
+        assert_eq!(st, 200, "{v}");
+        for (i, (text, lps)) in per_choice.iter().enumerate() {
+            let c = &v["choices"][i];
+            assert_eq!(c["index"], i);
+            assert_eq!(&c["text"], text);
+            let got: Vec<f32> = c["logprobs"]["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            assert_eq!(&got, lps);
+            assert_eq!(c["logprobs"]["top_logprobs"][0].as_object().unwrap().len(), 2);
+        }
+        let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": true,
+                          "top_logprobs": 3, "chat_template_kwargs": {"thinking": false}});
+        let (_, v) = post(&url, "/v1/chat/completions", chat).await;
+        let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+        assert_eq!(content.len(), 3);
+        assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 3);
+        assert!(content[0]["logprob"].as_f64().unwrap() <= 0.0);
+    });
+    server.stop().unwrap();
+}
