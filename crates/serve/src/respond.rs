@@ -17,6 +17,9 @@ pub(crate) enum Api {
     Completion,
 }
 
+/// A generated token, its log-probability and the top alternatives.
+type TokenLp = (u32, f32, Vec<(u32, f32)>);
+
 #[derive(Default)]
 struct Choice {
     parser: Option<Box<dyn ReplyParser>>,
@@ -24,7 +27,7 @@ struct Choice {
     reasoning: String,
     tool_calls: Vec<Value>,
     /// (token, logprob, top) per generated token.
-    logprobs: Vec<(u32, f32, Vec<(u32, f32)>)>,
+    logprobs: Vec<TokenLp>,
     tokens: usize,
     finish: Option<FinishReason>,
 }
@@ -107,11 +110,11 @@ impl Output {
                     c.logprobs.push(lp.clone());
                 }
                 let lp = self.logprobs.then_some(lp);
-                self.text(i, &token.text, lp, None)
+                self.text(i, &token.text, lp)
             }
             Msg::Done { choice, done } => {
                 let i = choice as usize;
-                let mut out = self.text(i, &done.text_tail, None, None);
+                let mut out = self.text(i, &done.text_tail, None);
                 let c = &mut self.choices[i];
                 let rest = c.parser.as_mut().map(|p| p.finish()).unwrap_or_default();
                 out.extend(self.deltas(i, rest, None));
@@ -135,13 +138,7 @@ impl Output {
     }
 
     /// Text released by the engine for choice `i`.
-    fn text(
-        &mut self,
-        i: usize,
-        text: &str,
-        lp: Option<(u32, f32, Vec<(u32, f32)>)>,
-        _: Option<()>,
-    ) -> Vec<Value> {
+    fn text(&mut self, i: usize, text: &str, lp: Option<TokenLp>) -> Vec<Value> {
         let c = &mut self.choices[i];
         let deltas = match c.parser.as_mut() {
             Some(p) => p.push(text),
@@ -154,12 +151,7 @@ impl Output {
         self.deltas(i, deltas, lp)
     }
 
-    fn deltas(
-        &mut self,
-        i: usize,
-        deltas: Vec<ReplyDelta>,
-        lp: Option<(u32, f32, Vec<(u32, f32)>)>,
-    ) -> Vec<Value> {
+    fn deltas(&mut self, i: usize, deltas: Vec<ReplyDelta>, lp: Option<TokenLp>) -> Vec<Value> {
         let mut out = Vec::new();
         let mut delta = serde_json::Map::new();
         for d in deltas {
@@ -237,7 +229,7 @@ impl Output {
     }
 
     /// One token's log-probabilities in the endpoint's shape (for a chunk).
-    fn logprob_entry(&self, (id, lp, top): &(u32, f32, Vec<(u32, f32)>)) -> Value {
+    fn logprob_entry(&self, (id, lp, top): &TokenLp) -> Value {
         match self.api {
             Api::Chat => json!({"content": [self.chat_logprob(*id, *lp, top)]}),
             Api::Completion => {
@@ -258,7 +250,7 @@ impl Output {
         json!({"token": t, "logprob": lp, "bytes": b, "top_logprobs": top})
     }
 
-    fn completion_logprobs(&self, items: &[(u32, f32, Vec<(u32, f32)>)]) -> Value {
+    fn completion_logprobs(&self, items: &[TokenLp]) -> Value {
         let mut tokens = Vec::new();
         let mut lps = Vec::new();
         let mut tops = Vec::new();

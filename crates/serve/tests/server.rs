@@ -284,10 +284,20 @@ fn stop_strings_n_and_logprobs_match_solo_runs() {
     // A stop string from the middle of the greedy output: the text ends just before it.
     let chars: Vec<char> = full.chars().collect();
     let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
-    let (cut, _, reason) = solo(completion_ids(PROMPTS[0]), 24, greedy(), std::slice::from_ref(&stop));
+    let (cut, _, reason) = solo(
+        completion_ids(PROMPTS[0]),
+        24,
+        greedy(),
+        std::slice::from_ref(&stop),
+    );
     assert_eq!(reason, "stop");
     assert!(!cut.contains(&stop));
-    let sampled = SamplingParams { temperature: 0.9, seed: 3, logprobs: Some(2), ..Default::default() };
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        seed: 3,
+        logprobs: Some(2),
+        ..Default::default()
+    };
     let mut per_choice = Vec::new();
     for choice in 0..2u32 {
         let (lm2, _) = common::model().unwrap();

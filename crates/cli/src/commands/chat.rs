@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Result, bail};
 use clap::Args;
-use fathom_chat::{ChatTemplate, K3Options, Message, Segment, encode_segments, render_k3};
+use fathom_chat::{ChatFormat, ChatOptions, Message};
 use fathom_engine::{FinishReason, Request, Session, TokenEvent};
-use fathom_tokenizer::{StreamDecoder, Tokenizer};
+use fathom_tokenizer::StreamDecoder;
 
 use crate::common::tokenizer;
 use crate::load::{MemoryArgs, load_model_with};
@@ -40,59 +40,19 @@ pub struct ChatArgs {
     mem: MemoryArgs,
 }
 
-enum Renderer {
-    K3(K3Options),
-    Jinja(ChatTemplate),
-}
-
-impl Renderer {
-    /// The conversation's ids with (`generation = true`) or without the
-    /// generation prompt.
-    fn ids(&self, tok: &dyn Tokenizer, messages: &[Message], generation: bool) -> Result<Vec<u32>> {
-        let segments: Vec<Segment> = match self {
-            Renderer::K3(o) => render_k3(
-                messages,
-                &K3Options {
-                    add_generation_prompt: generation,
-                    ..o.clone()
-                },
-            )?,
-            Renderer::Jinja(t) => {
-                t.render_segments(&serde_json::to_value(messages)?, generation)?
-            }
-        };
-        Ok(encode_segments(tok, &segments))
-    }
-
-    /// The prompt and the length of its part that renders the same next turn.
-    fn prompt(&self, tok: &dyn Tokenizer, messages: &[Message]) -> Result<(Vec<u32>, usize)> {
-        let prompt = self.ids(tok, messages, true)?;
-        let stable = self.ids(tok, messages, false)?;
-        let stable_len = if prompt.starts_with(&stable) {
-            stable.len()
-        } else {
-            0
-        };
-        Ok((prompt, stable_len))
-    }
-}
-
 pub fn run(a: ChatArgs) -> Result<()> {
     let Some(tok) = tokenizer(&a.model)? else {
         bail!("{} ships no tokenizer: chat needs one", a.model.display());
     };
-    let renderer = if tok.special_id("<|open|>").is_some() {
-        Renderer::K3(K3Options {
-            thinking: !a.no_thinking,
-            ..K3Options::default()
-        })
-    } else if let Some(t) = ChatTemplate::from_model_dir(&a.model)? {
-        Renderer::Jinja(t)
-    } else {
+    let Some(format) = ChatFormat::detect(&a.model, tok.as_ref())? else {
         bail!(
             "{} has neither the K3 chat specials nor a chat template",
             a.model.display()
         );
+    };
+    let opts = ChatOptions {
+        thinking: Some(!a.no_thinking),
+        ..ChatOptions::default()
     };
     let (model, info) = load_model_with(&a.model, &a.mem, 1, fathom_model::Spine::Bf16)?;
     let load_s = info.load_s;
@@ -121,7 +81,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
             continue;
         }
         messages.push(Message::new("user", line));
-        let (prompt, stable_len) = renderer.prompt(tok.as_ref(), &messages)?;
+        let p = format.prompt(tok.as_ref(), &messages, &opts)?;
+        let (prompt, stable_len) = (p.ids, p.stable_len);
         let mut stream = StreamDecoder::new(tok.as_ref());
         interrupted.store(false, Ordering::SeqCst);
         let mut req = Request::new(Vec::new(), a.max_new);
