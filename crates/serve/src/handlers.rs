@@ -405,7 +405,7 @@ struct Log {
 }
 
 impl Log {
-    fn done(&self, out: &Output, first: Option<Instant>) {
+    fn done(&self, out: &Output, admitted: Option<Instant>, first: Option<Instant>) {
         let usage = out.usage();
         let total = self.arrived.elapsed().as_secs_f64();
         let ttft = first.map(|f| f.duration_since(self.arrived).as_secs_f64());
@@ -416,6 +416,7 @@ impl Log {
             prompt_tokens = out.prompt_tokens,
             cached_tokens = out.cached,
             completion_tokens = generated,
+            queue_s = admitted.map_or(0.0, |a| a.duration_since(self.arrived).as_secs_f64()),
             ttft_s = ttft.unwrap_or(0.0),
             total_s = total,
             tok_s = if decode_s > 0.0 { generated.saturating_sub(1) as f64 / decode_s } else { 0.0 },
@@ -425,24 +426,31 @@ impl Log {
     }
 }
 
+/// Notes when a request joined the engine and when its first token came.
+fn mark(msg: &Msg, admitted: &mut Option<Instant>, first: &mut Option<Instant>) {
+    match msg {
+        Msg::Started { .. } => *admitted = Some(Instant::now()),
+        Msg::Token { .. } if first.is_none() => *first = Some(Instant::now()),
+        _ => {}
+    }
+}
+
 async fn collect(
     mut rx: UnboundedReceiver<Msg>,
     mut out: Output,
     log: Log,
 ) -> Result<Value, ApiError> {
-    let mut first = None;
+    let (mut admitted, mut first) = (None, None);
     while !out.all_done() {
         let Some(msg) = rx.recv().await else {
             return Err(ApiError::internal(
                 "the engine stopped before the request finished",
             ));
         };
-        if first.is_none() && matches!(msg, Msg::Token { .. }) {
-            first = Some(Instant::now());
-        }
+        mark(&msg, &mut admitted, &mut first);
         out.on(msg);
     }
-    log.done(&out, first);
+    log.done(&out, admitted, first);
     out.response()
 }
 
@@ -454,12 +462,10 @@ fn stream(
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let (tx, events) = tokio::sync::mpsc::channel::<Event>(64);
     tokio::spawn(async move {
-        let mut first = None;
+        let (mut admitted, mut first) = (None, None);
         while !out.all_done() {
             let Some(msg) = rx.recv().await else { break };
-            if first.is_none() && matches!(msg, Msg::Token { .. }) {
-                first = Some(Instant::now());
-            }
+            mark(&msg, &mut admitted, &mut first);
             for chunk in out.on(msg) {
                 if tx
                     .send(Event::default().data(chunk.to_string()))
@@ -477,7 +483,7 @@ fn stream(
                 .await;
         }
         let _ = tx.send(Event::default().data("[DONE]")).await;
-        log.done(&out, first);
+        log.done(&out, admitted, first);
     });
     let s = futures_util::stream::unfold(events, |mut ev| async move {
         ev.recv().await.map(|e| (Ok(e), ev))
