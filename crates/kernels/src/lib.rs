@@ -7,6 +7,7 @@
 //! of threads, of T and of the instruction set: rayon only splits the output
 //! rows, and each SIMD table reproduces the scalar reference bit for bit.
 
+pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

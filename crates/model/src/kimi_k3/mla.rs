@@ -17,78 +17,19 @@
 //!
 //! No rotary transform anywhere (`mla_use_nope`); the "rope" slices are
 //! ordinary dimensions. Scores are scaled by `1/sqrt(qk_nope + qk_rope)`.
+//!
+//! The attention itself is `fathom_kernels::attention::mla_attend`: every
+//! head in one pass over the cache rows, in fixed 256-row splits merged in
+//! order, so a position's result is the same in a prefill chunk, a decode
+//! step or a verification pass, batched or not, at any thread count.
 
-use fathom_kernels::ops::{rms_norm_rows, sigmoid, softmax};
+use fathom_kernels::attention::{MlaQuery, MlaShape, dot_lanes, mla_attend};
+use fathom_kernels::ops::{axpy, rms_norm_rows, sigmoid};
 use rayon::prelude::*;
 
 use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
 use super::state::MlaCache;
 use super::weights::MlaWeights;
-
-/// One query position's head output: absorbed scores over the first `n`
-/// cached rows, softmax, context on the latent, then `W_uv` and the gate.
-struct HeadCtx<'a> {
-    lora: usize,
-    width: usize,
-    dn: usize,
-    scale: f32,
-    w_uk: &'a [f32],
-    w_uv: &'a [f32],
-}
-
-/// Buffers one head reuses across its positions.
-#[derive(Default)]
-struct Scratch {
-    q_lat: Vec<f32>,
-    scores: Vec<f32>,
-    ctx: Vec<f32>,
-}
-
-impl HeadCtx<'_> {
-    fn attend(
-        &self,
-        qh: &[f32],
-        rows: &[f32],
-        n: usize,
-        gate: &[f32],
-        o: &mut [f32],
-        sc: &mut Scratch,
-    ) {
-        let (lora, width, dn) = (self.lora, self.width, self.dn);
-        let Scratch { q_lat, scores, ctx } = sc;
-        // q_lat = W_uk,hᵀ q_nope
-        q_lat.clear();
-        q_lat.resize(lora, 0.0);
-        for (&qi, wr) in qh[..dn].iter().zip(self.w_uk.chunks_exact(lora)) {
-            for (ql, &wv) in q_lat.iter_mut().zip(wr) {
-                *ql += qi * wv;
-            }
-        }
-        scores.clear();
-        for s in 0..n {
-            let r = &rows[s * width..(s + 1) * width];
-            let nope: f32 = r[..lora].iter().zip(q_lat.iter()).map(|(a, b)| a * b).sum();
-            let rope: f32 = r[lora..].iter().zip(&qh[dn..]).map(|(a, b)| a * b).sum();
-            scores.push((nope + rope) * self.scale);
-        }
-        softmax(scores);
-        ctx.clear();
-        ctx.resize(lora, 0.0);
-        for (s, &ps) in scores.iter().enumerate() {
-            let r = &rows[s * width..s * width + lora];
-            for (cv, &l) in ctx.iter_mut().zip(r) {
-                *cv += ps * l;
-            }
-        }
-        for (j, (ov, wr)) in o.iter_mut().zip(self.w_uv.chunks_exact(lora)).enumerate() {
-            let mut acc = 0f32;
-            for (&wv, &cv) in wr.iter().zip(ctx.iter()) {
-                acc += wv * cv;
-            }
-            *ov = acc * sigmoid(gate[j]);
-        }
-    }
-}
 
 /// MLA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences (`segs[i]` are sequence i's rows, `caches[i]` its
@@ -140,58 +81,70 @@ pub fn mla(
     let caches: &[&mut MlaCache] = caches;
     let gate = w.g_proj.forward(x, n); // [N, H·dv]
     let kv_b = &w.kv_b_proj;
-    let attended: usize = segs
-        .iter()
-        .zip(&past)
-        .map(|(s, p)| s.len() * (p + s.len()))
-        .sum();
-    let per_head = attended * (2 * lora + dr) + (dn + dv) * lora;
-
-    // Per head: [N, dv] outputs.
-    let heads: Vec<Vec<f32>> = (0..h)
+    // Per head: W_uk [dn, lora] and W_uv [dv, lora] in f32, decoded once
+    // per step (not per position) from the stored precision.
+    let heads: Vec<(Vec<f32>, Vec<f32>)> = (0..h)
         .into_par_iter()
-        .with_min_len(crate::par_min_len(h, per_head))
         .map(|hh| {
-            // This head's W_uk [dn, lora] and W_uv [dv, lora] in f32, decoded
-            // once per step (not per position) from the stored precision.
             let uk0 = hh * (dn + dv);
             let w_uk: Vec<f32> = (uk0..uk0 + dn).flat_map(|r| kv_b.row(r)).collect();
             let w_uv: Vec<f32> = (uk0 + dn..uk0 + dn + dv)
                 .flat_map(|r| kv_b.row(r))
                 .collect();
-            let hc = HeadCtx {
-                lora,
-                width,
-                dn,
-                scale: 1.0 / (dq as f32).sqrt(),
-                w_uk: &w_uk,
-                w_uv: &w_uv,
-            };
-            let mut out = vec![0f32; n * dv];
-            let mut sc = Scratch::default();
-            for ((cache, seg), &p0) in caches.iter().zip(segs).zip(&past) {
-                for (i, ti) in seg.clone().enumerate() {
-                    let qh = &q[ti * h * dq + hh * dq..][..dq];
-                    let g = &gate[ti * h * dv + hh * dv..][..dv];
-                    // causal: this position sees itself and all before
-                    hc.attend(
-                        qh,
-                        &cache.rows,
-                        p0 + i + 1,
-                        g,
-                        &mut out[ti * dv..(ti + 1) * dv],
-                        &mut sc,
-                    );
-                }
-            }
-            out
+            (w_uk, w_uv)
         })
         .collect();
-    let mut cat = vec![0f32; n * h * dv];
-    for (hh, o) in heads.iter().enumerate() {
-        for ti in 0..n {
-            cat[ti * h * dv + hh * dv..][..dv].copy_from_slice(&o[ti * dv..(ti + 1) * dv]);
-        }
+    // Absorbed queries: q_lat[t, h] = W_uk,hᵀ q_nope[t, h]; q_rope[t, h] as is.
+    let mut q_lat = vec![0f32; n * h * lora];
+    q_lat
+        .par_chunks_mut(h * lora)
+        .enumerate()
+        .for_each(|(ti, ql)| {
+            for (hh, (w_uk, _)) in heads.iter().enumerate() {
+                let qh = &q[ti * h * dq + hh * dq..][..dn];
+                let dst = &mut ql[hh * lora..(hh + 1) * lora];
+                for (&qi, wr) in qh.iter().zip(w_uk.chunks_exact(lora)) {
+                    axpy(dst, qi, wr);
+                }
+            }
+        });
+    let mut q_rope = vec![0f32; n * h * dr];
+    for (ti, hh) in (0..n).flat_map(|t| (0..h).map(move |hh| (t, hh))) {
+        let src = &q[ti * h * dq + hh * dq + dn..][..dr];
+        q_rope[(ti * h + hh) * dr..(ti * h + hh + 1) * dr].copy_from_slice(src);
     }
+    let shape = MlaShape {
+        heads: h,
+        lora,
+        rope: dr,
+        scale: 1.0 / (dq as f32).sqrt(),
+    };
+    // Context on the latent, [N, H, lora]: each sequence's rows attend to its cache.
+    let mut ctx = vec![0f32; n * h * lora];
+    for ((cache, seg), &p0) in caches.iter().zip(segs).zip(&past) {
+        let queries: Vec<MlaQuery<'_>> = seg
+            .clone()
+            .enumerate()
+            .map(|(i, ti)| MlaQuery {
+                q_lat: &q_lat[ti * h * lora..(ti + 1) * h * lora],
+                q_rope: &q_rope[ti * h * dr..(ti + 1) * h * dr],
+                // causal: this position sees itself and all before
+                n: p0 + i + 1,
+            })
+            .collect();
+        let out = &mut ctx[seg.start * h * lora..seg.end * h * lora];
+        mla_attend(&shape, &cache.rows, &queries, out);
+    }
+    // Output per head through W_uv, gated: [N, H·dv].
+    let mut cat = vec![0f32; n * h * dv];
+    cat.par_chunks_mut(h * dv).enumerate().for_each(|(ti, o)| {
+        for (hh, (_, w_uv)) in heads.iter().enumerate() {
+            let c = &ctx[(ti * h + hh) * lora..(ti * h + hh + 1) * lora];
+            let g = &gate[ti * h * dv + hh * dv..][..dv];
+            for (j, wr) in w_uv.chunks_exact(lora).enumerate() {
+                o[hh * dv + j] = dot_lanes(wr, c) * sigmoid(g[j]);
+            }
+        }
+    });
     w.o_proj.forward(&cat, n)
 }
