@@ -63,6 +63,24 @@ pub struct LoadInfo {
     pub direct_io: Option<bool>,
 }
 
+/// The context a sequence may use: `--context`, within the model's
+/// declared `max_position_embeddings`.
+pub fn context_limit(mem: &MemoryArgs, info: &fathom_model::ModelInfo) -> usize {
+    mem.context
+        .min(info.max_position_embeddings.unwrap_or(usize::MAX))
+}
+
+/// Refuses a prompt plus its completion budget beyond the context.
+pub fn check_context(limit: usize, prompt: usize, max_new: usize, what: &str) -> Result<()> {
+    if prompt.saturating_add(max_new) > limit {
+        bail!(
+            "{what}: the prompt ({prompt} tokens) plus --max-new ({max_new}) exceeds the context of {limit} tokens \
+             (--context, at most the model's max_position_embeddings): shorten the prompt or lower --max-new"
+        );
+    }
+    Ok(())
+}
+
 /// Checks that `dir` looks like a model directory.
 pub fn check_model_dir(dir: &Path) -> Result<()> {
     if !dir.is_dir() {

@@ -158,6 +158,33 @@ fn bad_inputs_give_clear_errors() {
         "token id 5000 is outside",
     );
     fails_with(&["run", "--model", ck, "--prompt-ids", ""], "empty prompt");
+    // Prompt plus --max-new beyond --context: one error naming both and the context.
+    fails_with(
+        &[
+            "run",
+            "--model",
+            ck,
+            "--prompt-ids",
+            "1,2,3,4",
+            "--max-new",
+            "7",
+            "--context",
+            "10",
+        ],
+        "the prompt (4 tokens) plus --max-new (7) exceeds the context of 10 tokens",
+    );
+    fails_with(
+        &[
+            "run",
+            "--model",
+            ck,
+            "--prompt-ids",
+            "1",
+            "--max-new",
+            "1000000000000",
+        ],
+        "exceeds the context",
+    );
     fails_with(
         &["run", "--model", ck, "--prompt-ids", "1,x"],
         "\"x\" is not a token id",

@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::commands::run::{setup, with_bos};
 use crate::common::{SamplingArgs, SpineArg, announce_spine, check_vocab, decoder, tokenizer};
-use crate::load::{MemoryArgs, load_model_with};
+use crate::load::{MemoryArgs, check_context, context_limit, load_model_with};
 
 /// Most lines a prompts file may hold.
 const MAX_LINES: usize = 100_000;
@@ -149,6 +149,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
         announce_spine(spine);
     }
     let eos = model.info().eos_token_ids.clone();
+    let limit = context_limit(&a.mem, model.info());
     let opts = EngineOptions {
         max_step_tokens: a.max_step_tokens as usize,
         ..Default::default()
@@ -183,8 +184,10 @@ pub fn run(a: BatchArgs) -> Result<()> {
                 i + 1
             );
         }
+        let max_new = line.max_new.unwrap_or(a.max_new);
+        check_context(limit, prompt.len(), max_new, &format!("line {}", i + 1))?;
         prompts.push(prompt.clone());
-        let mut req = Request::new(prompt, line.max_new.unwrap_or(a.max_new));
+        let mut req = Request::new(prompt, max_new);
         req.sampling = sp.clone();
         req.stop_strings = stop_strings;
         if !a.ignore_eos {

@@ -19,7 +19,7 @@ use fathom_engine::{FinishReason, Request, Session, TokenEvent};
 use fathom_tokenizer::StreamDecoder;
 
 use crate::common::tokenizer;
-use crate::load::{MemoryArgs, load_model_with};
+use crate::load::{MemoryArgs, check_context, context_limit, load_model_with};
 
 /// Chat with a model in the terminal.
 #[derive(Args)]
@@ -55,6 +55,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         ..ChatOptions::default()
     };
     let (model, info) = load_model_with(&a.model, &a.mem, 1, fathom_model::Spine::Bf16)?;
+    let limit = context_limit(&a.mem, model.info());
     let load_s = info.load_s;
     let stop: Vec<u32> = model.info().eos_token_ids.clone();
     eprintln!("loaded in {load_s:.2}s; type a message, Ctrl-C stops a reply, Ctrl-D quits");
@@ -83,6 +84,11 @@ pub fn run(a: ChatArgs) -> Result<()> {
         messages.push(Message::new("user", line));
         let p = format.prompt(tok.as_ref(), &messages, &opts)?;
         let (prompt, stable_len) = (p.ids, p.stable_len);
+        if let Err(e) = check_context(limit, prompt.len(), a.max_new, "this turn") {
+            eprintln!("{e:#}; the message was not sent");
+            messages.pop();
+            continue;
+        }
         let mut stream = StreamDecoder::new(tok.as_ref());
         interrupted.store(false, Ordering::SeqCst);
         let mut req = Request::new(Vec::new(), a.max_new);

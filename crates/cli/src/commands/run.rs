@@ -20,7 +20,7 @@ use fathom_tokenizer::Tokenizer;
 use crate::common::{
     SamplingArgs, SpineArg, announce_spine, check_vocab, decoder, prompt_ids, tokenizer, wants_bos,
 };
-use crate::load::{LoadInfo, MemoryArgs, load_model_with};
+use crate::load::{LoadInfo, MemoryArgs, check_context, context_limit, load_model_with};
 
 /// Generate from a prompt: greedy by default, sampled with --temperature.
 #[derive(Args)]
@@ -167,6 +167,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         )?,
     };
     let spine = a.spine.spine();
+    // Cheap first: the context bound before loading (BOS may add one more).
+    check_context(a.mem.context, prompt.len(), a.max_new, "run")?;
     let (model, info) = load_model_with(&a.model, &a.mem, prompt.len() + 1, spine)?;
     let prompt = with_bos(
         prompt,
@@ -176,6 +178,12 @@ pub fn run(a: RunArgs) -> Result<()> {
         a.no_bos,
     );
     check_vocab(&prompt, model.info().vocab_size)?;
+    check_context(
+        context_limit(&a.mem, model.info()),
+        prompt.len(),
+        a.max_new,
+        "run",
+    )?;
     if !a.json || a.stats {
         announce_spine(spine);
         if let Some(l) = &info.ledger {
