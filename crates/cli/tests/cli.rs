@@ -487,3 +487,39 @@ fn chat_works_on_a_synth_model() {
     assert!(!err.contains("panicked"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn prefill_chunk_does_not_change_the_golden_tokens() {
+    let ck = tiny().join("checkpoint");
+    let (ids, greedy, _) = golden_prompt(2);
+    for chunk in ["1", "3", "512"] {
+        let out = fathom(&[
+            "run",
+            "--model",
+            ck.to_str().unwrap(),
+            "--prompt-ids",
+            &ids,
+            "--max-new",
+            "16",
+            "--json",
+            "--draft",
+            "off",
+            "--prefill-chunk",
+            chunk,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let got: Vec<u64> = v["output_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        assert_eq!(got, greedy[..got.len()], "--prefill-chunk {chunk}");
+        assert_eq!(got.len(), 16.min(greedy.len()));
+    }
+}

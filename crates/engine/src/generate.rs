@@ -25,9 +25,21 @@ pub fn generate(
     lm: &Arc<dyn CausalLm>,
     req: Request,
     decoder: Option<Decoder>,
+    on_token: impl FnMut(&TokenEvent) -> ControlFlow<()>,
+) -> Result<Finished, GenError> {
+    generate_with(lm, req, EngineOptions::default(), decoder, on_token)
+}
+
+/// [`generate`] with the engine's options (the prefill chunk is
+/// `opts.max_step_tokens`; output does not depend on it).
+pub fn generate_with(
+    lm: &Arc<dyn CausalLm>,
+    req: Request,
+    opts: EngineOptions,
+    decoder: Option<Decoder>,
     mut on_token: impl FnMut(&TokenEvent) -> ControlFlow<()>,
 ) -> Result<Finished, GenError> {
-    let mut engine = Engine::new(lm.clone(), EngineOptions::default(), decoder);
+    let mut engine = Engine::new(lm.clone(), opts, decoder);
     let id = engine.submit(req)?;
     loop {
         for ev in engine.step() {

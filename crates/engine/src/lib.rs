@@ -18,7 +18,7 @@ pub mod sys;
 
 pub use constraint::Constraint;
 pub use draft::{Drafter, ModelDrafter, NgramDrafter};
-pub use generate::{GenError, generate, greedy};
+pub use generate::{GenError, generate, generate_with, greedy};
 pub use report::{RunReport, RunStats, SeqStats};
 pub use sampling::{SamplingParams, argmax};
 pub use scheduler::{

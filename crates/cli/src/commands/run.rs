@@ -11,8 +11,8 @@ use clap::Args;
 use fathom_chat::{ChatFormat, ChatOptions, ChatPrompt, Message, ReplyDelta, ReplyParser};
 use fathom_engine::report::{IoStats, RunSetup, TokenLogprob};
 use fathom_engine::{
-    DraftOptions, Drafter, ModelDrafter, NgramDrafter, Request, RunReport, RunStats, TokenEvent,
-    generate,
+    DraftOptions, Drafter, EngineOptions, ModelDrafter, NgramDrafter, Request, RunReport, RunStats,
+    TokenEvent, generate_with,
 };
 use fathom_model::{CausalLm, LoadOptions};
 use fathom_tokenizer::Tokenizer;
@@ -72,6 +72,10 @@ pub struct RunArgs {
     /// itself off when it does not pay.
     #[arg(long, default_value = "ngram")]
     draft: String,
+    /// Prompt tokens per prefill pass (the scratch is sized by it, not by
+    /// the prompt); output does not depend on it.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    prefill_chunk: u32,
     /// Most tokens proposed per verification pass.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
     draft_max: u32,
@@ -169,7 +173,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     let spine = a.spine.spine();
     // Cheap first: the context bound before loading (BOS may add one more).
     check_context(a.mem.context, prompt.len(), a.max_new, "run")?;
-    let (model, info) = load_model_with(&a.model, &a.mem, prompt.len() + 1, spine)?;
+    let chunk = a.prefill_chunk as usize;
+    let positions = (prompt.len() + 1).min(chunk.max(a.draft_max as usize + 1));
+    let (model, info) = load_model_with(&a.model, &a.mem, positions, spine)?;
     let prompt = with_bos(
         prompt,
         &a.model,
@@ -232,7 +238,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         ControlFlow::Continue(())
     };
-    let f = generate(&model, req, decoder(tok.as_ref()), on_token)?;
+    let opts = EngineOptions {
+        max_step_tokens: chunk.max(a.draft_max as usize + 1),
+        ..EngineOptions::default()
+    };
+    let f = generate_with(&model, req, opts, decoder(tok.as_ref()), on_token)?;
     let total = model.expert_stats().since(&start_stats);
     let wall = f.stats.prefill_s + f.stats.decode_s;
     let stats = RunStats {
