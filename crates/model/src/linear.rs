@@ -87,6 +87,100 @@ impl Linear {
         }
     }
 
+    /// `y[T, r.len()] = x[T, cols] W[r]ᵀ`: only the rows `r` (each row's
+    /// result is the one `forward` gives for it).
+    pub fn forward_rows(&self, r: std::ops::Range<usize>, x: &[f32], t: usize) -> Vec<f32> {
+        let (n, c) = (r.len(), self.cols);
+        let mut y = vec![0f32; t * n];
+        match &self.data {
+            WeightData::Bf16(w) => matmul_bf16(x, t, &w[r.start * c..r.end * c], n, c, &mut y),
+            WeightData::F32(w) => matmul_f32(x, t, &w[r.start * c..r.end * c], n, c, &mut y),
+            WeightData::Int8 { q, scale } => matmul_int8(
+                x,
+                t,
+                &q[r.start * c..r.end * c],
+                &scale[r.clone()],
+                c,
+                &mut y,
+            ),
+        }
+        y
+    }
+
+    /// Rows `rows` transposed: `[cols, rows.len()]`, in the same precision
+    /// (exact for bf16/f32; an int8 matrix is decoded and re-quantised per row).
+    pub fn transposed_rows(&self, rows: std::ops::Range<usize>) -> Linear {
+        let (n, c) = (rows.len(), self.cols);
+        let data = match &self.data {
+            WeightData::Bf16(w) => WeightData::Bf16(
+                (0..c)
+                    .flat_map(|j| rows.clone().map(move |r| w[r * c + j]))
+                    .collect(),
+            ),
+            WeightData::F32(w) => WeightData::F32(
+                (0..c)
+                    .flat_map(|j| rows.clone().map(move |r| w[r * c + j]))
+                    .collect(),
+            ),
+            WeightData::Int8 { .. } => {
+                let f: Vec<f32> = (0..c)
+                    .flat_map(|j| rows.clone().map(move |r| (r, j)))
+                    .map(|(r, j)| self.at(r, j))
+                    .collect();
+                let mut t = Linear {
+                    rows: c,
+                    cols: n,
+                    data: WeightData::F32(f),
+                };
+                t.quantize_int8();
+                return t;
+            }
+        };
+        Linear {
+            rows: c,
+            cols: n,
+            data,
+        }
+    }
+
+    /// Stacks matrices of one width and precision row-wise.
+    pub fn stack(parts: Vec<Linear>) -> Linear {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let mut it = parts.into_iter();
+        let mut data = it.next().map_or(WeightData::F32(Vec::new()), |p| p.data);
+        for p in it {
+            match (&mut data, p.data) {
+                (WeightData::Bf16(a), WeightData::Bf16(b)) => a.extend(b),
+                (WeightData::F32(a), WeightData::F32(b)) => a.extend(b),
+                (WeightData::Int8 { q, scale }, WeightData::Int8 { q: q2, scale: s2 }) => {
+                    q.extend(q2);
+                    scale.extend(s2);
+                }
+                _ => unreachable!("stacked parts share one precision"),
+            }
+        }
+        Linear { rows, cols, data }
+    }
+
+    /// Rows `rows` as their own matrix.
+    pub fn select_rows(&self, rows: std::ops::Range<usize>) -> Linear {
+        let c = self.cols;
+        let data = match &self.data {
+            WeightData::Bf16(w) => WeightData::Bf16(w[rows.start * c..rows.end * c].to_vec()),
+            WeightData::F32(w) => WeightData::F32(w[rows.start * c..rows.end * c].to_vec()),
+            WeightData::Int8 { q, scale } => WeightData::Int8 {
+                q: q[rows.start * c..rows.end * c].to_vec(),
+                scale: scale[rows.clone()].to_vec(),
+            },
+        };
+        Linear {
+            rows: rows.len(),
+            cols: c,
+            data,
+        }
+    }
+
     /// Quantises to per-row int8 in place (no-op when already int8).
     pub fn quantize_int8(&mut self) {
         if matches!(self.data, WeightData::Int8 { .. }) {

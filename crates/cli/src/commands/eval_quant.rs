@@ -161,7 +161,8 @@ fn layer_bytes(l: &fathom_model::kimi_k3::weights::LayerWeights) -> usize {
             &a.q_a_proj,
             &a.q_b_proj,
             &a.kv_a_proj_with_mqa,
-            &a.kv_b_proj,
+            &a.kv_b_proj.uk_t,
+            &a.kv_b_proj.uv,
             &a.g_proj,
             &a.o_proj,
         ]

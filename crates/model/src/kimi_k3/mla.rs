@@ -23,13 +23,42 @@
 //! order, so a position's result is the same in a prefill chunk, a decode
 //! step or a verification pass, batched or not, at any thread count.
 
-use fathom_kernels::attention::{MlaQuery, MlaShape, dot_lanes, mla_attend};
-use fathom_kernels::ops::{axpy, rms_norm_rows, sigmoid};
+use fathom_kernels::attention::{MlaQuery, MlaShape, mla_attend};
+use fathom_kernels::ops::{rms_norm_rows, sigmoid};
 use rayon::prelude::*;
 
 use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
 use super::state::MlaCache;
 use super::weights::MlaWeights;
+use crate::linear::Linear;
+
+/// `kv_b_proj` (`[H·(dn + dv), lora]`, head-major) rearranged once at load
+/// for the absorbed form: `uk_t` holds every head's `W_uk,hᵀ` (`[H·lora,
+/// dn]`, so `q_lat = W_uk,hᵀ q_nope` is a matrix product) and `uv` every
+/// head's `W_uv,h` (`[H·dv, lora]`). Same bytes and precision as stored.
+#[derive(Debug)]
+pub struct AbsorbedKvB {
+    pub uk_t: Linear,
+    pub uv: Linear,
+}
+
+impl AbsorbedKvB {
+    pub fn new(spec: &K3Spec, kv_b: &Linear) -> Self {
+        let (h, dn, dv) = (spec.mla_heads, spec.qk_nope_head_dim, spec.v_head_dim);
+        let per = dn + dv;
+        let uk_t = Linear::stack(
+            (0..h)
+                .map(|hh| kv_b.transposed_rows(hh * per..hh * per + dn))
+                .collect(),
+        );
+        let uv = Linear::stack(
+            (0..h)
+                .map(|hh| kv_b.select_rows(hh * per + dn..(hh + 1) * per))
+                .collect(),
+        );
+        AbsorbedKvB { uk_t, uv }
+    }
+}
 
 /// MLA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences (`segs[i]` are sequence i's rows, `caches[i]` its
@@ -81,37 +110,25 @@ pub fn mla(
     let caches: &[&mut MlaCache] = caches;
     let gate = w.g_proj.forward(x, n); // [N, H·dv]
     let kv_b = &w.kv_b_proj;
-    // Per head: W_uk [dn, lora] and W_uv [dv, lora] in f32, decoded once
-    // per step (not per position) from the stored precision.
-    let heads: Vec<(Vec<f32>, Vec<f32>)> = (0..h)
+    // Absorbed queries: q_lat[t, h] = W_uk,hᵀ q_nope[t, h]; q_rope[t, h] as is.
+    let per_head: Vec<Vec<f32>> = (0..h)
         .into_par_iter()
         .map(|hh| {
-            let uk0 = hh * (dn + dv);
-            let w_uk: Vec<f32> = (uk0..uk0 + dn).flat_map(|r| kv_b.row(r)).collect();
-            let w_uv: Vec<f32> = (uk0 + dn..uk0 + dn + dv)
-                .flat_map(|r| kv_b.row(r))
-                .collect();
-            (w_uk, w_uv)
+            let mut qn = Vec::with_capacity(n * dn);
+            for ti in 0..n {
+                qn.extend_from_slice(&q[ti * h * dq + hh * dq..][..dn]);
+            }
+            kv_b.uk_t.forward_rows(hh * lora..(hh + 1) * lora, &qn, n)
         })
         .collect();
-    // Absorbed queries: q_lat[t, h] = W_uk,hᵀ q_nope[t, h]; q_rope[t, h] as is.
     let mut q_lat = vec![0f32; n * h * lora];
-    q_lat
-        .par_chunks_mut(h * lora)
-        .enumerate()
-        .for_each(|(ti, ql)| {
-            for (hh, (w_uk, _)) in heads.iter().enumerate() {
-                let qh = &q[ti * h * dq + hh * dq..][..dn];
-                let dst = &mut ql[hh * lora..(hh + 1) * lora];
-                for (&qi, wr) in qh.iter().zip(w_uk.chunks_exact(lora)) {
-                    axpy(dst, qi, wr);
-                }
-            }
-        });
     let mut q_rope = vec![0f32; n * h * dr];
-    for (ti, hh) in (0..n).flat_map(|t| (0..h).map(move |hh| (t, hh))) {
-        let src = &q[ti * h * dq + hh * dq + dn..][..dr];
-        q_rope[(ti * h + hh) * dr..(ti * h + hh + 1) * dr].copy_from_slice(src);
+    for ti in 0..n {
+        for (hh, ql) in per_head.iter().enumerate() {
+            q_lat[(ti * h + hh) * lora..][..lora].copy_from_slice(&ql[ti * lora..(ti + 1) * lora]);
+            let src = &q[ti * h * dq + hh * dq + dn..][..dr];
+            q_rope[(ti * h + hh) * dr..][..dr].copy_from_slice(src);
+        }
     }
     let shape = MlaShape {
         heads: h,
@@ -136,15 +153,25 @@ pub fn mla(
         mla_attend(&shape, &cache.rows, &queries, out);
     }
     // Output per head through W_uv, gated: [N, H·dv].
+    let outs: Vec<Vec<f32>> = (0..h)
+        .into_par_iter()
+        .map(|hh| {
+            let mut c = Vec::with_capacity(n * lora);
+            for ti in 0..n {
+                c.extend_from_slice(&ctx[(ti * h + hh) * lora..][..lora]);
+            }
+            kv_b.uv.forward_rows(hh * dv..(hh + 1) * dv, &c, n)
+        })
+        .collect();
     let mut cat = vec![0f32; n * h * dv];
-    cat.par_chunks_mut(h * dv).enumerate().for_each(|(ti, o)| {
-        for (hh, (_, w_uv)) in heads.iter().enumerate() {
-            let c = &ctx[(ti * h + hh) * lora..(ti * h + hh + 1) * lora];
+    for ti in 0..n {
+        for (hh, o) in outs.iter().enumerate() {
             let g = &gate[ti * h * dv + hh * dv..][..dv];
-            for (j, wr) in w_uv.chunks_exact(lora).enumerate() {
-                o[hh * dv + j] = dot_lanes(wr, c) * sigmoid(g[j]);
+            let dst = &mut cat[ti * h * dv + hh * dv..][..dv];
+            for ((d, &v), &gv) in dst.iter_mut().zip(&o[ti * dv..(ti + 1) * dv]).zip(g) {
+                *d = v * sigmoid(gv);
             }
         }
-    });
+    }
     w.o_proj.forward(&cat, n)
 }

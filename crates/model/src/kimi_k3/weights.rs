@@ -122,7 +122,8 @@ pub struct MlaWeights {
     pub q_b_proj: Linear,
     pub kv_a_proj_with_mqa: Linear,
     pub kv_a_layernorm: Vec<f32>,
-    pub kv_b_proj: Linear,
+    /// `kv_b_proj`, laid out for absorbed attention at load.
+    pub kv_b_proj: super::mla::AbsorbedKvB,
     pub g_proj: Linear,
     pub o_proj: Linear,
 }
@@ -244,7 +245,10 @@ impl K3Weights {
                     q_b_proj: b.linear(&n("self_attn.q_b_proj.weight"))?,
                     kv_a_proj_with_mqa: b.linear(&n("self_attn.kv_a_proj_with_mqa.weight"))?,
                     kv_a_layernorm: b.vector(&n("self_attn.kv_a_layernorm.weight"))?,
-                    kv_b_proj: b.linear(&n("self_attn.kv_b_proj.weight"))?,
+                    kv_b_proj: super::mla::AbsorbedKvB::new(
+                        spec,
+                        &b.linear(&n("self_attn.kv_b_proj.weight"))?,
+                    ),
                     g_proj: b.linear(&n("self_attn.g_proj.weight"))?,
                     o_proj: b.linear(&n("self_attn.o_proj.weight"))?,
                 }),
@@ -324,7 +328,8 @@ impl K3Weights {
                         &mut a.q_a_proj,
                         &mut a.q_b_proj,
                         &mut a.kv_a_proj_with_mqa,
-                        &mut a.kv_b_proj,
+                        &mut a.kv_b_proj.uk_t,
+                        &mut a.kv_b_proj.uv,
                         &mut a.g_proj,
                         &mut a.o_proj,
                     ] {
