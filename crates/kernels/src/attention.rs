@@ -15,7 +15,9 @@
 //! * Dot products use [`dot_lanes`]: 8 interleaved partial sums, folded
 //!   pairwise, then the tail in order.
 //! * The rows `0..n` are cut into splits of [`SPLIT`] rows at absolute
-//!   offsets (`[0, 256)`, `[256, 512)`, …). Within a split: scores, the
+//!   offsets (`[0, 256)`, `[256, 512)`, …). The cache is given as blocks of
+//!   exactly `SPLIT` rows (the last may be shorter), so a split is a block:
+//!   a paged cache is read in place. Within a split: scores, the
 //!   split's max `m`, then in row order `p = exp(s − m)`, `l += p`,
 //!   `c += p · lat` (element-wise).
 //! * Splits are merged in order with the online-softmax rule
@@ -88,13 +90,19 @@ struct Partial {
     c: Vec<f32>,
 }
 
-/// The partial of rows `lo..hi` for query `q`.
-fn split_partial(sh: &MlaShape, rows: &[f32], q: &MlaQuery<'_>, lo: usize, hi: usize) -> Partial {
+/// The partial of split `k` (rows `k·SPLIT..` of which `len` are seen) for query `q`.
+fn split_partial(
+    sh: &MlaShape,
+    blocks: &[&[f32]],
+    q: &MlaQuery<'_>,
+    k: usize,
+    len: usize,
+) -> Partial {
     let (h, lora, rope, w) = (sh.heads, sh.lora, sh.rope, sh.width());
-    let len = hi - lo;
+    let rows = &blocks[k][..len * w];
     let mut s = vec![0f32; h * len];
     let mut m = vec![f32::NEG_INFINITY; h];
-    for (j, r) in rows[lo * w..hi * w].chunks_exact(w).enumerate() {
+    for (j, r) in rows.chunks_exact(w).enumerate() {
         let (lat, kr) = r.split_at(lora);
         for hh in 0..h {
             let ql = &q.q_lat[hh * lora..(hh + 1) * lora];
@@ -106,7 +114,7 @@ fn split_partial(sh: &MlaShape, rows: &[f32], q: &MlaQuery<'_>, lo: usize, hi: u
     }
     let mut l = vec![0f32; h];
     let mut c = vec![0f32; h * lora];
-    for (j, r) in rows[lo * w..hi * w].chunks_exact(w).enumerate() {
+    for (j, r) in rows.chunks_exact(w).enumerate() {
         let lat = &r[..lora];
         for hh in 0..h {
             let p = (s[hh * len + j] - m[hh]).exp();
@@ -168,31 +176,33 @@ impl Merged {
     }
 }
 
+/// (split, rows of it seen) for a query seeing `n` rows.
 fn splits(n: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..n.div_ceil(SPLIT)).map(move |k| (k * SPLIT, ((k + 1) * SPLIT).min(n)))
+    (0..n.div_ceil(SPLIT)).map(move |k| (k, ((k + 1) * SPLIT).min(n) - k * SPLIT))
 }
 
-fn check(sh: &MlaShape, rows: &[f32], queries: &[MlaQuery<'_>], out: &[f32]) {
+fn check(sh: &MlaShape, blocks: &[&[f32]], queries: &[MlaQuery<'_>], out: &[f32]) {
     let w = sh.width();
     assert_eq!(
         out.len(),
         queries.len() * sh.heads * sh.lora,
         "out is [T, H, lora]"
     );
+    let full = blocks.iter().rev().skip(1).all(|b| b.len() == SPLIT * w);
+    assert!(full, "every block but the last holds SPLIT rows");
+    let rows = blocks.iter().map(|b| b.len()).sum::<usize>() / w.max(1);
     for q in queries {
-        assert!(
-            q.n >= 1 && q.n * w <= rows.len(),
-            "a query sees 1..=cached rows"
-        );
+        assert!(q.n >= 1 && q.n <= rows, "a query sees 1..=cached rows");
         assert_eq!(q.q_lat.len(), sh.heads * sh.lora);
         assert_eq!(q.q_rope.len(), sh.heads * sh.rope);
     }
 }
 
-/// Every query's context `[T, H, lora]` into `out`. Queries run in
+/// Every query's context `[T, H, lora]` into `out`; `blocks` are the
+/// cache rows in blocks of [`SPLIT`]. Queries run in
 /// parallel; a single query's splits too.
-pub fn mla_attend(sh: &MlaShape, rows: &[f32], queries: &[MlaQuery<'_>], out: &mut [f32]) {
-    check(sh, rows, queries, out);
+pub fn mla_attend(sh: &MlaShape, blocks: &[&[f32]], queries: &[MlaQuery<'_>], out: &mut [f32]) {
+    check(sh, blocks, queries, out);
     let per = sh.heads * sh.lora;
     if queries.len() == 1 {
         let q = &queries[0];
@@ -201,7 +211,7 @@ pub fn mla_attend(sh: &MlaShape, rows: &[f32], queries: &[MlaQuery<'_>], out: &m
         for win in all.chunks(WINDOW) {
             let parts: Vec<Partial> = win
                 .par_iter()
-                .map(|&(lo, hi)| split_partial(sh, rows, q, lo, hi))
+                .map(|&(k, len)| split_partial(sh, blocks, q, k, len))
                 .collect();
             for p in &parts {
                 merged.add(sh, p);
@@ -214,8 +224,8 @@ pub fn mla_attend(sh: &MlaShape, rows: &[f32], queries: &[MlaQuery<'_>], out: &m
         .zip(queries.par_iter())
         .for_each(|(o, q)| {
             let mut merged = Merged::new(sh);
-            for (lo, hi) in splits(q.n) {
-                merged.add(sh, &split_partial(sh, rows, q, lo, hi));
+            for (k, len) in splits(q.n) {
+                merged.add(sh, &split_partial(sh, blocks, q, k, len));
             }
             merged.finish(sh, o);
         });
@@ -223,13 +233,18 @@ pub fn mla_attend(sh: &MlaShape, rows: &[f32], queries: &[MlaQuery<'_>], out: &m
 
 /// The twin that defines the order: one query at a time, splits in turn,
 /// on the calling thread.
-pub fn mla_attend_scalar(sh: &MlaShape, rows: &[f32], queries: &[MlaQuery<'_>], out: &mut [f32]) {
-    check(sh, rows, queries, out);
+pub fn mla_attend_scalar(
+    sh: &MlaShape,
+    blocks: &[&[f32]],
+    queries: &[MlaQuery<'_>],
+    out: &mut [f32],
+) {
+    check(sh, blocks, queries, out);
     let per = sh.heads * sh.lora;
     for (q, o) in queries.iter().zip(out.chunks_exact_mut(per)) {
         let mut merged = Merged::new(sh);
-        for (lo, hi) in splits(q.n) {
-            merged.add(sh, &split_partial(sh, rows, q, lo, hi));
+        for (k, len) in splits(q.n) {
+            merged.add(sh, &split_partial(sh, blocks, q, k, len));
         }
         merged.finish(sh, o);
     }

@@ -62,6 +62,7 @@ fn any_grouping_or_thread_count_gives_the_twin_bit_for_bit() {
         };
         let w = sh.width();
         let rows = data(heads as u64, n_max * w, 2.0);
+        let blocks: Vec<&[f32]> = rows.chunks(SPLIT * w).collect();
         let ns: Vec<usize> = vec![1, 2, n_max / 3 + 1, SPLIT.min(n_max), n_max - 1, n_max];
         let qs: Vec<(Vec<f32>, Vec<f32>)> = ns
             .iter()
@@ -84,18 +85,18 @@ fn any_grouping_or_thread_count_gives_the_twin_bit_for_bit() {
             .collect();
         let per = heads * lora;
         let mut twin = vec![0f32; queries.len() * per];
-        mla_attend_scalar(&sh, &rows, &queries, &mut twin);
+        mla_attend_scalar(&sh, &blocks, &queries, &mut twin);
         for threads in [1, 3] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
             let mut all = vec![0f32; queries.len() * per];
-            pool.install(|| mla_attend(&sh, &rows, &queries, &mut all));
+            pool.install(|| mla_attend(&sh, &blocks, &queries, &mut all));
             assert_eq!(all, twin, "{threads} threads, all queries at once");
             for (i, q) in queries.iter().enumerate() {
                 let mut one = vec![0f32; per];
-                pool.install(|| mla_attend(&sh, &rows, std::slice::from_ref(q), &mut one));
+                pool.install(|| mla_attend(&sh, &blocks, std::slice::from_ref(q), &mut one));
                 assert_eq!(
                     one[..],
                     twin[i * per..(i + 1) * per],
@@ -131,9 +132,10 @@ fn extreme_scores_stay_finite() {
     }
     let q = data(10, 16, 3.0);
     let mut out = vec![0f32; 16];
+    let blocks: Vec<&[f32]> = rows.chunks(SPLIT * 8).collect();
     mla_attend(
         &sh,
-        &rows,
+        &blocks,
         &[MlaQuery {
             q_lat: &q,
             q_rope: &[],

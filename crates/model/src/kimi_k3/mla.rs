@@ -103,9 +103,7 @@ pub fn mla(
     let mut past = Vec::with_capacity(caches.len());
     for (cache, seg) in caches.iter_mut().zip(segs) {
         past.push(cache.len());
-        cache
-            .rows
-            .extend_from_slice(&c[seg.start * width..seg.end * width]);
+        cache.push_rows(&c[seg.start * width..seg.end * width]);
     }
     let caches: &[&mut MlaCache] = caches;
     let gate = w.g_proj.forward(x, n); // [N, H·dv]
@@ -150,7 +148,7 @@ pub fn mla(
             })
             .collect();
         let out = &mut ctx[seg.start * h * lora..seg.end * h * lora];
-        mla_attend(&shape, &cache.rows, &queries, out);
+        mla_attend(&shape, &cache.blocks(), &queries, out);
     }
     // Output per head through W_uv, gated: [N, H·dv].
     let outs: Vec<Vec<f32>> = (0..h)

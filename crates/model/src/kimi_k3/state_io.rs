@@ -32,7 +32,7 @@ pub(crate) fn encode(s: &SequenceState) -> Vec<u8> {
             LayerState::Mla(m) => {
                 out.push(1);
                 out.extend_from_slice(&(m.width as u32).to_le_bytes());
-                put_f32s(&mut out, &m.rows);
+                put_f32s(&mut out, &m.to_rows());
             }
         }
     }
@@ -133,7 +133,7 @@ pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> 
                     )));
                 }
                 let want = pos.checked_mul(w).ok_or_else(|| bad("size overflow"))?;
-                m.rows = r.f32s(want, &format!("layer {i} latent cache"))?;
+                m.push_rows(&r.f32s(want, &format!("layer {i} latent cache"))?);
             }
             _ => return Err(bad(&format!("layer {i} is of another kind"))),
         }
