@@ -40,7 +40,7 @@ pub const SPLIT: usize = 256;
 const WINDOW: usize = 64;
 
 /// `Σ a_i b_i` in the fixed lane order.
-#[inline]
+#[inline(always)]
 pub fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
@@ -90,8 +90,39 @@ struct Partial {
     c: Vec<f32>,
 }
 
-/// The partial of split `k` (rows `k·SPLIT..` of which `len` are seen) for query `q`.
+/// The partial of split `k` (rows `k·SPLIT..` of which `len` are seen) for
+/// query `q`. The same arithmetic, compiled for AVX2 when the process's
+/// kernel set allows it (lane-wise adds and multiplies, no fused
+/// multiply-add, so every table gives the same bits).
 fn split_partial(
+    sh: &MlaShape,
+    blocks: &[&[f32]],
+    q: &MlaQuery<'_>,
+    k: usize,
+    len: usize,
+) -> Partial {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
+        // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2.
+        return unsafe { split_partial_avx2(sh, blocks, q, k, len) };
+    }
+    split_partial_impl(sh, blocks, q, k, len)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn split_partial_avx2(
+    sh: &MlaShape,
+    blocks: &[&[f32]],
+    q: &MlaQuery<'_>,
+    k: usize,
+    len: usize,
+) -> Partial {
+    split_partial_impl(sh, blocks, q, k, len)
+}
+
+#[inline(always)]
+fn split_partial_impl(
     sh: &MlaShape,
     blocks: &[&[f32]],
     q: &MlaQuery<'_>,
@@ -232,7 +263,7 @@ pub fn mla_attend(sh: &MlaShape, blocks: &[&[f32]], queries: &[MlaQuery<'_>], ou
 }
 
 /// The twin that defines the order: one query at a time, splits in turn,
-/// on the calling thread.
+/// on the calling thread, compiled for the baseline instruction set.
 pub fn mla_attend_scalar(
     sh: &MlaShape,
     blocks: &[&[f32]],
@@ -244,7 +275,7 @@ pub fn mla_attend_scalar(
     for (q, o) in queries.iter().zip(out.chunks_exact_mut(per)) {
         let mut merged = Merged::new(sh);
         for (k, len) in splits(q.n) {
-            merged.add(sh, &split_partial(sh, blocks, q, k, len));
+            merged.add(sh, &split_partial_impl(sh, blocks, q, k, len));
         }
         merged.finish(sh, o);
     }
