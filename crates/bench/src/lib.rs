@@ -16,6 +16,7 @@ pub mod arm;
 pub mod batch;
 pub mod ceiling;
 pub mod cgroup;
+pub mod depth;
 pub mod machine;
 pub mod peer;
 pub mod report;

@@ -125,6 +125,16 @@ pub trait CausalLm: Send + Sync {
     /// A state from [`SeqState::encode`]'s bytes; an error names what does
     /// not fit this model (never trusted blindly).
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>>;
+    /// A state as if `depth` tokens had been read, filled with synthetic
+    /// values (for step-time benchmarks at depths a CPU cannot prefill in
+    /// minutes; a step's cost does not depend on the values).
+    fn synthetic_state(&self, depth: usize, seed: u64) -> Result<Box<dyn SeqState>> {
+        let _ = (depth, seed);
+        Err(crate::ModelError::Unsupported(format!(
+            "{} has no synthetic states",
+            self.info().family
+        )))
+    }
 
     /// One sequence, one pass.
     fn forward(&self, state: &mut dyn SeqState, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {

@@ -17,7 +17,7 @@ use fathom_weights::units::parse_size;
 /// the same run. Prints a table; an arm whose output ids differ from the
 /// reference is rejected.
 #[derive(Args)]
-#[command(group(ArgGroup::new("input").required(true).args(["prompt", "prompt_ids", "prompts"])))]
+#[command(group(ArgGroup::new("input").required(false).args(["prompt", "prompt_ids", "prompts"])))]
 pub struct BenchArgs {
     /// Model directory (config.json + safetensors shards).
     #[arg(long)]
@@ -84,6 +84,74 @@ pub struct BenchArgs {
     /// --arm's flags apply to every run.
     #[arg(long, value_name = "B,B,..", value_delimiter = ',')]
     batch_sizes: Vec<usize>,
+    /// Measure the decode step at these context depths instead (e.g.
+    /// 1024,32768,131072), in this process, with the first --arm's memory
+    /// flags; no prompt needed.
+    #[arg(long, value_name = "D,D,..", value_delimiter = ',')]
+    depth: Vec<usize>,
+    /// How the cache is filled before timing: a real prefill, or synthetic
+    /// latent rows and recurrent state (labelled so in the report).
+    #[arg(long, value_enum, default_value_t = DepthFillArg::Synthetic)]
+    depth_fill: DepthFillArg,
+    /// Decode steps timed at each depth (after one untimed).
+    #[arg(long, default_value_t = 8)]
+    depth_steps: usize,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DepthFillArg {
+    Prefill,
+    Synthetic,
+}
+
+/// The memory flags of an arm, parsed as `run` parses them.
+#[derive(clap::Parser)]
+struct ArmMemory {
+    #[command(flatten)]
+    mem: crate::load::MemoryArgs,
+}
+
+fn run_depth(a: &BenchArgs) -> Result<()> {
+    use clap::Parser;
+    use fathom_bench::depth::{DepthFill, DepthReport, render_depths, run_depths};
+    if a.depth.iter().any(|&d| d == 0 || d > 1 << 24) {
+        bail!("--depth: each depth must be in 1..=16777216 tokens");
+    }
+    let flags: Vec<String> = a
+        .arms
+        .first()
+        .map(|arm| {
+            arm.split_once('=')
+                .map_or("", |(_, f)| f)
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut mem = ArmMemory::try_parse_from(std::iter::once("arm".to_string()).chain(flags))
+        .map_err(|e| anyhow::anyhow!("--arm flags for --depth: {e}"))?
+        .mem;
+    // The ledger reserves state for the deepest depth plus the timed steps.
+    let deepest = a.depth.iter().copied().max().unwrap_or(1);
+    mem.context = mem.context.max(deepest + a.depth_steps + 1);
+    let (lm, _) = crate::load::load_model_with(&a.model, &mem, 512, fathom_model::Spine::Bf16)?;
+    let how = match a.depth_fill {
+        DepthFillArg::Prefill => DepthFill::Prefill,
+        DepthFillArg::Synthetic => DepthFill::Synthetic,
+    };
+    let depths = run_depths(&lm, &a.depth, how, a.depth_steps, 512, |l| eprintln!("{l}"))?;
+    let report = DepthReport {
+        model: a.model.display().to_string(),
+        threads: rayon::current_num_threads(),
+        steps: a.depth_steps,
+        depths,
+    };
+    print!("{}", render_depths(&report));
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
 }
 
 fn prompts(a: &BenchArgs) -> Result<Vec<Prompt>> {
@@ -197,8 +265,14 @@ fn run_sweep(a: &BenchArgs) -> Result<()> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if !a.depth.is_empty() {
+        return run_depth(&a);
+    }
     if !a.batch_sizes.is_empty() {
         return run_sweep(&a);
+    }
+    if a.prompt.is_none() && a.prompt_ids.is_none() && a.prompts.is_none() {
+        bail!("give --prompt, --prompt-ids or --prompts (or --depth for the context-depth sweep)");
     }
     let cfg = config(&a)?;
     let report = run_bench(&cfg, |line| eprintln!("{line}"))?;

@@ -175,4 +175,7 @@ impl CausalLm for K3Model {
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
         Ok(Box::new(state_io::decode(&self.spec, bytes)?))
     }
+    fn synthetic_state(&self, depth: usize, seed: u64) -> Result<Box<dyn SeqState>> {
+        Ok(Box::new(state_io::synthetic(&self.spec, depth, seed)))
+    }
 }

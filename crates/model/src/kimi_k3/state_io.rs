@@ -144,6 +144,40 @@ pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> 
     Ok(s)
 }
 
+/// A state at `depth` with pseudo-random KDA state (small) and latent rows
+/// (unit scale, like the normalised latent).
+pub(crate) fn synthetic(spec: &Arc<K3Spec>, depth: usize, seed: u64) -> SequenceState {
+    let mut x = seed ^ 0x5DEE_CE66_D1CE_4E5B;
+    let mut next = move |amp: f32| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
+    };
+    let mut s = SequenceState::new(spec);
+    s.pos = depth;
+    for l in &mut s.layers {
+        match l {
+            LayerState::Kda(k) => {
+                k.s.iter_mut().for_each(|v| *v = next(0.02));
+                k.conv.iter_mut().flatten().for_each(|v| *v = next(0.5));
+            }
+            LayerState::Mla(m) => {
+                let w = m.width;
+                let mut block = vec![0f32; w * 256];
+                let mut left = depth;
+                while left > 0 {
+                    let k = left.min(256);
+                    block[..k * w].iter_mut().for_each(|v| *v = next(1.7));
+                    m.push_rows(&block[..k * w]);
+                    left -= k;
+                }
+            }
+        }
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use crate::lm::{CausalLm, Logits};
