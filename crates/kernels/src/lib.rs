@@ -14,6 +14,7 @@ mod avx2;
 mod avx512;
 pub mod dispatch;
 pub mod formats;
+pub mod kda;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -14,115 +14,13 @@
 //! loop is sequential, which makes a T-token pass bit-identical to T
 //! single-token passes.
 
-use fathom_kernels::ops::{l2_normalize, rms_norm, sigmoid, silu};
+use fathom_kernels::kda::{delta_rule, log_decay, short_conv};
+use fathom_kernels::ops::{l2_normalize, rms_norm, sigmoid};
 use rayon::prelude::*;
 
 use super::config::{K3Spec, KDA_L2_EPS};
 use super::state::{KdaJournal, KdaState};
 use super::weights::KdaWeights;
-
-/// Depthwise causal convolution + SiLU over `pre [T, P]`, using and updating
-/// `window` (`[kernel−1, P]`, the previous pre-convolution rows).
-pub fn short_conv(
-    pre: &[f32],
-    window: &mut [f32],
-    taps: &[f32],
-    p: usize,
-    kernel: usize,
-) -> Vec<f32> {
-    let t = pre.len() / p;
-    let hist = kernel - 1;
-    // seq = window ++ pre, rows of width p
-    let row = |r: usize| -> &[f32] {
-        if r < hist {
-            &window[r * p..(r + 1) * p]
-        } else {
-            &pre[(r - hist) * p..(r - hist + 1) * p]
-        }
-    };
-    let mut out = vec![0f32; t * p];
-    for ti in 0..t {
-        let o = &mut out[ti * p..(ti + 1) * p];
-        for j in 0..kernel {
-            let x = row(ti + j);
-            for c in 0..p {
-                o[c] += taps[c * kernel + j] * x[c];
-            }
-        }
-        for v in o.iter_mut() {
-            *v = silu(*v);
-        }
-    }
-    // New window: the last `hist` rows of seq.
-    let total = hist + t;
-    let new: Vec<f32> = (total - hist..total)
-        .flat_map(|r| row(r).to_vec())
-        .collect();
-    window.copy_from_slice(&new);
-    out
-}
-
-/// Per-channel log decay `log α` for one head.
-#[inline]
-fn log_decay(f: f32, a: f32, dt: f32, lower_bound: Option<f32>) -> f32 {
-    let z = f + dt;
-    match lower_bound {
-        Some(lb) => lb * sigmoid(a * z),
-        None => -a * softplus(z),
-    }
-}
-
-#[inline]
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
-}
-
-/// One head's gated delta rule over `t` tokens. `s` is `[K, V]`.
-#[allow(clippy::too_many_arguments)]
-fn delta_rule_head(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    log_alpha: &[f32],
-    beta: &[f32],
-    kd: usize,
-    vd: usize,
-    out: &mut [f32],
-) {
-    let mut pred = vec![0f32; vd];
-    for ti in 0..beta.len() {
-        let (qt, kt, vt) = (
-            &q[ti * kd..][..kd],
-            &k[ti * kd..][..kd],
-            &v[ti * vd..][..vd],
-        );
-        let la = &log_alpha[ti * kd..][..kd];
-        // S ← diag(α) S, and pred = Sᵀ k in the same sweep.
-        pred.fill(0.0);
-        for kk in 0..kd {
-            let alpha = la[kk].exp();
-            let row = &mut s[kk * vd..(kk + 1) * vd];
-            for (sv, p) in row.iter_mut().zip(pred.iter_mut()) {
-                *sv *= alpha;
-                *p += kt[kk] * *sv;
-            }
-        }
-        // u = β (v − pred);  S ← S + k ⊗ u;  o = Sᵀ q.
-        for (p, &x) in pred.iter_mut().zip(vt) {
-            *p = beta[ti] * (x - *p);
-        }
-        let o = &mut out[ti * vd..(ti + 1) * vd];
-        o.fill(0.0);
-        for kk in 0..kd {
-            let row = &mut s[kk * vd..(kk + 1) * vd];
-            for ((sv, &u), ov) in row.iter_mut().zip(pred.iter()).zip(o.iter_mut()) {
-                *sv += kt[kk] * u;
-                *ov += qt[kk] * *sv;
-            }
-        }
-    }
-}
 
 /// A run of rows of the step's input belonging to one sequence.
 pub type Segment = std::ops::Range<usize>;
@@ -234,7 +132,7 @@ pub fn kda(
                 };
                 let hi = head_inputs(spec, w, &rows, hh);
                 let os = &mut o[seg.start * kd..seg.end * kd];
-                delta_rule_head(s, &hi.q, &hi.k, &hi.v, &hi.log_alpha, &hi.beta, kd, kd, os);
+                delta_rule(s, &hi.q, &hi.k, &hi.v, &hi.log_alpha, &hi.beta, kd, kd, os);
                 inputs.push(journal.then_some(hi));
             }
             // Gated RMSNorm of the head output.
@@ -297,7 +195,7 @@ pub fn replay_prefix(spec: &K3Spec, st: &mut KdaState, j: &KdaJournal, keep: usi
         .with_min_len(min_len)
         .for_each(|(s, hi)| {
             let mut o = vec![0f32; keep * kd];
-            delta_rule_head(
+            delta_rule(
                 s,
                 &hi.q[..keep * kd],
                 &hi.k[..keep * kd],
