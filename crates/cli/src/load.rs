@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use fathom_model::kimi_k3::config::K3Spec;
 use fathom_model::{CausalLm, LoadOptions, Spine};
-use fathom_stream::budget::{Ledger, default_budget};
+use fathom_stream::budget::{Ledger, check_budget, default_budget};
 use fathom_stream::{StreamConfig, StreamedExperts};
 use fathom_weights::units::parse_size;
 
@@ -35,11 +35,13 @@ pub struct MemoryArgs {
     /// Where routed experts live.
     #[arg(long, value_enum, default_value_t = ExpertMode::Auto)]
     pub experts: ExpertMode,
-    /// Tokens of context the budget reserves sequence state for.
-    #[arg(long, default_value_t = 4096)]
+    /// Tokens of context the budget reserves sequence state for; a prompt
+    /// plus --max-new beyond it (or beyond the model's
+    /// max_position_embeddings) is refused.
+    #[arg(long, default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 26)))]
     pub context: usize,
     /// Parallel expert reads (I/O threads).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub io_threads: usize,
     /// Do not prefetch the next layer's predicted experts.
     #[arg(long)]
@@ -112,7 +114,10 @@ pub fn load_model_with(
     let spec = K3Spec::from_dir(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
     let (budget, budget_source) = match mem.ram_budget {
-        Some(b) => (b, "--ram-budget".to_string()),
+        Some(b) => (
+            check_budget(b).map_err(anyhow::Error::msg)?,
+            "--ram-budget".to_string(),
+        ),
         None => default_budget(),
     };
     let max_inflight = if mem.no_prefetch {

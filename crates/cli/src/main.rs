@@ -39,6 +39,14 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(n) = cli.threads.filter(|&n| n == 0 || n > 4 * cores) {
+        eprintln!(
+            "error: --threads {n}: give 1 to {} (4 × the {cores} cores here)",
+            4 * cores
+        );
+        std::process::exit(2);
+    }
     if let Some(n) = cli.threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))

@@ -230,6 +230,72 @@ fn corrupt_checkpoint_is_reported_with_the_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_fifo_shard_and_out_of_range_flags_end_in_clear_errors() {
+    let dir = std::env::temp_dir().join(format!("fathom-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = tiny().join("checkpoint");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let shard = dir.join("model-00002-of-000002.safetensors");
+    std::fs::remove_file(&shard).unwrap();
+    let made = std::process::Command::new("mkfifo").arg(&shard).status();
+    if made.is_ok_and(|s| s.success()) {
+        // Would hang forever on a read; refused before opening instead.
+        fails_with(
+            &["run", "--model", dir.to_str().unwrap(), "--prompt-ids", "1"],
+            "not a regular file",
+        );
+    } else {
+        eprintln!("skipped the FIFO case: mkfifo is not available");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let ck = tiny().join("checkpoint");
+    let ck = ck.to_str().unwrap();
+    fails_with(
+        &[
+            "run",
+            "--model",
+            ck,
+            "--prompt-ids",
+            "1",
+            "--threads",
+            "100000",
+        ],
+        "--threads 100000: give 1 to",
+    );
+    fails_with(
+        &[
+            "run",
+            "--model",
+            ck,
+            "--prompt-ids",
+            "1",
+            "--io-threads",
+            "100000",
+        ],
+        "100000 is not in 1..=256",
+    );
+    fails_with(
+        &[
+            "run",
+            "--model",
+            ck,
+            "--prompt-ids",
+            "1",
+            "--ram-budget",
+            "1000TB",
+        ],
+        "is more than the",
+    );
+    fails_with(
+        &["inspect", ck, "--context", "18446744073709551615"],
+        "--context",
+    );
+}
+
 fn code_small() -> Option<PathBuf> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/k3-code-small");
     p.join("config.json").is_file().then_some(p)

@@ -228,6 +228,31 @@ impl Ledger {
     }
 }
 
+/// The most memory this process may have: the memory-cgroup limit or the
+/// physical memory, whichever is smaller (with where the figure came from).
+pub fn memory_ceiling() -> (u64, &'static str) {
+    let total = meminfo("MemTotal:").unwrap_or(u64::MAX);
+    match memory_limit() {
+        Some(c) if c < total => (c, "memory-cgroup limit"),
+        _ => (total, "physical memory"),
+    }
+}
+
+/// A budget asked for: refused when above what the machine or the cgroup
+/// can give (it would end in an OOM kill, not in a clear error).
+pub fn check_budget(asked: u64) -> Result<u64, String> {
+    let (ceiling, src) = memory_ceiling();
+    if asked > ceiling {
+        return Err(format!(
+            "--ram-budget {} is more than the {src} ({}): give at most that, or leave --ram-budget out for the default ({})",
+            format_bytes(asked),
+            format_bytes(ceiling),
+            format_bytes(default_budget().0)
+        ));
+    }
+    Ok(asked)
+}
+
 /// The default budget: the memory-cgroup limit or the available memory,
 /// whichever is smaller, minus a margin of 10 % (at least 256 MiB, at most a
 /// quarter of a small limit) for the

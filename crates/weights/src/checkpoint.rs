@@ -131,6 +131,13 @@ impl Checkpoint {
 
     /// Opens one shard, validates its header, returns its tensors.
     fn add_shard(&mut self, path: &Path) -> Result<HashMap<String, TensorLoc>> {
+        // A FIFO, device or directory would block or mislead a read: refuse
+        // anything but a regular file (symlinks to one are fine) before opening.
+        let meta = std::fs::metadata(path).map_err(|e| WeightsError::io(path, e))?;
+        if !meta.is_file() {
+            let kind = std::io::Error::other("not a regular file (a FIFO, device or directory?)");
+            return Err(WeightsError::io(path, kind));
+        }
         let file = File::open(path).map_err(|e| WeightsError::io(path, e))?;
         let len = file
             .metadata()

@@ -37,7 +37,7 @@ pub struct InspectArgs {
     #[arg(long, value_parser = parse_size)]
     ram_budget: Option<u64>,
     /// Context length the sequence state is sized for (tokens).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 26)))]
     context: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]

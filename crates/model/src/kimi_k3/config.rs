@@ -108,10 +108,18 @@ impl<'a> Fields<'a> {
             .map(|x| x as usize)
             .ok_or_else(|| self.err(name, format!("= {v}: expected a non-negative integer")))
     }
+    /// A positive size, at most [`MAX_DIM`] (bounded before anything is
+    /// allocated with it).
     fn positive(&self, name: &str) -> Result<usize> {
         let x = self.usize(name)?;
         if x == 0 {
             return Err(self.err(name, "= 0: must be positive"));
+        }
+        if x > MAX_DIM {
+            return Err(self.err(
+                name,
+                format!("= {x}: larger than any model this reads (at most {MAX_DIM})"),
+            ));
         }
         Ok(x)
     }
@@ -164,11 +172,27 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn opt_token(v: &Value, name: &str) -> Option<u32> {
+/// Largest size field accepted (layers, experts, widths, vocabulary).
+pub const MAX_DIM: usize = 1 << 24;
+
+fn opt_token(v: &Value, name: &str) -> Option<u64> {
     match v.get(name)? {
-        Value::Number(n) => n.as_u64().map(|x| x as u32),
-        Value::Array(a) => a.first()?.as_u64().map(|x| x as u32),
+        Value::Number(n) => n.as_u64(),
+        Value::Array(a) => a.first()?.as_u64(),
         _ => None,
+    }
+}
+
+/// A token id from `text_config` or the top level, checked to fit 32 bits.
+fn token_id(t: &Fields<'_>, tv: &Value, root: &Value, name: &str) -> Result<Option<u32>> {
+    match opt_token(tv, name).or_else(|| opt_token(root, name)) {
+        None => Ok(None),
+        Some(x) => u32::try_from(x).map(Some).map_err(|_| {
+            t.err(
+                name,
+                format!("= {x}: not a token id (at most {})", u32::MAX),
+            )
+        }),
     }
 }
 
@@ -321,8 +345,8 @@ impl K3Spec {
             situ_linear_beta: t.opt_f32("activation_situ_linear_beta")?,
             attn_res_block_size: t.positive("attn_res_block_size")?,
             attn_kinds,
-            bos_token_id: opt_token(tv, "bos_token_id").or_else(|| opt_token(root, "bos_token_id")),
-            eos_token_id: opt_token(tv, "eos_token_id").or_else(|| opt_token(root, "eos_token_id")),
+            bos_token_id: token_id(&t, tv, root, "bos_token_id")?,
+            eos_token_id: token_id(&t, tv, root, "eos_token_id")?,
             max_position_embeddings: tv
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)
@@ -338,6 +362,34 @@ impl K3Spec {
                     ),
                 ));
             }
+        }
+        for (name, id) in [
+            ("bos_token_id", spec.bos_token_id),
+            ("eos_token_id", spec.eos_token_id),
+        ] {
+            if let Some(id) = id.filter(|&i| i as usize >= spec.vocab_size) {
+                return Err(t.err(
+                    name,
+                    format!(
+                        "= {id}: outside the vocabulary (vocab_size {})",
+                        spec.vocab_size
+                    ),
+                ));
+            }
+        }
+        let eps = spec.rms_norm_eps;
+        if !(eps.is_finite() && eps > 0.0 && eps < 1.0) {
+            return Err(t.err(
+                "rms_norm_eps",
+                format!("= {eps}: must be a number in (0, 1)"),
+            ));
+        }
+        let rsf = spec.routed_scaling_factor;
+        if !(rsf.is_finite() && rsf > 0.0 && rsf <= 1e4) {
+            return Err(t.err(
+                "routed_scaling_factor",
+                format!("= {rsf}: must be a number in (0, 10000]"),
+            ));
         }
         if spec.top_k > spec.num_experts {
             return Err(t.err(
@@ -429,6 +481,40 @@ mod tests {
         let mut v = tiny();
         edit(&mut v);
         K3Spec::from_json(&v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_before_use() {
+        let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+            (
+                Box::new(|v| v["text_config"]["num_hidden_layers"] = 1_000_000_000_000u64.into()),
+                "num_hidden_layers: = 1000000000000: larger than",
+            ),
+            (
+                Box::new(|v| v["text_config"]["num_experts"] = 1_000_000_000_000u64.into()),
+                "num_experts: = 1000000000000",
+            ),
+            (
+                Box::new(|v| v["text_config"]["rms_norm_eps"] = (-1.0).into()),
+                "rms_norm_eps: = -1: must be a number in (0, 1)",
+            ),
+            (
+                Box::new(|v| v["text_config"]["routed_scaling_factor"] = 1e30.into()),
+                "routed_scaling_factor: = 1000000000000000000000000000000",
+            ),
+            (
+                Box::new(|v| v["text_config"]["eos_token_id"] = (1u64 << 40).into()),
+                "eos_token_id: = 1099511627776: not a token id",
+            ),
+            (
+                Box::new(|v| v["text_config"]["eos_token_id"] = 5000.into()),
+                "eos_token_id: = 5000: outside the vocabulary",
+            ),
+        ];
+        for (edit, want) in cases {
+            let e = err_of(edit);
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
     }
 
     #[test]
