@@ -37,7 +37,37 @@ enum Command {
     EvalQuant(commands::eval_quant::EvalQuantArgs),
 }
 
+/// Exit status of a program whose reader went away (128 + SIGPIPE), as
+/// `head` and other Unix tools leave it.
+const BROKEN_PIPE_EXIT: i32 = 141;
+
+/// A closed stdout (`fathom tokenize … | head`) ends the program quietly
+/// with [`BROKEN_PIPE_EXIT`]: `print!` panics on it, `write!` returns it.
+fn quiet_broken_pipes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("Broken pipe") {
+            std::process::exit(BROKEN_PIPE_EXIT);
+        }
+        default(info);
+    }));
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn main() {
+    quiet_broken_pipes();
     let cli = Cli::parse();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if let Some(n) = cli.threads.filter(|&n| n == 0 || n > 4 * cores) {
@@ -71,6 +101,9 @@ fn main() {
         Command::EvalQuant(a) => commands::eval_quant::run(a),
     };
     if let Err(e) = result {
+        if is_broken_pipe(&e) {
+            std::process::exit(BROKEN_PIPE_EXIT);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

@@ -589,3 +589,47 @@ fn prefill_chunk_does_not_change_the_golden_tokens() {
         assert_eq!(got.len(), 16.min(greedy.len()));
     }
 }
+
+#[test]
+fn a_closed_stdout_ends_quietly_with_141() {
+    use std::io::Read;
+    let ck = tiny().join("checkpoint");
+    for args in [
+        vec![
+            "logits",
+            "--model",
+            ck.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2",
+            "--top",
+            "1000",
+        ],
+        vec![
+            "run",
+            "--model",
+            ck.to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+            "--max-new",
+            "900",
+            "--ignore-eos",
+            "--context",
+            "1000",
+        ],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 4];
+        child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+        // The reader is gone now; the program must notice and stop quietly.
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        // 141 (128 + SIGPIPE) when it noticed; 0 if it had already finished.
+        assert!(matches!(out.status.code(), Some(141 | 0)), "{args:?}: {:?} {err}", out.status);
+    }
+}
