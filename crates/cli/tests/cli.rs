@@ -630,6 +630,10 @@ fn a_closed_stdout_ends_quietly_with_141() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         // 141 (128 + SIGPIPE) when it noticed; 0 if it had already finished.
-        assert!(matches!(out.status.code(), Some(141 | 0)), "{args:?}: {:?} {err}", out.status);
+        assert!(
+            matches!(out.status.code(), Some(141 | 0)),
+            "{args:?}: {:?} {err}",
+            out.status
+        );
     }
 }

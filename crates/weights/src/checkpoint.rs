@@ -219,6 +219,30 @@ impl Checkpoint {
     }
 }
 
+/// The tensors must cover the data section exactly, as the reference
+/// safetensors reader requires: no hole between two tensors and nothing
+/// after the last. A header length off by a few bytes (every tensor then
+/// read a few bytes early) shows up here.
+fn check_coverage(spans: &[(u64, u64, String)], data_len: u64) -> std::result::Result<(), String> {
+    let mut at = 0u64;
+    for (begin, end, name) in spans {
+        if *begin > at {
+            return Err(format!(
+                "{} bytes of the data section before tensor {name} belong to no tensor",
+                begin - at
+            ));
+        }
+        at = at.max(*end);
+    }
+    if at != data_len {
+        return Err(format!(
+            "{} bytes after the last tensor's data belong to no tensor (is the header length prefix right?)",
+            data_len - at
+        ));
+    }
+    Ok(())
+}
+
 /// Reads and validates a shard header. Offsets returned are absolute.
 fn read_header(
     path: &Path,
@@ -307,5 +331,6 @@ fn read_header(
             });
         }
     }
+    check_coverage(&spans, data_len).map_err(bad)?;
     Ok(out)
 }

@@ -147,3 +147,35 @@ fn index_and_shards_must_agree() {
     std::fs::remove_file(d.join("model.safetensors.index.json")).unwrap();
     assert!(open_err(&d).contains("not a model directory"));
 }
+
+#[test]
+fn tensors_must_cover_the_data_section_exactly() {
+    // A hole between two tensors.
+    let d = tmpdir("hole");
+    write_st(
+        &d.join("model.safetensors"),
+        json!({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+               "b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]}}),
+        &[0u8; 12],
+    );
+    let e = open_err(&d);
+    assert!(
+        e.contains("4 bytes of the data section before tensor b belong to no tensor"),
+        "{e}"
+    );
+    // A header-length prefix 3 bytes into the header's padding: every tensor
+    // would be read 3 bytes early; the 3 extra data bytes give it away.
+    let d = tmpdir("shifted");
+    let mut h =
+        serde_json::to_vec(&json!({"w": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}}))
+            .unwrap();
+    while !h.len().is_multiple_of(8) || h.len() < 40 {
+        h.push(b' ');
+    }
+    let mut f = (h.len() as u64 - 3).to_le_bytes().to_vec();
+    f.extend(h);
+    f.extend_from_slice(&[7u8; 8]);
+    std::fs::write(d.join("model.safetensors"), f).unwrap();
+    let e = open_err(&d);
+    assert!(e.contains("3 bytes after the last tensor"), "{e}");
+}
