@@ -11,3 +11,5 @@ pub mod serve;
 pub mod synth;
 pub mod tokenize;
 pub mod verify;
+pub mod verify_data;
+pub mod verify_digest;

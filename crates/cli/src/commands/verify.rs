@@ -6,8 +6,6 @@
 //! spec needs is present with the right shape and dtype and nothing else is
 //! (`check_tensors`). With `--digest`, also SHA-256 of every file.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
@@ -16,8 +14,6 @@ use fathom_model::kimi_k3::config::K3Spec;
 use fathom_model::kimi_k3::weights::check_tensors;
 use fathom_weights::Checkpoint;
 use fathom_weights::units::format_bytes;
-use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
 use super::synth::byte_bar;
 
@@ -28,10 +24,18 @@ use super::synth::byte_bar;
 pub struct VerifyArgs {
     /// Model directory (config.json, index, shards).
     dir: PathBuf,
-    /// Also compute the SHA-256 of every file (reads all bytes; prints
-    /// `digest  file` lines like sha256sum).
+    /// Also compute the SHA-256 of every file, following symlinks (the
+    /// Hugging Face cache layout), and compare with a manifest: `--digest-file`,
+    /// else `SHA256SUMS` in the directory, else the blob names of a Hugging
+    /// Face cache. With nothing to compare with, says `unverified`.
     #[arg(long)]
     digest: bool,
+    /// A manifest of `sha256  file` lines (as sha256sum writes) to compare with.
+    #[arg(long, value_name = "FILE", requires = "digest")]
+    digest_file: Option<PathBuf>,
+    /// Also read every tensor and refuse non-finite values and NaN scales.
+    #[arg(long)]
+    data: bool,
 }
 
 /// Most problems listed before the summary.
@@ -40,15 +44,42 @@ const SHOWN: usize = 20;
 pub fn run(a: VerifyArgs) -> Result<()> {
     match check(&a.dir) {
         Ok((ck, n_tensors)) => {
-            if a.digest {
-                digest(&a.dir)?;
+            if a.data {
+                let bar = byte_bar(ck.data_bytes(), "values");
+                let problems = super::verify_data::check_values(&ck, &bar)?;
+                bar.finish_and_clear();
+                if !problems.is_empty() {
+                    for p in problems.iter().take(SHOWN) {
+                        eprintln!("{p}");
+                    }
+                    println!("FAILED: {}", problems[0]);
+                    bail!(
+                        "{} holds non-finite weights ({} tensors)",
+                        a.dir.display(),
+                        problems.len()
+                    );
+                }
             }
+            let (verdict, digests) = if a.digest {
+                match super::verify_digest::verify(&a.dir, a.digest_file.as_deref())? {
+                    (n, 0) => ("ok", format!(", {n} files match the manifest")),
+                    (n, u) => (
+                        "unverified",
+                        format!(
+                            ", {n} files match a manifest, {u} have none to compare with (give --digest-file or a SHA256SUMS)"
+                        ),
+                    ),
+                }
+            } else {
+                ("ok", String::new())
+            };
             println!(
-                "ok: {} shard{}, {} tensors, {}",
+                "{verdict}: {} shard{}, {} tensors, {}{}{digests}",
                 ck.shards().len(),
                 if ck.shards().len() == 1 { "" } else { "s" },
                 n_tensors,
-                format_bytes(ck.shards().iter().map(|s| s.len).sum())
+                format_bytes(ck.shards().iter().map(|s| s.len).sum()),
+                if a.data { ", every value finite" } else { "" }
             );
             Ok(())
         }
@@ -92,41 +123,4 @@ fn with_file(ck: &Checkpoint, problem: &str) -> String {
         Some(loc) => format!("{}: {problem}", ck.shards()[loc.shard].path.display()),
         None => format!("{}: {problem}", ck.dir().display()),
     }
-}
-
-/// SHA-256 of every regular file in the directory, in name order.
-fn digest(dir: &Path) -> Result<()> {
-    let mut files: Vec<(PathBuf, u64)> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-        .map(|e| Ok((e.path(), e.metadata()?.len())))
-        .collect::<std::io::Result<_>>()?;
-    files.sort();
-    let bar = byte_bar(files.iter().map(|f| f.1).sum(), "sha256");
-    let sums: Vec<Result<String>> = files
-        .par_iter()
-        .map(|(path, _)| {
-            let mut f = File::open(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let mut h = Sha256::new();
-            let mut buf = vec![0u8; 8 << 20];
-            loop {
-                let n = f
-                    .read(&mut buf)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-                if n == 0 {
-                    break;
-                }
-                h.update(&buf[..n]);
-                bar.inc(n as u64);
-            }
-            Ok(format!("{:x}", h.finalize()))
-        })
-        .collect();
-    bar.finish_and_clear();
-    for ((path, _), sum) in files.iter().zip(sums) {
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        println!("{}  {name}", sum?);
-    }
-    Ok(())
 }
