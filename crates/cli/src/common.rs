@@ -23,8 +23,12 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
-/// The tokenizer shipped in the model directory, if any.
+/// The tokenizer shipped in the model directory, if any. A GGUF file or a
+/// Hugging Face cache root is refused with what to give instead.
 pub fn tokenizer(dir: &Path) -> Result<Option<std::sync::Arc<dyn Tokenizer>>> {
+    if let Some(why) = crate::load::not_a_model_dir(dir) {
+        bail!("{why}");
+    }
     Ok(fathom_tokenizer::load_from_dir(dir)
         .with_context(|| format!("cannot load the tokenizer in {}", dir.display()))?
         .map(std::sync::Arc::from))

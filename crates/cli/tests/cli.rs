@@ -769,3 +769,29 @@ fn verify_digest_follows_a_hugging_face_snapshot_layout() {
     std::fs::remove_dir_all(&root).unwrap();
     std::fs::remove_dir_all(&src).unwrap();
 }
+
+#[test]
+fn gguf_files_and_hugging_face_cache_roots_are_named_with_the_fix() {
+    let root = std::env::temp_dir().join(format!("fathom-notmodel-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let hf = root.join("models--org--m");
+    std::fs::create_dir_all(hf.join("snapshots/rev1")).unwrap();
+    std::fs::create_dir_all(hf.join("blobs")).unwrap();
+    let gguf = root.join("m.gguf");
+    std::fs::write(&gguf, b"GGUF\x03\0\0\0rest").unwrap();
+    let (h, g) = (hf.to_str().unwrap(), gguf.to_str().unwrap());
+    fails_with(
+        &["run", "--model", h, "--prompt-ids", "1"],
+        "snapshots/<revision> (found: rev1)",
+    );
+    fails_with(
+        &["tokenize", "--model", h, "x"],
+        "Hugging Face cache repository",
+    );
+    fails_with(
+        &["run", "--model", g, "--prompt-ids", "1"],
+        "is a GGUF file: fathom reads safetensors",
+    );
+    fails_with(&["tokenize", "--model", g, "x"], "is a GGUF file");
+    std::fs::remove_dir_all(&root).unwrap();
+}
