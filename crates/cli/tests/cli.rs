@@ -795,3 +795,30 @@ fn gguf_files_and_hugging_face_cache_roots_are_named_with_the_fix() {
     fails_with(&["tokenize", "--model", g, "x"], "is a GGUF file");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+#[test]
+fn demo_refuses_impossible_models_before_writing_anything() {
+    let dir = std::env::temp_dir().join(format!("fathom-demo-refuse-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    // The tiny preset cannot reach 9 GB without a header no reader accepts.
+    fails_with(
+        &[
+            "demo",
+            "--dir",
+            d,
+            "--preset",
+            "tiny",
+            "--ram-budget",
+            "3GB",
+        ],
+        "over the 100 MB readers accept",
+    );
+    fails_with(
+        &["demo", "--dir", d, "--ram-budget", "1000TB"],
+        "is more than the",
+    );
+    let written = std::fs::read_dir(&dir).map(|r| r.count()).unwrap_or(0);
+    assert_eq!(written, 0, "nothing may be written before refusing");
+    let _ = std::fs::remove_dir_all(&dir);
+}

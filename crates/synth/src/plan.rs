@@ -114,11 +114,27 @@ impl Plan {
         }
         groups.retain(|g| !g.is_empty());
         let n = groups.len();
-        let shards = groups
+        let shards: Vec<ShardPlan> = groups
             .into_iter()
             .enumerate()
             .map(|(i, g)| shard_plan(&spec, seed, shard_name(i, n), g))
             .collect();
+        // Every reader (fathom's too) caps the header; a model it could
+        // not open is refused before any byte is written.
+        if let Some(s) = shards
+            .iter()
+            .find(|s| s.header.len() as u64 > fathom_weights::MAX_HEADER)
+        {
+            return Err(crate::error::SynthError::Invalid(format!(
+                "{}: its header would be {} MB ({} layers × {} experts), over the {} MB readers accept: \
+                 use fewer layers or experts, or a preset with larger tensors (k3-mini)",
+                s.file_name,
+                s.header.len() >> 20,
+                dims.num_layers,
+                dims.num_experts,
+                fathom_weights::MAX_HEADER >> 20
+            )));
+        }
         Ok(Plan {
             dims: dims.clone(),
             spec,

@@ -19,7 +19,8 @@ use safetensors::tensor::TensorInfo;
 use crate::error::{Result, WeightsError};
 
 /// Largest header we accept (the safetensors reference uses the same cap).
-const MAX_HEADER: u64 = 100 << 20;
+/// Largest shard header (JSON) read; writers must stay under it.
+pub const MAX_HEADER: u64 = 100 << 20;
 
 /// One opened shard file.
 #[derive(Debug)]

@@ -21,6 +21,10 @@ use fathom_weights::units::format_bytes;
 
 use crate::common::tokenizer;
 use crate::load::{ExpertMode, MemoryArgs, load_model_with};
+use fathom_stream::budget::{check_budget, default_budget};
+
+/// The demo's budget when none is given (capped by what the machine gives).
+const DEFAULT_BUDGET: u64 = 3_000_000_000;
 
 /// Make a synthetic K3-format model larger than the RAM budget (once) and
 /// stream a generation from it with live statistics.
@@ -30,9 +34,11 @@ pub struct DemoArgs {
     /// or ~/.cache/fathom/demo-k3-mini).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// RAM budget the demo runs within; the model is made about 3x larger.
-    #[arg(long, default_value = "3GB", value_parser = fathom_weights::units::parse_size)]
-    ram_budget: u64,
+    /// RAM budget the demo runs within; the model is made about 3x larger
+    /// (default: 3 GB, or less when the memory cgroup or the free memory is
+    /// smaller — the demo never runs over what the machine gives it).
+    #[arg(long, value_parser = fathom_weights::units::parse_size)]
+    ram_budget: Option<u64>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 24)]
     max_new: usize,
@@ -45,19 +51,44 @@ pub struct DemoArgs {
     prompt: String,
 }
 
-fn default_dir() -> PathBuf {
+/// Bumped when the demo model's format or recipe changes.
+const DEMO_VERSION: u32 = 2;
+/// Written last into a complete demo model: what it was made for.
+const MARKER: &str = "fathom-demo.json";
+
+/// One cached model per (preset, size, seed, version).
+fn default_dir(preset: &str, target: u64) -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
-    base.join("fathom").join("demo-k3-mini")
+    let mb = target >> 20;
+    base.join("fathom")
+        .join(format!("demo-{preset}-{mb}MiB-s0-v{DEMO_VERSION}"))
 }
 
-/// Writes the demo model unless a complete one is already there.
+fn marker(preset: &str, target: u64) -> serde_json::Value {
+    serde_json::json!({"preset": preset, "target_bytes": target, "seed": 0, "version": DEMO_VERSION})
+}
+
+/// Writes the demo model unless a complete one made for the same
+/// (preset, size, seed, version) is already there; anything else in the
+/// directory (an interrupted write, another size) is replaced.
 fn ensure_model(dir: &Path, preset: &str, target: u64) -> Result<()> {
-    if dir.join("model.safetensors.index.json").is_file() && dir.join("config.json").is_file() {
+    let want = marker(preset, target);
+    let found = std::fs::read_to_string(dir.join(MARKER))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    if found.as_ref() == Some(&want) {
         eprintln!("using the cached demo model in {}", dir.display());
         return Ok(());
+    }
+    if dir.join("config.json").is_file() {
+        eprintln!(
+            "{} holds a demo model made for other settings (or an interrupted one): replacing it",
+            dir.display()
+        );
+        let _ = std::fs::remove_file(dir.join(MARKER));
     }
     let resolved = resolve(
         Preset::from_name(preset)?,
@@ -86,16 +117,31 @@ fn ensure_model(dir: &Path, preset: &str, target: u64) -> Result<()> {
     write_model(&plan, dir, &opts, &|n| bar.inc(n))
         .with_context(|| format!("cannot write the demo model to {}", dir.display()))?;
     bar.finish_and_clear();
+    std::fs::write(dir.join(MARKER), want.to_string())
+        .with_context(|| format!("cannot write {}", dir.join(MARKER).display()))?;
     Ok(())
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
-    let dir = a.dir.clone().unwrap_or_else(default_dir);
-    ensure_model(&dir, &a.preset, 3 * a.ram_budget)?;
+    let budget = match a.ram_budget {
+        Some(b) => check_budget(b).map_err(anyhow::Error::msg)?,
+        None => {
+            let (avail, src) = default_budget();
+            if avail < DEFAULT_BUDGET {
+                eprintln!("running within {} ({src})", format_bytes(avail));
+            }
+            avail.min(DEFAULT_BUDGET)
+        }
+    };
+    let dir = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| default_dir(&a.preset, 3 * budget));
+    ensure_model(&dir, &a.preset, 3 * budget)?;
     let tok = tokenizer(&dir)?.context("the demo model has no tokenizer")?;
     let prompt = tok.encode(&a.prompt);
     let mem = MemoryArgs {
-        ram_budget: Some(a.ram_budget),
+        ram_budget: Some(budget),
         experts: ExpertMode::Stream,
         context: 4096,
         io_threads: 16,
@@ -112,7 +158,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         eprintln!(
             "model {} on disk, {:.1}x the budget; {}",
             format_bytes(model_bytes),
-            model_bytes as f64 / a.ram_budget as f64,
+            model_bytes as f64 / budget as f64,
             l.describe()
         );
     }
@@ -162,7 +208,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         g.stats.decode_tok_s,
         g.stats.first_token_s,
         format_bytes(g.stats.peak_rss_bytes),
-        format_bytes(a.ram_budget)
+        format_bytes(budget)
     );
     Ok(())
 }
