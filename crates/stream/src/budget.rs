@@ -184,7 +184,7 @@ impl Ledger {
         let fixed = self.fixed();
         if fixed > budget {
             return Err(format!(
-                "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} tokens {}, scratch {}, I/O buffers {} — at least {} (with no expert cache)",
+                "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} tokens {}, scratch {}, I/O buffers {} — give at least --ram-budget {}MB (no expert cache then)",
                 format_bytes(budget),
                 self.spine_repr,
                 format_bytes(self.spine),
@@ -192,7 +192,7 @@ impl Ledger {
                 format_bytes(self.state),
                 format_bytes(self.scratch),
                 format_bytes(self.io_buffers),
-                format_bytes(fixed)
+                fixed.div_ceil(1_000_000)
             ));
         }
         let total_experts = spec.moe_layers().count() * spec.num_experts;
@@ -297,6 +297,19 @@ mod tests {
         assert_eq!(l.cache_experts, 8 * 32);
         let e = Ledger::plan(&s, 10 << 20, 4096, 1, 8).unwrap_err();
         assert!(e.contains("too small") && e.contains("spine"), "{e}");
+        // The minimum the message names is one that is accepted.
+        let mb: u64 = e
+            .split("--ram-budget ")
+            .nth(1)
+            .unwrap()
+            .split("MB")
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let ok = crate::budget::Ledger::plan(&s, mb * 1_000_000, 4096, 1, 8);
+        assert!(ok.is_ok(), "{e} → {ok:?}");
+        assert!(Ledger::plan(&s, (mb - 1) * 1_000_000, 4096, 1, 8).is_err());
     }
 
     #[test]

@@ -5,12 +5,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The reason is part of the message (not a separate source, so error
+    /// chains do not print it twice).
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error(
         "{path}: not a model directory: neither model.safetensors.index.json nor model.safetensors exists"
     )]
@@ -35,7 +33,7 @@ impl WeightsError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         WeightsError::Io {
             path: path.into(),
-            source,
+            err: source,
         }
     }
 }
