@@ -822,3 +822,46 @@ fn demo_refuses_impossible_models_before_writing_anything() {
     assert_eq!(written, 0, "nothing may be written before refusing");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn runs_with_default_flags_stay_inside_a_memory_cgroup() {
+    let Some(m) = code_small() else {
+        eprintln!("skipped: shared/models/k3-code-small is not beside the repository");
+        return;
+    };
+    let own = match fathom_bench::cgroup::own() {
+        Ok(p) => p,
+        Err(e) => return eprintln!("skipped: no memory cgroup to nest in: {e}"),
+    };
+    // 200 MB: below what the defaults would take without the cgroup (a 4096-token
+    // ledger, 16 I/O threads), so the budget must come from the cgroup limit.
+    let cap = 200_000_000u64;
+    let child = match fathom_bench::cgroup::Child::create(&own, cap) {
+        Ok(c) => c,
+        Err(e) => return eprintln!("skipped: cannot create a child memory cgroup: {e}"),
+    };
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"));
+    cmd.args([
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "def add(a, b):",
+        "--max-new",
+        "16",
+    ]);
+    child.attach_on_exec(&mut cmd);
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let usage = child.usage();
+    assert!(out.status.success(), "{err} {usage:?}");
+    assert!(
+        err.contains("memory-cgroup limit"),
+        "the budget must come from the cgroup: {err}"
+    );
+    assert_eq!(usage.oom_kills.unwrap_or(0), 0, "{usage:?}");
+    if let Some(peak) = usage.peak_bytes {
+        assert!(peak <= cap, "peak {peak} over the {cap}-byte cap");
+    }
+    let _ = child.remove();
+}
