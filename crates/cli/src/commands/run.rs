@@ -101,6 +101,39 @@ pub fn parse_draft(s: &str) -> Result<DraftChoice> {
     })
 }
 
+/// RAM a draft model takes (it is loaded whole): its shard bytes. The
+/// target model's budget is reduced by it, so both fit the one budget.
+pub fn draft_bytes(choice: &DraftChoice) -> Result<u64> {
+    let DraftChoice::Model(dir) = choice else {
+        return Ok(0);
+    };
+    crate::load::check_model_dir(dir).context("--draft model:DIR")?;
+    let ck = fathom_weights::Checkpoint::open(dir)
+        .with_context(|| format!("cannot open the draft model in {}", dir.display()))?;
+    Ok(ck.data_bytes())
+}
+
+/// `mem` with the draft model's bytes taken out of its budget.
+pub fn budget_after_draft(mem: &MemoryArgs, draft: u64) -> Result<MemoryArgs> {
+    let mut m = mem.clone();
+    if draft == 0 {
+        return Ok(m);
+    }
+    let budget = match mem.ram_budget {
+        Some(b) => fathom_stream::budget::check_budget(b).map_err(anyhow::Error::msg)?,
+        None => fathom_stream::budget::default_budget().0,
+    };
+    if draft >= budget {
+        bail!(
+            "the draft model takes {} and the RAM budget is {}: use --draft ngram or a larger --ram-budget",
+            fathom_weights::units::format_bytes(draft),
+            fathom_weights::units::format_bytes(budget)
+        );
+    }
+    m.ram_budget = Some(budget - draft);
+    Ok(m)
+}
+
 /// The drafter `choice` names, for a target of vocabulary `vocab`.
 pub fn make_drafter(choice: &DraftChoice, vocab: usize) -> Result<Option<Box<dyn Drafter>>> {
     Ok(match choice {
@@ -175,7 +208,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     check_context(a.mem.context, prompt.len(), a.max_new, "run")?;
     let chunk = a.prefill_chunk as usize;
     let positions = (prompt.len() + 1).min(chunk.max(a.draft_max as usize + 1));
-    let (model, info) = load_model_with(&a.model, &a.mem, positions, spine)?;
+    // The draft model (if any) comes out of the same budget, checked before loading.
+    let mem = budget_after_draft(&a.mem, draft_bytes(&draft)?)?;
+    let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
     let prompt = with_bos(
         prompt,
         &a.model,
