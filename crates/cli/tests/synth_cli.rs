@@ -52,14 +52,16 @@ fn synth_then_verify_ok_with_digest() {
     let o = fathom(&["verify", dir.to_str().unwrap(), "--digest"]);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8(o.stdout).unwrap();
+    // synth writes SHA256SUMS; every file matches it.
     assert!(
-        out.lines()
-            .any(|l| l.ends_with(&format!("  {SHARD2}")) && l.len() == 64 + 2 + SHARD2.len()),
+        out.lines().any(
+            |l| l.ends_with(&format!("  {SHARD2}  ok")) && l.len() == 64 + 2 + SHARD2.len() + 4
+        ),
         "{out}"
     );
     assert_eq!(
         out.lines().last().unwrap(),
-        "ok: 2 shards, 1770 tensors, 7.27 MB"
+        "ok: 2 shards, 1770 tensors, 7.27 MB, 6 files match the manifest"
     );
     // Without --force an existing model is kept.
     let o = fathom(&["synth", "--preset", "tiny", "--out", dir.to_str().unwrap()]);

@@ -18,6 +18,7 @@
 //!   An interrupted run leaves only dot-files ending in `.partial`, which the
 //!   next run removes. An existing model is replaced only with `force`.
 
+use sha2::Digest;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
@@ -198,6 +199,10 @@ struct Writer<'a> {
     progress: &'a (dyn Fn(u64) + Sync),
     written: u64,
     all_direct: bool,
+    /// SHA-256 of the shard being written (its bytes arrive in order), and
+    /// `(file, digest)` of the finished ones, for `SHA256SUMS`.
+    hash: Option<(sha2::Sha256, u64)>,
+    digests: Vec<(String, String)>,
 }
 
 impl Writer<'_> {
@@ -225,6 +230,7 @@ impl Writer<'_> {
                     let (f, p, direct) = self.open(shard)?;
                     self.all_direct &= direct;
                     cur = Some((f, p, direct, shard.len));
+                    self.hash = Some((sha2::Sha256::new(), 0));
                 }
                 Job::Data { buf, offset, len } => {
                     let (f, path, direct, _) = cur.as_mut().expect("Open precedes Data");
@@ -260,6 +266,14 @@ impl Writer<'_> {
                     }
                     self.written += len as u64;
                     (self.progress)(len as u64);
+                    // Bytes come in file order; anything else drops the digest.
+                    self.hash = match self.hash.take() {
+                        Some((mut h, at)) if at == offset => {
+                            h.update(&buf.slice()[..len]);
+                            Some((h, at + len as u64))
+                        }
+                        _ => None,
+                    };
                     // The generator may have stopped; then nobody needs it.
                     let _ = free.send(buf);
                 }
@@ -268,6 +282,17 @@ impl Writer<'_> {
                     f.set_len(len)
                         .and_then(|_| f.sync_all())
                         .map_err(|e| SynthError::io(&path, e))?;
+                    if let Some((h, at)) = self.hash.take().filter(|(_, at)| *at == len) {
+                        let _ = at;
+                        let name = self
+                            .plan
+                            .shards
+                            .get(self.digests.len())
+                            .map(|s| s.file_name.clone());
+                        if let Some(name) = name {
+                            self.digests.push((name, format!("{:x}", h.finalize())));
+                        }
+                    }
                 }
             }
         }
@@ -325,7 +350,7 @@ pub fn write_model(
 
     let t0 = Instant::now();
     let result = write_shards(plan, dir, opts, progress);
-    let direct = match result {
+    let (direct, mut digests) = match result {
         Ok(d) => d,
         Err(e) => {
             for s in &plan.shards {
@@ -350,6 +375,24 @@ pub fn write_model(
         "model.safetensors.index.json",
         &pretty(&plan.index_json()),
     )?;
+    // A manifest `fathom verify --digest` (and sha256sum -c) compares with.
+    let small = [
+        ("tiktoken.model", ranks.as_bytes().to_vec()),
+        ("tokenizer_config.json", pretty(&tok_cfg)),
+        ("config.json", pretty(&plan.dims.config_json())),
+        ("model.safetensors.index.json", pretty(&plan.index_json())),
+    ];
+    for (name, bytes) in &small {
+        digests.push((
+            name.to_string(),
+            format!("{:x}", sha2::Sha256::digest(bytes)),
+        ));
+    }
+    if digests.len() == plan.shards.len() + small.len() {
+        digests.sort();
+        let sums: String = digests.iter().map(|(n, d)| format!("{d}  {n}\n")).collect();
+        atomic_write(dir, "SHA256SUMS", sums.as_bytes())?;
+    }
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| SynthError::io(dir, e))?;
@@ -373,7 +416,7 @@ fn write_shards(
     dir: &Path,
     opts: &WriteOptions,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<bool> {
+) -> Result<(bool, Vec<(String, String)>)> {
     let buf_size = opts.buffer_size.max(ALIGN).next_multiple_of(ALIGN);
     let (job_tx, job_rx) = sync_channel::<Job>(1);
     let (free_tx, free_rx) = sync_channel::<AlignedBuf>(3);
@@ -389,8 +432,10 @@ fn write_shards(
                 progress,
                 written: 0,
                 all_direct: true,
+                hash: None,
+                digests: Vec::new(),
             };
-            w.run(job_rx, free_tx).map(|()| w.all_direct)
+            w.run(job_rx, free_tx).map(|()| (w.all_direct, w.digests))
         });
         generate(plan, buf_size, job_tx, free_rx);
         writer.join().expect("the writer thread does not panic")
