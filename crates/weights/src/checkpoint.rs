@@ -220,6 +220,33 @@ impl Checkpoint {
     }
 }
 
+/// A JSON object's entries in order, duplicates kept (a map would keep
+/// only the last, hiding the duplicate).
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut v = Vec::new();
+                while let Some(e) = m.next_entry()? {
+                    v.push(e);
+                }
+                Ok(Entries(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// The tensors must cover the data section exactly, as the reference
 /// safetensors reader requires: no hole between two tensors and nothing
 /// after the last. A header length off by a few bytes (every tensor then
@@ -272,8 +299,18 @@ fn read_header(
     let mut json = vec![0u8; n as usize];
     file.read_exact_at(&mut json, 8)
         .map_err(|e| WeightsError::io(path, e))?;
-    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&json)
+    let entries: Entries = serde_json::from_slice(&json)
         .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
+    let mut raw = BTreeMap::new();
+    for (name, value) in entries.0 {
+        if raw.insert(name.clone(), value).is_some() {
+            return Err(WeightsError::BadTensor {
+                path: path.to_path_buf(),
+                tensor: name,
+                msg: "listed twice in the header (duplicate key)".into(),
+            });
+        }
+    }
     let data_start = 8 + n;
     let data_len = file_len - data_start;
     let mut out = HashMap::with_capacity(raw.len());

@@ -454,6 +454,7 @@ impl K3Spec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn tiny() -> Value {
         let p = concat!(
@@ -481,6 +482,48 @@ mod tests {
         let mut v = tiny();
         edit(&mut v);
         K3Spec::from_json(&v).unwrap_err().to_string()
+    }
+
+    /// Every field of k3-tiny's config set to hostile values: parsing ends
+    /// in a spec or an error naming a field, never a panic.
+    #[test]
+    fn hostile_values_in_any_field_never_panic() {
+        let base = tiny();
+        let hostile = [
+            json!(0),
+            json!(-1),
+            json!(1e12),
+            json!(1e308),
+            json!(u64::MAX),
+            json!("x"),
+            json!(null),
+            json!(true),
+            json!([]),
+            json!({}),
+        ];
+        let mut paths: Vec<Vec<String>> = Vec::new();
+        for (k, v) in base["text_config"].as_object().unwrap() {
+            paths.push(vec!["text_config".into(), k.clone()]);
+            if let Some(o) = v.as_object() {
+                for k2 in o.keys() {
+                    paths.push(vec!["text_config".into(), k.clone(), k2.clone()]);
+                }
+            }
+        }
+        for p in &paths {
+            for h in &hostile {
+                let mut v = base.clone();
+                let mut slot = &mut v;
+                for key in p {
+                    slot = &mut slot[key.as_str()];
+                }
+                *slot = h.clone();
+                if let Err(e) = K3Spec::from_json(&v) {
+                    assert!(e.to_string().starts_with("config.json"), "{p:?} = {h}: {e}");
+                }
+            }
+        }
+        assert!(paths.len() > 30);
     }
 
     #[test]
