@@ -166,6 +166,60 @@ fn is_gguf(p: &Path) -> bool {
         && &magic == b"GGUF"
 }
 
+/// Shows load progress until dropped: a bar on a terminal, otherwise a
+/// plain line every few seconds (logs and CI see something too).
+struct LoadProgress {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LoadProgress {
+    fn start(total: u64) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let base = fathom_weights::bytes_read();
+        let thread = std::thread::spawn(move || {
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let bar = if tty {
+                crate::commands::synth::byte_bar(total, "loading")
+            } else {
+                indicatif::ProgressBar::hidden()
+            };
+            let t0 = Instant::now();
+            let mut last_line = Instant::now();
+            while !s2.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                let done = fathom_weights::bytes_read() - base;
+                bar.set_position(done.min(total));
+                if !tty && last_line.elapsed().as_secs() >= 5 {
+                    last_line = Instant::now();
+                    eprintln!(
+                        "loading: {} of {} read ({:.0} s)",
+                        fathom_weights::units::format_bytes(done),
+                        fathom_weights::units::format_bytes(total),
+                        t0.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            bar.finish_and_clear();
+        });
+        LoadProgress {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for LoadProgress {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Loads a model under `mem`'s budget, for passes of up to `positions` tokens,
 /// with the spine in `spine` precision (int8 is quantised at load; the
 /// cache is sized for it — loading briefly holds the spine as stored).
@@ -208,6 +262,21 @@ pub fn load_model_with(
         ExpertMode::Auto => !matches!(&ledger, Ok(l) if l.holds_every_expert(&spec)),
     };
     let t0 = Instant::now();
+    let on_disk: u64 = std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    let total = if stream {
+        ledger.as_ref().map_or(on_disk, |l| l.spine)
+    } else {
+        on_disk
+    };
+    let _progress = LoadProgress::start(total);
     if !stream {
         let opts = LoadOptions {
             spine,

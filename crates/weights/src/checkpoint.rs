@@ -19,6 +19,15 @@ use safetensors::tensor::TensorInfo;
 use crate::error::{Result, WeightsError};
 
 /// Largest header we accept (the safetensors reference uses the same cap).
+/// Tensor bytes read through [`Checkpoint::read_into`] by this process (for
+/// load progress; expert streaming reads through its own reader).
+static BYTES_READ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Tensor bytes this process has read from checkpoints so far.
+pub fn bytes_read() -> u64 {
+    BYTES_READ.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Largest shard header (JSON) read; writers must stay under it.
 pub const MAX_HEADER: u64 = 100 << 20;
 
@@ -191,6 +200,7 @@ impl Checkpoint {
         s.file
             .read_exact_at(buf, offset)
             .map_err(|e| WeightsError::io(&s.path, e))?;
+        BYTES_READ.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: plain fadvise on a valid fd; failure only loses the hint.
         unsafe {
             libc::posix_fadvise(

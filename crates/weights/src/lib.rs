@@ -19,6 +19,6 @@ pub mod mxfp4;
 pub mod units;
 
 pub use buf::{AlignedBuf, IO_ALIGN};
-pub use checkpoint::{Checkpoint, MAX_HEADER, ShardFile, TensorLoc};
+pub use checkpoint::{Checkpoint, MAX_HEADER, ShardFile, TensorLoc, bytes_read};
 pub use error::WeightsError;
 pub use safetensors::Dtype;
