@@ -65,6 +65,36 @@ pub struct LoadInfo {
     pub direct_io: Option<bool>,
 }
 
+/// `mem` with the state of `extra` more sequences (each for `--context`
+/// tokens) taken out of its budget, so a batch or a server's admitted
+/// sequences fit the one budget; an error names the numbers when they do not.
+pub fn reserve_sequences(dir: &Path, mem: &MemoryArgs, extra: usize) -> Result<MemoryArgs> {
+    let mut m = mem.clone();
+    if extra == 0 {
+        return Ok(m);
+    }
+    let spec = K3Spec::from_dir(dir)
+        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    let each = fathom_stream::budget::state_bytes(&spec, mem.context);
+    let need = each.saturating_mul(extra as u64);
+    let budget = match mem.ram_budget {
+        Some(b) => check_budget(b).map_err(anyhow::Error::msg)?,
+        None => default_budget().0,
+    };
+    if need >= budget {
+        bail!(
+            "{} more sequences × state for --context {} tokens ({} each) exceed the RAM budget of {}: \
+             lower the sequence count (--max-seqs) or --context",
+            extra,
+            mem.context,
+            fathom_weights::units::format_bytes(each),
+            fathom_weights::units::format_bytes(budget)
+        );
+    }
+    m.ram_budget = Some(budget - need);
+    Ok(m)
+}
+
 /// The context a sequence may use: `--context`, within the model's
 /// declared `max_position_embeddings`.
 pub fn context_limit(mem: &MemoryArgs, info: &fathom_model::ModelInfo) -> usize {

@@ -865,3 +865,26 @@ fn runs_with_default_flags_stay_inside_a_memory_cgroup() {
     }
     let _ = child.remove();
 }
+
+#[test]
+fn serve_reserves_state_for_every_admitted_sequence() {
+    let Some(m) = code_small() else {
+        eprintln!("skipped: shared/models/k3-code-small is not beside the repository");
+        return;
+    };
+    let m = m.to_str().unwrap();
+    fails_with(
+        &[
+            "serve",
+            "--model",
+            m,
+            "--port",
+            "0",
+            "--max-seqs",
+            "256",
+            "--ram-budget",
+            "300MB",
+        ],
+        "255 more sequences × state for --context 4096 tokens",
+    );
+}

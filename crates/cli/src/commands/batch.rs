@@ -144,7 +144,9 @@ pub fn run(a: BatchArgs) -> Result<()> {
         .map(|(l, _)| l.prompt_ids.as_ref().map_or(0, Vec::len))
         .max();
     let positions = (a.max_step_tokens as usize).max(longest.unwrap_or(0).min(4096));
-    let (model, info) = load_model_with(&a.model, &a.mem, positions, spine)?;
+    // Every prompt's state fits the one budget.
+    let mem = crate::load::reserve_sequences(&a.model, &a.mem, lines.len() - 1)?;
+    let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
     if !a.json {
         announce_spine(spine);
     }

@@ -131,9 +131,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     };
     let mut mem = a.mem.clone();
     mem.ram_budget = Some(budget - prefix_budget);
+    // Every admitted sequence's state for --context tokens fits the budget too.
+    let mem = crate::load::reserve_sequences(&a.model, &mem, a.max_seqs as usize - 1)?;
     let dir = a.model.clone();
     let spine = a.spine.spine();
     let step = a.max_step_tokens as usize;
+    let max_seqs = a.max_seqs as usize;
     let load = Box::new(move || -> Result<Loaded> {
         let Some(tok) = tokenizer(&dir)? else {
             bail!(
@@ -145,9 +148,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let (lm, info) = load_model_with(&dir, &mem, step, spine)?;
         if let Some(l) = &info.ledger {
             tracing::info!(
-                "RAM ledger: {}; prefix states {} bytes",
+                "RAM ledger: {}; prefix states {} (--prefix-cache); state of {} more sequences reserved",
                 l.describe(),
-                prefix_budget
+                fathom_weights::units::format_bytes(prefix_budget),
+                max_seqs - 1
             );
         }
         tracing::info!(
