@@ -116,8 +116,8 @@ pub fn run_depths(
 
 /// The table printed for a sweep.
 pub fn render_depths(r: &DepthReport) -> String {
-    let mut s = format!(
-        "depth      fill       step ms (min–max)        tok/s   × first   state RAM    prefill tok/s\n"
+    let mut s = String::from(
+        "depth      fill       step ms (min–max)        tok/s   × first   state RAM    prefill tok/s\n",
     );
     let base = r.depths.first().map_or(1.0, |d| d.step_ms);
     for d in &r.depths {

@@ -107,7 +107,7 @@ impl MlaCache {
         debug_assert_eq!(rows.len() % w, 0);
         let mut rest = rows;
         while !rest.is_empty() {
-            if self.len % BLOCK_ROWS == 0 {
+            if self.len.is_multiple_of(BLOCK_ROWS) {
                 self.blocks
                     .push(Arc::new(Vec::with_capacity(BLOCK_ROWS * w)));
             }
@@ -124,7 +124,7 @@ impl MlaCache {
             return;
         }
         self.blocks.truncate(n.div_ceil(BLOCK_ROWS));
-        if n % BLOCK_ROWS != 0 {
+        if !n.is_multiple_of(BLOCK_ROWS) {
             let last = Arc::make_mut(self.blocks.last_mut().expect("n > 0 keeps a block"));
             last.truncate((n % BLOCK_ROWS) * self.width);
         }

@@ -21,9 +21,12 @@ pub fn model_dir() -> Option<PathBuf> {
     p.join("config.json").is_file().then_some(p)
 }
 
+/// The model and its tokenizer.
+pub type ModelAndTokenizer = (Arc<dyn CausalLm>, Arc<dyn Tokenizer>);
+
 /// The model, or `None` (the caller prints why it skips).
-pub fn model() -> Option<(Arc<dyn CausalLm>, Arc<dyn Tokenizer>)> {
-    static M: OnceLock<Option<(Arc<dyn CausalLm>, Arc<dyn Tokenizer>)>> = OnceLock::new();
+pub fn model() -> Option<ModelAndTokenizer> {
+    static M: OnceLock<Option<ModelAndTokenizer>> = OnceLock::new();
     M.get_or_init(|| {
         let dir = model_dir()?;
         let lm = fathom_model::load(&dir, Default::default()).expect("k3-code-small loads");
