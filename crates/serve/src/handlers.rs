@@ -464,7 +464,18 @@ fn stream(
     tokio::spawn(async move {
         let (mut admitted, mut first) = (None, None);
         while !out.all_done() {
-            let Some(msg) = rx.recv().await else { break };
+            // A client that goes away is noticed at once (not only when a
+            // chunk is sent): dropping `rx` cancels the sequence, even while
+            // it waits in the queue.
+            let msg = tokio::select! {
+                _ = tx.closed() => return,
+                m = rx.recv() => m,
+            };
+            let Some(msg) = msg else {
+                let e = ApiError::internal("the engine stopped before the request finished");
+                let _ = tx.send(Event::default().data(e.body().to_string())).await;
+                return;
+            };
             mark(&msg, &mut admitted, &mut first);
             for chunk in out.on(msg) {
                 if tx

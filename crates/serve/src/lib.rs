@@ -191,7 +191,9 @@ pub fn start(
                     .await
                     .context("the HTTP server failed")
             })?;
-            let _ = worker.join();
+            if worker.join().is_err() {
+                anyhow::bail!("the engine thread panicked");
+            }
             if let Some(e) = state.load_error.get() {
                 anyhow::bail!("the model failed to load: {e}");
             }

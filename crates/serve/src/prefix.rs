@@ -154,6 +154,10 @@ impl PrefixCache {
         if self.entries.get(&h).is_some_and(|e| e.tokens == tokens) {
             return;
         }
+        // A state larger than the whole share is neither kept nor saved.
+        if state.bytes() as u64 + 4 * tokens.len() as u64 > self.budget {
+            return;
+        }
         if let Some(d) = &mut self.disk {
             d.save(h, &tokens, state.as_ref());
         }

@@ -121,7 +121,10 @@ impl Output {
                 self.choices[i].finish = Some(done.reason.clone());
                 match &done.reason {
                     FinishReason::Error(e) => out.push(ApiError::internal(e.clone()).body()),
-                    FinishReason::Cancelled => {}
+                    FinishReason::Cancelled => out.push(
+                        ApiError::unavailable("the request was cancelled (server shutting down)")
+                            .body(),
+                    ),
                     _ => {
                         let reason = self.finish_name(i);
                         let delta = if self.api == Api::Chat {

@@ -354,3 +354,58 @@ fn stop_strings_n_and_logprobs_match_solo_runs() {
     });
     server.stop().unwrap();
 }
+
+#[test]
+fn a_streaming_client_gone_while_queued_is_never_run() {
+    let (lm, _) = need_model!();
+    let mut cfg = config();
+    cfg.max_seqs = 1;
+    let (server, url) = start(cfg, lm);
+    rt().block_on(async {
+        let a = tokio::spawn({
+            let url = url.clone();
+            async move {
+                post(
+                    &url,
+                    "/v1/completions",
+                    json!({"prompt": "def f(x):", "max_tokens": 200, "temperature": 0}),
+                )
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // B waits behind A; its client leaves before anything is sent.
+        let long = "import os\n".repeat(60);
+        let b = client()
+            .post(format!("{url}/v1/completions"))
+            .json(&json!({"prompt": long, "max_tokens": 50, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        drop(b);
+        let (st, _) = a.await.unwrap();
+        assert_eq!(st, 200);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let m = client()
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let prompt: u64 = m
+            .lines()
+            .find_map(|l| l.strip_prefix("fathom_prompt_tokens_total "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            prompt,
+            completion_ids("def f(x):").len() as u64,
+            "B was admitted:\n{m}"
+        );
+        assert!(m.contains("fathom_queue_depth 0"), "{m}");
+    });
+    server.stop().unwrap();
+}
