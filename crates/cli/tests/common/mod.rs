@@ -1,0 +1,54 @@
+//! Helpers shared by the CLI test binaries.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// k3-tiny (checkpoint and golden outputs), in the repository.
+pub fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/k3-tiny")
+}
+
+/// The trained k3-code-small beside the repository, if it is there.
+pub fn code_small() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/k3-code-small");
+    p.join("config.json").is_file().then_some(p)
+}
+
+pub fn fathom(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(args)
+        .output()
+        .expect("fathom runs")
+}
+
+/// `args` fail with `needle` on stderr and no panic.
+pub fn fails_quietly(args: &[&str], needle: &str) -> Output {
+    let out = fathom(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr {err:?} lacks {needle:?}"
+    );
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    out
+}
+
+/// As [`fails_quietly`], and nothing on stdout.
+pub fn fails_with(args: &[&str], needle: &str) {
+    let out = fails_quietly(args, needle);
+    assert!(out.stdout.is_empty(), "{args:?} wrote to stdout");
+}
+
+/// A private copy of k3-tiny's checkpoint.
+pub fn tiny_copy(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fathom-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(tiny().join("checkpoint")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    dir
+}
