@@ -65,34 +65,56 @@ pub struct LoadInfo {
     pub direct_io: Option<bool>,
 }
 
+impl MemoryArgs {
+    /// The RAM budget and where it came from: `--ram-budget` (refused above
+    /// what the machine or the cgroup gives), else the default.
+    pub fn budget(&self) -> Result<(u64, String)> {
+        Ok(match self.ram_budget {
+            Some(b) => (
+                check_budget(b).map_err(anyhow::Error::msg)?,
+                "--ram-budget".into(),
+            ),
+            None => default_budget(),
+        })
+    }
+
+    /// These flags with `bytes` set aside from the budget for something
+    /// loaded beside the model (`what`, named with `fix` when it does not fit).
+    pub fn set_aside(&self, bytes: u64, what: &str, fix: &str) -> Result<MemoryArgs> {
+        let mut m = self.clone();
+        if bytes == 0 {
+            return Ok(m);
+        }
+        let (budget, _) = self.budget()?;
+        if bytes >= budget {
+            bail!(
+                "{what} ({}) leaves nothing of the RAM budget of {}: {fix}",
+                fathom_weights::units::format_bytes(bytes),
+                fathom_weights::units::format_bytes(budget)
+            );
+        }
+        m.ram_budget = Some(budget - bytes);
+        Ok(m)
+    }
+}
+
 /// `mem` with the state of `extra` more sequences (each for `--context`
-/// tokens) taken out of its budget, so a batch or a server's admitted
-/// sequences fit the one budget; an error names the numbers when they do not.
+/// tokens) set aside, so a batch or a server's admitted sequences fit the
+/// one budget.
 pub fn reserve_sequences(dir: &Path, mem: &MemoryArgs, extra: usize) -> Result<MemoryArgs> {
-    let mut m = mem.clone();
     if extra == 0 {
-        return Ok(m);
+        return Ok(mem.clone());
     }
     let spec = K3Spec::from_dir(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
     let each = fathom_stream::budget::state_bytes(&spec, mem.context);
-    let need = each.saturating_mul(extra as u64);
-    let budget = match mem.ram_budget {
-        Some(b) => check_budget(b).map_err(anyhow::Error::msg)?,
-        None => default_budget().0,
-    };
-    if need >= budget {
-        bail!(
-            "{} more sequences × state for --context {} tokens ({} each) exceed the RAM budget of {}: \
-             lower the sequence count (--max-seqs) or --context",
-            extra,
-            mem.context,
-            fathom_weights::units::format_bytes(each),
-            fathom_weights::units::format_bytes(budget)
-        );
-    }
-    m.ram_budget = Some(budget - need);
-    Ok(m)
+    let what = format!(
+        "{extra} more sequences × state for --context {} tokens ({} each)",
+        mem.context,
+        fathom_weights::units::format_bytes(each)
+    );
+    let fix = "lower the sequence count (--max-seqs) or --context";
+    mem.set_aside(each.saturating_mul(extra as u64), &what, fix)
 }
 
 /// The context a sequence may use: `--context`, within the model's
@@ -266,13 +288,7 @@ pub fn load_model_with(
     // The RAM ledger reads the K3 spec (the only family so far).
     let spec = K3Spec::from_dir(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    let (budget, budget_source) = match mem.ram_budget {
-        Some(b) => (
-            check_budget(b).map_err(anyhow::Error::msg)?,
-            "--ram-budget".to_string(),
-        ),
-        None => default_budget(),
-    };
+    let (budget, budget_source) = mem.budget()?;
     let max_inflight = if mem.no_prefetch {
         spec.top_k
     } else {

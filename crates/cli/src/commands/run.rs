@@ -113,27 +113,6 @@ pub fn draft_bytes(choice: &DraftChoice) -> Result<u64> {
     Ok(ck.data_bytes())
 }
 
-/// `mem` with the draft model's bytes taken out of its budget.
-pub fn budget_after_draft(mem: &MemoryArgs, draft: u64) -> Result<MemoryArgs> {
-    let mut m = mem.clone();
-    if draft == 0 {
-        return Ok(m);
-    }
-    let budget = match mem.ram_budget {
-        Some(b) => fathom_stream::budget::check_budget(b).map_err(anyhow::Error::msg)?,
-        None => fathom_stream::budget::default_budget().0,
-    };
-    if draft >= budget {
-        bail!(
-            "the draft model takes {} and the RAM budget is {}: use --draft ngram or a larger --ram-budget",
-            fathom_weights::units::format_bytes(draft),
-            fathom_weights::units::format_bytes(budget)
-        );
-    }
-    m.ram_budget = Some(budget - draft);
-    Ok(m)
-}
-
 /// The drafter `choice` names, for a target of vocabulary `vocab`.
 pub fn make_drafter(choice: &DraftChoice, vocab: usize) -> Result<Option<Box<dyn Drafter>>> {
     Ok(match choice {
@@ -209,7 +188,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     let chunk = a.prefill_chunk as usize;
     let positions = (prompt.len() + 1).min(chunk.max(a.draft_max as usize + 1));
     // The draft model (if any) comes out of the same budget, checked before loading.
-    let mem = budget_after_draft(&a.mem, draft_bytes(&draft)?)?;
+    let fix = "use --draft ngram or a larger --ram-budget";
+    let mem = a
+        .mem
+        .set_aside(draft_bytes(&draft)?, "the draft model", fix)?;
     let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
     let prompt = with_bos(
         prompt,

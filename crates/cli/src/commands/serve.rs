@@ -7,7 +7,6 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use fathom_chat::ChatFormat;
 use fathom_serve::{Loaded, ServeConfig};
-use fathom_stream::budget::default_budget;
 use fathom_weights::units::parse_size;
 
 use crate::common::{SpineArg, tokenizer, wants_bos};
@@ -96,16 +95,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let max_body = usize::try_from(a.max_body)
         .unwrap_or(usize::MAX)
         .clamp(1024, 1 << 30);
-    let (budget, _) = match a.mem.ram_budget {
-        Some(b) => (b, String::new()),
-        None => default_budget(),
-    };
+    let (budget, _) = a.mem.budget()?;
     let prefix_budget = a.prefix_cache.unwrap_or(budget / 10);
-    if prefix_budget >= budget {
-        bail!(
-            "--prefix-cache ({prefix_budget} bytes) must be below the RAM budget ({budget} bytes)"
-        );
-    }
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         a.model
             .canonicalize()
@@ -129,8 +120,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         prefix_budget,
         state_cache_dir: a.state_cache_dir.clone(),
     };
-    let mut mem = a.mem.clone();
-    mem.ram_budget = Some(budget - prefix_budget);
+    let fix = "give a smaller --prefix-cache";
+    let mem = a.mem.set_aside(prefix_budget, "--prefix-cache", fix)?;
     // Every admitted sequence's state for --context tokens fits the budget too.
     let mem = crate::load::reserve_sequences(&a.model, &mem, a.max_seqs as usize - 1)?;
     let dir = a.model.clone();
