@@ -66,19 +66,30 @@ pub fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
+/// One head's inputs for `beta.len()` positions: `q`, `k`, `log_alpha`
+/// are `[T, K]` (`kd` wide), `v` is `[T, V]` (`vd` wide).
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaInputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub log_alpha: &'a [f32],
+    pub beta: &'a [f32],
+    pub kd: usize,
+    pub vd: usize,
+}
+
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn delta_rule_impl(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    log_alpha: &[f32],
-    beta: &[f32],
-    kd: usize,
-    vd: usize,
-    out: &mut [f32],
-) {
+fn delta_rule_impl(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
+    let DeltaInputs {
+        q,
+        k,
+        v,
+        log_alpha,
+        beta,
+        kd,
+        vd,
+    } = *x;
     let mut pred = vec![0f32; vd];
     for ti in 0..beta.len() {
         let (qt, kt, vt) = (
@@ -113,59 +124,24 @@ fn delta_rule_impl(
     }
 }
 
-/// One head's gated delta rule over `beta.len()` positions: `s` is the
-/// state `[K, V]`; `q`, `k`, `log_alpha` are `[T, K]`, `v` and `out`
-/// `[T, V]`.
-#[allow(clippy::too_many_arguments)]
-pub fn delta_rule(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    log_alpha: &[f32],
-    beta: &[f32],
-    kd: usize,
-    vd: usize,
-    out: &mut [f32],
-) {
+/// One head's gated delta rule: `s` is the state `[K, V]`, `out` `[T, V]`.
+pub fn delta_rule(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
         // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2.
-        unsafe { delta_rule_avx2(s, q, k, v, log_alpha, beta, kd, vd, out) };
+        unsafe { delta_rule_avx2(s, x, out) };
         return;
     }
-    delta_rule_impl(s, q, k, v, log_alpha, beta, kd, vd, out)
+    delta_rule_impl(s, x, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn delta_rule_avx2(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    log_alpha: &[f32],
-    beta: &[f32],
-    kd: usize,
-    vd: usize,
-    out: &mut [f32],
-) {
-    delta_rule_impl(s, q, k, v, log_alpha, beta, kd, vd, out)
+unsafe fn delta_rule_avx2(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
+    delta_rule_impl(s, x, out)
 }
 
 /// The twin: the same arithmetic for the baseline instruction set.
-#[allow(clippy::too_many_arguments)]
-pub fn delta_rule_scalar(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    log_alpha: &[f32],
-    beta: &[f32],
-    kd: usize,
-    vd: usize,
-    out: &mut [f32],
-) {
-    delta_rule_impl(s, q, k, v, log_alpha, beta, kd, vd, out)
+pub fn delta_rule_scalar(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
+    delta_rule_impl(s, x, out)
 }

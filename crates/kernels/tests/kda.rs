@@ -2,7 +2,7 @@
 //! bit, and T positions in one call equal T one-position calls (and so do
 //! the convolution windows).
 
-use fathom_kernels::kda::{delta_rule, delta_rule_scalar, log_decay, short_conv};
+use fathom_kernels::kda::{DeltaInputs, delta_rule, delta_rule_scalar, log_decay, short_conv};
 
 fn data(seed: u64, n: usize, amp: f32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -40,10 +40,19 @@ fn delta_rule_twin_and_position_split_agree_bitwise() {
             .map(|&b| 1.0 / (1.0 + (-b).exp()))
             .collect();
         let s0 = data(6, kd * vd, 0.1);
+        let all = DeltaInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            log_alpha: &la,
+            beta: &beta,
+            kd,
+            vd,
+        };
         let (mut s1, mut o1) = (s0.clone(), vec![0f32; t * vd]);
-        delta_rule(&mut s1, &q, &k, &v, &la, &beta, kd, vd, &mut o1);
+        delta_rule(&mut s1, &all, &mut o1);
         let (mut s2, mut o2) = (s0.clone(), vec![0f32; t * vd]);
-        delta_rule_scalar(&mut s2, &q, &k, &v, &la, &beta, kd, vd, &mut o2);
+        delta_rule_scalar(&mut s2, &all, &mut o2);
         assert_eq!(
             (&s1, &o1),
             (&s2, &o2),
@@ -51,17 +60,16 @@ fn delta_rule_twin_and_position_split_agree_bitwise() {
         );
         let (mut s3, mut o3) = (s0.clone(), vec![0f32; t * vd]);
         for i in 0..t {
-            delta_rule(
-                &mut s3,
-                &q[i * kd..(i + 1) * kd],
-                &k[i * kd..(i + 1) * kd],
-                &v[i * vd..(i + 1) * vd],
-                &la[i * kd..(i + 1) * kd],
-                &beta[i..i + 1],
+            let one = DeltaInputs {
+                q: &q[i * kd..(i + 1) * kd],
+                k: &k[i * kd..(i + 1) * kd],
+                v: &v[i * vd..(i + 1) * vd],
+                log_alpha: &la[i * kd..(i + 1) * kd],
+                beta: &beta[i..i + 1],
                 kd,
                 vd,
-                &mut o3[i * vd..(i + 1) * vd],
-            );
+            };
+            delta_rule(&mut s3, &one, &mut o3[i * vd..(i + 1) * vd]);
         }
         assert_eq!((&s1, &o1), (&s3, &o3), "one call vs position by position");
         assert!(o1.iter().chain(&s1).all(|x| x.is_finite()));

@@ -37,60 +37,44 @@ struct Prepared {
     json: Option<(Arc<Grammar>, Vec<u32>)>,
 }
 
-pub(crate) async fn chat(
-    State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let r = async {
-        let bytes = read_body(&headers, body, st.cfg.max_body).await?;
-        let ready = st.ready()?;
-        let (common, req): (Common, ChatRequest) = api::parse(&bytes)?;
-        let p = prepare_chat(&st, ready, common, req)?;
-        Ok::<_, ApiError>((ready, p))
-    }
-    .await;
-    finish(&st, "chat", r).await
+pub(crate) async fn chat(st: State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(st, headers, body, "chat", prepare_chat).await
 }
 
 pub(crate) async fn completions(
-    State(st): State<Arc<AppState>>,
+    st: State<Arc<AppState>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let r = async {
-        let bytes = read_body(&headers, body, st.cfg.max_body).await?;
-        let ready = st.ready()?;
-        let (common, req): (Common, CompletionRequest) = api::parse(&bytes)?;
-        let p = prepare_completion(&st, ready, common, req)?;
-        Ok::<_, ApiError>((ready, p))
-    }
-    .await;
-    finish(&st, "completions", r).await
+    handle(st, headers, body, "completions", prepare_completion).await
 }
 
-async fn finish(
-    st: &Arc<AppState>,
+/// Reads, checks and answers one generation request; counts it in the
+/// metrics under `ep` and logs a refusal.
+async fn handle<R: serde::de::DeserializeOwned>(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
     ep: &'static str,
-    r: Result<(&Ready, Prepared), ApiError>,
+    prepare: fn(&AppState, &Ready, Common, R) -> Result<Prepared, ApiError>,
 ) -> Response {
-    let resp = match r {
-        Ok((ready, p)) => run(st, ready, p).await,
-        Err(e) => Err(e),
-    };
+    let resp = async {
+        let bytes = read_body(&headers, body, st.cfg.max_body).await?;
+        let ready = st.ready()?;
+        let (common, req): (Common, R) = api::parse(&bytes)?;
+        let p = prepare(&st, ready, common, req)?;
+        run(&st, ready, p).await
+    }
+    .await;
     match resp {
         Ok(r) => {
             st.metrics.request(ep, r.status().as_u16());
             r
         }
         Err(e) => {
-            tracing::info!(
-                endpoint = ep,
-                status = e.status.as_u16(),
-                "refused: {}",
-                e.message
-            );
-            st.metrics.request(ep, e.status.as_u16());
+            let status = e.status.as_u16();
+            tracing::info!(endpoint = ep, status, "refused: {}", e.message);
+            st.metrics.request(ep, status);
             e.into_response()
         }
     }

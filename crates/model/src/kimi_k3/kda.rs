@@ -14,7 +14,7 @@
 //! loop is sequential, which makes a T-token pass bit-identical to T
 //! single-token passes.
 
-use fathom_kernels::kda::{delta_rule, log_decay, short_conv};
+use fathom_kernels::kda::{DeltaInputs, delta_rule, log_decay, short_conv};
 use fathom_kernels::ops::{l2_normalize, rms_norm, sigmoid};
 use rayon::prelude::*;
 
@@ -132,7 +132,7 @@ pub fn kda(
                 };
                 let hi = head_inputs(spec, w, &rows, hh);
                 let os = &mut o[seg.start * kd..seg.end * kd];
-                delta_rule(s, &hi.q, &hi.k, &hi.v, &hi.log_alpha, &hi.beta, kd, kd, os);
+                delta_rule(s, &hi.positions(hi.beta.len(), kd), os);
                 inputs.push(journal.then_some(hi));
             }
             // Gated RMSNorm of the head output.
@@ -182,6 +182,21 @@ pub struct HeadInputs {
     pub beta: Vec<f32>,
 }
 
+impl HeadInputs {
+    /// The first `t` positions as the kernel's inputs (head width `kd`).
+    fn positions(&self, t: usize, kd: usize) -> DeltaInputs<'_> {
+        DeltaInputs {
+            q: &self.q[..t * kd],
+            k: &self.k[..t * kd],
+            v: &self.v[..t * kd],
+            log_alpha: &self.log_alpha[..t * kd],
+            beta: &self.beta[..t],
+            kd,
+            vd: kd,
+        }
+    }
+}
+
 /// Rewinds `st` to the start of its journaled pass and replays the first
 /// `keep` positions: the recurrent state and conv windows become bit for bit
 /// what a pass of only those positions would have left.
@@ -195,17 +210,7 @@ pub fn replay_prefix(spec: &K3Spec, st: &mut KdaState, j: &KdaJournal, keep: usi
         .with_min_len(min_len)
         .for_each(|(s, hi)| {
             let mut o = vec![0f32; keep * kd];
-            delta_rule(
-                s,
-                &hi.q[..keep * kd],
-                &hi.k[..keep * kd],
-                &hi.v[..keep * kd],
-                &hi.log_alpha[..keep * kd],
-                &hi.beta[..keep],
-                kd,
-                kd,
-                &mut o,
-            );
+            delta_rule(s, &hi.positions(keep, kd), &mut o);
         });
     let hist = spec.conv_kernel - 1;
     for (c, (w0, pre)) in st.conv.iter_mut().zip(j.conv0.iter().zip(&j.pre)) {

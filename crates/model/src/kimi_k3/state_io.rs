@@ -164,10 +164,10 @@ pub(crate) fn synthetic(spec: &Arc<K3Spec>, depth: usize, seed: u64) -> Sequence
             }
             LayerState::Mla(m) => {
                 let w = m.width;
-                let mut block = vec![0f32; w * 256];
+                let mut block = vec![0f32; w * super::state::BLOCK_ROWS];
                 let mut left = depth;
                 while left > 0 {
-                    let k = left.min(256);
+                    let k = left.min(super::state::BLOCK_ROWS);
                     block[..k * w].iter_mut().for_each(|v| *v = next(1.7));
                     m.push_rows(&block[..k * w]);
                     left -= k;
