@@ -8,8 +8,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use fathom_model::kimi_k3::config::K3Spec;
+use fathom_model::kv::{KvConfig, KvDtype};
 use fathom_model::{CausalLm, LoadOptions, Spine};
-use fathom_stream::budget::{Ledger, check_budget, default_budget};
+use fathom_stream::budget::{KvPlan, Ledger, check_budget, default_budget};
 use fathom_stream::{StreamConfig, StreamedExperts};
 use fathom_weights::units::parse_size;
 
@@ -21,6 +22,34 @@ pub enum ExpertMode {
     Resident,
     /// Read routed experts from the shards as the router asks for them.
     Stream,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvDtypeArg {
+    F32,
+    Bf16,
+}
+
+impl From<KvDtypeArg> for KvDtype {
+    fn from(a: KvDtypeArg) -> Self {
+        match a {
+            KvDtypeArg::F32 => KvDtype::F32,
+            KvDtypeArg::Bf16 => KvDtype::Bf16,
+        }
+    }
+}
+
+/// The context assumed for a model that declares no max_position_embeddings.
+pub const ASSUMED_CONTEXT: usize = 4096;
+
+/// The default spill directory: `fathom/kv` in the user's cache directory.
+pub fn default_kv_dir() -> std::path::PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("fathom").join("kv")
 }
 
 /// How much RAM fathom may use and where routed experts live.
@@ -35,11 +64,28 @@ pub struct MemoryArgs {
     /// Where routed experts live.
     #[arg(long, value_enum, default_value_t = ExpertMode::Auto)]
     pub experts: ExpertMode,
-    /// Tokens of context the budget reserves sequence state for; a prompt
-    /// plus --max-new beyond it (or beyond the model's
-    /// max_position_embeddings) is refused.
-    #[arg(long, default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 26)))]
-    pub context: usize,
+    /// Tokens of context a sequence may use (default: the model's
+    /// max_position_embeddings); a prompt plus --max-new beyond it is
+    /// refused. Cache pages are taken as a sequence grows: a long maximum
+    /// costs nothing until used.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 26)))]
+    pub context: Option<usize>,
+    /// RAM for the attention cache of all sequences together, e.g. 2GB
+    /// (default: what the context needs, at most a quarter of the budget);
+    /// blocks beyond it spill to --kv-dir.
+    #[arg(long, value_parser = parse_size)]
+    pub kv_ram: Option<u64>,
+    /// Where attention-cache blocks beyond --kv-ram go (default: fathom/kv in
+    /// the user's cache directory; one unlinked file per process).
+    #[arg(long)]
+    pub kv_dir: Option<std::path::PathBuf>,
+    /// Attention-cache row format: f32 (exact) or bf16 (half the bytes,
+    /// lossy: see docs/quality/kv-bf16.md).
+    #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
+    pub kv_dtype: KvDtypeArg,
+    /// Sequences whose context the ledger admits at once (set by batch and serve).
+    #[arg(skip = 1usize)]
+    pub sequences: usize,
     /// Parallel expert reads (I/O threads).
     #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub io_threads: usize,
@@ -78,6 +124,17 @@ impl MemoryArgs {
         })
     }
 
+    /// The context a sequence may use: `--context` within the model's
+    /// declared maximum, else that maximum (else [`ASSUMED_CONTEXT`]).
+    pub fn context_for(&self, declared: Option<usize>) -> usize {
+        match (self.context, declared) {
+            (Some(c), Some(d)) => c.min(d),
+            (Some(c), None) => c,
+            (None, Some(d)) => d,
+            (None, None) => ASSUMED_CONTEXT,
+        }
+    }
+
     /// These flags with `bytes` set aside from the budget for something
     /// loaded beside the model (`what`, named with `fix` when it does not fit).
     pub fn set_aside(&self, bytes: u64, what: &str, fix: &str) -> Result<MemoryArgs> {
@@ -98,30 +155,19 @@ impl MemoryArgs {
     }
 }
 
-/// `mem` with the state of `extra` more sequences (each for `--context`
-/// tokens) set aside, so a batch or a server's admitted sequences fit the
-/// one budget.
-pub fn reserve_sequences(dir: &Path, mem: &MemoryArgs, extra: usize) -> Result<MemoryArgs> {
-    if extra == 0 {
-        return Ok(mem.clone());
-    }
-    let spec = K3Spec::from_dir(dir)
-        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    let each = fathom_stream::budget::state_bytes(&spec, mem.context);
-    let what = format!(
-        "{extra} more sequences × state for --context {} tokens ({} each)",
-        mem.context,
-        fathom_weights::units::format_bytes(each)
-    );
-    let fix = "lower the sequence count (--max-seqs) or --context";
-    mem.set_aside(each.saturating_mul(extra as u64), &what, fix)
+/// `mem` admitting `extra` more sequences: the ledger then counts their
+/// fixed-size state and places the latent cache of every admitted
+/// sequence's full context (RAM share, the rest on disk).
+pub fn reserve_sequences(mem: &MemoryArgs, extra: usize) -> MemoryArgs {
+    let mut m = mem.clone();
+    m.sequences = mem.sequences.saturating_add(extra);
+    m
 }
 
 /// The context a sequence may use: `--context`, within the model's
 /// declared `max_position_embeddings`.
 pub fn context_limit(mem: &MemoryArgs, info: &fathom_model::ModelInfo) -> usize {
-    mem.context
-        .min(info.max_position_embeddings.unwrap_or(usize::MAX))
+    mem.context_for(info.max_position_embeddings)
 }
 
 /// Refuses a prompt plus its completion budget beyond the context.
@@ -294,14 +340,30 @@ pub fn load_model_with(
     } else {
         2 * spec.top_k
     };
-    let ledger = Ledger::plan_for(
+    let context = mem.context_for(spec.max_position_embeddings);
+    if spec.max_position_embeddings.is_none() && mem.context.is_none() {
+        tracing::info!(
+            "config.json declares no max_position_embeddings: assuming a context of {ASSUMED_CONTEXT} tokens (set --context)"
+        );
+    }
+    let kv = KvPlan::new(
+        &spec,
+        context,
+        mem.sequences,
+        mem.kv_dtype.into(),
+        mem.kv_ram,
+        budget,
+    );
+    let ledger = Ledger::plan_kv(
         &spec,
         spine,
         budget,
-        mem.context,
+        context,
+        kv,
         positions.max(1),
         max_inflight,
     );
+    let kv_cfg = kv_config(mem, &kv)?;
     let stream = match mem.experts {
         ExpertMode::Resident => false,
         ExpertMode::Stream => true,
@@ -327,6 +389,7 @@ pub fn load_model_with(
         let opts = LoadOptions {
             spine,
             experts: None,
+            kv: kv_cfg,
         };
         let model = fathom_model::load(dir, opts)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?;
@@ -357,6 +420,7 @@ pub fn load_model_with(
             let _ = d2.set(s.direct_io());
             Ok(Arc::new(s))
         })),
+        kv: kv_cfg,
     };
     let model = fathom_model::load(dir, opts)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
@@ -369,4 +433,38 @@ pub fn load_model_with(
         direct_io: direct,
     };
     Ok((model, info))
+}
+
+/// The latent-cache pool for `kv`: RAM share, row format and (when the
+/// admitted context can outgrow the share) the spill file under --kv-dir,
+/// made only when a block first spills.
+fn kv_config(mem: &MemoryArgs, kv: &KvPlan) -> Result<KvConfig> {
+    let dir = mem.kv_dir.clone().unwrap_or_else(default_kv_dir);
+    let spill: Arc<dyn fathom_model::KvSpill> = if kv.disk > 0 {
+        let s = fathom_stream::FileSpill::create(&dir, !mem.buffered_io).with_context(|| {
+            format!(
+                "--kv-dir {}: the attention cache needs {} beyond its RAM share of {} and this directory is not usable: \
+                 give a writable --kv-dir, raise --kv-ram or lower --context",
+                dir.display(),
+                fathom_weights::units::format_bytes(kv.disk),
+                fathom_weights::units::format_bytes(kv.ram)
+            )
+        })?;
+        tracing::info!(
+            "attention cache: {} in RAM, up to {} spilled to {}",
+            fathom_weights::units::format_bytes(kv.ram),
+            fathom_weights::units::format_bytes(kv.disk),
+            dir.display()
+        );
+        Arc::new(s)
+    } else {
+        // Blocks beyond the share (forks held by a prefix cache) still have
+        // somewhere to go; the file is made only if one does.
+        Arc::new(fathom_stream::FileSpill::lazy(&dir, !mem.buffered_io))
+    };
+    Ok(KvConfig {
+        ram_limit: Some(kv.ram),
+        dtype: kv.dtype,
+        spill: Some(spill),
+    })
 }

@@ -1,6 +1,7 @@
 //! The typed run report: what `run --json`, `batch --json`, the bench and
 //! the server's metrics all read and write. No JSON key is spelled twice.
 
+use fathom_model::KvStats;
 use fathom_model::experts::ExpertStats;
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +40,12 @@ pub struct IoStats {
     pub read_bandwidth_bytes_s: Option<f64>,
     pub io_wait_s: f64,
     pub compute_s: f64,
+    /// Attention-cache blocks in RAM and on disk at the end, blocks spilled
+    /// and bytes read back from disk over the interval.
+    pub kv_bytes_ram: u64,
+    pub kv_bytes_disk: u64,
+    pub kv_blocks_spilled: u64,
+    pub kv_bytes_read: u64,
 }
 
 fn ratio(a: u64, b: u64) -> Option<f64> {
@@ -59,7 +66,17 @@ impl IoStats {
                 .then(|| s.bytes_read as f64 / wall_s.max(1e-9)),
             io_wait_s: s.wait_s,
             compute_s: (wall_s - s.wait_s).max(0.0),
+            ..IoStats::default()
         }
+    }
+
+    /// With the attention cache's figures: `now`, and what changed since `start`.
+    pub fn with_kv(mut self, now: &KvStats, start: &KvStats) -> Self {
+        self.kv_bytes_ram = now.ram_bytes;
+        self.kv_bytes_disk = now.disk_bytes;
+        self.kv_blocks_spilled = now.blocks_spilled.saturating_sub(start.blocks_spilled);
+        self.kv_bytes_read = now.bytes_read.saturating_sub(start.bytes_read);
+        self
     }
 }
 

@@ -224,9 +224,13 @@ fn check(sh: &MlaShape, blocks: &[&[f32]], queries: &[MlaQuery<'_>], out: &[f32]
     let rows = blocks.iter().map(|b| b.len()).sum::<usize>() / w.max(1);
     for q in queries {
         assert!(q.n >= 1 && q.n <= rows, "a query sees 1..=cached rows");
-        assert_eq!(q.q_lat.len(), sh.heads * sh.lora);
-        assert_eq!(q.q_rope.len(), sh.heads * sh.rope);
+        check_query(sh, q);
     }
+}
+
+fn check_query(sh: &MlaShape, q: &MlaQuery<'_>) {
+    assert_eq!(q.q_lat.len(), sh.heads * sh.lora);
+    assert_eq!(q.q_rope.len(), sh.heads * sh.rope);
 }
 
 /// Every query's context `[T, H, lora]` into `out`; `blocks` are the
@@ -234,32 +238,103 @@ fn check(sh: &MlaShape, blocks: &[&[f32]], queries: &[MlaQuery<'_>], out: &[f32]
 /// parallel; a single query's splits too.
 pub fn mla_attend(sh: &MlaShape, blocks: &[&[f32]], queries: &[MlaQuery<'_>], out: &mut [f32]) {
     check(sh, blocks, queries, out);
-    let per = sh.heads * sh.lora;
-    if queries.len() == 1 {
-        let q = &queries[0];
-        let all: Vec<(usize, usize)> = splits(q.n).collect();
-        let mut merged = Merged::new(sh);
-        for win in all.chunks(WINDOW) {
-            let parts: Vec<Partial> = win
+    let mut acc = MlaAccum::new(*sh, queries);
+    for (i, win) in blocks.chunks(WINDOW).enumerate() {
+        acc.add(i * WINDOW, win);
+    }
+    acc.finish(out);
+}
+
+/// [`mla_attend`] over a cache handed in windows of consecutive blocks (a
+/// cache read from disk a window at a time): `add` the blocks in order,
+/// then `finish`. Same arithmetic and order, so the same bits, however the
+/// blocks are windowed.
+pub struct MlaAccum<'q> {
+    sh: MlaShape,
+    queries: &'q [MlaQuery<'q>],
+    merged: Vec<Merged>,
+    /// Blocks added so far.
+    next: usize,
+    /// Rows added so far.
+    rows: usize,
+}
+
+impl<'q> MlaAccum<'q> {
+    pub fn new(sh: MlaShape, queries: &'q [MlaQuery<'q>]) -> Self {
+        for q in queries {
+            assert!(q.n >= 1, "a query sees at least one row");
+            check_query(&sh, q);
+        }
+        MlaAccum {
+            merged: queries.iter().map(|_| Merged::new(&sh)).collect(),
+            sh,
+            queries,
+            next: 0,
+            rows: 0,
+        }
+    }
+
+    /// Blocks `first..first + blocks.len()` of the cache (each [`SPLIT`]
+    /// rows but the cache's last); `first` must follow the previous call.
+    pub fn add(&mut self, first: usize, blocks: &[&[f32]]) {
+        assert_eq!(first, self.next, "blocks are added in order");
+        let w = self.sh.width();
+        assert_eq!(
+            self.rows,
+            first * SPLIT,
+            "only the cache's last block is short"
+        );
+        for (i, b) in blocks.iter().enumerate() {
+            assert!(b.len().is_multiple_of(w.max(1)), "a block holds whole rows");
+            let last = i + 1 == blocks.len();
+            assert!(
+                last || b.len() == SPLIT * w,
+                "every block but the last holds SPLIT rows"
+            );
+        }
+        self.rows += blocks.iter().map(|b| b.len()).sum::<usize>() / w.max(1);
+        self.next += blocks.len();
+        let sh = &self.sh;
+        // Splits of this window a query sees: (split, rows of it seen).
+        let seen = |q: &MlaQuery<'_>| {
+            splits(q.n).filter(move |&(k, _)| k >= first && k < first + blocks.len())
+        };
+        let local = |k: usize| k - first;
+        if self.queries.len() == 1 {
+            let q = &self.queries[0];
+            let all: Vec<(usize, usize)> = seen(q).collect();
+            let parts: Vec<Partial> = all
                 .par_iter()
-                .map(|&(k, len)| split_partial(sh, blocks, q, k, len))
+                .map(|&(k, len)| split_partial(sh, blocks, q, local(k), len))
                 .collect();
             for p in &parts {
-                merged.add(sh, p);
+                self.merged[0].add(sh, p);
             }
+            return;
         }
-        merged.finish(sh, out);
-        return;
+        self.merged
+            .par_iter_mut()
+            .zip(self.queries.par_iter())
+            .for_each(|(m, q)| {
+                for (k, len) in seen(q) {
+                    m.add(sh, &split_partial(sh, blocks, q, local(k), len));
+                }
+            });
     }
-    out.par_chunks_mut(per)
-        .zip(queries.par_iter())
-        .for_each(|(o, q)| {
-            let mut merged = Merged::new(sh);
-            for (k, len) in splits(q.n) {
-                merged.add(sh, &split_partial(sh, blocks, q, k, len));
-            }
-            merged.finish(sh, o);
-        });
+
+    /// Every query's context `[T, H, lora]`.
+    pub fn finish(self, out: &mut [f32]) {
+        let per = self.sh.heads * self.sh.lora;
+        assert_eq!(out.len(), self.queries.len() * per, "out is [T, H, lora]");
+        for (q, (m, o)) in self
+            .queries
+            .iter()
+            .zip(self.merged.into_iter().zip(out.chunks_exact_mut(per)))
+        {
+            assert!(q.n <= self.rows, "a query sees 1..=cached rows");
+            m.finish(&self.sh, o);
+        }
+    }
 }
 
 /// The twin that defines the order: one query at a time, splits in turn,

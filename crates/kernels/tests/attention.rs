@@ -2,7 +2,9 @@
 //! the number of queries per call or threads, and close to a float64
 //! softmax reference.
 
-use fathom_kernels::attention::{MlaQuery, MlaShape, SPLIT, mla_attend, mla_attend_scalar};
+use fathom_kernels::attention::{
+    MlaAccum, MlaQuery, MlaShape, SPLIT, mla_attend, mla_attend_scalar,
+};
 
 /// A small deterministic generator (splitmix64) for test data.
 fn data(seed: u64, n: usize, amp: f32) -> Vec<f32> {
@@ -94,6 +96,16 @@ fn any_grouping_or_thread_count_gives_the_twin_bit_for_bit() {
             let mut all = vec![0f32; queries.len() * per];
             pool.install(|| mla_attend(&sh, &blocks, &queries, &mut all));
             assert_eq!(all, twin, "{threads} threads, all queries at once");
+            // Handed in windows of any size (a cache read from disk a window at a time).
+            for win in [1, 2, 3] {
+                let mut acc = MlaAccum::new(sh, &queries);
+                for (i, chunk) in blocks.chunks(win).enumerate() {
+                    acc.add(i * win, chunk);
+                }
+                let mut windowed = vec![0f32; queries.len() * per];
+                pool.install(|| acc.finish(&mut windowed));
+                assert_eq!(windowed, twin, "{threads} threads, windows of {win} blocks");
+            }
             for (i, q) in queries.iter().enumerate() {
                 let mut one = vec![0f32; per];
                 pool.install(|| mla_attend(&sh, &blocks, std::slice::from_ref(q), &mut one));

@@ -24,6 +24,9 @@ pub enum ModelError {
     /// A sequence state misused (from another model, restored to its future, …).
     #[error("sequence state: {0}")]
     State(String),
+    /// The attention cache could not be written or read back.
+    #[error("{0}")]
+    Cache(String),
     /// Unknown `model_type`/`architectures`; the message lists what is supported.
     #[error("{0}")]
     Unsupported(String),

@@ -7,12 +7,14 @@ pub mod error;
 pub mod eval;
 pub mod experts;
 pub mod kimi_k3;
+pub mod kv;
 pub mod linear;
 pub mod lm;
 pub mod registry;
 
 pub use error::{ModelError, Result};
 pub use kimi_k3::{K3Model, Tracer};
+pub use kv::{KvConfig, KvDtype, KvPool, KvSpill, KvStats};
 pub use linear::Spine;
 pub use lm::{CausalLm, Logits, ModelInfo, SeqState, StateSnapshot, StepError, StepInput};
 pub use registry::{LoadOptions, load};

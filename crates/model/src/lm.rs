@@ -81,7 +81,7 @@ pub trait SeqState: Send + Any {
     /// open pass is not carried over.
     fn fork(&self) -> Box<dyn SeqState>;
     /// The state as bytes; [`CausalLm::decode_state`] reads them back.
-    fn encode(&self) -> Vec<u8>;
+    fn encode(&self) -> Result<Vec<u8>>;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
@@ -122,6 +122,10 @@ pub trait CausalLm: Send + Sync {
     fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError>;
     /// Cumulative counters of the expert source.
     fn expert_stats(&self) -> ExpertStats;
+    /// Where the attention cache's blocks are (RAM, disk) and what was read back.
+    fn kv_stats(&self) -> crate::kv::KvStats {
+        crate::kv::KvStats::default()
+    }
     /// A state from [`SeqState::encode`]'s bytes; an error names what does
     /// not fit this model (never trusted blindly).
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>>;

@@ -26,6 +26,8 @@ pub struct LoadOptions {
     pub spine: Spine,
     /// Where routed experts come from; `None`: all resident.
     pub experts: Option<MakeSource>,
+    /// The attention cache's RAM share, row format and spill target.
+    pub kv: crate::kv::KvConfig,
 }
 
 /// One supported architecture.
@@ -107,6 +109,23 @@ pub fn detect(dir: &Path) -> Result<&'static Architecture> {
         msg: format!("cannot read {}: {e}", path.display()),
     })?;
     detect_json(&text)
+}
+
+/// The context the model in `dir` declares (`max_position_embeddings`, at
+/// the top level or in `text_config`), read cheaply before loading.
+pub fn declared_context(dir: &Path) -> Result<Option<usize>> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
+        field: "(file)".into(),
+        msg: format!("cannot read {}: {e}", path.display()),
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        field: "(file)".into(),
+        msg: format!("not valid JSON: {e}"),
+    })?;
+    let get = |v: &serde_json::Value| v.get("max_position_embeddings").and_then(|x| x.as_u64());
+    let n = get(&v).or_else(|| v.get("text_config").and_then(get));
+    Ok(n.map(|n| n.min(usize::MAX as u64) as usize))
 }
 
 /// Loads the model in `dir` with the family its `config.json` names.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use fathom_model::kimi_k3::state::{BLOCK_ROWS, LayerState, MlaCache, SequenceState};
-use fathom_model::{CausalLm, Logits};
+use fathom_model::{CausalLm, KvPool, Logits};
 
 fn tiny() -> Arc<dyn CausalLm> {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
@@ -20,29 +20,38 @@ fn tokens(n: usize, salt: u32) -> Vec<u32> {
 #[test]
 fn cache_blocks_are_shared_until_written() {
     let w = 3;
+    let pool = KvPool::unlimited();
+    let block = (BLOCK_ROWS * w * 4) as u64;
     let rows: Vec<f32> = (0..(BLOCK_ROWS + 10) * w).map(|i| i as f32).collect();
-    let mut a = MlaCache::new(w);
-    a.push_rows(&rows[..7 * w]);
-    a.push_rows(&rows[7 * w..]);
+    let mut a = MlaCache::new(w, &pool);
+    a.push_rows(&rows[..7 * w]).unwrap();
+    a.push_rows(&rows[7 * w..]).unwrap();
     assert_eq!(a.len(), BLOCK_ROWS + 10);
-    assert_eq!(a.to_rows(), rows);
-    assert_eq!(a.blocks().len(), 2);
-    assert_eq!(a.blocks()[0].len(), BLOCK_ROWS * w);
+    assert_eq!(a.to_rows().unwrap(), rows);
+    assert_eq!(pool.stats().ram_bytes, 2 * block, "two blocks");
     let mut b = a.clone();
-    assert!(
-        std::ptr::eq(a.blocks()[0].as_ptr(), b.blocks()[0].as_ptr()),
-        "a fork shares blocks"
-    );
+    assert_eq!(pool.stats().ram_bytes, 2 * block, "a fork shares blocks");
     b.truncate(BLOCK_ROWS - 1);
-    b.push_rows(&[-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]);
+    b.push_rows(&[-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]).unwrap();
     assert_eq!(
-        a.to_rows(),
+        pool.stats().ram_bytes,
+        4 * block,
+        "the written blocks were copied"
+    );
+    assert_eq!(
+        a.to_rows().unwrap(),
         rows,
         "the original never sees the fork's writes"
     );
     assert_eq!(b.len(), BLOCK_ROWS + 1);
-    assert_eq!(b.row(BLOCK_ROWS - 1), &[-1.0, -2.0, -3.0]);
-    assert_eq!(b.row(3), &rows[9..12]);
+    let br = b.to_rows().unwrap();
+    assert_eq!(
+        &br[(BLOCK_ROWS - 1) * w..BLOCK_ROWS * w],
+        &[-1.0, -2.0, -3.0]
+    );
+    assert_eq!(&br[..(BLOCK_ROWS - 1) * w], &rows[..(BLOCK_ROWS - 1) * w]);
+    drop((a, b));
+    assert_eq!(pool.stats().ram_bytes, 0, "every block is given back");
 }
 
 #[test]

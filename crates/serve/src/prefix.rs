@@ -295,7 +295,13 @@ impl Disk {
         for t in tokens {
             body.extend_from_slice(&t.to_le_bytes());
         }
-        let payload = state.encode();
+        let payload = match state.encode() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), "cannot save a prefix state: {e}");
+                return;
+            }
+        };
         body.extend_from_slice(&(payload.len() as u64).to_le_bytes());
         body.extend_from_slice(&payload);
         let sum = Sha256::digest(&body);

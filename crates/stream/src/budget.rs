@@ -15,6 +15,7 @@
 use fathom_model::Spine;
 use fathom_model::kimi_k3::config::{AttnKind, K3Spec};
 use fathom_model::kimi_k3::tensors::{Role, TensorSpec, expert_bytes, tensor_table};
+use fathom_model::kv::{BLOCK_ROWS, KvDtype};
 use fathom_weights::IO_ALIGN;
 use fathom_weights::units::format_bytes;
 
@@ -37,6 +38,61 @@ pub struct Ledger {
     /// Bytes one expert occupies in RAM (its span, rounded up to 4 KiB blocks).
     pub expert_bytes: u64,
     pub context: usize,
+    /// The latent cache: what `context` needs, what of it stays in RAM
+    /// (counted in `state`) and what spills to disk.
+    pub kv: KvPlan,
+}
+
+/// Where the attention cache of the admitted context lives.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct KvPlan {
+    pub dtype: KvDtype,
+    /// Sequences whose context is admitted at once.
+    pub sequences: usize,
+    /// Bytes the admitted context needs (whole blocks).
+    pub need: u64,
+    /// Bytes kept in RAM (the pool's share, `--kv-ram`).
+    pub ram: u64,
+    /// Bytes that spill to `--kv-dir` at full context.
+    pub disk: u64,
+}
+
+impl KvPlan {
+    /// `sequences` sequences of `context` tokens in `dtype`, RAM share
+    /// `share` (default: a quarter of `budget`); nothing beyond what is
+    /// needed is kept.
+    pub fn new(
+        spec: &K3Spec,
+        context: usize,
+        sequences: usize,
+        dtype: KvDtype,
+        share: Option<u64>,
+        budget: u64,
+    ) -> Self {
+        let need = kv_bytes(spec, context, dtype).saturating_mul(sequences.max(1) as u64);
+        let ram = share.unwrap_or(budget / 4).min(need);
+        KvPlan {
+            dtype,
+            sequences: sequences.max(1),
+            need,
+            ram,
+            disk: need - ram,
+        }
+    }
+}
+
+/// Latent rows of one sequence for `context` tokens stored as `dtype`, in
+/// whole cache blocks, over every MLA layer.
+pub fn kv_bytes(spec: &K3Spec, context: usize, dtype: KvDtype) -> u64 {
+    let mla_layers = spec
+        .attn_kinds
+        .iter()
+        .filter(|k| **k == AttnKind::Mla)
+        .count() as u64;
+    let rows = (context as u64).div_ceil(BLOCK_ROWS as u64) * BLOCK_ROWS as u64;
+    mla_layers
+        .saturating_mul(dtype.bytes() as u64 * spec.mla_cache_width() as u64)
+        .saturating_mul(rows)
 }
 
 /// Bytes of the resident spine as loaded (stored precision).
@@ -144,7 +200,21 @@ impl Ledger {
         positions: usize,
         max_inflight: usize,
     ) -> Result<Self, String> {
-        Self::minimum(spec, spine, context, positions, max_inflight).with_budget(spec, budget)
+        let kv = KvPlan::new(spec, context, 1, KvDtype::F32, None, budget);
+        Self::minimum(spec, spine, context, kv, positions, max_inflight).with_budget(spec, budget)
+    }
+
+    /// [`Ledger::plan_for`] with the latent cache placed by `kv`.
+    pub fn plan_kv(
+        spec: &K3Spec,
+        spine: Spine,
+        budget: u64,
+        context: usize,
+        kv: KvPlan,
+        positions: usize,
+        max_inflight: usize,
+    ) -> Result<Self, String> {
+        Self::minimum(spec, spine, context, kv, positions, max_inflight).with_budget(spec, budget)
     }
 
     /// The fixed parts alone, with an empty expert cache: `budget` is their
@@ -153,6 +223,7 @@ impl Ledger {
         spec: &K3Spec,
         spine: Spine,
         context: usize,
+        kv: KvPlan,
         positions: usize,
         max_inflight: usize,
     ) -> Self {
@@ -160,13 +231,14 @@ impl Ledger {
             budget: 0,
             spine_repr: spine.name(),
             spine: spine_bytes_for(spec, spine),
-            state: state_bytes(spec, context),
+            state: kda_state_bytes(spec).saturating_mul(kv.sequences as u64) + kv.ram,
             scratch: scratch_bytes(spec, positions),
             io_buffers: io_buffer_bytes(spec, positions, max_inflight),
             cache: 0,
             cache_experts: 0,
             expert_bytes: expert_ram_bytes(spec),
             context,
+            kv,
         };
         l.budget = l.fixed();
         l
@@ -184,12 +256,13 @@ impl Ledger {
         let fixed = self.fixed();
         if fixed > budget {
             return Err(format!(
-                "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} tokens {}, scratch {}, I/O buffers {} — give at least --ram-budget {}MB (no expert cache then)",
+                "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} tokens {} (latent cache in RAM {}: lower it with --kv-ram, the rest spills to --kv-dir), scratch {}, I/O buffers {} — give at least --ram-budget {}MB (no expert cache then)",
                 format_bytes(budget),
                 self.spine_repr,
                 format_bytes(self.spine),
                 self.context,
                 format_bytes(self.state),
+                format_bytes(self.kv.ram),
                 format_bytes(self.scratch),
                 format_bytes(self.io_buffers),
                 fixed.div_ceil(1_000_000)
@@ -213,12 +286,16 @@ impl Ledger {
     /// A few lines for humans.
     pub fn describe(&self) -> String {
         format!(
-            "RAM budget {}: spine {} ({}), state {} ({} tokens), scratch {}, I/O buffers {}, expert cache {} ({} experts of {})",
+            "RAM budget {}: spine {} ({}), state {} ({} tokens × {} sequences; latent cache {} {} in RAM, {} on disk at full context), scratch {}, I/O buffers {}, expert cache {} ({} experts of {})",
             format_bytes(self.budget),
             format_bytes(self.spine),
             self.spine_repr,
             format_bytes(self.state),
             self.context,
+            self.kv.sequences,
+            self.kv.dtype.name(),
+            format_bytes(self.kv.ram),
+            format_bytes(self.kv.disk),
             format_bytes(self.scratch),
             format_bytes(self.io_buffers),
             format_bytes(self.cache),

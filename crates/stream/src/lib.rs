@@ -15,9 +15,11 @@
 
 pub mod budget;
 pub mod cache;
+pub mod kv_spill;
 pub mod memory;
 pub mod reader;
 pub mod store;
 
 pub use budget::{Ledger, default_budget};
+pub use kv_spill::FileSpill;
 pub use store::{StreamConfig, StreamedExperts};

@@ -145,7 +145,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
         .max();
     let positions = (a.max_step_tokens as usize).max(longest.unwrap_or(0).min(4096));
     // Every prompt's state fits the one budget.
-    let mem = crate::load::reserve_sequences(&a.model, &a.mem, lines.len() - 1)?;
+    let mem = crate::load::reserve_sequences(&a.mem, lines.len() - 1);
     let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
     if !a.json {
         announce_spine(spine);
@@ -198,6 +198,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
         ids.push(engine.submit(req)?);
     }
     let before = model.expert_stats();
+    let kv0 = model.kv_stats();
     let mut done: Vec<Option<Finished>> = (0..ids.len()).map(|_| None).collect();
     while !engine.is_idle() {
         for ev in engine.step() {
@@ -211,7 +212,8 @@ pub fn run(a: BatchArgs) -> Result<()> {
         }
     }
     let es = engine.stats();
-    let io = IoStats::from_experts(&model.expert_stats().since(&before), es.wall_s);
+    let io = IoStats::from_experts(&model.expert_stats().since(&before), es.wall_s)
+        .with_kv(&model.kv_stats(), &kv0);
     let results: Vec<BatchResult> = done
         .into_iter()
         .zip(prompts)

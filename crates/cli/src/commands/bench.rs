@@ -133,7 +133,7 @@ fn run_depth(a: &BenchArgs) -> Result<()> {
         .mem;
     // The ledger reserves state for the deepest depth plus the timed steps.
     let deepest = a.depth.iter().copied().max().unwrap_or(1);
-    mem.context = mem.context.max(deepest + a.depth_steps + 1);
+    mem.context = Some(mem.context.unwrap_or(0).max(deepest + a.depth_steps + 1));
     let (lm, _) = crate::load::load_model_with(&a.model, &mem, 512, fathom_model::Spine::Bf16)?;
     let how = match a.depth_fill {
         DepthFillArg::Prefill => DepthFill::Prefill,

@@ -143,7 +143,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mem = MemoryArgs {
         ram_budget: Some(budget),
         experts: ExpertMode::Stream,
-        context: 4096,
+        context: Some(4096),
+        kv_ram: None,
+        kv_dir: None,
+        kv_dtype: crate::load::KvDtypeArg::F32,
+        sequences: 1,
         io_threads: 16,
         no_prefetch: false,
         prefetch_depth: None,

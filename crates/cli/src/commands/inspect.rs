@@ -20,7 +20,7 @@ use fathom_model::Spine;
 use fathom_model::kimi_k3::config::{AttnKind, FfnKind, K3Spec};
 use fathom_model::kimi_k3::tensors::{Role, expert_bytes, tensor_table};
 use fathom_stream::budget::{
-    Ledger, expert_ram_bytes, io_buffer_bytes, kda_state_bytes, mla_state_bytes, scratch_bytes,
+    KvPlan, Ledger, expert_ram_bytes, io_buffer_bytes, kda_state_bytes, kv_bytes, scratch_bytes,
     spine_bytes_for,
 };
 use fathom_weights::units::{format_bytes, parse_size};
@@ -36,9 +36,17 @@ pub struct InspectArgs {
     /// spine, sequence state, scratch and the expert cache that is left.
     #[arg(long, value_parser = parse_size)]
     ram_budget: Option<u64>,
-    /// Context length the sequence state is sized for (tokens).
-    #[arg(long, default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 26)))]
-    context: usize,
+    /// Context length the sequence state is sized for (tokens; default: the
+    /// model's max_position_embeddings).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 26)))]
+    context: Option<usize>,
+    /// RAM share of the attention cache (default: what the context needs,
+    /// at most a quarter of the budget); the rest is planned on disk.
+    #[arg(long, value_parser = parse_size)]
+    kv_ram: Option<u64>,
+    /// Attention-cache row format.
+    #[arg(long, value_enum, default_value_t = crate::load::KvDtypeArg::F32)]
+    kv_dtype: crate::load::KvDtypeArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -119,8 +127,9 @@ fn max_inflight(spec: &K3Spec) -> usize {
 
 /// The budget ledger of one spine representation: its fields, plus whether
 /// it fits, the least budget that would, and the cached share of experts.
-fn ledger(spec: &K3Spec, spine: Spine, budget: u64, context: usize) -> Result<Value> {
-    let min = Ledger::minimum(spec, spine, context, POSITIONS, max_inflight(spec));
+fn ledger(spec: &K3Spec, spine: Spine, budget: u64, kv: &KvArgs) -> Result<Value> {
+    let plan = KvPlan::new(spec, kv.context, 1, kv.dtype, kv.ram, budget);
+    let min = Ledger::minimum(spec, spine, kv.context, plan, POSITIONS, max_inflight(spec));
     let fixed = min.fixed();
     let (fits, l) = match min.clone().with_budget(spec, budget) {
         Ok(l) => (true, l),
@@ -134,6 +143,8 @@ fn ledger(spec: &K3Spec, spine: Spine, budget: u64, context: usize) -> Result<Va
         "scratch_bytes": l.scratch,
         "io_buffers_bytes": l.io_buffers,
         "cache_bytes": l.cache,
+        "kv_ram_bytes": l.kv.ram,
+        "kv_disk_bytes": l.kv.disk,
         "fits": fits,
         "min_budget_bytes": fixed,
         "cache_fraction": if all > 0 { l.cache_experts as f64 / all as f64 } else { 0.0 },
@@ -145,13 +156,21 @@ fn ledger(spec: &K3Spec, spine: Spine, budget: u64, context: usize) -> Result<Va
 }
 
 /// Everything `inspect` reports, as JSON (the text form prints from it).
-fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, context: usize) -> Result<Value> {
+/// The attention-cache plan asked for.
+struct KvArgs {
+    context: usize,
+    ram: Option<u64>,
+    dtype: fathom_model::KvDtype,
+}
+
+fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result<Value> {
+    let context = kv.context;
     let components = components(spec);
     let (attn, ffn) = layer_plan(spec);
     let moe_layers = spec.moe_layers().count() as u64;
     let eb = expert_bytes(spec);
     let routed_per_token = spec.top_k as u64 * eb * moe_layers;
-    let (kda, mla) = (kda_state_bytes(spec), mla_state_bytes(spec, context));
+    let (kda, mla) = (kda_state_bytes(spec), kv_bytes(spec, context, kv.dtype));
     let (bf16, int8) = (
         spine_bytes_for(spec, Spine::Bf16),
         spine_bytes_for(spec, Spine::Int8),
@@ -175,8 +194,8 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, context: usize) -> Res
     let ledgers = match budget {
         Some(b) => Some(json!({
             "budget_bytes": b,
-            "bf16": ledger(spec, Spine::Bf16, b, context)?,
-            "int8": ledger(spec, Spine::Int8, b, context)?,
+            "bf16": ledger(spec, Spine::Bf16, b, kv)?,
+            "int8": ledger(spec, Spine::Int8, b, kv)?,
         })),
         None => None,
     };
@@ -198,7 +217,8 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, context: usize) -> Res
             "spine_int8_bytes": per_token(int8),
             "routed_expert_bytes": routed_per_token,
         },
-        "state": {"context": context, "kda_bytes": kda, "mla_bytes": mla, "total_bytes": kda + mla},
+        "state": {"context": context, "kda_bytes": kda, "mla_bytes": mla, "total_bytes": kda + mla,
+                  "kv_dtype": kv.dtype.name()},
         "scratch_bytes": scratch_bytes(spec, POSITIONS),
         "io_buffers_bytes": io_buffer_bytes(spec, POSITIONS, max_inflight(spec)),
         "ledger": ledgers,
@@ -212,7 +232,15 @@ pub fn run(a: InspectArgs) -> Result<()> {
     }
     let spec = K3Spec::from_dir(&a.dir)
         .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
-    let r = report(&spec, &a.dir, a.ram_budget, a.context)?;
+    let kv = KvArgs {
+        context: a
+            .context
+            .or(spec.max_position_embeddings)
+            .unwrap_or(crate::load::ASSUMED_CONTEXT),
+        ram: a.kv_ram,
+        dtype: a.kv_dtype.into(),
+    };
+    let r = report(&spec, &a.dir, a.ram_budget, &kv)?;
     if a.json {
         println!("{r}");
     } else {
@@ -301,11 +329,12 @@ fn print_text(r: &Value) {
     );
     let st = &r["state"];
     println!(
-        "sequence state at {} tokens: {} (KDA {}, MLA {}); scratch ≈ {}; I/O buffers {}",
+        "sequence state at {} tokens: {} (KDA {}, MLA {} as {}); scratch ≈ {}; I/O buffers {}",
         st["context"],
         b(&st["total_bytes"]),
         b(&st["kda_bytes"]),
         b(&st["mla_bytes"]),
+        st["kv_dtype"].as_str().unwrap_or(""),
         b(&r["scratch_bytes"]),
         b(&r["io_buffers_bytes"])
     );
@@ -330,6 +359,8 @@ fn print_ledger(l: &serde_json::Map<String, Value>) {
     };
     row("resident spine", "spine_bytes");
     row("sequence state", "state_bytes");
+    row("  of it latent cache", "kv_ram_bytes");
+    row("latent cache on disk", "kv_disk_bytes");
     row("scratch", "scratch_bytes");
     row("I/O buffers", "io_buffers_bytes");
     row("expert cache", "cache_bytes");

@@ -184,7 +184,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let spine = a.spine.spine();
     // Cheap first: the context bound before loading (BOS may add one more).
-    check_context(a.mem.context, prompt.len(), a.max_new, "run")?;
+    let declared = fathom_model::registry::declared_context(&a.model)
+        .with_context(|| format!("cannot read the model config in {}", a.model.display()))?;
+    check_context(a.mem.context_for(declared), prompt.len(), a.max_new, "run")?;
     let chunk = a.prefill_chunk as usize;
     let positions = (prompt.len() + 1).min(chunk.max(a.draft_max as usize + 1));
     // The draft model (if any) comes out of the same budget, checked before loading.
@@ -232,6 +234,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 
     let mut stdout = std::io::stdout().lock();
     let start_stats = model.expert_stats();
+    let kv0 = model.kv_stats();
     let mut meter = TokenMeter::new(&*model, a.stats);
     let mut logprobs = Vec::new();
     let json = a.json;
@@ -264,7 +267,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let wall = f.stats.prefill_s + f.stats.decode_s;
     let stats = RunStats {
         seq: f.stats.clone(),
-        io: IoStats::from_experts(&total, wall),
+        io: IoStats::from_experts(&total, wall).with_kv(&model.kv_stats(), &kv0),
         setup: setup(&info, spine),
         finish_reason: f.reason.name().into(),
         draft: f.draft.clone(),

@@ -111,7 +111,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_seqs: a.max_seqs as usize,
         max_queue: a.max_queue as usize,
         max_step_tokens: a.max_step_tokens as usize,
-        context: a.mem.context,
+        context: a.mem.context_for(
+            fathom_model::registry::declared_context(&a.model).with_context(|| {
+                format!("cannot read the model config in {}", a.model.display())
+            })?,
+        ),
         api_key: a.api_key.clone(),
         cors_origins: a.cors_origin.clone(),
         max_body,
@@ -122,8 +126,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     };
     let fix = "give a smaller --prefix-cache";
     let mem = a.mem.set_aside(prefix_budget, "--prefix-cache", fix)?;
-    // Every admitted sequence's state for --context tokens fits the budget too.
-    let mem = crate::load::reserve_sequences(&a.model, &mem, a.max_seqs as usize - 1)?;
+    // Every admitted sequence's state for the context fits the budget too
+    // (the latent cache's RAM share, the rest on disk).
+    let mem = crate::load::reserve_sequences(&mem, a.max_seqs as usize - 1);
     let dir = a.model.clone();
     let spine = a.spine.spine();
     let step = a.max_step_tokens as usize;

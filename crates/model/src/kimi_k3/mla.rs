@@ -23,13 +23,14 @@
 //! order, so a position's result is the same in a prefill chunk, a decode
 //! step or a verification pass, batched or not, at any thread count.
 
-use fathom_kernels::attention::{MlaQuery, MlaShape, mla_attend};
+use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
 use fathom_kernels::ops::{rms_norm_rows, sigmoid};
 use rayon::prelude::*;
 
 use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
 use super::state::MlaCache;
 use super::weights::MlaWeights;
+use crate::error::Result;
 use crate::linear::Linear;
 
 /// `kv_b_proj` (`[H·(dn + dv), lora]`, head-major) rearranged once at load
@@ -70,7 +71,7 @@ pub fn mla(
     caches: &mut [&mut MlaCache],
     segs: &[super::kda::Segment],
     x: &[f32],
-) -> Vec<f32> {
+) -> Result<Vec<f32>> {
     let n = x.len() / spec.hidden_size;
     let (h, dn, dr, dv, lora) = (
         spec.mla_heads,
@@ -103,7 +104,7 @@ pub fn mla(
     let mut past = Vec::with_capacity(caches.len());
     for (cache, seg) in caches.iter_mut().zip(segs) {
         past.push(cache.len());
-        cache.push_rows(&c[seg.start * width..seg.end * width]);
+        cache.push_rows(&c[seg.start * width..seg.end * width])?;
     }
     let caches: &[&mut MlaCache] = caches;
     let gate = w.g_proj.forward(x, n); // [N, H·dv]
@@ -148,7 +149,9 @@ pub fn mla(
             })
             .collect();
         let out = &mut ctx[seg.start * h * lora..seg.end * h * lora];
-        mla_attend(&shape, &cache.blocks(), &queries, out);
+        let mut acc = MlaAccum::new(shape, &queries);
+        cache.windows(p0 + seg.len(), |first, blocks| acc.add(first, blocks))?;
+        acc.finish(out);
     }
     // Output per head through W_uv, gated: [N, H·dv].
     let outs: Vec<Vec<f32>> = (0..h)
@@ -171,5 +174,5 @@ pub fn mla(
             }
         }
     }
-    w.o_proj.forward(&cat, n)
+    Ok(w.o_proj.forward(&cat, n))
 }

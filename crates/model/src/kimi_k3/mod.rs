@@ -30,6 +30,7 @@ use self::state::SequenceState;
 use self::weights::K3Weights;
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::kv::KvPool;
 use crate::linear::Spine;
 use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
 use crate::registry::{Architecture, LoadOptions};
@@ -47,6 +48,7 @@ fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
         Some(make) => K3Model::load_with(dir, make)?,
         None => K3Model::load(dir)?,
     };
+    m.kv = KvPool::new(opts.kv);
     if opts.spine == Spine::Int8 {
         m.weights.quantize_spine_int8();
     }
@@ -68,6 +70,8 @@ pub struct K3Model {
     pub experts: Arc<dyn ExpertSource>,
     /// Locators of every routed expert (what a streamed source reads).
     pub expert_table: ExpertTable,
+    /// Where every state's latent-cache blocks come from.
+    pub kv: Arc<KvPool>,
     info: ModelInfo,
 }
 
@@ -102,12 +106,13 @@ impl K3Model {
             weights,
             experts,
             expert_table,
+            kv: KvPool::unlimited(),
             info,
         })
     }
 
     pub fn new_state(&self) -> SequenceState {
-        SequenceState::new(&self.spec)
+        SequenceState::new(&self.spec, &self.kv)
     }
 
     /// One sequence's pass (what [`CausalLm::forward`] does, on the concrete state).
@@ -164,7 +169,7 @@ impl CausalLm for K3Model {
         &self.info
     }
     fn new_state(&self) -> Box<dyn SeqState> {
-        Box::new(SequenceState::new(&self.spec))
+        Box::new(SequenceState::new(&self.spec, &self.kv))
     }
     fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
         step::step(self, batch, None)
@@ -172,10 +177,15 @@ impl CausalLm for K3Model {
     fn expert_stats(&self) -> ExpertStats {
         self.experts.stats()
     }
+    fn kv_stats(&self) -> crate::kv::KvStats {
+        self.kv.stats()
+    }
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(state_io::decode(&self.spec, bytes)?))
+        Ok(Box::new(state_io::decode(&self.spec, &self.kv, bytes)?))
     }
     fn synthetic_state(&self, depth: usize, seed: u64) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(state_io::synthetic(&self.spec, depth, seed)))
+        Ok(Box::new(state_io::synthetic(
+            &self.spec, &self.kv, depth, seed,
+        )?))
     }
 }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::config::{AttnKind, K3Spec};
 use crate::error::{ModelError, Result};
+use crate::kv::KvPool;
 use crate::lm::{SeqState, StateSnapshot};
 
 #[derive(Debug, Clone)]
@@ -70,85 +71,12 @@ impl KdaJournal {
     }
 }
 
-/// Rows per latent-cache block: one attention split, so the kernel reads
-/// blocks in place.
-pub const BLOCK_ROWS: usize = fathom_kernels::attention::SPLIT;
-
 /// A layer's latent cache, `[tokens, kv_lora_rank + qk_rope_head_dim]`
-/// (normalised latent, kr), in blocks of [`BLOCK_ROWS`] rows. Blocks are
-/// shared between a state and its forks (prefix checkpoints, snapshots)
-/// and copied only when written, so a fork costs a block table, not the
-/// rows.
-#[derive(Debug, Clone, Default)]
-pub struct MlaCache {
-    blocks: Vec<Arc<Vec<f32>>>,
-    len: usize,
-    pub width: usize,
-}
-
-impl MlaCache {
-    pub fn new(width: usize) -> Self {
-        MlaCache {
-            blocks: Vec::new(),
-            len: 0,
-            width,
-        }
-    }
-    /// Rows held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Appends rows (`[k, width]`).
-    pub fn push_rows(&mut self, rows: &[f32]) {
-        let w = self.width;
-        debug_assert_eq!(rows.len() % w, 0);
-        let mut rest = rows;
-        while !rest.is_empty() {
-            if self.len.is_multiple_of(BLOCK_ROWS) {
-                self.blocks
-                    .push(Arc::new(Vec::with_capacity(BLOCK_ROWS * w)));
-            }
-            let last = Arc::make_mut(self.blocks.last_mut().expect("a block was just ensured"));
-            let take = ((BLOCK_ROWS - self.len % BLOCK_ROWS) * w).min(rest.len());
-            last.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
-            self.len += take / w;
-        }
-    }
-    /// Keeps the first `n` rows (a shared last block is copied first).
-    pub fn truncate(&mut self, n: usize) {
-        if n >= self.len {
-            return;
-        }
-        self.blocks.truncate(n.div_ceil(BLOCK_ROWS));
-        if !n.is_multiple_of(BLOCK_ROWS) {
-            let last = Arc::make_mut(self.blocks.last_mut().expect("n > 0 keeps a block"));
-            last.truncate((n % BLOCK_ROWS) * self.width);
-        }
-        self.len = n;
-    }
-    /// The rows as blocks (every block but the last full).
-    pub fn blocks(&self) -> Vec<&[f32]> {
-        self.blocks.iter().map(|b| b.as_slice()).collect()
-    }
-    /// Row `r`.
-    pub fn row(&self, r: usize) -> &[f32] {
-        let b = &self.blocks[r / BLOCK_ROWS];
-        let i = r % BLOCK_ROWS;
-        &b[i * self.width..(i + 1) * self.width]
-    }
-    /// Every row, contiguous (for saving).
-    pub fn to_rows(&self) -> Vec<f32> {
-        self.blocks.iter().flat_map(|b| b.iter().copied()).collect()
-    }
-    /// Floats held (`len · width`).
-    pub fn floats(&self) -> usize {
-        self.len * self.width
-    }
-}
+/// (normalised latent, kr): the model's paged rows (blocks shared
+/// copy-on-write with forks and snapshots, spilled to disk beyond the RAM
+/// share).
+pub type MlaCache = crate::kv::PagedRows;
+pub use crate::kv::BLOCK_ROWS;
 
 #[derive(Debug, Clone)]
 pub enum LayerState {
@@ -197,7 +125,7 @@ impl Snapshot {
 }
 
 impl SequenceState {
-    pub fn new(spec: &Arc<K3Spec>) -> Self {
+    pub fn new(spec: &Arc<K3Spec>, pool: &Arc<KvPool>) -> Self {
         let p = spec.kda_width();
         let layers = spec
             .attn_kinds
@@ -208,7 +136,7 @@ impl SequenceState {
                     s: vec![0.0; spec.kda_heads * spec.kda_head_dim * spec.kda_head_dim],
                     journal: None,
                 }),
-                AttnKind::Mla => LayerState::Mla(MlaCache::new(spec.mla_cache_width())),
+                AttnKind::Mla => LayerState::Mla(MlaCache::new(spec.mla_cache_width(), pool)),
             })
             .collect();
         SequenceState {
@@ -327,7 +255,7 @@ impl SequenceState {
             .iter()
             .map(|l| match l {
                 LayerState::Kda(k) => 4 * (k.s.len() + k.conv.iter().map(Vec::len).sum::<usize>()),
-                LayerState::Mla(m) => 4 * m.floats(),
+                LayerState::Mla(m) => m.bytes(),
             })
             .sum()
     }
@@ -394,7 +322,7 @@ impl SeqState for SequenceState {
         }
         Box::new(s)
     }
-    fn encode(&self) -> Vec<u8> {
+    fn encode(&self) -> Result<Vec<u8>> {
         super::state_io::encode(self)
     }
     fn as_any(&self) -> &dyn Any {

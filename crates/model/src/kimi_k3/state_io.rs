@@ -11,11 +11,12 @@ use std::sync::Arc;
 use super::config::{AttnKind, K3Spec};
 use super::state::{LayerState, SequenceState};
 use crate::error::{ModelError, Result};
+use crate::kv::KvPool;
 
 const MAGIC: &[u8; 4] = b"K3ST";
 const VERSION: u32 = 1;
 
-pub(crate) fn encode(s: &SequenceState) -> Vec<u8> {
+pub(crate) fn encode(s: &SequenceState) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(s.bytes() + 64);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -32,11 +33,11 @@ pub(crate) fn encode(s: &SequenceState) -> Vec<u8> {
             LayerState::Mla(m) => {
                 out.push(1);
                 out.extend_from_slice(&(m.width as u32).to_le_bytes());
-                put_f32s(&mut out, &m.to_rows());
+                put_f32s(&mut out, &m.to_rows()?);
             }
         }
     }
-    out
+    Ok(out)
 }
 
 fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
@@ -89,7 +90,11 @@ fn bad(why: &str) -> ModelError {
     ModelError::State(format!("saved state does not fit this model: {why}"))
 }
 
-pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> {
+pub(crate) fn decode(
+    spec: &Arc<K3Spec>,
+    pool: &Arc<KvPool>,
+    bytes: &[u8],
+) -> Result<SequenceState> {
     let mut r = Reader { b: bytes };
     if r.take(4)? != MAGIC {
         return Err(bad("not a Kimi K3 state (magic)"));
@@ -113,7 +118,7 @@ pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> 
             spec.attn_kinds.len()
         )));
     }
-    let mut s = SequenceState::new(spec);
+    let mut s = SequenceState::new(spec, pool);
     s.pos = pos;
     for (i, (l, kind)) in s.layers.iter_mut().zip(&spec.attn_kinds).enumerate() {
         let tag = r.take(1)?[0];
@@ -133,7 +138,7 @@ pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> 
                     )));
                 }
                 let want = pos.checked_mul(w).ok_or_else(|| bad("size overflow"))?;
-                m.push_rows(&r.f32s(want, &format!("layer {i} latent cache"))?);
+                m.push_rows(&r.f32s(want, &format!("layer {i} latent cache"))?)?;
             }
             _ => return Err(bad(&format!("layer {i} is of another kind"))),
         }
@@ -146,7 +151,12 @@ pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> 
 
 /// A state at `depth` with pseudo-random KDA state (small) and latent rows
 /// (unit scale, like the normalised latent).
-pub(crate) fn synthetic(spec: &Arc<K3Spec>, depth: usize, seed: u64) -> SequenceState {
+pub(crate) fn synthetic(
+    spec: &Arc<K3Spec>,
+    pool: &Arc<KvPool>,
+    depth: usize,
+    seed: u64,
+) -> Result<SequenceState> {
     let mut x = seed ^ 0x5DEE_CE66_D1CE_4E5B;
     let mut next = move |amp: f32| {
         x = x
@@ -154,7 +164,7 @@ pub(crate) fn synthetic(spec: &Arc<K3Spec>, depth: usize, seed: u64) -> Sequence
             .wrapping_add(1442695040888963407);
         ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
     };
-    let mut s = SequenceState::new(spec);
+    let mut s = SequenceState::new(spec, pool);
     s.pos = depth;
     for l in &mut s.layers {
         match l {
@@ -169,13 +179,13 @@ pub(crate) fn synthetic(spec: &Arc<K3Spec>, depth: usize, seed: u64) -> Sequence
                 while left > 0 {
                     let k = left.min(super::state::BLOCK_ROWS);
                     block[..k * w].iter_mut().for_each(|v| *v = next(1.7));
-                    m.push_rows(&block[..k * w]);
+                    m.push_rows(&block[..k * w])?;
                     left -= k;
                 }
             }
         }
     }
-    s
+    Ok(s)
 }
 
 #[cfg(test)]
@@ -194,7 +204,7 @@ mod tests {
         let mut a = m.new_state();
         m.forward(a.as_mut(), &[1, 5, 9, 7, 3], Logits::None)
             .unwrap();
-        let bytes = a.encode();
+        let bytes = a.encode().unwrap();
         let mut b = m.decode_state(&bytes).unwrap();
         let mut c = a.fork();
         assert_eq!(b.pos(), 5);
@@ -203,7 +213,7 @@ mod tests {
         let lc = m.forward(c.as_mut(), &[4, 2], Logits::All).unwrap();
         assert_eq!(la, lb);
         assert_eq!(la, lc);
-        assert_eq!(b.encode(), a.encode());
+        assert_eq!(b.encode().unwrap(), a.encode().unwrap());
     }
 
     #[test]
@@ -211,7 +221,7 @@ mod tests {
         let m = tiny();
         let mut a = m.new_state();
         m.forward(a.as_mut(), &[1, 5, 9], Logits::None).unwrap();
-        let bytes = a.encode();
+        let bytes = a.encode().unwrap();
         let err = |b: &[u8]| m.decode_state(b).err().expect("refused").to_string();
         assert!(err(&bytes[..bytes.len() - 3]).contains("ends early"));
         assert!(err(b"GGUF....").contains("magic"));

@@ -106,7 +106,7 @@ fn forward_rows(
         trace(&mut tracer, i, "attn_in", &h);
         let mut x = h;
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
-        let a = attention(model, lw, i, states, segs, &x);
+        let a = attention(model, lw, i, states, segs, &x)?;
         trace(&mut tracer, i, "attn_out", &a);
         add(&mut partial, &a);
 
@@ -131,7 +131,7 @@ fn attention(
     states: &mut [&mut SequenceState],
     segs: &[Segment],
     x: &[f32],
-) -> Vec<f32> {
+) -> Result<Vec<f32>> {
     let spec = &*model.spec;
     match &lw.attn {
         AttnWeights::Kda(aw) => {
@@ -142,7 +142,7 @@ fn attention(
                     LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            kda::kda(spec, aw, &mut st, segs, x)
+            Ok(kda::kda(spec, aw, &mut st, segs, x))
         }
         AttnWeights::Mla(aw) => {
             let mut st: Vec<&mut MlaCache> = states
