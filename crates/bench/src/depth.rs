@@ -27,10 +27,12 @@ pub struct DepthResult {
     pub step_ms: f64,
     pub step_ms_min: f64,
     pub step_ms_max: f64,
-    /// Sequence state in RAM at that depth (latent cache and recurrent state).
+    /// Attention-cache blocks in RAM at that depth.
     pub kv_bytes_ram: u64,
-    /// Sequence state on disk (spilled cache pages; none yet).
+    /// Attention-cache blocks spilled to disk (beyond `--kv-ram`).
     pub kv_bytes_disk: u64,
+    /// Bytes read back from disk per timed step.
+    pub kv_bytes_read_per_step: u64,
     /// With `prefill` fill: prompt tokens per second of the fill.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefill_tok_s: Option<f64>,
@@ -87,7 +89,11 @@ pub fn run_depths(
         let (mut st, prefill_tok_s) = fill(lm, depth, how, chunk)?;
         let mut tok = 1u32;
         let mut times = Vec::with_capacity(steps);
+        let mut read0 = lm.kv_stats().bytes_read;
         for i in 0..=steps {
+            if i == 1 {
+                read0 = lm.kv_stats().bytes_read;
+            }
             let t = Instant::now();
             let logits = lm.forward(st.as_mut(), &[tok], Logits::Last)?;
             if i > 0 {
@@ -104,8 +110,9 @@ pub fn run_depths(
             step_ms: med * 1e3,
             step_ms_min: times[0] * 1e3,
             step_ms_max: times[times.len() - 1] * 1e3,
-            kv_bytes_ram: st.bytes() as u64,
-            kv_bytes_disk: 0,
+            kv_bytes_ram: lm.kv_stats().ram_bytes,
+            kv_bytes_disk: lm.kv_stats().disk_bytes,
+            kv_bytes_read_per_step: (lm.kv_stats().bytes_read - read0) / steps as u64,
             prefill_tok_s,
         };
         log(&format!("depth {depth}: step {:.2} ms", r.step_ms));
@@ -117,12 +124,12 @@ pub fn run_depths(
 /// The table printed for a sweep.
 pub fn render_depths(r: &DepthReport) -> String {
     let mut s = String::from(
-        "depth      fill       step ms (min–max)        tok/s   × first   state RAM    prefill tok/s\n",
+        "depth      fill       step ms (min–max)        tok/s   × first   cache RAM    cache disk   prefill tok/s\n",
     );
     let base = r.depths.first().map_or(1.0, |d| d.step_ms);
     for d in &r.depths {
         s += &format!(
-            "{:<9}  {:<9}  {:>8.2} ({:.2}–{:.2})  {:>9.2}  {:>7.2}×  {:>9.1} MB  {}\n",
+            "{:<9}  {:<9}  {:>8.2} ({:.2}–{:.2})  {:>9.2}  {:>7.2}×  {:>9.1} MB  {:>8.1} MB  {}\n",
             d.depth,
             format!("{:?}", d.fill).to_lowercase(),
             d.step_ms,
@@ -131,6 +138,7 @@ pub fn render_depths(r: &DepthReport) -> String {
             d.decode_tok_s,
             d.step_ms / base,
             d.kv_bytes_ram as f64 / 1e6,
+            d.kv_bytes_disk as f64 / 1e6,
             d.prefill_tok_s.map_or("-".into(), |p| format!("{p:.1}"))
         );
     }

@@ -12,14 +12,14 @@
 //!
 //! # Reduction order (fixed by the shapes and the row index only)
 //!
-//! * Dot products use [`dot_lanes`]: 8 interleaved partial sums, folded
-//!   pairwise, then the tail in order.
+//! * Dot products use [`dot_lanes`]: 8 interleaved partial sums of fused
+//!   multiply-adds, folded pairwise, then the tail in order (fused too).
 //! * The rows `0..n` are cut into splits of [`SPLIT`] rows at absolute
 //!   offsets (`[0, 256)`, `[256, 512)`, …). The cache is given as blocks of
 //!   exactly `SPLIT` rows (the last may be shorter), so a split is a block:
 //!   a paged cache is read in place. Within a split: scores, the
 //!   split's max `m`, then in row order `p = exp(s − m)`, `l += p`,
-//!   `c += p · lat` (element-wise).
+//!   `c = fma(p, lat, c)` (element-wise).
 //! * Splits are merged in order with the online-softmax rule
 //!   `M' = max(M, m)`, `L = L·e^(M−M') + l·e^(m−M')`,
 //!   `C = C·e^(M−M') + c·e^(m−M')`; finally `ctx = C / L`.
@@ -48,12 +48,12 @@ pub fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let body = n / 8 * 8;
     for (ca, cb) in a[..body].chunks_exact(8).zip(b[..body].chunks_exact(8)) {
         for l in 0..8 {
-            acc[l] += ca[l] * cb[l];
+            acc[l] = ca[l].mul_add(cb[l], acc[l]);
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
     for i in body..n {
-        s += a[i] * b[i];
+        s = a[i].mul_add(b[i], s);
     }
     s
 }
@@ -91,9 +91,10 @@ struct Partial {
 }
 
 /// The partial of split `k` (rows `k·SPLIT..` of which `len` are seen) for
-/// query `q`. The same arithmetic, compiled for AVX2 when the process's
-/// kernel set allows it (lane-wise adds and multiplies, no fused
-/// multiply-add, so every table gives the same bits).
+/// query `q`. The same arithmetic, compiled for AVX2 + FMA when the
+/// process's kernel set allows it: every multiply-add is a fused
+/// `mul_add` (one rounding) in every build, the baseline twin included
+/// (where it is a library call), so every table gives the same bits.
 fn split_partial(
     sh: &MlaShape,
     blocks: &[&[f32]],
@@ -103,14 +104,14 @@ fn split_partial(
 ) -> Partial {
     #[cfg(target_arch = "x86_64")]
     if matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
-        // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2.
+        // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2 and FMA.
         return unsafe { split_partial_avx2(sh, blocks, q, k, len) };
     }
-    split_partial_impl(sh, blocks, q, k, len)
+    split_partial_tiled(sh, blocks, q, k, len)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn split_partial_avx2(
     sh: &MlaShape,
     blocks: &[&[f32]],
@@ -118,11 +119,101 @@ unsafe fn split_partial_avx2(
     k: usize,
     len: usize,
 ) -> Partial {
-    split_partial_impl(sh, blocks, q, k, len)
+    split_partial_tiled(sh, blocks, q, k, len)
 }
 
+/// Heads per tile of [`split_partial_tiled`]: their queries and context
+/// rows stay in L1 while the split's rows stream past, and their dot
+/// products run as independent chains.
+const HEAD_TILE: usize = 8;
+
+/// `[row · qs[k]]` for each `k`, each exactly as [`dot_lanes`] computes it
+/// (8 lanes of fused multiply-adds, the same fold, the same tail), run
+/// side by side so the chains overlap.
 #[inline(always)]
-fn split_partial_impl(
+fn dot_many<const N: usize>(row: &[f32], qs: [&[f32]; N]) -> [f32; N] {
+    let n = row.len();
+    let body = n / 8 * 8;
+    let mut acc = [[0f32; 8]; N];
+    for c in (0..body).step_by(8) {
+        let r = &row[c..c + 8];
+        for (a, q) in acc.iter_mut().zip(&qs) {
+            let q = &q[c..c + 8];
+            for l in 0..8 {
+                a[l] = r[l].mul_add(q[l], a[l]);
+            }
+        }
+    }
+    let mut out = [0f32; N];
+    for ((o, a), q) in out.iter_mut().zip(&acc).zip(&qs) {
+        let mut s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        for i in body..n {
+            s = row[i].mul_add(q[i], s);
+        }
+        *o = s;
+    }
+    out
+}
+
+/// [`split_partial_simple`]'s arithmetic, reordered only across
+/// independent values: heads in tiles of [`HEAD_TILE`], each tile's dot
+/// products computed together, each context row and score still summed
+/// over the rows in row order. Bit-identical to the simple loop.
+#[inline(always)]
+fn split_partial_tiled(
+    sh: &MlaShape,
+    blocks: &[&[f32]],
+    q: &MlaQuery<'_>,
+    k: usize,
+    len: usize,
+) -> Partial {
+    let (h, lora, rope, w) = (sh.heads, sh.lora, sh.rope, sh.width());
+    let rows = &blocks[k][..len * w];
+    let mut s = vec![0f32; h * len];
+    let mut m = vec![f32::NEG_INFINITY; h];
+    let mut l = vec![0f32; h];
+    let mut c = vec![0f32; h * lora];
+    let ql = |hh: usize| &q.q_lat[hh * lora..(hh + 1) * lora];
+    let qr = |hh: usize| &q.q_rope[hh * rope..(hh + 1) * rope];
+    let mut h0 = 0;
+    while h0 < h {
+        let full = h0 + HEAD_TILE <= h;
+        let h1 = if full { h0 + HEAD_TILE } else { h0 + 1 };
+        for (j, r) in rows.chunks_exact(w).enumerate() {
+            let (lat, kr) = r.split_at(lora);
+            let mut put = |hh: usize, a: f32, b: f32| {
+                let v = (a + b) * sh.scale;
+                s[hh * len + j] = v;
+                m[hh] = m[hh].max(v);
+            };
+            if full {
+                let a = dot_many(lat, std::array::from_fn::<_, HEAD_TILE, _>(|i| ql(h0 + i)));
+                let b = dot_many(kr, std::array::from_fn::<_, HEAD_TILE, _>(|i| qr(h0 + i)));
+                for i in 0..HEAD_TILE {
+                    put(h0 + i, a[i], b[i]);
+                }
+            } else {
+                put(h0, dot_lanes(lat, ql(h0)), dot_lanes(kr, qr(h0)));
+            }
+        }
+        for (j, r) in rows.chunks_exact(w).enumerate() {
+            let lat = &r[..lora];
+            for hh in h0..h1 {
+                let p = (s[hh * len + j] - m[hh]).exp();
+                l[hh] += p;
+                for (cv, &x) in c[hh * lora..(hh + 1) * lora].iter_mut().zip(lat) {
+                    *cv = p.mul_add(x, *cv);
+                }
+            }
+        }
+        h0 = h1;
+    }
+    Partial { m, l, c }
+}
+
+/// The order-defining loop: per row, per head, the score; then per row,
+/// per head, the softmax weight and the context update.
+fn split_partial_simple(
     sh: &MlaShape,
     blocks: &[&[f32]],
     q: &MlaQuery<'_>,
@@ -151,7 +242,7 @@ fn split_partial_impl(
             let p = (s[hh * len + j] - m[hh]).exp();
             l[hh] += p;
             for (cv, &x) in c[hh * lora..(hh + 1) * lora].iter_mut().zip(lat) {
-                *cv += p * x;
+                *cv = p.mul_add(x, *cv);
             }
         }
     }
@@ -350,7 +441,7 @@ pub fn mla_attend_scalar(
     for (q, o) in queries.iter().zip(out.chunks_exact_mut(per)) {
         let mut merged = Merged::new(sh);
         for (k, len) in splits(q.n) {
-            merged.add(sh, &split_partial_impl(sh, blocks, q, k, len));
+            merged.add(sh, &split_partial_simple(sh, blocks, q, k, len));
         }
         merged.finish(sh, o);
     }

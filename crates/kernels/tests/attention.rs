@@ -55,6 +55,8 @@ fn any_grouping_or_thread_count_gives_the_twin_bit_for_bit() {
         (3, 13, 5, 40),
         (6, 128, 16, 2 * SPLIT + 37),
         (2, 64, 0, SPLIT + 1),
+        // Two full head tiles and a remainder.
+        (19, 40, 12, SPLIT + 5),
     ] {
         let sh = MlaShape {
             heads,

@@ -1,10 +1,9 @@
-//! How far a lossy variant of a model (the int8 spine) is from the exact
+//! How far a lossy variant of a model (int8 spine, bf16 latent cache) is from the exact
 //! one, on teacher-forced positions: both see the same tokens, and every
 //! position's next-token distribution is compared.
 
 use crate::Result;
-use crate::kimi_k3::K3Model;
-use crate::lm::Logits;
+use crate::lm::{CausalLm, Logits};
 
 /// Agreement of a test model's logits with a reference's.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -63,11 +62,11 @@ pub fn kl(p: &[f32], q: &[f32]) -> f64 {
 }
 
 /// Teacher-forces `tokens` through both models and compares every position.
-pub fn compare(reference: &K3Model, test: &K3Model, tokens: &[u32]) -> Result<Agreement> {
-    let a = reference.forward(&mut reference.new_state(), tokens, Logits::All)?;
-    let b = test.forward(&mut test.new_state(), tokens, Logits::All)?;
+pub fn compare(reference: &dyn CausalLm, test: &dyn CausalLm, tokens: &[u32]) -> Result<Agreement> {
+    let a = reference.forward(reference.new_state().as_mut(), tokens, Logits::All)?;
+    let b = test.forward(test.new_state().as_mut(), tokens, Logits::All)?;
     let mut agg = Agreement::default();
-    agg.add(&a, &b, reference.spec.vocab_size);
+    agg.add(&a, &b, reference.info().vocab_size);
     Ok(agg)
 }
 

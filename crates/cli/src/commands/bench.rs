@@ -96,6 +96,9 @@ pub struct BenchArgs {
     /// Decode steps timed at each depth (after one untimed).
     #[arg(long, default_value_t = 8)]
     depth_steps: usize,
+    /// Prompt tokens per pass when --depth-fill prefill fills the cache.
+    #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    depth_chunk: usize,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -134,12 +137,15 @@ fn run_depth(a: &BenchArgs) -> Result<()> {
     // The ledger reserves state for the deepest depth plus the timed steps.
     let deepest = a.depth.iter().copied().max().unwrap_or(1);
     mem.context = Some(mem.context.unwrap_or(0).max(deepest + a.depth_steps + 1));
-    let (lm, _) = crate::load::load_model_with(&a.model, &mem, 512, fathom_model::Spine::Bf16)?;
+    let (lm, _) =
+        crate::load::load_model_with(&a.model, &mem, a.depth_chunk, fathom_model::Spine::Bf16)?;
     let how = match a.depth_fill {
         DepthFillArg::Prefill => DepthFill::Prefill,
         DepthFillArg::Synthetic => DepthFill::Synthetic,
     };
-    let depths = run_depths(&lm, &a.depth, how, a.depth_steps, 512, |l| eprintln!("{l}"))?;
+    let depths = run_depths(&lm, &a.depth, how, a.depth_steps, a.depth_chunk, |l| {
+        eprintln!("{l}")
+    })?;
     let report = DepthReport {
         model: a.model.display().to_string(),
         threads: rayon::current_num_threads(),

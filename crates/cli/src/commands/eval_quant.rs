@@ -1,26 +1,40 @@
-//! `fathom eval-quant`: how far the int8 spine is from the exact (bf16
-//! weights, fp32 compute) spine, on teacher-forced positions.
+//! `fathom eval-quant`: how far a lossy option (the int8 spine, the bf16
+//! latent cache) is from the exact model (bf16 weights, fp32 compute and
+//! cache), on teacher-forced positions.
 //!
 //! Each prompt is extended by `--tokens` greedy tokens of the exact model;
 //! the whole sequence is then run through both models and every position's
 //! next-token distribution is compared: top-1 agreement, mean
-//! KL(exact ‖ int8) and max |Δlogit|.
+//! KL(exact ‖ lossy) and max |Δlogit|. Both models load under the one RAM
+//! budget (half each).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use fathom_model::eval::{Agreement, argmax, compare};
-use fathom_model::{K3Model, Logits, Spine};
+use fathom_model::{CausalLm, Logits, Spine};
 
 use crate::common::parse_ids;
+use crate::load::{KvDtypeArg, MemoryArgs, load_model_with};
 
-/// Measure the quality of the int8 spine against the exact spine.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Variant {
+    /// `--spine int8` against the stored spine.
+    SpineInt8,
+    /// `--kv-dtype bf16` against the fp32 latent cache.
+    KvBf16,
+}
+
+/// Measure the quality of a lossy option against the exact model.
 #[derive(Args)]
 pub struct EvalQuantArgs {
     /// Model directory (config.json + safetensors shards).
     #[arg(long)]
     model: PathBuf,
+    /// Which lossy option to measure.
+    #[arg(long, value_enum, default_value_t = Variant::SpineInt8)]
+    variant: Variant,
     /// A prompt as comma-separated token ids (repeatable). Default: the
     /// prompts of golden.json in the model directory or its parent.
     #[arg(long)]
@@ -31,8 +45,9 @@ pub struct EvalQuantArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    mem: MemoryArgs,
 }
-
 /// The `input_ids` of every prompt in a golden.json next to the model.
 fn golden_prompts(dir: &Path) -> Result<Vec<Vec<u32>>> {
     let path = [dir.join("golden.json"), dir.join("../golden.json")]
@@ -64,14 +79,14 @@ fn golden_prompts(dir: &Path) -> Result<Vec<Vec<u32>>> {
 }
 
 /// `prompt` followed by `n` greedy tokens of `model`.
-fn extend_greedy(model: &K3Model, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
+fn extend_greedy(model: &dyn CausalLm, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
     let mut seq = prompt.to_vec();
     let mut st = model.new_state();
-    let mut logits = model.forward(&mut st, prompt, Logits::Last)?;
+    let mut logits = model.forward(st.as_mut(), prompt, Logits::Last)?;
     for _ in 0..n {
         let next = argmax(&logits) as u32;
         seq.push(next);
-        logits = model.forward(&mut st, &[next], Logits::Last)?;
+        logits = model.forward(st.as_mut(), &[next], Logits::Last)?;
     }
     Ok(seq)
 }
@@ -85,34 +100,33 @@ pub fn run(a: EvalQuantArgs) -> Result<()> {
             .map(|s| parse_ids(s))
             .collect::<Result<_>>()?
     };
-    let load = |spine| {
-        K3Model::load_spine(&a.model, spine)
-            .with_context(|| format!("cannot load the model in {}", a.model.display()))
+    // Two models under one budget: half each.
+    let (budget, _) = a.mem.budget()?;
+    let mut half = a.mem.clone();
+    half.ram_budget = Some(budget / 2);
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + a.tokens;
+    let mut lossy_mem = half.clone();
+    let (spine, what) = match a.variant {
+        Variant::SpineInt8 => (Spine::Int8, "spine int8 (lossy) with bf16 (exact)"),
+        Variant::KvBf16 => {
+            lossy_mem.kv_dtype = KvDtypeArg::Bf16;
+            (Spine::Bf16, "latent cache bf16 (lossy) with f32 (exact)")
+        }
     };
-    let exact = load(Spine::Bf16)?;
-    let int8 = load(Spine::Int8)?;
-    eprintln!(
-        "comparing spine int8 (lossy) with bf16 (exact) on {} prompts",
-        prompts.len()
-    );
+    let (exact, exact_info) = load_model_with(&a.model, &half, longest, Spine::Bf16)?;
+    let (lossy, lossy_info) = load_model_with(&a.model, &lossy_mem, longest, spine)?;
+    tracing::info!("comparing {what} on {} prompts", prompts.len());
     let mut total = Agreement::default();
     for p in &prompts {
-        let seq = extend_greedy(&exact, p, a.tokens)?;
-        let agg = compare(&exact, &int8, &seq)?;
+        let seq = extend_greedy(exact.as_ref(), p, a.tokens)?;
+        let agg = compare(exact.as_ref(), lossy.as_ref(), &seq)?;
         total.positions += agg.positions;
         total.top1_agree += agg.top1_agree;
         total.kl_sum += agg.kl_sum;
         total.max_abs_dlogit = total.max_abs_dlogit.max(agg.max_abs_dlogit);
     }
-    let spine_bytes = |m: &K3Model| {
-        let w = &m.weights;
-        let mut b = w.lm_head.bytes();
-        for l in &w.layers {
-            b += layer_bytes(l);
-        }
-        b
-    };
-    let (b_exact, b_int8) = (spine_bytes(&exact), spine_bytes(&int8));
+    let spine_bytes = |i: &crate::load::LoadInfo| i.ledger.as_ref().map(|l| l.spine);
+    let kv_dtype = |m: &MemoryArgs| fathom_model::KvDtype::from(m.kv_dtype).name();
     if a.json {
         println!(
             "{}",
@@ -121,7 +135,9 @@ pub fn run(a: EvalQuantArgs) -> Result<()> {
                 "top1_agreement": total.top1_rate(),
                 "mean_kl": total.mean_kl(),
                 "max_abs_dlogit": total.max_abs_dlogit,
-                "spine_matrix_bytes": {"bf16": b_exact, "int8": b_int8},
+                "variant": format!("{:?}", a.variant),
+                "spine_bytes": {"exact": spine_bytes(&exact_info), "lossy": spine_bytes(&lossy_info)},
+                "kv_dtype": {"exact": kv_dtype(&half), "lossy": kv_dtype(&lossy_mem)},
             })
         );
     } else {
@@ -134,49 +150,14 @@ pub fn run(a: EvalQuantArgs) -> Result<()> {
         );
         println!("mean KL          {:.3e} nats", total.mean_kl());
         println!("max |Δlogit|     {:.4}", total.max_abs_dlogit);
-        println!("spine matrices   {b_exact} → {b_int8} bytes");
+        if let (Some(e), Some(l)) = (spine_bytes(&exact_info), spine_bytes(&lossy_info)) {
+            println!("resident spine   {e} → {l} bytes");
+        }
+        println!(
+            "latent cache     {} → {}",
+            kv_dtype(&half),
+            kv_dtype(&lossy_mem)
+        );
     }
     Ok(())
-}
-
-/// Bytes of a layer's spine matrices.
-fn layer_bytes(l: &fathom_model::kimi_k3::weights::LayerWeights) -> usize {
-    use fathom_model::kimi_k3::weights::{AttnWeights, FfnWeights, MlpWeights};
-    let mlp = |m: &MlpWeights| m.gate_proj.bytes() + m.up_proj.bytes() + m.down_proj.bytes();
-    let attn = match &l.attn {
-        AttnWeights::Kda(a) => [
-            &a.q_proj,
-            &a.k_proj,
-            &a.v_proj,
-            &a.f_a_proj,
-            &a.f_b_proj,
-            &a.b_proj,
-            &a.g_proj,
-            &a.o_proj,
-        ]
-        .iter()
-        .map(|m| m.bytes())
-        .sum::<usize>(),
-        AttnWeights::Mla(a) => [
-            &a.q_a_proj,
-            &a.q_b_proj,
-            &a.kv_a_proj_with_mqa,
-            &a.kv_b_proj.uk_t,
-            &a.kv_b_proj.uv,
-            &a.g_proj,
-            &a.o_proj,
-        ]
-        .iter()
-        .map(|m| m.bytes())
-        .sum(),
-    };
-    attn + match &l.ffn {
-        FfnWeights::Dense(m) => mlp(m),
-        FfnWeights::Moe(m) => {
-            m.gate.bytes()
-                + m.routed_expert_down_proj.bytes()
-                + m.routed_expert_up_proj.bytes()
-                + m.shared_experts.as_ref().map_or(0, mlp)
-        }
-    }
 }
