@@ -229,7 +229,7 @@ fn serve_reserves_state_for_every_admitted_sequence() {
             "--ram-budget",
             "300MB",
         ],
-        "255 more sequences × state for --context 4096 tokens",
+        "state for 256 sequences of 4096 tokens",
     );
 }
 

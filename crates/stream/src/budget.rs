@@ -256,12 +256,20 @@ impl Ledger {
         let fixed = self.fixed();
         if fixed > budget {
             return Err(format!(
-                "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} tokens {} (latent cache in RAM {}: lower it with --kv-ram, the rest spills to --kv-dir), scratch {}, I/O buffers {} — give at least --ram-budget {}MB (no expert cache then)",
+                "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} sequence{} of {} tokens {} (recurrent state {}{}; latent cache in RAM {}: lower it with --kv-ram, the rest spills to --kv-dir), scratch {}, I/O buffers {} — give at least --ram-budget {}MB (no expert cache then)",
                 format_bytes(budget),
                 self.spine_repr,
                 format_bytes(self.spine),
+                self.kv.sequences,
+                if self.kv.sequences == 1 { "" } else { "s" },
                 self.context,
                 format_bytes(self.state),
+                format_bytes(self.state - self.kv.ram),
+                if self.kv.sequences > 1 {
+                    ", fewer with a lower --max-seqs"
+                } else {
+                    ""
+                },
                 format_bytes(self.kv.ram),
                 format_bytes(self.scratch),
                 format_bytes(self.io_buffers),

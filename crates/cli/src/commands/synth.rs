@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use fathom_synth::{Overrides, Plan, Preset, WriteOptions, resolve, write_model};
 use fathom_weights::units::{format_bytes, parse_size};
@@ -50,6 +50,10 @@ pub struct SynthArgs {
     /// Print the plan (shape, size, shards) and write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Write only config.json (for `fathom inspect` plans of shapes too big
+    /// to write, e.g. the full K3 at a 1M-token context).
+    #[arg(long, conflicts_with = "dry_run")]
+    config_only: bool,
 }
 
 /// A byte progress bar on stderr (bytes, rate, ETA); hidden unless stderr
@@ -95,6 +99,17 @@ pub fn run(a: SynthArgs) -> Result<()> {
         if plan.shards.len() == 1 { "" } else { "s" }
     );
     if a.dry_run {
+        return Ok(());
+    }
+    if a.config_only {
+        let path = a.out.join("config.json");
+        if path.exists() && !a.force {
+            bail!("{} exists: give --force to replace it", path.display());
+        }
+        std::fs::create_dir_all(&a.out)
+            .and_then(|_| std::fs::write(&path, serde_json::to_vec_pretty(&d.config_json())?))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("wrote {} (no tensors)", path.display());
         return Ok(());
     }
     let bar = byte_bar(plan.file_bytes(), "writing");
