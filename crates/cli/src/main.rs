@@ -7,8 +7,9 @@
 mod commands;
 mod common;
 mod load;
+mod suggest;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "fathom", version, about = "Run giant Mixture-of-Experts language models exactly, on a machine whose memory is a fraction of the model", long_about = None)]
@@ -68,7 +69,10 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 
 fn main() {
     quiet_broken_pipes();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => suggest::filter(e, &Cli::command()).exit(),
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if let Some(n) = cli.threads.filter(|&n| n == 0 || n > 4 * cores) {
         eprintln!(

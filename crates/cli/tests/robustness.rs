@@ -251,3 +251,19 @@ fn corrupt_checkpoint_is_reported_with_the_file() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn typo_tips_name_only_close_spellings() {
+    let out = fails_quietly(&["run", "--temprature", "0.5"], "--temprature");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--temperature"),
+        "a close name is suggested: {err}"
+    );
+    let out = fails_quietly(&["inspect", "x", "--temperature", "0.5"], "--temperature");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("similar") && !err.contains("--experts"),
+        "no far-fetched tip: {err}"
+    );
+}

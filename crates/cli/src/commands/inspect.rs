@@ -360,7 +360,7 @@ fn print_ledger(l: &serde_json::Map<String, Value>) {
     row("resident spine", "spine_bytes");
     row("sequence state", "state_bytes");
     row("  of it latent cache", "kv_ram_bytes");
-    row("latent cache on disk", "kv_disk_bytes");
+    row("latent cache spilled", "kv_disk_bytes");
     row("scratch", "scratch_bytes");
     row("I/O buffers", "io_buffers_bytes");
     row("expert cache", "cache_bytes");

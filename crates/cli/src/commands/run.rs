@@ -184,6 +184,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let spine = a.spine.spine();
     // Cheap first: the context bound before loading (BOS may add one more).
+    crate::load::check_model_dir(&a.model)?;
     let declared = fathom_model::registry::declared_context(&a.model)
         .with_context(|| format!("cannot read the model config in {}", a.model.display()))?;
     check_context(a.mem.context_for(declared), prompt.len(), a.max_new, "run")?;

@@ -104,6 +104,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "fathom".into())
     });
+    crate::load::check_model_dir(&a.model)?;
+    let declared = fathom_model::registry::declared_context(&a.model)
+        .with_context(|| format!("cannot read the model config in {}", a.model.display()))?;
     let cfg = ServeConfig {
         model_id,
         host: a.host.clone(),
@@ -111,11 +114,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_seqs: a.max_seqs as usize,
         max_queue: a.max_queue as usize,
         max_step_tokens: a.max_step_tokens as usize,
-        context: a.mem.context_for(
-            fathom_model::registry::declared_context(&a.model).with_context(|| {
-                format!("cannot read the model config in {}", a.model.display())
-            })?,
-        ),
+        context: a.mem.context_for(declared),
         api_key: a.api_key.clone(),
         cors_origins: a.cors_origin.clone(),
         max_body,
