@@ -40,7 +40,8 @@ pub struct Architecture {
 }
 
 /// Every architecture fathom runs.
-pub const ARCHITECTURES: &[Architecture] = &[crate::kimi_k3::ARCHITECTURE];
+pub const ARCHITECTURES: &[Architecture] =
+    &[crate::kimi_k3::ARCHITECTURE, crate::qwen3_moe::ARCHITECTURE];
 
 #[derive(serde::Deserialize)]
 struct Head {
@@ -125,6 +126,10 @@ mod tests {
         assert_eq!(detect_json(k3).unwrap().family, "Kimi K3");
         let by_arch = r#"{"architectures": ["KimiK3ForConditionalGeneration"]}"#;
         assert_eq!(detect_json(by_arch).unwrap().family, "Kimi K3");
+        let qwen = r#"{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}"#;
+        assert_eq!(detect_json(qwen).unwrap().family, "Qwen3-MoE");
+        let by_arch = r#"{"architectures": ["Qwen3MoeForCausalLM"]}"#;
+        assert_eq!(detect_json(by_arch).unwrap().family, "Qwen3-MoE");
     }
 
     #[test]

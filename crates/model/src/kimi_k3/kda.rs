@@ -22,8 +22,7 @@ use super::config::{K3Spec, KDA_L2_EPS};
 use super::state::{KdaJournal, KdaState};
 use super::weights::KdaWeights;
 
-/// A run of rows of the step's input belonging to one sequence.
-pub type Segment = std::ops::Range<usize>;
+pub use crate::batch::Segment;
 
 /// One head's inputs for `t` positions starting at row `r0` of the
 /// projections (`q`, `k`, `v` convolved, `f`, `b` raw).

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use fathom_weights::Checkpoint;
 
 use self::config::K3Spec;
-use self::moe::Route;
 use self::state::SequenceState;
 use self::weights::K3Weights;
 use crate::error::Result;
@@ -53,13 +52,9 @@ fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
     Ok(Arc::new(m))
 }
 
-/// Observer of named intermediates (`attn_in`, `attn_out`, `mlp_in`,
-/// `mlp_out` per layer, `final_hidden`) and of routing decisions, for
-/// comparing with reference dumps. Costs nothing when absent.
-pub trait Tracer {
-    fn tensor(&mut self, _layer: usize, _name: &str, _rows: &[f32]) {}
-    fn routes(&mut self, _layer: usize, _routes: &[Route]) {}
-}
+/// Observer of a pass; K3 reports `attn_in`, `attn_out`, `mlp_in`, `mlp_out`
+/// per layer, `final_hidden`, and each MoE layer's routes.
+pub use crate::trace::Tracer;
 
 /// A loaded K3 model: spec, resident spine, and a source of routed experts.
 pub struct K3Model {

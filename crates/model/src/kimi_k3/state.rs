@@ -70,85 +70,9 @@ impl KdaJournal {
     }
 }
 
-/// Rows per latent-cache block: one attention split, so the kernel reads
-/// blocks in place.
-pub const BLOCK_ROWS: usize = fathom_kernels::attention::SPLIT;
-
 /// A layer's latent cache, `[tokens, kv_lora_rank + qk_rope_head_dim]`
-/// (normalised latent, kr), in blocks of [`BLOCK_ROWS`] rows. Blocks are
-/// shared between a state and its forks (prefix checkpoints, snapshots)
-/// and copied only when written, so a fork costs a block table, not the
-/// rows.
-#[derive(Debug, Clone, Default)]
-pub struct MlaCache {
-    blocks: Vec<Arc<Vec<f32>>>,
-    len: usize,
-    pub width: usize,
-}
-
-impl MlaCache {
-    pub fn new(width: usize) -> Self {
-        MlaCache {
-            blocks: Vec::new(),
-            len: 0,
-            width,
-        }
-    }
-    /// Rows held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Appends rows (`[k, width]`).
-    pub fn push_rows(&mut self, rows: &[f32]) {
-        let w = self.width;
-        debug_assert_eq!(rows.len() % w, 0);
-        let mut rest = rows;
-        while !rest.is_empty() {
-            if self.len.is_multiple_of(BLOCK_ROWS) {
-                self.blocks
-                    .push(Arc::new(Vec::with_capacity(BLOCK_ROWS * w)));
-            }
-            let last = Arc::make_mut(self.blocks.last_mut().expect("a block was just ensured"));
-            let take = ((BLOCK_ROWS - self.len % BLOCK_ROWS) * w).min(rest.len());
-            last.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
-            self.len += take / w;
-        }
-    }
-    /// Keeps the first `n` rows (a shared last block is copied first).
-    pub fn truncate(&mut self, n: usize) {
-        if n >= self.len {
-            return;
-        }
-        self.blocks.truncate(n.div_ceil(BLOCK_ROWS));
-        if !n.is_multiple_of(BLOCK_ROWS) {
-            let last = Arc::make_mut(self.blocks.last_mut().expect("n > 0 keeps a block"));
-            last.truncate((n % BLOCK_ROWS) * self.width);
-        }
-        self.len = n;
-    }
-    /// The rows as blocks (every block but the last full).
-    pub fn blocks(&self) -> Vec<&[f32]> {
-        self.blocks.iter().map(|b| b.as_slice()).collect()
-    }
-    /// Row `r`.
-    pub fn row(&self, r: usize) -> &[f32] {
-        let b = &self.blocks[r / BLOCK_ROWS];
-        let i = r % BLOCK_ROWS;
-        &b[i * self.width..(i + 1) * self.width]
-    }
-    /// Every row, contiguous (for saving).
-    pub fn to_rows(&self) -> Vec<f32> {
-        self.blocks.iter().flat_map(|b| b.iter().copied()).collect()
-    }
-    /// Floats held (`len · width`).
-    pub fn floats(&self) -> usize {
-        self.len * self.width
-    }
-}
+/// (normalised latent, kr): paged rows shared with forks until written.
+pub use crate::paged::{BLOCK_ROWS, PagedRows as MlaCache};
 
 #[derive(Debug, Clone)]
 pub enum LayerState {
@@ -330,6 +254,16 @@ impl SequenceState {
                 LayerState::Mla(m) => 4 * m.floats(),
             })
             .sum()
+    }
+}
+
+impl crate::batch::Undo for SequenceState {
+    type Mark = UndoMark;
+    fn mark(&self) -> UndoMark {
+        self.undo_mark()
+    }
+    fn undo(&mut self, mark: &UndoMark) {
+        SequenceState::undo(self, mark)
     }
 }
 
