@@ -9,7 +9,9 @@ pub mod error;
 pub mod eval;
 pub mod experts;
 mod fields;
+pub mod hybrid;
 pub mod kimi_k3;
+pub mod kimi_linear;
 pub mod linear;
 pub mod lm;
 pub mod mlp;
@@ -22,6 +24,7 @@ pub mod trace;
 
 pub use error::{ModelError, Result};
 pub use kimi_k3::K3Model;
+pub use kimi_linear::KimiLinearModel;
 pub use linear::Spine;
 pub use lm::{CausalLm, Logits, ModelInfo, SeqState, StateSnapshot, StepError, StepInput};
 pub use qwen3_moe::Qwen3MoeModel;

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use fathom_kernels::ops::sigmoid;
 use rayon::prelude::*;
 
 use crate::error::Result;
@@ -38,6 +39,98 @@ pub fn hint_order(guesses: &[Route], top_k: usize) -> Vec<u32> {
         }
     }
     guess
+}
+
+/// Sigmoid routing with a selection bias ("noaux_tc", the Kimi and
+/// DeepSeek-V3 routers), optionally group-limited:
+///
+/// ```text
+/// s = σ(logits);  c = s + bias                       (c only chooses)
+/// groups > 1: group score = sum of its two best c; keep the topk_group best
+///             groups, c ← 0 outside them
+/// T = top-k of c (ties to the lower index);  w_e = s_e
+/// w = w / (Σ w + 1e-20) (renormalize, k > 1);  w = w · scaling
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SigmoidRouter {
+    pub top_k: usize,
+    /// Expert groups (1: no group limit) and how many of them are kept.
+    pub groups: usize,
+    pub topk_group: usize,
+    pub renormalize: bool,
+    pub scaling: f32,
+}
+
+impl SigmoidRouter {
+    /// Routes one token from its router logits. The margin is the smaller
+    /// of the k-th minus (k+1)-th corrected score among the kept groups and
+    /// the last kept minus the first dropped group score.
+    pub fn route(&self, logits: &[f32], bias: &[f32]) -> Route {
+        let e = logits.len();
+        let k = self.top_k;
+        let s: Vec<f32> = logits.iter().map(|&v| sigmoid(v)).collect();
+        let choice: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+        let descending = |v: &[f32], n: usize| {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            // Descending score; ties go to the lower index.
+            order.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
+            order
+        };
+        if self.groups <= 1 {
+            let order = descending(&choice, e);
+            let margin = if k < e {
+                choice[order[k - 1] as usize] - choice[order[k] as usize]
+            } else {
+                f32::INFINITY
+            };
+            return self.finish(&s, order[..k].to_vec(), margin);
+        }
+        let per = e / self.groups;
+        let group: Vec<f32> = choice
+            .chunks_exact(per)
+            .map(|c| {
+                let o = descending(c, per);
+                c[o[0] as usize] + c[o[1] as usize]
+            })
+            .collect();
+        let go = descending(&group, self.groups);
+        let tg = self.topk_group;
+        let kept: Vec<bool> = (0..e)
+            .map(|i| go[..tg].contains(&((i / per) as u32)))
+            .collect();
+        let masked: Vec<f32> = (0..e)
+            .map(|i| if kept[i] { choice[i] } else { 0.0 })
+            .collect();
+        let order = descending(&masked, e);
+        // Margins: among the kept experts, and between kept and dropped groups.
+        let mut c: Vec<f32> = (0..e).filter(|&i| kept[i]).map(|i| choice[i]).collect();
+        c.sort_by(|a, b| b.total_cmp(a));
+        let mut margin = if k < c.len() {
+            c[k - 1] - c[k]
+        } else {
+            f32::INFINITY
+        };
+        if tg < self.groups {
+            margin = margin.min(group[go[tg - 1] as usize] - group[go[tg] as usize]);
+        }
+        self.finish(&s, order[..k].to_vec(), margin)
+    }
+
+    /// Combine weights of the chosen `ids` from the uncorrected scores `s`.
+    fn finish(&self, s: &[f32], ids: Vec<u32>, margin: f32) -> Route {
+        let k = ids.len();
+        let mut weights: Vec<f32> = ids.iter().map(|&i| s[i as usize]).collect();
+        if k > 1 && self.renormalize {
+            let sum: f32 = weights.iter().sum::<f32>() + 1e-20;
+            weights.iter_mut().for_each(|v| *v /= sum);
+        }
+        weights.iter_mut().for_each(|v| *v *= self.scaling);
+        Route {
+            ids,
+            weights,
+            margin,
+        }
+    }
 }
 
 /// The routed experts of one layer for a step's rows, requested once.

@@ -1,7 +1,8 @@
 //! The architecture registry: `config.json` → the family that reads it.
 //!
 //! The top-level `model_type` decides (K3's nested `text_config` says
-//! `kimi_linear`; only the top level counts), then `architectures`. Each
+//! `kimi_linear`, its precursor's type; only the top level counts), then
+//! `architectures`. Each
 //! family parses the whole file once into its own typed spec when it loads.
 
 use std::path::Path;
@@ -40,8 +41,11 @@ pub struct Architecture {
 }
 
 /// Every architecture fathom runs.
-pub const ARCHITECTURES: &[Architecture] =
-    &[crate::kimi_k3::ARCHITECTURE, crate::qwen3_moe::ARCHITECTURE];
+pub const ARCHITECTURES: &[Architecture] = &[
+    crate::kimi_k3::ARCHITECTURE,
+    crate::kimi_linear::ARCHITECTURE,
+    crate::qwen3_moe::ARCHITECTURE,
+];
 
 #[derive(serde::Deserialize)]
 struct Head {
@@ -130,6 +134,8 @@ mod tests {
         assert_eq!(detect_json(qwen).unwrap().family, "Qwen3-MoE");
         let by_arch = r#"{"architectures": ["Qwen3MoeForCausalLM"]}"#;
         assert_eq!(detect_json(by_arch).unwrap().family, "Qwen3-MoE");
+        let linear = r#"{"model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"]}"#;
+        assert_eq!(detect_json(linear).unwrap().family, "Kimi-Linear");
     }
 
     #[test]

@@ -15,16 +15,9 @@ use crate::error::{ModelError, Result};
 /// the released modelling code builds them with the class default 1e-6, not
 /// `rms_norm_eps` (k3-model.md §5, §8).
 pub const MLA_LOW_RANK_NORM_EPS: f32 = 1e-6;
-/// Epsilon inside the KDA kernels' q/k L2 normalisation.
-pub const KDA_L2_EPS: f32 = 1e-6;
-
-/// Which attention a layer runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AttnKind {
-    Kda,
-    Mla,
-}
+pub use crate::hybrid::AttnKind;
+pub use crate::hybrid::kda::KDA_L2_EPS;
+use crate::hybrid::{HybridDims, KdaDims, MlaDims};
 
 /// Which feed-forward a layer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -334,6 +327,40 @@ impl K3Spec {
             FfnKind::Dense
         } else {
             FfnKind::Moe
+        }
+    }
+
+    /// The KDA layers' dimensions.
+    pub fn kda_dims(&self) -> KdaDims {
+        KdaDims {
+            heads: self.kda_heads,
+            head_dim: self.kda_head_dim,
+            conv_kernel: self.conv_kernel,
+            gate_lower_bound: self.gate_lower_bound,
+            norm_eps: self.rms_norm_eps,
+        }
+    }
+
+    /// The MLA layers' dimensions.
+    pub fn mla_dims(&self) -> MlaDims {
+        MlaDims {
+            heads: self.mla_heads,
+            kv_lora_rank: self.kv_lora_rank,
+            qk_nope_head_dim: self.qk_nope_head_dim,
+            qk_rope_head_dim: self.qk_rope_head_dim,
+            v_head_dim: self.v_head_dim,
+            norm_eps: MLA_LOW_RANK_NORM_EPS,
+        }
+    }
+
+    /// What a K3 sequence state is shaped by.
+    pub fn hybrid_dims(&self) -> HybridDims {
+        HybridDims {
+            attn_kinds: self.attn_kinds.clone(),
+            kda: self.kda_dims(),
+            mla: self.mla_dims(),
+            family: "Kimi K3",
+            magic: *b"K3ST",
         }
     }
 

@@ -8,16 +8,16 @@
 //! speculative verification and batches are the same code, and each
 //! position's result is bit-identical whatever the step holds besides it.
 
+pub mod attention;
 pub mod attn_res;
 pub mod config;
-pub mod kda;
-pub mod mla;
 pub mod moe;
-pub mod state;
-mod state_io;
 mod step;
 pub mod tensors;
 pub mod weights;
+
+/// KDA, MLA and the sequence state are shared with Kimi-Linear.
+pub use crate::hybrid::{kda, mla, state};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,6 +29,7 @@ use self::state::SequenceState;
 use self::weights::K3Weights;
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::hybrid::{HybridDims, state_io};
 use crate::linear::Spine;
 use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
 use crate::registry::{Architecture, LoadOptions};
@@ -59,6 +60,8 @@ pub use crate::trace::Tracer;
 /// A loaded K3 model: spec, resident spine, and a source of routed experts.
 pub struct K3Model {
     pub spec: Arc<K3Spec>,
+    /// What its sequence states are shaped by.
+    pub dims: Arc<HybridDims>,
     pub weights: K3Weights,
     pub experts: Arc<dyn ExpertSource>,
     /// Locators of every routed expert (what a streamed source reads).
@@ -93,6 +96,7 @@ impl K3Model {
         let experts = make_source(&ck, &expert_table)?;
         let info = model_info(&spec, &expert_table);
         Ok(K3Model {
+            dims: Arc::new(spec.hybrid_dims()),
             spec,
             weights,
             experts,
@@ -102,7 +106,7 @@ impl K3Model {
     }
 
     pub fn new_state(&self) -> SequenceState {
-        SequenceState::new(&self.spec)
+        SequenceState::new(&self.dims)
     }
 
     /// One sequence's pass (what [`CausalLm::forward`] does, on the concrete state).
@@ -159,7 +163,7 @@ impl CausalLm for K3Model {
         &self.info
     }
     fn new_state(&self) -> Box<dyn SeqState> {
-        Box::new(SequenceState::new(&self.spec))
+        Box::new(SequenceState::new(&self.dims))
     }
     fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
         step::step(self, batch, None)
@@ -168,9 +172,9 @@ impl CausalLm for K3Model {
         self.experts.stats()
     }
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(state_io::decode(&self.spec, bytes)?))
+        Ok(Box::new(state_io::decode(&self.dims, bytes)?))
     }
     fn synthetic_state(&self, depth: usize, seed: u64) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(state_io::synthetic(&self.spec, depth, seed)))
+        Ok(Box::new(state_io::synthetic(&self.dims, depth, seed)))
     }
 }

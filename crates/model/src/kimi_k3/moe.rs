@@ -12,14 +12,14 @@
 //! the router's rank order, so the result does not depend on T.
 
 use fathom_kernels::matmul_mxfp4;
-use fathom_kernels::ops::{rms_norm, sigmoid, situ_glu};
+use fathom_kernels::ops::{rms_norm, situ_glu};
 
 use super::config::K3Spec;
 use super::tensors::ExpertMatrix;
 use super::weights::{MlpWeights, MoeWeights};
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertWeights};
-use crate::moe::{ExpertFetch, hint_order};
+use crate::moe::{ExpertFetch, SigmoidRouter, hint_order};
 
 /// The router's decision for one token: experts by best corrected score,
 /// combine weights from the uncorrected scores (renormalised and scaled),
@@ -35,44 +35,17 @@ pub fn mlp(spec: &K3Spec, w: &MlpWeights, x: &[f32], t: usize) -> Vec<f32> {
 
 /// Routes every row of `x [T, D]`.
 pub fn route(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
+    let router = SigmoidRouter {
+        top_k: spec.top_k,
+        groups: 1,
+        topk_group: 1,
+        renormalize: spec.moe_renormalize,
+        scaling: spec.routed_scaling_factor,
+    };
     let logits = w.gate.forward(x, t);
-    let e = spec.num_experts;
     logits
-        .chunks_exact(e)
-        .map(|row| {
-            let s: Vec<f32> = row.iter().map(|&v| sigmoid(v)).collect();
-            let choice: Vec<f32> = s
-                .iter()
-                .zip(&w.e_score_correction_bias)
-                .map(|(a, b)| a + b)
-                .collect();
-            let mut order: Vec<u32> = (0..e as u32).collect();
-            // Descending corrected score; ties go to the lower expert index.
-            order.sort_by(|&a, &b| {
-                choice[b as usize]
-                    .total_cmp(&choice[a as usize])
-                    .then(a.cmp(&b))
-            });
-            let ids: Vec<u32> = order[..spec.top_k].to_vec();
-            let margin = if spec.top_k < e {
-                choice[order[spec.top_k - 1] as usize] - choice[order[spec.top_k] as usize]
-            } else {
-                f32::INFINITY
-            };
-            let mut weights: Vec<f32> = ids.iter().map(|&i| s[i as usize]).collect();
-            if spec.top_k > 1 && spec.moe_renormalize {
-                let sum: f32 = weights.iter().sum::<f32>() + 1e-20;
-                weights.iter_mut().for_each(|v| *v /= sum);
-            }
-            weights
-                .iter_mut()
-                .for_each(|v| *v *= spec.routed_scaling_factor);
-            Route {
-                ids,
-                weights,
-                margin,
-            }
-        })
+        .chunks_exact(spec.num_experts)
+        .map(|row| router.route(row, &w.e_score_correction_bias))
         .collect()
 }
 

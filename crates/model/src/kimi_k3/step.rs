@@ -15,14 +15,13 @@
 
 use fathom_kernels::ops::rms_norm_rows;
 
+use super::attention::{kda, mla};
 use super::attn_res::attn_res;
-use super::kda::{self, Segment};
-use super::mla;
 use super::moe::{self, NextLayerHint};
 use super::state::{KdaState, LayerState, MlaCache, SequenceState};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use super::{K3Model, Tracer};
-use crate::batch::{add, atomic_step, gather, logit_rows, split_logits};
+use crate::batch::{Segment, add, atomic_step, gather, logit_rows, split_logits};
 use crate::error::Result;
 use crate::lm::{Logits, StepError, StepInput};
 use crate::trace::trace;
@@ -103,7 +102,7 @@ fn attention(
                     LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            kda::kda(spec, aw, &mut st, segs, x)
+            kda(spec, aw, &mut st, segs, x)
         }
         AttnWeights::Mla(aw) => {
             let mut st: Vec<&mut MlaCache> = states
@@ -113,7 +112,7 @@ fn attention(
                     LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            mla::mla(spec, aw, &mut st, segs, x)
+            mla(spec, aw, &mut st, segs, x)
         }
     }
 }

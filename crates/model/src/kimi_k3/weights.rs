@@ -202,7 +202,7 @@ impl K3Weights {
                     kv_a_proj_with_mqa: b.linear(&n("self_attn.kv_a_proj_with_mqa.weight"))?,
                     kv_a_layernorm: b.vector(&n("self_attn.kv_a_layernorm.weight"))?,
                     kv_b_proj: super::mla::AbsorbedKvB::new(
-                        spec,
+                        &spec.mla_dims(),
                         &b.linear(&n("self_attn.kv_b_proj.weight"))?,
                     ),
                     g_proj: b.linear(&n("self_attn.g_proj.weight"))?,

@@ -1,6 +1,6 @@
 //! A sequence state as bytes (for prefix caches kept on disk), and back.
 //!
-//! Layout, little-endian: magic `K3ST`, version `u32`, `pos: u64`, layer
+//! Layout, little-endian: the family's magic (K3: `K3ST`), version `u32`, `pos: u64`, layer
 //! count `u32`, then per layer a kind byte — KDA (`0`): three conv windows
 //! and the recurrent state, each `u64` length + f32s; MLA (`1`): width `u32`,
 //! row count `u64`, f32s. Decoding checks every length against the model's
@@ -8,17 +8,17 @@
 
 use std::sync::Arc;
 
-use super::config::{AttnKind, K3Spec};
 use super::state::{LayerState, SequenceState};
+use super::{AttnKind, HybridDims};
 use crate::error::Result;
 use crate::state_codec::{Reader, bad, put_f32s, put_header, read_header};
 
-const MAGIC: &[u8; 4] = b"K3ST";
 const VERSION: u32 = 1;
 
-pub(crate) fn encode(s: &SequenceState) -> Vec<u8> {
+/// The state as bytes.
+pub fn encode(s: &SequenceState) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.bytes() + 64);
-    put_header(&mut out, MAGIC, VERSION, s.pos, s.layers.len());
+    put_header(&mut out, &s.dims().magic, VERSION, s.pos, s.layers.len());
     for l in &s.layers {
         match l {
             LayerState::Kda(k) => {
@@ -37,14 +37,22 @@ pub(crate) fn encode(s: &SequenceState) -> Vec<u8> {
     out
 }
 
-pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> {
+/// A state of the model shaped by `dims`, from [`encode`]'s bytes.
+pub fn decode(dims: &Arc<HybridDims>, bytes: &[u8]) -> Result<SequenceState> {
     let mut r = Reader::new(bytes);
     // Every MLA layer holds pos rows: the header bounds pos by the bytes.
-    let layers = spec.attn_kinds.len();
-    let pos = read_header(&mut r, MAGIC, "Kimi K3", VERSION, layers, bytes.len())?;
-    let mut s = SequenceState::new(spec);
+    let layers = dims.attn_kinds.len();
+    let pos = read_header(
+        &mut r,
+        &dims.magic,
+        dims.family,
+        VERSION,
+        layers,
+        bytes.len(),
+    )?;
+    let mut s = SequenceState::new(dims);
     s.pos = pos;
-    for (i, (l, kind)) in s.layers.iter_mut().zip(&spec.attn_kinds).enumerate() {
+    for (i, (l, kind)) in s.layers.iter_mut().zip(&dims.attn_kinds).enumerate() {
         let tag = r.take(1)?[0];
         match (l, kind, tag) {
             (LayerState::Kda(k), AttnKind::Kda, 0) => {
@@ -73,7 +81,7 @@ pub(crate) fn decode(spec: &Arc<K3Spec>, bytes: &[u8]) -> Result<SequenceState> 
 
 /// A state at `depth` with pseudo-random KDA state (small) and latent rows
 /// (unit scale, like the normalised latent).
-pub(crate) fn synthetic(spec: &Arc<K3Spec>, depth: usize, seed: u64) -> SequenceState {
+pub fn synthetic(dims: &Arc<HybridDims>, depth: usize, seed: u64) -> SequenceState {
     let mut x = seed ^ 0x5DEE_CE66_D1CE_4E5B;
     let mut next = move |amp: f32| {
         x = x
@@ -81,7 +89,7 @@ pub(crate) fn synthetic(spec: &Arc<K3Spec>, depth: usize, seed: u64) -> Sequence
             .wrapping_add(1442695040888963407);
         ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
     };
-    let mut s = SequenceState::new(spec);
+    let mut s = SequenceState::new(dims);
     s.pos = depth;
     for l in &mut s.layers {
         match l {
