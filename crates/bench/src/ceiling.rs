@@ -77,9 +77,8 @@ pub fn expert_spans(spec: &K3Spec, ck: &Checkpoint) -> Result<Vec<(usize, u64, u
         match loc.span() {
             Some(s) => spans.push(s),
             None => {
-                for (a, b) in &loc.parts {
-                    spans.push((a.shard, a.offset, a.len));
-                    spans.push((b.shard, b.offset, b.len));
+                for t in loc.tensors() {
+                    spans.push((t.shard, t.offset, t.len));
                 }
             }
         }

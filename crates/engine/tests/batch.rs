@@ -228,6 +228,7 @@ impl ExpertSource for Faulty {
                     ExpertSlot::Ready(Arc::new(ExpertWeights {
                         buf,
                         parts: e.parts,
+                        format: e.format,
                     }))
                 })
                 .collect();

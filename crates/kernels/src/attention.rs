@@ -82,12 +82,12 @@ pub struct MlaQuery<'a> {
     pub n: usize,
 }
 
-/// One split's softmax pieces for every head.
-struct Partial {
-    m: Vec<f32>,
-    l: Vec<f32>,
-    /// `[H, lora]`
-    c: Vec<f32>,
+/// One split's softmax pieces for every head (shared with the GQA kernel).
+pub(crate) struct Partial {
+    pub(crate) m: Vec<f32>,
+    pub(crate) l: Vec<f32>,
+    /// `[H, dim]` (the value width: `lora` here, `head_dim` for GQA)
+    pub(crate) c: Vec<f32>,
 }
 
 /// The partial of split `k` (rows `k·SPLIT..` of which `len` are seen) for
@@ -249,25 +249,27 @@ fn split_partial_simple(
     Partial { m, l, c }
 }
 
-/// Running merge of splits, in order.
-struct Merged {
+/// Running merge of splits, in order, for `heads` heads of `dim` values.
+pub(crate) struct Merged {
     m: Vec<f32>,
     l: Vec<f32>,
     c: Vec<f32>,
+    dim: usize,
 }
 
 impl Merged {
-    fn new(sh: &MlaShape) -> Self {
+    pub(crate) fn new(heads: usize, dim: usize) -> Self {
         Merged {
-            m: vec![f32::NEG_INFINITY; sh.heads],
-            l: vec![0.0; sh.heads],
-            c: vec![0.0; sh.heads * sh.lora],
+            m: vec![f32::NEG_INFINITY; heads],
+            l: vec![0.0; heads],
+            c: vec![0.0; heads * dim],
+            dim,
         }
     }
 
-    fn add(&mut self, sh: &MlaShape, p: &Partial) {
-        let lora = sh.lora;
-        for hh in 0..sh.heads {
+    pub(crate) fn add(&mut self, p: &Partial) {
+        let dim = self.dim;
+        for hh in 0..self.m.len() {
             let m = self.m[hh].max(p.m[hh]);
             // The first split: the running state is empty (factor 0, never NaN).
             let a = if self.m[hh] == f32::NEG_INFINITY {
@@ -277,20 +279,21 @@ impl Merged {
             };
             let b = (p.m[hh] - m).exp();
             self.l[hh] = self.l[hh] * a + p.l[hh] * b;
-            let dst = &mut self.c[hh * lora..(hh + 1) * lora];
-            for (cv, &x) in dst.iter_mut().zip(&p.c[hh * lora..(hh + 1) * lora]) {
+            let dst = &mut self.c[hh * dim..(hh + 1) * dim];
+            for (cv, &x) in dst.iter_mut().zip(&p.c[hh * dim..(hh + 1) * dim]) {
                 *cv = *cv * a + x * b;
             }
             self.m[hh] = m;
         }
     }
 
-    fn finish(self, sh: &MlaShape, out: &mut [f32]) {
-        for hh in 0..sh.heads {
+    pub(crate) fn finish(self, out: &mut [f32]) {
+        let dim = self.dim;
+        for hh in 0..self.m.len() {
             let inv = 1.0 / self.l[hh];
-            for (o, &cv) in out[hh * sh.lora..(hh + 1) * sh.lora]
+            for (o, &cv) in out[hh * dim..(hh + 1) * dim]
                 .iter_mut()
-                .zip(&self.c[hh * sh.lora..(hh + 1) * sh.lora])
+                .zip(&self.c[hh * dim..(hh + 1) * dim])
             {
                 *o = cv * inv;
             }
@@ -299,7 +302,7 @@ impl Merged {
 }
 
 /// (split, rows of it seen) for a query seeing `n` rows.
-fn splits(n: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn splits(n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n.div_ceil(SPLIT)).map(move |k| (k, ((k + 1) * SPLIT).min(n) - k * SPLIT))
 }
 
@@ -357,7 +360,10 @@ impl<'q> MlaAccum<'q> {
             check_query(&sh, q);
         }
         MlaAccum {
-            merged: queries.iter().map(|_| Merged::new(&sh)).collect(),
+            merged: queries
+                .iter()
+                .map(|_| Merged::new(sh.heads, sh.lora))
+                .collect(),
             sh,
             queries,
             next: 0,
@@ -399,7 +405,7 @@ impl<'q> MlaAccum<'q> {
                 .map(|&(k, len)| split_partial(sh, blocks, q, local(k), len))
                 .collect();
             for p in &parts {
-                self.merged[0].add(sh, p);
+                self.merged[0].add(p);
             }
             return;
         }
@@ -408,7 +414,7 @@ impl<'q> MlaAccum<'q> {
             .zip(self.queries.par_iter())
             .for_each(|(m, q)| {
                 for (k, len) in seen(q) {
-                    m.add(sh, &split_partial(sh, blocks, q, local(k), len));
+                    m.add(&split_partial(sh, blocks, q, local(k), len));
                 }
             });
     }
@@ -423,7 +429,7 @@ impl<'q> MlaAccum<'q> {
             .zip(self.merged.into_iter().zip(out.chunks_exact_mut(per)))
         {
             assert!(q.n <= self.rows, "a query sees 1..=cached rows");
-            m.finish(&self.sh, o);
+            m.finish(o);
         }
     }
 }
@@ -439,10 +445,10 @@ pub fn mla_attend_scalar(
     check(sh, blocks, queries, out);
     let per = sh.heads * sh.lora;
     for (q, o) in queries.iter().zip(out.chunks_exact_mut(per)) {
-        let mut merged = Merged::new(sh);
+        let mut merged = Merged::new(sh.heads, sh.lora);
         for (k, len) in splits(q.n) {
-            merged.add(sh, &split_partial_simple(sh, blocks, q, k, len));
+            merged.add(&split_partial_simple(sh, blocks, q, k, len));
         }
-        merged.finish(sh, o);
+        merged.finish(o);
     }
 }

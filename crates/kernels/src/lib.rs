@@ -14,12 +14,14 @@ mod avx2;
 mod avx512;
 pub mod dispatch;
 pub mod formats;
+pub mod gqa;
 pub mod kda;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod ops;
 pub mod quant;
+pub mod rope;
 
 pub use dispatch::{Isa, Kernels, kernels, supported_isas};
-pub use matmul::{matmul_bf16, matmul_f32, matmul_int8, matmul_mxfp4};
+pub use matmul::{matmul_bf16, matmul_bf16_bytes, matmul_f32, matmul_int8, matmul_mxfp4};

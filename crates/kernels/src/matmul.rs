@@ -122,6 +122,24 @@ pub fn matmul_bf16(x: &[f32], t: usize, w: &[u16], rows: usize, cols: usize, y: 
     kernels().matmul_bf16(x, t, w, rows, cols, y)
 }
 
+/// `y = x Wᵀ` for bf16 weights given as little-endian bytes (a routed
+/// expert read into a byte buffer): the bytes are used in place when they
+/// are 2-byte aligned, else copied once. Same results as [`matmul_bf16`].
+pub fn matmul_bf16_bytes(x: &[f32], t: usize, w: &[u8], rows: usize, cols: usize, y: &mut [f32]) {
+    assert_eq!(w.len(), 2 * rows * cols, "weight has the wrong size");
+    // SAFETY: every bit pattern is a valid u16; align_to only hands out the
+    // aligned middle, and the result is used only when nothing is left over.
+    let (head, words, tail) = unsafe { w.align_to::<u16>() };
+    if cfg!(target_endian = "little") && head.is_empty() && tail.is_empty() {
+        return matmul_bf16(x, t, words, rows, cols, y);
+    }
+    let copied: Vec<u16> = w
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    matmul_bf16(x, t, &copied, rows, cols, y)
+}
+
 /// `y = x Wᵀ` for f32 weights, with the process-wide kernels.
 pub fn matmul_f32(x: &[f32], t: usize, w: &[f32], rows: usize, cols: usize, y: &mut [f32]) {
     kernels().matmul_f32(x, t, w, rows, cols, y)
@@ -228,5 +246,26 @@ mod tests {
             y
         };
         assert_eq!(run(1), run(3));
+    }
+
+    /// bf16 weights given as bytes, aligned or not, equal the u16 path.
+    #[test]
+    fn bf16_bytes_equal_bf16_words() {
+        let mut s = 5;
+        let (t, rows, cols) = (3, 17, 40);
+        let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut s)).collect();
+        let w: Vec<u16> = (0..rows * cols)
+            .map(|_| (lcg(&mut s).to_bits() >> 16) as u16)
+            .collect();
+        let mut want = vec![0f32; t * rows];
+        matmul_bf16(&x, t, &w, rows, cols, &mut want);
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for shift in [0, 1] {
+            let mut buf = vec![0u8; shift];
+            buf.extend_from_slice(&bytes);
+            let mut y = vec![0f32; t * rows];
+            matmul_bf16_bytes(&x, t, &buf[shift..], rows, cols, &mut y);
+            assert_eq!(y, want, "offset {shift}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The small vector operations of the K3 forward pass, in fp32.
+//! The small vector operations of the forward passes, in fp32.
 
 /// `RMSNorm(x; w, ε) = w ⊙ x / sqrt(mean(x²) + ε)`, in place.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -29,6 +29,13 @@ pub fn sigmoid(x: f32) -> f32 {
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x * sigmoid(x)
+}
+
+/// `SwiGLU(g, u) = SiLU(g) · u`, written into `g`.
+pub fn swiglu(g: &mut [f32], u: &[f32]) {
+    for (a, &b) in g.iter_mut().zip(u) {
+        *a = silu(*a) * b;
+    }
 }
 
 /// `SiTU-GLU(g, u) = [β·tanh(g/β)·σ(g)] · [β_lin·tanh(u/β_lin)]`, written into `g`.

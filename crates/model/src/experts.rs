@@ -7,7 +7,8 @@
 //! change which experts are computed or their weights.
 //!
 //! [`ResidentExperts`] keeps every expert in RAM; the streamed and CUDA
-//! sources of later issues implement the same trait.
+//! sources of later issues implement the same trait. Experts are MXFP4
+//! (K3) or bf16 (Kimi-Linear, Qwen3-MoE); [`ExpertWeights::matmul`] applies either.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,21 +19,34 @@ use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
 use crate::error::{ModelError, Result};
 
 /// `[rows, cols]` of an expert's three matrices, in the order the family's
-/// expert table lists them (K3: w1, w2, w3).
+/// expert table lists them (K3, Kimi-Linear: w1, w2, w3; Qwen3-MoE: gate, up, down).
 pub type ExpertShapes = [[usize; 2]; 3];
 
-/// One routed expert's three MXFP4 matrices, in a single byte buffer (so a
+/// How a routed expert's matrices are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertFormat {
+    /// E2M1 nibbles with an E8M0 scale per 32 columns (two tensors a matrix).
+    Mxfp4,
+    /// bf16, one tensor a matrix.
+    Bf16,
+}
+
+/// One routed expert's three matrices, in a single byte buffer (so a
 /// streamed expert is one read into one allocation).
 #[derive(Debug)]
 pub struct ExpertWeights {
     pub buf: AlignedBuf,
-    /// For w1, w2, w3: (packed offset, scale offset) into `buf`, and `[rows, cols]`.
+    /// For each matrix: (data offset, MXFP4 scale offset — unused for bf16)
+    /// into `buf`, and `[rows, cols]`.
     pub parts: [(usize, usize, [usize; 2]); 3],
+    pub format: ExpertFormat,
 }
 
 impl ExpertWeights {
-    /// Matrix `i` (0, 1, 2 in the table's order).
+    /// Matrix `i` (0, 1, 2 in the table's order) of an MXFP4 expert.
     pub fn matrix(&self, i: usize) -> Mxfp4Ref<'_> {
+        debug_assert_eq!(self.format, ExpertFormat::Mxfp4);
         let (p, s, [r, c]) = self.parts[i];
         Mxfp4Ref {
             rows: r,
@@ -41,26 +55,53 @@ impl ExpertWeights {
             scales: &self.buf[s..s + r * c / 32],
         }
     }
+
+    /// `y [t, rows] = x [t, cols] · W_iᵀ` for matrix `i`, in its stored format.
+    pub fn matmul(&self, i: usize, x: &[f32], t: usize, y: &mut [f32]) {
+        match self.format {
+            ExpertFormat::Mxfp4 => fathom_kernels::matmul_mxfp4(x, t, self.matrix(i), y),
+            ExpertFormat::Bf16 => {
+                let (p, _, [r, c]) = self.parts[i];
+                fathom_kernels::matmul_bf16_bytes(x, t, &self.buf[p..p + 2 * r * c], r, c, y)
+            }
+        }
+    }
 }
 
-/// Where one expert's six tensors are on disk.
+/// Where one expert's tensors are on disk.
 #[derive(Debug, Clone)]
 pub struct ExpertLoc {
-    /// (packed, scale) locators for w1, w2, w3.
-    pub parts: [(TensorLoc, TensorLoc); 3],
+    /// Per matrix: the weight tensor (MXFP4 packed nibbles, or bf16) and,
+    /// for MXFP4, its scales.
+    pub parts: [(TensorLoc, Option<TensorLoc>); 3],
 }
 
 impl ExpertLoc {
-    /// `(shard, offset, len)` of the smallest byte range holding all six
+    /// The expert's tensors, in order.
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorLoc> {
+        self.parts
+            .iter()
+            .flat_map(|(a, b)| std::iter::once(a).chain(b))
+    }
+
+    /// How the matrices are stored (scales present: MXFP4).
+    pub fn format(&self) -> ExpertFormat {
+        if self.parts[0].1.is_some() {
+            ExpertFormat::Mxfp4
+        } else {
+            ExpertFormat::Bf16
+        }
+    }
+
+    /// `(shard, offset, len)` of the smallest byte range holding all the
     /// tensors, if they share a shard and the range holds nothing else of
-    /// consequence (in released files the six are adjacent).
+    /// consequence (in released files an expert's tensors are adjacent).
     pub fn span(&self) -> Option<(usize, u64, u64)> {
-        let locs = self.parts.iter().flat_map(|(a, b)| [a, b]);
         let shard = self.parts[0].0.shard;
         let mut lo = u64::MAX;
         let mut hi = 0;
         let mut total = 0;
-        for l in locs {
+        for l in self.tensors() {
             if l.shard != shard {
                 return None;
             }
@@ -74,7 +115,7 @@ impl ExpertLoc {
 
     /// Bytes of tensor data (excluding any gap).
     pub fn bytes(&self) -> u64 {
-        self.parts.iter().map(|(a, b)| a.len + b.len).sum()
+        self.tensors().map(|t| t.len).sum()
     }
 
     /// Builds the expert from a buffer read at `span()`'s offset.
@@ -82,18 +123,19 @@ impl ExpertLoc {
         let mut parts = [(0, 0, [0, 0]); 3];
         for (i, shape) in shapes.iter().enumerate() {
             let (p, s) = &self.parts[i];
-            parts[i] = (
-                (p.offset - base) as usize,
-                (s.offset - base) as usize,
-                *shape,
-            );
+            let s = s.as_ref().map_or(0, |s| (s.offset - base) as usize);
+            parts[i] = ((p.offset - base) as usize, s, *shape);
         }
-        ExpertWeights { buf, parts }
+        ExpertWeights {
+            buf,
+            parts,
+            format: self.format(),
+        }
     }
 
     /// Reads the expert through `read(shard, offset, len)`, which returns a
     /// buffer holding at least that range and the file offset of its first
-    /// byte: one call for the whole span when the six tensors are adjacent
+    /// byte: one call for the whole span when the tensors are adjacent
     /// (as in the released files), else one per tensor, packed into one
     /// buffer. Returns the expert and the bytes the reads returned.
     pub fn read_with<E>(
@@ -111,7 +153,10 @@ impl ExpertLoc {
         let mut n = 0;
         for (i, shape) in shapes.iter().enumerate() {
             let mut offsets = [0; 2];
-            for (k, t) in [&self.parts[i].0, &self.parts[i].1].into_iter().enumerate() {
+            let (p, s) = &self.parts[i];
+            for (k, t) in std::iter::once(p).chain(s).enumerate() {
+                // Keep every tensor 4-byte aligned in the packed buffer.
+                bytes.resize(bytes.len().next_multiple_of(4), 0);
                 let (b, base) = read(t.shard, t.offset, t.len)?;
                 n += b.len() as u64;
                 offsets[k] = bytes.len();
@@ -120,7 +165,8 @@ impl ExpertLoc {
             parts[i] = (offsets[0], offsets[1], *shape);
         }
         let buf = AlignedBuf::from_slice(&bytes);
-        Ok((ExpertWeights { buf, parts }, n))
+        let format = self.format();
+        Ok((ExpertWeights { buf, parts, format }, n))
     }
 
     /// Reads the expert from a checkpoint (buffered reads; the resident path).
@@ -143,6 +189,8 @@ pub struct ExpertTable {
     pub shapes: ExpertShapes,
     /// Experts each token uses per MoE layer.
     pub top_k: usize,
+    /// How every expert is stored.
+    pub format: ExpertFormat,
 }
 
 impl ExpertTable {
@@ -334,7 +382,7 @@ mod tests {
         let mut file = vec![0u8; 200_000];
         let mut at = 0u64;
         for (p, s) in scattered.parts.iter_mut() {
-            for t in [p, s] {
+            for t in std::iter::once(p).chain(s.as_mut()) {
                 at += 10_000;
                 let bytes = ck.read(t).unwrap();
                 file[at as usize..][..bytes.len()].copy_from_slice(&bytes);

@@ -3,21 +3,34 @@
 //! The model reads weights through typed bindings made once at load, asks an
 //! [`experts::ExpertSource`] for routed experts, and never does I/O itself.
 
+pub mod batch;
+mod bind;
 pub mod error;
 pub mod eval;
 pub mod experts;
+mod fields;
+pub mod hybrid;
 pub mod kimi_k3;
+pub mod kimi_linear;
 pub mod kv;
 pub mod linear;
 pub mod lm;
+pub mod mlp;
+pub mod moe;
+pub mod qwen3_moe;
 pub mod registry;
+mod state_codec;
+pub mod trace;
 
 pub use error::{ModelError, Result};
-pub use kimi_k3::{K3Model, Tracer};
+pub use kimi_k3::K3Model;
+pub use kimi_linear::KimiLinearModel;
 pub use kv::{KvConfig, KvDtype, KvPool, KvSpill, KvStats};
 pub use linear::Spine;
 pub use lm::{CausalLm, Logits, ModelInfo, SeqState, StateSnapshot, StepError, StepInput};
+pub use qwen3_moe::Qwen3MoeModel;
 pub use registry::{LoadOptions, load};
+pub use trace::Tracer;
 
 /// Minimum items per rayon task for `n` items of `work_each` multiply-adds:
 /// below ~64k multiply-adds per task, thread wakeups cost more than they save,

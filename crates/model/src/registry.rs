@@ -1,7 +1,8 @@
 //! The architecture registry: `config.json` → the family that reads it.
 //!
 //! The top-level `model_type` decides (K3's nested `text_config` says
-//! `kimi_linear`; only the top level counts), then `architectures`. Each
+//! `kimi_linear`, its precursor's type; only the top level counts), then
+//! `architectures`. Each
 //! family parses the whole file once into its own typed spec when it loads.
 
 use std::path::Path;
@@ -42,7 +43,11 @@ pub struct Architecture {
 }
 
 /// Every architecture fathom runs.
-pub const ARCHITECTURES: &[Architecture] = &[crate::kimi_k3::ARCHITECTURE];
+pub const ARCHITECTURES: &[Architecture] = &[
+    crate::kimi_k3::ARCHITECTURE,
+    crate::kimi_linear::ARCHITECTURE,
+    crate::qwen3_moe::ARCHITECTURE,
+];
 
 #[derive(serde::Deserialize)]
 struct Head {
@@ -144,6 +149,12 @@ mod tests {
         assert_eq!(detect_json(k3).unwrap().family, "Kimi K3");
         let by_arch = r#"{"architectures": ["KimiK3ForConditionalGeneration"]}"#;
         assert_eq!(detect_json(by_arch).unwrap().family, "Kimi K3");
+        let qwen = r#"{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}"#;
+        assert_eq!(detect_json(qwen).unwrap().family, "Qwen3-MoE");
+        let by_arch = r#"{"architectures": ["Qwen3MoeForCausalLM"]}"#;
+        assert_eq!(detect_json(by_arch).unwrap().family, "Qwen3-MoE");
+        let linear = r#"{"model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"]}"#;
+        assert_eq!(detect_json(linear).unwrap().family, "Kimi-Linear");
     }
 
     #[test]

@@ -239,6 +239,7 @@ impl ExpertSource for SwappedNibbles {
                 ExpertSlot::Ready(Arc::new(ExpertWeights {
                     buf,
                     parts: e.parts,
+                    format: e.format,
                 }))
             })
             .collect();

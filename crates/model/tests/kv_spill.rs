@@ -53,11 +53,15 @@ fn dir() -> std::path::PathBuf {
 }
 
 fn model(kv: KvConfig) -> Arc<dyn CausalLm> {
+    model_at(&dir(), kv)
+}
+
+fn model_at(dir: &std::path::Path, kv: KvConfig) -> Arc<dyn CausalLm> {
     let opts = LoadOptions {
         kv,
         ..Default::default()
     };
-    fathom_model::load(&dir(), opts).unwrap()
+    fathom_model::load(dir, opts).unwrap()
 }
 
 fn spilling(dtype: KvDtype) -> (Arc<dyn CausalLm>, Arc<MemSpill>) {
@@ -227,4 +231,32 @@ fn bf16_rows_are_the_same_wherever_they_live() {
         diff > 0.0 && diff < 0.15 * scale,
         "max logit difference {diff} of {scale}"
     );
+}
+
+#[test]
+fn every_family_spills_alike() {
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    for fixture in ["qwen3_moe-tiny", "kimi_linear-tiny"] {
+        let d = data.join(fixture);
+        let prompt = tokens(2 * BLOCK_ROWS + 30, 7);
+        let ram = run(model_at(&d, KvConfig::default()).as_ref(), &prompt, 4);
+        let spill = Arc::new(MemSpill {
+            fail_after: AtomicU64::new(u64::MAX),
+            ..Default::default()
+        });
+        let m = model_at(
+            &d,
+            KvConfig {
+                ram_limit: Some(0),
+                dtype: KvDtype::F32,
+                spill: Some(spill.clone()),
+            },
+        );
+        assert_eq!(ram, run(m.as_ref(), &prompt, 4), "{fixture}");
+        assert!(
+            m.kv_stats().blocks_spilled >= 2,
+            "{fixture}: {:?}",
+            m.kv_stats()
+        );
+    }
 }

@@ -143,6 +143,7 @@ mod tests {
         Arc::new(ExpertWeights {
             buf: AlignedBuf::zeroed(1),
             parts: [(0, 0, [0, 0]); 3],
+            format: fathom_model::experts::ExpertFormat::Mxfp4,
         })
     }
 

@@ -15,16 +15,9 @@ use crate::error::{ModelError, Result};
 /// the released modelling code builds them with the class default 1e-6, not
 /// `rms_norm_eps` (k3-model.md §5, §8).
 pub const MLA_LOW_RANK_NORM_EPS: f32 = 1e-6;
-/// Epsilon inside the KDA kernels' q/k L2 normalisation.
-pub const KDA_L2_EPS: f32 = 1e-6;
-
-/// Which attention a layer runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AttnKind {
-    Kda,
-    Mla,
-}
+pub use crate::hybrid::AttnKind;
+pub use crate::hybrid::kda::KDA_L2_EPS;
+use crate::hybrid::{HybridDims, KdaDims, MlaDims};
 
 /// Which feed-forward a layer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -78,102 +71,8 @@ pub struct K3Spec {
     pub max_position_embeddings: Option<usize>,
 }
 
-/// Typed access to one JSON object, reporting the dotted path on error.
-struct Fields<'a> {
-    v: &'a Value,
-    path: &'a str,
-}
-
-impl<'a> Fields<'a> {
-    fn err(&self, name: &str, msg: impl Into<String>) -> ModelError {
-        let field = if self.path.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}.{}", self.path, name)
-        };
-        ModelError::Config {
-            field,
-            msg: msg.into(),
-        }
-    }
-    fn get(&self, name: &str) -> Option<&'a Value> {
-        self.v.get(name).filter(|v| !v.is_null())
-    }
-    fn req(&self, name: &str) -> Result<&'a Value> {
-        self.get(name).ok_or_else(|| self.err(name, "missing"))
-    }
-    fn usize(&self, name: &str) -> Result<usize> {
-        let v = self.req(name)?;
-        v.as_u64()
-            .map(|x| x as usize)
-            .ok_or_else(|| self.err(name, format!("= {v}: expected a non-negative integer")))
-    }
-    /// A positive size, at most [`MAX_DIM`] (bounded before anything is
-    /// allocated with it).
-    fn positive(&self, name: &str) -> Result<usize> {
-        let x = self.usize(name)?;
-        if x == 0 {
-            return Err(self.err(name, "= 0: must be positive"));
-        }
-        if x > MAX_DIM {
-            return Err(self.err(
-                name,
-                format!("= {x}: larger than any model this reads (at most {MAX_DIM})"),
-            ));
-        }
-        Ok(x)
-    }
-    fn f32(&self, name: &str) -> Result<f32> {
-        let v = self.req(name)?;
-        v.as_f64()
-            .map(|x| x as f32)
-            .ok_or_else(|| self.err(name, format!("= {v}: expected a number")))
-    }
-    fn opt_f32(&self, name: &str) -> Result<Option<f32>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(_) => self.f32(name).map(Some),
-        }
-    }
-    fn bool_or(&self, name: &str, default: bool) -> Result<bool> {
-        match self.get(name) {
-            None => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| self.err(name, format!("= {v}: expected true or false"))),
-        }
-    }
-    fn str_or(&self, name: &str, default: &'a str) -> Result<&'a str> {
-        match self.get(name) {
-            None => Ok(default),
-            Some(v) => v
-                .as_str()
-                .ok_or_else(|| self.err(name, format!("= {v}: expected a string"))),
-        }
-    }
-    fn usize_list(&self, name: &str) -> Result<Vec<usize>> {
-        let v = self.req(name)?;
-        v.as_array()
-            .and_then(|a| a.iter().map(|x| x.as_u64().map(|u| u as usize)).collect())
-            .ok_or_else(|| self.err(name, format!("= {v}: expected a list of integers")))
-    }
-    fn expect_str(&self, name: &str, default: &str, allowed: &str) -> Result<()> {
-        let s = self.str_or(name, default)?;
-        if s != allowed {
-            return Err(self.err(name, format!("= {s:?}: only {allowed:?} is supported")));
-        }
-        Ok(())
-    }
-    fn expect_true(&self, name: &str, default: bool) -> Result<()> {
-        if !self.bool_or(name, default)? {
-            return Err(self.err(name, "= false: only true is supported"));
-        }
-        Ok(())
-    }
-}
-
-/// Largest size field accepted (layers, experts, widths, vocabulary).
-pub const MAX_DIM: usize = 1 << 24;
+use crate::fields::Fields;
+pub use crate::fields::MAX_DIM;
 
 fn opt_token(v: &Value, name: &str) -> Option<u64> {
     match v.get(name)? {
@@ -428,6 +327,40 @@ impl K3Spec {
             FfnKind::Dense
         } else {
             FfnKind::Moe
+        }
+    }
+
+    /// The KDA layers' dimensions.
+    pub fn kda_dims(&self) -> KdaDims {
+        KdaDims {
+            heads: self.kda_heads,
+            head_dim: self.kda_head_dim,
+            conv_kernel: self.conv_kernel,
+            gate_lower_bound: self.gate_lower_bound,
+            norm_eps: self.rms_norm_eps,
+        }
+    }
+
+    /// The MLA layers' dimensions.
+    pub fn mla_dims(&self) -> MlaDims {
+        MlaDims {
+            heads: self.mla_heads,
+            kv_lora_rank: self.kv_lora_rank,
+            qk_nope_head_dim: self.qk_nope_head_dim,
+            qk_rope_head_dim: self.qk_rope_head_dim,
+            v_head_dim: self.v_head_dim,
+            norm_eps: MLA_LOW_RANK_NORM_EPS,
+        }
+    }
+
+    /// What a K3 sequence state is shaped by.
+    pub fn hybrid_dims(&self) -> HybridDims {
+        HybridDims {
+            attn_kinds: self.attn_kinds.clone(),
+            kda: self.kda_dims(),
+            mla: self.mla_dims(),
+            family: "Kimi K3",
+            magic: *b"K3ST",
         }
     }
 

@@ -8,16 +8,16 @@
 //! speculative verification and batches are the same code, and each
 //! position's result is bit-identical whatever the step holds besides it.
 
+pub mod attention;
 pub mod attn_res;
 pub mod config;
-pub mod kda;
-pub mod mla;
 pub mod moe;
-pub mod state;
-mod state_io;
 mod step;
 pub mod tensors;
 pub mod weights;
+
+/// KDA, MLA and the sequence state are shared with Kimi-Linear.
+pub use crate::hybrid::{kda, mla, state};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,11 +25,11 @@ use std::sync::Arc;
 use fathom_weights::Checkpoint;
 
 use self::config::K3Spec;
-use self::moe::Route;
 use self::state::SequenceState;
 use self::weights::K3Weights;
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::hybrid::{HybridDims, state_io};
 use crate::kv::KvPool;
 use crate::linear::Spine;
 use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
@@ -55,17 +55,15 @@ fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
     Ok(Arc::new(m))
 }
 
-/// Observer of named intermediates (`attn_in`, `attn_out`, `mlp_in`,
-/// `mlp_out` per layer, `final_hidden`) and of routing decisions, for
-/// comparing with reference dumps. Costs nothing when absent.
-pub trait Tracer {
-    fn tensor(&mut self, _layer: usize, _name: &str, _rows: &[f32]) {}
-    fn routes(&mut self, _layer: usize, _routes: &[Route]) {}
-}
+/// Observer of a pass; K3 reports `attn_in`, `attn_out`, `mlp_in`, `mlp_out`
+/// per layer, `final_hidden`, and each MoE layer's routes.
+pub use crate::trace::Tracer;
 
 /// A loaded K3 model: spec, resident spine, and a source of routed experts.
 pub struct K3Model {
     pub spec: Arc<K3Spec>,
+    /// What its sequence states are shaped by.
+    pub dims: Arc<HybridDims>,
     pub weights: K3Weights,
     pub experts: Arc<dyn ExpertSource>,
     /// Locators of every routed expert (what a streamed source reads).
@@ -102,6 +100,7 @@ impl K3Model {
         let experts = make_source(&ck, &expert_table)?;
         let info = model_info(&spec, &expert_table);
         Ok(K3Model {
+            dims: Arc::new(spec.hybrid_dims()),
             spec,
             weights,
             experts,
@@ -112,7 +111,7 @@ impl K3Model {
     }
 
     pub fn new_state(&self) -> SequenceState {
-        SequenceState::new(&self.spec, &self.kv)
+        SequenceState::new(&self.dims, &self.kv)
     }
 
     /// One sequence's pass (what [`CausalLm::forward`] does, on the concrete state).
@@ -169,7 +168,7 @@ impl CausalLm for K3Model {
         &self.info
     }
     fn new_state(&self) -> Box<dyn SeqState> {
-        Box::new(SequenceState::new(&self.spec, &self.kv))
+        Box::new(SequenceState::new(&self.dims, &self.kv))
     }
     fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
         step::step(self, batch, None)
@@ -181,11 +180,11 @@ impl CausalLm for K3Model {
         self.kv.stats()
     }
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(state_io::decode(&self.spec, &self.kv, bytes)?))
+        Ok(Box::new(state_io::decode(&self.dims, &self.kv, bytes)?))
     }
     fn synthetic_state(&self, depth: usize, seed: u64) -> Result<Box<dyn SeqState>> {
         Ok(Box::new(state_io::synthetic(
-            &self.spec, &self.kv, depth, seed,
+            &self.dims, &self.kv, depth, seed,
         )?))
     }
 }

@@ -11,77 +11,41 @@
 //! expert runs on all its tokens at once; per-token sums are accumulated in
 //! the router's rank order, so the result does not depend on T.
 
-use std::sync::Arc;
-
 use fathom_kernels::matmul_mxfp4;
-use fathom_kernels::ops::{rms_norm, sigmoid, situ_glu};
-use rayon::prelude::*;
+use fathom_kernels::ops::{rms_norm, situ_glu};
 
 use super::config::K3Spec;
 use super::tensors::ExpertMatrix;
 use super::weights::{MlpWeights, MoeWeights};
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertWeights};
+use crate::moe::{ExpertFetch, SigmoidRouter, hint_order};
+
+/// The router's decision for one token: experts by best corrected score,
+/// combine weights from the uncorrected scores (renormalised and scaled),
+/// margin on the corrected scores.
+pub use crate::moe::Route;
 
 /// `down(SiTU-GLU(gate(x), up(x)))` over `[T, D]`.
 pub fn mlp(spec: &K3Spec, w: &MlpWeights, x: &[f32], t: usize) -> Vec<f32> {
-    let mut g = w.gate_proj.forward(x, t);
-    let u = w.up_proj.forward(x, t);
-    situ_glu(&mut g, &u, spec.situ_beta, spec.situ_linear_beta);
-    w.down_proj.forward(&g, t)
-}
-
-/// The router's decision for one token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Route {
-    /// Chosen experts, best corrected score first.
-    pub ids: Vec<u32>,
-    /// Their combine weights (uncorrected scores, renormalised and scaled).
-    pub weights: Vec<f32>,
-    /// Corrected score of the k-th minus the (k+1)-th choice (tie diagnostics).
-    pub margin: f32,
+    w.forward(x, t, |g, u| {
+        situ_glu(g, u, spec.situ_beta, spec.situ_linear_beta)
+    })
 }
 
 /// Routes every row of `x [T, D]`.
 pub fn route(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
+    let router = SigmoidRouter {
+        top_k: spec.top_k,
+        groups: 1,
+        topk_group: 1,
+        renormalize: spec.moe_renormalize,
+        scaling: spec.routed_scaling_factor,
+    };
     let logits = w.gate.forward(x, t);
-    let e = spec.num_experts;
     logits
-        .chunks_exact(e)
-        .map(|row| {
-            let s: Vec<f32> = row.iter().map(|&v| sigmoid(v)).collect();
-            let choice: Vec<f32> = s
-                .iter()
-                .zip(&w.e_score_correction_bias)
-                .map(|(a, b)| a + b)
-                .collect();
-            let mut order: Vec<u32> = (0..e as u32).collect();
-            // Descending corrected score; ties go to the lower expert index.
-            order.sort_by(|&a, &b| {
-                choice[b as usize]
-                    .total_cmp(&choice[a as usize])
-                    .then(a.cmp(&b))
-            });
-            let ids: Vec<u32> = order[..spec.top_k].to_vec();
-            let margin = if spec.top_k < e {
-                choice[order[spec.top_k - 1] as usize] - choice[order[spec.top_k] as usize]
-            } else {
-                f32::INFINITY
-            };
-            let mut weights: Vec<f32> = ids.iter().map(|&i| s[i as usize]).collect();
-            if spec.top_k > 1 && spec.moe_renormalize {
-                let sum: f32 = weights.iter().sum::<f32>() + 1e-20;
-                weights.iter_mut().for_each(|v| *v /= sum);
-            }
-            weights
-                .iter_mut()
-                .for_each(|v| *v *= spec.routed_scaling_factor);
-            Route {
-                ids,
-                weights,
-                margin,
-            }
-        })
+        .chunks_exact(spec.num_experts)
+        .map(|row| router.route(row, &w.e_score_correction_bias))
         .collect()
 }
 
@@ -118,71 +82,21 @@ pub fn moe(
 ) -> Result<Vec<f32>> {
     let routes = route(spec, w, x, t);
     if let Some(h) = hint.filter(|_| source.wants_hints()) {
-        // Most confident first: every position's best guess, then every
-        // position's second, … (the source may act on a prefix only).
         let guesses = route(spec, h.weights, x, t);
-        let mut guess: Vec<u32> = Vec::with_capacity(t * spec.top_k);
-        for rank in 0..spec.top_k {
-            for g in &guesses {
-                if !guess.contains(&g.ids[rank]) {
-                    guess.push(g.ids[rank]);
-                }
-            }
-        }
-        source.hint(h.layer, &guess);
+        source.hint(h.layer, &hint_order(&guesses, spec.top_k));
     }
-    let mut union: Vec<u32> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
-    union.sort_unstable();
-    union.dedup();
     // Start the reads, compute what does not need the experts while they
     // arrive (latent projection, shared experts), then collect them.
-    let ticket = source.request(layer, &union)?;
+    let fetch = ExpertFetch::start(source, layer, &routes)?;
     let l = spec.latent_size;
     let z = w.routed_expert_down_proj.forward(x, t);
     let shared = w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t));
-    let experts: Vec<Arc<ExpertWeights>> = source.collect(ticket)?;
-    // For each expert of the union: the (token, rank) pairs that use it,
-    // in token order.
-    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); union.len()];
-    for (ti, r) in routes.iter().enumerate() {
-        for (j, e) in r.ids.iter().enumerate() {
-            let u = union.binary_search(e).expect("the union holds every route");
-            users[u].push((ti, j));
-        }
-    }
-    let outputs: Vec<Vec<f32>> = experts
-        .par_iter()
-        .zip(users.par_iter())
-        .with_min_len(crate::par_min_len(
-            union.len(),
-            3 * spec.moe_intermediate_size * l * t.div_ceil(union.len().max(1)).max(1),
-        ))
-        .map(|(e, us)| {
-            let zin: Vec<f32> = us
-                .iter()
-                .flat_map(|&(ti, _)| z[ti * l..(ti + 1) * l].iter().copied())
-                .collect();
-            expert_forward(spec, e, &zin, us.len())
-        })
-        .collect();
-    // Scatter to [T, k, L], then sum in rank order.
-    let k = spec.top_k;
-    let mut per = vec![0f32; t * k * l];
-    for (us, out) in users.iter().zip(&outputs) {
-        for (n, &(ti, j)) in us.iter().enumerate() {
-            per[(ti * k + j) * l..][..l].copy_from_slice(&out[n * l..(n + 1) * l]);
-        }
-    }
-    let mut y = vec![0f32; t * l];
-    for ti in 0..t {
-        let yr = &mut y[ti * l..(ti + 1) * l];
-        for j in 0..k {
-            let wj = routes[ti].weights[j];
-            for (a, &b) in yr.iter_mut().zip(&per[(ti * k + j) * l..][..l]) {
-                *a += wj * b;
-            }
-        }
-        if spec.latent_moe_use_norm {
+    let work = 3 * spec.moe_intermediate_size * l;
+    let mut y = fetch.finish(source, &routes, &z, l, work, |e, zin, n| {
+        expert_forward(spec, e, zin, n)
+    })?;
+    if spec.latent_moe_use_norm {
+        for yr in y.chunks_exact_mut(l) {
             rms_norm(yr, &w.routed_expert_norm, spec.rms_norm_eps);
         }
     }

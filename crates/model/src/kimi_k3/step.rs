@@ -15,22 +15,16 @@
 
 use fathom_kernels::ops::rms_norm_rows;
 
+use super::attention::{kda, mla};
 use super::attn_res::attn_res;
-use super::kda::{self, Segment};
-use super::mla;
 use super::moe::{self, NextLayerHint};
 use super::state::{KdaState, LayerState, MlaCache, SequenceState};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use super::{K3Model, Tracer};
-use crate::error::{ModelError, Result};
-use crate::lm::{Logits, StepError, StepInput, state_mut};
-
-fn seq_err(i: usize, error: ModelError) -> StepError {
-    StepError {
-        seq: Some(i),
-        error,
-    }
-}
+use crate::batch::{Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::error::Result;
+use crate::lm::{Logits, StepError, StepInput};
+use crate::trace::trace;
 
 /// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
 pub(super) fn step(
@@ -38,43 +32,9 @@ pub(super) fn step(
     batch: &mut [StepInput<'_>],
     tracer: Option<&mut dyn Tracer>,
 ) -> std::result::Result<Vec<Vec<f32>>, StepError> {
-    let vocab = model.spec.vocab_size;
-    let mut segs = Vec::with_capacity(batch.len());
-    let mut tokens = Vec::new();
-    for (i, b) in batch.iter().enumerate() {
-        if b.tokens.is_empty() {
-            return Err(seq_err(i, ModelError::EmptyInput));
-        }
-        if let Some(&id) = b.tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(seq_err(i, ModelError::TokenOutOfRange { id, vocab }));
-        }
-        segs.push(tokens.len()..tokens.len() + b.tokens.len());
-        tokens.extend_from_slice(b.tokens);
-    }
-    let which: Vec<Logits> = batch.iter().map(|b| b.logits).collect();
-    let mut states = Vec::with_capacity(batch.len());
-    for (i, b) in batch.iter_mut().enumerate() {
-        states.push(state_mut::<SequenceState>(&mut *b.state).map_err(|e| seq_err(i, e))?);
-    }
-    let marks: Vec<_> = states.iter().map(|s| s.undo_mark()).collect();
-    let undo = |states: &mut [&mut SequenceState]| {
-        for (s, m) in states.iter_mut().zip(&marks) {
-            s.undo(m);
-        }
-    };
-    let out = match forward_rows(model, &mut states, &segs, &tokens, &which, tracer) {
-        Ok(out) => out,
-        Err(error) => {
-            undo(&mut states);
-            return Err(StepError { seq: None, error });
-        }
-    };
-    if let Some(i) = out.iter().position(|l| l.iter().any(|v| !v.is_finite())) {
-        undo(&mut states);
-        let what = format!("sequence {i} of the step (at position {})", states[i].pos);
-        return Err(seq_err(i, ModelError::NonFinite { what }));
-    }
-    Ok(out)
+    atomic_step::<SequenceState>(model.spec.vocab_size, batch, |states, rows| {
+        forward_rows(model, states, &rows.segs, &rows.tokens, &rows.which, tracer)
+    })
 }
 
 /// The layers over the stacked rows; per-sequence logits rows as asked.
@@ -142,7 +102,7 @@ fn attention(
                     LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            Ok(kda::kda(spec, aw, &mut st, segs, x))
+            Ok(kda(spec, aw, &mut st, segs, x))
         }
         AttnWeights::Mla(aw) => {
             let mut st: Vec<&mut MlaCache> = states
@@ -152,7 +112,7 @@ fn attention(
                     LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            mla::mla(spec, aw, &mut st, segs, x)
+            mla(spec, aw, &mut st, segs, x)
         }
     }
 }
@@ -197,16 +157,8 @@ fn head(
 ) -> Vec<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, eps) = (spec.hidden_size, spec.rms_norm_eps);
-    let rows: Vec<usize> = segs
-        .iter()
-        .zip(which)
-        .flat_map(|(s, wh)| s.end - wh.rows(s.len())..s.end)
-        .collect();
-    let gather = |m: &[f32]| -> Vec<f32> {
-        rows.iter()
-            .flat_map(|&r| m[r * d..(r + 1) * d].iter().copied())
-            .collect()
-    };
+    let rows = logit_rows(segs, which);
+    let gather = |m: &[f32]| gather(m, &rows, d);
     let part = gather(partial);
     let blk: Vec<Vec<f32>> = blocks.iter().map(|b| gather(b)).collect();
     let mut hfin = attn_res(&part, &blk, &w.output_attn_res, d, eps);
@@ -217,23 +169,5 @@ fn head(
     } else {
         w.lm_head.forward(&hfin, rows.len())
     };
-    let v = spec.vocab_size;
-    let mut out = Vec::with_capacity(segs.len());
-    let mut at = 0;
-    for (s, wh) in segs.iter().zip(which) {
-        let r = wh.rows(s.len());
-        out.push(logits[at * v..(at + r) * v].to_vec());
-        at += r;
-    }
-    out
-}
-
-fn add(a: &mut [f32], b: &[f32]) {
-    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-}
-
-fn trace(tracer: &mut Option<&mut dyn Tracer>, layer: usize, name: &str, rows: &[f32]) {
-    if let Some(t) = tracer.as_deref_mut() {
-        t.tensor(layer, name, rows);
-    }
+    split_logits(&logits, segs, which, spec.vocab_size)
 }

@@ -346,7 +346,7 @@ pub fn expert_table(
     spec: &K3Spec,
     ck: &fathom_weights::Checkpoint,
 ) -> crate::Result<crate::experts::ExpertTable> {
-    use crate::experts::{ExpertLoc, ExpertTable};
+    use crate::experts::{ExpertFormat, ExpertLoc, ExpertTable};
     let mut layers = vec![Vec::new(); spec.num_layers];
     for l in spec.moe_layers() {
         let mut v = Vec::with_capacity(spec.num_experts);
@@ -359,7 +359,7 @@ pub fn expert_table(
             };
             let mut parts = Vec::with_capacity(3);
             for m in ExpertMatrix::ALL {
-                parts.push((get(m, "weight_packed")?, get(m, "weight_scale")?));
+                parts.push((get(m, "weight_packed")?, Some(get(m, "weight_scale")?)));
             }
             let parts: [_; 3] = parts.try_into().expect("three matrices");
             v.push(ExpertLoc { parts });
@@ -370,5 +370,6 @@ pub fn expert_table(
         layers,
         shapes: ExpertMatrix::ALL.map(|m| m.shape(spec)),
         top_k: spec.top_k,
+        format: ExpertFormat::Mxfp4,
     })
 }

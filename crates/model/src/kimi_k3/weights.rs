@@ -8,12 +8,10 @@ use fathom_weights::{Checkpoint, Dtype};
 
 use super::config::{AttnKind, FfnKind, K3Spec};
 use super::tensors::{LM_HEAD, PREFIX, TensorSpec, layer_name, tensor_table};
-use crate::error::{ModelError, Result};
-use crate::linear::{Linear, load_vector};
-
-fn is_float(d: Dtype) -> bool {
-    matches!(d, Dtype::BF16 | Dtype::F16 | Dtype::F32)
-}
+use crate::bind::{Binder, is_float, require_none};
+use crate::error::Result;
+use crate::linear::Linear;
+pub use crate::mlp::MlpWeights;
 
 /// Whether a stored tensor is acceptable for an expected one. Float tensors may
 /// be stored in any float dtype; MXFP4 parts must be U8. `A_log` may hold
@@ -72,19 +70,7 @@ pub fn check_tensors(spec: &K3Spec, ck: &Checkpoint) -> Vec<String> {
 
 /// Fails with the full list of problems, if any.
 pub fn require_tensors(spec: &K3Spec, ck: &Checkpoint) -> Result<()> {
-    let problems = check_tensors(spec, ck);
-    if problems.is_empty() {
-        return Ok(());
-    }
-    let shown: Vec<_> = problems.iter().take(20).cloned().collect();
-    let more = problems.len().saturating_sub(shown.len());
-    let mut msg = shown.join("; ");
-    if more > 0 {
-        msg.push_str(&format!("; … and {more} more"));
-    }
-    Err(ModelError::Weights(fathom_weights::WeightsError::Mismatch(
-        msg,
-    )))
+    require_none(&check_tensors(spec, ck))
 }
 
 /// Pseudo-query of one attention-residual site, with its RMSNorm weight folded
@@ -129,13 +115,6 @@ pub struct MlaWeights {
 }
 
 #[derive(Debug)]
-pub struct MlpWeights {
-    pub gate_proj: Linear,
-    pub up_proj: Linear,
-    pub down_proj: Linear,
-}
-
-#[derive(Debug)]
 pub struct MoeWeights {
     pub gate: Linear,
     pub e_score_correction_bias: Vec<f32>,
@@ -177,36 +156,13 @@ pub struct K3Weights {
     pub lm_head: Linear,
 }
 
-struct Binder<'a> {
-    ck: &'a Checkpoint,
-}
-
-impl Binder<'_> {
-    fn loc(&self, name: &str) -> Result<&fathom_weights::TensorLoc> {
-        self.ck
-            .get(name)
-            .ok_or_else(|| fathom_weights::WeightsError::Missing(name.to_string()).into())
-    }
-    fn linear(&self, name: &str) -> Result<Linear> {
-        Linear::load(self.ck, name, self.loc(name)?)
-    }
-    fn vector(&self, name: &str) -> Result<Vec<f32>> {
-        load_vector(self.ck, name, self.loc(name)?)
-    }
-    fn attn_res(&self, norm: &str, proj: &str) -> Result<AttnResWeights> {
-        let n = self.vector(norm)?;
-        let p = self.vector(proj)?;
-        Ok(AttnResWeights {
-            query: n.iter().zip(&p).map(|(a, b)| a * b).collect(),
-        })
-    }
-    fn mlp(&self, prefix: &str) -> Result<MlpWeights> {
-        Ok(MlpWeights {
-            gate_proj: self.linear(&format!("{prefix}gate_proj.weight"))?,
-            up_proj: self.linear(&format!("{prefix}up_proj.weight"))?,
-            down_proj: self.linear(&format!("{prefix}down_proj.weight"))?,
-        })
-    }
+/// A site's pseudo-query with its norm weight folded in.
+fn attn_res(b: &Binder<'_>, norm: &str, proj: &str) -> Result<AttnResWeights> {
+    let n = b.vector(norm)?;
+    let p = b.vector(proj)?;
+    Ok(AttnResWeights {
+        query: n.iter().zip(&p).map(|(a, b)| a * b).collect(),
+    })
 }
 
 impl K3Weights {
@@ -246,7 +202,7 @@ impl K3Weights {
                     kv_a_proj_with_mqa: b.linear(&n("self_attn.kv_a_proj_with_mqa.weight"))?,
                     kv_a_layernorm: b.vector(&n("self_attn.kv_a_layernorm.weight"))?,
                     kv_b_proj: super::mla::AbsorbedKvB::new(
-                        spec,
+                        &spec.mla_dims(),
                         &b.linear(&n("self_attn.kv_b_proj.weight"))?,
                     ),
                     g_proj: b.linear(&n("self_attn.g_proj.weight"))?,
@@ -274,11 +230,12 @@ impl K3Weights {
             layers.push(LayerWeights {
                 input_layernorm: b.vector(&n("input_layernorm.weight"))?,
                 post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
-                self_attention_res: b.attn_res(
+                self_attention_res: attn_res(
+                    &b,
                     &n("self_attention_res_norm.weight"),
                     &n("self_attention_res_proj.weight"),
                 )?,
-                mlp_res: b.attn_res(&n("mlp_res_norm.weight"), &n("mlp_res_proj.weight"))?,
+                mlp_res: attn_res(&b, &n("mlp_res_norm.weight"), &n("mlp_res_proj.weight"))?,
                 attn,
                 ffn,
             });
@@ -287,7 +244,8 @@ impl K3Weights {
             embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
-            output_attn_res: b.attn_res(
+            output_attn_res: attn_res(
+                &b,
                 &format!("{PREFIX}output_attn_res_norm.weight"),
                 &format!("{PREFIX}output_attn_res_proj.weight"),
             )?,
@@ -302,11 +260,6 @@ impl K3Weights {
     /// is ~0.3% of the spine bytes but its scores pick the experts, so an
     /// error there changes which weights run rather than perturbing a sum.
     pub fn quantize_spine_int8(&mut self) {
-        let mlp = |m: &mut MlpWeights| {
-            for l in [&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj] {
-                l.quantize_int8();
-            }
-        };
         for layer in &mut self.layers {
             match &mut layer.attn {
                 AttnWeights::Kda(a) => {
@@ -338,12 +291,12 @@ impl K3Weights {
                 }
             }
             match &mut layer.ffn {
-                FfnWeights::Dense(m) => mlp(m),
+                FfnWeights::Dense(m) => m.quantize_int8(),
                 FfnWeights::Moe(m) => {
                     m.routed_expert_down_proj.quantize_int8();
                     m.routed_expert_up_proj.quantize_int8();
                     if let Some(s) = &mut m.shared_experts {
-                        mlp(s);
+                        s.quantize_int8();
                     }
                 }
             }

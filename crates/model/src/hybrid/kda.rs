@@ -1,9 +1,10 @@
 //! Kimi Delta Attention over T new positions with carried state
-//! (k3-model.md §4).
+//! (k3-model.md §4), from the layer's projections on.
 //!
 //! ```text
 //! q̃,k̃,v = SiLU(CausalConv4(x W_{q,k,v}ᵀ))      depthwise, window carried across calls
-//! f = (x W_f_aᵀ) W_f_bᵀ,  b = x W_bᵀ,  g = x W_gᵀ
+//! f = (x W_f_aᵀ) W_f_bᵀ,  b = x W_bᵀ,  g = the family's output gate (K3: x W_gᵀ;
+//!                                             Kimi-Linear: (x W_g_aᵀ) W_g_bᵀ)
 //! per head h, per token:
 //!   q = l2(q̃_h)·K^-½,  k = l2(k̃_h),  β = σ(b_h)
 //!   log α[k] = lb·σ(A_h·(f_h[k] + dt_bias[h,k]))      (or −A_h·softplus(·) without a bound)
@@ -18,12 +19,36 @@ use fathom_kernels::kda::{DeltaInputs, delta_rule, log_decay, short_conv};
 use fathom_kernels::ops::{l2_normalize, rms_norm, sigmoid};
 use rayon::prelude::*;
 
-use super::config::{K3Spec, KDA_L2_EPS};
+use super::KdaDims;
 use super::state::{KdaJournal, KdaState};
-use super::weights::KdaWeights;
 
-/// A run of rows of the step's input belonging to one sequence.
-pub type Segment = std::ops::Range<usize>;
+pub use crate::batch::Segment;
+
+/// Epsilon inside the KDA kernels' q/k L2 normalisation.
+pub const KDA_L2_EPS: f32 = 1e-6;
+
+/// A KDA layer's own parameters (besides its projections).
+pub struct KdaParams<'a> {
+    /// Depthwise conv taps `[P, kernel]` for q, k, v.
+    pub conv: [&'a [f32]; 3],
+    /// `exp(A_log[h])` per (head, channel): `[H·K]`.
+    pub a: &'a [f32],
+    pub dt_bias: &'a [f32],
+    /// The output norm weight `[K]`, shared by heads.
+    pub o_norm: &'a [f32],
+}
+
+/// A step's projections of its rows `x [N, D]`.
+pub struct KdaProjections {
+    /// Pre-convolution q, k, v, `[N, P]` each.
+    pub pre: [Vec<f32>; 3],
+    /// Forget-gate input `[N, P]`.
+    pub f: Vec<f32>,
+    /// β logits `[N, H]`.
+    pub b: Vec<f32>,
+    /// Output-gate logits `[N, P]`.
+    pub g: Vec<f32>,
+}
 
 /// One head's inputs for `t` positions starting at row `r0` of the
 /// projections (`q`, `k`, `v` convolved, `f`, `b` raw).
@@ -35,8 +60,8 @@ struct HeadRows<'a> {
     b: &'a [f32],
 }
 
-fn head_inputs(spec: &K3Spec, w: &KdaWeights, r: &HeadRows<'_>, hh: usize) -> HeadInputs {
-    let (h, kd) = (spec.kda_heads, spec.kda_head_dim);
+fn head_inputs(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) -> HeadInputs {
+    let (h, kd) = (d.heads, d.head_dim);
     let p = h * kd;
     let t = r.q.len() / p;
     let scale = (kd as f32).powf(-0.5);
@@ -60,50 +85,43 @@ fn head_inputs(spec: &K3Spec, w: &KdaWeights, r: &HeadRows<'_>, hh: usize) -> He
         for c in 0..kd {
             let j = hh * kd + c;
             hi.log_alpha[ti * kd + c] =
-                log_decay(r.f[ti * p + j], w.a[j], w.dt_bias[j], spec.gate_lower_bound);
+                log_decay(r.f[ti * p + j], w.a[j], w.dt_bias[j], d.gate_lower_bound);
         }
         hi.beta[ti] = sigmoid(r.b[ti * h + hh]);
     }
     hi
 }
 
-/// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
-/// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
-/// state. Projections run once over all N rows; the convolution and the
-/// delta rule run per sequence. Returns `[N, D]`.
-pub fn kda(
-    spec: &K3Spec,
-    w: &KdaWeights,
+/// KDA for the rows of several sequences, from their projections:
+/// `segs[i]` are sequence i's rows, `states[i]` its state. The convolution
+/// and the delta rule run per sequence. Returns the gated head outputs
+/// `[N, P]` (what `o_proj` takes).
+pub fn kda_heads(
+    d: &KdaDims,
+    w: &KdaParams<'_>,
     states: &mut [&mut KdaState],
     segs: &[Segment],
-    x: &[f32],
+    proj: &KdaProjections,
 ) -> Vec<f32> {
-    let (h, kd) = (spec.kda_heads, spec.kda_head_dim);
+    let (h, kd) = (d.heads, d.head_dim);
     let p = h * kd;
-    let n = x.len() / spec.hidden_size;
-    let pre = [
-        w.q_proj.forward(x, n),
-        w.k_proj.forward(x, n),
-        w.v_proj.forward(x, n),
-    ];
+    let n = segs.last().map_or(0, |s| s.end);
+    let pre = &proj.pre;
     let mut conv = [vec![0f32; n * p], vec![0f32; n * p], vec![0f32; n * p]];
-    let taps = [&w.q_conv1d, &w.k_conv1d, &w.v_conv1d];
     for (st, seg) in states.iter_mut().zip(segs) {
         for c in 0..3 {
             let rows = seg.start * p..seg.end * p;
             let out = short_conv(
                 &pre[c][rows.clone()],
                 &mut st.conv[c],
-                taps[c],
+                w.conv[c],
                 p,
-                spec.conv_kernel,
+                d.conv_kernel,
             );
             conv[c][rows].copy_from_slice(&out);
         }
     }
-    let f = w.f_b_proj.forward(&w.f_a_proj.forward(x, n), n);
-    let b = w.b_proj.forward(x, n);
-    let g = w.g_proj.forward(x, n);
+    let (f, b, g) = (&proj.f, &proj.b, &proj.g);
 
     // Per head, every sequence's state slice, so heads run in parallel and
     // each head walks the sequences in batch order.
@@ -130,14 +148,14 @@ pub fn kda(
                     f: &f[seg.start * p..seg.end * p],
                     b: &b[seg.start * h..seg.end * h],
                 };
-                let hi = head_inputs(spec, w, &rows, hh);
+                let hi = head_inputs(d, w, &rows, hh);
                 let os = &mut o[seg.start * kd..seg.end * kd];
                 delta_rule(s, &hi.positions(hi.beta.len(), kd), os);
                 inputs.push(journal.then_some(hi));
             }
             // Gated RMSNorm of the head output.
             for (ti, orow) in o.chunks_exact_mut(kd).enumerate() {
-                rms_norm(orow, &w.o_norm, spec.rms_norm_eps);
+                rms_norm(orow, w.o_norm, d.norm_eps);
                 for (c, ov) in orow.iter_mut().enumerate() {
                     *ov *= sigmoid(g[ti * p + hh * kd + c]);
                 }
@@ -163,7 +181,7 @@ pub fn kda(
                 .copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
         }
     }
-    w.o_proj.forward(&cat, n)
+    cat
 }
 
 /// One head's delta-rule inputs for the positions of a pass, kept so the
@@ -200,9 +218,9 @@ impl HeadInputs {
 /// Rewinds `st` to the start of its journaled pass and replays the first
 /// `keep` positions: the recurrent state and conv windows become bit for bit
 /// what a pass of only those positions would have left.
-pub fn replay_prefix(spec: &K3Spec, st: &mut KdaState, j: &KdaJournal, keep: usize) {
-    let kd = spec.kda_head_dim;
-    let p = spec.kda_width();
+pub fn replay_prefix(d: &KdaDims, st: &mut KdaState, j: &KdaJournal, keep: usize) {
+    let kd = d.head_dim;
+    let p = d.width();
     st.s.copy_from_slice(&j.s0);
     let min_len = crate::par_min_len(j.heads.len(), keep * kd * kd * 4);
     st.s.par_chunks_mut(kd * kd)
@@ -212,7 +230,7 @@ pub fn replay_prefix(spec: &K3Spec, st: &mut KdaState, j: &KdaJournal, keep: usi
             let mut o = vec![0f32; keep * kd];
             delta_rule(s, &hi.positions(keep, kd), &mut o);
         });
-    let hist = spec.conv_kernel - 1;
+    let hist = d.conv_kernel - 1;
     for (c, (w0, pre)) in st.conv.iter_mut().zip(j.conv0.iter().zip(&j.pre)) {
         // Window after `keep` positions: the last `hist` rows of w0 ++ pre[..keep].
         let rows: Vec<&[f32]> = w0

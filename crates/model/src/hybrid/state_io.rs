@@ -1,6 +1,6 @@
 //! A sequence state as bytes (for prefix caches kept on disk), and back.
 //!
-//! Layout, little-endian: magic `K3ST`, version `u32`, `pos: u64`, layer
+//! Layout, little-endian: the family's magic (K3: `K3ST`), version `u32`, `pos: u64`, layer
 //! count `u32`, then per layer a kind byte — KDA (`0`): three conv windows
 //! and the recurrent state, each `u64` length + f32s; MLA (`1`): width `u32`,
 //! row count `u64`, f32s. Decoding checks every length against the model's
@@ -8,20 +8,18 @@
 
 use std::sync::Arc;
 
-use super::config::{AttnKind, K3Spec};
 use super::state::{LayerState, SequenceState};
-use crate::error::{ModelError, Result};
+use super::{AttnKind, HybridDims};
+use crate::error::Result;
 use crate::kv::KvPool;
+use crate::state_codec::{Reader, bad, put_f32s, put_header, read_header};
 
-const MAGIC: &[u8; 4] = b"K3ST";
 const VERSION: u32 = 1;
 
-pub(crate) fn encode(s: &SequenceState) -> Result<Vec<u8>> {
+/// The state as bytes.
+pub fn encode(s: &SequenceState) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(s.bytes() + 64);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&(s.pos as u64).to_le_bytes());
-    out.extend_from_slice(&(s.layers.len() as u32).to_le_bytes());
+    put_header(&mut out, &s.dims().magic, VERSION, s.pos, s.layers.len());
     for l in &s.layers {
         match l {
             LayerState::Kda(k) => {
@@ -40,87 +38,22 @@ pub(crate) fn encode(s: &SequenceState) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
-    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
-    for x in v {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8]> {
-        if self.b.len() < n {
-            return Err(bad("the data ends early"));
-        }
-        let (h, t) = self.b.split_at(n);
-        self.b = t;
-        Ok(h)
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    /// `want` floats (length checked before reading).
-    fn f32s(&mut self, want: usize, what: &str) -> Result<Vec<f32>> {
-        let n = self.u64()?;
-        if n != want as u64 {
-            return Err(bad(&format!(
-                "{what} has {n} values, the model needs {want}"
-            )));
-        }
-        let raw = self.take(want.checked_mul(4).ok_or_else(|| bad("size overflow"))?)?;
-        let v: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
-            .collect();
-        if v.iter().any(|x| !x.is_finite()) {
-            return Err(bad(&format!("{what} holds non-finite values")));
-        }
-        Ok(v)
-    }
-}
-
-fn bad(why: &str) -> ModelError {
-    ModelError::State(format!("saved state does not fit this model: {why}"))
-}
-
-pub(crate) fn decode(
-    spec: &Arc<K3Spec>,
-    pool: &Arc<KvPool>,
-    bytes: &[u8],
-) -> Result<SequenceState> {
-    let mut r = Reader { b: bytes };
-    if r.take(4)? != MAGIC {
-        return Err(bad("not a Kimi K3 state (magic)"));
-    }
-    let v = r.u32()?;
-    if v != VERSION {
-        return Err(bad(&format!(
-            "format version {v}, this build reads {VERSION}"
-        )));
-    }
-    let pos = r.u64()?;
-    // Every MLA layer holds pos rows: bound pos by what the bytes can hold.
-    if pos > bytes.len() as u64 {
-        return Err(bad(&format!("position {pos} exceeds what the data holds")));
-    }
-    let pos = pos as usize;
-    let n = r.u32()? as usize;
-    if n != spec.attn_kinds.len() {
-        return Err(bad(&format!(
-            "{n} layers, the model has {}",
-            spec.attn_kinds.len()
-        )));
-    }
-    let mut s = SequenceState::new(spec, pool);
+/// A state of the model shaped by `dims`, from [`encode`]'s bytes.
+pub fn decode(dims: &Arc<HybridDims>, pool: &Arc<KvPool>, bytes: &[u8]) -> Result<SequenceState> {
+    let mut r = Reader::new(bytes);
+    // Every MLA layer holds pos rows: the header bounds pos by the bytes.
+    let layers = dims.attn_kinds.len();
+    let pos = read_header(
+        &mut r,
+        &dims.magic,
+        dims.family,
+        VERSION,
+        layers,
+        bytes.len(),
+    )?;
+    let mut s = SequenceState::new(dims, pool);
     s.pos = pos;
-    for (i, (l, kind)) in s.layers.iter_mut().zip(&spec.attn_kinds).enumerate() {
+    for (i, (l, kind)) in s.layers.iter_mut().zip(&dims.attn_kinds).enumerate() {
         let tag = r.take(1)?[0];
         match (l, kind, tag) {
             (LayerState::Kda(k), AttnKind::Kda, 0) => {
@@ -143,16 +76,14 @@ pub(crate) fn decode(
             _ => return Err(bad(&format!("layer {i} is of another kind"))),
         }
     }
-    if !r.b.is_empty() {
-        return Err(bad(&format!("{} bytes left over", r.b.len())));
-    }
+    r.finish()?;
     Ok(s)
 }
 
 /// A state at `depth` with pseudo-random KDA state (small) and latent rows
 /// (unit scale, like the normalised latent).
-pub(crate) fn synthetic(
-    spec: &Arc<K3Spec>,
+pub fn synthetic(
+    dims: &Arc<HybridDims>,
     pool: &Arc<KvPool>,
     depth: usize,
     seed: u64,
@@ -164,7 +95,7 @@ pub(crate) fn synthetic(
             .wrapping_add(1442695040888963407);
         ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
     };
-    let mut s = SequenceState::new(spec, pool);
+    let mut s = SequenceState::new(dims, pool);
     s.pos = depth;
     for l in &mut s.layers {
         match l {

@@ -14,9 +14,8 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use super::config::{AttnKind, K3Spec};
+use super::{AttnKind, HybridDims};
 use crate::error::{ModelError, Result};
-use crate::kv::KvPool;
 use crate::lm::{SeqState, StateSnapshot};
 
 #[derive(Debug, Clone)]
@@ -75,8 +74,7 @@ impl KdaJournal {
 /// (normalised latent, kr): the model's paged rows (blocks shared
 /// copy-on-write with forks and snapshots, spilled to disk beyond the RAM
 /// share).
-pub type MlaCache = crate::kv::PagedRows;
-pub use crate::kv::BLOCK_ROWS;
+pub use crate::kv::{BLOCK_ROWS, PagedRows as MlaCache};
 
 #[derive(Debug, Clone)]
 pub enum LayerState {
@@ -90,7 +88,7 @@ pub struct SequenceState {
     pub layers: Vec<LayerState>,
     /// Tokens consumed so far.
     pub pos: usize,
-    spec: Arc<K3Spec>,
+    dims: Arc<HybridDims>,
     /// The pass [`SeqState::begin_pass`] opened, if any.
     pending: Option<PendingPass>,
 }
@@ -125,26 +123,32 @@ impl Snapshot {
 }
 
 impl SequenceState {
-    pub fn new(spec: &Arc<K3Spec>, pool: &Arc<KvPool>) -> Self {
-        let p = spec.kda_width();
-        let layers = spec
+    pub fn new(dims: &Arc<HybridDims>, pool: &Arc<crate::kv::KvPool>) -> Self {
+        let k = &dims.kda;
+        let p = k.width();
+        let layers = dims
             .attn_kinds
             .iter()
-            .map(|k| match k {
+            .map(|kind| match kind {
                 AttnKind::Kda => LayerState::Kda(KdaState {
-                    conv: std::array::from_fn(|_| vec![0.0; (spec.conv_kernel - 1) * p]),
-                    s: vec![0.0; spec.kda_heads * spec.kda_head_dim * spec.kda_head_dim],
+                    conv: std::array::from_fn(|_| vec![0.0; (k.conv_kernel - 1) * p]),
+                    s: vec![0.0; k.heads * k.head_dim * k.head_dim],
                     journal: None,
                 }),
-                AttnKind::Mla => LayerState::Mla(MlaCache::new(spec.mla_cache_width(), pool)),
+                AttnKind::Mla => LayerState::Mla(MlaCache::new(dims.mla.cache_width(), pool)),
             })
             .collect();
         SequenceState {
             layers,
             pos: 0,
-            spec: spec.clone(),
+            dims: dims.clone(),
             pending: None,
         }
+    }
+
+    /// The dimensions this state was made for.
+    pub fn dims(&self) -> &Arc<HybridDims> {
+        &self.dims
     }
 
     /// A mark to undo a step with (KDA state and journal copied, MLA lengths).
@@ -208,12 +212,12 @@ impl SequenceState {
 
     /// Starts a pass that [`SequenceState::keep`] may later cut short. KDA
     /// layers journal their inputs; MLA caches just remember their length.
-    fn begin_pass_at(&mut self, spec: &K3Spec) -> PendingPass {
+    fn begin_pass_at(&mut self, heads: usize) -> PendingPass {
         let mut mla_len = Vec::with_capacity(self.layers.len());
         for l in &mut self.layers {
             match l {
                 LayerState::Kda(k) => {
-                    k.journal = Some(KdaJournal::start(k, spec.kda_heads));
+                    k.journal = Some(KdaJournal::start(k, heads));
                     mla_len.push(0);
                 }
                 LayerState::Mla(m) => mla_len.push(m.len()),
@@ -229,7 +233,7 @@ impl SequenceState {
     /// rest: MLA rows are truncated, KDA state and conv windows rewound and
     /// replayed over the kept positions. The result is bit-identical to a
     /// state that was only ever fed those `n` positions.
-    fn keep_pass(&mut self, spec: &K3Spec, pass: PendingPass, n: usize) {
+    fn keep_pass(&mut self, pass: PendingPass, n: usize) {
         let fed = self.pos - pass.pos;
         assert!(n <= fed, "cannot keep {n} of {fed} positions");
         for (i, l) in self.layers.iter_mut().enumerate() {
@@ -240,7 +244,7 @@ impl SequenceState {
                         .take()
                         .expect("begin_pass journals every KDA layer");
                     if n < fed {
-                        super::kda::replay_prefix(spec, k, &j, n);
+                        super::kda::replay_prefix(&self.dims.kda, k, &j, n);
                     }
                 }
                 LayerState::Mla(m) => m.truncate(pass.mla_len[i] + n),
@@ -258,6 +262,16 @@ impl SequenceState {
                 LayerState::Mla(m) => m.bytes(),
             })
             .sum()
+    }
+}
+
+impl crate::batch::Undo for SequenceState {
+    type Mark = UndoMark;
+    fn mark(&self) -> UndoMark {
+        self.undo_mark()
+    }
+    fn undo(&mut self, mark: &UndoMark) {
+        SequenceState::undo(self, mark)
     }
 }
 
@@ -294,8 +308,7 @@ impl SeqState for SequenceState {
         Ok(())
     }
     fn begin_pass(&mut self) {
-        let spec = self.spec.clone();
-        self.pending = Some(self.begin_pass_at(&spec));
+        self.pending = Some(self.begin_pass_at(self.dims.kda.heads));
     }
     fn keep(&mut self, n: usize) -> Result<()> {
         let pass = self
@@ -308,8 +321,7 @@ impl SeqState for SequenceState {
                 "cannot keep {n} of the {fed} positions fed"
             )));
         }
-        let spec = self.spec.clone();
-        self.keep_pass(&spec, pass, n);
+        self.keep_pass(pass, n);
         Ok(())
     }
     fn fork(&self) -> Box<dyn SeqState> {

@@ -1,5 +1,7 @@
-//! Gated NoPE MLA over T new positions, attending through the compressed
-//! latent cache (k3-model.md §5).
+//! NoPE MLA over T new positions, attending through the compressed latent
+//! cache (k3-model.md §5), from the layer's query and `kv_a` projections to
+//! the per-head values (the family applies its output gate, if any, and
+//! `o_proj`).
 //!
 //! Computation order ("absorbed"): the cache holds, per token, the
 //! normalised latent `lat = RMSNorm(c[:kv_lora])` and the shared key part
@@ -24,13 +26,13 @@
 //! step or a verification pass, batched or not, at any thread count.
 
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
-use fathom_kernels::ops::{rms_norm_rows, sigmoid};
+use fathom_kernels::ops::rms_norm_rows;
 use rayon::prelude::*;
 
-use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
-use super::state::MlaCache;
-use super::weights::MlaWeights;
 use crate::error::Result;
+
+use super::MlaDims;
+use super::state::MlaCache;
 use crate::linear::Linear;
 
 /// `kv_b_proj` (`[H·(dn + dv), lora]`, head-major) rearranged once at load
@@ -44,8 +46,8 @@ pub struct AbsorbedKvB {
 }
 
 impl AbsorbedKvB {
-    pub fn new(spec: &K3Spec, kv_b: &Linear) -> Self {
-        let (h, dn, dv) = (spec.mla_heads, spec.qk_nope_head_dim, spec.v_head_dim);
+    pub fn new(d: &MlaDims, kv_b: &Linear) -> Self {
+        let (h, dn, dv) = (d.heads, d.qk_nope_head_dim, d.v_head_dim);
         let per = dn + dv;
         let uk_t = Linear::stack(
             (0..h)
@@ -61,44 +63,31 @@ impl AbsorbedKvB {
     }
 }
 
-/// MLA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
-/// several sequences (`segs[i]` are sequence i's rows, `caches[i]` its
-/// cache). Projections run once over all rows; each sequence attends to its
-/// own cache, to which its rows are appended. Returns `[N, D]`.
-pub fn mla(
-    spec: &K3Spec,
-    w: &MlaWeights,
+/// MLA for the rows of several sequences (`segs[i]` are sequence i's rows,
+/// `caches[i]` its cache, to which its rows are appended), from the queries
+/// `q [N, H·dq]` and the raw `kv_a_proj_with_mqa` output `c [N, lora + dr]`.
+/// Returns the per-head values `[N, H·dv]`.
+pub fn mla_heads(
+    d: &MlaDims,
+    kv_a_layernorm: &[f32],
+    kv_b: &AbsorbedKvB,
     caches: &mut [&mut MlaCache],
     segs: &[super::kda::Segment],
-    x: &[f32],
+    q: &[f32],
+    mut c: Vec<f32>,
 ) -> Result<Vec<f32>> {
-    let n = x.len() / spec.hidden_size;
+    let n = segs.last().map_or(0, |s| s.end);
     let (h, dn, dr, dv, lora) = (
-        spec.mla_heads,
-        spec.qk_nope_head_dim,
-        spec.qk_rope_head_dim,
-        spec.v_head_dim,
-        spec.kv_lora_rank,
+        d.heads,
+        d.qk_nope_head_dim,
+        d.qk_rope_head_dim,
+        d.v_head_dim,
+        d.kv_lora_rank,
     );
     let dq = dn + dr;
     let width = lora + dr;
-
-    let mut qa = w.q_a_proj.forward(x, n);
-    rms_norm_rows(
-        &mut qa,
-        spec.q_lora_rank,
-        &w.q_a_layernorm,
-        MLA_LOW_RANK_NORM_EPS,
-    );
-    let q = w.q_b_proj.forward(&qa, n); // [N, H·dq]
-    let mut c = w.kv_a_proj_with_mqa.forward(x, n); // [N, lora + dr]
     for row in c.chunks_exact_mut(width) {
-        rms_norm_rows(
-            &mut row[..lora],
-            lora,
-            &w.kv_a_layernorm,
-            MLA_LOW_RANK_NORM_EPS,
-        );
+        rms_norm_rows(&mut row[..lora], lora, kv_a_layernorm, d.norm_eps);
     }
     // (cache, rows already cached before this step) per sequence.
     let mut past = Vec::with_capacity(caches.len());
@@ -107,8 +96,6 @@ pub fn mla(
         cache.push_rows(&c[seg.start * width..seg.end * width])?;
     }
     let caches: &[&mut MlaCache] = caches;
-    let gate = w.g_proj.forward(x, n); // [N, H·dv]
-    let kv_b = &w.kv_b_proj;
     // Absorbed queries: q_lat[t, h] = W_uk,hᵀ q_nope[t, h]; q_rope[t, h] as is.
     let per_head: Vec<Vec<f32>> = (0..h)
         .into_par_iter()
@@ -153,7 +140,7 @@ pub fn mla(
         cache.windows(p0 + seg.len(), |first, blocks| acc.add(first, blocks))?;
         acc.finish(out);
     }
-    // Output per head through W_uv, gated: [N, H·dv].
+    // Output per head through W_uv: [N, H·dv].
     let outs: Vec<Vec<f32>> = (0..h)
         .into_par_iter()
         .map(|hh| {
@@ -167,12 +154,8 @@ pub fn mla(
     let mut cat = vec![0f32; n * h * dv];
     for ti in 0..n {
         for (hh, o) in outs.iter().enumerate() {
-            let g = &gate[ti * h * dv + hh * dv..][..dv];
-            let dst = &mut cat[ti * h * dv + hh * dv..][..dv];
-            for ((d, &v), &gv) in dst.iter_mut().zip(&o[ti * dv..(ti + 1) * dv]).zip(g) {
-                *d = v * sigmoid(gv);
-            }
+            cat[ti * h * dv + hh * dv..][..dv].copy_from_slice(&o[ti * dv..(ti + 1) * dv]);
         }
     }
-    Ok(w.o_proj.forward(&cat, n))
+    Ok(cat)
 }

@@ -1,0 +1,123 @@
+//! The family-neutral part of a batched step: input checks, stacking the
+//! sequences' new rows, atomicity (every state marked before the pass and
+//! put back on any failure), the non-finite check, and which rows get
+//! logits.
+
+use std::ops::Range;
+
+use crate::error::{ModelError, Result};
+use crate::lm::{Logits, SeqState, StepError, StepInput, state_mut};
+
+/// A run of rows of the step's input belonging to one sequence.
+pub type Segment = Range<usize>;
+
+/// What the step driver needs of a family's state: a mark taken before
+/// the pass that puts everything back, journals included.
+pub(crate) trait Undo: SeqState + Sized {
+    type Mark;
+    fn mark(&self) -> Self::Mark;
+    fn undo(&mut self, mark: &Self::Mark);
+}
+
+/// The step's rows: every sequence's new tokens, stacked.
+pub(crate) struct Rows {
+    /// Sequence i's rows.
+    pub(crate) segs: Vec<Segment>,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) which: Vec<Logits>,
+}
+
+fn seq_err(i: usize, error: ModelError) -> StepError {
+    StepError {
+        seq: Some(i),
+        error,
+    }
+}
+
+/// Checks the batch, runs `forward` over the stacked rows and keeps its
+/// result only if it succeeded with finite logits; otherwise every state is
+/// put back and the error names the sequence at fault, if one is.
+pub(crate) fn atomic_step<S: Undo>(
+    vocab: usize,
+    batch: &mut [StepInput<'_>],
+    forward: impl FnOnce(&mut [&mut S], &Rows) -> Result<Vec<Vec<f32>>>,
+) -> std::result::Result<Vec<Vec<f32>>, StepError> {
+    let mut segs = Vec::with_capacity(batch.len());
+    let mut tokens = Vec::new();
+    for (i, b) in batch.iter().enumerate() {
+        if b.tokens.is_empty() {
+            return Err(seq_err(i, ModelError::EmptyInput));
+        }
+        if let Some(&id) = b.tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(seq_err(i, ModelError::TokenOutOfRange { id, vocab }));
+        }
+        segs.push(tokens.len()..tokens.len() + b.tokens.len());
+        tokens.extend_from_slice(b.tokens);
+    }
+    let which: Vec<Logits> = batch.iter().map(|b| b.logits).collect();
+    let mut states = Vec::with_capacity(batch.len());
+    for (i, b) in batch.iter_mut().enumerate() {
+        states.push(state_mut::<S>(&mut *b.state).map_err(|e| seq_err(i, e))?);
+    }
+    let marks: Vec<S::Mark> = states.iter().map(|s| s.mark()).collect();
+    let undo = |states: &mut [&mut S]| {
+        for (s, m) in states.iter_mut().zip(&marks) {
+            s.undo(m);
+        }
+    };
+    let rows = Rows {
+        segs,
+        tokens,
+        which,
+    };
+    let out = match forward(&mut states, &rows) {
+        Ok(out) => out,
+        Err(error) => {
+            undo(&mut states);
+            return Err(StepError { seq: None, error });
+        }
+    };
+    if let Some(i) = out.iter().position(|l| l.iter().any(|v| !v.is_finite())) {
+        undo(&mut states);
+        let what = format!("sequence {i} of the step (at position {})", states[i].pos());
+        return Err(seq_err(i, ModelError::NonFinite { what }));
+    }
+    Ok(out)
+}
+
+/// The stacked rows whose logits are asked for, in batch order.
+pub(crate) fn logit_rows(segs: &[Segment], which: &[Logits]) -> Vec<usize> {
+    segs.iter()
+        .zip(which)
+        .flat_map(|(s, wh)| s.end - wh.rows(s.len())..s.end)
+        .collect()
+}
+
+/// Rows `rows` of `m` (`d` wide), stacked.
+pub(crate) fn gather(m: &[f32], rows: &[usize], d: usize) -> Vec<f32> {
+    rows.iter()
+        .flat_map(|&r| m[r * d..(r + 1) * d].iter().copied())
+        .collect()
+}
+
+/// Splits the logits of [`logit_rows`] (`[rows, vocab]`) per sequence.
+pub(crate) fn split_logits(
+    logits: &[f32],
+    segs: &[Segment],
+    which: &[Logits],
+    vocab: usize,
+) -> Vec<Vec<f32>> {
+    let mut out = Vec::with_capacity(segs.len());
+    let mut at = 0;
+    for (s, wh) in segs.iter().zip(which) {
+        let r = wh.rows(s.len());
+        out.push(logits[at * vocab..(at + r) * vocab].to_vec());
+        at += r;
+    }
+    out
+}
+
+/// Adds `b` to `a`, element-wise (residual connections).
+pub(crate) fn add(a: &mut [f32], b: &[f32]) {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+}

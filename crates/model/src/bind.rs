@@ -1,0 +1,55 @@
+//! Reading named checkpoint tensors into typed bindings at load, and
+//! reporting every disagreement between a checkpoint and a family's tensor
+//! table at once.
+
+use fathom_weights::{Checkpoint, Dtype, TensorLoc, WeightsError};
+
+use crate::error::{ModelError, Result};
+use crate::linear::{Linear, load_vector};
+use crate::mlp::MlpWeights;
+
+/// Whether a dtype is a float format the spine loader converts.
+pub(crate) fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::BF16 | Dtype::F16 | Dtype::F32)
+}
+
+/// Reads tensors by name.
+pub(crate) struct Binder<'a> {
+    pub(crate) ck: &'a Checkpoint,
+}
+
+impl Binder<'_> {
+    pub(crate) fn loc(&self, name: &str) -> Result<&TensorLoc> {
+        self.ck
+            .get(name)
+            .ok_or_else(|| WeightsError::Missing(name.to_string()).into())
+    }
+    pub(crate) fn linear(&self, name: &str) -> Result<Linear> {
+        Linear::load(self.ck, name, self.loc(name)?)
+    }
+    pub(crate) fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        load_vector(self.ck, name, self.loc(name)?)
+    }
+    /// `{prefix}gate_proj.weight`, `up_proj`, `down_proj`.
+    pub(crate) fn mlp(&self, prefix: &str) -> Result<MlpWeights> {
+        Ok(MlpWeights {
+            gate_proj: self.linear(&format!("{prefix}gate_proj.weight"))?,
+            up_proj: self.linear(&format!("{prefix}up_proj.weight"))?,
+            down_proj: self.linear(&format!("{prefix}down_proj.weight"))?,
+        })
+    }
+}
+
+/// Fails with the list of problems (the first 20 shown), if any.
+pub(crate) fn require_none(problems: &[String]) -> Result<()> {
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<_> = problems.iter().take(20).cloned().collect();
+    let more = problems.len().saturating_sub(shown.len());
+    let mut msg = shown.join("; ");
+    if more > 0 {
+        msg.push_str(&format!("; … and {more} more"));
+    }
+    Err(ModelError::Weights(WeightsError::Mismatch(msg)))
+}

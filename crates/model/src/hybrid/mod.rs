@@ -1,0 +1,77 @@
+//! The hybrid attention of the Kimi line (Kimi-Linear and its successor K3):
+//! Kimi Delta Attention layers with a carried recurrent state, NoPE MLA
+//! layers over a compressed latent cache, and the sequence state that holds
+//! both. Families bring their own projections (K3: a full-rank KDA output
+//! gate, low-rank MLA queries and a gated MLA output; Kimi-Linear: a
+//! low-rank KDA output gate, full-rank MLA queries, no MLA gate) and call
+//! the shared cores here with their dimensions.
+
+pub mod kda;
+pub mod mla;
+pub mod state;
+pub mod state_io;
+
+/// Which attention a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttnKind {
+    Kda,
+    Mla,
+}
+
+/// Dimensions of the KDA layers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KdaDims {
+    pub heads: usize,
+    /// K = V.
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+    /// `log α = lb·σ(…)` when set, else `−A·softplus(…)`.
+    pub gate_lower_bound: Option<f32>,
+    /// Epsilon of the gated output norm (`o_norm`).
+    pub norm_eps: f32,
+}
+
+impl KdaDims {
+    /// Projection width P = heads × head_dim.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}
+
+/// Dimensions of the MLA layers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    /// The shared-key part (no rotation is applied: NoPE).
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Epsilon of `kv_a_layernorm`.
+    pub norm_eps: f32,
+}
+
+impl MlaDims {
+    /// Query/key head width (nope + "rope" part).
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+    /// Floats cached per token: the normalised latent + the shared key part.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+}
+
+/// What a hybrid sequence state is shaped by.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HybridDims {
+    /// Layer kinds, 0-based.
+    pub attn_kinds: Vec<AttnKind>,
+    pub kda: KdaDims,
+    pub mla: MlaDims,
+    /// The family, for saved-state errors (`"Kimi K3"`).
+    pub family: &'static str,
+    /// The saved-state magic of the family.
+    pub magic: [u8; 4],
+}

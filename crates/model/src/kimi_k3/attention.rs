@@ -1,0 +1,85 @@
+//! K3's projections around the shared hybrid attention cores
+//! ([`crate::hybrid`]): a full-rank KDA output gate, low-rank MLA queries
+//! and a sigmoid-gated MLA output (k3-model.md §4, §5).
+
+use fathom_kernels::ops::{rms_norm_rows, sigmoid};
+
+use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
+use super::weights::{KdaWeights, MlaWeights};
+use crate::batch::Segment;
+use crate::error::Result;
+use crate::hybrid::kda::{KdaParams, KdaProjections, kda_heads};
+use crate::hybrid::mla::mla_heads;
+use crate::hybrid::state::{KdaState, MlaCache};
+
+impl KdaWeights {
+    /// The layer's own parameters, as the KDA core takes them.
+    pub fn params(&self) -> KdaParams<'_> {
+        KdaParams {
+            conv: [&self.q_conv1d, &self.k_conv1d, &self.v_conv1d],
+            a: &self.a,
+            dt_bias: &self.dt_bias,
+            o_norm: &self.o_norm,
+        }
+    }
+}
+
+/// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
+/// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
+/// state. Projections run once over all N rows. Returns `[N, D]`.
+pub fn kda(
+    spec: &K3Spec,
+    w: &KdaWeights,
+    states: &mut [&mut KdaState],
+    segs: &[Segment],
+    x: &[f32],
+) -> Vec<f32> {
+    let n = x.len() / spec.hidden_size;
+    let proj = KdaProjections {
+        pre: [
+            w.q_proj.forward(x, n),
+            w.k_proj.forward(x, n),
+            w.v_proj.forward(x, n),
+        ],
+        f: w.f_b_proj.forward(&w.f_a_proj.forward(x, n), n),
+        b: w.b_proj.forward(x, n),
+        g: w.g_proj.forward(x, n),
+    };
+    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj);
+    w.o_proj.forward(&cat, n)
+}
+
+/// Gated MLA for the rows `x [N, D]` (already `input_layernorm`ed) of
+/// several sequences, each attending to its own latent cache. Returns `[N, D]`.
+pub fn mla(
+    spec: &K3Spec,
+    w: &MlaWeights,
+    caches: &mut [&mut MlaCache],
+    segs: &[Segment],
+    x: &[f32],
+) -> Result<Vec<f32>> {
+    let n = x.len() / spec.hidden_size;
+    let mut qa = w.q_a_proj.forward(x, n);
+    rms_norm_rows(
+        &mut qa,
+        spec.q_lora_rank,
+        &w.q_a_layernorm,
+        MLA_LOW_RANK_NORM_EPS,
+    );
+    let q = w.q_b_proj.forward(&qa, n); // [N, H·dq]
+    let c = w.kv_a_proj_with_mqa.forward(x, n); // [N, lora + dr]
+    let gate = w.g_proj.forward(x, n); // [N, H·dv]
+    let mut cat = mla_heads(
+        &spec.mla_dims(),
+        &w.kv_a_layernorm,
+        &w.kv_b_proj,
+        caches,
+        segs,
+        &q,
+        c,
+    )?;
+    for (v, &g) in cat.iter_mut().zip(&gate) {
+        *v *= sigmoid(g);
+    }
+    Ok(w.o_proj.forward(&cat, n))
+}

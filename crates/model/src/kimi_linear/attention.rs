@@ -1,0 +1,58 @@
+//! Kimi-Linear's projections around the shared hybrid attention cores
+//! ([`crate::hybrid`]): a low-rank KDA output gate, full-rank MLA queries
+//! and an ungated MLA output.
+//!
+//! ```text
+//! KDA: g = (x W_g_aᵀ) W_g_bᵀ;  out = concat_h(RMSNorm(o_h; o_norm) ⊙ σ(g_h)) W_oᵀ
+//! MLA: q = x W_qᵀ;  c = x W_kvaᵀ;  out = concat_h(attn_h) W_oᵀ       (NoPE)
+//! ```
+
+use super::config::KimiLinearSpec;
+use super::weights::{KdaWeights, MlaWeights};
+use crate::batch::Segment;
+use crate::error::Result;
+use crate::hybrid::kda::{KdaProjections, kda_heads};
+use crate::hybrid::mla::mla_heads;
+use crate::hybrid::state::{KdaState, MlaCache};
+
+/// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
+/// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
+/// state. Returns `[N, D]`.
+pub fn kda(
+    spec: &KimiLinearSpec,
+    w: &KdaWeights,
+    states: &mut [&mut KdaState],
+    segs: &[Segment],
+    x: &[f32],
+) -> Vec<f32> {
+    let n = x.len() / spec.hidden_size;
+    let proj = KdaProjections {
+        pre: [
+            w.q_proj.forward(x, n),
+            w.k_proj.forward(x, n),
+            w.v_proj.forward(x, n),
+        ],
+        f: w.f_b_proj.forward(&w.f_a_proj.forward(x, n), n),
+        b: w.b_proj.forward(x, n),
+        g: w.g_b_proj.forward(&w.g_a_proj.forward(x, n), n),
+    };
+    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj);
+    w.o_proj.forward(&cat, n)
+}
+
+/// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several
+/// sequences, each attending to its own latent cache. Returns `[N, D]`.
+pub fn mla(
+    spec: &KimiLinearSpec,
+    w: &MlaWeights,
+    caches: &mut [&mut MlaCache],
+    segs: &[Segment],
+    x: &[f32],
+) -> Result<Vec<f32>> {
+    let n = x.len() / spec.hidden_size;
+    let q = w.q_proj.forward(x, n);
+    let c = w.kv_a_proj_with_mqa.forward(x, n);
+    let d = spec.mla_dims();
+    let cat = mla_heads(&d, &w.kv_a_layernorm, &w.kv_b_proj, caches, segs, &q, c)?;
+    Ok(w.o_proj.forward(&cat, n))
+}

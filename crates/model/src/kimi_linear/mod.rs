@@ -1,0 +1,169 @@
+//! Kimi-Linear (`model_type` `kimi_linear`), K3's precursor: hybrid Kimi
+//! Delta Attention + NoPE MLA layers (the shared cores of
+//! [`crate::hybrid`]), plain residuals, a dense SwiGLU MLP in the first
+//! layers and then a group-limited sigmoid-routed MoE with shared experts.
+//!
+//! ```text
+//! h = embed(ids)
+//! per layer:  h += Attn(RMSNorm(h; input_layernorm))               (KDA or MLA)
+//!             h += FFN(RMSNorm(h; post_attention_layernorm))       (dense or MoE)
+//! logits = lm_head(RMSNorm(h; norm))
+//! ```
+//! Activations are fp32 throughout; each position's result is
+//! bit-identical whatever the step holds besides it.
+
+pub mod attention;
+pub mod config;
+pub mod moe;
+mod step;
+pub mod tensors;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fathom_weights::Checkpoint;
+
+use self::config::KimiLinearSpec;
+use self::tensors::Role;
+use self::weights::KimiLinearWeights;
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::hybrid::state::SequenceState;
+use crate::hybrid::{HybridDims, state_io};
+use crate::kv::KvPool;
+use crate::linear::Spine;
+use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
+use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::trace::Tracer;
+
+/// The registry's entry for Kimi-Linear.
+pub const ARCHITECTURE: Architecture = Architecture {
+    family: "Kimi-Linear",
+    model_types: &["kimi_linear"],
+    architectures: &["KimiLinearForCausalLM"],
+    load: load_lm,
+};
+
+fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
+    let mut m = match opts.experts {
+        Some(make) => KimiLinearModel::load_with(dir, make)?,
+        None => KimiLinearModel::load(dir)?,
+    };
+    m.kv = KvPool::new(opts.kv);
+    if opts.spine == Spine::Int8 {
+        m.weights.quantize_spine_int8();
+    }
+    Ok(Arc::new(m))
+}
+
+/// A loaded Kimi-Linear model: spec, resident spine, and a source of routed experts.
+pub struct KimiLinearModel {
+    pub spec: Arc<KimiLinearSpec>,
+    /// What its sequence states are shaped by.
+    pub dims: Arc<HybridDims>,
+    pub weights: KimiLinearWeights,
+    pub experts: Arc<dyn ExpertSource>,
+    /// Locators of every routed expert (what a streamed source reads).
+    pub expert_table: ExpertTable,
+    /// Where every state's latent-cache blocks come from.
+    pub kv: Arc<KvPool>,
+    info: ModelInfo,
+}
+
+impl KimiLinearModel {
+    /// Loads a model with every expert resident in RAM.
+    pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(
+            dir,
+            Box::new(|ck, table| Ok(Arc::new(ResidentExperts::load(ck, table)?))),
+        )
+    }
+
+    /// Loads the spine and builds the expert source with `make_source`.
+    pub fn load_with(dir: &Path, make_source: MakeSource) -> Result<Self> {
+        let spec = Arc::new(KimiLinearSpec::from_dir(dir)?);
+        let ck = Arc::new(Checkpoint::open(dir)?);
+        let weights = KimiLinearWeights::load(&spec, &ck)?;
+        let expert_table = tensors::expert_table(&spec, &ck)?;
+        let experts = make_source(&ck, &expert_table)?;
+        let info = model_info(&spec, &expert_table);
+        Ok(KimiLinearModel {
+            dims: Arc::new(spec.hybrid_dims()),
+            spec,
+            weights,
+            experts,
+            expert_table,
+            kv: KvPool::unlimited(),
+            info,
+        })
+    }
+
+    pub fn new_state(&self) -> SequenceState {
+        SequenceState::new(&self.dims, &self.kv)
+    }
+
+    /// One sequence's pass, observed by `tracer` (reference comparisons).
+    pub fn forward_traced(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        which: Logits,
+        tracer: Option<&mut dyn Tracer>,
+    ) -> Result<Vec<f32>> {
+        let mut b = [StepInput {
+            state,
+            tokens,
+            logits: which,
+        }];
+        let mut out = step::step(self, &mut b, tracer).map_err(|e| e.error)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+}
+
+fn model_info(spec: &KimiLinearSpec, table: &ExpertTable) -> ModelInfo {
+    ModelInfo {
+        family: ARCHITECTURE.family,
+        model_type: "kimi_linear".into(),
+        vocab_size: spec.vocab_size,
+        hidden_size: spec.hidden_size,
+        num_layers: spec.num_layers,
+        bos_token_id: spec.bos_token_id,
+        eos_token_ids: spec.eos_token_ids.clone(),
+        max_position_embeddings: spec.max_position_embeddings,
+        spine_bytes: tensors::tensor_table(spec)
+            .iter()
+            .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
+            .map(tensors::TensorSpec::bytes)
+            .sum(),
+        expert_bytes: table.expert_bytes(),
+        experts_per_token: spec.top_k,
+        moe_layers: table.moe_layers(),
+    }
+}
+
+impl CausalLm for KimiLinearModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+    fn new_state(&self) -> Box<dyn SeqState> {
+        Box::new(SequenceState::new(&self.dims, &self.kv))
+    }
+    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
+        step::step(self, batch, None)
+    }
+    fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
+    }
+    fn kv_stats(&self) -> crate::kv::KvStats {
+        self.kv.stats()
+    }
+    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
+        Ok(Box::new(state_io::decode(&self.dims, &self.kv, bytes)?))
+    }
+    fn synthetic_state(&self, depth: usize, seed: u64) -> Result<Box<dyn SeqState>> {
+        Ok(Box::new(state_io::synthetic(
+            &self.dims, &self.kv, depth, seed,
+        )?))
+    }
+}

@@ -1,0 +1,151 @@
+//! The batched step: several sequences, each with its own hybrid state and
+//! any number of new positions, advanced in one pass over the layers.
+//!
+//! All sequences' new rows are stacked into one `[N, D]` matrix; spine
+//! matrices multiply all rows at once, the convolution, delta rule and
+//! attention over the latent cache run per sequence, the MoE fetches the
+//! union of the experts once. So a sequence's logits are bit-identical
+//! whatever else the step holds. Atomic: each state is marked before the
+//! pass (KDA state and journal copied, MLA lengths noted) and put back if
+//! anything fails.
+
+use fathom_kernels::ops::{rms_norm_rows, swiglu};
+
+use super::KimiLinearModel;
+use super::attention::{kda, mla};
+use super::moe::{self, NextLayerHint};
+use super::weights::{AttnWeights, FfnWeights, LayerWeights};
+use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::error::Result;
+use crate::hybrid::state::{KdaState, LayerState, MlaCache, SequenceState};
+use crate::lm::{Logits, StepError, StepInput};
+use crate::trace::{Tracer, trace};
+
+/// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
+pub(super) fn step(
+    model: &KimiLinearModel,
+    batch: &mut [StepInput<'_>],
+    tracer: Option<&mut dyn Tracer>,
+) -> std::result::Result<Vec<Vec<f32>>, StepError> {
+    atomic_step::<SequenceState>(model.spec.vocab_size, batch, |states, rows| {
+        forward_rows(model, states, rows, tracer)
+    })
+}
+
+/// The layers over the stacked rows; per-sequence logits rows as asked.
+/// Traces `embeddings` (layer 0), each layer's output `layer_out`,
+/// `final_hidden` and each MoE layer's routes.
+fn forward_rows(
+    model: &KimiLinearModel,
+    states: &mut [&mut SequenceState],
+    rows: &Rows,
+    mut tracer: Option<&mut dyn Tracer>,
+) -> Result<Vec<Vec<f32>>> {
+    let (spec, w) = (&*model.spec, &model.weights);
+    let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
+    let mut h: Vec<f32> = rows
+        .tokens
+        .iter()
+        .flat_map(|&id| w.embed_tokens.row(id as usize))
+        .collect();
+    trace(&mut tracer, 0, "embeddings", &h);
+    for (i, lw) in w.layers.iter().enumerate() {
+        let mut x = h.clone();
+        rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
+        let a = attention(model, lw, i, states, &rows.segs, &x)?;
+        add(&mut h, &a);
+        let mut x = h.clone();
+        rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
+        let m = ffn(model, i, &x, n, &mut tracer)?;
+        add(&mut h, &m);
+        trace(&mut tracer, i, "layer_out", &h);
+    }
+    for (s, seg) in states.iter_mut().zip(&rows.segs) {
+        s.pos += seg.len();
+    }
+    Ok(head(model, &h, &rows.segs, &rows.which, &mut tracer))
+}
+
+fn attention(
+    model: &KimiLinearModel,
+    lw: &LayerWeights,
+    i: usize,
+    states: &mut [&mut SequenceState],
+    segs: &[Segment],
+    x: &[f32],
+) -> Result<Vec<f32>> {
+    let spec = &*model.spec;
+    match &lw.attn {
+        AttnWeights::Kda(aw) => {
+            let mut st: Vec<&mut KdaState> = states
+                .iter_mut()
+                .map(|s| match &mut s.layers[i] {
+                    LayerState::Kda(k) => k,
+                    LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
+                })
+                .collect();
+            Ok(kda(spec, aw, &mut st, segs, x))
+        }
+        AttnWeights::Mla(aw) => {
+            let mut st: Vec<&mut MlaCache> = states
+                .iter_mut()
+                .map(|s| match &mut s.layers[i] {
+                    LayerState::Mla(m) => m,
+                    LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
+                })
+                .collect();
+            mla(spec, aw, &mut st, segs, x)
+        }
+    }
+}
+
+fn ffn(
+    model: &KimiLinearModel,
+    i: usize,
+    x: &[f32],
+    n: usize,
+    tracer: &mut Option<&mut dyn Tracer>,
+) -> Result<Vec<f32>> {
+    let (spec, w) = (&*model.spec, &model.weights);
+    match &w.layers[i].ffn {
+        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, swiglu)),
+        FfnWeights::Moe(mw) => {
+            let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
+                FfnWeights::Moe(nw) => Some(NextLayerHint {
+                    layer: i + 1,
+                    weights: nw,
+                }),
+                FfnWeights::Dense(_) => None,
+            });
+            let mut routes = tracer.as_ref().map(|_| Vec::new());
+            let src = model.experts.as_ref();
+            let out = moe::moe(spec, i, mw, x, src, hint, routes.as_mut())?;
+            if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
+                tr.routes(i, &r);
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Final norm and head, only for the rows asked for; split per sequence.
+fn head(
+    model: &KimiLinearModel,
+    h: &[f32],
+    segs: &[Segment],
+    which: &[Logits],
+    tracer: &mut Option<&mut dyn Tracer>,
+) -> Vec<Vec<f32>> {
+    let (spec, w) = (&*model.spec, &model.weights);
+    let d = spec.hidden_size;
+    let rows = logit_rows(segs, which);
+    let mut hfin = gather(h, &rows, d);
+    rms_norm_rows(&mut hfin, d, &w.norm, spec.rms_norm_eps);
+    trace(tracer, usize::MAX, "final_hidden", &hfin);
+    let logits = if rows.is_empty() {
+        Vec::new()
+    } else {
+        w.lm_head.forward(&hfin, rows.len())
+    };
+    split_logits(&logits, segs, which, spec.vocab_size)
+}

@@ -1,0 +1,218 @@
+//! What every routed-expert layer shares, whatever its router: the routing
+//! decision, the next-layer hint order, and the union fetch.
+//!
+//! For a step's rows the union of the chosen experts is requested from the
+//! [`ExpertSource`] once; the caller computes what does not need the
+//! experts while they arrive, then each expert runs on all the rows routed
+//! to it at once, and each row's outputs are summed in the router's rank
+//! order, so a row's result does not depend on what else the step holds.
+
+use std::sync::Arc;
+
+use fathom_kernels::ops::sigmoid;
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertTicket, ExpertWeights};
+
+/// The router's decision for one token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Chosen experts, best first.
+    pub ids: Vec<u32>,
+    /// Their combine weights, in the same order.
+    pub weights: Vec<f32>,
+    /// Selection score of the k-th minus the (k+1)-th choice (tie diagnostics).
+    pub margin: f32,
+}
+
+/// The experts a next-layer guess names, most confident first: every
+/// position's best guess, then every position's second, … (a source may act
+/// on a prefix only).
+pub fn hint_order(guesses: &[Route], top_k: usize) -> Vec<u32> {
+    let mut guess: Vec<u32> = Vec::with_capacity(guesses.len() * top_k);
+    for rank in 0..top_k {
+        for g in guesses {
+            if !guess.contains(&g.ids[rank]) {
+                guess.push(g.ids[rank]);
+            }
+        }
+    }
+    guess
+}
+
+/// Sigmoid routing with a selection bias ("noaux_tc", the Kimi and
+/// DeepSeek-V3 routers), optionally group-limited:
+///
+/// ```text
+/// s = σ(logits);  c = s + bias                       (c only chooses)
+/// groups > 1: group score = sum of its two best c; keep the topk_group best
+///             groups, c ← 0 outside them
+/// T = top-k of c (ties to the lower index);  w_e = s_e
+/// w = w / (Σ w + 1e-20) (renormalize, k > 1);  w = w · scaling
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SigmoidRouter {
+    pub top_k: usize,
+    /// Expert groups (1: no group limit) and how many of them are kept.
+    pub groups: usize,
+    pub topk_group: usize,
+    pub renormalize: bool,
+    pub scaling: f32,
+}
+
+impl SigmoidRouter {
+    /// Routes one token from its router logits. The margin is the smaller
+    /// of the k-th minus (k+1)-th corrected score among the kept groups and
+    /// the last kept minus the first dropped group score.
+    pub fn route(&self, logits: &[f32], bias: &[f32]) -> Route {
+        let e = logits.len();
+        let k = self.top_k;
+        let s: Vec<f32> = logits.iter().map(|&v| sigmoid(v)).collect();
+        let choice: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+        let descending = |v: &[f32], n: usize| {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            // Descending score; ties go to the lower index.
+            order.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
+            order
+        };
+        if self.groups <= 1 {
+            let order = descending(&choice, e);
+            let margin = if k < e {
+                choice[order[k - 1] as usize] - choice[order[k] as usize]
+            } else {
+                f32::INFINITY
+            };
+            return self.finish(&s, order[..k].to_vec(), margin);
+        }
+        let per = e / self.groups;
+        let group: Vec<f32> = choice
+            .chunks_exact(per)
+            .map(|c| {
+                let o = descending(c, per);
+                c[o[0] as usize] + c[o[1] as usize]
+            })
+            .collect();
+        let go = descending(&group, self.groups);
+        let tg = self.topk_group;
+        let kept: Vec<bool> = (0..e)
+            .map(|i| go[..tg].contains(&((i / per) as u32)))
+            .collect();
+        let masked: Vec<f32> = (0..e)
+            .map(|i| if kept[i] { choice[i] } else { 0.0 })
+            .collect();
+        let order = descending(&masked, e);
+        // Margins: among the kept experts, and between kept and dropped groups.
+        let mut c: Vec<f32> = (0..e).filter(|&i| kept[i]).map(|i| choice[i]).collect();
+        c.sort_by(|a, b| b.total_cmp(a));
+        let mut margin = if k < c.len() {
+            c[k - 1] - c[k]
+        } else {
+            f32::INFINITY
+        };
+        if tg < self.groups {
+            margin = margin.min(group[go[tg - 1] as usize] - group[go[tg] as usize]);
+        }
+        self.finish(&s, order[..k].to_vec(), margin)
+    }
+
+    /// Combine weights of the chosen `ids` from the uncorrected scores `s`.
+    fn finish(&self, s: &[f32], ids: Vec<u32>, margin: f32) -> Route {
+        let k = ids.len();
+        let mut weights: Vec<f32> = ids.iter().map(|&i| s[i as usize]).collect();
+        if k > 1 && self.renormalize {
+            let sum: f32 = weights.iter().sum::<f32>() + 1e-20;
+            weights.iter_mut().for_each(|v| *v /= sum);
+        }
+        weights.iter_mut().for_each(|v| *v *= self.scaling);
+        Route {
+            ids,
+            weights,
+            margin,
+        }
+    }
+}
+
+/// The routed experts of one layer for a step's rows, requested once.
+pub struct ExpertFetch {
+    union: Vec<u32>,
+    /// Per expert of the union: the (row, rank) pairs that use it, in row order.
+    users: Vec<Vec<(usize, usize)>>,
+    ticket: ExpertTicket,
+}
+
+impl ExpertFetch {
+    /// Requests the union of the experts `routes` chose.
+    pub fn start(source: &dyn ExpertSource, layer: usize, routes: &[Route]) -> Result<Self> {
+        let mut union: Vec<u32> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
+        union.sort_unstable();
+        union.dedup();
+        let ticket = source.request(layer, &union)?;
+        let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); union.len()];
+        for (ti, r) in routes.iter().enumerate() {
+            for (j, e) in r.ids.iter().enumerate() {
+                let u = union.binary_search(e).expect("the union holds every route");
+                users[u].push((ti, j));
+            }
+        }
+        Ok(ExpertFetch {
+            union,
+            users,
+            ticket,
+        })
+    }
+
+    /// Collects the experts and returns `y [T, out_w]` with
+    /// `y_t = Σ_j w_{t,j} · expert_{t,j}(z_t)`, summed in rank order `j`.
+    /// `z` is `[T, in_w]` (one row per route); `expert(e, rows, n)` maps
+    /// `[n, in_w]` to `[n, out_w]`; `work_each` is its multiply-adds per row
+    /// (scheduling only).
+    pub fn finish(
+        self,
+        source: &dyn ExpertSource,
+        routes: &[Route],
+        z: &[f32],
+        out_w: usize,
+        work_each: usize,
+        expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
+    ) -> Result<Vec<f32>> {
+        let t = routes.len();
+        let in_w = z.len() / t.max(1);
+        let experts: Vec<Arc<ExpertWeights>> = source.collect(self.ticket)?;
+        let n_union = self.union.len();
+        let outputs: Vec<Vec<f32>> = experts
+            .par_iter()
+            .zip(self.users.par_iter())
+            .with_min_len(crate::par_min_len(
+                n_union,
+                work_each * t.div_ceil(n_union.max(1)).max(1),
+            ))
+            .map(|(e, us)| {
+                let zin: Vec<f32> = us
+                    .iter()
+                    .flat_map(|&(ti, _)| z[ti * in_w..(ti + 1) * in_w].iter().copied())
+                    .collect();
+                expert(e, &zin, us.len())
+            })
+            .collect();
+        // Scatter to [T, k, out_w], then sum in rank order.
+        let k = routes.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+        let mut per = vec![0f32; t * k * out_w];
+        for (us, out) in self.users.iter().zip(&outputs) {
+            for (n, &(ti, j)) in us.iter().enumerate() {
+                per[(ti * k + j) * out_w..][..out_w]
+                    .copy_from_slice(&out[n * out_w..(n + 1) * out_w]);
+            }
+        }
+        let mut y = vec![0f32; t * out_w];
+        for (ti, r) in routes.iter().enumerate() {
+            let yr = &mut y[ti * out_w..(ti + 1) * out_w];
+            for (j, &wj) in r.weights.iter().enumerate() {
+                for (a, &b) in yr.iter_mut().zip(&per[(ti * k + j) * out_w..][..out_w]) {
+                    *a += wj * b;
+                }
+            }
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,115 @@
+//! Grouped-query attention with per-head q/k RMSNorm and rotary position
+//! embedding, over the rows of several sequences.
+//!
+//! ```text
+//! q = RMSNorm_head(x W_qᵀ (+b_q); q_norm),  k = RMSNorm_head(x W_kᵀ (+b_k); k_norm),  v = x W_vᵀ (+b_v)
+//! q, k ← RoPE(q, k; position)          (rotate-half pairs i, i + head_dim/2)
+//! o_h = Σ_{s ≤ t} softmax_s(q_h·k_{g(h),s} / sqrt(head_dim)) v_{g(h),s}
+//! out = concat(o) W_oᵀ (+b_o)
+//! ```
+//! Projections run once over all the step's rows; each sequence's rows are
+//! appended to its cache and attend to it through
+//! `fathom_kernels::gqa::gqa_attend`, whose per-query order is fixed, so a
+//! position's result is the same in a prefill chunk, a decode step or a
+//! verification pass, batched or not.
+
+use fathom_kernels::gqa::{GqaAccum, GqaQuery, GqaShape};
+use fathom_kernels::ops::rms_norm_rows;
+use fathom_kernels::rope::Rope;
+
+use super::config::Qwen3MoeSpec;
+use super::weights::AttnWeights;
+use crate::batch::Segment;
+use crate::error::Result;
+use crate::kv::PagedRows;
+
+/// The rotary angles of every row of a step: `cos`, `sin`, `[N, head_dim/2]`.
+pub struct Angles {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+    half: usize,
+}
+
+impl Angles {
+    /// Angles of the positions `starts[i] + j` of segment `segs[i]`'s rows.
+    pub fn new(rope: &Rope, segs: &[Segment], starts: &[usize]) -> Self {
+        let half = rope.head_dim() / 2;
+        let n = segs.last().map_or(0, |s| s.end);
+        let mut cos = vec![0f32; n * half];
+        let mut sin = vec![0f32; n * half];
+        for (seg, &p0) in segs.iter().zip(starts) {
+            for (j, r) in seg.clone().enumerate() {
+                let (c, s) = (&mut cos[r * half..][..half], &mut sin[r * half..][..half]);
+                rope.angles(p0 + j, c, s);
+            }
+        }
+        Angles { cos, sin, half }
+    }
+
+    fn row(&self, r: usize) -> (&[f32], &[f32]) {
+        let h = self.half;
+        (&self.cos[r * h..][..h], &self.sin[r * h..][..h])
+    }
+}
+
+/// Attention for the rows `x [N, D]` (already `input_layernorm`ed) of
+/// several sequences (`segs[i]` are sequence i's rows, `caches[i]` its
+/// cache for this layer). Returns `[N, D]`.
+pub fn attention(
+    spec: &Qwen3MoeSpec,
+    w: &AttnWeights,
+    rope: &Rope,
+    angles: &Angles,
+    caches: &mut [&mut PagedRows],
+    segs: &[Segment],
+    x: &[f32],
+) -> Result<Vec<f32>> {
+    let n = x.len() / spec.hidden_size;
+    let (h, kvh, hd) = (spec.num_heads, spec.num_kv_heads, spec.head_dim);
+    let (qw, kvw) = (h * hd, kvh * hd);
+    let eps = spec.rms_norm_eps;
+    let mut q = w.q_proj.forward(x, n);
+    let mut k = w.k_proj.forward(x, n);
+    let v = w.v_proj.forward(x, n);
+    rms_norm_rows(&mut q, hd, &w.q_norm, eps);
+    rms_norm_rows(&mut k, hd, &w.k_norm, eps);
+    for r in 0..n {
+        let (c, s) = angles.row(r);
+        rope.rotate(&mut q[r * qw..(r + 1) * qw], c, s);
+        rope.rotate(&mut k[r * kvw..(r + 1) * kvw], c, s);
+    }
+    // Rows cached before this step, per sequence; then append [K | V] rows.
+    let mut past = Vec::with_capacity(caches.len());
+    for (cache, seg) in caches.iter_mut().zip(segs) {
+        past.push(cache.len());
+        let mut rows = Vec::with_capacity(seg.len() * 2 * kvw);
+        for r in seg.clone() {
+            rows.extend_from_slice(&k[r * kvw..(r + 1) * kvw]);
+            rows.extend_from_slice(&v[r * kvw..(r + 1) * kvw]);
+        }
+        cache.push_rows(&rows)?;
+    }
+    let shape = GqaShape {
+        heads: h,
+        kv_heads: kvh,
+        head_dim: hd,
+        scale: (hd as f64).powf(-0.5) as f32,
+    };
+    let mut ctx = vec![0f32; n * qw];
+    for ((cache, seg), &p0) in caches.iter().zip(segs).zip(&past) {
+        let queries: Vec<GqaQuery<'_>> = seg
+            .clone()
+            .enumerate()
+            .map(|(i, r)| GqaQuery {
+                q: &q[r * qw..(r + 1) * qw],
+                // causal: this position sees itself and all before
+                n: p0 + i + 1,
+            })
+            .collect();
+        let out = &mut ctx[seg.start * qw..seg.end * qw];
+        let mut acc = GqaAccum::new(shape, &queries);
+        cache.windows(p0 + seg.len(), |first, blocks| acc.add(first, blocks))?;
+        acc.finish(out);
+    }
+    Ok(w.o_proj.forward(&ctx, n))
+}

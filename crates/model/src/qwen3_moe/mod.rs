@@ -1,0 +1,171 @@
+//! Qwen3-MoE (`model_type` `qwen3_moe`): grouped-query attention with
+//! per-head q/k RMSNorm and rotary position embedding, and softmax-routed
+//! SwiGLU experts (bf16) on the sparse layers, dense SwiGLU MLPs elsewhere.
+//!
+//! ```text
+//! h = embed(ids)
+//! per layer:  h += Attn(RMSNorm(h; input_layernorm))
+//!             h += FFN(RMSNorm(h; post_attention_layernorm))   (MoE or dense)
+//! logits = lm_head(RMSNorm(h; norm))                           (or the tied embedding)
+//! ```
+//! Activations are fp32 throughout. A step takes any number of sequences,
+//! each with any number T ≥ 1 of new tokens, and each position's result is
+//! bit-identical whatever the step holds besides it.
+
+pub mod attention;
+pub mod config;
+pub mod moe;
+pub mod state;
+mod state_io;
+mod step;
+pub mod tensors;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fathom_kernels::rope::Rope;
+use fathom_weights::Checkpoint;
+
+use self::config::Qwen3MoeSpec;
+use self::state::KvState;
+use self::tensors::Role;
+use self::weights::Qwen3MoeWeights;
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::kv::KvPool;
+use crate::linear::Spine;
+use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
+use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::trace::Tracer;
+
+/// The registry's entry for Qwen3-MoE.
+pub const ARCHITECTURE: Architecture = Architecture {
+    family: "Qwen3-MoE",
+    model_types: &["qwen3_moe"],
+    architectures: &["Qwen3MoeForCausalLM"],
+    load: load_lm,
+};
+
+fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
+    let mut m = match opts.experts {
+        Some(make) => Qwen3MoeModel::load_with(dir, make)?,
+        None => Qwen3MoeModel::load(dir)?,
+    };
+    m.kv = KvPool::new(opts.kv);
+    if opts.spine == Spine::Int8 {
+        m.weights.quantize_spine_int8();
+    }
+    Ok(Arc::new(m))
+}
+
+/// A loaded Qwen3-MoE model: spec, resident spine, and a source of routed experts.
+pub struct Qwen3MoeModel {
+    pub spec: Arc<Qwen3MoeSpec>,
+    pub weights: Qwen3MoeWeights,
+    pub experts: Arc<dyn ExpertSource>,
+    /// Locators of every routed expert (what a streamed source reads).
+    pub expert_table: ExpertTable,
+    pub rope: Rope,
+    /// Where every state's key/value blocks come from.
+    pub kv: Arc<KvPool>,
+    info: ModelInfo,
+}
+
+impl Qwen3MoeModel {
+    /// Loads a model with every expert resident in RAM.
+    pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(
+            dir,
+            Box::new(|ck, table| Ok(Arc::new(ResidentExperts::load(ck, table)?))),
+        )
+    }
+
+    /// Loads the spine and builds the expert source with `make_source`.
+    pub fn load_with(dir: &Path, make_source: MakeSource) -> Result<Self> {
+        let spec = Arc::new(Qwen3MoeSpec::from_dir(dir)?);
+        let ck = Arc::new(Checkpoint::open(dir)?);
+        let weights = Qwen3MoeWeights::load(&spec, &ck)?;
+        let expert_table = tensors::expert_table(&spec, &ck)?;
+        let experts = make_source(&ck, &expert_table)?;
+        let info = model_info(&spec, &expert_table);
+        let rope = Rope::new(spec.head_dim, spec.rope_theta);
+        Ok(Qwen3MoeModel {
+            spec,
+            weights,
+            experts,
+            expert_table,
+            rope,
+            kv: KvPool::unlimited(),
+            info,
+        })
+    }
+
+    pub fn new_state(&self) -> KvState {
+        KvState::new(self.spec.num_layers, self.spec.kv_width(), &self.kv)
+    }
+
+    /// One sequence's pass, observed by `tracer` (reference comparisons).
+    pub fn forward_traced(
+        &self,
+        state: &mut KvState,
+        tokens: &[u32],
+        which: Logits,
+        tracer: Option<&mut dyn Tracer>,
+    ) -> Result<Vec<f32>> {
+        let mut b = [StepInput {
+            state,
+            tokens,
+            logits: which,
+        }];
+        let mut out = step::step(self, &mut b, tracer).map_err(|e| e.error)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+}
+
+fn model_info(spec: &Qwen3MoeSpec, table: &ExpertTable) -> ModelInfo {
+    let table_bytes = |keep: &dyn Fn(Role) -> bool| -> u64 {
+        tensors::tensor_table(spec)
+            .iter()
+            .filter(|t| keep(t.role))
+            .map(tensors::TensorSpec::bytes)
+            .sum()
+    };
+    // The embedding is a row lookup, except when it is also the head.
+    let tied = spec.tie_word_embeddings;
+    ModelInfo {
+        family: ARCHITECTURE.family,
+        model_type: "qwen3_moe".into(),
+        vocab_size: spec.vocab_size,
+        hidden_size: spec.hidden_size,
+        num_layers: spec.num_layers,
+        bos_token_id: spec.bos_token_id,
+        eos_token_ids: spec.eos_token_ids.clone(),
+        max_position_embeddings: spec.max_position_embeddings,
+        spine_bytes: table_bytes(&|r| r.is_spine() && (tied || r != Role::Embedding)),
+        expert_bytes: table.expert_bytes(),
+        experts_per_token: spec.top_k,
+        moe_layers: table.moe_layers(),
+    }
+}
+
+impl CausalLm for Qwen3MoeModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+    fn new_state(&self) -> Box<dyn SeqState> {
+        Box::new(Qwen3MoeModel::new_state(self))
+    }
+    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
+        step::step(self, batch, None)
+    }
+    fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
+    }
+    fn kv_stats(&self) -> crate::kv::KvStats {
+        self.kv.stats()
+    }
+    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
+        Ok(Box::new(state_io::decode(&self.spec, &self.kv, bytes)?))
+    }
+}

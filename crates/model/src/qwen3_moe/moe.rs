@@ -1,0 +1,99 @@
+//! The Qwen3-MoE sparse block: softmax router, top-k, SwiGLU experts, no
+//! shared expert.
+//!
+//! ```text
+//! p = softmax(x W_gateᵀ)  (fp32, over all experts);  T = top-k of p
+//! w_e = p_e  (or p_e / Σ_T p  with norm_topk_prob)
+//! y = Σ_{e∈T} w_e · down_e(SiLU(gate_e x) ⊙ up_e x)
+//! ```
+//! Every chosen expert is computed — the source must deliver all of them;
+//! the union of a step's experts is fetched once and each row's sum runs
+//! in the router's rank order ([`crate::moe::ExpertFetch`]).
+
+use fathom_kernels::ops::{softmax, swiglu};
+
+use super::config::Qwen3MoeSpec;
+use super::weights::MoeWeights;
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertWeights};
+use crate::moe::{ExpertFetch, Route, hint_order};
+
+/// Routes every row of `x [T, D]`: experts by descending probability (ties
+/// to the lower index); the margin is on the router logits.
+pub fn route(spec: &Qwen3MoeSpec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
+    let logits = w.gate.forward(x, t);
+    let (e, k) = (spec.num_experts, spec.top_k);
+    logits
+        .chunks_exact(e)
+        .map(|row| {
+            let mut p = row.to_vec();
+            softmax(&mut p);
+            let mut order: Vec<u32> = (0..e as u32).collect();
+            order.sort_by(|&a, &b| p[b as usize].total_cmp(&p[a as usize]).then(a.cmp(&b)));
+            let ids: Vec<u32> = order[..k].to_vec();
+            let margin = if k < e {
+                row[order[k - 1] as usize] - row[order[k] as usize]
+            } else {
+                f32::INFINITY
+            };
+            let mut weights: Vec<f32> = ids.iter().map(|&i| p[i as usize]).collect();
+            if spec.norm_topk_prob {
+                let sum: f32 = weights.iter().sum();
+                weights.iter_mut().for_each(|v| *v /= sum);
+            }
+            Route {
+                ids,
+                weights,
+                margin,
+            }
+        })
+        .collect()
+}
+
+/// One expert on `x [n, D]`: `down(SiLU(gate x) ⊙ up x)` → `[n, D]`.
+fn expert_forward(spec: &Qwen3MoeSpec, e: &ExpertWeights, x: &[f32], n: usize) -> Vec<f32> {
+    let f = spec.moe_intermediate_size;
+    let mut g = vec![0f32; n * f];
+    let mut u = vec![0f32; n * f];
+    e.matmul(0, x, n, &mut g);
+    e.matmul(1, x, n, &mut u);
+    swiglu(&mut g, &u);
+    let mut y = vec![0f32; n * spec.hidden_size];
+    e.matmul(2, &g, n, &mut y);
+    y
+}
+
+/// Optional guess for the next MoE layer, handed to the source before this
+/// layer's experts are fetched so its I/O overlaps this layer's compute.
+pub struct NextLayerHint<'a> {
+    pub layer: usize,
+    pub weights: &'a MoeWeights,
+}
+
+/// The sparse block over `x [T, D]` (already `post_attention_layernorm`ed).
+pub fn moe(
+    spec: &Qwen3MoeSpec,
+    layer: usize,
+    w: &MoeWeights,
+    x: &[f32],
+    source: &dyn ExpertSource,
+    hint: Option<NextLayerHint<'_>>,
+    routes_out: Option<&mut Vec<Route>>,
+) -> Result<Vec<f32>> {
+    let d = spec.hidden_size;
+    let t = x.len() / d;
+    let routes = route(spec, w, x, t);
+    if let Some(h) = hint.filter(|_| source.wants_hints()) {
+        let guesses = route(spec, h.weights, x, t);
+        source.hint(h.layer, &hint_order(&guesses, spec.top_k));
+    }
+    let work = 3 * spec.moe_intermediate_size * d;
+    let fetch = ExpertFetch::start(source, layer, &routes)?;
+    let y = fetch.finish(source, &routes, x, d, work, |e, rows, n| {
+        expert_forward(spec, e, rows, n)
+    })?;
+    if let Some(ro) = routes_out {
+        ro.extend(routes);
+    }
+    Ok(y)
+}

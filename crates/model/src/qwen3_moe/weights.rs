@@ -1,0 +1,147 @@
+//! Binding: checkpoint names → typed per-layer weights, once, at load.
+//! After [`Qwen3MoeWeights::load`] nothing is looked up by name again.
+
+use fathom_weights::Checkpoint;
+
+use super::config::{FfnKind, Qwen3MoeSpec};
+use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
+use crate::bind::{Binder, require_none};
+use crate::error::Result;
+use crate::linear::Linear;
+use crate::mlp::MlpWeights;
+
+/// A projection with its optional bias (`attention_bias`).
+#[derive(Debug)]
+pub struct Proj {
+    pub weight: Linear,
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Proj {
+    /// `x Wᵀ (+ b)` over `x [T, cols]`.
+    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        let mut y = self.weight.forward(x, t);
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(a, c)| *a += c);
+            }
+        }
+        y
+    }
+}
+
+#[derive(Debug)]
+pub struct AttnWeights {
+    pub q_proj: Proj,
+    pub k_proj: Proj,
+    pub v_proj: Proj,
+    pub o_proj: Proj,
+    /// Per-head RMSNorm weights over `head_dim`, applied before RoPE.
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+}
+
+#[derive(Debug)]
+pub struct MoeWeights {
+    /// The router, `[E, D]` (kept in its stored precision: it picks experts).
+    pub gate: Linear,
+}
+
+#[derive(Debug)]
+pub enum FfnWeights {
+    Dense(MlpWeights),
+    Moe(MoeWeights),
+}
+
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub input_layernorm: Vec<f32>,
+    pub post_attention_layernorm: Vec<f32>,
+    pub self_attn: AttnWeights,
+    pub mlp: FfnWeights,
+}
+
+/// The resident spine: everything but the routed experts.
+#[derive(Debug)]
+pub struct Qwen3MoeWeights {
+    pub embed_tokens: Linear,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Vec<f32>,
+    /// `lm_head`, or `None` when tied to `embed_tokens`.
+    pub lm_head: Option<Linear>,
+}
+
+impl Qwen3MoeWeights {
+    /// Checks the checkpoint against the spec, then reads the spine.
+    pub fn load(spec: &Qwen3MoeSpec, ck: &Checkpoint) -> Result<Self> {
+        require_none(&check_tensors(spec, ck))?;
+        let b = Binder { ck };
+        let proj = |name: &str| -> Result<Proj> {
+            Ok(Proj {
+                weight: b.linear(&format!("{name}.weight"))?,
+                bias: if spec.attention_bias {
+                    Some(b.vector(&format!("{name}.bias"))?)
+                } else {
+                    None
+                },
+            })
+        };
+        let mut layers = Vec::with_capacity(spec.num_layers);
+        for i in 0..spec.num_layers {
+            let n = |rest: &str| layer_name(i, rest);
+            let self_attn = AttnWeights {
+                q_proj: proj(&n("self_attn.q_proj"))?,
+                k_proj: proj(&n("self_attn.k_proj"))?,
+                v_proj: proj(&n("self_attn.v_proj"))?,
+                o_proj: proj(&n("self_attn.o_proj"))?,
+                q_norm: b.vector(&n("self_attn.q_norm.weight"))?,
+                k_norm: b.vector(&n("self_attn.k_norm.weight"))?,
+            };
+            let mlp = match spec.ffn_kind(i) {
+                FfnKind::Dense => FfnWeights::Dense(b.mlp(&n("mlp."))?),
+                FfnKind::Moe => FfnWeights::Moe(MoeWeights {
+                    gate: b.linear(&n("mlp.gate.weight"))?,
+                }),
+            };
+            layers.push(LayerWeights {
+                input_layernorm: b.vector(&n("input_layernorm.weight"))?,
+                post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
+                self_attn,
+                mlp,
+            });
+        }
+        Ok(Qwen3MoeWeights {
+            embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
+            layers,
+            norm: b.vector(&format!("{PREFIX}norm.weight"))?,
+            lm_head: if spec.tie_word_embeddings {
+                None
+            } else {
+                Some(b.linear(LM_HEAD)?)
+            },
+        })
+    }
+
+    /// The output head (the embedding when tied).
+    pub fn head(&self) -> &Linear {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+
+    /// Quantises every spine matrix to per-row int8 (`Spine::Int8`), except
+    /// the embedding (a row lookup; also the head when tied) and the
+    /// routers (they pick the experts).
+    pub fn quantize_spine_int8(&mut self) {
+        for layer in &mut self.layers {
+            let a = &mut layer.self_attn;
+            for p in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
+                p.weight.quantize_int8();
+            }
+            if let FfnWeights::Dense(m) = &mut layer.mlp {
+                m.quantize_int8();
+            }
+        }
+        if let Some(h) = &mut self.lm_head {
+            h.quantize_int8();
+        }
+    }
+}
