@@ -18,8 +18,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use fathom_model::kimi_k3::config::K3Spec;
-use fathom_model::kimi_k3::tensors::{Role, tensor_table};
-use fathom_stream::budget::spine_bytes;
 use fathom_stream::reader::ShardReader;
 use fathom_weights::Checkpoint;
 use serde::Serialize;
@@ -236,27 +234,13 @@ pub fn triad_array_bytes() -> u64 {
 /// `K3Weights::quantize_spine_int8` stores it; embedding, routers and vectors
 /// stay as stored.
 pub fn spine_bytes_per_token(spec: &K3Spec, int8: bool) -> u64 {
-    let table = tensor_table(spec);
-    let emb: u64 = table
-        .iter()
-        .filter(|t| t.role == Role::Embedding)
-        .map(|t| t.bytes())
-        .sum();
-    let row = emb / spec.vocab_size.max(1) as u64;
-    let mut total = spine_bytes(spec) - emb + row;
-    if int8 {
-        for t in &table {
-            let quantised = matches!(
-                t.role,
-                Role::Attention | Role::DenseMlp | Role::Latent | Role::SharedExpert | Role::Head
-            );
-            if let ([r, c], true) = (t.shape.as_slice(), quantised) {
-                let q = (r * c + 4 * r) as u64;
-                total = total - t.bytes() + q.min(t.bytes());
-            }
-        }
-    }
-    total
+    let f = fathom_model::kimi_k3::memory_facts(spec);
+    let spine = if int8 {
+        f.spine_int8_bytes
+    } else {
+        f.spine_bytes
+    };
+    spine - f.embedding_bytes + f.embedding_bytes / f.vocab_size.max(1) as u64
 }
 
 /// Which resource bounds an arm's decode.

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use fathom_model::kimi_k3::config::K3Spec;
 use fathom_model::kv::{KvConfig, KvDtype};
 use fathom_model::{CausalLm, LoadOptions, Spine};
 use fathom_stream::budget::{KvPlan, Ledger, check_budget, default_budget};
@@ -331,8 +330,8 @@ pub fn load_model_with(
     check_model_dir(dir)?;
     fathom_model::registry::detect(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    // The RAM ledger reads the K3 spec (the only family so far).
-    let spec = K3Spec::from_dir(dir)
+    // The RAM ledger reads the family's memory facts (config.json only).
+    let spec = fathom_model::memory::memory_facts(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
     let (budget, budget_source) = mem.budget()?;
     let max_inflight = if mem.no_prefetch {

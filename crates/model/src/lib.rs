@@ -15,6 +15,7 @@ pub mod kimi_linear;
 pub mod kv;
 pub mod linear;
 pub mod lm;
+pub mod memory;
 pub mod mlp;
 pub mod moe;
 pub mod qwen3_moe;

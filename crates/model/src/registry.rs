@@ -40,6 +40,8 @@ pub struct Architecture {
     /// `architectures` entries it reads.
     pub architectures: &'static [&'static str],
     pub load: fn(&Path, LoadOptions) -> Result<Arc<dyn CausalLm>>,
+    /// What the RAM ledger needs, from config.json alone.
+    pub memory: fn(&Path) -> Result<crate::memory::MemoryFacts>,
 }
 
 /// Every architecture fathom runs.

@@ -13,9 +13,8 @@
 //! inspect --ram-budget` prints them.
 
 use fathom_model::Spine;
-use fathom_model::kimi_k3::config::{AttnKind, K3Spec};
-use fathom_model::kimi_k3::tensors::{Role, TensorSpec, expert_bytes, tensor_table};
 use fathom_model::kv::{BLOCK_ROWS, KvDtype};
+use fathom_model::memory::MemoryFacts;
 use fathom_weights::IO_ALIGN;
 use fathom_weights::units::format_bytes;
 
@@ -62,7 +61,7 @@ impl KvPlan {
     /// `share` (default: a quarter of `budget`); nothing beyond what is
     /// needed is kept.
     pub fn new(
-        spec: &K3Spec,
+        spec: &MemoryFacts,
         context: usize,
         sequences: usize,
         dtype: KvDtype,
@@ -81,100 +80,54 @@ impl KvPlan {
     }
 }
 
-/// Latent rows of one sequence for `context` tokens stored as `dtype`, in
-/// whole cache blocks, over every MLA layer.
-pub fn kv_bytes(spec: &K3Spec, context: usize, dtype: KvDtype) -> u64 {
-    let mla_layers = spec
-        .attn_kinds
-        .iter()
-        .filter(|k| **k == AttnKind::Mla)
-        .count() as u64;
+/// Attention-cache rows of one sequence for `context` tokens stored as
+/// `dtype`, in whole cache blocks, over every layer that keeps a cache.
+pub fn kv_bytes(spec: &MemoryFacts, context: usize, dtype: KvDtype) -> u64 {
     let rows = (context as u64).div_ceil(BLOCK_ROWS as u64) * BLOCK_ROWS as u64;
-    mla_layers
-        .saturating_mul(dtype.bytes() as u64 * spec.mla_cache_width() as u64)
+    spec.cache_floats_per_token
+        .saturating_mul(dtype.bytes() as u64)
         .saturating_mul(rows)
 }
 
 /// Bytes of the resident spine as loaded (stored precision).
-pub fn spine_bytes(spec: &K3Spec) -> u64 {
-    spine_bytes_for(spec, Spine::Bf16)
+pub fn spine_bytes(spec: &MemoryFacts) -> u64 {
+    spec.spine_bytes
 }
 
 /// Bytes of the resident spine in representation `repr`.
-pub fn spine_bytes_for(spec: &K3Spec, repr: Spine) -> u64 {
-    tensor_table(spec)
-        .iter()
-        .filter(|t| t.role.is_spine())
-        .map(|t| match repr {
-            Spine::Bf16 => t.bytes(),
-            Spine::Int8 => int8_bytes(t),
-        })
-        .sum()
-}
-
-/// Whether `K3Weights::quantize_spine_int8` turns this tensor into int8:
-/// every projection matrix of attention, the dense MLP, the LatentMoE
-/// down/up projections, the shared experts and the head. The embedding (a
-/// row lookup), the routers (their scores pick the experts), the conv taps
-/// (3-D), vectors and the `[1, d]` attention-residual queries stay as stored.
-fn quantised_to_int8(t: &TensorSpec) -> bool {
-    t.shape.len() == 2
-        && matches!(
-            t.role,
-            Role::Attention | Role::DenseMlp | Role::Latent | Role::SharedExpert | Role::Head
-        )
-}
-
-/// One spine tensor after `--spine int8`: 1 byte per weight plus an f32
-/// scale per row for a quantised matrix, its stored bytes otherwise.
-fn int8_bytes(t: &TensorSpec) -> u64 {
-    match t.shape.as_slice() {
-        [rows, cols] if quantised_to_int8(t) => (rows * cols + 4 * rows) as u64,
-        _ => t.bytes(),
+pub fn spine_bytes_for(spec: &MemoryFacts, repr: Spine) -> u64 {
+    match repr {
+        Spine::Bf16 => spec.spine_bytes,
+        Spine::Int8 => spec.spine_int8_bytes,
     }
 }
 
-/// KDA recurrent state (`H·K·K` fp32 per layer) and three conv windows of
-/// `kernel − 1` rows of width `H·K` fp32 per layer; independent of context.
-pub fn kda_state_bytes(spec: &K3Spec) -> u64 {
-    let kda_layers = spec.attn_kinds.iter().filter(|k| **k == AttnKind::Kda);
-    let per_layer = 4
-        * (spec.kda_heads * spec.kda_head_dim * spec.kda_head_dim
-            + 3 * (spec.conv_kernel - 1) * spec.kda_width()) as u64;
-    kda_layers.count() as u64 * per_layer
-}
-
-/// MLA latent rows: `kv_lora_rank + qk_rope_head_dim` fp32 per token per layer.
-pub fn mla_state_bytes(spec: &K3Spec, context: usize) -> u64 {
-    let mla_layers = spec.attn_kinds.iter().filter(|k| **k == AttnKind::Mla);
-    mla_layers.count() as u64 * 4 * (spec.mla_cache_width() * context) as u64
-}
-
-/// Sequence state for `context` tokens: KDA matrices + conv windows, MLA latent rows.
-pub fn state_bytes(spec: &K3Spec, context: usize) -> u64 {
-    kda_state_bytes(spec) + mla_state_bytes(spec, context)
+/// Per-sequence state that does not grow with the context (K3: KDA
+/// recurrent state and conv windows).
+pub fn kda_state_bytes(spec: &MemoryFacts) -> u64 {
+    spec.fixed_state_bytes
 }
 
 /// Working memory for passes of `positions` tokens: the process baseline,
 /// fp32 logits for every position, 64 hidden-sized fp32 rows per position
 /// (a dozen per decoder block: generous and simple) and, per position,
-/// `top_k` experts' fp32 intermediates (`2·F + L` each).
-pub fn scratch_bytes(spec: &K3Spec, positions: usize) -> u64 {
+/// `top_k` experts' fp32 intermediates (K3: `2·F + L` each).
+pub fn scratch_bytes(spec: &MemoryFacts, positions: usize) -> u64 {
     let (p, d) = (positions as u64, spec.hidden_size as u64);
-    let expert = (spec.top_k * (2 * spec.moe_intermediate_size + spec.latent_size)) as u64;
+    let expert = (spec.top_k * spec.expert_scratch_floats) as u64;
     BASELINE + 4 * p * (spec.vocab_size as u64 + 64 * d) + 4 * p * expert
 }
 
 /// Expert reads in flight plus the experts of the layer being computed
 /// (`top_k` per position), each [`expert_ram_bytes`].
-pub fn io_buffer_bytes(spec: &K3Spec, positions: usize, max_inflight: usize) -> u64 {
+pub fn io_buffer_bytes(spec: &MemoryFacts, positions: usize, max_inflight: usize) -> u64 {
     (max_inflight + spec.top_k * positions) as u64 * expert_ram_bytes(spec)
 }
 
 /// RAM for one streamed expert: its bytes plus up to two 4 KiB blocks of
 /// alignment slack from the direct read.
-pub fn expert_ram_bytes(spec: &K3Spec) -> u64 {
-    (expert_bytes(spec)).div_ceil(IO_ALIGN as u64) * IO_ALIGN as u64 + IO_ALIGN as u64
+pub fn expert_ram_bytes(spec: &MemoryFacts) -> u64 {
+    spec.expert_bytes.div_ceil(IO_ALIGN as u64) * IO_ALIGN as u64 + IO_ALIGN as u64
 }
 
 impl Ledger {
@@ -182,7 +135,7 @@ impl Ledger {
     /// tokens per pass, with `max_inflight` reads in flight, the spine
     /// counted as stored.
     pub fn plan(
-        spec: &K3Spec,
+        spec: &MemoryFacts,
         budget: u64,
         context: usize,
         positions: usize,
@@ -193,7 +146,7 @@ impl Ledger {
 
     /// [`Ledger::plan`] with the spine counted in representation `spine`.
     pub fn plan_for(
-        spec: &K3Spec,
+        spec: &MemoryFacts,
         spine: Spine,
         budget: u64,
         context: usize,
@@ -206,7 +159,7 @@ impl Ledger {
 
     /// [`Ledger::plan_for`] with the latent cache placed by `kv`.
     pub fn plan_kv(
-        spec: &K3Spec,
+        spec: &MemoryFacts,
         spine: Spine,
         budget: u64,
         context: usize,
@@ -220,7 +173,7 @@ impl Ledger {
     /// The fixed parts alone, with an empty expert cache: `budget` is their
     /// sum, the least budget that works.
     pub fn minimum(
-        spec: &K3Spec,
+        spec: &MemoryFacts,
         spine: Spine,
         context: usize,
         kv: KvPlan,
@@ -252,7 +205,7 @@ impl Ledger {
     /// Gives what `budget` leaves after the fixed parts to the expert cache,
     /// in whole experts (at most every expert of the model); fails naming
     /// the parts when they alone exceed it.
-    pub fn with_budget(self, spec: &K3Spec, budget: u64) -> Result<Self, String> {
+    pub fn with_budget(self, spec: &MemoryFacts, budget: u64) -> Result<Self, String> {
         let fixed = self.fixed();
         if fixed > budget {
             return Err(format!(
@@ -276,7 +229,7 @@ impl Ledger {
                 fixed.div_ceil(1_000_000)
             ));
         }
-        let total_experts = spec.moe_layers().count() * spec.num_experts;
+        let total_experts = spec.total_experts();
         let cache_experts = (((budget - fixed) / self.expert_bytes) as usize).min(total_experts);
         Ok(Ledger {
             budget,
@@ -287,8 +240,8 @@ impl Ledger {
     }
 
     /// Whether every expert fits in the cache (streaming would only warm it).
-    pub fn holds_every_expert(&self, spec: &K3Spec) -> bool {
-        self.cache_experts >= spec.moe_layers().count() * spec.num_experts
+    pub fn holds_every_expert(&self, spec: &MemoryFacts) -> bool {
+        self.cache_experts >= spec.total_experts()
     }
 
     /// A few lines for humans.
@@ -364,8 +317,8 @@ pub fn default_budget() -> (u64, String) {
 mod tests {
     use super::*;
 
-    fn tiny() -> K3Spec {
-        K3Spec::from_dir(
+    fn tiny() -> MemoryFacts {
+        fathom_model::memory::memory_facts(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../model/tests/data/k3-tiny/checkpoint"),
         )

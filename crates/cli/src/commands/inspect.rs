@@ -128,10 +128,18 @@ fn max_inflight(spec: &K3Spec) -> usize {
 /// The budget ledger of one spine representation: its fields, plus whether
 /// it fits, the least budget that would, and the cached share of experts.
 fn ledger(spec: &K3Spec, spine: Spine, budget: u64, kv: &KvArgs) -> Result<Value> {
-    let plan = KvPlan::new(spec, kv.context, 1, kv.dtype, kv.ram, budget);
-    let min = Ledger::minimum(spec, spine, kv.context, plan, POSITIONS, max_inflight(spec));
+    let facts = fathom_model::kimi_k3::memory_facts(spec);
+    let plan = KvPlan::new(&facts, kv.context, 1, kv.dtype, kv.ram, budget);
+    let min = Ledger::minimum(
+        &facts,
+        spine,
+        kv.context,
+        plan,
+        POSITIONS,
+        max_inflight(spec),
+    );
     let fixed = min.fixed();
-    let (fits, l) = match min.clone().with_budget(spec, budget) {
+    let (fits, l) = match min.clone().with_budget(&facts, budget) {
         Ok(l) => (true, l),
         Err(_) => (false, Ledger { budget, ..min }),
     };
@@ -170,10 +178,11 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
     let moe_layers = spec.moe_layers().count() as u64;
     let eb = expert_bytes(spec);
     let routed_per_token = spec.top_k as u64 * eb * moe_layers;
-    let (kda, mla) = (kda_state_bytes(spec), kv_bytes(spec, context, kv.dtype));
+    let facts = fathom_model::kimi_k3::memory_facts(spec);
+    let (kda, mla) = (kda_state_bytes(&facts), kv_bytes(&facts, context, kv.dtype));
     let (bf16, int8) = (
-        spine_bytes_for(spec, Spine::Bf16),
-        spine_bytes_for(spec, Spine::Int8),
+        spine_bytes_for(&facts, Spine::Bf16),
+        spine_bytes_for(&facts, Spine::Int8),
     );
     // The embedding is never quantised: a token reads one stored row of it.
     let emb = components
@@ -209,7 +218,7 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
         "components": comps,
         "total": {"params": params, "bytes": bytes},
         "expert_bytes": eb,
-        "expert_ram_bytes": expert_ram_bytes(spec),
+        "expert_ram_bytes": expert_ram_bytes(&facts),
         "experts_total": spec.num_experts as u64 * moe_layers,
         "spine": {"bf16_bytes": bf16, "int8_bytes": int8},
         "per_token": {
@@ -219,8 +228,8 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
         },
         "state": {"context": context, "kda_bytes": kda, "mla_bytes": mla, "total_bytes": kda + mla,
                   "kv_dtype": kv.dtype.name()},
-        "scratch_bytes": scratch_bytes(spec, POSITIONS),
-        "io_buffers_bytes": io_buffer_bytes(spec, POSITIONS, max_inflight(spec)),
+        "scratch_bytes": scratch_bytes(&facts, POSITIONS),
+        "io_buffers_bytes": io_buffer_bytes(&facts, POSITIONS, max_inflight(spec)),
         "ledger": ledgers,
         "files": files,
     }))

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use fathom_weights::Checkpoint;
 
-use self::config::K3Spec;
+use self::config::{AttnKind, K3Spec};
 use self::state::SequenceState;
 use self::weights::K3Weights;
 use crate::error::Result;
@@ -41,7 +41,51 @@ pub const ARCHITECTURE: Architecture = Architecture {
     model_types: &["kimi_k3"],
     architectures: &["KimiK3ForConditionalGeneration", "KimiK3ForCausalLM"],
     load: load_lm,
+    memory,
 };
+
+fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
+    Ok(memory_facts(&K3Spec::from_dir(dir)?))
+}
+
+/// What the RAM ledger needs to know about a K3 model.
+pub fn memory_facts(spec: &K3Spec) -> crate::memory::MemoryFacts {
+    use tensors::Role;
+    let table = tensors::tensor_table(spec);
+    // The int8 spine quantises every 2-D projection of attention, the dense
+    // MLP, the LatentMoE projections, the shared experts and the head.
+    let [spine, int8, emb, _] =
+        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
+            shape: &t.shape,
+            bytes: t.bytes(),
+            embedding: t.role == Role::Embedding,
+            routed_expert: t.role == Role::RoutedExpert,
+            int8: matches!(
+                t.role,
+                Role::Attention | Role::DenseMlp | Role::Latent | Role::SharedExpert | Role::Head
+            ),
+        }));
+    let kinds = |k: AttnKind| spec.attn_kinds.iter().filter(|x| **x == k).count() as u64;
+    let kda_layer = 4
+        * (spec.kda_heads * spec.kda_head_dim * spec.kda_head_dim
+            + 3 * (spec.conv_kernel - 1) * spec.kda_width()) as u64;
+    crate::memory::MemoryFacts {
+        family: ARCHITECTURE.family,
+        hidden_size: spec.hidden_size,
+        vocab_size: spec.vocab_size,
+        spine_bytes: spine,
+        spine_int8_bytes: int8,
+        embedding_bytes: emb,
+        fixed_state_bytes: kinds(AttnKind::Kda) * kda_layer,
+        cache_floats_per_token: kinds(AttnKind::Mla) * spec.mla_cache_width() as u64,
+        top_k: spec.top_k,
+        moe_layers: spec.moe_layers().count(),
+        num_experts: spec.num_experts,
+        expert_bytes: tensors::expert_bytes(spec),
+        expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.latent_size,
+        max_position_embeddings: spec.max_position_embeddings,
+    }
+}
 
 fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
     let mut m = match opts.experts {

@@ -43,7 +43,52 @@ pub const ARCHITECTURE: Architecture = Architecture {
     model_types: &["kimi_linear"],
     architectures: &["KimiLinearForCausalLM"],
     load: load_lm,
+    memory,
 };
+
+fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
+    Ok(memory_facts(&KimiLinearSpec::from_dir(dir)?))
+}
+
+/// What the RAM ledger needs to know about a Kimi-Linear model.
+pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
+    use crate::hybrid::AttnKind;
+    let table = tensors::tensor_table(spec);
+    // The int8 spine quantises attention, dense-MLP, shared-expert and head matrices.
+    let [spine, int8, emb, routed] =
+        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
+            shape: &t.shape,
+            bytes: t.bytes(),
+            embedding: t.role == Role::Embedding,
+            routed_expert: t.role == Role::RoutedExpert,
+            int8: matches!(
+                t.role,
+                Role::Attention | Role::DenseMlp | Role::SharedExpert | Role::Head
+            ),
+        }));
+    let dims = spec.hybrid_dims();
+    let kinds = |k: AttnKind| dims.attn_kinds.iter().filter(|x| **x == k).count() as u64;
+    let k = &dims.kda;
+    let kda_layer =
+        4 * (k.heads * k.head_dim * k.head_dim + 3 * (k.conv_kernel - 1) * k.width()) as u64;
+    let moe_layers = spec.moe_layers().count();
+    crate::memory::MemoryFacts {
+        family: ARCHITECTURE.family,
+        hidden_size: spec.hidden_size,
+        vocab_size: spec.vocab_size,
+        spine_bytes: spine,
+        spine_int8_bytes: int8,
+        embedding_bytes: emb,
+        fixed_state_bytes: kinds(AttnKind::Kda) * kda_layer,
+        cache_floats_per_token: kinds(AttnKind::Mla) * dims.mla.cache_width() as u64,
+        top_k: spec.top_k,
+        moe_layers,
+        num_experts: spec.num_experts,
+        expert_bytes: routed / (moe_layers * spec.num_experts).max(1) as u64,
+        expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.hidden_size,
+        max_position_embeddings: spec.max_position_embeddings,
+    }
+}
 
 fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
     let mut m = match opts.experts {

@@ -45,7 +45,43 @@ pub const ARCHITECTURE: Architecture = Architecture {
     model_types: &["qwen3_moe"],
     architectures: &["Qwen3MoeForCausalLM"],
     load: load_lm,
+    memory,
 };
+
+fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
+    Ok(memory_facts(&Qwen3MoeSpec::from_dir(dir)?))
+}
+
+/// What the RAM ledger needs to know about a Qwen3-MoE model.
+pub fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
+    let table = tensors::tensor_table(spec);
+    // The int8 spine quantises the attention projections, dense MLPs and head.
+    let [spine, int8, emb, routed] =
+        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
+            shape: &t.shape,
+            bytes: t.bytes(),
+            embedding: t.role == Role::Embedding,
+            routed_expert: t.role == Role::RoutedExpert,
+            int8: matches!(t.role, Role::Attention | Role::DenseMlp | Role::Head),
+        }));
+    let moe_layers = spec.moe_layers().count();
+    crate::memory::MemoryFacts {
+        family: ARCHITECTURE.family,
+        hidden_size: spec.hidden_size,
+        vocab_size: spec.vocab_size,
+        spine_bytes: spine,
+        spine_int8_bytes: int8,
+        embedding_bytes: emb,
+        fixed_state_bytes: 0,
+        cache_floats_per_token: (spec.num_layers * spec.kv_width()) as u64,
+        top_k: spec.top_k,
+        moe_layers,
+        num_experts: spec.num_experts,
+        expert_bytes: routed / (moe_layers * spec.num_experts).max(1) as u64,
+        expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.hidden_size,
+        max_position_embeddings: spec.max_position_embeddings,
+    }
+}
 
 fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
     let mut m = match opts.experts {

@@ -1,0 +1,87 @@
+//! What the RAM ledger needs to know about a model, whatever its family,
+//! from `config.json` alone (before any weight is read).
+//!
+//! Each family computes its [`MemoryFacts`] from its own typed spec and
+//! tensor table; the ledger (`fathom-stream::budget`), the loader and the
+//! bench read only these numbers.
+
+use std::path::Path;
+
+use crate::error::Result;
+
+/// A model's memory-relevant figures.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MemoryFacts {
+    pub family: &'static str,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    /// Resident spine (everything but the routed experts) as stored.
+    pub spine_bytes: u64,
+    /// The same after `--spine int8` (quantised matrices: one byte per
+    /// weight plus an fp32 scale per row).
+    pub spine_int8_bytes: u64,
+    /// The embedding table (a token reads one row of it).
+    pub embedding_bytes: u64,
+    /// Per-sequence state that does not grow with the context (recurrent
+    /// state, convolution windows).
+    pub fixed_state_bytes: u64,
+    /// Attention-cache floats per token, summed over the layers that keep one.
+    pub cache_floats_per_token: u64,
+    pub top_k: usize,
+    /// Layers with routed experts, and experts per such layer.
+    pub moe_layers: usize,
+    pub num_experts: usize,
+    /// Bytes of one routed expert as stored.
+    pub expert_bytes: u64,
+    /// fp32 intermediates one expert computes per row.
+    pub expert_scratch_floats: usize,
+    pub max_position_embeddings: Option<usize>,
+}
+
+impl MemoryFacts {
+    /// Every routed expert of the model.
+    pub fn total_experts(&self) -> usize {
+        self.moe_layers * self.num_experts
+    }
+}
+
+/// Bytes of a spine tensor of `shape` stored in `stored` bytes after
+/// `--spine int8`, when `quantised` (2-D matrices only) — else as stored.
+pub fn int8_bytes(shape: &[usize], stored: u64, quantised: bool) -> u64 {
+    match shape {
+        [rows, cols] if quantised => (rows * cols + 4 * rows) as u64,
+        _ => stored,
+    }
+}
+
+/// The facts of the model in `dir`, by the family its config names.
+pub fn memory_facts(dir: &Path) -> Result<MemoryFacts> {
+    (crate::registry::detect(dir)?.memory)(dir)
+}
+
+/// One tensor of a family's table as the ledger sees it.
+pub struct TensorBytes<'a> {
+    pub shape: &'a [usize],
+    pub bytes: u64,
+    pub embedding: bool,
+    pub routed_expert: bool,
+    /// Quantised by `--spine int8`.
+    pub int8: bool,
+}
+
+/// (spine, spine after int8, embedding, routed experts) bytes of a table.
+pub fn table_sums<'a>(table: impl Iterator<Item = TensorBytes<'a>>) -> [u64; 4] {
+    let mut s = [0u64; 4];
+    for t in table {
+        if t.routed_expert {
+            s[3] += t.bytes;
+            continue;
+        }
+        s[0] += t.bytes;
+        s[1] += int8_bytes(t.shape, t.bytes, t.int8);
+        if t.embedding {
+            s[2] += t.bytes;
+        }
+    }
+    s
+}
