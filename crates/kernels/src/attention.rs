@@ -196,12 +196,14 @@ fn split_partial_tiled(
                 put(h0, dot_lanes(lat, ql(h0)), dot_lanes(kr, qr(h0)));
             }
         }
-        for (j, r) in rows.chunks_exact(w).enumerate() {
-            let lat = &r[..lora];
-            for hh in h0..h1 {
-                let p = (s[hh * len + j] - m[hh]).exp();
-                l[hh] += p;
-                for (cv, &x) in c[hh * lora..(hh + 1) * lora].iter_mut().zip(lat) {
+        if full {
+            tile_context(&s, &m, &mut l, &mut c, rows, (h0, len, lora, w));
+        } else {
+            for (j, r) in rows.chunks_exact(w).enumerate() {
+                let lat = &r[..lora];
+                let p = (s[h0 * len + j] - m[h0]).exp();
+                l[h0] += p;
+                for (cv, &x) in c[h0 * lora..(h0 + 1) * lora].iter_mut().zip(lat) {
                     *cv = p.mul_add(x, *cv);
                 }
             }
@@ -209,6 +211,55 @@ fn split_partial_tiled(
         h0 = h1;
     }
     Partial { m, l, c }
+}
+
+/// One full head tile's softmax weights (row order, summed into `l`) and
+/// context rows: eight columns at a time, the tile's eight accumulators
+/// kept in registers while the split's rows stream past — each context
+/// value still `fma(p_j, lat_j, ·)` over the rows in order from zero.
+#[inline(always)]
+fn tile_context(
+    s: &[f32],
+    m: &[f32],
+    l: &mut [f32],
+    c: &mut [f32],
+    rows: &[f32],
+    (h0, len, lora, w): (usize, usize, usize, usize),
+) {
+    let mut p = vec![0f32; HEAD_TILE * len];
+    for k in 0..HEAD_TILE {
+        let hh = h0 + k;
+        for j in 0..len {
+            let v = (s[hh * len + j] - m[hh]).exp();
+            p[k * len + j] = v;
+            l[hh] += v;
+        }
+    }
+    let body = lora / 8 * 8;
+    for cc in (0..body).step_by(8) {
+        let mut acc = [[0f32; 8]; HEAD_TILE];
+        for j in 0..len {
+            let x = &rows[j * w + cc..j * w + cc + 8];
+            for (k, a) in acc.iter_mut().enumerate() {
+                let pk = p[k * len + j];
+                for i in 0..8 {
+                    a[i] = pk.mul_add(x[i], a[i]);
+                }
+            }
+        }
+        for (k, a) in acc.iter().enumerate() {
+            c[(h0 + k) * lora + cc..][..8].copy_from_slice(a);
+        }
+    }
+    for cc in body..lora {
+        for k in 0..HEAD_TILE {
+            let mut a = 0f32;
+            for j in 0..len {
+                a = p[k * len + j].mul_add(rows[j * w + cc], a);
+            }
+            c[(h0 + k) * lora + cc] = a;
+        }
+    }
 }
 
 /// The order-defining loop: per row, per head, the score; then per row,
@@ -285,6 +336,35 @@ impl Merged {
             }
             self.m[hh] = m;
         }
+    }
+
+    /// Merges `parts` in order, every head independently (heads run in
+    /// parallel; each head's fold is the same sequence as [`Merged::add`]).
+    pub(crate) fn add_all(&mut self, parts: &[Partial]) {
+        let dim = self.dim;
+        let min = (1usize << 14).div_ceil((parts.len() * dim).max(1)).max(1);
+        self.c
+            .par_chunks_mut(dim.max(1))
+            .zip(self.m.par_iter_mut())
+            .zip(self.l.par_iter_mut())
+            .enumerate()
+            .with_min_len(min)
+            .for_each(|(hh, ((c, m), l))| {
+                for p in parts {
+                    let mn = m.max(p.m[hh]);
+                    let a = if *m == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (*m - mn).exp()
+                    };
+                    let b = (p.m[hh] - mn).exp();
+                    *l = *l * a + p.l[hh] * b;
+                    for (cv, &x) in c.iter_mut().zip(&p.c[hh * dim..(hh + 1) * dim]) {
+                        *cv = *cv * a + x * b;
+                    }
+                    *m = mn;
+                }
+            });
     }
 
     pub(crate) fn finish(self, out: &mut [f32]) {
@@ -404,9 +484,7 @@ impl<'q> MlaAccum<'q> {
                 .par_iter()
                 .map(|&(k, len)| split_partial(sh, blocks, q, local(k), len))
                 .collect();
-            for p in &parts {
-                self.merged[0].add(p);
-            }
+            self.merged[0].add_all(&parts);
             return;
         }
         self.merged

@@ -218,9 +218,7 @@ impl<'q> GqaAccum<'q> {
                 .par_iter()
                 .map(|&(k, len)| split_partial(sh, blocks, q, k - first, len))
                 .collect();
-            for p in &parts {
-                self.merged[0].add(p);
-            }
+            self.merged[0].add_all(&parts);
             return;
         }
         self.merged

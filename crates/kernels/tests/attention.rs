@@ -57,6 +57,8 @@ fn any_grouping_or_thread_count_gives_the_twin_bit_for_bit() {
         (2, 64, 0, SPLIT + 1),
         // Two full head tiles and a remainder.
         (19, 40, 12, SPLIT + 5),
+        // A full tile whose context width is not a multiple of 8.
+        (9, 13, 4, SPLIT + 3),
     ] {
         let sh = MlaShape {
             heads,
