@@ -8,7 +8,7 @@
 //!
 //! [`ResidentExperts`] keeps every expert in RAM; the streamed and CUDA
 //! sources of later issues implement the same trait. Experts are MXFP4
-//! (K3) or bf16 (Kimi-Linear, Qwen3-MoE); [`ExpertWeights::matmul`] applies either.
+//! (K3) or bf16 (Kimi-Linear, Qwen3-MoE, DeepSeek-V3); [`ExpertWeights::matmul`] applies either.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +19,8 @@ use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
 use crate::error::{ModelError, Result};
 
 /// `[rows, cols]` of an expert's three matrices, in the order the family's
-/// expert table lists them (K3, Kimi-Linear: w1, w2, w3; Qwen3-MoE: gate, up, down).
+/// expert table lists them (K3, Kimi-Linear: w1, w2, w3; Qwen3-MoE: gate, up, down;
+/// DeepSeek-V3: gate, down, up — the w1, w2, w3 roles).
 pub type ExpertShapes = [[usize; 2]; 3];
 
 /// How a routed expert's matrices are stored.

@@ -5,6 +5,7 @@
 
 pub mod batch;
 mod bind;
+pub mod deepseek_v3;
 pub mod error;
 pub mod eval;
 pub mod experts;
@@ -13,15 +14,18 @@ pub mod hybrid;
 pub mod kimi_k3;
 pub mod kimi_linear;
 pub mod kv;
+pub mod kv_state;
 pub mod linear;
 pub mod lm;
 pub mod mlp;
 pub mod moe;
 pub mod qwen3_moe;
 pub mod registry;
+pub mod rotary;
 mod state_codec;
 pub mod trace;
 
+pub use deepseek_v3::DeepseekV3Model;
 pub use error::{ModelError, Result};
 pub use kimi_k3::K3Model;
 pub use kimi_linear::KimiLinearModel;

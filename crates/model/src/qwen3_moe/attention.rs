@@ -22,35 +22,7 @@ use super::weights::AttnWeights;
 use crate::batch::Segment;
 use crate::error::Result;
 use crate::kv::PagedRows;
-
-/// The rotary angles of every row of a step: `cos`, `sin`, `[N, head_dim/2]`.
-pub struct Angles {
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
-    half: usize,
-}
-
-impl Angles {
-    /// Angles of the positions `starts[i] + j` of segment `segs[i]`'s rows.
-    pub fn new(rope: &Rope, segs: &[Segment], starts: &[usize]) -> Self {
-        let half = rope.head_dim() / 2;
-        let n = segs.last().map_or(0, |s| s.end);
-        let mut cos = vec![0f32; n * half];
-        let mut sin = vec![0f32; n * half];
-        for (seg, &p0) in segs.iter().zip(starts) {
-            for (j, r) in seg.clone().enumerate() {
-                let (c, s) = (&mut cos[r * half..][..half], &mut sin[r * half..][..half]);
-                rope.angles(p0 + j, c, s);
-            }
-        }
-        Angles { cos, sin, half }
-    }
-
-    fn row(&self, r: usize) -> (&[f32], &[f32]) {
-        let h = self.half;
-        (&self.cos[r * h..][..h], &self.sin[r * h..][..h])
-    }
-}
+use crate::rotary::Angles;
 
 /// Attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences (`segs[i]` are sequence i's rows, `caches[i]` its
