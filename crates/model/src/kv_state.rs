@@ -1,13 +1,13 @@
 //! The sequence state of a family whose every layer keeps one cached row
-//! per past token (Qwen3-MoE: keys after norm and RoPE, then values;
-//! DeepSeek-V3: the normalised latent, then the rotated shared key), in
-//! paged blocks shared with forks until written.
+//! per past token (Qwen3-MoE, GPT-OSS: keys after norm and RoPE, then
+//! values; DeepSeek-V3: the normalised latent, then the rotated shared
+//! key), in paged blocks shared with forks until written.
 //!
 //! Every layer holds exactly `pos` rows, so a snapshot, an undo mark and an
 //! open speculative pass are just a position: going back truncates the
 //! rows, which is bit-identical to never having fed the rest.
 //!
-//! Saved bytes, little-endian: the family's magic (`Q3ST`, `DSST`), version
+//! Saved bytes, little-endian: the family's magic (`Q3ST`, `DSST`, `GOST`), version
 //! `u32`, `pos: u64`, layer count `u32`, then per layer the row width `u32`
 //! and the rows (`u64` length + f32s, `pos · width` of them). Decoding
 //! checks every length against the model's dimensions before allocating.

@@ -10,6 +10,8 @@ pub mod error;
 pub mod eval;
 pub mod experts;
 mod fields;
+pub mod gpt_oss;
+pub mod gqa;
 pub mod hybrid;
 pub mod kimi_k3;
 pub mod kimi_linear;
@@ -27,6 +29,7 @@ pub mod trace;
 
 pub use deepseek_v3::DeepseekV3Model;
 pub use error::{ModelError, Result};
+pub use gpt_oss::GptOssModel;
 pub use kimi_k3::K3Model;
 pub use kimi_linear::KimiLinearModel;
 pub use kv::{KvConfig, KvDtype, KvPool, KvSpill, KvStats};

@@ -48,6 +48,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     crate::kimi_linear::ARCHITECTURE,
     crate::qwen3_moe::ARCHITECTURE,
     crate::deepseek_v3::ARCHITECTURE,
+    crate::gpt_oss::ARCHITECTURE,
 ];
 
 #[derive(serde::Deserialize)]
@@ -163,6 +164,8 @@ mod tests {
         }
         let by_arch = r#"{"architectures": ["DeepseekV3ForCausalLM"]}"#;
         assert_eq!(detect_json(by_arch).unwrap().family, "DeepSeek-V3");
+        let oss = r#"{"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}"#;
+        assert_eq!(detect_json(oss).unwrap().family, "GPT-OSS");
     }
 
     #[test]

@@ -230,6 +230,7 @@ pub fn expert_table(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Result<ExpertTabl
                     (get(EXPERT_MATRICES[1])?, None),
                     (get(EXPERT_MATRICES[2])?, None),
                 ],
+                format: ExpertFormat::Bf16,
             });
         }
         layers[l] = v;
