@@ -1,6 +1,6 @@
 //! Every family runs through the same commands: `fathom run` on the
-//! Qwen3-MoE and Kimi-Linear fixtures gives the reference's greedy ids,
-//! resident, streamed, drafted, and in a batch.
+//! Qwen3-MoE, Kimi-Linear, DeepSeek-V3, Kimi K2 and GPT-OSS fixtures gives
+//! the reference's greedy ids, resident, streamed, drafted, and in a batch.
 
 mod common;
 
@@ -8,6 +8,15 @@ use std::path::PathBuf;
 
 use common::fathom;
 use serde_json::Value;
+
+/// Every family's tiny fixture, with the reference's outputs.
+const FIXTURES: [&str; 5] = [
+    "qwen3_moe-tiny",
+    "kimi_linear-tiny",
+    "deepseek_v3-tiny",
+    "kimi_k2-tiny",
+    "gpt_oss-tiny",
+];
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -50,7 +59,7 @@ fn run(args: &[&str]) -> Value {
 
 #[test]
 fn run_gives_the_reference_greedy_ids_for_every_family() {
-    for name in ["qwen3_moe-tiny", "kimi_linear-tiny"] {
+    for name in FIXTURES {
         let dir = fixture(name);
         let d = dir.to_str().unwrap();
         for (i, (prompt, want)) in golden(&dir).iter().enumerate() {
@@ -87,7 +96,7 @@ fn run_gives_the_reference_greedy_ids_for_every_family() {
 
 #[test]
 fn batch_runs_every_family_exactly() {
-    for name in ["qwen3_moe-tiny", "kimi_linear-tiny"] {
+    for name in FIXTURES {
         let dir = fixture(name);
         let cases = golden(&dir);
         let lines: String = cases

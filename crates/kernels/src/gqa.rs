@@ -6,9 +6,13 @@
 //! `h` reads key/value head `h / (heads / kv_heads)`. For each head
 //!
 //! ```text
-//! s_r = (k_r[g] · q[h]) · scale
-//! out[h] = Σ_r softmax(s)_r · v_r[g]
+//! s_r = (k_r[g] · q[h]) · scale                  r in lo..n
+//! out[h] = Σ_r softmax(s, sink[h])_r · v_r[g]
 //! ```
+//! where `lo = n − window` with sliding-window attention (a query sees its
+//! latest `window` rows, itself included; else `lo = 0`), and the optional
+//! per-head sink (GPT-OSS) is one more logit in the softmax's denominator
+//! that carries no value.
 //!
 //! # Reduction order (fixed by the shapes and the row index only)
 //!
@@ -17,13 +21,16 @@
 //! absolute offsets, read in place from blocks of `SPLIT` rows; within a
 //! split the scores, the split's max, then in row order `p = exp(s − m)`,
 //! `l += p`, `c += p · v`; splits merged in order with the online-softmax
-//! rule. A query's result depends only on its own inputs and `n`.
+//! rule. A window skips the splits before `lo` and the rows before it in
+//! its first split; a sink is merged last, as a split with `m = sink`,
+//! `l = 1`, `c = 0`. A query's result depends only on its own inputs, `n`,
+//! the window and the sinks.
 //! [`gqa_attend_scalar`] is the twin that defines this order; [`gqa_attend`]
 //! must equal it bit for bit.
 
 use rayon::prelude::*;
 
-use crate::attention::{Merged, Partial, SPLIT, dot_lanes, splits};
+use crate::attention::{Merged, Partial, SPLIT, dot_lanes};
 
 /// Splits computed at a time for one query (bounds scratch memory).
 const WINDOW: usize = 64;
@@ -38,12 +45,39 @@ pub struct GqaShape {
     pub head_dim: usize,
     /// Applied to every score.
     pub scale: f32,
+    /// Sliding-window attention: a query sees at most its latest `window`
+    /// rows (itself included); `None`: every row.
+    pub window: Option<usize>,
 }
 
 impl GqaShape {
     /// Floats per cached row: keys then values.
     pub fn width(&self) -> usize {
         2 * self.kv_heads * self.head_dim
+    }
+
+    /// The first row a query seeing rows `..n` attends to.
+    pub fn first_row(&self, n: usize) -> usize {
+        self.window.map_or(0, |w| n.saturating_sub(w))
+    }
+
+    /// (split, first row, end) of every split a query seeing rows `..n`
+    /// attends to, rows counted within the split.
+    fn seen(&self, n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        let lo = self.first_row(n);
+        (lo / SPLIT..n.div_ceil(SPLIT)).map(move |k| {
+            let base = k * SPLIT;
+            (k, lo.max(base) - base, ((k + 1) * SPLIT).min(n) - base)
+        })
+    }
+}
+
+/// The sink as a last split: `m = sink`, `l = 1`, nothing to the context.
+fn sink_partial(sinks: &[f32], dim: usize) -> Partial {
+    Partial {
+        m: sinks.to_vec(),
+        l: vec![1.0; sinks.len()],
+        c: vec![0.0; sinks.len() * dim],
     }
 }
 
@@ -54,8 +88,7 @@ pub struct GqaQuery<'a> {
     pub n: usize,
 }
 
-/// The partial of split `k` (rows `k·SPLIT..` of which `len` are seen) for
-/// query `q`; compiled for AVX2 + FMA when the process's kernel set allows
+/// The partial of split `k` (its rows `from..to` seen) for query `q`; compiled for AVX2 + FMA when the process's kernel set allows
 /// it (the dot products are fused multiply-adds in every build, the
 /// context update plain multiplies and adds: same bits everywhere).
 fn split_partial(
@@ -63,14 +96,15 @@ fn split_partial(
     blocks: &[&[f32]],
     q: &GqaQuery<'_>,
     k: usize,
-    len: usize,
+    from: usize,
+    to: usize,
 ) -> Partial {
     #[cfg(target_arch = "x86_64")]
     if matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
         // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2 and FMA.
-        return unsafe { split_partial_avx2(sh, blocks, q, k, len) };
+        return unsafe { split_partial_avx2(sh, blocks, q, k, from, to) };
     }
-    split_partial_impl(sh, blocks, q, k, len)
+    split_partial_impl(sh, blocks, q, k, from, to)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -80,9 +114,10 @@ unsafe fn split_partial_avx2(
     blocks: &[&[f32]],
     q: &GqaQuery<'_>,
     k: usize,
-    len: usize,
+    from: usize,
+    to: usize,
 ) -> Partial {
-    split_partial_impl(sh, blocks, q, k, len)
+    split_partial_impl(sh, blocks, q, k, from, to)
 }
 
 #[inline(always)]
@@ -91,12 +126,14 @@ fn split_partial_impl(
     blocks: &[&[f32]],
     q: &GqaQuery<'_>,
     k: usize,
-    len: usize,
+    from: usize,
+    to: usize,
 ) -> Partial {
     let (h, d, w) = (sh.heads, sh.head_dim, sh.width());
     let kvw = sh.kv_heads * d;
     let group = h / sh.kv_heads;
-    let rows = &blocks[k][..len * w];
+    let rows = &blocks[k][from * w..to * w];
+    let len = to - from;
     let mut s = vec![0f32; h * len];
     let mut m = vec![f32::NEG_INFINITY; h];
     for (j, r) in rows.chunks_exact(w).enumerate() {
@@ -144,24 +181,39 @@ fn check(sh: &GqaShape, blocks: &[&[f32]], queries: &[GqaQuery<'_>], out: &[f32]
 }
 
 /// Every query's output `[T, heads, head_dim]` into `out`; `blocks` are the
-/// cache rows in blocks of [`SPLIT`]. Queries run in parallel; a single
-/// query's splits too.
-pub fn gqa_attend(sh: &GqaShape, blocks: &[&[f32]], queries: &[GqaQuery<'_>], out: &mut [f32]) {
+/// cache rows in blocks of [`SPLIT`]; `sinks`, if any, one logit per head.
+/// Queries run in parallel; a single query's splits too.
+pub fn gqa_attend(
+    sh: &GqaShape,
+    blocks: &[&[f32]],
+    queries: &[GqaQuery<'_>],
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+) {
     check(sh, blocks, queries, out);
     let mut acc = GqaAccum::new(*sh, queries);
-    for (i, win) in blocks.chunks(WINDOW).enumerate() {
-        acc.add(i * WINDOW, win);
+    if let Some(s) = sinks {
+        acc = acc.with_sinks(s);
+    }
+    let first = acc.first_block();
+    for (i, win) in blocks[first.min(blocks.len())..].chunks(WINDOW).enumerate() {
+        acc.add(first + i * WINDOW, win);
     }
     acc.finish(out);
 }
 
 /// [`gqa_attend`] over a cache handed in windows of consecutive blocks (a
-/// cache read back from disk a window at a time): `add` them in order,
-/// then `finish`. The same bits however the blocks are windowed.
+/// cache read back from disk a window at a time), starting at
+/// [`GqaAccum::first_block`] (earlier blocks are outside every query's
+/// window): `add` them in order, then `finish`. The same bits however the
+/// blocks are windowed.
 pub struct GqaAccum<'q> {
     sh: GqaShape,
     queries: &'q [GqaQuery<'q>],
+    sinks: Option<&'q [f32]>,
     merged: Vec<Merged>,
+    /// The first block any query attends to.
+    start: usize,
     next: usize,
     rows: usize,
 }
@@ -172,10 +224,16 @@ impl<'q> GqaAccum<'q> {
             sh.kv_heads >= 1 && sh.heads.is_multiple_of(sh.kv_heads),
             "kv_heads divides heads"
         );
+        assert!(sh.window != Some(0), "a window holds at least one row");
         for q in queries {
             assert!(q.n >= 1, "a query sees at least one row");
             assert_eq!(q.q.len(), sh.heads * sh.head_dim);
         }
+        let first = queries
+            .iter()
+            .map(|q| sh.first_row(q.n) / SPLIT)
+            .min()
+            .unwrap_or(0);
         GqaAccum {
             merged: queries
                 .iter()
@@ -183,13 +241,28 @@ impl<'q> GqaAccum<'q> {
                 .collect(),
             sh,
             queries,
-            next: 0,
-            rows: 0,
+            sinks: None,
+            start: first,
+            next: first,
+            rows: first * SPLIT,
         }
     }
 
+    /// Adds one sink logit per head to every query's softmax.
+    pub fn with_sinks(mut self, sinks: &'q [f32]) -> Self {
+        assert_eq!(sinks.len(), self.sh.heads, "one sink per head");
+        self.sinks = Some(sinks);
+        self
+    }
+
+    /// The first block any query attends to: blocks are added from here.
+    pub fn first_block(&self) -> usize {
+        self.start
+    }
+
     /// Blocks `first..first + blocks.len()` (each [`SPLIT`] rows but the
-    /// cache's last), following the previous call's.
+    /// cache's last), following the previous call's (the first call's
+    /// `first` is [`GqaAccum::first_block`]).
     pub fn add(&mut self, first: usize, blocks: &[&[f32]]) {
         assert_eq!(first, self.next, "blocks are added in order");
         let w = self.sh.width();
@@ -209,14 +282,15 @@ impl<'q> GqaAccum<'q> {
         self.next += blocks.len();
         let sh = &self.sh;
         let seen = |q: &GqaQuery<'_>| {
-            splits(q.n).filter(move |&(k, _)| k >= first && k < first + blocks.len())
+            sh.seen(q.n)
+                .filter(move |&(k, _, _)| k >= first && k < first + blocks.len())
         };
         if self.queries.len() == 1 {
             let q = &self.queries[0];
-            let all: Vec<(usize, usize)> = seen(q).collect();
+            let all: Vec<(usize, usize, usize)> = seen(q).collect();
             let parts: Vec<Partial> = all
                 .par_iter()
-                .map(|&(k, len)| split_partial(sh, blocks, q, k - first, len))
+                .map(|&(k, a, b)| split_partial(sh, blocks, q, k - first, a, b))
                 .collect();
             self.merged[0].add_all(&parts);
             return;
@@ -225,8 +299,8 @@ impl<'q> GqaAccum<'q> {
             .par_iter_mut()
             .zip(self.queries.par_iter())
             .for_each(|(m, q)| {
-                for (k, len) in seen(q) {
-                    m.add(&split_partial(sh, blocks, q, k - first, len));
+                for (k, a, b) in seen(q) {
+                    m.add(&split_partial(sh, blocks, q, k - first, a, b));
                 }
             });
     }
@@ -239,31 +313,40 @@ impl<'q> GqaAccum<'q> {
             self.queries.len() * per,
             "out is [T, heads, head_dim]"
         );
-        for (q, (m, o)) in self
+        let sink = self.sinks.map(|s| sink_partial(s, self.sh.head_dim));
+        for (q, (mut m, o)) in self
             .queries
             .iter()
             .zip(self.merged.into_iter().zip(out.chunks_exact_mut(per)))
         {
             assert!(q.n <= self.rows, "a query sees 1..=cached rows");
+            if let Some(p) = &sink {
+                m.add(p);
+            }
             m.finish(o);
         }
     }
 }
 
 /// The twin that defines the order: one query at a time, splits in turn,
-/// on the calling thread, compiled for the baseline instruction set.
+/// the sink last, on the calling thread, compiled for the baseline
+/// instruction set.
 pub fn gqa_attend_scalar(
     sh: &GqaShape,
     blocks: &[&[f32]],
     queries: &[GqaQuery<'_>],
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     check(sh, blocks, queries, out);
     let per = sh.heads * sh.head_dim;
     for (q, o) in queries.iter().zip(out.chunks_exact_mut(per)) {
         let mut merged = Merged::new(sh.heads, sh.head_dim);
-        for (k, len) in splits(q.n) {
-            merged.add(&split_partial_impl(sh, blocks, q, k, len));
+        for (k, a, b) in sh.seen(q.n) {
+            merged.add(&split_partial_impl(sh, blocks, q, k, a, b));
+        }
+        if let Some(s) = sinks {
+            merged.add(&sink_partial(s, sh.head_dim));
         }
         merged.finish(o);
     }

@@ -1,7 +1,8 @@
 //! CPU kernels. Pure functions over slices: no I/O, no model knowledge.
 //!
 //! Activations are fp32 row-major `[T, in]`; weights are stored `[out, in]`
-//! as in the checkpoint and applied as `x Wᵀ`. Every output element is one
+//! as in the checkpoint and applied as `x Wᵀ` (GPT-OSS's stacked experts,
+//! stored `[in, out]`, have their own input-major product). Every output element is one
 //! dot product whose reduction order is fixed by the kernel (32 interleaved
 //! partial sums folded in halves, see `formats`), independent of the number
 //! of threads, of T and of the instruction set: rayon only splits the output
@@ -24,4 +25,7 @@ pub mod quant;
 pub mod rope;
 
 pub use dispatch::{Isa, Kernels, kernels, supported_isas};
-pub use matmul::{matmul_bf16, matmul_bf16_bytes, matmul_f32, matmul_int8, matmul_mxfp4};
+pub use matmul::{
+    matmul_bf16, matmul_bf16_bytes, matmul_bf16_in_major_bytes, matmul_f32, matmul_int8,
+    matmul_mxfp4,
+};

@@ -159,6 +159,151 @@ pub fn matmul_mxfp4(x: &[f32], t: usize, w: Mxfp4Ref<'_>, y: &mut [f32]) {
     kernels().matmul_mxfp4(x, t, w, y)
 }
 
+/// Output columns one task of [`Kernels::matmul_bf16_in_major`] owns.
+const COLS_PER_TASK: usize = 256;
+/// Activation rows whose accumulators share each read of a weight row.
+const IN_MAJOR_ROW_TILE: usize = 4;
+
+impl Kernels {
+    /// `y[T, out] = x[T, in] · W` for bf16 weights stored input-major,
+    /// `W[in, out]` (GPT-OSS's stacked experts), given as raw bit patterns.
+    ///
+    /// Each output is `Σ_k x[k]·W[k, o]` accumulated in `k` order with a
+    /// fused multiply-add per term, from zero: the order is fixed by the
+    /// shapes, so every instruction set (the AVX2 build compiles the same
+    /// loop with FMA enabled; the baseline's `mul_add` is the library's
+    /// exact fused operation), thread count and row count gives the same
+    /// bits. Threads split the output columns.
+    pub fn matmul_bf16_in_major(
+        &self,
+        x: &[f32],
+        t: usize,
+        w: &[u16],
+        ins: usize,
+        outs: usize,
+        y: &mut [f32],
+    ) {
+        assert_eq!(x.len(), t * ins, "activation has the wrong size");
+        assert_eq!(w.len(), ins * outs, "weight has the wrong size");
+        assert_eq!(y.len(), t * outs, "output buffer has the wrong size");
+        let parallel = ins * outs >= PAR_MIN_ELEMS && rayon::current_num_threads() > 1;
+        let avx2 = matches!(self.isa, crate::Isa::Avx2 | crate::Isa::Avx512);
+        let chunks = outs.div_ceil(COLS_PER_TASK);
+        let run = |c: usize| -> Vec<f32> {
+            let cols = c * COLS_PER_TASK..((c + 1) * COLS_PER_TASK).min(outs);
+            let mut part = vec![0f32; t * cols.len()];
+            in_major_cols(avx2, x, t, w, ins, outs, cols, &mut part);
+            part
+        };
+        let parts: Vec<Vec<f32>> = if parallel {
+            (0..chunks).into_par_iter().map(run).collect()
+        } else {
+            (0..chunks).map(run).collect()
+        };
+        for (c, part) in parts.iter().enumerate() {
+            let c0 = c * COLS_PER_TASK;
+            let n = part.len() / t.max(1);
+            for ti in 0..t {
+                y[ti * outs + c0..][..n].copy_from_slice(&part[ti * n..(ti + 1) * n]);
+            }
+        }
+    }
+}
+
+/// Columns `cols` of the input-major product into `part [T, cols.len()]`,
+/// compiled for AVX2 + FMA when `avx2` (the caller's table is AVX2 or
+/// AVX-512) and for the baseline otherwise: the same fused arithmetic.
+#[allow(clippy::too_many_arguments)]
+fn in_major_cols(
+    avx2: bool,
+    x: &[f32],
+    t: usize,
+    w: &[u16],
+    ins: usize,
+    outs: usize,
+    cols: Range<usize>,
+    part: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: a table is AVX2 or AVX-512 only on CPUs that report AVX2 and FMA.
+        return unsafe { in_major_cols_avx2(x, t, w, ins, outs, cols, part) };
+    }
+    let _ = avx2;
+    in_major_cols_impl(x, t, w, ins, outs, cols, part)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn in_major_cols_avx2(
+    x: &[f32],
+    t: usize,
+    w: &[u16],
+    ins: usize,
+    outs: usize,
+    cols: Range<usize>,
+    part: &mut [f32],
+) {
+    in_major_cols_impl(x, t, w, ins, outs, cols, part)
+}
+
+/// The order-defining loop: per tile of rows, per input `k` in order, per
+/// column, `acc = fma(x[k], W[k, o], acc)`.
+#[inline(always)]
+fn in_major_cols_impl(
+    x: &[f32],
+    t: usize,
+    w: &[u16],
+    ins: usize,
+    outs: usize,
+    cols: Range<usize>,
+    part: &mut [f32],
+) {
+    let n = cols.len();
+    let mut wrow = vec![0f32; n];
+    for t0 in (0..t).step_by(IN_MAJOR_ROW_TILE) {
+        let t1 = (t0 + IN_MAJOR_ROW_TILE).min(t);
+        let acc = &mut part[t0 * n..t1 * n];
+        for k in 0..ins {
+            let src = &w[k * outs + cols.start..k * outs + cols.end];
+            for (d, &b) in wrow.iter_mut().zip(src) {
+                *d = f32::from_bits((b as u32) << 16);
+            }
+            for (ti, a) in (t0..t1).zip(acc.chunks_exact_mut(n)) {
+                let xv = x[ti * ins + k];
+                for (o, &wv) in a.iter_mut().zip(&wrow) {
+                    *o = xv.mul_add(wv, *o);
+                }
+            }
+        }
+    }
+}
+
+/// [`Kernels::matmul_bf16_in_major`] with the process-wide kernels, for
+/// weights given as little-endian bytes (used in place when 2-byte
+/// aligned, else copied once).
+pub fn matmul_bf16_in_major_bytes(
+    x: &[f32],
+    t: usize,
+    w: &[u8],
+    ins: usize,
+    outs: usize,
+    y: &mut [f32],
+) {
+    assert_eq!(w.len(), 2 * ins * outs, "weight has the wrong size");
+    // SAFETY: every bit pattern is a valid u16; align_to only hands out the
+    // aligned middle, and the result is used only when nothing is left over.
+    let (head, words, tail) = unsafe { w.align_to::<u16>() };
+    if cfg!(target_endian = "little") && head.is_empty() && tail.is_empty() {
+        return kernels().matmul_bf16_in_major(x, t, words, ins, outs, y);
+    }
+    let copied: Vec<u16> = w
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    kernels().matmul_bf16_in_major(x, t, &copied, ins, outs, y)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

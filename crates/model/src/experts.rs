@@ -8,7 +8,8 @@
 //!
 //! [`ResidentExperts`] keeps every expert in RAM; the streamed and CUDA
 //! sources of later issues implement the same trait. Experts are MXFP4
-//! (K3) or bf16 (Kimi-Linear, Qwen3-MoE); [`ExpertWeights::matmul`] applies either.
+//! (K3), bf16 (Kimi-Linear, Qwen3-MoE, DeepSeek-V3) or bf16 input-major with
+//! biases (GPT-OSS); [`ExpertWeights::matmul`] applies each.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +20,9 @@ use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
 use crate::error::{ModelError, Result};
 
 /// `[rows, cols]` of an expert's three matrices, in the order the family's
-/// expert table lists them (K3, Kimi-Linear: w1, w2, w3; Qwen3-MoE: gate, up, down).
+/// expert table lists them (K3, Kimi-Linear: w1, w2, w3; Qwen3-MoE: gate, up, down;
+/// DeepSeek-V3: gate, down, up — the w1, w2, w3 roles; GPT-OSS: gate_up, down,
+/// absent).
 pub type ExpertShapes = [[usize; 2]; 3];
 
 /// How a routed expert's matrices are stored.
@@ -30,6 +33,9 @@ pub enum ExpertFormat {
     Mxfp4,
     /// bf16, one tensor a matrix.
     Bf16,
+    /// bf16 stored input-major `[in, out]` (applied as `x·W`), each matrix
+    /// with a bf16 bias `[out]`: slices of GPT-OSS's stacked expert tensors.
+    Bf16InputMajorBias,
 }
 
 /// One routed expert's three matrices, in a single byte buffer (so a
@@ -37,8 +43,9 @@ pub enum ExpertFormat {
 #[derive(Debug)]
 pub struct ExpertWeights {
     pub buf: AlignedBuf,
-    /// For each matrix: (data offset, MXFP4 scale offset — unused for bf16)
-    /// into `buf`, and `[rows, cols]`.
+    /// For each matrix: (data offset, companion offset — the MXFP4 scales
+    /// or the bias, unused for plain bf16) into `buf`, and the stored
+    /// `[rows, cols]` (`[in, out]` for the input-major format).
     pub parts: [(usize, usize, [usize; 2]); 3],
     pub format: ExpertFormat,
 }
@@ -56,13 +63,27 @@ impl ExpertWeights {
         }
     }
 
-    /// `y [t, rows] = x [t, cols] · W_iᵀ` for matrix `i`, in its stored format.
+    /// Matrix `i` applied to `x [t, in]` in its stored format: `y [t, out]
+    /// = x · W_iᵀ` (`W_i` stored `[out, in]`), or `x · W_i + b_i` for the
+    /// input-major biased format.
     pub fn matmul(&self, i: usize, x: &[f32], t: usize, y: &mut [f32]) {
         match self.format {
             ExpertFormat::Mxfp4 => fathom_kernels::matmul_mxfp4(x, t, self.matrix(i), y),
             ExpertFormat::Bf16 => {
                 let (p, _, [r, c]) = self.parts[i];
                 fathom_kernels::matmul_bf16_bytes(x, t, &self.buf[p..p + 2 * r * c], r, c, y)
+            }
+            ExpertFormat::Bf16InputMajorBias => {
+                let (p, b, [ins, outs]) = self.parts[i];
+                let w = &self.buf[p..p + 2 * ins * outs];
+                fathom_kernels::matmul_bf16_in_major_bytes(x, t, w, ins, outs, y);
+                let bias: Vec<f32> = self.buf[b..b + 2 * outs]
+                    .chunks_exact(2)
+                    .map(|h| f32::from_bits((u16::from_le_bytes([h[0], h[1]]) as u32) << 16))
+                    .collect();
+                for row in y.chunks_exact_mut(outs) {
+                    row.iter_mut().zip(&bias).for_each(|(v, c)| *v += c);
+                }
             }
         }
     }
@@ -71,25 +92,36 @@ impl ExpertWeights {
 /// Where one expert's tensors are on disk.
 #[derive(Debug, Clone)]
 pub struct ExpertLoc {
-    /// Per matrix: the weight tensor (MXFP4 packed nibbles, or bf16) and,
-    /// for MXFP4, its scales.
+    /// Per matrix: the weight tensor (MXFP4 packed nibbles, or bf16) and
+    /// its companion (MXFP4: the scales; the input-major format: the bias).
+    /// A matrix of zero bytes is absent and never read (GPT-OSS experts
+    /// have two).
     pub parts: [(TensorLoc, Option<TensorLoc>); 3],
+    pub format: ExpertFormat,
 }
 
 impl ExpertLoc {
-    /// The expert's tensors, in order.
+    /// The expert's tensors, in order (absent ones left out).
     pub fn tensors(&self) -> impl Iterator<Item = &TensorLoc> {
         self.parts
             .iter()
             .flat_map(|(a, b)| std::iter::once(a).chain(b))
+            .filter(|t| t.len > 0)
     }
 
-    /// How the matrices are stored (scales present: MXFP4).
+    /// How the matrices are stored.
     pub fn format(&self) -> ExpertFormat {
-        if self.parts[0].1.is_some() {
-            ExpertFormat::Mxfp4
-        } else {
-            ExpertFormat::Bf16
+        self.format
+    }
+
+    /// An absent matrix (a zero-byte tensor in `shard`).
+    pub fn absent(shard: usize) -> TensorLoc {
+        TensorLoc {
+            shard,
+            offset: 0,
+            len: 0,
+            dtype: fathom_weights::Dtype::BF16,
+            shape: vec![0, 0],
         }
     }
 
@@ -98,6 +130,9 @@ impl ExpertLoc {
     /// consequence (in released files an expert's tensors are adjacent).
     pub fn span(&self) -> Option<(usize, u64, u64)> {
         let shard = self.parts[0].0.shard;
+        if self.parts.iter().any(|(p, _)| p.len == 0) {
+            return None;
+        }
         let mut lo = u64::MAX;
         let mut hi = 0;
         let mut total = 0;
@@ -155,6 +190,9 @@ impl ExpertLoc {
             let mut offsets = [0; 2];
             let (p, s) = &self.parts[i];
             for (k, t) in std::iter::once(p).chain(s).enumerate() {
+                if t.len == 0 {
+                    continue;
+                }
                 // Keep every tensor 4-byte aligned in the packed buffer.
                 bytes.resize(bytes.len().next_multiple_of(4), 0);
                 let (b, base) = read(t.shard, t.offset, t.len)?;

@@ -389,10 +389,21 @@ impl PagedRows {
     /// Hands the first `rows` rows to `f` a window of blocks at a time, in
     /// order: `f(first_block, blocks)`, each block `[≤ BLOCK_ROWS, width]`
     /// fp32. Spilled blocks of the next window are read while `f` works.
-    pub fn windows(&self, rows: usize, mut f: impl FnMut(usize, &[&[f32]])) -> Result<()> {
+    pub fn windows(&self, rows: usize, f: impl FnMut(usize, &[&[f32]])) -> Result<()> {
+        self.windows_from(0, rows, f)
+    }
+
+    /// [`PagedRows::windows`] from block `first` on (the blocks before are
+    /// neither read nor handed out: sliding-window attention).
+    pub fn windows_from(
+        &self,
+        first: usize,
+        rows: usize,
+        mut f: impl FnMut(usize, &[&[f32]]),
+    ) -> Result<()> {
         assert!(rows <= self.len, "asked for rows the cache does not hold");
         let nb = rows.div_ceil(BLOCK_ROWS);
-        let starts: Vec<usize> = (0..nb).step_by(WINDOW_BLOCKS).collect();
+        let starts: Vec<usize> = (first.min(nb)..nb).step_by(WINDOW_BLOCKS).collect();
         let disk_of = |a: usize| -> Vec<(u64, usize)> {
             self.blocks[a..(a + WINDOW_BLOCKS).min(nb)]
                 .iter()

@@ -5,14 +5,18 @@
 
 pub mod batch;
 mod bind;
+pub mod deepseek_v3;
 pub mod error;
 pub mod eval;
 pub mod experts;
 mod fields;
+pub mod gpt_oss;
+pub mod gqa;
 pub mod hybrid;
 pub mod kimi_k3;
 pub mod kimi_linear;
 pub mod kv;
+pub mod kv_state;
 pub mod linear;
 pub mod lm;
 pub mod memory;
@@ -20,10 +24,13 @@ pub mod mlp;
 pub mod moe;
 pub mod qwen3_moe;
 pub mod registry;
+pub mod rotary;
 mod state_codec;
 pub mod trace;
 
+pub use deepseek_v3::DeepseekV3Model;
 pub use error::{ModelError, Result};
+pub use gpt_oss::GptOssModel;
 pub use kimi_k3::K3Model;
 pub use kimi_linear::KimiLinearModel;
 pub use kv::{KvConfig, KvDtype, KvPool, KvSpill, KvStats};

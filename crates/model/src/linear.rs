@@ -234,3 +234,23 @@ pub fn load_vector(ck: &Checkpoint, name: &str, loc: &TensorLoc) -> Result<Vec<f
     convert::to_f32(loc.dtype, &bytes)
         .ok_or_else(|| ModelError::Tensor(format!("{name}: {:?} is not a float dtype", loc.dtype)))
 }
+
+/// A projection with its optional bias (`attention_bias`).
+#[derive(Debug)]
+pub struct Proj {
+    pub weight: Linear,
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Proj {
+    /// `x Wᵀ (+ b)` over `x [T, cols]`.
+    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        let mut y = self.weight.forward(x, t);
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(a, c)| *a += c);
+            }
+        }
+        y
+    }
+}

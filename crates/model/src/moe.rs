@@ -9,11 +9,13 @@
 
 use std::sync::Arc;
 
-use fathom_kernels::ops::sigmoid;
+use fathom_kernels::ops::{sigmoid, swiglu};
 use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertTicket, ExpertWeights};
+use crate::linear::Linear;
+use crate::mlp::MlpWeights;
 
 /// The router's decision for one token.
 #[derive(Debug, Clone, PartialEq)]
@@ -212,6 +214,95 @@ impl ExpertFetch {
                     *a += wj * b;
                 }
             }
+        }
+        Ok(y)
+    }
+}
+
+/// What a sigmoid-routed sparse block holds besides its routed experts:
+/// the router `[E, D]` (kept in its stored precision: it picks experts),
+/// its selection bias and the shared experts, if any.
+#[derive(Debug)]
+pub struct SigmoidMoeWeights {
+    pub gate: Linear,
+    pub e_score_correction_bias: Vec<f32>,
+    pub shared_experts: Option<MlpWeights>,
+}
+
+/// The sigmoid-routed sparse block of Kimi-Linear and DeepSeek-V3 / Kimi
+/// K2: a [`SigmoidRouter`], SwiGLU experts on the full hidden width (the
+/// expert table lists gate, down, up), plus the shared experts.
+///
+/// ```text
+/// y = Σ_{e∈T} w_e · down_e(SiLU(gate_e x) ⊙ up_e x) + SharedMLP(x)
+/// ```
+/// The union of a step's experts is fetched once; each row's sum runs in
+/// the router's rank order ([`ExpertFetch`]); the shared experts run while
+/// the routed ones arrive and are added last.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SigmoidMoe {
+    pub router: SigmoidRouter,
+    pub hidden: usize,
+    /// Expert hidden width F.
+    pub intermediate: usize,
+}
+
+impl SigmoidMoe {
+    /// Routes every row of `x [t, D]`.
+    pub fn route(&self, w: &SigmoidMoeWeights, x: &[f32], t: usize) -> Vec<Route> {
+        let bias = &w.e_score_correction_bias;
+        w.gate
+            .forward(x, t)
+            .chunks_exact(bias.len())
+            .map(|row| self.router.route(row, bias))
+            .collect()
+    }
+
+    /// One expert on `x [n, D]`: `down(SiLU(gate x) ⊙ up x)` → `[n, D]`.
+    fn expert(&self, e: &ExpertWeights, x: &[f32], n: usize) -> Vec<f32> {
+        let f = self.intermediate;
+        let mut g = vec![0f32; n * f];
+        let mut u = vec![0f32; n * f];
+        e.matmul(0, x, n, &mut g);
+        e.matmul(2, x, n, &mut u);
+        swiglu(&mut g, &u);
+        let mut y = vec![0f32; n * self.hidden];
+        e.matmul(1, &g, n, &mut y);
+        y
+    }
+
+    /// The block over `x [T, D]` (already normed) in layer `layer`. `next`
+    /// is the next MoE layer (its index and weights), whose routes from
+    /// this input are handed to the source as a guess; `routes_out`
+    /// receives the routes (tracing).
+    pub fn forward(
+        &self,
+        layer: usize,
+        w: &SigmoidMoeWeights,
+        x: &[f32],
+        source: &dyn ExpertSource,
+        next: Option<(usize, &SigmoidMoeWeights)>,
+        routes_out: Option<&mut Vec<Route>>,
+    ) -> Result<Vec<f32>> {
+        let d = self.hidden;
+        let t = x.len() / d;
+        let routes = self.route(w, x, t);
+        if let Some((nl, nw)) = next.filter(|_| source.wants_hints()) {
+            let guesses = self.route(nw, x, t);
+            source.hint(nl, &hint_order(&guesses, self.router.top_k));
+        }
+        // Start the reads, run the shared experts while they arrive.
+        let fetch = ExpertFetch::start(source, layer, &routes)?;
+        let shared = w.shared_experts.as_ref().map(|sh| sh.forward(x, t, swiglu));
+        let work = 3 * self.intermediate * d;
+        let mut y = fetch.finish(source, &routes, x, d, work, |e, rows, n| {
+            self.expert(e, rows, n)
+        })?;
+        if let Some(s) = shared {
+            y.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
+        }
+        if let Some(ro) = routes_out {
+            ro.extend(routes);
         }
         Ok(y)
     }

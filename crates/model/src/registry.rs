@@ -49,6 +49,8 @@ pub const ARCHITECTURES: &[Architecture] = &[
     crate::kimi_k3::ARCHITECTURE,
     crate::kimi_linear::ARCHITECTURE,
     crate::qwen3_moe::ARCHITECTURE,
+    crate::deepseek_v3::ARCHITECTURE,
+    crate::gpt_oss::ARCHITECTURE,
 ];
 
 #[derive(serde::Deserialize)]
@@ -157,6 +159,15 @@ mod tests {
         assert_eq!(detect_json(by_arch).unwrap().family, "Qwen3-MoE");
         let linear = r#"{"model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"]}"#;
         assert_eq!(detect_json(linear).unwrap().family, "Kimi-Linear");
+        for mt in ["deepseek_v3", "kimi_k2"] {
+            let ds =
+                format!(r#"{{"model_type": "{mt}", "architectures": ["DeepseekV3ForCausalLM"]}}"#);
+            assert_eq!(detect_json(&ds).unwrap().family, "DeepSeek-V3");
+        }
+        let by_arch = r#"{"architectures": ["DeepseekV3ForCausalLM"]}"#;
+        assert_eq!(detect_json(by_arch).unwrap().family, "DeepSeek-V3");
+        let oss = r#"{"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}"#;
+        assert_eq!(detect_json(oss).unwrap().family, "GPT-OSS");
     }
 
     #[test]

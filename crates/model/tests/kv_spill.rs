@@ -236,7 +236,12 @@ fn bf16_rows_are_the_same_wherever_they_live() {
 #[test]
 fn every_family_spills_alike() {
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    for fixture in ["qwen3_moe-tiny", "kimi_linear-tiny"] {
+    for fixture in [
+        "qwen3_moe-tiny",
+        "kimi_linear-tiny",
+        "deepseek_v3-tiny",
+        "gpt_oss-tiny",
+    ] {
         let d = data.join(fixture);
         let prompt = tokens(2 * BLOCK_ROWS + 30, 7);
         let ram = run(model_at(&d, KvConfig::default()).as_ref(), &prompt, 4);

@@ -17,8 +17,13 @@
 //! This equals the expanded form up to fp32 summation order; the golden
 //! logits (computed in the expanded order) hold to ~1e-4.
 //!
-//! No rotary transform anywhere (`mla_use_nope`); the "rope" slices are
-//! ordinary dimensions. Scores are scaled by `1/sqrt(qk_nope + qk_rope)`.
+//! The Kimi line uses no rotary transform (`mla_use_nope`): the "rope"
+//! slices are ordinary dimensions. DeepSeek-V3 / Kimi K2 pass an
+//! [`MlaRope`]: each row's `kr` is rotated by its position's angles before
+//! it is cached, and so is every head's `q_rope` (the decoupled RoPE of
+//! the MLA paper); nothing else changes. Scores are scaled by
+//! [`MlaDims::softmax_scale`] (`1/sqrt(qk_nope + qk_rope)`, times YaRN's
+//! mscale² for DeepSeek).
 //!
 //! The attention itself is `fathom_kernels::attention::mla_attend`: every
 //! head in one pass over the cache rows, in fixed 256-row splits merged in
@@ -27,9 +32,12 @@
 
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
 use fathom_kernels::ops::rms_norm_rows;
+use fathom_kernels::rope::Rope;
 use rayon::prelude::*;
 
+use crate::batch::Segment;
 use crate::error::Result;
+use crate::rotary::{Angles, deinterleave};
 
 use super::MlaDims;
 use super::state::MlaCache;
@@ -63,31 +71,53 @@ impl AbsorbedKvB {
     }
 }
 
+/// The rotary step of decoupled-RoPE MLA (DeepSeek-V3): the shared key
+/// part and every head's query rope part are rotated by their row's angles.
+pub struct MlaRope<'a> {
+    /// Heads `qk_rope_head_dim` wide.
+    pub rope: &'a Rope,
+    /// The angles of the step's stacked rows.
+    pub angles: &'a Angles,
+    /// The checkpoint pairs adjacent channels (`rope_interleave`): rows are
+    /// de-interleaved before the rotate-half rotation.
+    pub interleaved: bool,
+}
+
+impl MlaRope<'_> {
+    /// Rotates row `r`'s heads `x` (`[heads, dr]`).
+    fn apply(&self, r: usize, x: &mut [f32]) {
+        if self.interleaved {
+            deinterleave(x, self.rope.head_dim());
+        }
+        let (c, s) = self.angles.row(r);
+        self.rope.rotate(x, c, s);
+    }
+}
+
 /// MLA for the rows of several sequences (`segs[i]` are sequence i's rows,
 /// `caches[i]` its cache, to which its rows are appended), from the queries
-/// `q [N, H·dq]` and the raw `kv_a_proj_with_mqa` output `c [N, lora + dr]`.
-/// Returns the per-head values `[N, H·dv]`.
+/// `q [N, H·dq]` and the raw `kv_a_proj_with_mqa` output `c [N, lora + dr]`,
+/// with the rotary step if `rope` is given. Returns the per-head values
+/// `[N, H·dv]`.
+#[allow(clippy::too_many_arguments)]
 pub fn mla_heads(
     d: &MlaDims,
     kv_a_layernorm: &[f32],
     kv_b: &AbsorbedKvB,
+    rope: Option<&MlaRope<'_>>,
     caches: &mut [&mut MlaCache],
-    segs: &[super::kda::Segment],
+    segs: &[Segment],
     q: &[f32],
     mut c: Vec<f32>,
 ) -> Result<Vec<f32>> {
     let n = segs.last().map_or(0, |s| s.end);
-    let (h, dn, dr, dv, lora) = (
-        d.heads,
-        d.qk_nope_head_dim,
-        d.qk_rope_head_dim,
-        d.v_head_dim,
-        d.kv_lora_rank,
-    );
-    let dq = dn + dr;
+    let (lora, dr) = (d.kv_lora_rank, d.qk_rope_head_dim);
     let width = lora + dr;
-    for row in c.chunks_exact_mut(width) {
+    for (r, row) in c.chunks_exact_mut(width).enumerate() {
         rms_norm_rows(&mut row[..lora], lora, kv_a_layernorm, d.norm_eps);
+        if let Some(rope) = rope {
+            rope.apply(r, &mut row[lora..]);
+        }
     }
     // (cache, rows already cached before this step) per sequence.
     let mut past = Vec::with_capacity(caches.len());
@@ -95,8 +125,26 @@ pub fn mla_heads(
         past.push(cache.len());
         cache.push_rows(&c[seg.start * width..seg.end * width])?;
     }
-    let caches: &[&mut MlaCache] = caches;
-    // Absorbed queries: q_lat[t, h] = W_uk,hᵀ q_nope[t, h]; q_rope[t, h] as is.
+    let (q_lat, mut q_rope) = absorbed_queries(d, kv_b, q, n);
+    if let Some(rope) = rope {
+        for (r, row) in q_rope.chunks_exact_mut(d.heads * dr).enumerate() {
+            rope.apply(r, row);
+        }
+    }
+    let ctx = attend(d, caches, segs, &past, &q_lat, &q_rope)?;
+    Ok(values(d, kv_b, &ctx, n))
+}
+
+/// The absorbed queries of `q [N, H·dq]`: `q_lat [N, H, lora]` with
+/// `q_lat[t, h] = W_uk,hᵀ q_nope[t, h]`, and `q_rope [N, H, dr]` as is.
+fn absorbed_queries(d: &MlaDims, kv_b: &AbsorbedKvB, q: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
+    let (h, dn, dr, lora) = (
+        d.heads,
+        d.qk_nope_head_dim,
+        d.qk_rope_head_dim,
+        d.kv_lora_rank,
+    );
+    let dq = dn + dr;
     let per_head: Vec<Vec<f32>> = (0..h)
         .into_par_iter()
         .map(|hh| {
@@ -116,15 +164,29 @@ pub fn mla_heads(
             q_rope[(ti * h + hh) * dr..][..dr].copy_from_slice(src);
         }
     }
+    (q_lat, q_rope)
+}
+
+/// Context on the latent, `[N, H, lora]`: each sequence's rows attend to
+/// its cache (`past[i]` rows before this step, then its own, causally).
+fn attend(
+    d: &MlaDims,
+    caches: &[&mut MlaCache],
+    segs: &[Segment],
+    past: &[usize],
+    q_lat: &[f32],
+    q_rope: &[f32],
+) -> Result<Vec<f32>> {
+    let (h, dr, lora) = (d.heads, d.qk_rope_head_dim, d.kv_lora_rank);
+    let n = segs.last().map_or(0, |s| s.end);
     let shape = MlaShape {
         heads: h,
         lora,
         rope: dr,
-        scale: 1.0 / (dq as f32).sqrt(),
+        scale: d.softmax_scale,
     };
-    // Context on the latent, [N, H, lora]: each sequence's rows attend to its cache.
     let mut ctx = vec![0f32; n * h * lora];
-    for ((cache, seg), &p0) in caches.iter().zip(segs).zip(&past) {
+    for ((cache, seg), &p0) in caches.iter().zip(segs).zip(past) {
         let queries: Vec<MlaQuery<'_>> = seg
             .clone()
             .enumerate()
@@ -140,7 +202,12 @@ pub fn mla_heads(
         cache.windows(p0 + seg.len(), |first, blocks| acc.add(first, blocks))?;
         acc.finish(out);
     }
-    // Output per head through W_uv: [N, H·dv].
+    Ok(ctx)
+}
+
+/// The per-head values `[N, H·dv]` of the latent context through `W_uv`.
+fn values(d: &MlaDims, kv_b: &AbsorbedKvB, ctx: &[f32], n: usize) -> Vec<f32> {
+    let (h, dv, lora) = (d.heads, d.v_head_dim, d.kv_lora_rank);
     let outs: Vec<Vec<f32>> = (0..h)
         .into_par_iter()
         .map(|hh| {
@@ -157,5 +224,5 @@ pub fn mla_heads(
             cat[ti * h * dv + hh * dv..][..dv].copy_from_slice(&o[ti * dv..(ti + 1) * dv]);
         }
     }
-    Ok(cat)
+    cat
 }

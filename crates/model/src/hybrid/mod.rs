@@ -4,7 +4,8 @@
 //! both. Families bring their own projections (K3: a full-rank KDA output
 //! gate, low-rank MLA queries and a gated MLA output; Kimi-Linear: a
 //! low-rank KDA output gate, full-rank MLA queries, no MLA gate) and call
-//! the shared cores here with their dimensions.
+//! the shared cores here with their dimensions. DeepSeek-V3 / Kimi K2 use
+//! the MLA core alone, with its rotary step.
 
 pub mod kda;
 pub mod mla;
@@ -45,14 +46,22 @@ pub struct MlaDims {
     pub heads: usize,
     pub kv_lora_rank: usize,
     pub qk_nope_head_dim: usize,
-    /// The shared-key part (no rotation is applied: NoPE).
+    /// The shared-key part (rotated only where the family passes an
+    /// [`mla::MlaRope`]; the Kimi line's is NoPE).
     pub qk_rope_head_dim: usize,
     pub v_head_dim: usize,
     /// Epsilon of `kv_a_layernorm`.
     pub norm_eps: f32,
+    /// Multiplies every attention score: [`MlaDims::plain_scale`], or more
+    /// with YaRN (DeepSeek-V3).
+    pub softmax_scale: f32,
 }
 
 impl MlaDims {
+    /// `1/sqrt(qk_nope + qk_rope)`, the plain softmax scale.
+    pub fn plain_scale(qk_nope_head_dim: usize, qk_rope_head_dim: usize) -> f32 {
+        1.0 / ((qk_nope_head_dim + qk_rope_head_dim) as f32).sqrt()
+    }
     /// Query/key head width (nope + "rope" part).
     pub fn qk_head_dim(&self) -> usize {
         self.qk_nope_head_dim + self.qk_rope_head_dim

@@ -73,6 +73,7 @@ pub fn mla(
         &spec.mla_dims(),
         &w.kv_a_layernorm,
         &w.kv_b_proj,
+        None,
         caches,
         segs,
         &q,

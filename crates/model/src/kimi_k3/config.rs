@@ -350,6 +350,7 @@ impl K3Spec {
             qk_rope_head_dim: self.qk_rope_head_dim,
             v_head_dim: self.v_head_dim,
             norm_eps: MLA_LOW_RANK_NORM_EPS,
+            softmax_scale: MlaDims::plain_scale(self.qk_nope_head_dim, self.qk_rope_head_dim),
         }
     }
 

@@ -362,7 +362,10 @@ pub fn expert_table(
                 parts.push((get(m, "weight_packed")?, Some(get(m, "weight_scale")?)));
             }
             let parts: [_; 3] = parts.try_into().expect("three matrices");
-            v.push(ExpertLoc { parts });
+            v.push(ExpertLoc {
+                parts,
+                format: ExpertFormat::Mxfp4,
+            });
         }
         layers[l] = v;
     }

@@ -53,6 +53,15 @@ pub fn mla(
     let q = w.q_proj.forward(x, n);
     let c = w.kv_a_proj_with_mqa.forward(x, n);
     let d = spec.mla_dims();
-    let cat = mla_heads(&d, &w.kv_a_layernorm, &w.kv_b_proj, caches, segs, &q, c)?;
+    let cat = mla_heads(
+        &d,
+        &w.kv_a_layernorm,
+        &w.kv_b_proj,
+        None,
+        caches,
+        segs,
+        &q,
+        c,
+    )?;
     Ok(w.o_proj.forward(&cat, n))
 }

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::error::{ModelError, Result};
 use crate::fields::Fields;
 use crate::hybrid::{AttnKind, HybridDims, KdaDims, MlaDims};
-use crate::moe::SigmoidRouter;
+use crate::moe::{SigmoidMoe, SigmoidRouter};
 
 /// Epsilon of `kv_a_layernorm`: Moonshot's modelling code builds it with
 /// the norm class's default, not `rms_norm_eps` (as for K3).
@@ -305,6 +305,7 @@ impl KimiLinearSpec {
             qk_rope_head_dim: self.qk_rope_head_dim,
             v_head_dim: self.v_head_dim,
             norm_eps: MLA_KV_NORM_EPS,
+            softmax_scale: MlaDims::plain_scale(self.qk_nope_head_dim, self.qk_rope_head_dim),
         }
     }
 
@@ -316,6 +317,15 @@ impl KimiLinearSpec {
             mla: self.mla_dims(),
             family: "Kimi-Linear",
             magic: *b"KLST",
+        }
+    }
+
+    /// The sparse block with this spec's dimensions.
+    pub fn sparse_block(&self) -> SigmoidMoe {
+        SigmoidMoe {
+            router: self.router(),
+            hidden: self.hidden_size,
+            intermediate: self.moe_intermediate_size,
         }
     }
 

@@ -267,6 +267,7 @@ pub fn expert_table(spec: &KimiLinearSpec, ck: &Checkpoint) -> Result<ExpertTabl
                     (get(EXPERT_MATRICES[1])?, None),
                     (get(EXPERT_MATRICES[2])?, None),
                 ],
+                format: ExpertFormat::Bf16,
             });
         }
         layers[l] = v;

@@ -57,12 +57,8 @@ pub struct MlaWeights {
     pub o_proj: Linear,
 }
 
-#[derive(Debug)]
-pub struct MoeWeights {
-    pub gate: Linear,
-    pub e_score_correction_bias: Vec<f32>,
-    pub shared_experts: Option<MlpWeights>,
-}
+/// The router, its selection bias and the shared experts.
+pub use crate::moe::SigmoidMoeWeights as MoeWeights;
 
 #[derive(Debug)]
 pub enum AttnWeights {

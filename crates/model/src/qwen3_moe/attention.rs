@@ -8,12 +8,12 @@
 //! out = concat(o) W_oᵀ (+b_o)
 //! ```
 //! Projections run once over all the step's rows; each sequence's rows are
-//! appended to its cache and attend to it through
-//! `fathom_kernels::gqa::gqa_attend`, whose per-query order is fixed, so a
+//! appended to its cache and attend to it through the shared core
+//! ([`crate::gqa::gqa_heads`]), whose per-query order is fixed, so a
 //! position's result is the same in a prefill chunk, a decode step or a
 //! verification pass, batched or not.
 
-use fathom_kernels::gqa::{GqaAccum, GqaQuery, GqaShape};
+use fathom_kernels::gqa::GqaShape;
 use fathom_kernels::ops::rms_norm_rows;
 use fathom_kernels::rope::Rope;
 
@@ -21,36 +21,9 @@ use super::config::Qwen3MoeSpec;
 use super::weights::AttnWeights;
 use crate::batch::Segment;
 use crate::error::Result;
+use crate::gqa::gqa_heads;
 use crate::kv::PagedRows;
-
-/// The rotary angles of every row of a step: `cos`, `sin`, `[N, head_dim/2]`.
-pub struct Angles {
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
-    half: usize,
-}
-
-impl Angles {
-    /// Angles of the positions `starts[i] + j` of segment `segs[i]`'s rows.
-    pub fn new(rope: &Rope, segs: &[Segment], starts: &[usize]) -> Self {
-        let half = rope.head_dim() / 2;
-        let n = segs.last().map_or(0, |s| s.end);
-        let mut cos = vec![0f32; n * half];
-        let mut sin = vec![0f32; n * half];
-        for (seg, &p0) in segs.iter().zip(starts) {
-            for (j, r) in seg.clone().enumerate() {
-                let (c, s) = (&mut cos[r * half..][..half], &mut sin[r * half..][..half]);
-                rope.angles(p0 + j, c, s);
-            }
-        }
-        Angles { cos, sin, half }
-    }
-
-    fn row(&self, r: usize) -> (&[f32], &[f32]) {
-        let h = self.half;
-        (&self.cos[r * h..][..h], &self.sin[r * h..][..h])
-    }
-}
+use crate::rotary::Angles;
 
 /// Attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences (`segs[i]` are sequence i's rows, `caches[i]` its
@@ -78,38 +51,13 @@ pub fn attention(
         rope.rotate(&mut q[r * qw..(r + 1) * qw], c, s);
         rope.rotate(&mut k[r * kvw..(r + 1) * kvw], c, s);
     }
-    // Rows cached before this step, per sequence; then append [K | V] rows.
-    let mut past = Vec::with_capacity(caches.len());
-    for (cache, seg) in caches.iter_mut().zip(segs) {
-        past.push(cache.len());
-        let mut rows = Vec::with_capacity(seg.len() * 2 * kvw);
-        for r in seg.clone() {
-            rows.extend_from_slice(&k[r * kvw..(r + 1) * kvw]);
-            rows.extend_from_slice(&v[r * kvw..(r + 1) * kvw]);
-        }
-        cache.push_rows(&rows)?;
-    }
     let shape = GqaShape {
         heads: h,
         kv_heads: kvh,
         head_dim: hd,
         scale: (hd as f64).powf(-0.5) as f32,
+        window: None,
     };
-    let mut ctx = vec![0f32; n * qw];
-    for ((cache, seg), &p0) in caches.iter().zip(segs).zip(&past) {
-        let queries: Vec<GqaQuery<'_>> = seg
-            .clone()
-            .enumerate()
-            .map(|(i, r)| GqaQuery {
-                q: &q[r * qw..(r + 1) * qw],
-                // causal: this position sees itself and all before
-                n: p0 + i + 1,
-            })
-            .collect();
-        let out = &mut ctx[seg.start * qw..seg.end * qw];
-        let mut acc = GqaAccum::new(shape, &queries);
-        cache.windows(p0 + seg.len(), |first, blocks| acc.add(first, blocks))?;
-        acc.finish(out);
-    }
+    let ctx = gqa_heads(shape, None, caches, segs, [&q, &k, &v])?;
     Ok(w.o_proj.forward(&ctx, n))
 }

@@ -15,8 +15,6 @@
 pub mod attention;
 pub mod config;
 pub mod moe;
-pub mod state;
-mod state_io;
 mod step;
 pub mod tensors;
 pub mod weights;
@@ -28,12 +26,12 @@ use fathom_kernels::rope::Rope;
 use fathom_weights::Checkpoint;
 
 use self::config::Qwen3MoeSpec;
-use self::state::KvState;
 use self::tensors::Role;
 use self::weights::Qwen3MoeWeights;
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
 use crate::kv::KvPool;
+use crate::kv_state::{KvLayout, KvState};
 use crate::linear::Spine;
 use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
 use crate::registry::{Architecture, LoadOptions, MakeSource};
@@ -103,6 +101,9 @@ pub struct Qwen3MoeModel {
     /// Locators of every routed expert (what a streamed source reads).
     pub expert_table: ExpertTable,
     pub rope: Rope,
+    /// What its sequence states are shaped by: per layer one `[K | V]` row
+    /// per token.
+    pub layout: Arc<KvLayout>,
     /// Where every state's key/value blocks come from.
     pub kv: Arc<KvPool>,
     info: ModelInfo,
@@ -126,7 +127,14 @@ impl Qwen3MoeModel {
         let experts = make_source(&ck, &expert_table)?;
         let info = model_info(&spec, &expert_table);
         let rope = Rope::new(spec.head_dim, spec.rope_theta);
+        let layout = Arc::new(KvLayout {
+            family: ARCHITECTURE.family,
+            magic: *b"Q3ST",
+            layers: spec.num_layers,
+            width: spec.kv_width(),
+        });
         Ok(Qwen3MoeModel {
+            layout,
             spec,
             weights,
             experts,
@@ -138,7 +146,7 @@ impl Qwen3MoeModel {
     }
 
     pub fn new_state(&self) -> KvState {
-        KvState::new(self.spec.num_layers, self.spec.kv_width(), &self.kv)
+        KvState::new(&self.layout, &self.kv)
     }
 
     /// One sequence's pass, observed by `tracer` (reference comparisons).
@@ -202,6 +210,6 @@ impl CausalLm for Qwen3MoeModel {
         self.kv.stats()
     }
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(state_io::decode(&self.spec, &self.kv, bytes)?))
+        Ok(Box::new(KvState::decode(&self.layout, &self.kv, bytes)?))
     }
 }

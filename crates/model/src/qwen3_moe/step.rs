@@ -14,14 +14,15 @@
 use fathom_kernels::ops::{rms_norm_rows, swiglu};
 
 use super::Qwen3MoeModel;
-use super::attention::{Angles, attention};
+use super::attention::attention;
 use super::moe::{self, NextLayerHint};
-use super::state::KvState;
 use super::weights::FfnWeights;
 use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
 use crate::error::Result;
 use crate::kv::PagedRows;
+use crate::kv_state::KvState;
 use crate::lm::{Logits, StepError, StepInput};
+use crate::rotary::Angles;
 use crate::trace::{Tracer, trace};
 
 /// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].

@@ -202,6 +202,7 @@ pub fn expert_table(spec: &Qwen3MoeSpec, ck: &Checkpoint) -> Result<ExpertTable>
                     (get(EXPERT_MATRICES[1])?, None),
                     (get(EXPERT_MATRICES[2])?, None),
                 ],
+                format: ExpertFormat::Bf16,
             });
         }
         layers[l] = v;

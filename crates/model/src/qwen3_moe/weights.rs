@@ -10,25 +10,7 @@ use crate::error::Result;
 use crate::linear::Linear;
 use crate::mlp::MlpWeights;
 
-/// A projection with its optional bias (`attention_bias`).
-#[derive(Debug)]
-pub struct Proj {
-    pub weight: Linear,
-    pub bias: Option<Vec<f32>>,
-}
-
-impl Proj {
-    /// `x Wᵀ (+ b)` over `x [T, cols]`.
-    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
-        let mut y = self.weight.forward(x, t);
-        if let Some(b) = &self.bias {
-            for row in y.chunks_exact_mut(b.len()) {
-                row.iter_mut().zip(b).for_each(|(a, c)| *a += c);
-            }
-        }
-        y
-    }
-}
+pub use crate::linear::Proj;
 
 #[derive(Debug)]
 pub struct AttnWeights {

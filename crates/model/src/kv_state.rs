@@ -1,27 +1,47 @@
-//! What a Qwen3-MoE sequence carries between passes: per layer, the keys
-//! (after `k_norm` and RoPE) and values of every past token, one row
-//! `[K (kv_heads·head_dim) | V (kv_heads·head_dim)]` per token, in paged
-//! blocks shared with forks until written.
+//! The sequence state of a family whose every layer keeps one cached row
+//! per past token (Qwen3-MoE, GPT-OSS: keys after norm and RoPE, then
+//! values; DeepSeek-V3: the normalised latent, then the rotated shared
+//! key), in paged blocks shared with forks until written.
 //!
 //! Every layer holds exactly `pos` rows, so a snapshot, an undo mark and an
 //! open speculative pass are just a position: going back truncates the
 //! rows, which is bit-identical to never having fed the rest.
+//!
+//! Saved bytes, little-endian: the family's magic (`Q3ST`, `DSST`, `GOST`), version
+//! `u32`, `pos: u64`, layer count `u32`, then per layer the row width `u32`
+//! and the rows (`u64` length + f32s, `pos · width` of them). Decoding
+//! checks every length against the model's dimensions before allocating.
 
 use std::any::Any;
-
-use crate::error::{ModelError, Result};
-use crate::lm::{SeqState, StateSnapshot};
 use std::sync::Arc;
 
+use crate::error::{ModelError, Result};
 use crate::kv::{KvPool, PagedRows};
+use crate::lm::{SeqState, StateSnapshot};
+use crate::state_codec::{Reader, bad, put_f32s, put_header, read_header};
+
+const VERSION: u32 = 1;
+
+/// What a family's states are shaped by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvLayout {
+    /// The family, for saved-state errors (`"Qwen3-MoE"`).
+    pub family: &'static str,
+    /// The saved-state magic of the family.
+    pub magic: [u8; 4],
+    pub layers: usize,
+    /// Floats cached per token per layer.
+    pub width: usize,
+}
 
 /// The state of one sequence.
 #[derive(Debug, Clone)]
 pub struct KvState {
-    /// Per layer, one `[K | V]` row per token.
+    /// Per layer, one row per token.
     pub layers: Vec<PagedRows>,
     /// Tokens consumed so far.
     pub pos: usize,
+    layout: Arc<KvLayout>,
     /// Where the pass [`SeqState::begin_pass`] opened started, if one is open.
     pending: Option<usize>,
 }
@@ -33,11 +53,14 @@ pub struct Snapshot {
 }
 
 impl KvState {
-    /// An empty state for `layers` layers of `width`-float rows.
-    pub fn new(layers: usize, width: usize, pool: &Arc<KvPool>) -> Self {
+    /// An empty state of `layout`, its blocks from `pool`.
+    pub fn new(layout: &Arc<KvLayout>, pool: &Arc<KvPool>) -> Self {
         KvState {
-            layers: (0..layers).map(|_| PagedRows::new(width, pool)).collect(),
+            layers: (0..layout.layers)
+                .map(|_| PagedRows::new(layout.width, pool))
+                .collect(),
             pos: 0,
+            layout: layout.clone(),
             pending: None,
         }
     }
@@ -54,6 +77,49 @@ impl KvState {
     /// Bytes held (cached rows).
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(PagedRows::bytes).sum()
+    }
+
+    /// The state as bytes.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.bytes() + 64);
+        put_header(
+            &mut out,
+            &self.layout.magic,
+            VERSION,
+            self.pos,
+            self.layers.len(),
+        );
+        for l in &self.layers {
+            out.extend_from_slice(&(l.width as u32).to_le_bytes());
+            put_f32s(&mut out, &l.to_rows()?);
+        }
+        Ok(out)
+    }
+
+    /// A state of `layout` from [`KvState::encode`]'s bytes.
+    pub fn decode(layout: &Arc<KvLayout>, pool: &Arc<KvPool>, bytes: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(bytes);
+        let (layers, width) = (layout.layers, layout.width);
+        let pos = read_header(
+            &mut r,
+            &layout.magic,
+            layout.family,
+            VERSION,
+            layers,
+            bytes.len(),
+        )?;
+        let mut s = KvState::new(layout, pool);
+        s.pos = pos;
+        for (i, l) in s.layers.iter_mut().enumerate() {
+            let w = r.u32()? as usize;
+            if w != width {
+                return Err(bad(&format!("layer {i} rows are {w} wide, not {width}")));
+            }
+            let want = pos.checked_mul(w).ok_or_else(|| bad("size overflow"))?;
+            l.push_rows(&r.f32s(want, &format!("layer {i} attention cache"))?)?;
+        }
+        r.finish()?;
+        Ok(s)
     }
 }
 
@@ -122,7 +188,7 @@ impl SeqState for KvState {
         Box::new(s)
     }
     fn encode(&self) -> Result<Vec<u8>> {
-        super::state_io::encode(self)
+        KvState::encode(self)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -1,0 +1,64 @@
+//! DeepSeek-V3's projections around the shared MLA core
+//! ([`crate::hybrid::mla`]), with its rotary step:
+//!
+//! ```text
+//! q = q_b_proj(RMSNorm(x W_q_aᵀ; q_a_layernorm))   (or x W_qᵀ)    per head [q_nope | q_rope]
+//! c = x W_kv_aᵀ = [latent | k_rope];  latent ← RMSNorm(latent; kv_a_layernorm)
+//! q_rope, k_rope ← RoPE(·, position)     (interleaved pairs, YaRN frequencies)
+//! out = concat_h(attn_h) W_oᵀ                                      (no output gate)
+//! ```
+//! The cache holds `[latent | rotated k_rope]` per token; attention runs in
+//! the absorbed form over it.
+
+use fathom_kernels::ops::rms_norm_rows;
+
+use super::config::{DeepseekV3Spec, MLA_NORM_EPS};
+use super::weights::{AttnWeights, QueryProj};
+use crate::batch::Segment;
+use crate::error::Result;
+use crate::hybrid::mla::{MlaRope, mla_heads};
+use crate::kv::PagedRows;
+
+/// The queries `[N, H·(nope + rope)]` of the rows `x [N, D]`.
+fn queries(spec: &DeepseekV3Spec, q: &QueryProj, x: &[f32], n: usize) -> Vec<f32> {
+    match q {
+        QueryProj::LowRank {
+            q_a_proj,
+            q_a_layernorm,
+            q_b_proj,
+        } => {
+            let mut qa = q_a_proj.forward(x, n);
+            let r = spec.q_lora_rank.expect("low-rank queries have a rank");
+            rms_norm_rows(&mut qa, r, q_a_layernorm, MLA_NORM_EPS);
+            q_b_proj.forward(&qa, n)
+        }
+        QueryProj::Full { q_proj } => q_proj.forward(x, n),
+    }
+}
+
+/// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several
+/// sequences, each attending to its own latent cache. Returns `[N, D]`.
+pub fn attention(
+    spec: &DeepseekV3Spec,
+    w: &AttnWeights,
+    rope: &MlaRope<'_>,
+    caches: &mut [&mut PagedRows],
+    segs: &[Segment],
+    x: &[f32],
+) -> Result<Vec<f32>> {
+    let n = x.len() / spec.hidden_size;
+    let q = queries(spec, &w.q, x, n);
+    let c = w.kv_a_proj_with_mqa.forward(x, n);
+    let d = spec.mla_dims();
+    let cat = mla_heads(
+        &d,
+        &w.kv_a_layernorm,
+        &w.kv_b_proj,
+        Some(rope),
+        caches,
+        segs,
+        &q,
+        c,
+    )?;
+    Ok(w.o_proj.forward(&cat, n))
+}

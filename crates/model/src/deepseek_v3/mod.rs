@@ -1,0 +1,218 @@
+//! DeepSeek-V3 and Kimi K2 (`model_type` `deepseek_v3` / `kimi_k2`, one
+//! architecture): MLA with decoupled RoPE (low-rank queries, a compressed
+//! latent key/value cache, YaRN), a dense SwiGLU MLP in the first
+//! `first_k_dense_replace` layers, then a group-limited sigmoid-routed MoE
+//! with a selection bias and shared experts.
+//!
+//! ```text
+//! h = embed(ids)
+//! per layer:  h += MLA(RMSNorm(h; input_layernorm))
+//!             h += FFN(RMSNorm(h; post_attention_layernorm))       (dense or MoE)
+//! logits = lm_head(RMSNorm(h; norm))
+//! ```
+//! Activations are fp32 throughout; each position's result is
+//! bit-identical whatever the step holds besides it. The checkpoint's
+//! multi-token-prediction layers (`num_nextn_predict_layers`) are not run.
+//! Quantised checkpoints (the released FP8 and INT4 ones) are refused by
+//! the config reader with the method named.
+
+pub mod attention;
+pub mod config;
+mod step;
+pub mod tensors;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fathom_kernels::rope::Rope;
+use fathom_weights::Checkpoint;
+
+use self::config::DeepseekV3Spec;
+use self::tensors::Role;
+use self::weights::DeepseekV3Weights;
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::kv::KvPool;
+use crate::kv_state::{KvLayout, KvState};
+use crate::linear::Spine;
+use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
+use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::trace::Tracer;
+
+/// The registry's entry for DeepSeek-V3 and Kimi K2.
+pub const ARCHITECTURE: Architecture = Architecture {
+    family: "DeepSeek-V3",
+    model_types: &config::MODEL_TYPES,
+    architectures: &["DeepseekV3ForCausalLM"],
+    load: load_lm,
+    memory,
+};
+
+fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
+    Ok(memory_facts(&DeepseekV3Spec::from_dir(dir)?))
+}
+
+/// What the RAM ledger needs to know about a DeepSeek-V3 / Kimi K2 model.
+pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
+    let table = tensors::tensor_table(spec);
+    // The int8 spine quantises attention, dense-MLP, shared-expert and head matrices.
+    let [spine, int8, emb, routed] =
+        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
+            shape: &t.shape,
+            bytes: t.bytes(),
+            embedding: t.role == Role::Embedding,
+            routed_expert: t.role == Role::RoutedExpert,
+            int8: matches!(
+                t.role,
+                Role::Attention | Role::DenseMlp | Role::SharedExpert | Role::Head
+            ),
+        }));
+    let moe_layers = spec.moe_layers().count();
+    crate::memory::MemoryFacts {
+        family: ARCHITECTURE.family,
+        hidden_size: spec.hidden_size,
+        vocab_size: spec.vocab_size,
+        spine_bytes: spine,
+        spine_int8_bytes: int8,
+        embedding_bytes: emb,
+        fixed_state_bytes: 0,
+        cache_floats_per_token: (spec.num_layers * (spec.kv_lora_rank + spec.qk_rope_head_dim))
+            as u64,
+        top_k: spec.top_k,
+        moe_layers,
+        num_experts: spec.n_routed_experts,
+        expert_bytes: routed / (moe_layers * spec.n_routed_experts).max(1) as u64,
+        expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.hidden_size,
+        max_position_embeddings: spec.max_position_embeddings,
+    }
+}
+
+fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
+    let mut m = match opts.experts {
+        Some(make) => DeepseekV3Model::load_with(dir, make)?,
+        None => DeepseekV3Model::load(dir)?,
+    };
+    m.kv = KvPool::new(opts.kv);
+    if opts.spine == Spine::Int8 {
+        m.weights.quantize_spine_int8();
+    }
+    Ok(Arc::new(m))
+}
+
+/// A loaded DeepSeek-V3 / Kimi K2 model: spec, resident spine, and a source
+/// of routed experts.
+pub struct DeepseekV3Model {
+    pub spec: Arc<DeepseekV3Spec>,
+    pub weights: DeepseekV3Weights,
+    pub experts: Arc<dyn ExpertSource>,
+    /// Locators of every routed expert (what a streamed source reads).
+    pub expert_table: ExpertTable,
+    /// The rotation of the `qk_rope_head_dim` parts (YaRN when configured).
+    pub rope: Rope,
+    /// What its sequence states are shaped by: per layer one
+    /// `[latent | k_rope]` row per token.
+    pub layout: Arc<KvLayout>,
+    /// Where every state's latent-cache blocks come from.
+    pub kv: Arc<KvPool>,
+    info: ModelInfo,
+}
+
+impl DeepseekV3Model {
+    /// Loads a model with every expert resident in RAM.
+    pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(
+            dir,
+            Box::new(|ck, table| Ok(Arc::new(ResidentExperts::load(ck, table)?))),
+        )
+    }
+
+    /// Loads the spine and builds the expert source with `make_source`.
+    pub fn load_with(dir: &Path, make_source: MakeSource) -> Result<Self> {
+        let spec = Arc::new(DeepseekV3Spec::from_dir(dir)?);
+        let ck = Arc::new(Checkpoint::open(dir)?);
+        let weights = DeepseekV3Weights::load(&spec, &ck)?;
+        let expert_table = tensors::expert_table(&spec, &ck)?;
+        let experts = make_source(&ck, &expert_table)?;
+        let info = model_info(&spec, &expert_table);
+        let layout = Arc::new(KvLayout {
+            family: ARCHITECTURE.family,
+            magic: *b"DSST",
+            layers: spec.num_layers,
+            width: spec.mla_dims().cache_width(),
+        });
+        Ok(DeepseekV3Model {
+            rope: spec.rope.rope(spec.qk_rope_head_dim),
+            spec,
+            weights,
+            experts,
+            expert_table,
+            layout,
+            kv: KvPool::unlimited(),
+            info,
+        })
+    }
+
+    pub fn new_state(&self) -> KvState {
+        KvState::new(&self.layout, &self.kv)
+    }
+
+    /// One sequence's pass, observed by `tracer` (reference comparisons).
+    pub fn forward_traced(
+        &self,
+        state: &mut KvState,
+        tokens: &[u32],
+        which: Logits,
+        tracer: Option<&mut dyn Tracer>,
+    ) -> Result<Vec<f32>> {
+        let mut b = [StepInput {
+            state,
+            tokens,
+            logits: which,
+        }];
+        let mut out = step::step(self, &mut b, tracer).map_err(|e| e.error)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+}
+
+fn model_info(spec: &DeepseekV3Spec, table: &ExpertTable) -> ModelInfo {
+    ModelInfo {
+        family: ARCHITECTURE.family,
+        model_type: spec.model_type.clone(),
+        vocab_size: spec.vocab_size,
+        hidden_size: spec.hidden_size,
+        num_layers: spec.num_layers,
+        bos_token_id: spec.bos_token_id,
+        eos_token_ids: spec.eos_token_ids.clone(),
+        max_position_embeddings: spec.max_position_embeddings,
+        spine_bytes: tensors::tensor_table(spec)
+            .iter()
+            .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
+            .map(tensors::TensorSpec::bytes)
+            .sum(),
+        expert_bytes: table.expert_bytes(),
+        experts_per_token: spec.top_k,
+        moe_layers: table.moe_layers(),
+    }
+}
+
+impl CausalLm for DeepseekV3Model {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+    fn new_state(&self) -> Box<dyn SeqState> {
+        Box::new(DeepseekV3Model::new_state(self))
+    }
+    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
+        step::step(self, batch, None)
+    }
+    fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
+    }
+    fn kv_stats(&self) -> crate::kv::KvStats {
+        self.kv.stats()
+    }
+    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
+        Ok(Box::new(KvState::decode(&self.layout, &self.kv, bytes)?))
+    }
+}

@@ -1,0 +1,311 @@
+//! `config.json` of a `gpt_oss` checkpoint → a validated [`GptOssSpec`].
+//! Everything downstream reads the typed spec; an unsupported or
+//! inconsistent value is rejected with its field and value.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+use crate::fields::Fields;
+use crate::rotary::RopeConfig;
+
+/// GPT-OSS's SwiGLU slope when the config does not give `swiglu_alpha`.
+pub const DEFAULT_SWIGLU_ALPHA: f32 = 1.702;
+
+/// Which attention a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttnType {
+    /// Over the latest `sliding_window` positions only.
+    Sliding,
+    Full,
+}
+
+/// The GPT-OSS decoder's shape, validated.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GptOssSpec {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub rms_norm_eps: f32,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope: RopeConfig,
+    /// Biases on q, k, v and o.
+    pub attention_bias: bool,
+    /// Per layer, 0-based.
+    pub layer_types: Vec<AttnType>,
+    pub sliding_window: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Expert hidden width F (`intermediate_size`).
+    pub intermediate_size: usize,
+    /// The clamped SwiGLU: `g ≤ limit`, `|u| ≤ limit`,
+    /// `(u + 1)·g·σ(alpha·g)`.
+    pub swiglu_limit: f32,
+    pub swiglu_alpha: f32,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub max_position_embeddings: Option<usize>,
+}
+
+/// Token ids of `name`: a number or a list of numbers, inside the vocabulary.
+fn token_ids(f: &Fields<'_>, name: &str, vocab: usize) -> Result<Vec<u32>> {
+    let Some(v) = f.get(name) else {
+        return Ok(Vec::new());
+    };
+    let list: Vec<&Value> = match v {
+        Value::Array(a) => a.iter().collect(),
+        other => vec![other],
+    };
+    list.into_iter()
+        .map(|x| match x.as_u64() {
+            Some(id) if (id as usize) < vocab => Ok(id as u32),
+            Some(id) => Err(f.err(
+                name,
+                format!("= {id}: outside the vocabulary (vocab_size {vocab})"),
+            )),
+            None => Err(f.err(name, format!("= {x}: expected a token id"))),
+        })
+        .collect()
+}
+
+/// `layer_types`, or the reference's default: sliding, full, sliding, …
+fn layer_types(f: &Fields<'_>, num_layers: usize) -> Result<Vec<AttnType>> {
+    let Some(v) = f.get("layer_types") else {
+        return Ok((0..num_layers)
+            .map(|i| {
+                if i % 2 == 0 {
+                    AttnType::Sliding
+                } else {
+                    AttnType::Full
+                }
+            })
+            .collect());
+    };
+    let list = v
+        .as_array()
+        .ok_or_else(|| f.err("layer_types", format!("= {v}: expected a list")))?;
+    if list.len() != num_layers {
+        return Err(f.err(
+            "layer_types",
+            format!("has {} entries for {num_layers} layers", list.len()),
+        ));
+    }
+    list.iter()
+        .map(|t| match t.as_str() {
+            Some("sliding_attention") => Ok(AttnType::Sliding),
+            Some("full_attention") => Ok(AttnType::Full),
+            _ => Err(f.err(
+                "layer_types",
+                format!(
+                    "entry {t}: only \"sliding_attention\" and \"full_attention\" are supported"
+                ),
+            )),
+        })
+        .collect()
+}
+
+/// A quantised checkpoint (the released one is MXFP4) is refused by its method.
+fn refuse_quantized(f: &Fields<'_>) -> Result<()> {
+    let Some(q) = f.get("quantization_config") else {
+        return Ok(());
+    };
+    let method = q
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("(unnamed)");
+    Err(f.err(
+        "quantization_config",
+        format!(
+            "quant_method {method:?}: quantized GPT-OSS checkpoints are not supported; \
+             supported: unquantized weights (bf16 experts) — dequantize the checkpoint first"
+        ),
+    ))
+}
+
+impl GptOssSpec {
+    /// Reads and validates `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
+            field: "(file)".into(),
+            msg: format!("cannot read {}: {e}", path.display()),
+        })?;
+        let root: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            field: "(file)".into(),
+            msg: format!("not valid JSON: {e}"),
+        })?;
+        Self::from_json(&root)
+    }
+
+    pub fn from_json(root: &Value) -> Result<Self> {
+        let f = Fields { v: root, path: "" };
+        let model_type = f.str_or("model_type", "")?;
+        if model_type != "gpt_oss" {
+            return Err(f.err(
+                "model_type",
+                format!("= {model_type:?}: this loader reads \"gpt_oss\" checkpoints"),
+            ));
+        }
+        refuse_quantized(&f)?;
+        if f.bool_or("tie_word_embeddings", false)? {
+            return Err(f.err("tie_word_embeddings", "= true: not supported"));
+        }
+        let vocab_size = f.positive("vocab_size")?;
+        let num_layers = f.positive("num_hidden_layers")?;
+        let top_k_name = if f.get("num_experts_per_tok").is_some() {
+            "num_experts_per_tok"
+        } else {
+            "experts_per_token"
+        };
+        let spec = GptOssSpec {
+            vocab_size,
+            hidden_size: f.positive("hidden_size")?,
+            num_layers,
+            rms_norm_eps: f.f32("rms_norm_eps")?,
+            num_heads: f.positive("num_attention_heads")?,
+            num_kv_heads: f.positive("num_key_value_heads")?,
+            head_dim: f.positive("head_dim")?,
+            rope: RopeConfig::from_config(&f)?,
+            attention_bias: f.bool_or("attention_bias", true)?,
+            layer_types: layer_types(&f, num_layers)?,
+            sliding_window: match f.get("sliding_window") {
+                Some(_) => f.positive("sliding_window")?,
+                None => 128,
+            },
+            num_experts: f.positive("num_local_experts")?,
+            top_k: f.positive(top_k_name)?,
+            intermediate_size: f.positive("intermediate_size")?,
+            swiglu_limit: f.opt_f32("swiglu_limit")?.unwrap_or(7.0),
+            swiglu_alpha: f.opt_f32("swiglu_alpha")?.unwrap_or(DEFAULT_SWIGLU_ALPHA),
+            bos_token_id: token_ids(&f, "bos_token_id", vocab_size)?.first().copied(),
+            eos_token_ids: token_ids(&f, "eos_token_id", vocab_size)?,
+            max_position_embeddings: root
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .map(|x| x as usize),
+        };
+        spec.validate(&f)?;
+        Ok(spec)
+    }
+
+    fn validate(&self, f: &Fields<'_>) -> Result<()> {
+        let bad = |name: &str, msg: String| Err(f.err(name, msg));
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return bad(
+                "num_key_value_heads",
+                format!(
+                    "= {}: must divide num_attention_heads ({})",
+                    self.num_kv_heads, self.num_heads
+                ),
+            );
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(
+                "head_dim",
+                format!("= {}: rotary embedding needs an even width", self.head_dim),
+            );
+        }
+        let eps = self.rms_norm_eps;
+        if !(eps.is_finite() && eps > 0.0 && eps < 1.0) {
+            return bad(
+                "rms_norm_eps",
+                format!("= {eps}: must be a number in (0, 1)"),
+            );
+        }
+        if self.top_k > self.num_experts {
+            return bad(
+                "num_experts_per_tok",
+                format!(
+                    "= {} exceeds num_local_experts = {}",
+                    self.top_k, self.num_experts
+                ),
+            );
+        }
+        for (name, v) in [
+            ("swiglu_limit", self.swiglu_limit),
+            ("swiglu_alpha", self.swiglu_alpha),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(name, format!("= {v}: must be a positive number"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The attention window of `layer`, if it slides.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        match self.layer_types[layer] {
+            AttnType::Sliding => Some(self.sliding_window),
+            AttnType::Full => None,
+        }
+    }
+
+    /// Floats cached per token per layer: keys then values of every kv head.
+    pub fn kv_width(&self) -> usize {
+        2 * self.num_kv_heads * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tiny() -> Value {
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/gpt_oss-tiny/config.json"
+        );
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    fn err_of(edit: impl Fn(&mut Value)) -> String {
+        let mut v = tiny();
+        edit(&mut v);
+        GptOssSpec::from_json(&v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_tiny() {
+        let s = GptOssSpec::from_json(&tiny()).unwrap();
+        use AttnType::{Full, Sliding};
+        assert_eq!(s.layer_types, vec![Sliding, Full, Sliding, Full]);
+        assert_eq!((s.window(0), s.window(1)), (Some(8), None));
+        assert_eq!((s.num_experts, s.top_k, s.intermediate_size), (16, 4, 32));
+        assert_eq!((s.swiglu_limit, s.swiglu_alpha), (7.0, 1.702));
+        let y = s.rope.yarn.as_ref().unwrap();
+        assert!(!y.truncate && y.factor == 32.0);
+        let mut v = tiny();
+        v.as_object_mut().unwrap().remove("layer_types");
+        let s = GptOssSpec::from_json(&v).unwrap();
+        assert_eq!(s.layer_types, vec![Sliding, Full, Sliding, Full]);
+    }
+
+    #[test]
+    fn rejects_with_field_and_value() {
+        let e = err_of(
+            |v| v["quantization_config"] = json!({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}),
+        );
+        assert!(
+            e.contains("quantization_config")
+                && e.contains("\"mxfp4\"")
+                && e.contains("supported:"),
+            "{e}"
+        );
+        let e = err_of(|v| v["layer_types"][1] = "chunked_attention".into());
+        assert!(
+            e.contains("layer_types") && e.contains("chunked_attention"),
+            "{e}"
+        );
+        let e = err_of(|v| v["layer_types"] = json!(["full_attention"]));
+        assert!(e.contains("1 entries for 4 layers"), "{e}");
+        let e = err_of(|v| v["num_key_value_heads"] = 3.into());
+        assert!(e.contains("num_key_value_heads: = 3"), "{e}");
+        let e = err_of(|v| v["swiglu_limit"] = (-1.0).into());
+        assert!(e.contains("swiglu_limit"), "{e}");
+    }
+}

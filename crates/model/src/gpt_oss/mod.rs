@@ -1,0 +1,214 @@
+//! GPT-OSS (`model_type` `gpt_oss`): grouped-query attention with biases,
+//! YaRN rotary embedding, a learned attention sink per head and a sliding
+//! window on alternate layers; every layer's feed-forward is a
+//! softmax-over-top-k routed MoE of clamped-SwiGLU experts with biases,
+//! stacked per layer in the checkpoint.
+//!
+//! ```text
+//! h = embed(ids)
+//! per layer:  h += Attn(RMSNorm(h; input_layernorm))          (sliding or full)
+//!             h += MoE(RMSNorm(h; post_attention_layernorm))
+//! logits = lm_head(RMSNorm(h; norm))
+//! ```
+//! Activations are fp32 throughout; each position's result is
+//! bit-identical whatever the step holds besides it. Sliding layers keep
+//! every row like full ones (a state's layers all hold `pos` rows) but read
+//! only the blocks their window reaches. The released MXFP4 checkpoint is
+//! refused by the config reader with its method named.
+
+pub mod attention;
+pub mod config;
+pub mod moe;
+mod step;
+pub mod tensors;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fathom_kernels::rope::Rope;
+use fathom_weights::Checkpoint;
+
+use self::config::GptOssSpec;
+use self::tensors::Role;
+use self::weights::GptOssWeights;
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::kv::KvPool;
+use crate::kv_state::{KvLayout, KvState};
+use crate::linear::Spine;
+use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
+use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::trace::Tracer;
+
+/// The registry's entry for GPT-OSS.
+pub const ARCHITECTURE: Architecture = Architecture {
+    family: "GPT-OSS",
+    model_types: &["gpt_oss"],
+    architectures: &["GptOssForCausalLM"],
+    load: load_lm,
+    memory,
+};
+
+fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
+    Ok(memory_facts(&GptOssSpec::from_dir(dir)?))
+}
+
+/// What the RAM ledger needs to know about a GPT-OSS model.
+pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
+    let table = tensors::tensor_table(spec);
+    // The int8 spine quantises the attention projections and the head.
+    let [spine, int8, emb, routed] =
+        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
+            shape: &t.shape,
+            bytes: t.bytes(),
+            embedding: t.role == Role::Embedding,
+            routed_expert: t.role == Role::RoutedExpert,
+            int8: matches!(t.role, Role::Attention | Role::Head),
+        }));
+    let experts = spec.num_layers * spec.num_experts;
+    crate::memory::MemoryFacts {
+        family: ARCHITECTURE.family,
+        hidden_size: spec.hidden_size,
+        vocab_size: spec.vocab_size,
+        spine_bytes: spine,
+        spine_int8_bytes: int8,
+        embedding_bytes: emb,
+        fixed_state_bytes: 0,
+        cache_floats_per_token: (spec.num_layers * spec.kv_width()) as u64,
+        top_k: spec.top_k,
+        moe_layers: spec.num_layers,
+        num_experts: spec.num_experts,
+        expert_bytes: routed / experts.max(1) as u64,
+        expert_scratch_floats: 2 * spec.intermediate_size + spec.hidden_size,
+        max_position_embeddings: spec.max_position_embeddings,
+    }
+}
+
+fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
+    let mut m = match opts.experts {
+        Some(make) => GptOssModel::load_with(dir, make)?,
+        None => GptOssModel::load(dir)?,
+    };
+    m.kv = KvPool::new(opts.kv);
+    if opts.spine == Spine::Int8 {
+        m.weights.quantize_spine_int8();
+    }
+    Ok(Arc::new(m))
+}
+
+/// A loaded GPT-OSS model: spec, resident spine, and a source of routed experts.
+pub struct GptOssModel {
+    pub spec: Arc<GptOssSpec>,
+    pub weights: GptOssWeights,
+    pub experts: Arc<dyn ExpertSource>,
+    /// Locators of every routed expert (what a streamed source reads).
+    pub expert_table: ExpertTable,
+    /// The rotation of every head (YaRN when configured).
+    pub rope: Rope,
+    /// What its sequence states are shaped by: per layer one `[K | V]` row
+    /// per token.
+    pub layout: Arc<KvLayout>,
+    /// Where every state's key/value blocks come from.
+    pub kv: Arc<KvPool>,
+    info: ModelInfo,
+}
+
+impl GptOssModel {
+    /// Loads a model with every expert resident in RAM.
+    pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(
+            dir,
+            Box::new(|ck, table| Ok(Arc::new(ResidentExperts::load(ck, table)?))),
+        )
+    }
+
+    /// Loads the spine and builds the expert source with `make_source`.
+    pub fn load_with(dir: &Path, make_source: MakeSource) -> Result<Self> {
+        let spec = Arc::new(GptOssSpec::from_dir(dir)?);
+        let ck = Arc::new(Checkpoint::open(dir)?);
+        let weights = GptOssWeights::load(&spec, &ck)?;
+        let expert_table = tensors::expert_table(&spec, &ck)?;
+        let experts = make_source(&ck, &expert_table)?;
+        let info = model_info(&spec, &expert_table);
+        let layout = Arc::new(KvLayout {
+            family: ARCHITECTURE.family,
+            magic: *b"GOST",
+            layers: spec.num_layers,
+            width: spec.kv_width(),
+        });
+        Ok(GptOssModel {
+            rope: spec.rope.rope(spec.head_dim),
+            spec,
+            weights,
+            experts,
+            expert_table,
+            layout,
+            kv: KvPool::unlimited(),
+            info,
+        })
+    }
+
+    pub fn new_state(&self) -> KvState {
+        KvState::new(&self.layout, &self.kv)
+    }
+
+    /// One sequence's pass, observed by `tracer` (reference comparisons).
+    pub fn forward_traced(
+        &self,
+        state: &mut KvState,
+        tokens: &[u32],
+        which: Logits,
+        tracer: Option<&mut dyn Tracer>,
+    ) -> Result<Vec<f32>> {
+        let mut b = [StepInput {
+            state,
+            tokens,
+            logits: which,
+        }];
+        let mut out = step::step(self, &mut b, tracer).map_err(|e| e.error)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+}
+
+fn model_info(spec: &GptOssSpec, table: &ExpertTable) -> ModelInfo {
+    ModelInfo {
+        family: ARCHITECTURE.family,
+        model_type: "gpt_oss".into(),
+        vocab_size: spec.vocab_size,
+        hidden_size: spec.hidden_size,
+        num_layers: spec.num_layers,
+        bos_token_id: spec.bos_token_id,
+        eos_token_ids: spec.eos_token_ids.clone(),
+        max_position_embeddings: spec.max_position_embeddings,
+        spine_bytes: tensors::tensor_table(spec)
+            .iter()
+            .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
+            .map(tensors::TensorSpec::bytes)
+            .sum(),
+        expert_bytes: table.expert_bytes(),
+        experts_per_token: spec.top_k,
+        moe_layers: table.moe_layers(),
+    }
+}
+
+impl CausalLm for GptOssModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+    fn new_state(&self) -> Box<dyn SeqState> {
+        Box::new(GptOssModel::new_state(self))
+    }
+    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
+        step::step(self, batch, None)
+    }
+    fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
+    }
+    fn kv_stats(&self) -> crate::kv::KvStats {
+        self.kv.stats()
+    }
+    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
+        Ok(Box::new(KvState::decode(&self.layout, &self.kv, bytes)?))
+    }
+}

@@ -1,0 +1,110 @@
+//! The batched step: several sequences, each with its own key/value cache
+//! and any number of new positions, advanced in one pass over the layers.
+//!
+//! All sequences' new rows are stacked into one `[N, D]` matrix; spine
+//! matrices multiply all rows at once, the rotary angles are computed once
+//! per row for every layer, attention over the cache runs per sequence (a
+//! sliding layer reads only the blocks its window reaches), the MoE
+//! fetches the union of the experts once. So a sequence's logits are
+//! bit-identical whatever else the step holds, however its prompt was
+//! chunked. Atomic: a failure truncates every cache back to its position
+//! before the step.
+
+use fathom_kernels::ops::rms_norm_rows;
+
+use super::GptOssModel;
+use super::attention::attention;
+use super::moe;
+use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::error::Result;
+use crate::kv::PagedRows;
+use crate::kv_state::KvState;
+use crate::lm::{Logits, StepError, StepInput};
+use crate::rotary::Angles;
+use crate::trace::{Tracer, trace};
+
+/// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
+pub(super) fn step(
+    model: &GptOssModel,
+    batch: &mut [StepInput<'_>],
+    tracer: Option<&mut dyn Tracer>,
+) -> std::result::Result<Vec<Vec<f32>>, StepError> {
+    atomic_step::<KvState>(model.spec.vocab_size, batch, |states, rows| {
+        forward_rows(model, states, rows, tracer)
+    })
+}
+
+/// The layers over the stacked rows; per-sequence logits rows as asked.
+/// Traces `embeddings` (layer 0), each layer's output `layer_out`,
+/// `final_hidden` and each layer's routes.
+fn forward_rows(
+    model: &GptOssModel,
+    states: &mut [&mut KvState],
+    rows: &Rows,
+    mut tracer: Option<&mut dyn Tracer>,
+) -> Result<Vec<Vec<f32>>> {
+    let (spec, w) = (&*model.spec, &model.weights);
+    let (d, eps) = (spec.hidden_size, spec.rms_norm_eps);
+    let segs = &rows.segs;
+    let mut h: Vec<f32> = rows
+        .tokens
+        .iter()
+        .flat_map(|&id| w.embed_tokens.row(id as usize))
+        .collect();
+    trace(&mut tracer, 0, "embeddings", &h);
+    let starts: Vec<usize> = states.iter().map(|s| s.pos).collect();
+    let angles = Angles::new(&model.rope, segs, &starts);
+    for (i, lw) in w.layers.iter().enumerate() {
+        let mut x = h.clone();
+        rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
+        let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
+        let a = attention(
+            spec,
+            i,
+            &lw.self_attn,
+            &model.rope,
+            &angles,
+            &mut caches,
+            segs,
+            &x,
+        )?;
+        add(&mut h, &a);
+        let mut x = h.clone();
+        rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
+        let next = w.layers.get(i + 1).map(|nl| (i + 1, &nl.router));
+        let mut routes = tracer.as_ref().map(|_| Vec::new());
+        let src = model.experts.as_ref();
+        let m = moe::moe(spec, i, &lw.router, &x, src, next, routes.as_mut())?;
+        if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
+            tr.routes(i, &r);
+        }
+        add(&mut h, &m);
+        trace(&mut tracer, i, "layer_out", &h);
+    }
+    for (s, seg) in states.iter_mut().zip(segs) {
+        s.pos += seg.len();
+    }
+    Ok(head(model, &h, segs, &rows.which, &mut tracer))
+}
+
+/// Final norm and head, only for the rows asked for; split per sequence.
+fn head(
+    model: &GptOssModel,
+    h: &[f32],
+    segs: &[Segment],
+    which: &[Logits],
+    tracer: &mut Option<&mut dyn Tracer>,
+) -> Vec<Vec<f32>> {
+    let (spec, w) = (&*model.spec, &model.weights);
+    let d = spec.hidden_size;
+    let rows = logit_rows(segs, which);
+    let mut hfin = gather(h, &rows, d);
+    rms_norm_rows(&mut hfin, d, &w.norm, spec.rms_norm_eps);
+    trace(tracer, usize::MAX, "final_hidden", &hfin);
+    let logits = if rows.is_empty() {
+        Vec::new()
+    } else {
+        w.lm_head.forward(&hfin, rows.len())
+    };
+    split_logits(&logits, segs, which, spec.vocab_size)
+}

@@ -1,0 +1,101 @@
+//! Binding: checkpoint names → typed per-layer weights, once, at load.
+//! After [`GptOssWeights::load`] nothing is looked up by name again.
+
+use fathom_weights::Checkpoint;
+
+use super::config::GptOssSpec;
+use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
+use crate::bind::{Binder, require_none};
+use crate::error::Result;
+use crate::linear::{Linear, Proj};
+
+#[derive(Debug)]
+pub struct AttnWeights {
+    pub q_proj: Proj,
+    pub k_proj: Proj,
+    pub v_proj: Proj,
+    pub o_proj: Proj,
+    /// One extra softmax logit per head (carries no value).
+    pub sinks: Vec<f32>,
+}
+
+/// The router: `x Wᵀ + b` over the experts.
+#[derive(Debug)]
+pub struct RouterWeights {
+    /// `[E, D]`, kept in its stored precision (it picks experts).
+    pub weight: Linear,
+    pub bias: Vec<f32>,
+}
+
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub input_layernorm: Vec<f32>,
+    pub post_attention_layernorm: Vec<f32>,
+    pub self_attn: AttnWeights,
+    pub router: RouterWeights,
+}
+
+/// The resident spine: everything but the routed experts (and their
+/// biases, which travel with them).
+#[derive(Debug)]
+pub struct GptOssWeights {
+    pub embed_tokens: Linear,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Vec<f32>,
+    pub lm_head: Linear,
+}
+
+impl GptOssWeights {
+    /// Checks the checkpoint against the spec, then reads the spine.
+    pub fn load(spec: &GptOssSpec, ck: &Checkpoint) -> Result<Self> {
+        require_none(&check_tensors(spec, ck))?;
+        let b = Binder { ck };
+        let mut layers = Vec::with_capacity(spec.num_layers);
+        for i in 0..spec.num_layers {
+            let n = |rest: &str| layer_name(i, rest);
+            let proj = |name: &str| -> Result<Proj> {
+                Ok(Proj {
+                    weight: b.linear(&n(&format!("self_attn.{name}.weight")))?,
+                    bias: if spec.attention_bias {
+                        Some(b.vector(&n(&format!("self_attn.{name}.bias")))?)
+                    } else {
+                        None
+                    },
+                })
+            };
+            layers.push(LayerWeights {
+                input_layernorm: b.vector(&n("input_layernorm.weight"))?,
+                post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
+                self_attn: AttnWeights {
+                    q_proj: proj("q_proj")?,
+                    k_proj: proj("k_proj")?,
+                    v_proj: proj("v_proj")?,
+                    o_proj: proj("o_proj")?,
+                    sinks: b.vector(&n("self_attn.sinks"))?,
+                },
+                router: RouterWeights {
+                    weight: b.linear(&n("mlp.router.weight"))?,
+                    bias: b.vector(&n("mlp.router.bias"))?,
+                },
+            });
+        }
+        Ok(GptOssWeights {
+            embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
+            layers,
+            norm: b.vector(&format!("{PREFIX}norm.weight"))?,
+            lm_head: b.linear(LM_HEAD)?,
+        })
+    }
+
+    /// Quantises every spine matrix to per-row int8 (`Spine::Int8`), except
+    /// the embedding (a row lookup) and the routers (they pick the experts).
+    pub fn quantize_spine_int8(&mut self) {
+        for layer in &mut self.layers {
+            let a = &mut layer.self_attn;
+            for p in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
+                p.weight.quantize_int8();
+            }
+        }
+        self.lm_head.quantize_int8();
+    }
+}
