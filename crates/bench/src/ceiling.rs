@@ -322,7 +322,7 @@ mod tests {
         let s = measure_storage(&ck, &spans, limits).unwrap();
         assert!(s.bytes >= 1 << 20 && s.bytes_per_s > 0.0, "{s:?}");
         let sp = spine_bytes_per_token(&spec, false);
-        assert!(sp > 0 && sp < spine_bytes(&spec));
+        assert!(sp > 0 && sp < fathom_model::kimi_k3::memory_facts(&spec).spine_bytes);
         let q = spine_bytes_per_token(&spec, true);
         assert!(q < sp && q > sp / 3, "{q} vs {sp}");
     }

@@ -407,7 +407,10 @@ mod tests {
         let s = tiny();
         // 6 KDA layers: 4·(4·48·48 + 3·3·192); 3 MLA layers: 4·56 per token.
         let kda = 6 * 4 * (4 * 48 * 48 + 3 * 3 * 192) as u64;
-        assert_eq!(state_bytes(&s, 0), kda);
-        assert_eq!(state_bytes(&s, 10), kda + 3 * 4 * 56 * 10);
+        assert_eq!(kda_state_bytes(&s), kda);
+        // The latent cache is counted in whole 256-row blocks.
+        assert_eq!(kv_bytes(&s, 0, KvDtype::F32), 0);
+        assert_eq!(kv_bytes(&s, 10, KvDtype::F32), 3 * 4 * 56 * 256);
+        assert_eq!(kv_bytes(&s, 257, KvDtype::Bf16), 3 * 2 * 56 * 512);
     }
 }

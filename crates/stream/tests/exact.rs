@@ -131,7 +131,8 @@ fn cache_hits_on_repeat_and_prefetch_is_scored() {
     assert_eq!(second.misses, 0, "everything is cached the second time");
     assert_eq!(second.hits, second.requested);
     // Reads in the second run can only be prefetches of wrong guesses.
-    let per = fathom_stream::budget::expert_ram_bytes(&m.spec);
+    let per =
+        fathom_stream::budget::expert_ram_bytes(&fathom_model::kimi_k3::memory_facts(&m.spec));
     assert!(
         second.bytes_read <= (second.hinted - second.hinted_used) * per,
         "{second:?}"
