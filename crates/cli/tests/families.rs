@@ -134,3 +134,67 @@ fn batch_runs_every_family_exactly() {
         let _ = std::fs::remove_file(file);
     }
 }
+
+/// Bytes of every tensor in a safetensors file's header, split into routed
+/// experts (names with `.experts.`) and the rest.
+fn header_bytes(file: &std::path::Path) -> (u64, u64) {
+    let raw = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+    let h: Value = serde_json::from_slice(&raw[8..8 + n]).unwrap();
+    let (mut experts, mut rest) = (0, 0);
+    for (name, t) in h.as_object().unwrap() {
+        if name == "__metadata__" {
+            continue;
+        }
+        let o = t["data_offsets"].as_array().unwrap();
+        let len = o[1].as_u64().unwrap() - o[0].as_u64().unwrap();
+        if name.contains(".experts.") {
+            experts += len;
+        } else {
+            rest += len;
+        }
+    }
+    (experts, rest)
+}
+
+#[test]
+fn inspect_states_every_familys_bytes_from_its_config() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let out = fathom(&[
+            "inspect",
+            dir.to_str().unwrap(),
+            "--ram-budget",
+            "1GB",
+            "--context",
+            "1000",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        // The config-only figures equal what the checkpoint holds.
+        let (experts, rest) = header_bytes(&dir.join("model.safetensors"));
+        assert_eq!(
+            r["spine"]["bf16_bytes"].as_u64().unwrap(),
+            rest,
+            "{name} spine"
+        );
+        let each = r["expert_bytes"].as_u64().unwrap();
+        assert_eq!(
+            each * r["experts_total"].as_u64().unwrap(),
+            experts,
+            "{name} experts"
+        );
+        let m = &r["model"];
+        let per_token = m["top_k"].as_u64().unwrap() * m["moe_layers"].as_u64().unwrap() * each;
+        assert_eq!(
+            r["per_token"]["routed_expert_bytes"].as_u64().unwrap(),
+            per_token
+        );
+        assert_eq!(r["ledger"]["bf16"]["fits"], true, "{name}");
+    }
+}

@@ -19,6 +19,7 @@ use clap::Args;
 use fathom_model::Spine;
 use fathom_model::kimi_k3::config::{AttnKind, FfnKind, K3Spec};
 use fathom_model::kimi_k3::tensors::{Role, expert_bytes, tensor_table};
+use fathom_model::memory::MemoryFacts;
 use fathom_stream::budget::{
     KvPlan, Ledger, expert_ram_bytes, io_buffer_bytes, kda_state_bytes, kv_bytes, scratch_bytes,
     spine_bytes_for,
@@ -103,7 +104,7 @@ fn layer_plan(spec: &K3Spec) -> (String, String) {
 }
 
 /// Shard files present next to config.json: (count, bytes).
-fn shard_files(dir: &Path) -> Result<Option<(usize, u64)>> {
+pub(crate) fn shard_files(dir: &Path) -> Result<Option<(usize, u64)>> {
     let mut n = 0;
     let mut bytes = 0;
     for e in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
@@ -127,23 +128,16 @@ fn max_inflight(spec: &K3Spec) -> usize {
 
 /// The budget ledger of one spine representation: its fields, plus whether
 /// it fits, the least budget that would, and the cached share of experts.
-fn ledger(spec: &K3Spec, spine: Spine, budget: u64, kv: &KvArgs) -> Result<Value> {
-    let facts = fathom_model::kimi_k3::memory_facts(spec);
-    let plan = KvPlan::new(&facts, kv.context, 1, kv.dtype, kv.ram, budget);
-    let min = Ledger::minimum(
-        &facts,
-        spine,
-        kv.context,
-        plan,
-        POSITIONS,
-        max_inflight(spec),
-    );
+pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs) -> Result<Value> {
+    let plan = KvPlan::new(facts, kv.context, 1, kv.dtype, kv.ram, budget);
+    let inflight = 2 * facts.top_k;
+    let min = Ledger::minimum(facts, spine, kv.context, plan, POSITIONS, inflight);
     let fixed = min.fixed();
-    let (fits, l) = match min.clone().with_budget(&facts, budget) {
+    let (fits, l) = match min.clone().with_budget(facts, budget) {
         Ok(l) => (true, l),
         Err(_) => (false, Ledger { budget, ..min }),
     };
-    let all = spec.moe_layers().count() * spec.num_experts;
+    let all = facts.total_experts();
     let mut v = serde_json::to_value(&l)?;
     let extra = json!({
         "spine_bytes": l.spine,
@@ -163,12 +157,11 @@ fn ledger(spec: &K3Spec, spine: Spine, budget: u64, kv: &KvArgs) -> Result<Value
     Ok(v)
 }
 
-/// Everything `inspect` reports, as JSON (the text form prints from it).
 /// The attention-cache plan asked for.
-struct KvArgs {
-    context: usize,
-    ram: Option<u64>,
-    dtype: fathom_model::KvDtype,
+pub(crate) struct KvArgs {
+    pub context: usize,
+    pub ram: Option<u64>,
+    pub dtype: fathom_model::KvDtype,
 }
 
 fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result<Value> {
@@ -203,8 +196,8 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
     let ledgers = match budget {
         Some(b) => Some(json!({
             "budget_bytes": b,
-            "bf16": ledger(spec, Spine::Bf16, b, kv)?,
-            "int8": ledger(spec, Spine::Int8, b, kv)?,
+            "bf16": ledger(&facts, Spine::Bf16, b, kv)?,
+            "int8": ledger(&facts, Spine::Int8, b, kv)?,
         })),
         None => None,
     };
@@ -239,6 +232,18 @@ pub fn run(a: InspectArgs) -> Result<()> {
     if !a.dir.join("config.json").is_file() {
         bail!("{} has no config.json", a.dir.display());
     }
+    let arch = fathom_model::registry::detect(&a.dir)
+        .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
+    if arch.family != fathom_model::kimi_k3::ARCHITECTURE.family {
+        return super::inspect_facts::run(
+            &a.dir,
+            a.ram_budget,
+            a.context,
+            a.kv_ram,
+            a.kv_dtype.into(),
+            a.json,
+        );
+    }
     let spec = K3Spec::from_dir(&a.dir)
         .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
     let kv = KvArgs {
@@ -258,7 +263,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     Ok(())
 }
 
-fn b(v: &Value) -> String {
+pub(crate) fn b(v: &Value) -> String {
     format_bytes(v.as_u64().unwrap_or(0))
 }
 
@@ -355,7 +360,7 @@ fn print_text(r: &Value) {
     }
 }
 
-fn print_ledger(l: &serde_json::Map<String, Value>) {
+pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
     println!();
     println!("RAM budget {}:", b(&l["budget_bytes"]));
     println!("{:<22} {:>14} {:>14}", "", "bf16 spine", "int8 spine");

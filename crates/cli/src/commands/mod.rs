@@ -5,6 +5,7 @@ pub mod chat;
 pub mod demo;
 pub mod eval_quant;
 pub mod inspect;
+pub mod inspect_facts;
 pub mod logits;
 pub mod run;
 pub mod serve;

@@ -59,10 +59,10 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
-    /// Bytes when stored in bf16 (as released unquantized; F32 router
-    /// biases aside).
+    /// Bytes as released: bf16, but the router's score-correction bias in f32.
     pub fn bytes(&self) -> u64 {
-        2 * self.shape.iter().product::<usize>() as u64
+        let per = if self.name.ends_with("e_score_correction_bias") { 4 } else { 2 };
+        per * self.shape.iter().product::<usize>() as u64
     }
 }
 
