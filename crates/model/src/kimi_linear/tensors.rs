@@ -59,7 +59,11 @@ pub struct TensorSpec {
 impl TensorSpec {
     /// Bytes as released: bf16, but the router's score-correction bias in f32.
     pub fn bytes(&self) -> u64 {
-        let per = if self.name.ends_with("e_score_correction_bias") { 4 } else { 2 };
+        let per = if self.name.ends_with("e_score_correction_bias") {
+            4
+        } else {
+            2
+        };
         per * self.shape.iter().product::<usize>() as u64
     }
 }
