@@ -5,14 +5,15 @@
 //! leaves nothing behind), cut into fixed slots of the first block's size
 //! rounded up to 4 KiB. Writes and reads use `O_DIRECT` where the filesystem
 //! allows, so spilled blocks do not sit in the page cache outside the
-//! budget. A read of several slots runs on its own thread (the caller asks
-//! for the next window before using the current one) and merges runs of
+//! budget. Reads run on one reader thread per file (the caller asks for the
+//! next window before using the current one), each merging runs of
 //! consecutive slots into one positional read.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 
 use fathom_model::kv::{KvPending, KvSpill};
 use fathom_weights::{AlignedBuf, IO_ALIGN};
@@ -28,7 +29,17 @@ struct Inner {
     file: File,
     direct: bool,
     slots: Mutex<Slots>,
+    /// The slot size, for the reader thread.
+    size: Arc<AtomicU64>,
+    /// Jobs for the one reader thread (it ends when this is dropped).
+    jobs: Mutex<mpsc::Sender<Job>>,
 }
+
+/// Slots to read, and where their bytes go.
+type Job = (
+    Vec<(u64, usize)>,
+    mpsc::Sender<std::io::Result<Vec<Vec<u8>>>>,
+);
 
 /// The spill file of one process, made when first needed.
 pub struct FileSpill {
@@ -97,6 +108,16 @@ fn open_file(dir: &Path, direct: bool) -> std::io::Result<Inner> {
         };
         // The file lives while it is open; nothing is left after the process.
         std::fs::remove_file(&path)?;
+        let size = Arc::new(AtomicU64::new(0));
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (rfile, rsize) = (file.try_clone()?, size.clone());
+        std::thread::Builder::new()
+            .name("fathom-kv-read".into())
+            .spawn(move || {
+                for (slots, reply) in rx {
+                    let _ = reply.send(read_slots(&rfile, rsize.load(Ordering::Acquire), &slots));
+                }
+            })?;
         Ok(Inner {
             file,
             direct,
@@ -105,6 +126,8 @@ fn open_file(dir: &Path, direct: bool) -> std::io::Result<Inner> {
                 next: 0,
                 free: Vec::new(),
             }),
+            size,
+            jobs: Mutex::new(tx),
         })
     }
 }
@@ -127,6 +150,7 @@ impl KvSpill for FileSpill {
             let mut s = inner.slots.lock().unwrap_or_else(|p| p.into_inner());
             if s.size == 0 {
                 s.size = round_up(bytes.len() as u64).max(IO_ALIGN as u64);
+                inner.size.store(s.size, Ordering::Release);
             }
             if bytes.len() as u64 > s.size {
                 return Err(std::io::Error::other(format!(
@@ -152,12 +176,17 @@ impl KvSpill for FileSpill {
 
     fn read(&self, slots: Vec<(u64, usize)>) -> Box<dyn KvPending> {
         let inner = match self.inner() {
-            Ok(i) => i.clone(),
+            Ok(i) => i,
             Err(e) => return Box::new(Failed(Some(e))),
         };
-        Box::new(Pending(Some(std::thread::spawn(move || {
-            read_slots(&inner, &slots)
-        }))))
+        let (tx, rx) = mpsc::channel();
+        let jobs = inner.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs.send((slots, tx)).is_err() {
+            return Box::new(Failed(Some(std::io::Error::other(
+                "the cache reader thread ended",
+            ))));
+        }
+        Box::new(Pending(rx))
     }
 
     fn free(&self, slot: u64) {
@@ -173,8 +202,7 @@ impl KvSpill for FileSpill {
 }
 
 /// Reads `slots` in order, one positional read per run of consecutive slots.
-fn read_slots(inner: &Inner, slots: &[(u64, usize)]) -> std::io::Result<Vec<Vec<u8>>> {
-    let size = inner.slots.lock().unwrap_or_else(|p| p.into_inner()).size;
+fn read_slots(file: &File, size: u64, slots: &[(u64, usize)]) -> std::io::Result<Vec<Vec<u8>>> {
     let mut out = Vec::with_capacity(slots.len());
     let mut i = 0;
     while i < slots.len() {
@@ -183,7 +211,7 @@ fn read_slots(inner: &Inner, slots: &[(u64, usize)]) -> std::io::Result<Vec<Vec<
             j += 1;
         }
         let mut buf = AlignedBuf::zeroed((size * (j - i) as u64) as usize);
-        inner.file.read_exact_at(&mut buf, slots[i].0 * size)?;
+        file.read_exact_at(&mut buf, slots[i].0 * size)?;
         for (k, &(_, len)) in slots[i..j].iter().enumerate() {
             let at = k * size as usize;
             out.push(buf[at..at + len].to_vec());
@@ -204,14 +232,13 @@ impl KvPending for Failed {
     }
 }
 
-struct Pending(Option<std::thread::JoinHandle<std::io::Result<Vec<Vec<u8>>>>>);
+struct Pending(mpsc::Receiver<std::io::Result<Vec<Vec<u8>>>>);
 
 impl KvPending for Pending {
-    fn wait(mut self: Box<Self>) -> std::io::Result<Vec<Vec<u8>>> {
-        match self.0.take().map(|h| h.join()) {
-            Some(Ok(r)) => r,
-            _ => Err(std::io::Error::other("the cache reader thread failed")),
-        }
+    fn wait(self: Box<Self>) -> std::io::Result<Vec<Vec<u8>>> {
+        self.0
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the cache reader thread failed")))
     }
 }
 
