@@ -13,8 +13,11 @@
 //! Activations are fp32 throughout; each position's result is
 //! bit-identical whatever the step holds besides it. The checkpoint's
 //! multi-token-prediction layers (`num_nextn_predict_layers`) are not run.
-//! Quantised checkpoints (the released FP8 and INT4 ones) are refused by
-//! the config reader with the method named.
+//! The released quantized checkpoints are read as shipped (see
+//! [`crate::quant`]): FP8 E4M3 with 128×128 tile scales (DeepSeek-V3 / R1,
+//! Kimi K2: spine matrices and routed experts stay FP8, applied by the FP8
+//! kernel) and pack-quantized INT4 routed experts (Kimi K2 Thinking);
+//! other methods are refused naming what is supported.
 
 pub mod attention;
 pub mod config;
