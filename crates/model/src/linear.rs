@@ -358,9 +358,10 @@ impl Linear {
             .collect()
     }
 
-    /// Quantises to per-row int8 in place (no-op when already int8).
+    /// Quantises to per-row int8 in place (no-op when already int8, and
+    /// for FP8: already a byte a weight, re-quantising would only lose).
     pub fn quantize_int8(&mut self) {
-        if matches!(self.data, WeightData::Int8 { .. }) {
+        if matches!(self.data, WeightData::Int8 { .. } | WeightData::Fp8 { .. }) {
             return;
         }
         let (q, scale) = quantize_rows_int8(self.rows, self.cols, |r, out| {

@@ -66,10 +66,11 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
             bytes: t.bytes(),
             embedding: t.role == Role::Embedding,
             routed_expert: t.role == Role::RoutedExpert,
+            // FP8 matrices stay FP8 under `--spine int8`.
             int8: matches!(
                 t.role,
                 Role::Attention | Role::DenseMlp | Role::SharedExpert | Role::Head
-            ),
+            ) && t.storage == tensors::Storage::Float,
         }));
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
