@@ -10,7 +10,8 @@ use std::ops::Range;
 
 use fathom_weights::mxfp4::{E2M1, GROUP, e8m0};
 
-use crate::formats::{Bf16Rows, F32Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
+use crate::formats::{Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
+use crate::fp8::E4M3_SUB_STEP;
 
 /// Rows in flight together.
 const NR: usize = 2;
@@ -95,6 +96,72 @@ impl Load256 for Mxfp4Rows<'_> {
                 let m = _mm256_permutevar8x32_ps(mag, code);
                 let sg = _mm256_and_si256(_mm256_slli_epi32::<28>(code), sign);
                 _mm256_xor_ps(m, _mm256_castsi256_ps(sg))
+            })
+        }
+    }
+}
+
+/// Eight E4M3 codes (one per dword) as f32, with the bits of `fp8::E4M3`:
+/// normal codes re-bias the exponent field (`(code << 20) + (120 << 23)`),
+/// subnormal ones (`code < 8`) are the exact product `code · 2⁻⁹`, 0x7F is NaN;
+/// the sign bit is moved into place last.
+#[inline(always)]
+unsafe fn e4m3_8(v: __m256i) -> __m256 {
+    // SAFETY: register-only intrinsics; the caller runs with AVX2 enabled.
+    unsafe {
+        let mag = _mm256_and_si256(v, _mm256_set1_epi32(0x7F));
+        let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(v, _mm256_set1_epi32(0x80)));
+        let normal = _mm256_castsi256_ps(_mm256_add_epi32(
+            _mm256_slli_epi32::<20>(mag),
+            _mm256_set1_epi32(120 << 23),
+        ));
+        let sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(E4M3_SUB_STEP));
+        let is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
+        let is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)));
+        let x = _mm256_blendv_ps(normal, sub, is_sub);
+        let x = _mm256_blendv_ps(x, _mm256_set1_ps(f32::NAN), is_nan);
+        _mm256_or_ps(x, _mm256_castsi256_ps(sign))
+    }
+}
+
+impl Load256 for Fp8Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let p = self.q[r * self.cols + c..][..LANES].as_ptr();
+        let s = self.scale[self.scale_index(r, c)];
+        // SAFETY: the slice above holds 32 bytes; the rest is register work.
+        unsafe {
+            let s = _mm256_set1_ps(s);
+            std::array::from_fn(|k| {
+                let code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8 * k).cast()));
+                _mm256_mul_ps(e4m3_8(code), s)
+            })
+        }
+    }
+}
+
+impl Load256 for Int4Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let bytes = self.packed[(r * self.cols + c) / 2..][..LANES / 2].as_ptr();
+        let s = self.scale_at(r, c);
+        // SAFETY: 16 packed bytes are in range (slice above); the rest is register work.
+        unsafe {
+            let b = _mm_loadu_si128(bytes.cast());
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(b, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
+            let cols = [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)];
+            let (s, eight) = (_mm256_set1_ps(s), _mm256_set1_epi32(8));
+            std::array::from_fn(|k| {
+                let half = cols[k / 2];
+                let e = if k % 2 == 0 {
+                    half
+                } else {
+                    _mm_srli_si128::<8>(half)
+                };
+                let code = _mm256_sub_epi32(_mm256_cvtepu8_epi32(e), eight);
+                _mm256_mul_ps(_mm256_cvtepi32_ps(code), s)
             })
         }
     }

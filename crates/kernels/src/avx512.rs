@@ -16,7 +16,8 @@ use std::ops::Range;
 
 use fathom_weights::mxfp4::{E2M1, GROUP};
 
-use crate::formats::{Bf16Rows, F32Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
+use crate::formats::{Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
+use crate::fp8::E4M3_SUB_STEP;
 
 /// Rows in flight together.
 const NR: usize = 4;
@@ -152,6 +153,68 @@ impl Load512 for Mxfp4Rows<'_> {
             [
                 _mm512_permutexvar_ps(c0, lut),
                 _mm512_permutexvar_ps(c1, lut),
+            ]
+        }
+    }
+}
+
+/// Sixteen E4M3 codes (one per dword) as f32, with the bits of `fp8::E4M3`
+/// (the three cases of `avx2::e4m3_8`, selected by masks).
+#[inline(always)]
+unsafe fn e4m3_16(v: __m512i) -> __m512 {
+    // SAFETY: register-only intrinsics; the caller runs with AVX-512 F enabled.
+    unsafe {
+        let mag = _mm512_and_si512(v, _mm512_set1_epi32(0x7F));
+        let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(v, _mm512_set1_epi32(0x80)));
+        let normal = _mm512_castsi512_ps(_mm512_add_epi32(
+            _mm512_slli_epi32::<20>(mag),
+            _mm512_set1_epi32(120 << 23),
+        ));
+        let sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(E4M3_SUB_STEP));
+        let is_sub = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
+        let is_nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
+        let x = _mm512_mask_blend_ps(is_sub, normal, sub);
+        let x = _mm512_mask_blend_ps(is_nan, x, _mm512_set1_ps(f32::NAN));
+        _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), sign))
+    }
+}
+
+impl Load512 for Fp8Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2] {
+        debug_assert!(r < self.rows() && c + LANES <= self.cols);
+        // One checked lookup per 32 weights (the grid is the caller's).
+        let s = self.scale[self.scale_index(r, c)];
+        // SAFETY: the caller keeps the 32 bytes in range (`r < rows`, `c + 32 <= cols`).
+        unsafe {
+            let p = self.q.as_ptr().add(r * self.cols + c);
+            let s = _mm512_set1_ps(s);
+            let a = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
+            let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16).cast()));
+            [_mm512_mul_ps(e4m3_16(a), s), _mm512_mul_ps(e4m3_16(b), s)]
+        }
+    }
+}
+
+impl Load512 for Int4Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> [__m512; 2] {
+        debug_assert!(r < self.rows() && c + LANES <= self.cols);
+        let s = self.scale_at(r, c);
+        // SAFETY: the caller keeps the 16 packed bytes in range.
+        unsafe {
+            let bytes = self.packed.as_ptr().add((r * self.cols + c) / 2);
+            let b = _mm_loadu_si128(bytes.cast());
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(b, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
+            // Column order: low nibble (even column) then high nibble (odd).
+            let c0 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+            let c1 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi));
+            let (s, eight) = (_mm512_set1_ps(s), _mm512_set1_epi32(8));
+            [
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, eight)), s),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, eight)), s),
             ]
         }
     }

@@ -10,15 +10,17 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use crate::formats::{Bf16Rows, F32Rows, Int8Rows, Mxfp4Rows, block_scalar};
+use crate::formats::{Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, block_scalar};
 
 // One kernel: computes `out[k·t + j]` for row `rows.start + k` and position `j`.
 type F32Fn = for<'a> fn(&F32Rows<'a>, &[f32], usize, Range<usize>, &mut [f32]);
 type Bf16Fn = for<'a> fn(&Bf16Rows<'a>, &[f32], usize, Range<usize>, &mut [f32]);
 type Int8Fn = for<'a> fn(&Int8Rows<'a>, &[f32], usize, Range<usize>, &mut [f32]);
 type Mxfp4Fn = for<'a> fn(&Mxfp4Rows<'a>, &[f32], usize, Range<usize>, &mut [f32]);
+type Fp8Fn = for<'a> fn(&Fp8Rows<'a>, &[f32], usize, Range<usize>, &mut [f32]);
+type Int4Fn = for<'a> fn(&Int4Rows<'a>, &[f32], usize, Range<usize>, &mut [f32]);
 
-/// A table whose four entries are the generic kernel `$f` at each format.
+/// A table whose six entries are the generic kernel `$f` at each format.
 macro_rules! table {
     ($isa:expr, $f:path) => {
         Kernels {
@@ -27,6 +29,8 @@ macro_rules! table {
             bf16: |w: &Bf16Rows<'_>, x, t, r, o| $f(w, x, t, r, o),
             int8: |w: &Int8Rows<'_>, x, t, r, o| $f(w, x, t, r, o),
             mxfp4: |w: &Mxfp4Rows<'_>, x, t, r, o| $f(w, x, t, r, o),
+            fp8: |w: &Fp8Rows<'_>, x, t, r, o| $f(w, x, t, r, o),
+            int4: |w: &Int4Rows<'_>, x, t, r, o| $f(w, x, t, r, o),
         }
     };
 }
@@ -77,6 +81,10 @@ pub struct Kernels {
     pub bf16: Bf16Fn,
     pub int8: Int8Fn,
     pub mxfp4: Mxfp4Fn,
+    /// FP8 E4M3 with block scales (DeepSeek-V3's release).
+    pub fp8: Fp8Fn,
+    /// Symmetric group-scaled INT4 (compressed-tensors `pack-quantized`).
+    pub int4: Int4Fn,
 }
 
 static SCALAR: Kernels = table!(Isa::Scalar, block_scalar);

@@ -13,8 +13,10 @@
 //! per element: correct, slow, and only used as the reference and as the
 //! fallback for such CPUs. The 32 lanes are then folded in halves, `acc[i] += acc[i + h]` for
 //! `h = 16, 8, 4, 2, 1`. Each weight is first dequantised *exactly* to f32
-//! (bf16 and int8 always are; an MXFP4 value is `e2m1 * 2^e`, one correctly
-//! rounded f32 product); int8 rows multiply the folded sum by the row scale.
+//! (bf16 and int8 always are; an MXFP4 value is `e2m1 * 2^e` and an INT4
+//! value `(code − 8) · bf16 scale`, exact products; an FP8 value is
+//! `e4m3 · scale`, one correctly rounded f32 product); int8 rows multiply
+//! the folded sum by the row scale.
 //!
 //! 32 lanes are two AVX-512 registers, four AVX2 registers or eight NEON
 //! registers: every ISA keeps independent FMA chains (hiding their latency at
@@ -22,6 +24,8 @@
 //! bit-identical to this reference (NaN payloads excepted).
 
 use fathom_weights::mxfp4::{GROUP, Mxfp4Ref, e2m1, e8m0};
+
+use crate::fp8::{bf16, e4m3, int4};
 
 /// Interleaved partial sums of every dot product.
 pub const LANES: usize = 32;
@@ -64,6 +68,128 @@ pub struct Int8Rows<'a> {
 /// MXFP4 weights (`cols` is a multiple of 32, so a lane block is one scale group).
 #[derive(Clone, Copy)]
 pub struct Mxfp4Rows<'a>(pub Mxfp4Ref<'a>);
+
+/// FP8 E4M3 weights `[rows, cols]` with one f32 scale per `[br, bc]` tile
+/// (DeepSeek-V3's `weight_scale_inv [⌈out/br⌉, ⌈in/bc⌉]`): `w[r][i] =
+/// e4m3(q[r][i]) · scale[(row0 + r) / br][i / bc]`. Both block sides are
+/// powers of two and `bc ≥ 32`, so a 32-column lane block has one scale.
+#[derive(Clone, Copy)]
+pub struct Fp8Rows<'a> {
+    pub q: &'a [u8],
+    pub scale: &'a [f32],
+    pub cols: usize,
+    /// `log2` of the tile's rows and columns.
+    pub shift: [u32; 2],
+    /// Scale-grid columns, `⌈cols / bc⌉`.
+    pub grid_cols: usize,
+    /// Index of `q`'s first row in the scale grid's row space (a product
+    /// over some rows of a larger matrix).
+    pub row0: usize,
+}
+
+impl<'a> Fp8Rows<'a> {
+    /// Checks the block (powers of two, `bc ≥ 32`) and the lengths.
+    pub fn new(
+        q: &'a [u8],
+        scale: &'a [f32],
+        cols: usize,
+        block: [usize; 2],
+        row0: usize,
+    ) -> Option<Self> {
+        let [br, bc] = block;
+        let rows = q.len().checked_div(cols)?;
+        let ok = br.is_power_of_two()
+            && bc.is_power_of_two()
+            && bc >= LANES
+            && q.len() == rows * cols
+            && scale.len() >= (row0 + rows).div_ceil(br) * cols.div_ceil(bc);
+        ok.then_some(Fp8Rows {
+            q,
+            scale,
+            cols,
+            shift: [br.trailing_zeros(), bc.trailing_zeros()],
+            grid_cols: cols.div_ceil(bc),
+            row0,
+        })
+    }
+
+    /// Index into `scale` of the tile holding `(r, i)`.
+    #[inline(always)]
+    pub fn scale_index(&self, r: usize, i: usize) -> usize {
+        ((self.row0 + r) >> self.shift[0]) * self.grid_cols + (i >> self.shift[1])
+    }
+}
+
+/// Symmetric INT4 weights as compressed-tensors `pack-quantized` stores
+/// them: eight 4-bit codes per little-endian int32, column `c` in byte
+/// `c / 2` (low nibble for even `c`), value `code − 8`, times a bf16 scale
+/// per `group` columns (a power of two ≥ 32; `cols` a multiple of it).
+#[derive(Clone, Copy)]
+pub struct Int4Rows<'a> {
+    pub packed: &'a [u8],
+    /// bf16 bit patterns, `[rows, cols / group]`.
+    pub scale: &'a [u16],
+    pub cols: usize,
+    /// `log2(group)`.
+    pub group_shift: u32,
+}
+
+impl<'a> Int4Rows<'a> {
+    /// Checks the group and the lengths for `[rows, cols]`.
+    pub fn new(
+        packed: &'a [u8],
+        scale: &'a [u16],
+        rows: usize,
+        cols: usize,
+        group: usize,
+    ) -> Option<Self> {
+        let ok = group.is_power_of_two()
+            && group >= LANES
+            && cols.is_multiple_of(group)
+            && packed.len() == rows * cols / 2
+            && scale.len() == rows * cols / group;
+        ok.then_some(Int4Rows {
+            packed,
+            scale,
+            cols,
+            group_shift: group.trailing_zeros(),
+        })
+    }
+
+    /// The scale of column `i` of row `r`.
+    #[inline(always)]
+    pub fn scale_at(&self, r: usize, i: usize) -> f32 {
+        bf16(self.scale[(r * self.cols + i) >> self.group_shift])
+    }
+}
+
+impl Rows for Fp8Rows<'_> {
+    fn rows(&self) -> usize {
+        self.q.len() / self.cols.max(1)
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    #[inline(always)]
+    fn at(&self, r: usize, i: usize) -> f32 {
+        e4m3(self.q[r * self.cols + i]) * self.scale[self.scale_index(r, i)]
+    }
+}
+
+impl Rows for Int4Rows<'_> {
+    fn rows(&self) -> usize {
+        2 * self.packed.len() / self.cols.max(1)
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    #[inline(always)]
+    fn at(&self, r: usize, i: usize) -> f32 {
+        let b = self.packed[(r * self.cols + i) / 2];
+        let code = if i & 1 == 0 { b & 0x0F } else { b >> 4 };
+        int4(code) * self.scale_at(r, i)
+    }
+}
 
 impl Rows for F32Rows<'_> {
     fn rows(&self) -> usize {

@@ -15,6 +15,7 @@ mod avx2;
 mod avx512;
 pub mod dispatch;
 pub mod formats;
+pub mod fp8;
 pub mod gqa;
 pub mod kda;
 pub mod matmul;
@@ -26,6 +27,6 @@ pub mod rope;
 
 pub use dispatch::{Isa, Kernels, kernels, supported_isas};
 pub use matmul::{
-    matmul_bf16, matmul_bf16_bytes, matmul_bf16_in_major_bytes, matmul_f32, matmul_int8,
-    matmul_mxfp4,
+    matmul_bf16, matmul_bf16_bytes, matmul_bf16_in_major_bytes, matmul_f32, matmul_f32_bytes,
+    matmul_fp8, matmul_int4, matmul_int8, matmul_mxfp4,
 };

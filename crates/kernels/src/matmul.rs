@@ -1,4 +1,5 @@
-//! `y[T, out] = x[T, in] · W[out, in]ᵀ` for bf16, f32 and MXFP4 weights.
+//! `y[T, out] = x[T, in] · W[out, in]ᵀ` for bf16, f32, int8, MXFP4, FP8
+//! (block-scaled E4M3) and INT4 (group-scaled, pack-quantized) weights.
 //!
 //! Rows of W are visited once for all T positions (the weight row stays in
 //! cache while the T activations stream past it), which is what makes a
@@ -6,13 +7,14 @@
 //! dominate the bytes. The kernels behind these entry points are chosen once
 //! per process (`dispatch`); every choice gives bit-identical results.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use fathom_weights::mxfp4::Mxfp4Ref;
 use rayon::prelude::*;
 
 use crate::dispatch::{Kernels, kernels};
-use crate::formats::{Bf16Rows, F32Rows, Int8Rows, Mxfp4Rows};
+use crate::formats::{Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows};
 
 /// Below this many weight elements a product runs on the calling thread.
 const PAR_MIN_ELEMS: usize = 1 << 16;
@@ -115,6 +117,21 @@ impl Kernels {
         let w = Mxfp4Rows(w);
         for_rows(t, rows, cols, y, |r, o| (self.mxfp4)(&w, x, t, r, o));
     }
+
+    /// FP8 E4M3 weights with block scales, dequantised in registers 32
+    /// columns (within one scale tile) at a time.
+    pub fn matmul_fp8(&self, x: &[f32], t: usize, w: Fp8Rows<'_>, y: &mut [f32]) {
+        assert_eq!(x.len(), t * w.cols, "activation has the wrong size");
+        let (rows, cols) = (w.rows(), w.cols);
+        for_rows(t, rows, cols, y, |r, o| (self.fp8)(&w, x, t, r, o));
+    }
+
+    /// Group-scaled symmetric INT4 weights (compressed-tensors pack-quantized).
+    pub fn matmul_int4(&self, x: &[f32], t: usize, w: Int4Rows<'_>, y: &mut [f32]) {
+        assert_eq!(x.len(), t * w.cols, "activation has the wrong size");
+        let (rows, cols) = (w.rows(), w.cols);
+        for_rows(t, rows, cols, y, |r, o| (self.int4)(&w, x, t, r, o));
+    }
 }
 
 /// `y = x Wᵀ` for bf16 weights, with the process-wide kernels.
@@ -143,6 +160,59 @@ pub fn matmul_bf16_bytes(x: &[f32], t: usize, w: &[u8], rows: usize, cols: usize
 /// `y = x Wᵀ` for f32 weights, with the process-wide kernels.
 pub fn matmul_f32(x: &[f32], t: usize, w: &[f32], rows: usize, cols: usize, y: &mut [f32]) {
     kernels().matmul_f32(x, t, w, rows, cols, y)
+}
+
+/// Little-endian f32 bytes as f32s: in place when 4-byte aligned, else
+/// copied once (a tensor read into a byte buffer at any offset).
+pub fn f32s_of_bytes(b: &[u8]) -> Cow<'_, [f32]> {
+    assert!(b.len().is_multiple_of(4), "f32 bytes come in fours");
+    // SAFETY: every bit pattern is a valid f32; align_to only hands out the
+    // aligned middle, and the result is used only when nothing is left over.
+    let (head, words, tail) = unsafe { b.align_to::<f32>() };
+    if cfg!(target_endian = "little") && head.is_empty() && tail.is_empty() {
+        return Cow::Borrowed(words);
+    }
+    Cow::Owned(
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+/// Little-endian u16 bytes (bf16 bit patterns) as u16s, in place when
+/// 2-byte aligned, else copied once.
+pub fn u16s_of_bytes(b: &[u8]) -> Cow<'_, [u16]> {
+    assert!(b.len().is_multiple_of(2), "u16 bytes come in pairs");
+    // SAFETY: as in `f32s_of_bytes`.
+    let (head, words, tail) = unsafe { b.align_to::<u16>() };
+    if cfg!(target_endian = "little") && head.is_empty() && tail.is_empty() {
+        return Cow::Borrowed(words);
+    }
+    Cow::Owned(
+        b.chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect(),
+    )
+}
+
+/// `y = x Wᵀ` for f32 weights given as little-endian bytes (used in place
+/// when aligned). Same results as [`matmul_f32`].
+pub fn matmul_f32_bytes(x: &[f32], t: usize, w: &[u8], rows: usize, cols: usize, y: &mut [f32]) {
+    assert_eq!(w.len(), 4 * rows * cols, "weight has the wrong size");
+    matmul_f32(x, t, &f32s_of_bytes(w), rows, cols, y)
+}
+
+/// `y = x Wᵀ` for FP8 E4M3 weights with block scales, with the
+/// process-wide kernels: equal to dotting with the matrix dequantised as
+/// `e4m3 · scale` (one f32 rounding per weight), in the fixed 32-lane order.
+pub fn matmul_fp8(x: &[f32], t: usize, w: Fp8Rows<'_>, y: &mut [f32]) {
+    kernels().matmul_fp8(x, t, w, y)
+}
+
+/// `y = x Wᵀ` for group-scaled INT4 weights, with the process-wide
+/// kernels: every weight `(code − 8) · scale` is exact in f32.
+pub fn matmul_int4(x: &[f32], t: usize, w: Int4Rows<'_>, y: &mut [f32]) {
+    kernels().matmul_int4(x, t, w, y)
 }
 
 /// `y = x Wᵀ` for row-scaled int8 weights, with the process-wide kernels.

@@ -8,7 +8,8 @@ use std::ops::Range;
 
 use fathom_weights::mxfp4::{GROUP, e8m0};
 
-use crate::formats::{Bf16Rows, F32Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
+use crate::formats::{Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
+use crate::fp8::E4M3_SUB_STEP;
 
 type V = [float32x4_t; 8];
 
@@ -84,6 +85,81 @@ impl LoadNeon for Mxfp4Rows<'_> {
             let cols = [vzip1q_u8(lo, hi), vzip2q_u8(lo, hi)];
             let vals = [vqtbl1q_s8(lut, cols[0]), vqtbl1q_s8(lut, cols[1])];
             let s = vdupq_n_f32(half_scale);
+            std::array::from_fn(|k| {
+                let h = if (k / 2) % 2 == 0 {
+                    vget_low_s8(vals[k / 4])
+                } else {
+                    vget_high_s8(vals[k / 4])
+                };
+                let w16 = vmovl_s8(h);
+                let w32 = if k % 2 == 0 {
+                    vmovl_s16(vget_low_s16(w16))
+                } else {
+                    vmovl_s16(vget_high_s16(w16))
+                };
+                vmulq_f32(vcvtq_f32_s32(w32), s)
+            })
+        }
+    }
+}
+
+/// Four E4M3 codes (one per lane) as f32, with the bits of `fp8::E4M3`
+/// (the three cases of `avx2::e4m3_8`, selected with bit-select).
+#[inline(always)]
+unsafe fn e4m3_4(v: uint32x4_t) -> float32x4_t {
+    // SAFETY: register-only intrinsics.
+    unsafe {
+        let mag = vandq_u32(v, vdupq_n_u32(0x7F));
+        let sign = vshlq_n_u32::<24>(vandq_u32(v, vdupq_n_u32(0x80)));
+        let normal =
+            vreinterpretq_f32_u32(vaddq_u32(vshlq_n_u32::<20>(mag), vdupq_n_u32(120 << 23)));
+        let sub = vmulq_f32(vcvtq_f32_u32(mag), vdupq_n_f32(E4M3_SUB_STEP));
+        let x = vbslq_f32(vcltq_u32(mag, vdupq_n_u32(8)), sub, normal);
+        let x = vbslq_f32(vceqq_u32(mag, vdupq_n_u32(0x7F)), vdupq_n_f32(f32::NAN), x);
+        vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(x), sign))
+    }
+}
+
+impl LoadNeon for Fp8Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let p = self.q[r * self.cols + c..][..LANES].as_ptr();
+        let s = self.scale[self.scale_index(r, c)];
+        // SAFETY: the slice above holds 32 bytes; the rest is register work.
+        unsafe {
+            let s = vdupq_n_f32(s);
+            let b = [vld1q_u8(p), vld1q_u8(p.add(16))];
+            std::array::from_fn(|k| {
+                let h = if (k / 2) % 2 == 0 {
+                    vget_low_u8(b[k / 4])
+                } else {
+                    vget_high_u8(b[k / 4])
+                };
+                let w16 = vmovl_u8(h);
+                let w32 = if k % 2 == 0 {
+                    vmovl_u16(vget_low_u16(w16))
+                } else {
+                    vmovl_u16(vget_high_u16(w16))
+                };
+                vmulq_f32(e4m3_4(w32), s)
+            })
+        }
+    }
+}
+
+impl LoadNeon for Int4Rows<'_> {
+    #[inline(always)]
+    unsafe fn load(&self, r: usize, c: usize) -> V {
+        let bytes = self.packed[(r * self.cols + c) / 2..][..LANES / 2].as_ptr();
+        let s = self.scale_at(r, c);
+        // SAFETY: 16 packed bytes are in range (slice above); the rest is register work.
+        unsafe {
+            let b = vld1q_u8(bytes);
+            let lo = vandq_u8(b, vdupq_n_u8(0x0F));
+            let hi = vshrq_n_u8::<4>(b);
+            let codes = [vzip1q_u8(lo, hi), vzip2q_u8(lo, hi)];
+            let vals = codes.map(|c| vsubq_s8(vreinterpretq_s8_u8(c), vdupq_n_s8(8)));
+            let s = vdupq_n_f32(s);
             std::array::from_fn(|k| {
                 let h = if (k / 2) % 2 == 0 {
                     vget_low_s8(vals[k / 4])

@@ -16,16 +16,38 @@ pub(crate) fn is_float(d: Dtype) -> bool {
 /// Reads tensors by name.
 pub(crate) struct Binder<'a> {
     pub(crate) ck: &'a Checkpoint,
+    /// The checkpoint's FP8 tile (`quantization_config.weight_block_size`):
+    /// an `F8_E4M3` matrix `W` is then read with `W_scale_inv`.
+    pub(crate) fp8_block: Option<[usize; 2]>,
 }
 
-impl Binder<'_> {
+impl<'a> Binder<'a> {
+    /// A binder for float weights.
+    pub(crate) fn new(ck: &'a Checkpoint) -> Self {
+        Binder {
+            ck,
+            fp8_block: None,
+        }
+    }
+
     pub(crate) fn loc(&self, name: &str) -> Result<&TensorLoc> {
         self.ck
             .get(name)
             .ok_or_else(|| WeightsError::Missing(name.to_string()).into())
     }
+    /// A matrix as stored: float, or FP8 with its `_scale_inv` tiles.
     pub(crate) fn linear(&self, name: &str) -> Result<Linear> {
-        Linear::load(self.ck, name, self.loc(name)?)
+        let loc = self.loc(name)?;
+        if loc.dtype != Dtype::F8_E4M3 {
+            return Linear::load(self.ck, name, loc);
+        }
+        let block = self.fp8_block.ok_or_else(|| {
+            ModelError::Tensor(format!(
+                "{name}: F8_E4M3, but config.json declares no fp8 quantization_config"
+            ))
+        })?;
+        let scale = format!("{name}_scale_inv");
+        Linear::load_fp8(self.ck, (name, loc), (&scale, self.loc(&scale)?), block)
     }
     pub(crate) fn vector(&self, name: &str) -> Result<Vec<f32>> {
         load_vector(self.ck, name, self.loc(name)?)

@@ -8,12 +8,17 @@
 //!
 //! [`ResidentExperts`] keeps every expert in RAM; the streamed and CUDA
 //! sources of later issues implement the same trait. Experts are MXFP4
-//! (K3), bf16 (Kimi-Linear, Qwen3-MoE, DeepSeek-V3) or bf16 input-major with
-//! biases (GPT-OSS); [`ExpertWeights::matmul`] applies each.
+//! (K3; GPT-OSS's release, with biases), bf16 or f32 (Kimi-Linear,
+//! Qwen3-MoE, DeepSeek-V3), FP8 with block scales (DeepSeek-V3 / Kimi K2's
+//! release), group-scaled INT4 (Kimi K2 Thinking's release) or bf16
+//! input-major with biases (GPT-OSS); [`ExpertWeights::matmul`] applies each.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use fathom_kernels::formats::{Fp8Rows, Int4Rows};
+use fathom_kernels::fp8::{bf16, e4m3_is_nan};
+use fathom_kernels::matmul::{f32s_of_bytes, u16s_of_bytes};
 use fathom_weights::mxfp4::Mxfp4Ref;
 use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
 
@@ -36,6 +41,18 @@ pub enum ExpertFormat {
     /// bf16 stored input-major `[in, out]` (applied as `x·W`), each matrix
     /// with a bf16 bias `[out]`: slices of GPT-OSS's stacked expert tensors.
     Bf16InputMajorBias,
+    /// f32, one tensor a matrix.
+    F32,
+    /// E4M3 codes `[out, in]` with an f32 scale per `block` tile (the
+    /// companion, `[⌈out/br⌉, ⌈in/bc⌉]`): DeepSeek-V3's `weight_scale_inv`.
+    Fp8 { block: [usize; 2] },
+    /// compressed-tensors pack-quantized INT4 `[out, in/8]` int32 words
+    /// with a bf16 scale per `group` columns (the companion).
+    Int4 { group: usize },
+    /// MXFP4 `[out, in]` (GPT-OSS's released `_blocks` / `_scales` slices)
+    /// in the first two slots; the third slot holds their bf16 biases
+    /// (the first matrix's as its tensor, the second's as its companion).
+    Mxfp4Bias,
 }
 
 /// One routed expert's three matrices, in a single byte buffer (so a
@@ -53,7 +70,10 @@ pub struct ExpertWeights {
 impl ExpertWeights {
     /// Matrix `i` (0, 1, 2 in the table's order) of an MXFP4 expert.
     pub fn matrix(&self, i: usize) -> Mxfp4Ref<'_> {
-        debug_assert_eq!(self.format, ExpertFormat::Mxfp4);
+        debug_assert!(matches!(
+            self.format,
+            ExpertFormat::Mxfp4 | ExpertFormat::Mxfp4Bias
+        ));
         let (p, s, [r, c]) = self.parts[i];
         Mxfp4Ref {
             rows: r,
@@ -77,15 +97,107 @@ impl ExpertWeights {
                 let (p, b, [ins, outs]) = self.parts[i];
                 let w = &self.buf[p..p + 2 * ins * outs];
                 fathom_kernels::matmul_bf16_in_major_bytes(x, t, w, ins, outs, y);
-                let bias: Vec<f32> = self.buf[b..b + 2 * outs]
-                    .chunks_exact(2)
-                    .map(|h| f32::from_bits((u16::from_le_bytes([h[0], h[1]]) as u32) << 16))
-                    .collect();
-                for row in y.chunks_exact_mut(outs) {
-                    row.iter_mut().zip(&bias).for_each(|(v, c)| *v += c);
-                }
+                self.add_bias(b, outs, y);
+            }
+            ExpertFormat::F32 => {
+                let (p, _, [r, c]) = self.parts[i];
+                fathom_kernels::matmul_f32_bytes(x, t, &self.buf[p..p + 4 * r * c], r, c, y)
+            }
+            ExpertFormat::Fp8 { block } => {
+                let (p, s, [r, c]) = self.parts[i];
+                let grid = r.div_ceil(block[0]) * c.div_ceil(block[1]);
+                let scale = f32s_of_bytes(&self.buf[s..s + 4 * grid]);
+                let w = Fp8Rows::new(&self.buf[p..p + r * c], &scale, c, block, 0)
+                    .expect("FP8 expert shapes are checked at load");
+                fathom_kernels::matmul_fp8(x, t, w, y)
+            }
+            ExpertFormat::Int4 { group } => {
+                let (p, s, [r, c]) = self.parts[i];
+                let scale = u16s_of_bytes(&self.buf[s..s + 2 * r * c / group]);
+                let w = Int4Rows::new(&self.buf[p..p + r * c / 2], &scale, r, c, group)
+                    .expect("INT4 expert shapes are checked at load");
+                fathom_kernels::matmul_int4(x, t, w, y)
+            }
+            ExpertFormat::Mxfp4Bias => {
+                fathom_kernels::matmul_mxfp4(x, t, self.matrix(i), y);
+                let (b0, b1, _) = self.parts[2];
+                let bias = if i == 0 { b0 } else { b1 };
+                self.add_bias(bias, self.parts[i].2[0], y);
             }
         }
+    }
+
+    /// `y[t, :] += b` for the bf16 bias of `outs` values at `off`.
+    fn add_bias(&self, off: usize, outs: usize, y: &mut [f32]) {
+        let bias: Vec<f32> = u16s_of_bytes(&self.buf[off..off + 2 * outs])
+            .iter()
+            .map(|&h| bf16(h))
+            .collect();
+        for row in y.chunks_exact_mut(outs) {
+            row.iter_mut().zip(&bias).for_each(|(v, c)| *v += c);
+        }
+    }
+
+    /// Refuses what can only be corruption in a quantized expert: a NaN
+    /// E8M0 scale (0xFF), a NaN E4M3 code (0x7F, 0xFF), a non-finite FP8
+    /// or INT4 scale. Names the matrix (the table's order) and the place.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        for i in 0..3 {
+            let (p, s, [r, c]) = self.parts[i];
+            if r * c == 0 {
+                continue;
+            }
+            match self.format {
+                ExpertFormat::Mxfp4 | ExpertFormat::Mxfp4Bias => {
+                    let m = self.matrix(i);
+                    if let Some(k) = m.scales.iter().position(|&b| b == 0xFF) {
+                        let g = c / 32;
+                        return Err(format!(
+                            "matrix {i}: E8M0 scale 0xFF (NaN) for row {}, columns {}..{}",
+                            k / g,
+                            k % g * 32,
+                            k % g * 32 + 32
+                        ));
+                    }
+                }
+                ExpertFormat::Fp8 { block } => {
+                    let q = &self.buf[p..p + r * c];
+                    if let Some(k) = q.iter().position(|&b| e4m3_is_nan(b)) {
+                        return Err(format!(
+                            "matrix {i}: E4M3 code {:#04x} (NaN) at [{}, {}]",
+                            q[k],
+                            k / c,
+                            k % c
+                        ));
+                    }
+                    let gc = c.div_ceil(block[1]);
+                    let scale = f32s_of_bytes(&self.buf[s..s + 4 * r.div_ceil(block[0]) * gc]);
+                    if let Some(k) = scale.iter().position(|v| !v.is_finite()) {
+                        return Err(format!(
+                            "matrix {i}: scale {} at block [{}, {}] is not finite",
+                            scale[k],
+                            k / gc,
+                            k % gc
+                        ));
+                    }
+                }
+                ExpertFormat::Int4 { group } => {
+                    let scale = u16s_of_bytes(&self.buf[s..s + 2 * r * c / group]);
+                    if let Some(k) = scale.iter().position(|&h| !bf16(h).is_finite()) {
+                        let g = c / group;
+                        return Err(format!(
+                            "matrix {i}: scale {} for row {}, columns {}..{} is not finite",
+                            bf16(scale[k]),
+                            k / g,
+                            k % g * group,
+                            (k % g + 1) * group
+                        ));
+                    }
+                }
+                ExpertFormat::Bf16 | ExpertFormat::F32 | ExpertFormat::Bf16InputMajorBias => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -349,13 +461,25 @@ pub struct ResidentExperts {
 }
 
 impl ResidentExperts {
+    /// Reads every expert, refusing corrupt quantized ones
+    /// ([`ExpertWeights::check`]) by layer and expert.
     pub fn load(ck: &Checkpoint, table: &ExpertTable) -> Result<Self> {
         let layers = table
             .layers
             .iter()
-            .map(|l| {
+            .enumerate()
+            .map(|(li, l)| {
                 l.iter()
-                    .map(|e| e.read(&table.shapes, ck).map(Arc::new))
+                    .enumerate()
+                    .map(|(ei, e)| {
+                        let w = e.read(&table.shapes, ck)?;
+                        w.check().map_err(|m| {
+                            ModelError::Experts(format!(
+                                "layer {li}, expert {ei}, {m}: the checkpoint is corrupt"
+                            ))
+                        })?;
+                        Ok(Arc::new(w))
+                    })
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;

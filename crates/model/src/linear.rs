@@ -1,10 +1,13 @@
 //! A resident weight matrix `[rows, cols]` applied as `x Wᵀ`, kept in its
 //! stored precision (bf16 stays bf16: half the bytes, converted exactly in
-//! registers), or, when asked for (`Spine::Int8`), quantised at load to
-//! per-row symmetric int8 (half the bytes again; lossy).
+//! registers; a released FP8 matrix stays FP8 with its block scales), or,
+//! when asked for (`Spine::Int8`), quantised at load to per-row symmetric
+//! int8 (half the bytes again; lossy).
 
+use fathom_kernels::formats::Fp8Rows;
+use fathom_kernels::fp8::{e4m3, e4m3_is_nan};
 use fathom_kernels::quant::quantize_rows_int8;
-use fathom_kernels::{matmul_bf16, matmul_f32, matmul_int8};
+use fathom_kernels::{matmul_bf16, matmul_f32, matmul_fp8, matmul_int8};
 use fathom_weights::{Checkpoint, Dtype, TensorLoc, convert};
 
 use crate::error::{ModelError, Result};
@@ -17,6 +20,16 @@ pub enum WeightData {
     Int8 {
         q: Vec<i8>,
         scale: Vec<f32>,
+    },
+    /// E4M3 codes with one f32 scale per `block = [br, bc]` tile (powers
+    /// of two, `bc ≥ 32`): `W[r][c] = e4m3(q[r·cols + c]) · scale[r / br][c /
+    /// bc]` over the grid `[⌈rows/br⌉, ⌈cols/bc⌉]` (DeepSeek-V3's
+    /// `weight_scale_inv`). Row selections keep the format (a tile-unaligned
+    /// one copies each row's scales, `br = 1`).
+    Fp8 {
+        q: Vec<u8>,
+        scale: Vec<f32>,
+        block: [usize; 2],
     },
 }
 
@@ -72,6 +85,72 @@ impl Linear {
         Ok(Linear { rows, cols, data })
     }
 
+    /// Reads an FP8 matrix `name` (`F8_E4M3 [rows, cols]`) with its
+    /// block scales `scale_name` (a float grid `[⌈rows/br⌉, ⌈cols/bc⌉]`),
+    /// refusing NaN codes (0x7F, 0xFF) and non-finite scales by name.
+    pub fn load_fp8(
+        ck: &Checkpoint,
+        (name, loc): (&str, &TensorLoc),
+        (scale_name, scale_loc): (&str, &TensorLoc),
+        block: [usize; 2],
+    ) -> Result<Self> {
+        let [rows, cols] = loc.shape[..] else {
+            return Err(ModelError::Tensor(format!(
+                "{name}: expected a matrix, found {:?}",
+                loc.shape
+            )));
+        };
+        let grid = [rows.div_ceil(block[0]), cols.div_ceil(block[1])];
+        if loc.dtype != Dtype::F8_E4M3 || scale_loc.shape != grid {
+            return Err(ModelError::Tensor(format!(
+                "{name}: {:?} {:?} with scales {:?}: expected F8_E4M3 with a {grid:?} grid \
+                 for blocks {block:?}",
+                loc.dtype, loc.shape, scale_loc.shape
+            )));
+        }
+        let q = ck.read(loc)?;
+        if let Some(i) = q.iter().position(|&b| e4m3_is_nan(b)) {
+            return Err(ModelError::Tensor(format!(
+                "{name}: E4M3 code {:#04x} (NaN) at [{}, {}]: the checkpoint is corrupt",
+                q[i],
+                i / cols,
+                i % cols
+            )));
+        }
+        let scale = convert::to_f32(scale_loc.dtype, &ck.read(scale_loc)?).ok_or_else(|| {
+            ModelError::Tensor(format!(
+                "{scale_name}: {:?} is not a float dtype",
+                scale_loc.dtype
+            ))
+        })?;
+        if let Some(i) = scale.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Tensor(format!(
+                "{scale_name}: scale {} at block [{}, {}] is not finite: the checkpoint is corrupt",
+                scale[i],
+                i / grid[1],
+                i % grid[1]
+            )));
+        }
+        Ok(Linear {
+            rows,
+            cols,
+            data: WeightData::Fp8 { q, scale, block },
+        })
+    }
+
+    /// The kernels' view of FP8 rows `r` (the whole matrix from `0`).
+    fn fp8_rows<'a>(
+        &self,
+        q: &'a [u8],
+        scale: &'a [f32],
+        block: [usize; 2],
+        r: std::ops::Range<usize>,
+    ) -> Fp8Rows<'a> {
+        let c = self.cols;
+        Fp8Rows::new(&q[r.start * c..r.end * c], scale, c, block, r.start)
+            .expect("an FP8 matrix is checked when made")
+    }
+
     /// `y[T, rows] = x[T, cols] Wᵀ`.
     pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
         let mut y = vec![0f32; t * self.rows];
@@ -84,6 +163,9 @@ impl Linear {
             WeightData::Bf16(w) => matmul_bf16(x, t, w, self.rows, self.cols, y),
             WeightData::F32(w) => matmul_f32(x, t, w, self.rows, self.cols, y),
             WeightData::Int8 { q, scale } => matmul_int8(x, t, q, scale, self.cols, y),
+            WeightData::Fp8 { q, scale, block } => {
+                matmul_fp8(x, t, self.fp8_rows(q, scale, *block, 0..self.rows), y)
+            }
         }
     }
 
@@ -103,6 +185,9 @@ impl Linear {
                 c,
                 &mut y,
             ),
+            WeightData::Fp8 { q, scale, block } => {
+                matmul_fp8(x, t, self.fp8_rows(q, scale, *block, r), &mut y)
+            }
         }
         y
     }
@@ -122,6 +207,35 @@ impl Linear {
                     .flat_map(|j| rows.clone().map(move |r| w[r * c + j]))
                     .collect(),
             ),
+            // Tile-aligned rows of a matrix whose row tiles are ≥ 32 wide
+            // transpose into FP8 tiles `[bc, br]` (DeepSeek-V3's `kv_b_proj`
+            // heads); anything else is dequantised to f32 (the same values).
+            WeightData::Fp8 { q, scale, block } => {
+                let [br, bc] = *block;
+                if !rows.start.is_multiple_of(br) || br < 32 {
+                    return Linear {
+                        rows: c,
+                        cols: n,
+                        data: WeightData::F32(
+                            (0..c)
+                                .flat_map(|j| rows.clone().map(move |r| (r, j)))
+                                .map(|(r, j)| self.at(r, j))
+                                .collect(),
+                        ),
+                    };
+                }
+                let (gc, first) = (c.div_ceil(bc), rows.start / br);
+                WeightData::Fp8 {
+                    q: (0..c)
+                        .flat_map(|j| rows.clone().map(move |r| q[r * c + j]))
+                        .collect(),
+                    scale: (0..gc)
+                        .flat_map(|jb| (0..n.div_ceil(br)).map(move |kb| (jb, kb)))
+                        .map(|(jb, kb)| scale[(first + kb) * gc + jb])
+                        .collect(),
+                    block: [bc, br],
+                }
+            }
             WeightData::Int8 { .. } => {
                 let f: Vec<f32> = (0..c)
                     .flat_map(|j| rows.clone().map(move |r| (r, j)))
@@ -143,10 +257,34 @@ impl Linear {
         }
     }
 
-    /// Stacks matrices of one width and precision row-wise.
+    /// Stacks matrices of one width row-wise: in their precision when they
+    /// share it (FP8 parts: one block, every part but the last whole row
+    /// tiles), else dequantised to f32 (the same values).
     pub fn stack(parts: Vec<Linear>) -> Linear {
         let cols = parts.first().map_or(0, |p| p.cols);
         let rows = parts.iter().map(|p| p.rows).sum();
+        let kind = |p: &Linear| std::mem::discriminant(&p.data);
+        let same = parts.windows(2).all(|w| kind(&w[0]) == kind(&w[1]));
+        let fp8_ok = match parts.first().map(|p| &p.data) {
+            Some(WeightData::Fp8 { block, .. }) => {
+                let n = parts.len();
+                parts.iter().enumerate().all(|(i, p)| match &p.data {
+                    WeightData::Fp8 { block: b, .. } => {
+                        b == block && (i + 1 == n || p.rows.is_multiple_of(block[0]))
+                    }
+                    _ => false,
+                })
+            }
+            _ => true,
+        };
+        if !(same && fp8_ok) {
+            let f = parts.iter().flat_map(Linear::dequantized).collect();
+            return Linear {
+                rows,
+                cols,
+                data: WeightData::F32(f),
+            };
+        }
         let mut it = parts.into_iter();
         let mut data = it.next().map_or(WeightData::F32(Vec::new()), |p| p.data);
         for p in it {
@@ -154,6 +292,15 @@ impl Linear {
                 (WeightData::Bf16(a), WeightData::Bf16(b)) => a.extend(b),
                 (WeightData::F32(a), WeightData::F32(b)) => a.extend(b),
                 (WeightData::Int8 { q, scale }, WeightData::Int8 { q: q2, scale: s2 }) => {
+                    q.extend(q2);
+                    scale.extend(s2);
+                }
+                (
+                    WeightData::Fp8 { q, scale, .. },
+                    WeightData::Fp8 {
+                        q: q2, scale: s2, ..
+                    },
+                ) => {
                     q.extend(q2);
                     scale.extend(s2);
                 }
@@ -173,6 +320,28 @@ impl Linear {
                 q: q[rows.start * c..rows.end * c].to_vec(),
                 scale: scale[rows.clone()].to_vec(),
             },
+            WeightData::Fp8 { q, scale, block } => {
+                let [br, bc] = *block;
+                let gc = c.div_ceil(bc);
+                let q = q[rows.start * c..rows.end * c].to_vec();
+                if rows.start.is_multiple_of(br) {
+                    let grid = rows.start / br * gc..rows.end.div_ceil(br) * gc;
+                    WeightData::Fp8 {
+                        q,
+                        scale: scale[grid].to_vec(),
+                        block: *block,
+                    }
+                } else {
+                    WeightData::Fp8 {
+                        q,
+                        scale: rows
+                            .clone()
+                            .flat_map(|r| scale[r / br * gc..(r / br + 1) * gc].iter().copied())
+                            .collect(),
+                        block: [1, bc],
+                    }
+                }
+            }
         };
         Linear {
             rows: rows.len(),
@@ -181,9 +350,18 @@ impl Linear {
         }
     }
 
-    /// Quantises to per-row int8 in place (no-op when already int8).
+    /// Every weight as f32, row-major (exact for every stored format).
+    pub fn dequantized(&self) -> Vec<f32> {
+        (0..self.rows)
+            .flat_map(|r| (0..self.cols).map(move |c| (r, c)))
+            .map(|(r, c)| self.at(r, c))
+            .collect()
+    }
+
+    /// Quantises to per-row int8 in place (no-op when already int8, and
+    /// for FP8: already a byte a weight, re-quantising would only lose).
     pub fn quantize_int8(&mut self) {
-        if matches!(self.data, WeightData::Int8 { .. }) {
+        if matches!(self.data, WeightData::Int8 { .. } | WeightData::Fp8 { .. }) {
             return;
         }
         let (q, scale) = quantize_rows_int8(self.rows, self.cols, |r, out| {
@@ -206,6 +384,7 @@ impl Linear {
             WeightData::Int8 { q, scale } => {
                 q[range].iter().map(|&v| v as f32 * scale[r]).collect()
             }
+            WeightData::Fp8 { .. } => (0..self.cols).map(|c| self.at(r, c)).collect(),
         }
     }
 
@@ -216,6 +395,10 @@ impl Linear {
             WeightData::Bf16(w) => f32::from_bits((w[r * self.cols + c] as u32) << 16),
             WeightData::F32(w) => w[r * self.cols + c],
             WeightData::Int8 { q, scale } => q[r * self.cols + c] as f32 * scale[r],
+            WeightData::Fp8 { q, scale, block } => {
+                let gc = self.cols.div_ceil(block[1]);
+                e4m3(q[r * self.cols + c]) * scale[r / block[0] * gc + c / block[1]]
+            }
         }
     }
 
@@ -224,6 +407,7 @@ impl Linear {
             WeightData::Bf16(w) => w.len() * 2,
             WeightData::F32(w) => w.len() * 4,
             WeightData::Int8 { q, scale } => q.len() + scale.len() * 4,
+            WeightData::Fp8 { q, scale, .. } => q.len() + scale.len() * 4,
         }
     }
 }
@@ -252,5 +436,103 @@ impl Proj {
             }
         }
         y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An FP8 matrix with every finite code and varied tile scales.
+    fn fp8(rows: usize, cols: usize, block: [usize; 2]) -> Linear {
+        let q = (0..rows * cols)
+            .map(|k| {
+                let b = (k * 37 % 256) as u8;
+                if e4m3_is_nan(b) { 0x11 } else { b }
+            })
+            .collect();
+        let n = rows.div_ceil(block[0]) * cols.div_ceil(block[1]);
+        let scale = (0..n).map(|k| 0.01 + k as f32 * 3.7e-3).collect();
+        Linear {
+            rows,
+            cols,
+            data: WeightData::Fp8 { q, scale, block },
+        }
+    }
+
+    fn f32_copy(m: &Linear) -> Linear {
+        Linear {
+            rows: m.rows,
+            cols: m.cols,
+            data: WeightData::F32(m.dequantized()),
+        }
+    }
+
+    /// What the absorbed MLA form does to DeepSeek-V3's `kv_b_proj` (two
+    /// heads of 128 + 128 rows, 128×128 tiles): the transposed key halves
+    /// and the value halves stay FP8, hold the same values and give the
+    /// same products as the f32 matrix; unaligned selections keep the values.
+    #[test]
+    fn fp8_selections_transposes_and_stacks_keep_every_value() {
+        let m = fp8(512, 256, [128, 128]);
+        let f = f32_copy(&m);
+        let heads = |w: &Linear| {
+            let uk = Linear::stack(
+                (0..2)
+                    .map(|h| w.transposed_rows(h * 256..h * 256 + 128))
+                    .collect(),
+            );
+            let uv = Linear::stack(
+                (0..2)
+                    .map(|h| w.select_rows(h * 256 + 128..(h + 1) * 256))
+                    .collect(),
+            );
+            (uk, uv)
+        };
+        let ((uk, uv), (fuk, fuv)) = (heads(&m), heads(&f));
+        assert!(matches!(
+            uk.data,
+            WeightData::Fp8 {
+                block: [128, 128],
+                ..
+            }
+        ));
+        assert!(matches!(
+            uv.data,
+            WeightData::Fp8 {
+                block: [128, 128],
+                ..
+            }
+        ));
+        let x: Vec<f32> = (0..3 * 256).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+        let xt: Vec<f32> = (0..3 * 128).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+        for (a, b, x) in [(&uk, &fuk, &xt), (&uv, &fuv, &x)] {
+            assert_eq!(a.dequantized(), b.dequantized());
+            assert_eq!(a.forward(x, 3), b.forward(x, 3));
+            assert_eq!(
+                a.forward_rows(200..256, x, 3),
+                b.forward_rows(200..256, x, 3)
+            );
+        }
+        let s = m.select_rows(5..300);
+        assert!(matches!(
+            s.data,
+            WeightData::Fp8 {
+                block: [1, 128],
+                ..
+            }
+        ));
+        assert_eq!(s.dequantized(), f.select_rows(5..300).dequantized());
+        assert_eq!(s.forward(&x, 3), f.select_rows(5..300).forward(&x, 3));
+        let t = m.transposed_rows(5..40);
+        assert!(matches!(t.data, WeightData::F32(_)));
+        assert_eq!(t.dequantized(), f.transposed_rows(5..40).dequantized());
+        let mixed = Linear::stack(vec![m.select_rows(0..128), m.select_rows(300..301)]);
+        assert!(matches!(mixed.data, WeightData::F32(_)));
+        assert_eq!(mixed.rows, 129);
+        assert_eq!(
+            &mixed.dequantized()[..128 * 256],
+            &f.dequantized()[..128 * 256]
+        );
     }
 }

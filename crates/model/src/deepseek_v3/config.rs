@@ -11,6 +11,7 @@ use crate::error::{ModelError, Result};
 use crate::fields::Fields;
 use crate::hybrid::MlaDims;
 use crate::moe::{SigmoidMoe, SigmoidRouter};
+use crate::quant::{Method, Quant};
 use crate::rotary::RopeConfig;
 
 /// Epsilon of `q_a_layernorm` and `kv_a_layernorm`: the reference builds
@@ -68,7 +69,14 @@ pub struct DeepseekV3Spec {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub max_position_embeddings: Option<usize>,
+    /// How the weights are stored (`quantization_config`): float, the
+    /// released FP8 with block scales (DeepSeek-V3, Kimi K2), or INT4
+    /// pack-quantized routed experts (Kimi K2 Thinking).
+    pub quant: Quant,
 }
+
+/// The quantized formats this family reads.
+pub const QUANT_METHODS: [Method; 2] = [Method::Fp8Block, Method::PackedInt4];
 
 /// Token ids of `name`: a number or a list of numbers, inside the vocabulary.
 fn token_ids(f: &Fields<'_>, name: &str, vocab: usize) -> Result<Vec<u32>> {
@@ -91,39 +99,8 @@ fn token_ids(f: &Fields<'_>, name: &str, vocab: usize) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// A quantised checkpoint is refused by its method: the released DeepSeek-V3
-/// and Kimi K2 weights are FP8 with 128×128 block scales, Kimi K2 Thinking's
-/// experts INT4 (compressed-tensors); this reader takes float weights.
-fn refuse_quantized(f: &Fields<'_>) -> Result<()> {
-    let Some(q) = f.get("quantization_config") else {
-        return Ok(());
-    };
-    let method = q
-        .get("quant_method")
-        .and_then(Value::as_str)
-        .unwrap_or("(unnamed)");
-    let detail = ["fmt", "format", "weight_block_size"]
-        .iter()
-        .filter_map(|k| q.get(*k).map(|v| format!("{k} {v}")))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let detail = if detail.is_empty() {
-        String::new()
-    } else {
-        format!(" ({detail})")
-    };
-    Err(f.err(
-        "quantization_config",
-        format!(
-            "quant_method {method:?}{detail}: quantized DeepSeek-V3 / Kimi K2 checkpoints are not supported; \
-             supported: unquantized weights (bf16, f16 or f32 spine, bf16 routed experts) — dequantize the checkpoint first"
-        ),
-    ))
-}
-
 /// Refuses the variants this reader does not implement.
 fn check_supported(f: &Fields<'_>) -> Result<()> {
-    refuse_quantized(f)?;
     f.expect_str("hidden_act", "silu", "silu")?;
     f.expect_str("topk_method", "noaux_tc", "noaux_tc")?;
     f.expect_str("scoring_func", "sigmoid", "sigmoid")?;
@@ -167,6 +144,7 @@ impl DeepseekV3Spec {
             ));
         }
         check_supported(&f)?;
+        let quant = crate::quant::parse(&f, "DeepSeek-V3 / Kimi K2", &QUANT_METHODS)?;
         let vocab_size = f.positive("vocab_size")?;
         let grouped = |name: &str| -> Result<usize> {
             match f.get(name) {
@@ -214,6 +192,7 @@ impl DeepseekV3Spec {
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)
                 .map(|x| x as usize),
+            quant,
         };
         spec.validate(&f)?;
         Ok(spec)
@@ -277,6 +256,14 @@ impl DeepseekV3Spec {
             );
         }
         Ok(())
+    }
+
+    /// The FP8 tile when the checkpoint is FP8 block-quantized.
+    pub fn fp8_block(&self) -> Option<[usize; 2]> {
+        match self.quant {
+            Quant::Fp8Block { block } => Some(block),
+            _ => None,
+        }
     }
 
     pub fn ffn_kind(&self, layer: usize) -> FfnKind {
@@ -382,23 +369,41 @@ mod tests {
     }
 
     #[test]
-    fn rejects_with_field_and_value() {
+    fn reads_the_released_quantization_configs() {
+        let mut v = tiny("deepseek_v3-tiny");
+        v["quantization_config"] = json!({"quant_method": "fp8", "fmt": "e4m3",
+            "weight_block_size": [128, 128], "activation_scheme": "dynamic"});
+        let s = DeepseekV3Spec::from_json(&v).unwrap();
+        assert_eq!(s.fp8_block(), Some([128, 128]));
         let e = err_of(|v| {
             v["quantization_config"] = json!({"quant_method": "fp8", "fmt": "e4m3",
-                "weight_block_size": [128, 128], "activation_scheme": "dynamic"})
+                "weight_block_size": [128, 128], "activation_scheme": "static"})
         });
         assert!(
-            e.contains("quantization_config")
-                && e.contains("\"fp8\"")
-                && e.contains("[128,128]")
-                && e.contains("supported: unquantized"),
+            e.contains("activation_scheme") && e.contains("static"),
             "{e}"
         );
+        let e = err_of(|v| v["quantization_config"] = json!({"quant_method": "gptq", "bits": 4}));
+        assert!(
+            e.contains("quantization_config")
+                && e.contains("\"gptq\"")
+                && e.contains("DeepSeek-V3")
+                && e.contains("supported: quant_method \"fp8\"")
+                && e.contains("pack-quantized"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rejects_with_field_and_value() {
         let e = err_of(|v| {
             v["quantization_config"] =
-                json!({"quant_method": "compressed-tensors", "format": "pack-quantized"})
+                json!({"quant_method": "compressed-tensors", "format": "marlin-24"})
         });
-        assert!(e.contains("\"compressed-tensors\""), "{e}");
+        assert!(
+            e.contains("quantization_config.format") && e.contains("marlin-24"),
+            "{e}"
+        );
         let e = err_of(|v| v["scoring_func"] = "softmax".into());
         assert!(e.contains("scoring_func: = \"softmax\""), "{e}");
         let e = err_of(|v| v["topk_method"] = "greedy".into());

@@ -13,8 +13,11 @@
 //! Activations are fp32 throughout; each position's result is
 //! bit-identical whatever the step holds besides it. The checkpoint's
 //! multi-token-prediction layers (`num_nextn_predict_layers`) are not run.
-//! Quantised checkpoints (the released FP8 and INT4 ones) are refused by
-//! the config reader with the method named.
+//! The released quantized checkpoints are read as shipped (see
+//! [`crate::quant`]): FP8 E4M3 with 128×128 tile scales (DeepSeek-V3 / R1,
+//! Kimi K2: spine matrices and routed experts stay FP8, applied by the FP8
+//! kernel) and pack-quantized INT4 routed experts (Kimi K2 Thinking);
+//! other methods are refused naming what is supported.
 
 pub mod attention;
 pub mod config;
@@ -63,10 +66,11 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
             bytes: t.bytes(),
             embedding: t.role == Role::Embedding,
             routed_expert: t.role == Role::RoutedExpert,
+            // FP8 matrices stay FP8 under `--spine int8`.
             int8: matches!(
                 t.role,
                 Role::Attention | Role::DenseMlp | Role::SharedExpert | Role::Head
-            ),
+            ) && t.storage == tensors::Storage::Float,
         }));
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {

@@ -3,12 +3,19 @@
 //! lists every missing, unexpected, mis-shaped or mis-typed tensor at once.
 //! The multi-token-prediction layers (`model.layers.{num_hidden_layers}…`)
 //! are allowed and left unread.
+//!
+//! Quantized checkpoints as released: with `fp8`, a linear weight `W` may
+//! be `F8_E4M3` beside `W_scale_inv` (its dtype decides); with
+//! `pack-quantized`, a routed expert's `W` is `weight_packed`,
+//! `weight_scale` and `weight_shape` instead, unless `ignore` keeps it
+//! float. Routed experts share one format.
 
-use fathom_weights::{Checkpoint, Dtype};
+use fathom_weights::{Checkpoint, Dtype, TensorLoc};
 
 use super::config::{DeepseekV3Spec, FfnKind};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::experts::{ExpertFormat, ExpertLoc, ExpertTable};
+use crate::quant::{Int4Modules, Quant};
 
 /// Name prefix of the decoder's tensors.
 pub const PREFIX: &str = "model.";
@@ -49,6 +56,17 @@ pub fn expert_shape(spec: &DeepseekV3Spec, i: usize) -> [usize; 2] {
     if i == 1 { [d, f] } else { [f, d] }
 }
 
+/// How a matrix is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// bf16 (or another float dtype).
+    Float,
+    /// E4M3 with f32 tile scales (`_scale_inv`).
+    Fp8 { block: [usize; 2] },
+    /// pack-quantized INT4 with bf16 group scales.
+    Int4 { group: usize },
+}
+
 /// One expected tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorSpec {
@@ -56,18 +74,40 @@ pub struct TensorSpec {
     pub shape: Vec<usize>,
     pub role: Role,
     pub layer: Option<usize>,
+    /// As the config says the release stores it (an FP8 checkpoint may
+    /// still keep a matrix float: its dtype decides).
+    pub storage: Storage,
 }
 
 impl TensorSpec {
-    /// Bytes as released: bf16, but the router's score-correction bias in f32.
+    /// Bytes as stored (floats as bf16, the router's score-correction bias
+    /// as f32), scales included.
     pub fn bytes(&self) -> u64 {
-        let per = if self.name.ends_with("e_score_correction_bias") {
-            4
-        } else {
-            2
-        };
-        per * self.shape.iter().product::<usize>() as u64
+        let n = self.shape.iter().product::<usize>() as u64;
+        match (self.storage, &self.shape[..]) {
+            (Storage::Fp8 { block }, &[r, c]) => {
+                n + 4 * (r.div_ceil(block[0]) * c.div_ceil(block[1])) as u64
+            }
+            // (`weight_shape`'s 8 bytes are not read with the expert.)
+            (Storage::Int4 { group }, _) => n / 2 + 2 * n / group as u64,
+            _ if self.name.ends_with("e_score_correction_bias") => 4 * n,
+            _ => 2 * n,
+        }
     }
+
+    /// The linear module's name (`….weight` without the suffix).
+    pub fn module(&self) -> &str {
+        self.name.strip_suffix(".weight").unwrap_or(&self.name)
+    }
+}
+
+/// Whether a role's matrices are linear modules a quantized release may store quantized.
+fn quantizable(role: Role, shape: &[usize]) -> bool {
+    shape.len() == 2
+        && matches!(
+            role,
+            Role::Attention | Role::DenseMlp | Role::SharedExpert | Role::RoutedExpert
+        )
 }
 
 pub fn layer_name(i: usize, rest: &str) -> String {
@@ -137,12 +177,32 @@ fn ffn_tensors(spec: &DeepseekV3Spec, i: usize, l: &mut dyn FnMut(&str, Vec<usiz
 pub fn tensor_table(spec: &DeepseekV3Spec) -> Vec<TensorSpec> {
     let mut t = Vec::new();
     let (d, v) = (spec.hidden_size, spec.vocab_size);
+    let int4 = match &spec.quant {
+        Quant::PackedInt4 {
+            group,
+            targets,
+            ignore,
+        } => Some((*group, Int4Modules::new(targets, ignore))),
+        _ => None,
+    };
     let mut push = |name: String, shape: Vec<usize>, role: Role, layer: Option<usize>| {
+        let mut storage = Storage::Float;
+        if quantizable(role, &shape) {
+            if let Some(block) = spec.fp8_block() {
+                storage = Storage::Fp8 { block };
+            }
+            if let Some((group, m)) = &int4
+                && m.quantized(name.strip_suffix(".weight").unwrap_or(&name))
+            {
+                storage = Storage::Int4 { group: *group };
+            }
+        }
         t.push(TensorSpec {
             name,
             shape,
             role,
             layer,
+            storage,
         })
     };
     push(
@@ -178,34 +238,62 @@ fn is_mtp(spec: &DeepseekV3Spec, name: &str) -> bool {
 }
 
 /// Every disagreement between the checkpoint and the spec, one line each.
-/// Spine tensors may be stored in any float dtype; routed experts are read
-/// as stored and must be bf16.
+/// Spine tensors may be stored in any float dtype, matrices also as FP8
+/// when the config says so; routed experts are read as stored: bf16, f32,
+/// FP8 or pack-quantized INT4.
 pub fn check_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
     let table = tensor_table(spec);
     let mut problems = Vec::new();
     let mut expected = std::collections::HashSet::with_capacity(table.len());
     for t in &table {
-        expected.insert(t.name.as_str());
-        let Some(loc) = ck.get(&t.name) else {
-            problems.push(format!("missing tensor {}", t.name));
+        const FLOAT: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
+        if let Storage::Int4 { group } = t.storage {
+            let (m, [r, c]) = (t.module(), [t.shape[0], t.shape[1]]);
+            if t.role != Role::RoutedExpert {
+                expected.insert(t.name.clone());
+                problems.push(format!(
+                    "module {m}: quantization_config (targets, ignore) makes it pack-quantized, \
+                     but only routed experts are read pack-quantized"
+                ));
+                continue;
+            }
+            if !c.is_multiple_of(group) {
+                expected.insert(t.name.clone());
+                problems.push(format!(
+                    "module {m}: {c} inputs are not a multiple of group_size {group}"
+                ));
+                continue;
+            }
+            for (part, dtype, shape) in [
+                ("weight_packed", Dtype::I32, vec![r, c / 8]),
+                ("weight_scale", Dtype::BF16, vec![r, c / group]),
+                ("weight_shape", Dtype::I32, vec![2]),
+            ] {
+                let name = format!("{m}.{part}");
+                expect_tensor(ck, &mut problems, (&name, &[dtype], &shape));
+                expected.insert(name);
+            }
             continue;
-        };
-        if t.role == Role::RoutedExpert && loc.dtype != Dtype::BF16 {
-            problems.push(format!(
-                "tensor {}: dtype {:?}, expected BF16 (routed experts are read as stored)",
-                t.name, loc.dtype
-            ));
-        } else if !crate::bind::is_float(loc.dtype) {
-            problems.push(format!(
-                "tensor {}: dtype {:?}, expected a float dtype",
-                t.name, loc.dtype
-            ));
         }
-        if loc.shape != t.shape {
-            problems.push(format!(
-                "tensor {}: shape {:?}, expected {:?}",
-                t.name, loc.shape, t.shape
-            ));
+        let dtypes: &[Dtype] = match (t.role, t.storage) {
+            (Role::RoutedExpert, Storage::Fp8 { .. }) => &[Dtype::BF16, Dtype::F32, Dtype::F8_E4M3],
+            (Role::RoutedExpert, _) => &[Dtype::BF16, Dtype::F32],
+            (_, Storage::Fp8 { .. }) => &[Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F8_E4M3],
+            _ => &FLOAT,
+        };
+        expect_tensor(ck, &mut problems, (&t.name, dtypes, &t.shape));
+        expected.insert(t.name.clone());
+        let fp8 = ck.get(&t.name).is_some_and(|l| l.dtype == Dtype::F8_E4M3);
+        if let (Storage::Fp8 { block: [br, bc] }, true) = (t.storage, fp8) {
+            let grid = [t.shape[0].div_ceil(br), t.shape[1].div_ceil(bc)];
+            let name = format!("{}_scale_inv", t.name);
+            let scale: &[Dtype] = if t.role == Role::RoutedExpert {
+                &[Dtype::F32]
+            } else {
+                &FLOAT
+            };
+            expect_tensor(ck, &mut problems, (&name, scale, &grid));
+            expected.insert(name);
         }
     }
     for (name, _) in ck.tensors() {
@@ -216,26 +304,105 @@ pub fn check_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
     problems
 }
 
-/// Locators of every routed expert (bf16 gate, down, up).
+/// Notes a missing, mis-typed or mis-shaped tensor.
+fn expect_tensor(
+    ck: &Checkpoint,
+    problems: &mut Vec<String>,
+    (name, dtypes, shape): (&str, &[Dtype], &[usize]),
+) {
+    let Some(loc) = ck.get(name) else {
+        problems.push(format!("missing tensor {name}"));
+        return;
+    };
+    if !dtypes.contains(&loc.dtype) {
+        problems.push(format!(
+            "tensor {name}: dtype {:?}, expected {}",
+            loc.dtype,
+            dtypes
+                .iter()
+                .map(|d| format!("{d:?}"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ));
+    }
+    if loc.shape != shape {
+        problems.push(format!(
+            "tensor {name}: shape {:?}, expected {shape:?}",
+            loc.shape
+        ));
+    }
+}
+
+/// Routed expert matrix `m` of layer `l`, expert `e`: its tensor, its
+/// companion (scales) and its format, as stored.
+fn expert_part(
+    spec: &DeepseekV3Spec,
+    ck: &Checkpoint,
+    (l, e, m): (usize, usize, &str),
+) -> Result<((TensorLoc, Option<TensorLoc>), ExpertFormat)> {
+    let get = |n: String| {
+        ck.get(&n)
+            .cloned()
+            .ok_or(fathom_weights::WeightsError::Missing(n))
+    };
+    let name = expert_name(l, e, m);
+    let module = name.strip_suffix(".weight").unwrap_or(&name);
+    if let Quant::PackedInt4 { group, .. } = spec.quant
+        && ck.get(&format!("{module}.weight_packed")).is_some()
+    {
+        let parts = (
+            get(format!("{module}.weight_packed"))?,
+            Some(get(format!("{module}.weight_scale"))?),
+        );
+        return Ok((parts, ExpertFormat::Int4 { group }));
+    }
+    let loc = get(name.clone())?;
+    Ok(match (loc.dtype, spec.fp8_block()) {
+        (Dtype::F8_E4M3, Some(block)) => {
+            let scale = get(format!("{name}_scale_inv"))?;
+            if scale.dtype != Dtype::F32 {
+                return Err(ModelError::Tensor(format!(
+                    "{name}_scale_inv: {:?}; a routed expert's FP8 scales are read as stored, F32",
+                    scale.dtype
+                )));
+            }
+            ((loc, Some(scale)), ExpertFormat::Fp8 { block })
+        }
+        (Dtype::BF16, _) => ((loc, None), ExpertFormat::Bf16),
+        (Dtype::F32, _) => ((loc, None), ExpertFormat::F32),
+        (dt, _) => {
+            return Err(ModelError::Tensor(format!(
+                "{name}: {dt:?} is not a routed-expert format this checkpoint's config allows"
+            )));
+        }
+    })
+}
+
+/// Locators of every routed expert (gate, down, up), in the one format
+/// they are all stored in.
 pub fn expert_table(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Result<ExpertTable> {
     let mut layers = vec![Vec::new(); spec.num_layers];
+    let mut format = None;
     for l in spec.moe_layers() {
         let mut v = Vec::with_capacity(spec.n_routed_experts);
         for e in 0..spec.n_routed_experts {
-            let get = |m: &str| {
-                let n = expert_name(l, e, m);
-                ck.get(&n)
-                    .cloned()
-                    .ok_or(fathom_weights::WeightsError::Missing(n))
-            };
-            v.push(ExpertLoc {
-                parts: [
-                    (get(EXPERT_MATRICES[0])?, None),
-                    (get(EXPERT_MATRICES[1])?, None),
-                    (get(EXPERT_MATRICES[2])?, None),
-                ],
-                format: ExpertFormat::Bf16,
-            });
+            let mut parts = Vec::with_capacity(3);
+            for m in EXPERT_MATRICES {
+                let (part, f) = expert_part(spec, ck, (l, e, m))?;
+                if format.is_some_and(|g| g != f) {
+                    return Err(ModelError::Tensor(format!(
+                        "{}: stored as {f:?}, earlier routed experts as {:?}: all routed experts \
+                         must share one format",
+                        expert_name(l, e, m),
+                        format.unwrap_or(f)
+                    )));
+                }
+                format = Some(f);
+                parts.push(part);
+            }
+            let format = format.unwrap_or(ExpertFormat::Bf16);
+            let parts: [_; 3] = parts.try_into().expect("three matrices");
+            v.push(ExpertLoc { parts, format });
         }
         layers[l] = v;
     }
@@ -243,6 +410,6 @@ pub fn expert_table(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Result<ExpertTabl
         layers,
         shapes: [0, 1, 2].map(|i| expert_shape(spec, i)),
         top_k: spec.top_k,
-        format: ExpertFormat::Bf16,
+        format: format.unwrap_or(ExpertFormat::Bf16),
     })
 }

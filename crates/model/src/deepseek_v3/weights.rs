@@ -82,10 +82,14 @@ fn attention(spec: &DeepseekV3Spec, b: &Binder<'_>, i: usize) -> Result<AttnWeig
 }
 
 impl DeepseekV3Weights {
-    /// Checks the checkpoint against the spec, then reads the spine.
+    /// Checks the checkpoint against the spec, then reads the spine (FP8
+    /// matrices stay FP8 with their tile scales).
     pub fn load(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Result<Self> {
         require_none(&check_tensors(spec, ck))?;
-        let b = Binder { ck };
+        let b = Binder {
+            ck,
+            fp8_block: spec.fp8_block(),
+        };
         let mut layers = Vec::with_capacity(spec.num_layers);
         for i in 0..spec.num_layers {
             let n = |rest: &str| layer_name(i, rest);

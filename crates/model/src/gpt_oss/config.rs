@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 use crate::fields::Fields;
+use crate::quant::{Method, Quant, mxfp4_converts};
 use crate::rotary::RopeConfig;
 
 /// GPT-OSS's SwiGLU slope when the config does not give `swiglu_alpha`.
@@ -49,6 +50,9 @@ pub struct GptOssSpec {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub max_position_embeddings: Option<usize>,
+    /// How the weights are stored: float, or the released MXFP4 experts
+    /// (`quant_method` `mxfp4`).
+    pub quant: Quant,
 }
 
 /// Token ids of `name`: a number or a list of numbers, inside the vocabulary.
@@ -108,24 +112,6 @@ fn layer_types(f: &Fields<'_>, num_layers: usize) -> Result<Vec<AttnType>> {
         .collect()
 }
 
-/// A quantised checkpoint (the released one is MXFP4) is refused by its method.
-fn refuse_quantized(f: &Fields<'_>) -> Result<()> {
-    let Some(q) = f.get("quantization_config") else {
-        return Ok(());
-    };
-    let method = q
-        .get("quant_method")
-        .and_then(Value::as_str)
-        .unwrap_or("(unnamed)");
-    Err(f.err(
-        "quantization_config",
-        format!(
-            "quant_method {method:?}: quantized GPT-OSS checkpoints are not supported; \
-             supported: unquantized weights (bf16 experts) — dequantize the checkpoint first"
-        ),
-    ))
-}
-
 impl GptOssSpec {
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
@@ -150,7 +136,7 @@ impl GptOssSpec {
                 format!("= {model_type:?}: this loader reads \"gpt_oss\" checkpoints"),
             ));
         }
-        refuse_quantized(&f)?;
+        let quant = crate::quant::parse(&f, "GPT-OSS", &[Method::Mxfp4])?;
         if f.bool_or("tie_word_embeddings", false)? {
             return Err(f.err("tie_word_embeddings", "= true: not supported"));
         }
@@ -187,6 +173,7 @@ impl GptOssSpec {
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)
                 .map(|x| x as usize),
+            quant,
         };
         spec.validate(&f)?;
         Ok(spec)
@@ -233,7 +220,42 @@ impl GptOssSpec {
                 return bad(name, format!("= {v}: must be a positive number"));
             }
         }
+        if let Quant::Mxfp4 {
+            modules_to_not_convert: keep,
+        } = &self.quant
+        {
+            let converted: Vec<bool> = (0..self.num_layers)
+                .map(|l| mxfp4_converts(keep, &format!("model.layers.{l}.mlp.experts")))
+                .collect();
+            if converted.iter().any(|&c| c != converted[0]) {
+                return bad(
+                    "quantization_config.modules_to_not_convert",
+                    "keeps some layers' experts float and converts others: not supported".into(),
+                );
+            }
+            let (d, f) = (self.hidden_size, self.intermediate_size);
+            if converted[0] && !(d.is_multiple_of(32) && f.is_multiple_of(32)) {
+                return bad(
+                    "quantization_config",
+                    format!(
+                        "MXFP4 experts need hidden_size ({d}) and intermediate_size ({f}) \
+                         to be multiples of 32"
+                    ),
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Whether the routed experts are stored as MXFP4 `_blocks` / `_scales`
+    /// (`quant_method` `mxfp4` without the experts in `modules_to_not_convert`).
+    pub fn mxfp4_experts(&self) -> bool {
+        match &self.quant {
+            Quant::Mxfp4 {
+                modules_to_not_convert,
+            } => mxfp4_converts(modules_to_not_convert, "model.layers.0.mlp.experts"),
+            _ => false,
+        }
     }
 
     /// The attention window of `layer`, if it slides.
@@ -286,14 +308,31 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_released_mxfp4_config() {
+        let mut v = tiny();
+        v["quantization_config"] = json!({"quant_method": "mxfp4", "modules_to_not_convert":
+            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]});
+        assert!(GptOssSpec::from_json(&v).unwrap().mxfp4_experts());
+        v["quantization_config"]["modules_to_not_convert"] = json!(["model.layers.*.mlp.experts"]);
+        assert!(!GptOssSpec::from_json(&v).unwrap().mxfp4_experts());
+        assert!(!GptOssSpec::from_json(&tiny()).unwrap().mxfp4_experts());
+        let e = err_of(|v| {
+            v["quantization_config"] = json!({"quant_method": "mxfp4",
+                "modules_to_not_convert": ["model.layers.1.mlp.experts"]})
+        });
+        assert!(e.contains("modules_to_not_convert"), "{e}");
+    }
+
+    #[test]
     fn rejects_with_field_and_value() {
-        let e = err_of(
-            |v| v["quantization_config"] = json!({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}),
-        );
+        let e = err_of(|v| {
+            v["quantization_config"] =
+                json!({"quant_method": "fp8", "weight_block_size": [128, 128]})
+        });
         assert!(
             e.contains("quantization_config")
-                && e.contains("\"mxfp4\"")
-                && e.contains("supported:"),
+                && e.contains("\"fp8\"")
+                && e.contains("supported: quant_method \"mxfp4\""),
             "{e}"
         );
         let e = err_of(|v| v["layer_types"][1] = "chunked_attention".into());

@@ -14,7 +14,8 @@
 //! bit-identical whatever the step holds besides it. Sliding layers keep
 //! every row like full ones (a state's layers all hold `pos` rows) but read
 //! only the blocks their window reaches. The released MXFP4 checkpoint is
-//! refused by the config reader with its method named.
+//! read as shipped: its experts stay MXFP4 (`_blocks` / `_scales`,
+//! output-major) and run through the MXFP4 kernel, plus their bf16 biases.
 
 pub mod attention;
 pub mod config;

@@ -7,6 +7,13 @@
 //! [E, F, D]` (both input-major, applied as `x·W`) and their biases
 //! `[E, 2F]`, `[E, D]`; expert `e` is the `e`-th slice of each, which the
 //! expert table locates without reading anything.
+//!
+//! The released checkpoint (`quant_method` `mxfp4`) stores each matrix as
+//! `_blocks` (U8 `[E, out, in/32, 16]`, two E2M1 codes a byte, low nibble
+//! first) and `_scales` (U8 `[E, out, in/32]`, E8M0): output-major, the
+//! transpose of the bf16 layout (`gate_up_proj [E, D, 2F]` holds what
+//! `gate_up_proj_blocks [E, 2F, D/32, 16]` does, gate and up interleaved
+//! along 2F alike); the biases stay bf16.
 
 use fathom_weights::{Checkpoint, Dtype, TensorLoc};
 
@@ -47,12 +54,19 @@ pub struct TensorSpec {
     pub shape: Vec<usize>,
     pub role: Role,
     pub layer: Option<usize>,
+    /// `Some(U8)` for MXFP4 blocks and scales; `None` for float tensors.
+    pub dtype: Option<Dtype>,
 }
 
 impl TensorSpec {
-    /// Bytes when stored in bf16.
+    /// Bytes as stored (floats counted as bf16).
     pub fn bytes(&self) -> u64 {
-        2 * self.shape.iter().product::<usize>() as u64
+        let n = self.shape.iter().product::<usize>() as u64;
+        if self.dtype == Some(Dtype::U8) {
+            n
+        } else {
+            2 * n
+        }
     }
 }
 
@@ -68,13 +82,19 @@ pub const EXPERT_TENSORS: [(&str, &str); 2] = [
 ];
 
 /// Stored `[in, out]` of expert matrix `i` (gate_up: `[D, 2F]`; down:
-/// `[F, D]`; the table's third matrix is absent: `[0, 0]`).
+/// `[F, D]`; the table's third matrix is absent: `[0, 0]`) in bf16, or
+/// `[out, in]` when the experts are MXFP4.
 pub fn expert_shape(spec: &GptOssSpec, i: usize) -> [usize; 2] {
     let (f, d) = (spec.intermediate_size, spec.hidden_size);
-    match i {
+    let [ins, outs] = match i {
         0 => [d, 2 * f],
         1 => [f, d],
-        _ => [0, 0],
+        _ => return [0, 0],
+    };
+    if spec.mxfp4_experts() {
+        [outs, ins]
+    } else {
+        [ins, outs]
     }
 }
 
@@ -95,11 +115,14 @@ pub fn tensor_table(spec: &GptOssSpec) -> Vec<TensorSpec> {
     let mut t = Vec::new();
     let (d, v, e) = (spec.hidden_size, spec.vocab_size, spec.num_experts);
     let mut push = |name: String, shape: Vec<usize>, role: Role, layer: Option<usize>| {
+        // MXFP4 blocks and scales are bytes; everything else a float.
+        let packed = name.ends_with("_blocks") || name.ends_with("_scales");
         t.push(TensorSpec {
             name,
             shape,
             role,
             layer,
+            dtype: packed.then_some(Dtype::U8),
         })
     };
     push(
@@ -128,14 +151,22 @@ pub fn tensor_table(spec: &GptOssSpec) -> Vec<TensorSpec> {
             Some(i),
         );
         for (m, (w, b)) in EXPERT_TENSORS.iter().enumerate() {
-            let [ins, outs] = expert_shape(spec, m);
-            push(
-                layer_name(i, w),
-                vec![e, ins, outs],
-                Role::RoutedExpert,
-                Some(i),
-            );
-            push(layer_name(i, b), vec![e, outs], Role::RoutedExpert, Some(i));
+            let (n, ex) = (layer_name(i, w), Role::RoutedExpert);
+            if spec.mxfp4_experts() {
+                let [outs, ins] = expert_shape(spec, m);
+                push(
+                    format!("{n}_blocks"),
+                    vec![e, outs, ins / 32, 16],
+                    ex,
+                    Some(i),
+                );
+                push(format!("{n}_scales"), vec![e, outs, ins / 32], ex, Some(i));
+                push(layer_name(i, b), vec![e, outs], ex, Some(i));
+            } else {
+                let [ins, outs] = expert_shape(spec, m);
+                push(n, vec![e, ins, outs], ex, Some(i));
+                push(layer_name(i, b), vec![e, outs], ex, Some(i));
+            }
         }
     }
     push(format!("{PREFIX}norm.weight"), vec![d], Role::Norm, None);
@@ -145,7 +176,8 @@ pub fn tensor_table(spec: &GptOssSpec) -> Vec<TensorSpec> {
 
 /// Every disagreement between the checkpoint and the spec, one line each.
 /// Spine tensors may be stored in any float dtype; the routed experts and
-/// their biases are read as stored and must be bf16.
+/// their biases are read as stored and must be bf16 (MXFP4 blocks and
+/// scales: U8).
 pub fn check_tensors(spec: &GptOssSpec, ck: &Checkpoint) -> Vec<String> {
     let table = tensor_table(spec);
     let mut problems = Vec::new();
@@ -156,7 +188,14 @@ pub fn check_tensors(spec: &GptOssSpec, ck: &Checkpoint) -> Vec<String> {
             problems.push(format!("missing tensor {}", t.name));
             continue;
         };
-        if t.role == Role::RoutedExpert && loc.dtype != Dtype::BF16 {
+        if let Some(want) = t.dtype {
+            if loc.dtype != want {
+                problems.push(format!(
+                    "tensor {}: dtype {:?}, expected {want:?} (MXFP4 experts)",
+                    t.name, loc.dtype
+                ));
+            }
+        } else if t.role == Role::RoutedExpert && loc.dtype != Dtype::BF16 {
             problems.push(format!(
                 "tensor {}: dtype {:?}, expected BF16 (routed experts are read as stored)",
                 t.name, loc.dtype
@@ -195,9 +234,16 @@ fn slice(loc: &TensorLoc, e: usize, experts: usize) -> TensorLoc {
 }
 
 /// Locators of every routed expert: slices of the stacked tensors (bf16,
-/// input-major, each matrix with its bias).
+/// input-major, each matrix with its bias; or MXFP4 blocks with their
+/// scales, the biases in the third slot).
 pub fn expert_table(spec: &GptOssSpec, ck: &Checkpoint) -> Result<ExpertTable> {
     let n = spec.num_experts;
+    let mxfp4 = spec.mxfp4_experts();
+    let format = if mxfp4 {
+        ExpertFormat::Mxfp4Bias
+    } else {
+        ExpertFormat::Bf16InputMajorBias
+    };
     let mut layers = vec![Vec::new(); spec.num_layers];
     for (l, layer) in layers.iter_mut().enumerate() {
         let get = |name: &str| {
@@ -207,22 +253,42 @@ pub fn expert_table(spec: &GptOssSpec, ck: &Checkpoint) -> Result<ExpertTable> {
                 .ok_or(fathom_weights::WeightsError::Missing(full))
         };
         let [(gu, gub), (dn, dnb)] = EXPERT_TENSORS;
-        let (gu, gub, dn, dnb) = (get(gu)?, get(gub)?, get(dn)?, get(dnb)?);
-        *layer = (0..n)
-            .map(|e| ExpertLoc {
-                parts: [
-                    (slice(&gu, e, n), Some(slice(&gub, e, n))),
-                    (slice(&dn, e, n), Some(slice(&dnb, e, n))),
-                    (ExpertLoc::absent(gu.shard), None),
-                ],
-                format: ExpertFormat::Bf16InputMajorBias,
-            })
-            .collect();
+        let (gub, dnb) = (get(gub)?, get(dnb)?);
+        *layer = if mxfp4 {
+            let [gu_b, gu_s, dn_b, dn_s] = [
+                get(&format!("{gu}_blocks"))?,
+                get(&format!("{gu}_scales"))?,
+                get(&format!("{dn}_blocks"))?,
+                get(&format!("{dn}_scales"))?,
+            ];
+            (0..n)
+                .map(|e| ExpertLoc {
+                    parts: [
+                        (slice(&gu_b, e, n), Some(slice(&gu_s, e, n))),
+                        (slice(&dn_b, e, n), Some(slice(&dn_s, e, n))),
+                        (slice(&gub, e, n), Some(slice(&dnb, e, n))),
+                    ],
+                    format,
+                })
+                .collect()
+        } else {
+            let (gu, dn) = (get(gu)?, get(dn)?);
+            (0..n)
+                .map(|e| ExpertLoc {
+                    parts: [
+                        (slice(&gu, e, n), Some(slice(&gub, e, n))),
+                        (slice(&dn, e, n), Some(slice(&dnb, e, n))),
+                        (ExpertLoc::absent(gu.shard), None),
+                    ],
+                    format,
+                })
+                .collect()
+        };
     }
     Ok(ExpertTable {
         layers,
         shapes: [0, 1, 2].map(|i| expert_shape(spec, i)),
         top_k: spec.top_k,
-        format: ExpertFormat::Bf16InputMajorBias,
+        format,
     })
 }

@@ -46,7 +46,9 @@ use crate::linear::Linear;
 /// `kv_b_proj` (`[H·(dn + dv), lora]`, head-major) rearranged once at load
 /// for the absorbed form: `uk_t` holds every head's `W_uk,hᵀ` (`[H·lora,
 /// dn]`, so `q_lat = W_uk,hᵀ q_nope` is a matrix product) and `uv` every
-/// head's `W_uv,h` (`[H·dv, lora]`). Same bytes and precision as stored.
+/// head's `W_uv,h` (`[H·dv, lora]`). Same bytes and precision as stored
+/// (an FP8 `kv_b_proj` stays FP8 where its heads are tile-aligned, as in
+/// DeepSeek-V3's release; otherwise the same values are held in f32).
 #[derive(Debug)]
 pub struct AbsorbedKvB {
     pub uk_t: Linear,

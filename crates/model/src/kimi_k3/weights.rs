@@ -169,7 +169,7 @@ impl K3Weights {
     /// Checks the checkpoint against the spec, then reads the spine.
     pub fn load(spec: &K3Spec, ck: &Checkpoint) -> Result<Self> {
         require_tensors(spec, ck)?;
-        let b = Binder { ck };
+        let b = Binder::new(ck);
         let mut layers = Vec::with_capacity(spec.num_layers);
         for i in 0..spec.num_layers {
             let n = |rest: &str| layer_name(i, rest);

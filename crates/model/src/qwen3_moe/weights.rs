@@ -57,7 +57,7 @@ impl Qwen3MoeWeights {
     /// Checks the checkpoint against the spec, then reads the spine.
     pub fn load(spec: &Qwen3MoeSpec, ck: &Checkpoint) -> Result<Self> {
         require_none(&check_tensors(spec, ck))?;
-        let b = Binder { ck };
+        let b = Binder::new(ck);
         let proj = |name: &str| -> Result<Proj> {
             Ok(Proj {
                 weight: b.linear(&format!("{name}.weight"))?,
