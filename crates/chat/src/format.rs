@@ -8,8 +8,9 @@ use fathom_tokenizer::Tokenizer;
 use serde_json::Value;
 
 use crate::k3::{K3Options, ResponseFormat, ToolChoice, render_k3};
-use crate::reply::{PlainReply, ReplyParser, XtmlReply};
-use crate::segment::encode_segments;
+use crate::reply::{ReplyParser, XtmlReply};
+use crate::segment::{Segment, encode_segments, segments_to_string};
+use crate::tag_reply::{TagReply, prompt_opens_think};
 use crate::{ChatError, ChatTemplate, Message};
 
 /// How to render one request's conversation.
@@ -31,7 +32,8 @@ pub struct ChatPrompt {
     /// conversation without the generation prompt): a safe place to keep a
     /// state checkpoint.
     pub stable_len: usize,
-    /// Whether the reply starts in the thinking channel.
+    /// Whether the reply starts in the thinking channel (for Jinja
+    /// templates: whether the generation prompt leaves a `<think>` open).
     pub thinking: bool,
 }
 
@@ -67,8 +69,10 @@ impl ChatFormat {
         messages: &[Message],
         o: &ChatOptions,
     ) -> Result<ChatPrompt, ChatError> {
-        let ids = self.ids(tok, messages, o, true)?;
-        let stable = self.ids(tok, messages, o, false)?;
+        let full = self.segments(messages, o, true)?;
+        let base = self.segments(messages, o, false)?;
+        let ids = encode_segments(tok, &full);
+        let stable = encode_segments(tok, &base);
         let stable_len = if ids.starts_with(&stable) && stable.len() < ids.len() {
             stable.len()
         } else {
@@ -76,7 +80,14 @@ impl ChatFormat {
         };
         let thinking = match self {
             ChatFormat::Xtml => o.thinking.unwrap_or(true),
-            ChatFormat::Jinja(_) => false,
+            ChatFormat::Jinja(_) => {
+                // Look at the generation prompt alone where it can be told
+                // apart, so that a `<think>` in earlier turns cannot count.
+                let full = segments_to_string(&full);
+                let base = segments_to_string(&base);
+                let tail = full.strip_prefix(base.as_str()).unwrap_or(&full);
+                prompt_opens_think(tail)
+            }
         };
         Ok(ChatPrompt {
             ids,
@@ -85,14 +96,13 @@ impl ChatFormat {
         })
     }
 
-    fn ids(
+    fn segments(
         &self,
-        tok: &dyn Tokenizer,
         messages: &[Message],
         o: &ChatOptions,
         generation: bool,
-    ) -> Result<Vec<u32>, ChatError> {
-        let segments = match self {
+    ) -> Result<Vec<Segment>, ChatError> {
+        match self {
             ChatFormat::Xtml => {
                 let k = K3Options {
                     thinking: o.thinking.unwrap_or(true),
@@ -102,16 +112,15 @@ impl ChatFormat {
                     response_format: o.response_format.clone(),
                     ..K3Options::default()
                 };
-                render_k3(messages, &k)?
+                render_k3(messages, &k)
             }
             ChatFormat::Jinja(t) => {
                 let msgs = serde_json::to_value(messages).map_err(|e| {
                     ChatError::Template(format!("messages cannot be serialised: {e}"))
                 })?;
-                t.render_segments(&msgs, generation)?
+                t.render_segments(&msgs, generation)
             }
-        };
-        Ok(encode_segments(tok, &segments))
+        }
     }
 
     /// Where the answer starts after a thinking block (markup), if the
@@ -124,10 +133,100 @@ impl ChatFormat {
     }
 
     /// A parser for one reply (fed the reply's text, specials spelled out).
+    /// `thinking`: the reply starts in the thinking channel; pass
+    /// [`ChatPrompt::thinking`] of the prompt it answers.
     pub fn reply_parser(&self, thinking: bool) -> Box<dyn ReplyParser> {
         match self {
             ChatFormat::Xtml => Box::new(XtmlReply::new(thinking)),
-            ChatFormat::Jinja(_) => Box::new(PlainReply),
+            ChatFormat::Jinja(_) => Box::new(TagReply::new(thinking)),
         }
+    }
+
+    /// A parser for the reply to a prompt rendered elsewhere (its text,
+    /// specials spelled out): for Jinja templates the reply starts as
+    /// reasoning when `prompt_text` ends inside an open `<think>` block;
+    /// for XTML `thinking` decides, as in [`ChatFormat::reply_parser`].
+    pub fn reply_parser_for(&self, prompt_text: &str, thinking: bool) -> Box<dyn ReplyParser> {
+        match self {
+            ChatFormat::Xtml => Box::new(XtmlReply::new(thinking)),
+            ChatFormat::Jinja(_) => Box::new(TagReply::new(prompt_opens_think(prompt_text))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ReplyDelta;
+
+    /// One id per byte: enough to render and compare prompts.
+    struct Bytes;
+
+    impl Tokenizer for Bytes {
+        fn encode(&self, text: &str) -> Vec<u32> {
+            text.bytes().map(u32::from).collect()
+        }
+        fn encode_trusted(&self, text: &str) -> Vec<u32> {
+            self.encode(text)
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            String::from_utf8_lossy(&ids.iter().map(|&i| i as u8).collect::<Vec<_>>()).into()
+        }
+        fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+            Some(vec![id as u8])
+        }
+        fn special_id(&self, _: &str) -> Option<u32> {
+            None
+        }
+        fn is_special(&self, _: u32) -> bool {
+            false
+        }
+        fn vocab_size(&self) -> usize {
+            256
+        }
+    }
+
+    fn jinja(generation_prompt: &str) -> ChatFormat {
+        let src = format!(
+            "{{% for m in messages %}}<{{{{ m.role }}}}>{{{{ m.content }}}}\n{{% endfor %}}\
+             {{% if add_generation_prompt %}}{generation_prompt}{{% endif %}}"
+        );
+        ChatFormat::Jinja(Box::new(ChatTemplate::new(&src).unwrap()))
+    }
+
+    fn user(text: &str) -> Message {
+        serde_json::from_value(serde_json::json!({"role": "user", "content": text})).unwrap()
+    }
+
+    #[test]
+    fn jinja_prompt_thinking_follows_an_open_think_in_the_generation_prompt() {
+        let o = ChatOptions::default();
+        let open = jinja("<assistant><think>\n");
+        let p = open.prompt(&Bytes, &[user("hi")], &o).unwrap();
+        assert!(p.thinking);
+        let mut r = open.reply_parser(p.thinking);
+        let mut got = r.push("hmm</think>Hello");
+        got.extend(r.finish());
+        assert_eq!(
+            got,
+            vec![
+                ReplyDelta::Reasoning("hmm".into()),
+                ReplyDelta::Content("Hello".into())
+            ]
+        );
+
+        let closed = jinja("<assistant><think>\n\n</think>\n\n");
+        assert!(!closed.prompt(&Bytes, &[user("hi")], &o).unwrap().thinking);
+        let plain = jinja("<assistant>");
+        // A `<think>` in an earlier turn does not count.
+        assert!(
+            !plain
+                .prompt(&Bytes, &[user("say <think>")], &o)
+                .unwrap()
+                .thinking
+        );
+
+        let mut r = plain.reply_parser_for("<assistant><think>\n", false);
+        assert_eq!(r.push("a</think>"), vec![ReplyDelta::Reasoning("a".into())]);
     }
 }

@@ -17,6 +17,7 @@ mod message;
 mod pyjson;
 mod reply;
 mod segment;
+mod tag_reply;
 mod tool_args;
 
 pub use error::ChatError;
@@ -30,3 +31,4 @@ pub use message::{Content, ContentPart, FunctionCall, Message, ToolCall};
 pub use pyjson::{PyJsonOptions, dumps as py_json_dumps};
 pub use reply::{PlainReply, ReplyDelta, ReplyParser, XtmlReply};
 pub use segment::{Segment, SegmentWriter, encode_segments, segments_to_string};
+pub use tag_reply::{MAX_CALL_BODY, TagReply, prompt_opens_think};
