@@ -118,7 +118,17 @@ impl ChatFormat {
                 let msgs = serde_json::to_value(messages).map_err(|e| {
                     ChatError::Template(format!("messages cannot be serialised: {e}"))
                 })?;
-                t.render_segments(&msgs, generation)
+                // The switches templates read: `enable_thinking` (Qwen3,
+                // DeepSeek) and `thinking`, and the request's tools.
+                let mut extra = serde_json::Map::new();
+                if let Some(on) = o.thinking {
+                    extra.insert("enable_thinking".into(), Value::Bool(on));
+                    extra.insert("thinking".into(), Value::Bool(on));
+                }
+                if let Some(tools) = &o.tools {
+                    extra.insert("tools".into(), tools.clone());
+                }
+                t.render_segments_with(&msgs, generation, extra)
             }
         }
     }
@@ -228,5 +238,31 @@ mod tests {
 
         let mut r = plain.reply_parser_for("<assistant><think>\n", false);
         assert_eq!(r.push("a</think>"), vec![ReplyDelta::Reasoning("a".into())]);
+    }
+
+    #[test]
+    fn thinking_and_tools_reach_the_template() {
+        let t = jinja(
+            "<assistant>{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n{% endif %}\
+             {% if tools %}[{{ tools | length }} tools]{% endif %}",
+        );
+        let text = |o: &ChatOptions| {
+            let p = t.prompt(&Bytes, &[user("hi")], o).unwrap();
+            (Bytes.decode(&p.ids), p.thinking)
+        };
+        let (on, _) = text(&ChatOptions::default());
+        assert!(on.ends_with("<assistant>"), "{on:?}");
+        let off = ChatOptions {
+            thinking: Some(false),
+            ..Default::default()
+        };
+        let (off_text, thinking) = text(&off);
+        assert!(off_text.ends_with("<think>\n\n</think>\n"), "{off_text:?}");
+        assert!(!thinking, "a closed think block is not open");
+        let tools = ChatOptions {
+            tools: Some(serde_json::json!([{"type": "function"}, {"type": "function"}])),
+            ..Default::default()
+        };
+        assert!(text(&tools).0.ends_with("[2 tools]"));
     }
 }

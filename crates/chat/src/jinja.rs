@@ -115,7 +115,17 @@ impl ChatTemplate {
         messages: &Value,
         add_generation_prompt: bool,
     ) -> Result<Vec<Segment>, ChatError> {
-        let mut ctx = serde_json::Map::new();
+        self.render_segments_with(messages, add_generation_prompt, serde_json::Map::new())
+    }
+
+    /// [`ChatTemplate::render_segments`] with further template variables
+    /// (`enable_thinking`, `tools`, …).
+    pub fn render_segments_with(
+        &self,
+        messages: &Value,
+        add_generation_prompt: bool,
+        mut ctx: serde_json::Map<String, Value>,
+    ) -> Result<Vec<Segment>, ChatError> {
         ctx.insert("messages".into(), messages.clone());
         ctx.insert(
             "add_generation_prompt".into(),
