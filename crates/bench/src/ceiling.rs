@@ -234,13 +234,7 @@ pub fn triad_array_bytes() -> u64 {
 /// `K3Weights::quantize_spine_int8` stores it; embedding, routers and vectors
 /// stay as stored.
 pub fn spine_bytes_per_token(spec: &K3Spec, int8: bool) -> u64 {
-    let f = fathom_model::kimi_k3::memory_facts(spec);
-    let spine = if int8 {
-        f.spine_int8_bytes
-    } else {
-        f.spine_bytes
-    };
-    spine - f.embedding_bytes + f.embedding_bytes / f.vocab_size.max(1) as u64
+    fathom_model::kimi_k3::memory_facts(spec).spine_bytes_per_token(int8)
 }
 
 /// Which resource bounds an arm's decode.

@@ -43,6 +43,18 @@ impl MemoryFacts {
     pub fn total_experts(&self) -> usize {
         self.moe_layers * self.num_experts
     }
+
+    /// Spine bytes one decoded token touches: the resident spine (stored,
+    /// or after `--spine int8`) less the embedding table, of which a token
+    /// reads one row (the embedding is never quantised).
+    pub fn spine_bytes_per_token(&self, int8: bool) -> u64 {
+        let spine = if int8 {
+            self.spine_int8_bytes
+        } else {
+            self.spine_bytes
+        };
+        spine - self.embedding_bytes + self.embedding_bytes / self.vocab_size.max(1) as u64
+    }
 }
 
 /// Bytes of a spine tensor of `shape` stored in `stored` bytes after

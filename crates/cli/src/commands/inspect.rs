@@ -177,12 +177,6 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
         spine_bytes_for(&facts, Spine::Bf16),
         spine_bytes_for(&facts, Spine::Int8),
     );
-    // The embedding is never quantised: a token reads one stored row of it.
-    let emb = components
-        .iter()
-        .find(|c| c.0 == "embedding")
-        .map_or(0, |c| c.2);
-    let per_token = |spine: u64| spine - emb + emb / spec.vocab_size as u64;
     let blocks: Vec<usize> = (0..spec.num_layers)
         .step_by(spec.attn_res_block_size)
         .collect();
@@ -215,8 +209,8 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
         "experts_total": spec.num_experts as u64 * moe_layers,
         "spine": {"bf16_bytes": bf16, "int8_bytes": int8},
         "per_token": {
-            "spine_bf16_bytes": per_token(bf16),
-            "spine_int8_bytes": per_token(int8),
+            "spine_bf16_bytes": facts.spine_bytes_per_token(false),
+            "spine_int8_bytes": facts.spine_bytes_per_token(true),
             "routed_expert_bytes": routed_per_token,
         },
         "state": {"context": context, "kda_bytes": kda, "mla_bytes": mla, "total_bytes": kda + mla,

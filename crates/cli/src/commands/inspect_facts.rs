@@ -15,8 +15,6 @@ use super::inspect::{KvArgs, b, ledger, print_ledger, shard_files};
 
 /// The report as JSON (the text form prints from it).
 fn report(f: &MemoryFacts, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result<Value> {
-    let per_token =
-        |spine: u64| spine - f.embedding_bytes + f.embedding_bytes / f.vocab_size.max(1) as u64;
     let routed = (f.top_k * f.moe_layers) as u64 * f.expert_bytes;
     let cache = kv_bytes(f, kv.context, kv.dtype);
     let ledgers = match budget {
@@ -38,8 +36,8 @@ fn report(f: &MemoryFacts, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Resu
         "experts_total": f.total_experts(),
         "spine": {"bf16_bytes": f.spine_bytes, "int8_bytes": f.spine_int8_bytes},
         "per_token": {
-            "spine_bf16_bytes": per_token(f.spine_bytes),
-            "spine_int8_bytes": per_token(f.spine_int8_bytes),
+            "spine_bf16_bytes": f.spine_bytes_per_token(false),
+            "spine_int8_bytes": f.spine_bytes_per_token(true),
             "routed_expert_bytes": routed,
         },
         "state": {"context": kv.context, "fixed_bytes": f.fixed_state_bytes,
