@@ -98,6 +98,16 @@ pub struct MemoryArgs {
     /// Read through the page cache instead of O_DIRECT (the budget is then not honest).
     #[arg(long)]
     pub buffered_io: bool,
+    /// Where matrix products run: cpu, cuda (an NVIDIA GPU; only the driver
+    /// and NVRTC are needed, at run time) or auto (CUDA when present, else
+    /// CPU). Output is bit-identical on either.
+    #[arg(long, value_enum, default_value_t = crate::device::DeviceArg::Cpu)]
+    pub device: crate::device::DeviceArg,
+    /// Device memory for weights with --device cuda|auto, e.g. 40GB
+    /// (default: the free device memory minus 2 GiB); matrices beyond it
+    /// are computed on the CPU.
+    #[arg(long, value_parser = parse_size)]
+    pub vram_budget: Option<u64>,
 }
 
 /// What loading decided, for stats and logs.
@@ -108,6 +118,8 @@ pub struct LoadInfo {
     pub ledger: Option<Ledger>,
     pub budget_source: String,
     pub direct_io: Option<bool>,
+    /// `cpu`, or the backend that computes the matrix products.
+    pub device: String,
 }
 
 impl MemoryArgs {
@@ -330,6 +342,7 @@ pub fn load_model_with(
     check_model_dir(dir)?;
     fathom_model::registry::detect(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    let device = crate::device::select(mem.device, mem.vram_budget)?;
     // The RAM ledger reads the family's memory facts (config.json only).
     let spec = fathom_model::memory::memory_facts(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
@@ -398,6 +411,7 @@ pub fn load_model_with(
             ledger: ledger.ok(),
             budget_source,
             direct_io: None,
+            device,
         };
         return Ok((model, info));
     }
@@ -430,6 +444,7 @@ pub fn load_model_with(
         ledger: Some(ledger),
         budget_source,
         direct_io: direct,
+        device,
     };
     Ok((model, info))
 }

@@ -6,6 +6,7 @@
 
 mod commands;
 mod common;
+mod device;
 mod load;
 mod suggest;
 

@@ -82,6 +82,33 @@ pub struct MlaQuery<'a> {
     pub n: usize,
 }
 
+/// Buffers of finished splits, kept for the next ones: a long context
+/// makes hundreds of 100 KB-scale partials per step, and handing them back
+/// to the allocator each time costs page faults on every core.
+static POOL: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
+/// Most buffers kept (a window's partials and scores, with room to spare).
+const POOL_MAX: usize = 4 * WINDOW;
+
+/// A zeroed buffer of `n` values, reused when one is free.
+pub(crate) fn scratch(n: usize) -> Vec<f32> {
+    let mut v = POOL
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .pop()
+        .unwrap_or_default();
+    v.clear();
+    v.resize(n, 0.0);
+    v
+}
+
+/// Returns a buffer from [`scratch`] for reuse.
+pub(crate) fn recycle(v: Vec<f32>) {
+    let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    if p.len() < POOL_MAX {
+        p.push(v);
+    }
+}
+
 /// One split's softmax pieces for every head (shared with the GQA kernel).
 pub(crate) struct Partial {
     pub(crate) m: Vec<f32>,
@@ -169,10 +196,10 @@ fn split_partial_tiled(
 ) -> Partial {
     let (h, lora, rope, w) = (sh.heads, sh.lora, sh.rope, sh.width());
     let rows = &blocks[k][..len * w];
-    let mut s = vec![0f32; h * len];
+    let mut s = scratch(h * len);
     let mut m = vec![f32::NEG_INFINITY; h];
     let mut l = vec![0f32; h];
-    let mut c = vec![0f32; h * lora];
+    let mut c = scratch(h * lora);
     let ql = |hh: usize| &q.q_lat[hh * lora..(hh + 1) * lora];
     let qr = |hh: usize| &q.q_rope[hh * rope..(hh + 1) * rope];
     let mut h0 = 0;
@@ -210,6 +237,7 @@ fn split_partial_tiled(
         }
         h0 = h1;
     }
+    recycle(s);
     Partial { m, l, c }
 }
 
@@ -226,7 +254,7 @@ fn tile_context(
     rows: &[f32],
     (h0, len, lora, w): (usize, usize, usize, usize),
 ) {
-    let mut p = vec![0f32; HEAD_TILE * len];
+    let mut p = scratch(HEAD_TILE * len);
     for k in 0..HEAD_TILE {
         let hh = h0 + k;
         for j in 0..len {
@@ -260,6 +288,7 @@ fn tile_context(
             c[(h0 + k) * lora + cc] = a;
         }
     }
+    recycle(p);
 }
 
 /// The order-defining loop: per row, per head, the score; then per row,
@@ -485,6 +514,7 @@ impl<'q> MlaAccum<'q> {
                 .map(|&(k, len)| split_partial(sh, blocks, q, local(k), len))
                 .collect();
             self.merged[0].add_all(&parts);
+            parts.into_iter().for_each(|p| recycle(p.c));
             return;
         }
         self.merged
@@ -492,7 +522,9 @@ impl<'q> MlaAccum<'q> {
             .zip(self.queries.par_iter())
             .for_each(|(m, q)| {
                 for (k, len) in seen(q) {
-                    m.add(&split_partial(sh, blocks, q, local(k), len));
+                    let p = split_partial(sh, blocks, q, local(k), len);
+                    m.add(&p);
+                    recycle(p.c);
                 }
             });
     }

@@ -13,6 +13,7 @@ pub mod attention;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod backend;
 pub mod dispatch;
 pub mod formats;
 pub mod fp8;

@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use fathom_kernels::formats::{Fp8Rows, Int4Rows};
 use fathom_kernels::fp8::{bf16, e4m3_is_nan};
+use std::borrow::Cow;
+
+use fathom_kernels::backend::{self, MatRef, Role, matmul_stable};
 use fathom_kernels::matmul::{f32s_of_bytes, u16s_of_bytes};
 use fathom_weights::mxfp4::Mxfp4Ref;
 use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
@@ -87,11 +90,26 @@ impl ExpertWeights {
     /// = x · W_iᵀ` (`W_i` stored `[out, in]`), or `x · W_i + b_i` for the
     /// input-major biased format.
     pub fn matmul(&self, i: usize, x: &[f32], t: usize, y: &mut [f32]) {
+        // A view borrowed from `buf` is stable until this expert drops (which
+        // tells the seam); a copied view (an unaligned buffer) is not.
+        let apply = |w: MatRef<'_>, stable: bool, y: &mut [f32]| {
+            if stable {
+                matmul_stable(&w, Role::Expert, x, t, y)
+            } else {
+                w.cpu(x, t, y)
+            }
+        };
         match self.format {
-            ExpertFormat::Mxfp4 => fathom_kernels::matmul_mxfp4(x, t, self.matrix(i), y),
+            ExpertFormat::Mxfp4 => apply(MatRef::Mxfp4(self.matrix(i)), true, y),
             ExpertFormat::Bf16 => {
                 let (p, _, [r, c]) = self.parts[i];
-                fathom_kernels::matmul_bf16_bytes(x, t, &self.buf[p..p + 2 * r * c], r, c, y)
+                let w = u16s_of_bytes(&self.buf[p..p + 2 * r * c]);
+                let m = MatRef::Bf16 {
+                    w: &w,
+                    rows: r,
+                    cols: c,
+                };
+                apply(m, is_borrowed(&w), y)
             }
             ExpertFormat::Bf16InputMajorBias => {
                 let (p, b, [ins, outs]) = self.parts[i];
@@ -101,7 +119,13 @@ impl ExpertWeights {
             }
             ExpertFormat::F32 => {
                 let (p, _, [r, c]) = self.parts[i];
-                fathom_kernels::matmul_f32_bytes(x, t, &self.buf[p..p + 4 * r * c], r, c, y)
+                let w = f32s_of_bytes(&self.buf[p..p + 4 * r * c]);
+                let m = MatRef::F32 {
+                    w: &w,
+                    rows: r,
+                    cols: c,
+                };
+                apply(m, is_borrowed(&w), y)
             }
             ExpertFormat::Fp8 { block } => {
                 let (p, s, [r, c]) = self.parts[i];
@@ -109,17 +133,17 @@ impl ExpertWeights {
                 let scale = f32s_of_bytes(&self.buf[s..s + 4 * grid]);
                 let w = Fp8Rows::new(&self.buf[p..p + r * c], &scale, c, block, 0)
                     .expect("FP8 expert shapes are checked at load");
-                fathom_kernels::matmul_fp8(x, t, w, y)
+                apply(MatRef::Fp8(w), is_borrowed(&scale), y)
             }
             ExpertFormat::Int4 { group } => {
                 let (p, s, [r, c]) = self.parts[i];
                 let scale = u16s_of_bytes(&self.buf[s..s + 2 * r * c / group]);
                 let w = Int4Rows::new(&self.buf[p..p + r * c / 2], &scale, r, c, group)
                     .expect("INT4 expert shapes are checked at load");
-                fathom_kernels::matmul_int4(x, t, w, y)
+                apply(MatRef::Int4(w), is_borrowed(&scale), y)
             }
             ExpertFormat::Mxfp4Bias => {
-                fathom_kernels::matmul_mxfp4(x, t, self.matrix(i), y);
+                apply(MatRef::Mxfp4(self.matrix(i)), true, y);
                 let (b0, b1, _) = self.parts[2];
                 let bias = if i == 0 { b0 } else { b1 };
                 self.add_bias(bias, self.parts[i].2[0], y);
@@ -202,6 +226,16 @@ impl ExpertWeights {
 }
 
 /// Where one expert's tensors are on disk.
+fn is_borrowed<T: Clone>(c: &Cow<'_, [T]>) -> bool {
+    matches!(c, Cow::Borrowed(_))
+}
+
+impl Drop for ExpertWeights {
+    fn drop(&mut self) {
+        backend::forget(&self.buf[..]);
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ExpertLoc {
     /// Per matrix: the weight tensor (MXFP4 packed nibbles, or bf16) and

@@ -4,10 +4,10 @@
 //! when asked for (`Spine::Int8`), quantised at load to per-row symmetric
 //! int8 (half the bytes again; lossy).
 
+use fathom_kernels::backend::{self, MatRef, Role, matmul_stable};
 use fathom_kernels::formats::Fp8Rows;
 use fathom_kernels::fp8::{e4m3, e4m3_is_nan};
 use fathom_kernels::quant::quantize_rows_int8;
-use fathom_kernels::{matmul_bf16, matmul_f32, matmul_fp8, matmul_int8};
 use fathom_weights::{Checkpoint, Dtype, TensorLoc, convert};
 
 use crate::error::{ModelError, Result};
@@ -151,6 +151,29 @@ impl Linear {
             .expect("an FP8 matrix is checked when made")
     }
 
+    /// Rows `r` as the backend seam sees them.
+    fn mat(&self, r: std::ops::Range<usize>) -> MatRef<'_> {
+        let (n, c) = (r.len(), self.cols);
+        match &self.data {
+            WeightData::Bf16(w) => MatRef::Bf16 {
+                w: &w[r.start * c..r.end * c],
+                rows: n,
+                cols: c,
+            },
+            WeightData::F32(w) => MatRef::F32 {
+                w: &w[r.start * c..r.end * c],
+                rows: n,
+                cols: c,
+            },
+            WeightData::Int8 { q, scale } => MatRef::Int8 {
+                q: &q[r.start * c..r.end * c],
+                scale: &scale[r],
+                cols: c,
+            },
+            WeightData::Fp8 { q, scale, block } => MatRef::Fp8(self.fp8_rows(q, scale, *block, r)),
+        }
+    }
+
     /// `y[T, rows] = x[T, cols] Wᵀ`.
     pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
         let mut y = vec![0f32; t * self.rows];
@@ -158,38 +181,34 @@ impl Linear {
         y
     }
 
+    /// `y[T, rows] = x[T, cols] Wᵀ` through the backend seam (the CPU
+    /// kernels unless a device backend is installed; the same bits).
     pub fn forward_into(&self, x: &[f32], t: usize, y: &mut [f32]) {
-        match &self.data {
-            WeightData::Bf16(w) => matmul_bf16(x, t, w, self.rows, self.cols, y),
-            WeightData::F32(w) => matmul_f32(x, t, w, self.rows, self.cols, y),
-            WeightData::Int8 { q, scale } => matmul_int8(x, t, q, scale, self.cols, y),
-            WeightData::Fp8 { q, scale, block } => {
-                matmul_fp8(x, t, self.fp8_rows(q, scale, *block, 0..self.rows), y)
-            }
-        }
+        matmul_stable(&self.mat(0..self.rows), Role::Spine, x, t, y)
     }
 
     /// `y[T, r.len()] = x[T, cols] W[r]ᵀ`: only the rows `r` (each row's
     /// result is the one `forward` gives for it).
     pub fn forward_rows(&self, r: std::ops::Range<usize>, x: &[f32], t: usize) -> Vec<f32> {
-        let (n, c) = (r.len(), self.cols);
-        let mut y = vec![0f32; t * n];
+        let mut y = vec![0f32; t * r.len()];
+        matmul_stable(&self.mat(r), Role::Spine, x, t, &mut y);
+        y
+    }
+
+    /// Tells the backend seam this matrix's bytes are going away.
+    fn forget_data(&self) {
         match &self.data {
-            WeightData::Bf16(w) => matmul_bf16(x, t, &w[r.start * c..r.end * c], n, c, &mut y),
-            WeightData::F32(w) => matmul_f32(x, t, &w[r.start * c..r.end * c], n, c, &mut y),
-            WeightData::Int8 { q, scale } => matmul_int8(
-                x,
-                t,
-                &q[r.start * c..r.end * c],
-                &scale[r.clone()],
-                c,
-                &mut y,
-            ),
-            WeightData::Fp8 { q, scale, block } => {
-                matmul_fp8(x, t, self.fp8_rows(q, scale, *block, r), &mut y)
+            WeightData::Bf16(w) => backend::forget(w),
+            WeightData::F32(w) => backend::forget(w),
+            WeightData::Int8 { q, scale } => {
+                backend::forget(q);
+                backend::forget(scale);
+            }
+            WeightData::Fp8 { q, scale, .. } => {
+                backend::forget(q);
+                backend::forget(scale);
             }
         }
-        y
     }
 
     /// Rows `rows` transposed: `[cols, rows.len()]`, in the same precision
@@ -286,9 +305,12 @@ impl Linear {
             };
         }
         let mut it = parts.into_iter();
-        let mut data = it.next().map_or(WeightData::F32(Vec::new()), |p| p.data);
-        for p in it {
-            match (&mut data, p.data) {
+        let mut data = it.next().map_or(WeightData::F32(Vec::new()), |mut p| {
+            std::mem::replace(&mut p.data, WeightData::F32(Vec::new()))
+        });
+        for mut p in it {
+            let pd = std::mem::replace(&mut p.data, WeightData::F32(Vec::new()));
+            match (&mut data, pd) {
                 (WeightData::Bf16(a), WeightData::Bf16(b)) => a.extend(b),
                 (WeightData::F32(a), WeightData::F32(b)) => a.extend(b),
                 (WeightData::Int8 { q, scale }, WeightData::Int8 { q: q2, scale: s2 }) => {
@@ -369,6 +391,7 @@ impl Linear {
                 *o = self.at(r, c);
             }
         });
+        self.forget_data();
         self.data = WeightData::Int8 { q, scale };
     }
 
@@ -436,6 +459,12 @@ impl Proj {
             }
         }
         y
+    }
+}
+
+impl Drop for Linear {
+    fn drop(&mut self) {
+        self.forget_data();
     }
 }
 

@@ -152,6 +152,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         no_prefetch: false,
         prefetch_depth: None,
         buffered_io: false,
+        device: crate::device::DeviceArg::Cpu,
+        vram_budget: None,
     };
     let (model, info) = load_model_with(&dir, &mem, prompt.len(), fathom_model::Spine::Bf16)?;
     let model_bytes: u64 = std::fs::read_dir(&dir)?

@@ -11,8 +11,8 @@ use clap::Args;
 use fathom_chat::{ChatFormat, ChatOptions, ChatPrompt, Message, ReplyDelta, ReplyParser};
 use fathom_engine::report::{IoStats, RunSetup, TokenLogprob};
 use fathom_engine::{
-    DraftOptions, Drafter, EngineOptions, ModelDrafter, NgramDrafter, Request, RunReport, RunStats,
-    TokenEvent, generate_with,
+    DeviceStats, DraftOptions, Drafter, EngineOptions, ModelDrafter, NgramDrafter, Request,
+    RunReport, RunStats, TokenEvent, generate_with,
 };
 use fathom_model::{CausalLm, LoadOptions};
 use fathom_tokenizer::Tokenizer;
@@ -155,6 +155,7 @@ pub fn setup(info: &LoadInfo, spine: fathom_model::Spine) -> RunSetup {
         direct_io: info.direct_io,
         ram_budget_bytes: info.ledger.as_ref().map(|l| l.budget),
         expert_cache_slots: info.ledger.as_ref().map(|l| l.cache_experts),
+        device: info.device.clone(),
     }
 }
 
@@ -235,6 +236,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 
     let mut stdout = std::io::stdout().lock();
     let start_stats = model.expert_stats();
+    let device0 = DeviceStats::snapshot();
     let kv0 = model.kv_stats();
     let mut meter = TokenMeter::new(&*model, a.stats);
     let mut logprobs = Vec::new();
@@ -272,6 +274,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         setup: setup(&info, spine),
         finish_reason: f.reason.name().into(),
         draft: f.draft.clone(),
+        gpu: DeviceStats::since(&device0),
     };
     let (content, reasoning_content) = match (&chat, &f.text) {
         (Some((format, p)), Some(text)) => {
@@ -313,6 +316,22 @@ pub fn run(a: RunArgs) -> Result<()> {
             .map_or("-".into(), |r| format!("{r:.2}")),
         s.peak_rss_bytes as f64 / (1 << 20) as f64
     );
+    if let Some(d) = &stats.gpu {
+        eprintln!(
+            "device {}: {} products on it, {} on the CPU, {:.1} ms inside device calls, {:.1} MB host→device, expert VRAM hits {}/{}{}",
+            stats.setup.device,
+            d.device_products,
+            d.cpu_products,
+            d.gpu_ms,
+            d.h2d_bytes as f64 / 1e6,
+            d.vram_expert_hits,
+            d.vram_expert_hits + d.vram_expert_misses,
+            d.last_error.as_ref().map_or(String::new(), |e| format!(
+                "; {} device errors, last: {e}",
+                d.device_errors
+            ))
+        );
+    }
     Ok(())
 }
 

@@ -11,7 +11,6 @@
 //! expert runs on all its tokens at once; per-token sums are accumulated in
 //! the router's rank order, so the result does not depend on T.
 
-use fathom_kernels::matmul_mxfp4;
 use fathom_kernels::ops::{rms_norm, situ_glu};
 
 use super::config::K3Spec;
@@ -54,11 +53,11 @@ fn expert_forward(spec: &K3Spec, e: &ExpertWeights, z: &[f32], n: usize) -> Vec<
     let f = spec.moe_intermediate_size;
     let mut g = vec![0f32; n * f];
     let mut u = vec![0f32; n * f];
-    matmul_mxfp4(z, n, e.matrix(ExpertMatrix::W1 as usize), &mut g);
-    matmul_mxfp4(z, n, e.matrix(ExpertMatrix::W3 as usize), &mut u);
+    e.matmul(ExpertMatrix::W1 as usize, z, n, &mut g);
+    e.matmul(ExpertMatrix::W3 as usize, z, n, &mut u);
     situ_glu(&mut g, &u, spec.situ_beta, spec.situ_linear_beta);
     let mut y = vec![0f32; n * spec.latent_size];
-    matmul_mxfp4(&g, n, e.matrix(ExpertMatrix::W2 as usize), &mut y);
+    e.matmul(ExpertMatrix::W2 as usize, &g, n, &mut y);
     y
 }
 

@@ -1,0 +1,380 @@
+//! Opening a device, compiling the kernels, and the backend itself.
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
+use fathom_kernels::backend::{Backend, BackendStats, MatRef, Role, segments};
+use fathom_kernels::fp8::E4M3;
+
+use crate::cache::{Cache, Key};
+use crate::{CudaError, SOURCE};
+
+/// What `probe` found.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub nvrtc: (i32, i32),
+}
+
+/// Bytes left free on the device beside the weight cache by default
+/// (activations, the CUDA context, other programs).
+pub const DEFAULT_MARGIN: u64 = 2 << 30;
+
+fn libraries() -> Result<(i32, i32), CudaError> {
+    // SAFETY: only tries to open the shared library by its usual names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaError::NoDriver);
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::NoNvrtc);
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present; the call writes two ints.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    Ok((major, minor))
+}
+
+/// Checks the driver, NVRTC and device `ordinal` without compiling anything.
+pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaError> {
+    let nvrtc = libraries()?;
+    let count = CudaContext::device_count().map_err(|e| CudaError::NoDevice(e.to_string()))?;
+    let count = count.max(0) as usize;
+    if count == 0 {
+        return Err(CudaError::NoDevice("0 devices".into()));
+    }
+    if ordinal >= count {
+        return Err(CudaError::BadOrdinal { ordinal, count });
+    }
+    let ctx = CudaContext::new(ordinal)?;
+    let (free, total) = ctx.mem_get_info()?;
+    Ok(DeviceInfo {
+        ordinal,
+        name: ctx.name()?,
+        compute_capability: ctx.compute_capability()?,
+        total_bytes: total as u64,
+        free_bytes: free as u64,
+        nvrtc,
+    })
+}
+
+struct Funcs {
+    f32: CudaFunction,
+    bf16: CudaFunction,
+    int8: CudaFunction,
+    mxfp4: CudaFunction,
+    fp8: CudaFunction,
+    int4: CudaFunction,
+}
+
+struct State {
+    cache: Cache<CudaSlice<u8>>,
+    x: Option<CudaSlice<f32>>,
+    y: Option<CudaSlice<f32>>,
+    stats: BackendStats,
+}
+
+/// Matrix products on one CUDA device (see the crate docs).
+pub struct CudaBackend {
+    info: DeviceInfo,
+    stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    funcs: Funcs,
+    e4m3: CudaSlice<f32>,
+    state: Mutex<State>,
+}
+
+fn ptx_cache_path(arch: &str, nvrtc: (i32, i32)) -> Option<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (SOURCE, arch, nvrtc).hash(&mut h);
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(
+        base.join("fathom/cuda")
+            .join(format!("{:016x}.ptx", h.finish())),
+    )
+}
+
+/// The kernels' PTX for `arch`: from the cache, else compiled by NVRTC and
+/// stored (a cache that cannot be written is skipped).
+fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> {
+    let path = ptx_cache_path(arch, nvrtc);
+    if let Some(src) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok(Ptx::from_src(src));
+    }
+    let opts = CompileOptions {
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        fmad: Some(false),
+        arch: Some(arch),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| CudaError::Compile {
+        arch: arch.into(),
+        log: match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => other.to_string(),
+        },
+    })?;
+    if let Some(p) = path {
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        let stored = p.parent().map(std::fs::create_dir_all).transpose().is_ok()
+            && std::fs::write(&tmp, ptx.to_src()).is_ok()
+            && std::fs::rename(&tmp, &p).is_ok();
+        if !stored {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(ptx)
+}
+
+/// `compute_XY` for the architectures NVRTC knows by a static name.
+fn arch_name(cc: (i32, i32)) -> &'static str {
+    match cc {
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
+        (major, _) if major >= 12 => "compute_120",
+        (major, _) if major >= 10 => "compute_100",
+        (major, _) if major >= 9 => "compute_90",
+        _ => "compute_75",
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal` with `budget` bytes for weights (default:
+    /// free memory less [`DEFAULT_MARGIN`]); compiles or loads the kernels.
+    pub fn open(ordinal: usize, budget: Option<u64>) -> Result<Arc<Self>, CudaError> {
+        let info = probe(ordinal)?;
+        let ctx = CudaContext::new(ordinal)?;
+        // One stream, synchronised after every product: no cross-stream events needed.
+        // SAFETY: every buffer is used on `stream` only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let ptx = kernels_ptx(arch_name(info.compute_capability), info.nvrtc)?;
+        let module = ctx.load_module(ptx)?;
+        let f = |n: &str| module.load_function(n);
+        let funcs = Funcs {
+            f32: f("mm_f32")?,
+            bf16: f("mm_bf16")?,
+            int8: f("mm_int8")?,
+            mxfp4: f("mm_mxfp4")?,
+            fp8: f("mm_fp8")?,
+            int4: f("mm_int4")?,
+        };
+        let e4m3 = stream.clone_htod(&E4M3[..])?;
+        let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
+        Ok(Arc::new(CudaBackend {
+            info,
+            stream,
+            _module: module,
+            funcs,
+            e4m3,
+            state: Mutex::new(State {
+                cache: Cache::new(budget),
+                x: None,
+                y: None,
+                stats: BackendStats::default(),
+            }),
+        }))
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The weight budget in bytes.
+    pub fn budget(&self) -> u64 {
+        self.lock().cache.budget()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Device copies of `segs` (uploading the missing ones); `None` when
+    /// they cannot all fit. Counts hits for experts.
+    fn resident(
+        &self,
+        st: &mut State,
+        segs: &[&[u8]],
+        role: Role,
+    ) -> Result<Option<Vec<u64>>, CudaError> {
+        let keys: Vec<Key> = segs
+            .iter()
+            .map(|s| (s.as_ptr() as usize, s.len()))
+            .collect();
+        let missing: u64 = keys
+            .iter()
+            .filter(|k| !st.cache.contains(k))
+            .map(|k| k.1 as u64)
+            .sum();
+        if role == Role::Expert {
+            if missing == 0 {
+                st.stats.vram_expert_hits += 1;
+            } else {
+                st.stats.vram_expert_misses += 1;
+            }
+        }
+        if missing > 0 && !st.cache.make_room(missing, &keys) {
+            return Ok(None);
+        }
+        let mut ptrs = Vec::with_capacity(keys.len());
+        for (k, s) in keys.iter().zip(segs) {
+            if st.cache.touch(k).is_none() {
+                let buf = self.stream.clone_htod(*s)?;
+                st.stats.h2d_bytes += s.len() as u64;
+                st.cache.insert(*k, buf);
+            }
+            let buf = st.cache.get(k).expect("just inserted");
+            ptrs.push(buf.device_ptr(&self.stream).0);
+        }
+        st.stats.vram_weight_bytes = st.cache.bytes();
+        Ok(Some(ptrs))
+    }
+
+    /// The product on the device; `Ok(false)` when declined.
+    fn run(
+        &self,
+        w: &MatRef<'_>,
+        role: Role,
+        x: &[f32],
+        t: usize,
+        y: &mut [f32],
+    ) -> Result<bool, CudaError> {
+        let (rows, cols) = (w.rows(), w.cols());
+        let fits = |n: usize| i32::try_from(n).is_ok();
+        if !(fits(rows) && fits(cols) && fits(t)) || rows == 0 || t == 0 {
+            return Ok(false);
+        }
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(p) = self.resident(st, &segments(w), role)? else {
+            return Ok(false);
+        };
+        let xs = grow(&self.stream, &mut st.x, x.len())?;
+        self.stream.memcpy_htod(x, &mut xs.slice_mut(..x.len()))?;
+        let ys = grow(&self.stream, &mut st.y, y.len())?;
+        let (xp, yp) = (xs.device_ptr(&self.stream).0, ys.device_ptr(&self.stream).0);
+        let (r, c, tt) = (rows as i32, cols as i32, t as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let e4 = self.e4m3.device_ptr(&self.stream).0;
+        let mut b;
+        match w {
+            MatRef::F32 { .. } => b = self.stream.launch_builder(&self.funcs.f32),
+            MatRef::Bf16 { .. } => b = self.stream.launch_builder(&self.funcs.bf16),
+            MatRef::Int8 { .. } => b = self.stream.launch_builder(&self.funcs.int8),
+            MatRef::Mxfp4(_) => b = self.stream.launch_builder(&self.funcs.mxfp4),
+            MatRef::Fp8(_) => b = self.stream.launch_builder(&self.funcs.fp8),
+            MatRef::Int4(_) => b = self.stream.launch_builder(&self.funcs.int4),
+        }
+        for ptr in &p {
+            b.arg(ptr);
+        }
+        let (fp8_ints, int4_shift);
+        match w {
+            MatRef::Fp8(m) => {
+                fp8_ints = [
+                    m.row0 as i32,
+                    m.shift[0] as i32,
+                    m.shift[1] as i32,
+                    m.grid_cols as i32,
+                ];
+                b.arg(&e4);
+                for v in &fp8_ints {
+                    b.arg(v);
+                }
+            }
+            MatRef::Int4(m) => {
+                int4_shift = m.group_shift as i32;
+                b.arg(&int4_shift);
+            }
+            _ => {}
+        }
+        b.arg(&xp).arg(&yp).arg(&r).arg(&c).arg(&tt);
+        // SAFETY: the arguments match the kernel's parameters in `matmul.cu`
+        // (pointers to device copies of the segments, sized by the shapes checked above).
+        unsafe { b.launch(cfg) }?;
+        self.stream.memcpy_dtoh(&ys.slice(..y.len()), y)?;
+        self.stream.synchronize()?;
+        st.stats.h2d_bytes += std::mem::size_of_val(x) as u64;
+        st.stats.d2h_bytes += std::mem::size_of_val(y) as u64;
+        Ok(true)
+    }
+}
+
+/// A scratch buffer of at least `n` values.
+fn grow<'a>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<CudaSlice<f32>>,
+    n: usize,
+) -> Result<&'a mut CudaSlice<f32>, CudaError> {
+    if slot.as_ref().is_none_or(|s| s.len() < n) {
+        *slot = None;
+        *slot = Some(stream.alloc_zeros::<f32>(n.next_power_of_two().max(1024))?);
+    }
+    Ok(slot.as_mut().expect("just made"))
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        format!("cuda:{} {}", self.info.ordinal, self.info.name)
+    }
+
+    fn matmul(&self, w: &MatRef<'_>, role: Role, x: &[f32], t: usize, y: &mut [f32]) -> bool {
+        let start = Instant::now();
+        // A device error leaves the product to the CPU, which gives the
+        // same bits; the error is counted and kept for the run report.
+        let result = self.run(w, role, x, t, y);
+        let mut st = self.lock();
+        let done = match result {
+            Ok(done) => done,
+            Err(e) => {
+                st.stats.device_errors += 1;
+                st.stats.last_error = Some(e.to_string());
+                false
+            }
+        };
+        if done {
+            st.stats.device_products += 1;
+            st.stats.gpu_ms += start.elapsed().as_secs_f64() * 1e3;
+        } else {
+            st.stats.cpu_products += 1;
+        }
+        done
+    }
+
+    fn forget(&self, range: Range<usize>) {
+        let mut st = self.lock();
+        st.cache.forget(range);
+        st.stats.vram_weight_bytes = st.cache.bytes();
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.lock().stats.clone()
+    }
+}

@@ -1,0 +1,52 @@
+//! The CUDA backend: matrix products on an NVIDIA GPU, bit-identical to
+//! the CPU kernels (see `matmul.cu` for the order), behind
+//! [`fathom_kernels::backend::Backend`].
+//!
+//! Nothing CUDA is needed to build: `cudarc` loads the driver
+//! (`libcuda.so`) and NVRTC (`libnvrtc.so`) when a backend is opened. The
+//! kernels are CUDA C in this crate, compiled by NVRTC for the device's
+//! architecture on first use and cached as PTX under the user cache
+//! directory (keyed by the source, the architecture and NVRTC's version).
+//!
+//! Weights are copied to device memory on first use and kept there, least
+//! recently used first out, within the VRAM budget; activations go up and
+//! results come back per product. A product whose weights cannot fit is
+//! declined and runs on the CPU.
+
+mod cache;
+mod device;
+
+pub use device::{CudaBackend, DeviceInfo, probe};
+
+/// Why the CUDA backend is not available.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error(
+        "the NVIDIA driver library (libcuda.so / libcuda.so.1) was not found: install the \
+         NVIDIA driver, or run with --device cpu"
+    )]
+    NoDriver,
+    #[error(
+        "NVRTC (libnvrtc.so or libnvrtc.so.12, from the CUDA toolkit or the nvidia-cuda-nvrtc \
+         package) was not found on the library path: it compiles fathom's GPU kernels at run \
+         time; install it and set LD_LIBRARY_PATH, or run with --device cpu"
+    )]
+    NoNvrtc,
+    #[error("no CUDA device is visible (the driver reports {0}): run with --device cpu")]
+    NoDevice(String),
+    #[error("CUDA device {ordinal} does not exist: {count} visible")]
+    BadOrdinal { ordinal: usize, count: usize },
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("NVRTC could not compile fathom's kernels for {arch}: {log}")]
+    Compile { arch: String, log: String },
+}
+
+impl From<cudarc::driver::DriverError> for CudaError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        CudaError::Driver(e.to_string())
+    }
+}
+
+/// The kernels' CUDA C source.
+pub const SOURCE: &str = include_str!("matmul.cu");

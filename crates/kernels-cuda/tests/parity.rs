@@ -1,0 +1,254 @@
+//! The GPU products against the CPU kernels' scalar twin, bit for bit, for
+//! every format, awkward shapes, 1..17 positions, cache hits and misses,
+//! and a budget too small to hold the weights. Without a CUDA device every
+//! test prints why it skipped.
+
+use std::sync::Arc;
+
+use fathom_kernels::backend::{Backend, MatRef, Role};
+use fathom_kernels::formats::{
+    Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows, block_scalar,
+};
+use fathom_kernels_cuda::CudaBackend;
+use fathom_weights::mxfp4::Mxfp4Ref;
+
+fn open(budget: Option<u64>) -> Option<Arc<CudaBackend>> {
+    match CudaBackend::open(0, budget) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("skipped: no CUDA backend here ({e})");
+            None
+        }
+    }
+}
+
+/// Deterministic values with a spread of magnitudes, signs, zeros and subnormals.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    fn f32(&mut self) -> f32 {
+        match self.next() % 16 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => f32::from_bits(self.next() % 0x007F_FFFF + 1), // subnormal
+            _ => (self.next() as f32 / u32::MAX as f32 - 0.5) * 4.0,
+        }
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// `y[T, rows]` from the scalar twin.
+fn twin<W: Rows>(w: &W, x: &[f32], t: usize) -> Vec<f32> {
+    let rows = w.rows();
+    let mut o = vec![0f32; rows * t];
+    block_scalar(w, x, t, 0..rows, &mut o);
+    let mut y = vec![0f32; t * rows];
+    for r in 0..rows {
+        for j in 0..t {
+            y[j * rows + r] = o[r * t + j];
+        }
+    }
+    y
+}
+
+fn same(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (p, q)) in a.iter().zip(b).enumerate() {
+        assert!(
+            p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
+            "{what}: element {i}: device {p:e} ({:#x}) vs CPU {q:e} ({:#x})",
+            p.to_bits(),
+            q.to_bits()
+        );
+    }
+}
+
+/// Tells the backend a test buffer is going away, as every owner of
+/// weights does on drop (the residency contract of `matmul_stable`).
+fn drop_all(b: &CudaBackend, m: &MatRef<'_>) {
+    for s in fathom_kernels::backend::segments(m) {
+        let a = s.as_ptr() as usize;
+        b.forget(a..a + s.len());
+    }
+}
+
+/// Runs `m` on the device for several position counts and checks each
+/// against `want(x, t)`; then the same call again (a cache hit).
+fn check(b: &CudaBackend, m: &MatRef<'_>, want: impl Fn(&[f32], usize) -> Vec<f32>, what: &str) {
+    let mut g = Lcg(7);
+    for t in [1usize, 3, 8, 9, 17] {
+        let x: Vec<f32> = (0..t * m.cols()).map(|_| g.f32()).collect();
+        let mut y = vec![f32::NAN; t * m.rows()];
+        assert!(b.matmul(m, Role::Expert, &x, t, &mut y), "{what}: declined");
+        same(&y, &want(&x, t), &format!("{what}, T = {t}"));
+        let mut again = vec![0f32; y.len()];
+        assert!(b.matmul(m, Role::Expert, &x, t, &mut again));
+        same(&again, &y, &format!("{what}, T = {t}, from the cache"));
+        // Batch invariance: each position alone gives its row of the batch.
+        let c = m.cols();
+        let mut one = vec![0f32; m.rows()];
+        assert!(b.matmul(m, Role::Expert, &x[(t - 1) * c..], 1, &mut one));
+        same(
+            &one,
+            &y[(t - 1) * m.rows()..],
+            &format!("{what}: last of {t} alone"),
+        );
+    }
+}
+
+#[test]
+fn every_format_matches_the_scalar_twin() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(1);
+    for (rows, cols) in [(1usize, 32usize), (37, 100), (300, 4096), (9, 7)] {
+        let w: Vec<f32> = (0..rows * cols).map(|_| g.f32()).collect();
+        let m = MatRef::F32 { w: &w, rows, cols };
+        check(
+            &b,
+            &m,
+            |x, t| twin(&F32Rows { w: &w, cols }, x, t),
+            &format!("f32 {rows}x{cols}"),
+        );
+
+        let h: Vec<u16> = (0..rows * cols).map(|_| g.next() as u16).collect();
+        let m = MatRef::Bf16 { w: &h, rows, cols };
+        check(
+            &b,
+            &m,
+            |x, t| twin(&Bf16Rows { w: &h, cols }, x, t),
+            &format!("bf16 {rows}x{cols}"),
+        );
+
+        let q: Vec<i8> = (0..rows * cols).map(|_| g.next() as i8).collect();
+        let s: Vec<f32> = (0..rows).map(|_| g.f32()).collect();
+        let m = MatRef::Int8 {
+            q: &q,
+            scale: &s,
+            cols,
+        };
+        let tw = Int8Rows {
+            q: &q,
+            scale: &s,
+            cols,
+        };
+        check(
+            &b,
+            &m,
+            |x, t| twin(&tw, x, t),
+            &format!("int8 {rows}x{cols}"),
+        );
+    }
+    for (rows, cols) in [(1usize, 32usize), (37, 96), (300, 2048)] {
+        let packed = g.bytes(rows * cols / 2);
+        // Scales near 127 (2^0) with the extremes 0 (subnormal 2^-127) and 254.
+        let scales: Vec<u8> = (0..rows * cols / 32)
+            .map(|i| match i % 11 {
+                0 => 0,
+                1 => 254,
+                _ => 120 + (g.next() % 14) as u8,
+            })
+            .collect();
+        let r = Mxfp4Ref {
+            rows,
+            cols,
+            packed: &packed,
+            scales: &scales,
+        };
+        check(
+            &b,
+            &MatRef::Mxfp4(r),
+            |x, t| twin(&Mxfp4Rows(r), x, t),
+            &format!("mxfp4 {rows}x{cols}"),
+        );
+
+        let scale: Vec<u16> = (0..rows * cols / 32)
+            .map(|_| 0x3C00 + (g.next() % 0x200) as u16)
+            .collect();
+        let w = Int4Rows::new(&packed, &scale, rows, cols, 32).unwrap();
+        check(
+            &b,
+            &MatRef::Int4(w),
+            |x, t| twin(&w, x, t),
+            &format!("int4 {rows}x{cols}"),
+        );
+    }
+    for (rows, cols, block, row0) in [
+        (40usize, 200usize, [16usize, 64usize], 0usize),
+        (300, 256, [128, 128], 0),
+        (5, 128, [1, 32], 3),
+    ] {
+        // NaN codes (0x7F, 0xFF) are refused at load: leave them out.
+        let q: Vec<u8> = g
+            .bytes(rows * cols)
+            .into_iter()
+            .map(|c| if c & 0x7F == 0x7F { 0 } else { c })
+            .collect();
+        let grid = (row0 + rows).div_ceil(block[0]) * cols.div_ceil(block[1]);
+        let scale: Vec<f32> = (0..grid).map(|_| g.f32()).collect();
+        let w = Fp8Rows::new(&q, &scale, cols, block, row0).unwrap();
+        check(
+            &b,
+            &MatRef::Fp8(w),
+            |x, t| twin(&w, x, t),
+            &format!("fp8 {rows}x{cols} {block:?}+{row0}"),
+        );
+    }
+    let st = b.stats();
+    assert_eq!(st.device_errors, 0, "{:?}", st.last_error);
+    assert!(st.vram_expert_hits > 0 && st.vram_expert_misses > 0);
+}
+
+#[test]
+fn too_small_a_budget_declines_and_forget_drops_copies() {
+    let Some(b) = open(Some(4096)) else { return };
+    let w = vec![1u16; 64 * 128];
+    let x = vec![0.5f32; 128];
+    let mut y = vec![0f32; 64];
+    let m = MatRef::Bf16 {
+        w: &w,
+        rows: 64,
+        cols: 128,
+    };
+    assert!(
+        !b.matmul(&m, Role::Spine, &x, 1, &mut y),
+        "16 KiB does not fit in 4 KiB"
+    );
+    let small = &w[..8 * 128];
+    let m = MatRef::Bf16 {
+        w: small,
+        rows: 8,
+        cols: 128,
+    };
+    assert!(b.matmul(&m, Role::Spine, &x, 1, &mut y[..8]));
+    assert_eq!(b.stats().vram_weight_bytes, 2048);
+    b.forget(small.as_ptr() as usize..small.as_ptr() as usize + 2048);
+    assert_eq!(b.stats().vram_weight_bytes, 0);
+}
+
+#[test]
+fn a_forgotten_buffer_rewritten_in_place_is_copied_again() {
+    let Some(b) = open(None) else { return };
+    let (rows, cols) = (16, 64);
+    let mut w = vec![0x3F80u16; rows * cols]; // 1.0
+    let x = vec![1.0f32; cols];
+    let mut y = vec![0f32; rows];
+    let run = |w: &[u16], y: &mut [f32]| {
+        let m = MatRef::Bf16 { w, rows, cols };
+        assert!(b.matmul(&m, Role::Spine, &x, 1, y));
+    };
+    run(&w, &mut y);
+    assert!(y.iter().all(|&v| v == 64.0));
+    let a = w.as_ptr() as usize;
+    b.forget(a..a + 2 * w.len());
+    w.fill(0x4000); // 2.0, same address and length
+    run(&w, &mut y);
+    assert!(y.iter().all(|&v| v == 128.0), "{y:?}");
+}

@@ -1,0 +1,187 @@
+//! The backend seam: where a matrix product may run on another device.
+//!
+//! Model code applies its resident matrices through [`matmul_stable`]
+//! (never through a device API). With no backend installed that is the
+//! CPU kernels of this crate. A process may [`install`] one backend (the
+//! CLI does, for `--device cuda`); it computes the products it takes with
+//! the **same reduction order** as the CPU kernels — 32 lanes of fused
+//! multiply-adds over the columns `l, l + 32, …`, folded in halves
+//! ([`crate::formats::fold32`]), then the format's finish — so which
+//! device computes a product never changes a bit of its result. A product
+//! the backend declines (a format it lacks, a matrix larger than its
+//! memory) runs on the CPU.
+//!
+//! Residency: a backend keeps device copies of the matrices it is given,
+//! keyed by the host address and length of each byte segment. That is
+//! sound only because [`matmul_stable`]'s contract is that the bytes stay
+//! unchanged at their address until the owner calls [`forget`] for them
+//! (every owner — `Linear`, an expert's buffer — does on drop).
+
+use std::ops::Range;
+use std::sync::{Arc, RwLock};
+
+use fathom_weights::mxfp4::Mxfp4Ref;
+
+use crate::formats::{Fp8Rows, Int4Rows, Rows};
+
+/// A weight matrix `[rows, cols]` in one of the stored formats.
+#[derive(Clone, Copy)]
+pub enum MatRef<'a> {
+    F32 {
+        w: &'a [f32],
+        rows: usize,
+        cols: usize,
+    },
+    Bf16 {
+        w: &'a [u16],
+        rows: usize,
+        cols: usize,
+    },
+    /// `W[r][c] = q[r·cols + c] · scale[r]`.
+    Int8 {
+        q: &'a [i8],
+        scale: &'a [f32],
+        cols: usize,
+    },
+    Mxfp4(Mxfp4Ref<'a>),
+    Fp8(Fp8Rows<'a>),
+    Int4(Int4Rows<'a>),
+}
+
+impl MatRef<'_> {
+    pub fn rows(&self) -> usize {
+        match self {
+            MatRef::F32 { rows, .. } | MatRef::Bf16 { rows, .. } => *rows,
+            MatRef::Int8 { scale, .. } => scale.len(),
+            MatRef::Mxfp4(m) => m.rows,
+            MatRef::Fp8(m) => m.rows(),
+            MatRef::Int4(m) => m.rows(),
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            MatRef::F32 { cols, .. } | MatRef::Bf16 { cols, .. } | MatRef::Int8 { cols, .. } => {
+                *cols
+            }
+            MatRef::Mxfp4(m) => m.cols,
+            MatRef::Fp8(m) => m.cols,
+            MatRef::Int4(m) => m.cols,
+        }
+    }
+
+    /// `y[T, rows] = x[T, cols] Wᵀ` on the CPU kernels.
+    pub fn cpu(&self, x: &[f32], t: usize, y: &mut [f32]) {
+        let k = crate::kernels();
+        match *self {
+            MatRef::F32 { w, rows, cols } => k.matmul_f32(x, t, w, rows, cols, y),
+            MatRef::Bf16 { w, rows, cols } => k.matmul_bf16(x, t, w, rows, cols, y),
+            MatRef::Int8 { q, scale, cols } => k.matmul_int8(x, t, q, scale, cols, y),
+            MatRef::Mxfp4(m) => k.matmul_mxfp4(x, t, m, y),
+            MatRef::Fp8(m) => k.matmul_fp8(x, t, m, y),
+            MatRef::Int4(m) => k.matmul_int4(x, t, m, y),
+        }
+    }
+}
+
+/// Which part of the model a product belongs to (for the backend's counts
+/// and its cache policy: experts churn, the spine stays).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Spine,
+    Expert,
+}
+
+/// What a backend has done since it was installed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BackendStats {
+    /// Products computed on the device.
+    pub device_products: u64,
+    /// Products the device declined (computed on the CPU).
+    pub cpu_products: u64,
+    /// Expert matrices found already in device memory.
+    pub vram_expert_hits: u64,
+    /// Expert matrices copied to the device.
+    pub vram_expert_misses: u64,
+    /// Bytes copied host → device (weights and activations).
+    pub h2d_bytes: u64,
+    /// Bytes copied device → host.
+    pub d2h_bytes: u64,
+    /// Wall time inside device calls (copies, kernels, synchronisation).
+    pub gpu_ms: f64,
+    /// Device memory holding weights now.
+    pub vram_weight_bytes: u64,
+    /// Device calls that failed (their products ran on the CPU instead).
+    pub device_errors: u64,
+    pub last_error: Option<String>,
+}
+
+/// A device that computes matrix products with the CPU kernels' order.
+pub trait Backend: Send + Sync {
+    /// Short name (`cuda:0 NVIDIA H200`).
+    fn name(&self) -> String;
+    /// `y = x Wᵀ`, bit-identical to [`MatRef::cpu`]; `false` when this
+    /// backend does not take the product (the caller computes it on the CPU).
+    /// `w`'s bytes are stable until [`Backend::forget`] names them.
+    fn matmul(&self, w: &MatRef<'_>, role: Role, x: &[f32], t: usize, y: &mut [f32]) -> bool;
+    /// The owner of the host bytes `range` is dropping them: discard every
+    /// device copy made from bytes inside it.
+    fn forget(&self, range: Range<usize>);
+    fn stats(&self) -> BackendStats;
+}
+
+static BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
+
+/// Makes `b` the process's backend (replacing any earlier one).
+pub fn install(b: Arc<dyn Backend>) {
+    *BACKEND.write().unwrap_or_else(|e| e.into_inner()) = Some(b);
+}
+
+/// Removes the installed backend (products run on the CPU again).
+pub fn uninstall() -> Option<Arc<dyn Backend>> {
+    BACKEND.write().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// The installed backend, if any.
+pub fn installed() -> Option<Arc<dyn Backend>> {
+    BACKEND.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// `y[T, rows] = x[T, cols] Wᵀ` for a matrix whose bytes stay unchanged at
+/// their address until its owner calls [`forget`] on them: on the installed
+/// backend when it takes the product, else on the CPU. Same bits either way.
+pub fn matmul_stable(w: &MatRef<'_>, role: Role, x: &[f32], t: usize, y: &mut [f32]) {
+    if let Some(b) = installed()
+        && b.matmul(w, role, x, t, y)
+    {
+        return;
+    }
+    w.cpu(x, t, y)
+}
+
+/// The owner of `bytes` is about to free or change them.
+pub fn forget<T>(bytes: &[T]) {
+    if bytes.is_empty() {
+        return;
+    }
+    if let Some(b) = installed() {
+        let start = bytes.as_ptr() as usize;
+        b.forget(start..start + std::mem::size_of_val(bytes));
+    }
+}
+
+/// The byte segments of `w` (data, then scales): what a backend copies.
+pub fn segments<'a>(w: &MatRef<'a>) -> Vec<&'a [u8]> {
+    fn bytes<T>(s: &[T]) -> &[u8] {
+        // SAFETY: any initialised slice may be viewed as bytes (plain numbers, no padding).
+        unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+    }
+    match *w {
+        MatRef::F32 { w, .. } => vec![bytes(w)],
+        MatRef::Bf16 { w, .. } => vec![bytes(w)],
+        MatRef::Int8 { q, scale, .. } => vec![bytes(q), bytes(scale)],
+        MatRef::Mxfp4(m) => vec![m.packed, m.scales],
+        MatRef::Fp8(m) => vec![m.q, bytes(m.scale)],
+        MatRef::Int4(m) => vec![m.packed, bytes(m.scale)],
+    }
+}
