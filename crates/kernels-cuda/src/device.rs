@@ -267,6 +267,14 @@ impl CudaBackend {
         if !(fits(rows) && fits(cols) && fits(t)) || rows == 0 || t == 0 {
             return Ok(false);
         }
+        // An FP8 row selection that starts inside the matrix (`row0 > 0`)
+        // gave wrong values in the GPU parity test (cause not yet found):
+        // the CPU computes those products.
+        if let MatRef::Fp8(m) = w
+            && m.row0 > 0
+        {
+            return Ok(false);
+        }
         let mut st = self.lock();
         let st = &mut *st;
         let Some(p) = self.resident(st, &segments(w), role)? else {
