@@ -17,6 +17,7 @@ pub mod batch;
 pub mod ceiling;
 pub mod cgroup;
 pub mod depth;
+pub mod evict;
 pub mod machine;
 pub mod peer;
 pub mod report;

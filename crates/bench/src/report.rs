@@ -70,7 +70,7 @@ impl From<&BenchConfig> for Config {
             memory_cap_bytes: c.memory_cap,
             expect_ids: c.expect_ids.clone(),
             timeout_s: c.timeout.as_secs_f64(),
-            page_cache: "warm (not dropped)",
+            page_cache: "evicted before every rep (POSIX_FADV_DONTNEED on the model's files and a peer's file arguments)",
         }
     }
 }

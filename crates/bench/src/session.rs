@@ -182,6 +182,13 @@ fn run_one(
         ArmKind::Fathom { .. } => vec![("FATHOM_THREADS".to_string(), cfg.threads.to_string())],
         ArmKind::Peer { .. } => vec![],
     };
+    // Every rep starts cold: the model's files (and a peer's file
+    // arguments) leave the page cache first.
+    let mut files = crate::evict::files_of(&cfg.model);
+    if matches!(arm.kind, ArmKind::Peer { .. }) {
+        files.extend(crate::evict::files_in_args(&args));
+    }
+    crate::evict::evict(&files);
     let launched = launch(&Launch {
         program,
         args,

@@ -20,6 +20,11 @@ use crate::lm::CausalLm;
 pub type MakeSource =
     Box<dyn FnOnce(&Arc<Checkpoint>, &ExpertTable) -> Result<Arc<dyn ExpertSource>> + Send>;
 
+/// Every routed expert read into RAM at load (the default source).
+pub fn resident_source() -> MakeSource {
+    Box::new(|ck, table| Ok(Arc::new(crate::experts::ResidentExperts::load(ck, table)?)))
+}
+
 /// How to load a model.
 #[derive(Default)]
 pub struct LoadOptions {

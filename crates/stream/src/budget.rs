@@ -29,6 +29,10 @@ pub struct Ledger {
     /// Precision the spine is counted at: `"bf16"` (as stored) or `"int8"`.
     pub spine_repr: &'static str,
     pub spine: u64,
+    /// The most held while loading: the spine as stored plus scratch. An
+    /// int8 spine is quantised from it before any expert is loaded, so it
+    /// is not added to the expert cache.
+    pub load_peak: u64,
     pub state: u64,
     pub scratch: u64,
     pub io_buffers: u64,
@@ -184,6 +188,7 @@ impl Ledger {
             budget: 0,
             spine_repr: spine.name(),
             spine: spine_bytes_for(spec, spine),
+            load_peak: spine_bytes(spec) + scratch_bytes(spec, positions),
             state: kda_state_bytes(spec).saturating_mul(kv.sequences as u64) + kv.ram,
             scratch: scratch_bytes(spec, positions),
             io_buffers: io_buffer_bytes(spec, positions, max_inflight),
@@ -229,6 +234,15 @@ impl Ledger {
                 fixed.div_ceil(1_000_000)
             ));
         }
+        if self.load_peak > budget {
+            return Err(format!(
+                "a RAM budget of {} is too small to load: the spine is read as stored ({}) before it is quantised to {} — give at least --ram-budget {}MB",
+                format_bytes(budget),
+                format_bytes(self.load_peak),
+                self.spine_repr,
+                self.load_peak.div_ceil(1_000_000)
+            ));
+        }
         let total_experts = spec.total_experts();
         let cache_experts = (((budget - fixed) / self.expert_bytes) as usize).min(total_experts);
         Ok(Ledger {
@@ -237,6 +251,12 @@ impl Ledger {
             cache_experts,
             ..self
         })
+    }
+
+    /// The most RAM the plan holds at any time: loading (the stored spine)
+    /// or running (everything counted, the expert cache full).
+    pub fn peak(&self) -> u64 {
+        self.load_peak.max(self.fixed() + self.cache)
     }
 
     /// Whether every expert fits in the cache (streaming would only warm it).
@@ -400,6 +420,31 @@ mod tests {
         let b = Ledger::plan(&s, 200 << 20, 4096, 1, 8).unwrap();
         assert_eq!((b.spine, b.spine_repr), (spine_bytes(&s), "bf16"));
         assert_eq!(l.fixed() - l.spine, b.fixed() - b.spine);
+    }
+
+    #[test]
+    fn an_int8_spine_is_quantised_before_the_experts_arrive() {
+        let s = tiny();
+        let (l, b) = (
+            Ledger::plan_for(&s, Spine::Int8, 200 << 20, 4096, 1, 8).unwrap(),
+            Ledger::plan(&s, 200 << 20, 4096, 1, 8).unwrap(),
+        );
+        // Loading holds the stored spine (plus scratch), never beside the cache.
+        assert_eq!(l.load_peak, spine_bytes(&s) + l.scratch);
+        assert_eq!(l.load_peak, b.load_peak);
+        assert!(l.peak() < b.peak(), "{} vs {}", l.peak(), b.peak());
+        assert_eq!(
+            b.peak() - l.peak(),
+            spine_bytes(&s) - spine_bytes_for(&s, Spine::Int8),
+            "every expert cached in both: the int8 plan saves the spine difference"
+        );
+        // A budget that holds the int8 steady state but not the stored spine
+        // at load is refused, naming the budget that works.
+        let small = Ledger::plan_for(&s, Spine::Int8, 200 << 20, 1, 1, 0).unwrap();
+        let tight = small.load_peak - 1;
+        assert!(small.fixed() < tight, "{} vs {tight}", small.fixed());
+        let e = Ledger::plan_for(&s, Spine::Int8, tight, 1, 1, 0).unwrap_err();
+        assert!(e.contains("too small to load") && e.contains("int8"), "{e}");
     }
 
     #[test]

@@ -132,7 +132,7 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
     let plan = KvPlan::new(facts, kv.context, 1, kv.dtype, kv.ram, budget);
     let inflight = 2 * facts.top_k;
     let min = Ledger::minimum(facts, spine, kv.context, plan, POSITIONS, inflight);
-    let fixed = min.fixed();
+    let fixed = min.fixed().max(min.load_peak);
     let (fits, l) = match min.clone().with_budget(facts, budget) {
         Ok(l) => (true, l),
         Err(_) => (false, Ledger { budget, ..min }),
@@ -147,6 +147,8 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
         "cache_bytes": l.cache,
         "kv_ram_bytes": l.kv.ram,
         "kv_disk_bytes": l.kv.disk,
+        "load_peak_bytes": l.load_peak,
+        "peak_bytes": l.peak(),
         "fits": fits,
         "min_budget_bytes": fixed,
         "cache_fraction": if all > 0 { l.cache_experts as f64 / all as f64 } else { 0.0 },

@@ -93,14 +93,11 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
 }
 
 fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
-    let mut m = match opts.experts {
-        Some(make) => DeepseekV3Model::load_with(dir, make)?,
-        None => DeepseekV3Model::load(dir)?,
-    };
+    let make = opts
+        .experts
+        .unwrap_or_else(crate::registry::resident_source);
+    let mut m = DeepseekV3Model::load_with_spine(dir, make, opts.spine)?;
     m.kv = KvPool::new(opts.kv);
-    if opts.spine == Spine::Int8 {
-        m.weights.quantize_spine_int8();
-    }
     Ok(Arc::new(m))
 }
 
@@ -133,9 +130,20 @@ impl DeepseekV3Model {
 
     /// Loads the spine and builds the expert source with `make_source`.
     pub fn load_with(dir: &Path, make_source: MakeSource) -> Result<Self> {
+        Self::load_with_spine(dir, make_source, Spine::Bf16)
+    }
+
+    /// As [`Self::load_with`], with the spine in `spine` precision: an int8
+    /// spine is quantised before the expert source loads, so the stored
+    /// matrices are freed before resident experts arrive (peak RSS is the
+    /// larger of the two, not their sum).
+    pub fn load_with_spine(dir: &Path, make_source: MakeSource, spine: Spine) -> Result<Self> {
         let spec = Arc::new(DeepseekV3Spec::from_dir(dir)?);
         let ck = Arc::new(Checkpoint::open(dir)?);
-        let weights = DeepseekV3Weights::load(&spec, &ck)?;
+        let mut weights = DeepseekV3Weights::load(&spec, &ck)?;
+        if spine == Spine::Int8 {
+            weights.quantize_spine_int8();
+        }
         let expert_table = tensors::expert_table(&spec, &ck)?;
         let experts = make_source(&ck, &expert_table)?;
         let info = model_info(&spec, &expert_table);
