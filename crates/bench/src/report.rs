@@ -48,7 +48,7 @@ pub struct Config {
     pub memory_cap_bytes: Option<u64>,
     pub expect_ids: Option<Vec<u32>>,
     pub timeout_s: f64,
-    /// The page cache is not dropped between runs; direct I/O bypasses it for experts.
+    /// How the page cache was treated: the files each rep reads are evicted first.
     pub page_cache: &'static str,
 }
 
