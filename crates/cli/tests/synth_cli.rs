@@ -155,6 +155,8 @@ fn inspect_json_matches_hand_computed_numbers() {
         "100",
         "--ram-budget",
         "74MB",
+        "--vram-budget",
+        "6MB",
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -185,6 +187,19 @@ fn inspect_json_matches_hand_computed_numbers() {
     assert_eq!(u(&r["spine"]["bf16_bytes"]), spine);
     let int8 = tiny_int8_spine();
     assert_eq!(u(&r["spine"]["int8_bytes"]), int8);
+    // --device cuda's plan in 6 MB of VRAM: the spine, then 9,792-byte
+    // experts in what is left (all 256 with the int8 spine).
+    let v = &r["vram"];
+    assert_eq!(u(&v["bf16"]["spine_bytes"]), spine);
+    assert_eq!(u(&v["bf16"]["experts_in_vram"]), (6_000_000 - spine) / 9792);
+    assert_eq!(
+        u(&v["int8"]["experts_in_vram"]),
+        ((6_000_000 - int8) / 9792).min(256)
+    );
+    assert_eq!(
+        u(&v["bf16"]["experts_elsewhere"]),
+        256 - (6_000_000 - spine) / 9792
+    );
     // Per decode token: the spine less the embedding table plus one bf16
     // row (the embedding is never quantised); 4 experts × 8 layers.
     assert_eq!(

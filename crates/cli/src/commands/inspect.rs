@@ -48,6 +48,10 @@ pub struct InspectArgs {
     /// Attention-cache row format.
     #[arg(long, value_enum, default_value_t = crate::load::KvDtypeArg::F32)]
     kv_dtype: crate::load::KvDtypeArg,
+    /// Device memory for weights: also prints how `--device cuda` would
+    /// place the spine and the routed experts (e.g. 80GB).
+    #[arg(long, value_parser = parse_size)]
+    vram_budget: Option<u64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -230,6 +234,14 @@ pub fn run(a: InspectArgs) -> Result<()> {
     }
     let arch = fathom_model::registry::detect(&a.dir)
         .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
+    let vram = match a.vram_budget {
+        Some(v) => Some(super::inspect_vram::plan(
+            &fathom_model::memory::memory_facts(&a.dir)
+                .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?,
+            v,
+        )),
+        None => None,
+    };
     if arch.family != fathom_model::kimi_k3::ARCHITECTURE.family {
         return super::inspect_facts::run(
             &a.dir,
@@ -237,7 +249,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
             a.context,
             a.kv_ram,
             a.kv_dtype.into(),
-            a.json,
+            (a.json, vram),
         );
     }
     let spec = K3Spec::from_dir(&a.dir)
@@ -250,11 +262,17 @@ pub fn run(a: InspectArgs) -> Result<()> {
         ram: a.kv_ram,
         dtype: a.kv_dtype.into(),
     };
-    let r = report(&spec, &a.dir, a.ram_budget, &kv)?;
+    let mut r = report(&spec, &a.dir, a.ram_budget, &kv)?;
+    if let Some(v) = &vram {
+        r["vram"] = v.clone();
+    }
     if a.json {
         println!("{r}");
     } else {
         print_text(&r);
+        if let Some(v) = &vram {
+            super::inspect_vram::print(v);
+        }
     }
     Ok(())
 }

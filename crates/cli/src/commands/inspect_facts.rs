@@ -56,7 +56,7 @@ pub fn run(
     context: Option<usize>,
     kv_ram: Option<u64>,
     dtype: KvDtype,
-    json: bool,
+    (json, vram): (bool, Option<Value>),
 ) -> Result<()> {
     let f = fathom_model::memory::memory_facts(dir)
         .with_context(|| format!("cannot read the model config in {}", dir.display()))?;
@@ -67,7 +67,10 @@ pub fn run(
         ram: kv_ram,
         dtype,
     };
-    let r = report(&f, dir, budget, &kv)?;
+    let mut r = report(&f, dir, budget, &kv)?;
+    if let Some(v) = &vram {
+        r["vram"] = v.clone();
+    }
     if json {
         println!("{r}");
         return Ok(());
@@ -106,6 +109,9 @@ pub fn run(
     }
     if let Some(l) = r["ledger"].as_object() {
         print_ledger(l);
+    }
+    if let Some(v) = &vram {
+        super::inspect_vram::print(v);
     }
     Ok(())
 }

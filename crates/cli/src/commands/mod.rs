@@ -6,6 +6,7 @@ pub mod demo;
 pub mod eval_quant;
 pub mod inspect;
 pub mod inspect_facts;
+pub mod inspect_vram;
 pub mod logits;
 pub mod run;
 pub mod serve;
