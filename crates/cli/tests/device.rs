@@ -9,7 +9,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{code_small, fails_quietly, fathom};
+use common::{code_small, fails_quietly, fixture, run_json};
 use serde_json::Value;
 
 const FIXTURES: [&str; 6] = [
@@ -21,26 +21,10 @@ const FIXTURES: [&str; 6] = [
     "gpt_oss-tiny",
 ];
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data")
-        .join(name)
-}
-
 fn cuda() -> Result<(), String> {
     fathom_kernels_cuda::probe(0)
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-fn run(args: &[&str]) -> Value {
-    let out = fathom(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 /// ids and log-probabilities of a greedy run (the parts that must not move).
@@ -62,8 +46,8 @@ fn both(dir: &str, extra: &[&str]) -> (Value, Value) {
         "--json",
     ];
     base.extend_from_slice(extra);
-    let cpu = run(&[&base[..], &["--device", "cpu"]].concat());
-    let gpu = run(&[&base[..], &["--device", "cuda"]].concat());
+    let cpu = run_json(&[&base[..], &["--device", "cpu"]].concat());
+    let gpu = run_json(&[&base[..], &["--device", "cuda"]].concat());
     (cpu, gpu)
 }
 
@@ -134,8 +118,8 @@ fn without_cuda_the_device_flag_says_what_is_missing() {
         "nothing is loaded or generated: {:?}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let auto = run(&[&base[..], &["--device", "auto"]].concat());
-    let cpu = run(&[&base[..], &["--device", "cpu"]].concat());
+    let auto = run_json(&[&base[..], &["--device", "auto"]].concat());
+    let cpu = run_json(&[&base[..], &["--device", "cpu"]].concat());
     assert_eq!(auto["output_ids"], cpu["output_ids"]);
     assert_eq!(auto["stats"]["gpu"], Value::Null);
     assert_eq!(auto["stats"]["device"], "cpu");

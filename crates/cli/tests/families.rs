@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::fathom;
+use common::{fathom, fixture, run_json};
 use serde_json::Value;
 
 /// Every family's tiny fixture, with the reference's outputs.
@@ -17,12 +15,6 @@ const FIXTURES: [&str; 5] = [
     "kimi_k2-tiny",
     "gpt_oss-tiny",
 ];
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data")
-        .join(name)
-}
 
 /// (input ids, greedy ids) of every golden prompt.
 fn golden(dir: &std::path::Path) -> Vec<(Vec<u64>, Vec<u64>)> {
@@ -45,16 +37,6 @@ fn golden(dir: &std::path::Path) -> Vec<(Vec<u64>, Vec<u64>)> {
 
 fn csv(v: &[u64]) -> String {
     v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
-}
-
-fn run(args: &[&str]) -> Value {
-    let out = fathom(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 #[test]
@@ -81,7 +63,7 @@ fn run_gives_the_reference_greedy_ids_for_every_family() {
             ] {
                 let mut args = base.to_vec();
                 args.extend_from_slice(extra);
-                let r = run(&args);
+                let r = run_json(&args);
                 let got: Vec<u64> = r["output_ids"]
                     .as_array()
                     .unwrap()
@@ -108,7 +90,7 @@ fn batch_runs_every_family_exactly() {
         let file =
             std::env::temp_dir().join(format!("fathom-fam-{name}-{}.jsonl", std::process::id()));
         std::fs::write(&file, lines).unwrap();
-        let r = run(&[
+        let r = run_json(&[
             "batch",
             "--model",
             dir.to_str().unwrap(),

@@ -4,18 +4,7 @@
 
 mod common;
 
-use common::{code_small, fathom};
-use serde_json::Value;
-
-fn json(args: &[&str]) -> Value {
-    let out = fathom(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
-}
+use common::{code_small, run_json};
 
 #[test]
 fn int8_spine_lowers_the_planned_and_the_measured_peak() {
@@ -24,7 +13,7 @@ fn int8_spine_lowers_the_planned_and_the_measured_peak() {
         return;
     };
     let d = dir.to_str().unwrap();
-    let plan = json(&["inspect", d, "--ram-budget", "1GB", "--json"]);
+    let plan = run_json(&["inspect", d, "--ram-budget", "1GB", "--json"]);
     let peak = |s: &str| plan["ledger"][s]["peak_bytes"].as_u64().unwrap();
     let (spine_b, spine_i) = (
         plan["ledger"]["bf16"]["spine_bytes"].as_u64().unwrap(),
@@ -36,7 +25,7 @@ fn int8_spine_lowers_the_planned_and_the_measured_peak() {
         "the ledger saves the spine difference: {plan}"
     );
     let rss = |spine: &str| {
-        let r = json(&[
+        let r = run_json(&[
             "run",
             "--model",
             d,

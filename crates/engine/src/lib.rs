@@ -19,7 +19,7 @@ pub mod sys;
 pub use constraint::Constraint;
 pub use draft::{Drafter, ModelDrafter, NgramDrafter};
 pub use generate::{GenError, generate, generate_with, greedy};
-pub use report::{DeviceStats, RunReport, RunStats, SeqStats};
+pub use report::{RunReport, RunStats, SeqStats};
 pub use sampling::{SamplingParams, argmax};
 pub use scheduler::{
     Decoder, Engine, EngineOptions, Event, FinishReason, Finished, Request, SeqId, TokenEvent,

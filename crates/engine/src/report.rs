@@ -114,53 +114,7 @@ pub struct RunStats {
     /// What the device backend did (absent when products run on the CPU;
     /// `device` names it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu: Option<DeviceStats>,
-}
-
-/// The device backend's figures over an interval.
-#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct DeviceStats {
-    /// Matrix products computed on the device / declined to the CPU.
-    pub device_products: u64,
-    pub cpu_products: u64,
-    pub vram_expert_hits: u64,
-    pub vram_expert_misses: u64,
-    pub h2d_bytes: u64,
-    pub d2h_bytes: u64,
-    /// Wall time inside device calls.
-    pub gpu_ms: f64,
-    /// Device memory holding weights at the end.
-    pub vram_weight_bytes: u64,
-    pub device_errors: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
-impl DeviceStats {
-    /// The installed backend's figures since `start` (a snapshot taken with
-    /// [`DeviceStats::snapshot`]); `None` with no backend.
-    pub fn since(start: &BackendStats) -> Option<Self> {
-        let b = fathom_kernels::backend::installed()?;
-        let now = b.stats();
-        Some(DeviceStats {
-            device_products: now.device_products - start.device_products,
-            cpu_products: now.cpu_products - start.cpu_products,
-            vram_expert_hits: now.vram_expert_hits - start.vram_expert_hits,
-            vram_expert_misses: now.vram_expert_misses - start.vram_expert_misses,
-            h2d_bytes: now.h2d_bytes - start.h2d_bytes,
-            d2h_bytes: now.d2h_bytes - start.d2h_bytes,
-            gpu_ms: now.gpu_ms - start.gpu_ms,
-            vram_weight_bytes: now.vram_weight_bytes,
-            device_errors: now.device_errors - start.device_errors,
-            last_error: now.last_error,
-        })
-    }
-
-    /// The installed backend's counters now (zero with none).
-    pub fn snapshot() -> BackendStats {
-        fathom_kernels::backend::installed().map_or_else(BackendStats::default, |b| b.stats())
-    }
+    pub gpu: Option<BackendStats>,
 }
 
 /// One position's log-probabilities (of the raw model distribution).

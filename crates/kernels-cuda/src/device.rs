@@ -291,15 +291,15 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let e4 = self.e4m3.device_ptr(&self.stream).0;
-        let mut b;
-        match w {
-            MatRef::F32 { .. } => b = self.stream.launch_builder(&self.funcs.f32),
-            MatRef::Bf16 { .. } => b = self.stream.launch_builder(&self.funcs.bf16),
-            MatRef::Int8 { .. } => b = self.stream.launch_builder(&self.funcs.int8),
-            MatRef::Mxfp4(_) => b = self.stream.launch_builder(&self.funcs.mxfp4),
-            MatRef::Fp8(_) => b = self.stream.launch_builder(&self.funcs.fp8),
-            MatRef::Int4(_) => b = self.stream.launch_builder(&self.funcs.int4),
-        }
+        let f = match w {
+            MatRef::F32 { .. } => &self.funcs.f32,
+            MatRef::Bf16 { .. } => &self.funcs.bf16,
+            MatRef::Int8 { .. } => &self.funcs.int8,
+            MatRef::Mxfp4(_) => &self.funcs.mxfp4,
+            MatRef::Fp8(_) => &self.funcs.fp8,
+            MatRef::Int4(_) => &self.funcs.int4,
+        };
+        let mut b = self.stream.launch_builder(f);
         for ptr in &p {
             b.arg(ptr);
         }

@@ -92,8 +92,10 @@ pub enum Role {
     Expert,
 }
 
-/// What a backend has done since it was installed.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// What a backend has done since it was installed (or, from
+/// [`stats_since`], over an interval): `stats.gpu` of the run report.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct BackendStats {
     /// Products computed on the device.
     pub device_products: u64,
@@ -113,7 +115,26 @@ pub struct BackendStats {
     pub vram_weight_bytes: u64,
     /// Device calls that failed (their products ran on the CPU instead).
     pub device_errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+impl BackendStats {
+    /// The counts since `start` (device memory and the last error as now).
+    pub fn since(&self, start: &BackendStats) -> BackendStats {
+        BackendStats {
+            device_products: self.device_products - start.device_products,
+            cpu_products: self.cpu_products - start.cpu_products,
+            vram_expert_hits: self.vram_expert_hits - start.vram_expert_hits,
+            vram_expert_misses: self.vram_expert_misses - start.vram_expert_misses,
+            h2d_bytes: self.h2d_bytes - start.h2d_bytes,
+            d2h_bytes: self.d2h_bytes - start.d2h_bytes,
+            gpu_ms: self.gpu_ms - start.gpu_ms,
+            vram_weight_bytes: self.vram_weight_bytes,
+            device_errors: self.device_errors - start.device_errors,
+            last_error: self.last_error.clone(),
+        }
+    }
 }
 
 /// A device that computes matrix products with the CPU kernels' order.
@@ -157,6 +178,17 @@ pub fn matmul_stable(w: &MatRef<'_>, role: Role, x: &[f32], t: usize, y: &mut [f
         return;
     }
     w.cpu(x, t, y)
+}
+
+/// The installed backend's counters now (zero with none).
+pub fn snapshot() -> BackendStats {
+    installed().map_or_else(BackendStats::default, |b| b.stats())
+}
+
+/// The installed backend's figures since `start` (a [`snapshot`]); `None`
+/// with no backend.
+pub fn stats_since(start: &BackendStats) -> Option<BackendStats> {
+    installed().map(|b| b.stats().since(start))
 }
 
 /// The owner of `bytes` is about to free or change them.

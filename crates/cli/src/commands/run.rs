@@ -11,8 +11,8 @@ use clap::Args;
 use fathom_chat::{ChatFormat, ChatOptions, ChatPrompt, Message, ReplyDelta, ReplyParser};
 use fathom_engine::report::{IoStats, RunSetup, TokenLogprob};
 use fathom_engine::{
-    DeviceStats, DraftOptions, Drafter, EngineOptions, ModelDrafter, NgramDrafter, Request,
-    RunReport, RunStats, TokenEvent, generate_with,
+    DraftOptions, Drafter, EngineOptions, ModelDrafter, NgramDrafter, Request, RunReport, RunStats,
+    TokenEvent, generate_with,
 };
 use fathom_model::{CausalLm, LoadOptions};
 use fathom_tokenizer::Tokenizer;
@@ -236,7 +236,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 
     let mut stdout = std::io::stdout().lock();
     let start_stats = model.expert_stats();
-    let device0 = DeviceStats::snapshot();
+    let device0 = fathom_kernels::backend::snapshot();
     let kv0 = model.kv_stats();
     let mut meter = TokenMeter::new(&*model, a.stats);
     let mut logprobs = Vec::new();
@@ -274,7 +274,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         setup: setup(&info, spine),
         finish_reason: f.reason.name().into(),
         draft: f.draft.clone(),
-        gpu: DeviceStats::since(&device0),
+        gpu: fathom_kernels::backend::stats_since(&device0),
     };
     let (content, reasoning_content) = match (&chat, &f.text) {
         (Some((format, p)), Some(text)) => {

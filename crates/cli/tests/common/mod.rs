@@ -15,6 +15,24 @@ pub fn code_small() -> Option<PathBuf> {
     p.join("config.json").is_file().then_some(p)
 }
 
+/// A fixture copied into the repository (`crates/model/tests/data/NAME`).
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data")
+        .join(name)
+}
+
+/// `args` succeed and print one JSON object.
+pub fn run_json(args: &[&str]) -> serde_json::Value {
+    let out = fathom(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
 pub fn fathom(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fathom"))
         .args(args)
