@@ -130,29 +130,26 @@ fn split_partial(
     len: usize,
 ) -> Partial {
     #[cfg(target_arch = "x86_64")]
-    if matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
-        // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2 and FMA.
-        return unsafe { split_partial_avx2(sh, blocks, q, k, len) };
+    {
+        use crate::attention_x86::{Width, split_partial as x86};
+        let wd = match crate::kernels().isa {
+            crate::Isa::Avx512 => Some(Width::Avx512),
+            crate::Isa::Avx2 => Some(Width::Avx2),
+            _ => None,
+        };
+        if let Some(wd) = wd {
+            // SAFETY: the kernel table is AVX2 (AVX-512) only on CPUs that
+            // report AVX2 and FMA (AVX-512 F and BW).
+            return unsafe { x86(wd, sh, blocks, q, k, len) };
+        }
     }
-    split_partial_tiled(sh, blocks, q, k, len)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn split_partial_avx2(
-    sh: &MlaShape,
-    blocks: &[&[f32]],
-    q: &MlaQuery<'_>,
-    k: usize,
-    len: usize,
-) -> Partial {
     split_partial_tiled(sh, blocks, q, k, len)
 }
 
 /// Heads per tile of [`split_partial_tiled`]: their queries and context
 /// rows stay in L1 while the split's rows stream past, and their dot
 /// products run as independent chains.
-const HEAD_TILE: usize = 8;
+pub(crate) const HEAD_TILE: usize = 8;
 
 /// `[row · qs[k]]` for each `k`, each exactly as [`dot_lanes`] computes it
 /// (8 lanes of fused multiply-adds, the same fold, the same tail), run

@@ -10,6 +10,8 @@
 
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
+mod attention_x86;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
