@@ -19,6 +19,9 @@ pub enum ChatError {
     /// Tool-call arguments that are neither an object nor a string.
     #[error("message {index}: tool call {call}: arguments must be a JSON object or a string")]
     BadToolArguments { index: usize, call: usize },
+    /// An entry of the `tools` array that cannot be declared (no function name).
+    #[error("tools[{index}]: {message}")]
+    InvalidTool { index: usize, message: String },
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {

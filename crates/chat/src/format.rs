@@ -7,8 +7,13 @@ use std::path::Path;
 use fathom_tokenizer::Tokenizer;
 use serde_json::Value;
 
+use crate::harmony::{
+    CHANNEL, HarmonyOptions, MESSAGE, REPLY_STOPS, ReasoningEffort, render_harmony,
+};
+use crate::harmony_reply::HarmonyReply;
 use crate::k3::{K3Options, ResponseFormat, ToolChoice, render_k3};
-use crate::reply::{ReplyParser, XtmlReply};
+use crate::message::{Content, FunctionCall, ToolCall};
+use crate::reply::{ReplyDelta, ReplyParser, XtmlReply};
 use crate::segment::{Segment, encode_segments, segments_to_string};
 use crate::tag_reply::{TagReply, prompt_opens_think};
 use crate::{ChatError, ChatTemplate, Message};
@@ -33,7 +38,9 @@ pub struct ChatPrompt {
     /// state checkpoint.
     pub stable_len: usize,
     /// Whether the reply starts in the thinking channel (for Jinja
-    /// templates: whether the generation prompt leaves a `<think>` open).
+    /// templates: whether the generation prompt leaves a `<think>` open;
+    /// for harmony always true: the reply opens with a channel header,
+    /// analysis first).
     pub thinking: bool,
 }
 
@@ -43,6 +50,10 @@ pub enum ChatFormat {
     Xtml,
     /// A Hugging Face Jinja template.
     Jinja(Box<ChatTemplate>),
+    /// gpt-oss's harmony (its tokenizer has the `<|channel|>` and
+    /// `<|message|>` specials): rendered through the checkpoint's Jinja
+    /// template when it ships one, else natively ([`crate::render_harmony`]).
+    Harmony(Option<Box<ChatTemplate>>),
 }
 
 impl ChatFormat {
@@ -51,7 +62,68 @@ impl ChatFormat {
         if tok.special_id(crate::OPEN).is_some() {
             return Ok(Some(ChatFormat::Xtml));
         }
-        Ok(ChatTemplate::from_model_dir(dir)?.map(|t| ChatFormat::Jinja(Box::new(t))))
+        let template = ChatTemplate::from_model_dir(dir)?.map(Box::new);
+        if tok.special_id(CHANNEL).is_some() && tok.special_id(MESSAGE).is_some() {
+            return Ok(Some(ChatFormat::Harmony(template)));
+        }
+        Ok(template.map(ChatFormat::Jinja))
+    }
+
+    /// Stop ids for a chat reply: the model's end-of-sequence ids `eos`
+    /// plus the tokens that end a reply in this format where the
+    /// vocabulary has them (harmony: `<|return|>`, `<|call|>`,
+    /// `<|endoftext|>`; checkpoints name only some of them as EOS).
+    pub fn stop_ids(&self, tok: &dyn Tokenizer, eos: &[u32]) -> Vec<u32> {
+        let mut ids = eos.to_vec();
+        if let ChatFormat::Harmony(_) = self {
+            for id in REPLY_STOPS.iter().filter_map(|s| tok.special_id(s)) {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids
+    }
+
+    /// The assistant message a finished reply (its text, specials spelled
+    /// out, stop token excluded) adds to the conversation. Harmony replies
+    /// are split into content, reasoning and tool calls, since their
+    /// channel markup must not come back as text; other formats keep the
+    /// text as the content, as the model wrote it.
+    pub fn reply_message(&self, text: &str, thinking: bool) -> Message {
+        if !matches!(self, ChatFormat::Harmony(_)) {
+            return Message::new("assistant", text);
+        }
+        let mut p = self.reply_parser(thinking);
+        let mut deltas = p.push(text);
+        deltas.extend(p.finish());
+        let (mut content, mut reasoning) = (String::new(), String::new());
+        let mut calls = Vec::new();
+        for d in deltas {
+            match d {
+                ReplyDelta::Content(t) => content.push_str(&t),
+                ReplyDelta::Reasoning(t) => reasoning.push_str(&t),
+                ReplyDelta::ToolCall {
+                    index,
+                    name,
+                    arguments,
+                } => calls.push(ToolCall {
+                    id: Some(format!("call_{index}")),
+                    kind: Some("function".into()),
+                    function: FunctionCall {
+                        name,
+                        arguments: Value::String(arguments),
+                    },
+                }),
+            }
+        }
+        Message {
+            role: "assistant".into(),
+            content: Some(Content::Text(content)),
+            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+            tool_calls: calls,
+            ..Message::default()
+        }
     }
 
     /// Short name for logs and `/v1/models`.
@@ -59,6 +131,7 @@ impl ChatFormat {
         match self {
             ChatFormat::Xtml => "xtml",
             ChatFormat::Jinja(_) => "jinja",
+            ChatFormat::Harmony(_) => "harmony",
         }
     }
 
@@ -88,6 +161,7 @@ impl ChatFormat {
                 let tail = full.strip_prefix(base.as_str()).unwrap_or(&full);
                 prompt_opens_think(tail)
             }
+            ChatFormat::Harmony(_) => true,
         };
         Ok(ChatPrompt {
             ids,
@@ -114,21 +188,17 @@ impl ChatFormat {
                 };
                 render_k3(messages, &k)
             }
-            ChatFormat::Jinja(t) => {
-                let msgs = serde_json::to_value(messages).map_err(|e| {
-                    ChatError::Template(format!("messages cannot be serialised: {e}"))
-                })?;
-                // The switches templates read: `enable_thinking` (Qwen3,
-                // DeepSeek) and `thinking`, and the request's tools.
-                let mut extra = serde_json::Map::new();
-                if let Some(on) = o.thinking {
-                    extra.insert("enable_thinking".into(), Value::Bool(on));
-                    extra.insert("thinking".into(), Value::Bool(on));
-                }
-                if let Some(tools) = &o.tools {
-                    extra.insert("tools".into(), tools.clone());
-                }
-                t.render_segments_with(&msgs, generation, extra)
+            ChatFormat::Jinja(t) => jinja_segments(t, messages, o, generation, false),
+            ChatFormat::Harmony(Some(t)) => jinja_segments(t, messages, o, generation, true),
+            ChatFormat::Harmony(None) => {
+                let h = HarmonyOptions {
+                    reasoning: ReasoningEffort::from_thinking(o.thinking),
+                    add_generation_prompt: generation,
+                    tools: o.tools.clone(),
+                    tool_choice: o.tool_choice,
+                    response_format: o.response_format.clone(),
+                };
+                render_harmony(messages, &h)
             }
         }
     }
@@ -139,6 +209,7 @@ impl ChatFormat {
         match self {
             ChatFormat::Xtml => Some("<|open|>response<|sep|>"),
             ChatFormat::Jinja(_) => None,
+            ChatFormat::Harmony(_) => Some("<|channel|>final<|message|>"),
         }
     }
 
@@ -149,6 +220,7 @@ impl ChatFormat {
         match self {
             ChatFormat::Xtml => Box::new(XtmlReply::new(thinking)),
             ChatFormat::Jinja(_) => Box::new(TagReply::new(thinking)),
+            ChatFormat::Harmony(_) => Box::new(HarmonyReply::new()),
         }
     }
 
@@ -160,8 +232,45 @@ impl ChatFormat {
         match self {
             ChatFormat::Xtml => Box::new(XtmlReply::new(thinking)),
             ChatFormat::Jinja(_) => Box::new(TagReply::new(prompt_opens_think(prompt_text))),
+            ChatFormat::Harmony(_) => Box::new(HarmonyReply::new()),
         }
     }
+}
+
+/// Renders through a Jinja template. `harmony`: also pass
+/// `reasoning_effort` (low when thinking is off, else medium) and each
+/// assistant's reasoning as `thinking`, the names gpt-oss templates read.
+fn jinja_segments(
+    t: &ChatTemplate,
+    messages: &[Message],
+    o: &ChatOptions,
+    generation: bool,
+    harmony: bool,
+) -> Result<Vec<Segment>, ChatError> {
+    let mut msgs = serde_json::to_value(messages)
+        .map_err(|e| ChatError::Template(format!("messages cannot be serialised: {e}")))?;
+    // The switches templates read: `enable_thinking` (Qwen3,
+    // DeepSeek) and `thinking`, and the request's tools.
+    let mut extra = serde_json::Map::new();
+    if let Some(on) = o.thinking {
+        extra.insert("enable_thinking".into(), Value::Bool(on));
+        extra.insert("thinking".into(), Value::Bool(on));
+    }
+    if let Some(tools) = &o.tools {
+        extra.insert("tools".into(), tools.clone());
+    }
+    if harmony {
+        let effort = ReasoningEffort::from_thinking(o.thinking).as_str();
+        extra.insert("reasoning_effort".into(), Value::String(effort.into()));
+        for m in msgs.as_array_mut().into_iter().flatten() {
+            if let Some(m) = m.as_object_mut()
+                && let Some(r) = m.get("reasoning_content").cloned()
+            {
+                m.entry("thinking").or_insert(r);
+            }
+        }
+    }
+    t.render_segments_with(&msgs, generation, extra)
 }
 
 #[cfg(test)]

@@ -194,7 +194,7 @@ fn is_empty_list(v: &Value) -> bool {
 }
 
 /// Text of a message's content; image or other non-text parts are an error.
-fn content_text(m: &Message, index: usize) -> Result<String, ChatError> {
+pub(crate) fn content_text(m: &Message, index: usize) -> Result<String, ChatError> {
     match &m.content {
         None => Ok(String::new()),
         Some(Content::Text(s)) => Ok(s.clone()),

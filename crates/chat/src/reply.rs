@@ -221,7 +221,7 @@ impl ReplyParser for XtmlReply {
 }
 
 /// Appends, merging with a previous delta of the same kind.
-fn push(out: &mut Vec<ReplyDelta>, d: ReplyDelta) {
+pub(crate) fn push(out: &mut Vec<ReplyDelta>, d: ReplyDelta) {
     match (out.last_mut(), &d) {
         (Some(ReplyDelta::Reasoning(a)), ReplyDelta::Reasoning(b))
         | (Some(ReplyDelta::Content(a)), ReplyDelta::Content(b)) => a.push_str(b),

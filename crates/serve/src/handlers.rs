@@ -331,13 +331,19 @@ async fn run(st: &Arc<AppState>, ready: &Ready, p: Prepared) -> Result<Response,
             })
             .clone()
     });
+    // A chat reply also ends at its format's closing tokens (harmony's
+    // `<|return|>` and `<|call|>`).
+    let stop_ids = match (p.api, ready.loaded.chat.as_ref()) {
+        (Api::Chat, Some(f)) => f.stop_ids(ready.loaded.tokenizer.as_ref(), &info.eos_token_ids),
+        _ => info.eos_token_ids.clone(),
+    };
     let mut reqs = Vec::new();
     let mut parsers = Vec::new();
     for choice in 0..p.settings.n {
         let mut r = Request::new(p.prompt.clone(), p.max_new);
         r.sampling = p.settings.sampling.clone();
         r.choice = choice;
-        r.stop_ids = info.eos_token_ids.clone();
+        r.stop_ids = stop_ids.clone();
         r.stop_strings = p.settings.stop.clone();
         if let (Some((g, trigger)), Some(trie)) = (&p.json, &trie) {
             let c = JsonConstraint::new(
@@ -345,7 +351,7 @@ async fn run(st: &Arc<AppState>, ready: &Ready, p: Prepared) -> Result<Response,
                 trie.clone(),
                 ready.loaded.tokenizer.clone(),
                 trigger.clone(),
-                info.eos_token_ids.clone(),
+                stop_ids.clone(),
                 info.vocab_size,
             );
             r.constraint = Some(Box::new(c));

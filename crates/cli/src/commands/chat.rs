@@ -1,7 +1,8 @@
 //! `fathom chat`: an interactive conversation, streamed token by token.
 //!
 //! K3 models (their tokenizer has the `<|open|>` special) are rendered with
-//! the K3 "XTML" chat format; other families with their Jinja template.
+//! the K3 "XTML" chat format, gpt-oss (`<|channel|>` and `<|message|>`)
+//! with harmony, other families with their Jinja template.
 //! Ctrl-C stops the current reply, not the program; Ctrl-D (end of input)
 //! quits. The conversation's state is reused across turns when the rendered
 //! prompt extends what the model has already read.
@@ -33,7 +34,8 @@ pub struct ChatArgs {
     /// Tokens to generate at most per reply.
     #[arg(long, default_value_t = 256)]
     max_new: usize,
-    /// K3 only: answer without the thinking channel.
+    /// Answer without the thinking channel (K3, templates that read
+    /// `enable_thinking`; gpt-oss: reasoning effort low).
     #[arg(long)]
     no_thinking: bool,
     #[command(flatten)]
@@ -46,7 +48,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     };
     let Some(format) = ChatFormat::detect(&a.model, tok.as_ref())? else {
         bail!(
-            "{} has neither the K3 chat specials nor a chat template",
+            "{} has neither the K3 or harmony chat specials nor a chat template",
             a.model.display()
         );
     };
@@ -57,7 +59,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let (model, info) = load_model_with(&a.model, &a.mem, 1, fathom_model::Spine::Bf16)?;
     let limit = context_limit(&a.mem, model.info());
     let load_s = info.load_s;
-    let stop: Vec<u32> = model.info().eos_token_ids.clone();
+    let stop: Vec<u32> = format.stop_ids(tok.as_ref(), &model.info().eos_token_ids);
     eprintln!("loaded in {load_s:.2}s; type a message, Ctrl-C stops a reply, Ctrl-D quits");
 
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -83,7 +85,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         }
         messages.push(Message::new("user", line));
         let p = format.prompt(tok.as_ref(), &messages, &opts)?;
-        let (prompt, stable_len) = (p.ids, p.stable_len);
+        let (prompt, stable_len, thinking) = (p.ids, p.stable_len, p.thinking);
         if let Err(e) = check_context(limit, prompt.len(), a.max_new, "this turn") {
             eprintln!("{e:#}; the message was not sent");
             messages.pop();
@@ -116,7 +118,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             .copied()
             .filter(|id| !stop.contains(id))
             .collect();
-        messages.push(Message::new("assistant", &tok.decode(&reply_ids)));
+        messages.push(format.reply_message(&tok.decode(&reply_ids), thinking));
         eprintln!(
             "[{} tokens, {:.2} tok/s, prompt {} tokens ({} reused)]",
             g.stats.generated_tokens,

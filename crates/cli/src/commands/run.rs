@@ -226,7 +226,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     req.sampling = sampling;
     req.stop_strings = a.sampling.stop.clone();
     if !a.ignore_eos {
-        req.stop_ids = model.info().eos_token_ids.clone();
+        let eos = &model.info().eos_token_ids;
+        // A chat reply also ends at its format's closing tokens (harmony's
+        // `<|return|>` and `<|call|>`).
+        req.stop_ids = match (&chat, &tok) {
+            (Some((format, _)), Some(t)) => format.stop_ids(t.as_ref(), eos),
+            _ => eos.clone(),
+        };
     }
     req.drafter = make_drafter(&draft, model.info().vocab_size)?;
     req.draft = DraftOptions {
