@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 use crate::fields::Fields;
+use crate::rotary::RopeConfig;
 
 /// Which feed-forward a layer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -32,7 +33,8 @@ pub struct Qwen3MoeSpec {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
-    pub rope_theta: f64,
+    /// `rope_theta` and, when `rope_scaling` declares it, YaRN.
+    pub rope: RopeConfig,
     pub attention_bias: bool,
     pub num_experts: usize,
     pub top_k: usize,
@@ -140,7 +142,7 @@ impl Qwen3MoeSpec {
                 "= true: sliding-window attention is not supported",
             ));
         }
-        let rope_theta = rope_theta(&f)?;
+        let rope = RopeConfig::from_config(&f)?;
         let num_layers = f.positive("num_hidden_layers")?;
         let num_heads = f.positive("num_attention_heads")?;
         let hidden_size = f.positive("hidden_size")?;
@@ -162,7 +164,7 @@ impl Qwen3MoeSpec {
             num_heads,
             num_kv_heads: opt_positive(&f, "num_key_value_heads", num_heads)?,
             head_dim,
-            rope_theta,
+            rope,
             attention_bias: f.bool_or("attention_bias", false)?,
             num_experts,
             top_k: if any_moe {
@@ -238,44 +240,6 @@ impl Qwen3MoeSpec {
     }
 }
 
-/// `rope_theta` (top level, or `rope_parameters.rope_theta` as newer
-/// configs write it); only unscaled ("default") rotary embedding is read.
-fn rope_theta(f: &Fields<'_>) -> Result<f64> {
-    let params = f.get("rope_parameters");
-    for (name, v) in [
-        ("rope_scaling", f.get("rope_scaling")),
-        ("rope_parameters", params),
-    ] {
-        let Some(v) = v else { continue };
-        let kind = v
-            .get("rope_type")
-            .or_else(|| v.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        if kind != "default" {
-            return Err(f.err(
-                name,
-                format!(
-                    "rope_type {kind:?}: only unscaled (\"default\") rotary embedding is supported"
-                ),
-            ));
-        }
-    }
-    let theta = match (
-        f.get("rope_theta"),
-        params.and_then(|p| p.get("rope_theta")),
-    ) {
-        (Some(v), _) | (None, Some(v)) => v
-            .as_f64()
-            .ok_or_else(|| f.err("rope_theta", format!("= {v}: expected a number")))?,
-        (None, None) => 10_000.0,
-    };
-    if !(theta.is_finite() && theta > 1.0) {
-        return Err(f.err("rope_theta", format!("= {theta}: must be a number above 1")));
-    }
-    Ok(theta)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,7 +271,31 @@ mod tests {
         assert!(s.norm_topk_prob && !s.tie_word_embeddings);
         assert_eq!(s.moe_layers().count(), 4);
         assert_eq!(s.eos_token_ids, vec![1]);
-        assert_eq!(s.rope_theta, 1e6);
+        assert_eq!((s.rope.theta, s.rope.yarn.is_none()), (1e6, true));
+    }
+
+    #[test]
+    fn reads_yarn_as_qwen3_declares_it() {
+        let mut v = tiny();
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 32768});
+        let s = Qwen3MoeSpec::from_json(&v).unwrap();
+        let y = s.rope.yarn.as_ref().expect("yarn read");
+        assert_eq!(
+            (y.factor, y.original_max_position_embeddings),
+            (4.0, 32768.0)
+        );
+        assert_eq!((y.beta_fast, y.beta_slow, y.truncate), (32.0, 1.0, true));
+        // No DeepSeek mscales: the default magnitude 0.1·ln(factor) + 1.
+        assert!((y.attention_factor() - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+        assert_ne!(
+            s.rope.rope(s.head_dim),
+            RopeConfig {
+                theta: s.rope.theta,
+                yarn: None
+            }
+            .rope(s.head_dim)
+        );
     }
 
     #[test]
@@ -329,8 +317,8 @@ mod tests {
         );
         let e = err_of(|v| v["num_key_value_heads"] = 3.into());
         assert!(e.contains("num_key_value_heads: = 3"), "{e}");
-        let e = err_of(|v| v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0}));
-        assert!(e.contains("rope_scaling") && e.contains("yarn"), "{e}");
+        let e = err_of(|v| v["rope_scaling"] = json!({"rope_type": "linear", "factor": 4.0}));
+        assert!(e.contains("rope_scaling") && e.contains("linear"), "{e}");
         let e = err_of(|v| v["use_sliding_window"] = true.into());
         assert!(e.contains("use_sliding_window"), "{e}");
         let e = err_of(|v| v["num_experts_per_tok"] = 17.into());

@@ -134,7 +134,7 @@ impl Qwen3MoeModel {
         let expert_table = tensors::expert_table(&spec, &ck)?;
         let experts = make_source(&ck, &expert_table)?;
         let info = model_info(&spec, &expert_table);
-        let rope = Rope::new(spec.head_dim, spec.rope_theta);
+        let rope = spec.rope.rope(spec.head_dim);
         let layout = Arc::new(KvLayout {
             family: ARCHITECTURE.family,
             magic: *b"Q3ST",
