@@ -108,6 +108,10 @@ pub struct MemoryArgs {
     /// are computed on the CPU.
     #[arg(long, value_parser = parse_size)]
     pub vram_budget: Option<u64>,
+    /// Also load the checkpoint's multi-token-prediction layer (set by
+    /// `run --draft mtp`).
+    #[arg(skip = false)]
+    pub mtp: bool,
 }
 
 /// What loading decided, for stats and logs.
@@ -402,6 +406,7 @@ pub fn load_model_with(
             spine,
             experts: None,
             kv: kv_cfg,
+            mtp: mem.mtp,
         };
         let model = fathom_model::load(dir, opts)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?;
@@ -434,6 +439,7 @@ pub fn load_model_with(
             Ok(Arc::new(s))
         })),
         kv: kv_cfg,
+        mtp: mem.mtp,
     };
     let model = fathom_model::load(dir, opts)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;

@@ -3,14 +3,18 @@
 
 use std::sync::Arc;
 
+use fathom_model::lm::SelfDrafter;
 use fathom_model::{CausalLm, Logits, ModelError, Result, SeqState};
 
 use crate::sampling::argmax;
 
 /// Something that proposes continuations of the committed tokens.
 pub trait Drafter: Send {
-    /// Up to `k` tokens likely to follow `context` (every committed token).
-    fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>>;
+    /// Up to `k` tokens likely to follow `context` (every committed token);
+    /// `target` is the sequence's state in the full model, which has read
+    /// all of `context` but its last token (read-only: a drafter never
+    /// changes what the model decides).
+    fn propose(&mut self, context: &[u32], k: usize, target: &dyn SeqState) -> Result<Vec<u32>>;
     fn name(&self) -> String;
 }
 
@@ -29,7 +33,18 @@ impl Default for NgramDrafter {
 }
 
 impl Drafter for NgramDrafter {
-    fn propose(&mut self, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
+    fn propose(&mut self, ctx: &[u32], k: usize, _: &dyn SeqState) -> Result<Vec<u32>> {
+        Ok(self.lookup(ctx, k))
+    }
+
+    fn name(&self) -> String {
+        "ngram".into()
+    }
+}
+
+impl NgramDrafter {
+    /// What followed the latest earlier occurrence of the longest suffix.
+    fn lookup(&self, ctx: &[u32], k: usize) -> Vec<u32> {
         for n in (self.min_n..=self.max_n.min(ctx.len().saturating_sub(1))).rev() {
             let suffix = &ctx[ctx.len() - n..];
             // Latest start i < len - n with ctx[i..i+n] == suffix.
@@ -37,15 +52,11 @@ impl Drafter for NgramDrafter {
                 let from = i + n;
                 let out: Vec<u32> = ctx[from..(from + k).min(ctx.len())].to_vec();
                 if !out.is_empty() {
-                    return Ok(out);
+                    return out;
                 }
             }
         }
-        Ok(Vec::new())
-    }
-
-    fn name(&self) -> String {
-        "ngram".into()
+        Vec::new()
     }
 }
 
@@ -79,7 +90,7 @@ impl ModelDrafter {
 }
 
 impl Drafter for ModelDrafter {
-    fn propose(&mut self, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
+    fn propose(&mut self, ctx: &[u32], k: usize, _: &dyn SeqState) -> Result<Vec<u32>> {
         if k == 0 || ctx.is_empty() {
             return Ok(Vec::new());
         }
@@ -111,19 +122,49 @@ impl Drafter for ModelDrafter {
     }
 }
 
+/// The target model's own prediction layer (`--draft mtp`: DeepSeek-V3
+/// and Kimi K2 checkpoints ship one), reading the target's hidden rows.
+pub struct MtpDrafter {
+    inner: Box<dyn SelfDrafter>,
+}
+
+impl MtpDrafter {
+    /// The drafter of `model`, which must have been loaded with its
+    /// prediction layer (`LoadOptions::mtp`).
+    pub fn new(model: Arc<dyn CausalLm>) -> Result<Self> {
+        let family = model.info().family;
+        let inner = model.self_drafter().ok_or_else(|| {
+            ModelError::Unsupported(format!(
+                "--draft mtp: this {family} model was loaded without a multi-token-prediction layer"
+            ))
+        })?;
+        Ok(MtpDrafter { inner })
+    }
+}
+
+impl Drafter for MtpDrafter {
+    fn propose(&mut self, ctx: &[u32], k: usize, target: &dyn SeqState) -> Result<Vec<u32>> {
+        self.inner.propose(target, ctx, k)
+    }
+
+    fn name(&self) -> String {
+        "mtp".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn ngram_proposes_what_followed_the_latest_match() {
-        let mut d = NgramDrafter::default();
+        let d = NgramDrafter::default();
         // "1 2 3 9 ... 1 2 3" → proposes "9 8"
         let ctx = [1, 2, 3, 9, 8, 7, 5, 1, 2, 3];
-        assert_eq!(d.propose(&ctx, 2).unwrap(), vec![9, 8]);
+        assert_eq!(d.lookup(&ctx, 2), vec![9, 8]);
         // Longest match wins over a later shorter one.
         let ctx = [4, 5, 6, 1, 5, 2, 4, 5];
-        assert_eq!(d.propose(&ctx, 1).unwrap(), vec![6]);
-        assert!(d.propose(&[1, 2, 3], 4).unwrap().is_empty());
+        assert_eq!(d.lookup(&ctx, 1), vec![6]);
+        assert!(d.lookup(&[1, 2, 3], 4).is_empty());
     }
 }

@@ -17,7 +17,7 @@ pub mod stop;
 pub mod sys;
 
 pub use constraint::Constraint;
-pub use draft::{Drafter, ModelDrafter, NgramDrafter};
+pub use draft::{Drafter, ModelDrafter, MtpDrafter, NgramDrafter};
 pub use generate::{GenError, generate, generate_with, greedy};
 pub use report::{RunReport, RunStats, SeqStats};
 pub use sampling::{SamplingParams, argmax};

@@ -36,7 +36,14 @@ pub(crate) fn plan(e: &mut Engine) -> Vec<Work> {
         if s.req.drafter.is_some() && k > 0 && s.policy.drafting() {
             let t = Instant::now();
             let ctx = s.context();
-            match s.req.drafter.as_mut().expect("checked").propose(&ctx, k) {
+            let target = s.state.as_ref();
+            match s
+                .req
+                .drafter
+                .as_mut()
+                .expect("checked")
+                .propose(&ctx, k, target)
+            {
                 Ok(mut p) => {
                     p.truncate(k);
                     drafts = p;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use fathom_engine::{
     DraftOptions, Drafter, ModelDrafter, NgramDrafter, Request, SamplingParams, generate,
 };
-use fathom_model::{CausalLm, LoadOptions, Result};
+use fathom_model::{CausalLm, LoadOptions, Result, SeqState};
 use fathom_stream::{StreamConfig, StreamedExperts};
 
 type Lm = Arc<dyn CausalLm>;
@@ -39,7 +39,7 @@ struct Scripted {
 }
 
 impl Drafter for Scripted {
-    fn propose(&mut self, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
+    fn propose(&mut self, ctx: &[u32], k: usize, _: &dyn SeqState) -> Result<Vec<u32>> {
         let done = ctx.len() - self.prompt_len;
         Ok((0..k)
             .filter_map(|i| {

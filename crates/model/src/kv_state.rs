@@ -44,6 +44,68 @@ pub struct KvState {
     layout: Arc<KvLayout>,
     /// Where the pass [`SeqState::begin_pass`] opened started, if one is open.
     pending: Option<usize>,
+    /// The final hidden rows of the latest positions, kept for a drafter
+    /// that reads them (a multi-token-prediction layer); `None` unless the
+    /// model was loaded for one.
+    pub tap: Option<HiddenTap>,
+}
+
+/// Final hidden rows of positions `first..first + len`, at most `cap` of
+/// them (the oldest go first). Rolled back with the state; not saved.
+#[derive(Debug, Clone)]
+pub struct HiddenTap {
+    pub width: usize,
+    pub first: usize,
+    pub rows: Vec<f32>,
+    pub cap: usize,
+}
+
+impl HiddenTap {
+    pub fn new(width: usize, first: usize, cap: usize) -> Self {
+        HiddenTap {
+            width,
+            first,
+            rows: Vec::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.rows.len() / self.width.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The row of position `p`, if held.
+    pub fn row(&self, p: usize) -> Option<&[f32]> {
+        let i = p.checked_sub(self.first)?;
+        (i < self.len()).then(|| &self.rows[i * self.width..(i + 1) * self.width])
+    }
+
+    /// Appends the rows of the positions that follow (`rows.len()` a
+    /// multiple of the width), dropping the oldest beyond `cap`.
+    pub fn push(&mut self, rows: &[f32]) {
+        self.rows.extend_from_slice(rows);
+        let over = self.len().saturating_sub(self.cap);
+        if over > 0 {
+            self.rows.drain(..over * self.width);
+            self.first += over;
+        }
+    }
+
+    /// Forgets positions `p..`.
+    fn truncate(&mut self, p: usize) {
+        if p <= self.first {
+            self.rows.clear();
+            self.first = p;
+        } else {
+            let keep = (p - self.first).min(self.len());
+            self.rows.truncate(keep * self.width);
+        }
+    }
 }
 
 /// A restorable point in a sequence: its position.
@@ -62,6 +124,7 @@ impl KvState {
             pos: 0,
             layout: layout.clone(),
             pending: None,
+            tap: None,
         }
     }
 
@@ -71,12 +134,16 @@ impl KvState {
         for l in &mut self.layers {
             l.truncate(p);
         }
+        if let Some(t) = &mut self.tap {
+            t.truncate(p);
+        }
         self.pos = p;
     }
 
-    /// Bytes held (cached rows).
+    /// Bytes held (cached rows, tapped hidden rows).
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(PagedRows::bytes).sum()
+        let tap = self.tap.as_ref().map_or(0, |t| t.rows.len() * 4);
+        self.layers.iter().map(PagedRows::bytes).sum::<usize>() + tap
     }
 
     /// The state as bytes.

@@ -140,6 +140,12 @@ pub trait CausalLm: Send + Sync {
         )))
     }
 
+    /// A drafter made of the checkpoint's own prediction layer for one
+    /// sequence, when the model was loaded with one (`--draft mtp`).
+    fn self_drafter(self: std::sync::Arc<Self>) -> Option<Box<dyn SelfDrafter>> {
+        None
+    }
+
     /// One sequence, one pass.
     fn forward(&self, state: &mut dyn SeqState, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
         let mut b = [StepInput {
@@ -150,6 +156,14 @@ pub trait CausalLm: Send + Sync {
         let mut out = self.step(&mut b).map_err(|e| e.error)?;
         Ok(out.pop().unwrap_or_default())
     }
+}
+
+/// A family's own drafter for one sequence (a multi-token-prediction
+/// layer). It only proposes; the full model verifies every token.
+pub trait SelfDrafter: Send {
+    /// Up to `k` guesses at the tokens after `ctx` (every committed token;
+    /// `target`, the sequence's state, has read all but the last).
+    fn propose(&mut self, target: &dyn SeqState, ctx: &[u32], k: usize) -> Result<Vec<u32>>;
 }
 
 /// Downcasts a state made by the family's own `new_state`.

@@ -36,6 +36,10 @@ pub struct MemoryFacts {
     /// fp32 intermediates one expert computes per row.
     pub expert_scratch_floats: usize,
     pub max_position_embeddings: Option<usize>,
+    /// Bytes of the multi-token-prediction layer's spine (what `--draft
+    /// mtp` adds; its routed experts come from the expert source): 0 when
+    /// the checkpoint declares none or the family reads none.
+    pub mtp_bytes: u64,
 }
 
 impl MemoryFacts {

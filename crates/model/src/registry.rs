@@ -34,6 +34,9 @@ pub struct LoadOptions {
     pub experts: Option<MakeSource>,
     /// The attention cache's RAM share, row format and spill target.
     pub kv: crate::kv::KvConfig,
+    /// Also load the checkpoint's multi-token-prediction layer, for
+    /// `--draft mtp` (families without one refuse it).
+    pub mtp: bool,
 }
 
 /// One supported architecture.
@@ -47,6 +50,9 @@ pub struct Architecture {
     pub load: fn(&Path, LoadOptions) -> Result<Arc<dyn CausalLm>>,
     /// What the RAM ledger needs, from config.json alone.
     pub memory: fn(&Path) -> Result<crate::memory::MemoryFacts>,
+    /// Whether its checkpoints may carry a multi-token-prediction layer
+    /// that `--draft mtp` reads.
+    pub mtp: bool,
 }
 
 /// Every architecture fathom runs.
@@ -144,7 +150,15 @@ pub fn declared_context(dir: &Path) -> Result<Option<usize>> {
 
 /// Loads the model in `dir` with the family its `config.json` names.
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
-    (detect(dir)?.load)(dir, opts)
+    let arch = detect(dir)?;
+    if opts.mtp && !arch.mtp {
+        return Err(ModelError::Unsupported(format!(
+            "--draft mtp: {} checkpoints have no multi-token-prediction layer fathom reads \
+             (DeepSeek-V3 and Kimi K2 do); use --draft ngram or --draft model:DIR",
+            arch.family
+        )));
+    }
+    (arch.load)(dir, opts)
 }
 
 #[cfg(test)]

@@ -154,6 +154,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         buffered_io: false,
         device: crate::device::DeviceArg::Cpu,
         vram_budget: None,
+        mtp: false,
     };
     let (model, info) = load_model_with(&dir, &mem, prompt.len(), fathom_model::Spine::Bf16)?;
     let model_bytes: u64 = std::fs::read_dir(&dir)?

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -11,8 +12,8 @@ use clap::Args;
 use fathom_chat::{ChatFormat, ChatOptions, ChatPrompt, Message, ReplyDelta, ReplyParser};
 use fathom_engine::report::{IoStats, RunSetup, TokenLogprob};
 use fathom_engine::{
-    DraftOptions, Drafter, EngineOptions, ModelDrafter, NgramDrafter, Request, RunReport, RunStats,
-    TokenEvent, generate_with,
+    DraftOptions, Drafter, EngineOptions, ModelDrafter, MtpDrafter, NgramDrafter, Request,
+    RunReport, RunStats, TokenEvent, generate_with,
 };
 use fathom_model::{CausalLm, LoadOptions};
 use fathom_tokenizer::Tokenizer;
@@ -65,8 +66,9 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = SpineArg::Bf16)]
     spine: SpineArg,
     /// Draft source for speculative decoding: `ngram` (prompt lookup, no
-    /// extra model), `model:DIR` (a small checkpoint with the same
-    /// tokenizer), or `off`. The full model decides every token (a draft is
+    /// extra model), `mtp` (the checkpoint's own multi-token-prediction
+    /// layer: DeepSeek-V3, Kimi K2), `model:DIR` (a small checkpoint with
+    /// the same tokenizer), or `off`. The full model decides every token (a draft is
     /// kept only where it equals the token the model samples there), so
     /// output is identical to `off`; drafting adapts its length and switches
     /// itself off when it does not pay.
@@ -88,36 +90,62 @@ pub enum DraftChoice {
     Off,
     Ngram,
     Model(PathBuf),
+    /// The checkpoint's own multi-token-prediction layer.
+    Mtp,
 }
 
 pub fn parse_draft(s: &str) -> Result<DraftChoice> {
     Ok(match s {
         "off" | "none" => DraftChoice::Off,
         "ngram" => DraftChoice::Ngram,
+        "mtp" => DraftChoice::Mtp,
         _ => match s.strip_prefix("model:") {
             Some(dir) if !dir.is_empty() => DraftChoice::Model(PathBuf::from(dir)),
-            _ => bail!("--draft {s:?}: expected ngram, model:DIR or off"),
+            _ => bail!("--draft {s:?}: expected ngram, mtp, model:DIR or off"),
         },
     })
 }
 
-/// RAM a draft model takes (it is loaded whole): its shard bytes. The
-/// target model's budget is reduced by it, so both fit the one budget.
-pub fn draft_bytes(choice: &DraftChoice) -> Result<u64> {
-    let DraftChoice::Model(dir) = choice else {
-        return Ok(0);
-    };
-    crate::load::check_model_dir(dir).context("--draft model:DIR")?;
-    let ck = fathom_weights::Checkpoint::open(dir)
-        .with_context(|| format!("cannot open the draft model in {}", dir.display()))?;
-    Ok(ck.data_bytes())
+/// RAM a draft model takes (it is loaded whole): its shard bytes; for
+/// `mtp`, the prediction layer's spine (its experts share the target's
+/// expert cache). The target model's budget is reduced by it, so both fit
+/// the one budget. `model` is the target's directory.
+pub fn draft_bytes(choice: &DraftChoice, model: &Path) -> Result<u64> {
+    match choice {
+        DraftChoice::Off | DraftChoice::Ngram => Ok(0),
+        DraftChoice::Mtp => {
+            let facts = fathom_model::memory::memory_facts(model)
+                .with_context(|| format!("cannot read the model config in {}", model.display()))?;
+            if facts.mtp_bytes == 0 {
+                bail!(
+                    "--draft mtp: the {} model in {} has no multi-token-prediction layer fathom \
+                     reads (config.json: num_nextn_predict_layers; DeepSeek-V3 and Kimi K2 \
+                     releases ship one): use --draft ngram or --draft model:DIR",
+                    facts.family,
+                    model.display()
+                );
+            }
+            Ok(facts.mtp_bytes)
+        }
+        DraftChoice::Model(dir) => {
+            crate::load::check_model_dir(dir).context("--draft model:DIR")?;
+            let ck = fathom_weights::Checkpoint::open(dir)
+                .with_context(|| format!("cannot open the draft model in {}", dir.display()))?;
+            Ok(ck.data_bytes())
+        }
+    }
 }
 
-/// The drafter `choice` names, for a target of vocabulary `vocab`.
-pub fn make_drafter(choice: &DraftChoice, vocab: usize) -> Result<Option<Box<dyn Drafter>>> {
+/// The drafter `choice` names, for the target `model`.
+pub fn make_drafter(
+    choice: &DraftChoice,
+    model: &Arc<dyn CausalLm>,
+) -> Result<Option<Box<dyn Drafter>>> {
+    let vocab = model.info().vocab_size;
     Ok(match choice {
         DraftChoice::Off => None,
         DraftChoice::Ngram => Some(Box::new(NgramDrafter::default())),
+        DraftChoice::Mtp => Some(Box::new(MtpDrafter::new(model.clone())?)),
         DraftChoice::Model(dir) => {
             let dm = fathom_model::load(dir, LoadOptions::default())
                 .with_context(|| format!("cannot load the draft model in {}", dir.display()))?;
@@ -193,9 +221,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     let positions = (prompt.len() + 1).min(chunk.max(a.draft_max as usize + 1));
     // The draft model (if any) comes out of the same budget, checked before loading.
     let fix = "use --draft ngram or a larger --ram-budget";
-    let mem = a
+    let mut mem = a
         .mem
-        .set_aside(draft_bytes(&draft)?, "the draft model", fix)?;
+        .set_aside(draft_bytes(&draft, &a.model)?, "the draft model", fix)?;
+    mem.mtp = matches!(draft, DraftChoice::Mtp);
     let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
     let prompt = with_bos(
         prompt,
@@ -234,7 +263,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             _ => eos.clone(),
         };
     }
-    req.drafter = make_drafter(&draft, model.info().vocab_size)?;
+    req.drafter = make_drafter(&draft, &model)?;
     req.draft = DraftOptions {
         max_k: a.draft_max as usize,
         adaptive: true,

@@ -12,7 +12,9 @@
 //! ```
 //! Activations are fp32 throughout; each position's result is
 //! bit-identical whatever the step holds besides it. The checkpoint's
-//! multi-token-prediction layers (`num_nextn_predict_layers`) are not run.
+//! first multi-token-prediction layer (`num_nextn_predict_layers`) is read
+//! only when a drafter asks for it ([`mtp`], `--draft mtp`); it proposes,
+//! the decoder decides.
 //! The released quantized checkpoints are read as shipped (see
 //! [`crate::quant`]): FP8 E4M3 with 128×128 tile scales (DeepSeek-V3 / R1,
 //! Kimi K2: spine matrices and routed experts stay FP8, applied by the FP8
@@ -21,6 +23,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod mtp;
 mod step;
 pub mod tensors;
 pub mod weights;
@@ -37,9 +40,9 @@ use self::weights::DeepseekV3Weights;
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
 use crate::kv::KvPool;
-use crate::kv_state::{KvLayout, KvState};
+use crate::kv_state::{HiddenTap, KvLayout, KvState};
 use crate::linear::Spine;
-use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
+use crate::lm::{CausalLm, Logits, ModelInfo, SelfDrafter, SeqState, StepError, StepInput};
 use crate::registry::{Architecture, LoadOptions, MakeSource};
 use crate::trace::Tracer;
 
@@ -50,6 +53,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
     architectures: &["DeepseekV3ForCausalLM"],
     load: load_lm,
     memory,
+    mtp: true,
 };
 
 fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
@@ -89,6 +93,11 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
         expert_bytes: routed / (moe_layers * spec.n_routed_experts).max(1) as u64,
         expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.hidden_size,
         max_position_embeddings: spec.max_position_embeddings,
+        mtp_bytes: tensors::mtp_tensor_table(spec)
+            .iter()
+            .filter(|t| t.role != Role::RoutedExpert)
+            .map(tensors::TensorSpec::bytes)
+            .sum(),
     }
 }
 
@@ -96,7 +105,7 @@ fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
     let make = opts
         .experts
         .unwrap_or_else(crate::registry::resident_source);
-    let mut m = DeepseekV3Model::load_with_spine(dir, make, opts.spine)?;
+    let mut m = DeepseekV3Model::load_full(dir, make, opts.spine, opts.mtp)?;
     m.kv = KvPool::new(opts.kv);
     Ok(Arc::new(m))
 }
@@ -116,6 +125,8 @@ pub struct DeepseekV3Model {
     pub layout: Arc<KvLayout>,
     /// Where every state's latent-cache blocks come from.
     pub kv: Arc<KvPool>,
+    /// The multi-token-prediction layer, when loaded for drafting.
+    pub mtp: Option<mtp::MtpWeights>,
     info: ModelInfo,
 }
 
@@ -138,13 +149,24 @@ impl DeepseekV3Model {
     /// matrices are freed before resident experts arrive (peak RSS is the
     /// larger of the two, not their sum).
     pub fn load_with_spine(dir: &Path, make_source: MakeSource, spine: Spine) -> Result<Self> {
+        Self::load_full(dir, make_source, spine, false)
+    }
+
+    /// As [`Self::load_with_spine`]; with `mtp`, also the first
+    /// multi-token-prediction layer and its experts, for `--draft mtp`.
+    pub fn load_full(dir: &Path, make_source: MakeSource, spine: Spine, mtp: bool) -> Result<Self> {
         let spec = Arc::new(DeepseekV3Spec::from_dir(dir)?);
         let ck = Arc::new(Checkpoint::open(dir)?);
         let mut weights = DeepseekV3Weights::load(&spec, &ck)?;
         if spine == Spine::Int8 {
             weights.quantize_spine_int8();
         }
-        let expert_table = tensors::expert_table(&spec, &ck)?;
+        let mtp = if mtp {
+            Some(mtp::MtpWeights::load(&spec, &ck)?)
+        } else {
+            None
+        };
+        let expert_table = tensors::expert_table(&spec, &ck, mtp.is_some())?;
         let experts = make_source(&ck, &expert_table)?;
         let info = model_info(&spec, &expert_table);
         let layout = Arc::new(KvLayout {
@@ -161,12 +183,22 @@ impl DeepseekV3Model {
             expert_table,
             layout,
             kv: KvPool::unlimited(),
+            mtp,
             info,
         })
     }
 
     pub fn new_state(&self) -> KvState {
-        KvState::new(&self.layout, &self.kv)
+        let mut s = KvState::new(&self.layout, &self.kv);
+        self.add_tap(&mut s);
+        s
+    }
+
+    /// A drafter reads the rows the head reads: keep the latest ones.
+    fn add_tap(&self, s: &mut KvState) {
+        if self.mtp.is_some() {
+            s.tap = Some(HiddenTap::new(self.spec.hidden_size, s.pos, mtp::TAP_ROWS));
+        }
     }
 
     /// One sequence's pass, observed by `tracer` (reference comparisons).
@@ -225,6 +257,25 @@ impl CausalLm for DeepseekV3Model {
         self.kv.stats()
     }
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(KvState::decode(&self.layout, &self.kv, bytes)?))
+        let mut s = KvState::decode(&self.layout, &self.kv, bytes)?;
+        self.add_tap(&mut s);
+        Ok(Box::new(s))
+    }
+    fn self_drafter(self: Arc<Self>) -> Option<Box<dyn SelfDrafter>> {
+        self.mtp.as_ref()?;
+        let draft = mtp::MtpDraft::new(&self);
+        Some(Box::new(MtpDrafter { model: self, draft }))
+    }
+}
+
+/// `--draft mtp`: the model's own prediction layer, for one sequence.
+struct MtpDrafter {
+    model: Arc<DeepseekV3Model>,
+    draft: mtp::MtpDraft,
+}
+
+impl SelfDrafter for MtpDrafter {
+    fn propose(&mut self, target: &dyn SeqState, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
+        self.draft.propose(&self.model, target, ctx, k)
     }
 }

@@ -71,10 +71,24 @@ fn forward_rows(
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
+    tap(model, states, segs, &h);
     for (s, seg) in states.iter_mut().zip(segs) {
         s.pos += seg.len();
     }
     Ok(head(model, &h, segs, &rows.which, &mut tracer))
+}
+
+/// Keeps the rows the head reads (after the final norm) for the
+/// sequences whose drafter reads them (see [`super::mtp`]).
+fn tap(model: &DeepseekV3Model, states: &mut [&mut KvState], segs: &[Segment], h: &[f32]) {
+    let d = model.spec.hidden_size;
+    for (s, seg) in states.iter_mut().zip(segs) {
+        if let Some(t) = &mut s.tap {
+            let mut rows = h[seg.start * d..seg.end * d].to_vec();
+            rms_norm_rows(&mut rows, d, &model.weights.norm, model.spec.rms_norm_eps);
+            t.push(&rows);
+        }
+    }
 }
 
 fn ffn(

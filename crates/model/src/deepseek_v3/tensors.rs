@@ -175,8 +175,60 @@ fn ffn_tensors(spec: &DeepseekV3Spec, i: usize, l: &mut dyn FnMut(&str, Vec<usiz
 /// Every tensor of the checkpoint described by `spec` (the decoder's; not
 /// the multi-token-prediction layers), in a stable order.
 pub fn tensor_table(spec: &DeepseekV3Spec) -> Vec<TensorSpec> {
-    let mut t = Vec::new();
     let (d, v) = (spec.hidden_size, spec.vocab_size);
+    let mut t = Vec::new();
+    let mut push = pusher(spec, &mut t);
+    push(
+        format!("{PREFIX}embed_tokens.weight"),
+        vec![v, d],
+        Role::Embedding,
+        None,
+    );
+    for i in 0..spec.num_layers {
+        decoder_layer(spec, i, &mut push);
+    }
+    push(format!("{PREFIX}norm.weight"), vec![d], Role::Norm, None);
+    push(LM_HEAD.to_string(), vec![v, d], Role::Head, None);
+    drop(push);
+    t
+}
+
+/// The tensors of the first multi-token-prediction layer (index
+/// `num_layers`) that its drafter reads: a decoder layer plus `enorm`,
+/// `hnorm`, `eh_proj` and the shared head's norm and matrix (its copy of the
+/// embedding is not read: the decoder's serves). Empty when the config
+/// declares none.
+pub fn mtp_tensor_table(spec: &DeepseekV3Spec) -> Vec<TensorSpec> {
+    let mut t = Vec::new();
+    if spec.num_nextn_predict_layers == 0 {
+        return t;
+    }
+    let (d, v, l) = (spec.hidden_size, spec.vocab_size, spec.num_layers);
+    let mut push = pusher(spec, &mut t);
+    for norm in ["enorm.weight", "hnorm.weight", "shared_head.norm.weight"] {
+        push(layer_name(l, norm), vec![d], Role::Norm, Some(l));
+    }
+    push(
+        layer_name(l, "eh_proj.weight"),
+        vec![d, 2 * d],
+        Role::Attention,
+        Some(l),
+    );
+    push(
+        layer_name(l, "shared_head.head.weight"),
+        vec![v, d],
+        Role::Head,
+        Some(l),
+    );
+    decoder_layer(spec, l, &mut push);
+    drop(push);
+    t
+}
+
+type Push<'a> = Box<dyn FnMut(String, Vec<usize>, Role, Option<usize>) + 'a>;
+
+/// Appends a tensor to `t` with the storage the config gives its module.
+fn pusher<'a>(spec: &'a DeepseekV3Spec, t: &'a mut Vec<TensorSpec>) -> Push<'a> {
     let int4 = match &spec.quant {
         Quant::PackedInt4 {
             group,
@@ -185,7 +237,7 @@ pub fn tensor_table(spec: &DeepseekV3Spec) -> Vec<TensorSpec> {
         } => Some((*group, Int4Modules::new(targets, ignore))),
         _ => None,
     };
-    let mut push = |name: String, shape: Vec<usize>, role: Role, layer: Option<usize>| {
+    Box::new(move |name, shape, role, layer| {
         let mut storage = Storage::Float;
         if quantizable(role, &shape) {
             if let Some(block) = spec.fp8_block() {
@@ -204,27 +256,21 @@ pub fn tensor_table(spec: &DeepseekV3Spec) -> Vec<TensorSpec> {
             layer,
             storage,
         })
-    };
-    push(
-        format!("{PREFIX}embed_tokens.weight"),
-        vec![v, d],
-        Role::Embedding,
-        None,
-    );
-    for i in 0..spec.num_layers {
-        for norm in ["input_layernorm.weight", "post_attention_layernorm.weight"] {
-            push(layer_name(i, norm), vec![d], Role::Norm, Some(i));
-        }
-        attention_tensors(spec, &mut |rest, shape| {
-            push(layer_name(i, rest), shape, Role::Attention, Some(i))
-        });
-        ffn_tensors(spec, i, &mut |rest, shape, role| {
-            push(layer_name(i, rest), shape, role, Some(i))
-        });
+    })
+}
+
+/// Decoder layer `i`'s norms, attention and feed-forward tensors.
+fn decoder_layer(spec: &DeepseekV3Spec, i: usize, push: &mut Push<'_>) {
+    let d = spec.hidden_size;
+    for norm in ["input_layernorm.weight", "post_attention_layernorm.weight"] {
+        push(layer_name(i, norm), vec![d], Role::Norm, Some(i));
     }
-    push(format!("{PREFIX}norm.weight"), vec![d], Role::Norm, None);
-    push(LM_HEAD.to_string(), vec![v, d], Role::Head, None);
-    t
+    attention_tensors(spec, &mut |rest, shape| {
+        push(layer_name(i, rest), shape, Role::Attention, Some(i))
+    });
+    ffn_tensors(spec, i, &mut |rest, shape, role| {
+        push(layer_name(i, rest), shape, role, Some(i))
+    });
 }
 
 /// Whether `name` belongs to a multi-token-prediction layer the spec
@@ -242,10 +288,31 @@ fn is_mtp(spec: &DeepseekV3Spec, name: &str) -> bool {
 /// when the config says so; routed experts are read as stored: bf16, f32,
 /// FP8 or pack-quantized INT4.
 pub fn check_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
-    let table = tensor_table(spec);
     let mut problems = Vec::new();
+    let expected = check_table(ck, &tensor_table(spec), &mut problems);
+    for (name, _) in ck.tensors() {
+        if !expected.contains(name) && !is_mtp(spec, name) {
+            problems.push(format!("unexpected tensor {name}"));
+        }
+    }
+    problems
+}
+
+/// [`check_tensors`] for the multi-token-prediction layer a drafter reads.
+pub fn check_mtp_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
+    let mut problems = Vec::new();
+    check_table(ck, &mtp_tensor_table(spec), &mut problems);
+    problems
+}
+
+/// Checks every tensor of `table`; returns the names it accounts for.
+fn check_table(
+    ck: &Checkpoint,
+    table: &[TensorSpec],
+    problems: &mut Vec<String>,
+) -> std::collections::HashSet<String> {
     let mut expected = std::collections::HashSet::with_capacity(table.len());
-    for t in &table {
+    for t in table {
         const FLOAT: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
         if let Storage::Int4 { group } = t.storage {
             let (m, [r, c]) = (t.module(), [t.shape[0], t.shape[1]]);
@@ -270,7 +337,7 @@ pub fn check_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
                 ("weight_shape", Dtype::I32, vec![2]),
             ] {
                 let name = format!("{m}.{part}");
-                expect_tensor(ck, &mut problems, (&name, &[dtype], &shape));
+                expect_tensor(ck, problems, (&name, &[dtype], &shape));
                 expected.insert(name);
             }
             continue;
@@ -281,7 +348,7 @@ pub fn check_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
             (_, Storage::Fp8 { .. }) => &[Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F8_E4M3],
             _ => &FLOAT,
         };
-        expect_tensor(ck, &mut problems, (&t.name, dtypes, &t.shape));
+        expect_tensor(ck, problems, (&t.name, dtypes, &t.shape));
         expected.insert(t.name.clone());
         let fp8 = ck.get(&t.name).is_some_and(|l| l.dtype == Dtype::F8_E4M3);
         if let (Storage::Fp8 { block: [br, bc] }, true) = (t.storage, fp8) {
@@ -292,16 +359,11 @@ pub fn check_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
             } else {
                 &FLOAT
             };
-            expect_tensor(ck, &mut problems, (&name, scale, &grid));
+            expect_tensor(ck, problems, (&name, scale, &grid));
             expected.insert(name);
         }
     }
-    for (name, _) in ck.tensors() {
-        if !expected.contains(name) && !is_mtp(spec, name) {
-            problems.push(format!("unexpected tensor {name}"));
-        }
-    }
-    problems
+    expected
 }
 
 /// Notes a missing, mis-typed or mis-shaped tensor.
@@ -380,10 +442,14 @@ fn expert_part(
 
 /// Locators of every routed expert (gate, down, up), in the one format
 /// they are all stored in.
-pub fn expert_table(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Result<ExpertTable> {
-    let mut layers = vec![Vec::new(); spec.num_layers];
+/// With `mtp`, the first multi-token-prediction layer's experts too (at
+/// index `num_layers`).
+pub fn expert_table(spec: &DeepseekV3Spec, ck: &Checkpoint, mtp: bool) -> Result<ExpertTable> {
+    let extra = usize::from(mtp && spec.num_nextn_predict_layers > 0);
+    let mut layers = vec![Vec::new(); spec.num_layers + extra];
     let mut format = None;
-    for l in spec.moe_layers() {
+    let mtp_layer = (extra > 0).then_some(spec.num_layers);
+    for l in spec.moe_layers().chain(mtp_layer) {
         let mut v = Vec::with_capacity(spec.n_routed_experts);
         for e in 0..spec.n_routed_experts {
             let mut parts = Vec::with_capacity(3);

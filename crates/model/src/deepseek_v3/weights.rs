@@ -81,6 +81,29 @@ fn attention(spec: &DeepseekV3Spec, b: &Binder<'_>, i: usize) -> Result<AttnWeig
     })
 }
 
+/// Decoder layer `i`'s spine (the multi-token-prediction layer's too).
+pub(super) fn layer(spec: &DeepseekV3Spec, b: &Binder<'_>, i: usize) -> Result<LayerWeights> {
+    let n = |rest: &str| layer_name(i, rest);
+    let mlp = match spec.ffn_kind(i) {
+        FfnKind::Dense => FfnWeights::Dense(b.mlp(&n("mlp."))?),
+        FfnKind::Moe => FfnWeights::Moe(SigmoidMoeWeights {
+            gate: b.linear(&n("mlp.gate.weight"))?,
+            e_score_correction_bias: b.vector(&n("mlp.gate.e_score_correction_bias"))?,
+            shared_experts: if spec.n_shared_experts > 0 {
+                Some(b.mlp(&n("mlp.shared_experts."))?)
+            } else {
+                None
+            },
+        }),
+    };
+    Ok(LayerWeights {
+        input_layernorm: b.vector(&n("input_layernorm.weight"))?,
+        post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
+        self_attn: attention(spec, b, i)?,
+        mlp,
+    })
+}
+
 impl DeepseekV3Weights {
     /// Checks the checkpoint against the spec, then reads the spine (FP8
     /// matrices stay FP8 with their tile scales).
@@ -90,28 +113,9 @@ impl DeepseekV3Weights {
             ck,
             fp8_block: spec.fp8_block(),
         };
-        let mut layers = Vec::with_capacity(spec.num_layers);
-        for i in 0..spec.num_layers {
-            let n = |rest: &str| layer_name(i, rest);
-            let mlp = match spec.ffn_kind(i) {
-                FfnKind::Dense => FfnWeights::Dense(b.mlp(&n("mlp."))?),
-                FfnKind::Moe => FfnWeights::Moe(SigmoidMoeWeights {
-                    gate: b.linear(&n("mlp.gate.weight"))?,
-                    e_score_correction_bias: b.vector(&n("mlp.gate.e_score_correction_bias"))?,
-                    shared_experts: if spec.n_shared_experts > 0 {
-                        Some(b.mlp(&n("mlp.shared_experts."))?)
-                    } else {
-                        None
-                    },
-                }),
-            };
-            layers.push(LayerWeights {
-                input_layernorm: b.vector(&n("input_layernorm.weight"))?,
-                post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
-                self_attn: attention(spec, &b, i)?,
-                mlp,
-            });
-        }
+        let layers = (0..spec.num_layers)
+            .map(|i| layer(spec, &b, i))
+            .collect::<Result<Vec<_>>>()?;
         Ok(DeepseekV3Weights {
             embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
             layers,

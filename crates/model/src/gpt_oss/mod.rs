@@ -49,6 +49,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
     architectures: &["GptOssForCausalLM"],
     load: load_lm,
     memory,
+    mtp: false,
 };
 
 fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
@@ -83,6 +84,7 @@ pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
         expert_bytes: routed / experts.max(1) as u64,
         expert_scratch_floats: 2 * spec.intermediate_size + spec.hidden_size,
         max_position_embeddings: spec.max_position_embeddings,
+        mtp_bytes: 0,
     }
 }
 

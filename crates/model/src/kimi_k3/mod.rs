@@ -42,6 +42,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
     architectures: &["KimiK3ForConditionalGeneration", "KimiK3ForCausalLM"],
     load: load_lm,
     memory,
+    mtp: false,
 };
 
 fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
@@ -84,6 +85,7 @@ pub fn memory_facts(spec: &K3Spec) -> crate::memory::MemoryFacts {
         expert_bytes: tensors::expert_bytes(spec),
         expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.latent_size,
         max_position_embeddings: spec.max_position_embeddings,
+        mtp_bytes: 0,
     }
 }
 

@@ -44,6 +44,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
     architectures: &["KimiLinearForCausalLM"],
     load: load_lm,
     memory,
+    mtp: false,
 };
 
 fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
@@ -87,6 +88,7 @@ pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
         expert_bytes: routed / (moe_layers * spec.num_experts).max(1) as u64,
         expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.hidden_size,
         max_position_embeddings: spec.max_position_embeddings,
+        mtp_bytes: 0,
     }
 }
 

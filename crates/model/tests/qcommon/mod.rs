@@ -145,6 +145,68 @@ pub fn write_checkpoint(dir: &Path, config: &Value, tensors: &Tensors) {
     std::fs::write(dir.join("model.safetensors"), out).unwrap();
 }
 
+// ---- A multi-token-prediction layer (the fixtures carry none) ----
+
+/// How the written MTP layer combines its two inputs.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Mix {
+    /// `[0 | I]`, outputs zeroed: passes `hnorm(h)` through.
+    Hidden,
+    /// `[I | 0]`, outputs zeroed: passes `enorm(embed(t))` through.
+    Embedding,
+    /// `[I/2 | I/2]`, layer 3's weights unchanged: a working layer.
+    Working,
+}
+
+/// A copy of deepseek_v3-tiny (at `fixture`) with a multi-token-prediction
+/// layer at index 4: layer 3's weights, plus `enorm`, `hnorm` (ones),
+/// `eh_proj` as `mix` says and the shared head (`lm_head`'s copy).
+pub fn with_mtp(fixture: &Path, tag: &str, mix: Mix) -> PathBuf {
+    let (mut config, mut tensors) = read_fixture(fixture);
+    let d = config["hidden_size"].as_u64().unwrap() as usize;
+    config["num_nextn_predict_layers"] = 1.into();
+    let copied: Vec<(String, Tensor)> = tensors
+        .iter()
+        .filter_map(|(n, t)| {
+            let rest = n.strip_prefix("model.layers.3.")?;
+            let mut t = t.clone();
+            let output = rest.ends_with("o_proj.weight") || rest.ends_with("down_proj.weight");
+            if mix != Mix::Working && output {
+                t.bytes.iter_mut().for_each(|b| *b = 0);
+            }
+            Some((format!("model.layers.4.{rest}"), t))
+        })
+        .collect();
+    tensors.extend(copied);
+    let ones = vec![1f32; d];
+    for n in ["enorm", "hnorm", "shared_head.norm"] {
+        tensors.insert(
+            format!("model.layers.4.{n}.weight"),
+            Tensor::f32(vec![d], &ones),
+        );
+    }
+    let mut eh = vec![0f32; d * 2 * d];
+    for i in 0..d {
+        match mix {
+            Mix::Hidden => eh[i * 2 * d + d + i] = 1.0,
+            Mix::Embedding => eh[i * 2 * d + i] = 1.0,
+            Mix::Working => {
+                eh[i * 2 * d + i] = 0.5;
+                eh[i * 2 * d + d + i] = 0.5;
+            }
+        }
+    }
+    tensors.insert(
+        "model.layers.4.eh_proj.weight".into(),
+        Tensor::f32(vec![d, 2 * d], &eh),
+    );
+    let head = tensors["lm_head.weight"].clone();
+    tensors.insert("model.layers.4.shared_head.head.weight".into(), head);
+    let dir = temp_dir(&format!("mtp-{tag}"));
+    write_checkpoint(&dir, &config, &tensors);
+    dir
+}
+
 // ---- FP8 E4M3 (bias 7, no infinities, 0x7F / 0xFF NaN) ----
 
 /// E4M3 by its definition.
