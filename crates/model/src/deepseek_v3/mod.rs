@@ -93,11 +93,18 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
         expert_bytes: routed / (moe_layers * spec.n_routed_experts).max(1) as u64,
         expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.hidden_size,
         max_position_embeddings: spec.max_position_embeddings,
+        // The layer's spine and, when it exists, one sequence's hidden tap.
         mtp_bytes: tensors::mtp_tensor_table(spec)
             .iter()
             .filter(|t| t.role != Role::RoutedExpert)
             .map(tensors::TensorSpec::bytes)
-            .sum(),
+            .sum::<u64>()
+            .checked_add(if spec.num_nextn_predict_layers > 0 {
+                (mtp::TAP_ROWS * spec.hidden_size * 4) as u64
+            } else {
+                0
+            })
+            .unwrap_or(u64::MAX),
     }
 }
 
