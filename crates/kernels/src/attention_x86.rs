@@ -35,6 +35,7 @@ pub(crate) enum Width {
 /// # Safety
 /// The CPU supports AVX2 and FMA, and AVX-512 F for [`Width::Avx512`]
 /// (the kernel table's selection checks both).
+#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn split_partial(
     wd: Width,
     sh: &MlaShape,
@@ -81,7 +82,9 @@ pub(crate) unsafe fn split_partial(
     Partial { m, l, c }
 }
 
-/// One head the tiles do not cover, in the twin's loops.
+/// One head the tiles do not cover, in the twin's loops (inlined into the
+/// AVX2 + FMA caller, so `mul_add` is one instruction, not a library call).
+#[inline(always)]
 fn single_head(
     sh: &MlaShape,
     rows: &[f32],
