@@ -20,6 +20,32 @@ const NT: usize = 1;
 
 type V = [__m256; 4];
 
+/// `[body(0), body(1), body(2), body(3)]` expanded in place: a closure (as
+/// `std::array::from_fn` takes) is a function of its own without the
+/// caller's AVX2, where intrinsics become library calls.
+macro_rules! each4 {
+    (|$k:ident| $body:expr) => {
+        [
+            {
+                let $k = 0usize;
+                $body
+            },
+            {
+                let $k = 1usize;
+                $body
+            },
+            {
+                let $k = 2usize;
+                $body
+            },
+            {
+                let $k = 3usize;
+                $body
+            },
+        ]
+    };
+}
+
 /// Formats that can load 32 dequantised weights into four ymm registers.
 pub trait Load256: Rows {
     /// Columns `c .. c + 32` of row `r`.
@@ -34,7 +60,7 @@ impl Load256 for F32Rows<'_> {
     unsafe fn load(&self, r: usize, c: usize) -> V {
         let p = self.w[r * self.cols + c..][..LANES].as_ptr();
         // SAFETY: the slice above holds 32 f32.
-        unsafe { std::array::from_fn(|k| _mm256_loadu_ps(p.add(8 * k))) }
+        unsafe { each4!(|k| _mm256_loadu_ps(p.add(8 * k))) }
     }
 }
 
@@ -44,7 +70,7 @@ impl Load256 for Bf16Rows<'_> {
         let p = self.w[r * self.cols + c..][..LANES].as_ptr();
         // SAFETY: the slice above holds 32 u16; bf16 → f32 is a 16-bit shift.
         unsafe {
-            std::array::from_fn(|k| {
+            each4!(|k| {
                 let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(8 * k).cast()));
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
             })
@@ -58,7 +84,7 @@ impl Load256 for Int8Rows<'_> {
         let p = self.q[r * self.cols + c..][..LANES].as_ptr();
         // SAFETY: the slice above holds 32 bytes; i8 → i32 → f32 is exact.
         unsafe {
-            std::array::from_fn(|k| {
+            each4!(|k| {
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * k).cast())))
             })
         }
@@ -84,7 +110,7 @@ impl Load256 for Mxfp4Rows<'_> {
             // Scaling the table gives the same products; the sign flip commutes with it.
             let mag = _mm256_mul_ps(mag, _mm256_set1_ps(scale));
             let sign = _mm256_set1_epi32(i32::MIN);
-            std::array::from_fn(|k| {
+            each4!(|k| {
                 let half = cols[k / 2];
                 let eight = if k % 2 == 0 {
                     half
@@ -132,7 +158,7 @@ impl Load256 for Fp8Rows<'_> {
         // SAFETY: the slice above holds 32 bytes; the rest is register work.
         unsafe {
             let s = _mm256_set1_ps(s);
-            std::array::from_fn(|k| {
+            each4!(|k| {
                 let code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8 * k).cast()));
                 _mm256_mul_ps(e4m3_8(code), s)
             })
@@ -153,7 +179,7 @@ impl Load256 for Int4Rows<'_> {
             let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
             let cols = [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)];
             let (s, eight) = (_mm256_set1_ps(s), _mm256_set1_epi32(8));
-            std::array::from_fn(|k| {
+            each4!(|k| {
                 let half = cols[k / 2];
                 let e = if k % 2 == 0 {
                     half
@@ -235,7 +261,7 @@ unsafe fn dots<W: Load256, const R: usize, const K: usize>(
             unsafe {
                 step(
                     a,
-                    std::array::from_fn(|k| _mm256_loadu_ps(wb[i].as_ptr().add(8 * k))),
+                    each4!(|k| _mm256_loadu_ps(wb[i].as_ptr().add(8 * k))),
                     &xp,
                 )
             };

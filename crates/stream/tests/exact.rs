@@ -146,7 +146,7 @@ fn synth_model_streamed_equals_resident() {
     // cache really evicts), written fresh for this test.
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stream-synth");
     let _ = std::fs::remove_dir_all(&dir);
-    let mut dims = fathom_synth::Preset::from_name("tiny").unwrap().dims();
+    let mut dims = fathom_synth::Dims::tiny();
     dims.num_experts = 96;
     dims.top_k = 8;
     dims.num_layers = 5;

@@ -15,11 +15,14 @@
 //! gives logits of spread ≈ 3; the KDA decay
 //! (`A_log`, `dt_bias`) keeps α in a useful (0.6, 1) range. Values are
 //! uniform rather than Gaussian: cheaper, and nothing here depends on the
-//! shape of the distribution.
+//! shape of the distribution. Quantized matrices get random codes of zero
+//! mean (MXFP4 and INT4 nibbles, E4M3 bytes) and scales chosen so that the
+//! dequantised entries have that same `1/√in` spread.
 
-use fathom_model::kimi_k3::config::K3Spec;
-use fathom_model::kimi_k3::tensors::{LM_HEAD, TensorSpec};
+use fathom_kernels::fp8::{E4M3_MAX, e4m3};
 use fathom_weights::Dtype;
+
+use crate::model::SynthTensor;
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -57,6 +60,26 @@ pub enum Init {
     Bytes,
     /// E8M0 scale bytes: `base` or `base + 1`.
     Scale { base: u8 },
+    /// FP8 E4M3 codes of values uniform in ±448 (never a NaN code); the
+    /// tile scales carry the magnitude.
+    E4m3,
+    /// pack-quantized INT4 words: nibbles of values uniform in −7..7 with
+    /// 0 twice as likely (mean zero; code 0, i.e. −8, is not drawn).
+    Int4,
+    /// Two little-endian i32 (`weight_shape`).
+    I32Pair([i32; 2]),
+}
+
+/// Uniform(±h) has standard deviation h/√3: entries of standard deviation `s`.
+pub fn std(s: f32) -> Init {
+    Init::Uniform {
+        center: 0.0,
+        half: s * 3f32.sqrt(),
+    }
+}
+
+pub fn uniform(center: f32, half: f32) -> Init {
+    Init::Uniform { center, half }
 }
 
 /// The RMS of an E2M1 value whose code is uniform over all 16 nibbles:
@@ -65,59 +88,71 @@ const E2M1_RMS: f32 = 2.926;
 
 /// E8M0 base byte giving expert entries of RMS ≈ `1/√fan_in` when the scale
 /// is `base` or `base + 1` with equal odds (mean square factor 2.5).
-fn scale_base(fan_in: usize) -> u8 {
+pub fn scale_base(fan_in: usize) -> u8 {
     let target = 1.0 / (fan_in as f32).sqrt() / (E2M1_RMS * 2.5f32.sqrt());
     (127 + target.log2().round() as i32).clamp(1, 253) as u8
 }
 
-/// Chooses the distribution of one tensor of the table.
-pub fn init_for(spec: &K3Spec, t: &TensorSpec) -> Init {
-    let n = t.name.as_str();
-    let d = spec.hidden_size as f32;
-    let uni = |center: f32, half: f32| Init::Uniform { center, half };
-    // Uniform(±h) has standard deviation h/√3.
-    let std = |s: f32| uni(0.0, s * 3f32.sqrt());
-    if n.ends_with("weight_packed") {
-        Init::Bytes
-    } else if n.ends_with("weight_scale") {
-        let fan_in = if n.contains(".w2.") {
-            spec.moe_intermediate_size
-        } else {
-            spec.latent_size
-        };
-        Init::Scale {
-            base: scale_base(fan_in),
-        }
-    } else if n.ends_with(".A_log") {
-        Init::ALog {
-            heads: spec.kda_heads,
+/// f32 `weight_scale_inv` tiles of an FP8 matrix with `fan_in` inputs:
+/// with [`Init::E4m3`] codes (standard deviation 448/√3) the weights get
+/// a standard deviation of `1/√fan_in`, ±10 % from tile to tile.
+pub fn fp8_scale(fan_in: usize) -> Init {
+    let s = 3f32.sqrt() / (E4M3_MAX * (fan_in as f32).sqrt());
+    uniform(s, 0.1 * s)
+}
+
+/// The RMS of an [`Init::Int4`] value: √(2·(1² + … + 7²)/16).
+const INT4_RMS: f32 = 4.183;
+
+/// bf16 group scales of an INT4 matrix with `fan_in` inputs: weights of
+/// RMS `1/√fan_in`, ±10 % from group to group.
+pub fn int4_scale(fan_in: usize) -> Init {
+    let s = 1.0 / (INT4_RMS * (fan_in as f32).sqrt());
+    uniform(s, 0.1 * s)
+}
+
+/// The rules every family shares for float tensors, by name: norms 1 ±
+/// 0.1, the embedding of standard deviation 1, a head giving logits of
+/// spread ≈ 3, routers a little sharper than a projection (1.5/√D) so
+/// routing depends clearly on the token, biases and score corrections
+/// small, attention sinks O(1), and any other matrix `[…, out, in]` of
+/// standard deviation `1/√in` (its inputs are normalised, its outputs O(1)).
+pub fn float_init(name: &str, shape: &[usize], hidden: usize, router: bool) -> Init {
+    let d = hidden as f32;
+    if name.ends_with("norm.weight") {
+        uniform(1.0, 0.1)
+    } else if name.ends_with("embed_tokens.weight") {
+        std(1.0)
+    } else if name == "lm_head.weight" || name.ends_with(".lm_head.weight") {
+        std(3.0 / d.sqrt())
+    } else if router && shape.len() == 2 {
+        std(1.5 / d.sqrt())
+    } else if name.ends_with("bias") {
+        uniform(0.0, 0.02)
+    } else if name.ends_with(".sinks") {
+        uniform(0.0, 1.0)
+    } else {
+        let fan_in = *shape.last().unwrap_or(&1) as f32;
+        std(1.0 / fan_in.sqrt())
+    }
+}
+
+/// The KDA parameters K3 and Kimi-Linear share: `A_log` (the first
+/// `heads` values in ±0.5), `dt_bias` (−2 ± 1) and the short-convolution
+/// taps (four of RMS 0.5 keep the output at RMS ≈ 1).
+pub fn kda_init(name: &str, heads: usize) -> Option<Init> {
+    if name.ends_with(".A_log") {
+        Some(Init::ALog {
+            heads,
             center: 0.0,
             half: 0.5,
-        }
-    } else if n.ends_with(".dt_bias") {
-        uni(-2.0, 1.0)
-    } else if n.ends_with("conv1d.weight") {
-        // Four taps of 0.5 RMS keep the convolution's output at RMS ≈ 1.
-        std(0.5)
-    } else if n.ends_with("e_score_correction_bias") {
-        uni(0.0, 0.02)
-    } else if n.ends_with("norm.weight") {
-        uni(1.0, 0.1)
-    } else if n.ends_with("_res_proj.weight") {
-        // Pseudo-query over RMS-normalised values: scores of O(1).
-        std(1.0 / d.sqrt())
-    } else if n.ends_with("embed_tokens.weight") {
-        std(1.0)
-    } else if n.ends_with("block_sparse_moe.gate.weight") {
-        std(1.5 / d.sqrt())
-    } else if n == LM_HEAD {
-        // Logits of standard deviation ≈ 3, like trained models: greedy
-        // choices are clear, not decided by rounding.
-        std(3.0 / d.sqrt())
+        })
+    } else if name.ends_with(".dt_bias") {
+        Some(uniform(-2.0, 1.0))
+    } else if name.ends_with("conv1d.weight") {
+        Some(std(0.5))
     } else {
-        // A projection [out, in].
-        let fan_in = *t.shape.last().unwrap_or(&1) as f32;
-        std(1.0 / fan_in.sqrt())
+        None
     }
 }
 
@@ -136,9 +171,9 @@ fn unit32(r: u64) -> f32 {
 }
 
 impl Stream {
-    pub fn new(seed: u64, spec: &K3Spec, t: &TensorSpec) -> Self {
+    pub fn new(seed: u64, t: &SynthTensor) -> Self {
         Stream {
-            init: init_for(spec, t),
+            init: t.init,
             dtype: t.dtype,
             key: tensor_key(seed, &t.name),
         }
@@ -157,6 +192,25 @@ impl Stream {
                 fill_blocks(start, out, move |k| {
                     (base + (random(key, k) & 0x0101_0101_0101_0101)).to_le_bytes()
                 })
+            }
+            (Init::E4m3, _) => {
+                let t = e4m3_table();
+                fill_blocks(start, out, move |k| {
+                    random(key, k).to_le_bytes().map(|b| t[b as usize])
+                })
+            }
+            (Init::Int4, _) => {
+                let t = int4_table();
+                fill_blocks(start, out, move |k| {
+                    random(key, k).to_le_bytes().map(|b| t[b as usize])
+                })
+            }
+            (Init::I32Pair([a, b]), _) => {
+                let mut v = [0u8; 8];
+                v[..4].copy_from_slice(&a.to_le_bytes());
+                v[4..].copy_from_slice(&b.to_le_bytes());
+                // The stream is the pair, then zeros (the tensor is 8 bytes).
+                fill_blocks(start, out, move |k| if k == 0 { v } else { [0; 8] })
             }
             (Init::Uniform { center, half }, Dtype::BF16) => {
                 // 4096 uniform levels, converted once per call: a table
@@ -195,6 +249,36 @@ impl Stream {
             }),
         }
     }
+}
+
+/// Byte → the E4M3 code nearest `448·u` for 256 levels `u` evenly spaced
+/// in (−1, 1): codes of values uniform in ±448, symmetric, never NaN.
+fn e4m3_table() -> &'static [u8; 256] {
+    static T: std::sync::OnceLock<[u8; 256]> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        std::array::from_fn(|i| {
+            let x = E4M3_MAX * ((i as f32 + 0.5) / 128.0 - 1.0);
+            // The nearest of the finite positive codes 0..=0x7E.
+            let a = x.abs();
+            let mut best = 0u8;
+            for c in 1..0x7Fu8 {
+                if (e4m3(c) - a).abs() < (e4m3(best) - a).abs() {
+                    best = c;
+                }
+            }
+            if x < 0.0 { best | 0x80 } else { best }
+        })
+    })
+}
+
+/// Byte → two INT4 nibbles (stored `+8`), each 1..=15 with 0 mapped to 8:
+/// values −7..7, zero twice as likely, mean zero.
+fn int4_table() -> &'static [u8; 256] {
+    static T: std::sync::OnceLock<[u8; 256]> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let nib = |n: u8| if n == 0 { 8 } else { n };
+        std::array::from_fn(|i| nib(i as u8 & 0xF) | nib(i as u8 >> 4) << 4)
+    })
 }
 
 /// Block `k` of the stream with `key`: wyrand's output function applied to

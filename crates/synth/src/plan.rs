@@ -2,25 +2,23 @@
 //! written: which tensors go to which shard, in which order, at which
 //! offsets, and the exact header and index bytes.
 //!
-//! Order is the tensor table's (k3-model.md §7.1 names): the embedding, then
-//! layer by layer (norms, attention, router, latent, shared experts, then the
-//! routed experts one after another, each expert's six tensors adjacent in
-//! name order — w1 packed, w1 scale, w2 packed, w2 scale, w3 packed, w3
-//! scale — so a streaming reader fetches one expert with one read), then the
-//! final norm, output mix and head. Shards are cut only between units (an
-//! expert's six tensors are one unit) so no expert straddles two files.
-//! Tensors are contiguous with no gaps, as the safetensors format requires.
+//! Order is the family's tensor table (for K3, k3-model.md §7.1 names):
+//! the embedding, then layer by layer (norms, attention, router, shared
+//! experts, then the routed experts one after another, each expert's
+//! tensors adjacent — K3's w1 packed, w1 scale, w2 packed, … — so a
+//! streaming reader fetches one expert with one read), then the final
+//! norm and head. Shards are cut only between units (an expert's tensors
+//! are one unit) so no expert straddles two files. Tensors are contiguous
+//! with no gaps, as the safetensors format requires.
 
 use std::collections::BTreeMap;
 
-use fathom_model::kimi_k3::config::K3Spec;
-use fathom_model::kimi_k3::tensors::{Role, TensorSpec, tensor_table};
 use fathom_weights::Dtype;
 use serde_json::{Map, Value, json};
 
 use crate::error::Result;
 use crate::init::Stream;
-use crate::preset::Dims;
+use crate::model::{Model, SynthTensor};
 
 /// Models below this size are split into two shards, like k3-tiny, so that
 /// multi-shard code paths are exercised even by tiny models.
@@ -29,7 +27,7 @@ const SMALL_MODEL: u64 = 1 << 30;
 /// One tensor's place in its shard.
 #[derive(Debug, Clone)]
 pub struct PlannedTensor {
-    pub spec: TensorSpec,
+    pub tensor: SynthTensor,
     pub stream: Stream,
     /// Absolute byte offset in the shard file.
     pub offset: u64,
@@ -50,8 +48,7 @@ pub struct ShardPlan {
 /// Everything needed to write the model.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub dims: Dims,
-    pub spec: K3Spec,
+    pub model: Model,
     pub seed: u64,
     pub shards: Vec<ShardPlan>,
     /// Sum of tensor bytes (the index's `metadata.total_size`).
@@ -64,6 +61,8 @@ fn dtype_name(d: Dtype) -> String {
         Dtype::BF16 => "BF16".into(),
         Dtype::F32 => "F32".into(),
         Dtype::U8 => "U8".into(),
+        Dtype::I32 => "I32".into(),
+        Dtype::F8_E4M3 => "F8_E4M3".into(),
         other => format!("{other:?}"),
     }
 }
@@ -73,13 +72,12 @@ pub fn shard_name(i: usize, n: usize) -> String {
     format!("model-{:05}-of-{:06}.safetensors", i + 1, n)
 }
 
-/// Splits the table into units: an expert's six tensors, or one tensor.
-fn units(table: Vec<TensorSpec>) -> Vec<Vec<TensorSpec>> {
-    let mut out: Vec<Vec<TensorSpec>> = Vec::new();
-    for t in table {
-        let continues = t.role == Role::RoutedExpert && !t.name.ends_with(".w1.weight_packed");
+/// Splits the tensors into units: one routed expert's tensors, or one tensor.
+fn units(tensors: Vec<SynthTensor>) -> Vec<Vec<SynthTensor>> {
+    let mut out: Vec<Vec<SynthTensor>> = Vec::new();
+    for t in tensors {
         match out.last_mut() {
-            Some(u) if continues => u.push(t),
+            Some(u) if t.expert.is_some() && u[0].expert == t.expert => u.push(t),
             _ => out.push(vec![t]),
         }
     }
@@ -87,11 +85,12 @@ fn units(table: Vec<TensorSpec>) -> Vec<Vec<TensorSpec>> {
 }
 
 impl Plan {
-    /// Lays out the model of `dims` in shards of about `shard_size` bytes.
-    pub fn new(dims: &Dims, seed: u64, shard_size: u64) -> Result<Plan> {
-        let spec = dims.spec()?;
-        let table = tensor_table(&spec);
-        let total: u64 = table.iter().map(|t| t.bytes()).sum();
+    /// Lays out `model` (a [`Model`], or K3 [`crate::Dims`]) in shards of
+    /// about `shard_size` bytes.
+    pub fn new(model: impl Into<Model>, seed: u64, shard_size: u64) -> Result<Plan> {
+        let model = model.into();
+        let table = model.tensors()?;
+        let total: u64 = table.iter().map(SynthTensor::bytes).sum();
         let units = units(table);
         let want = if total < SMALL_MODEL {
             2
@@ -101,7 +100,7 @@ impl Plan {
         .clamp(1, units.len() as u64);
 
         // Cut after the unit that crosses each boundary j·total/want.
-        let mut groups: Vec<Vec<TensorSpec>> = vec![Vec::new()];
+        let mut groups: Vec<Vec<SynthTensor>> = vec![Vec::new()];
         let mut cum = 0u64;
         let mut j = 1u64;
         for u in units {
@@ -117,7 +116,7 @@ impl Plan {
         let shards: Vec<ShardPlan> = groups
             .into_iter()
             .enumerate()
-            .map(|(i, g)| shard_plan(&spec, seed, shard_name(i, n), g))
+            .map(|(i, g)| shard_plan(seed, shard_name(i, n), g))
             .collect();
         // Every reader (fathom's too) caps the header; a model it could
         // not open is refused before any byte is written.
@@ -127,17 +126,16 @@ impl Plan {
         {
             return Err(crate::error::SynthError::Invalid(format!(
                 "{}: its header would be {} MB ({} layers × {} experts), over the {} MB readers accept: \
-                 use fewer layers or experts, or a preset with larger tensors (k3-mini)",
+                 use fewer layers or experts, or wider tensors (for K3: k3-mini)",
                 s.file_name,
                 s.header.len() >> 20,
-                dims.num_layers,
-                dims.num_experts,
+                model.num_layers(),
+                model.num_experts(),
                 fathom_weights::MAX_HEADER >> 20
             )));
         }
         Ok(Plan {
-            dims: dims.clone(),
-            spec,
+            model,
             seed,
             shards,
             data_bytes: total,
@@ -161,7 +159,7 @@ impl Plan {
             .flat_map(|s| {
                 s.tensors
                     .iter()
-                    .map(move |t| (t.spec.name.as_str(), s.file_name.as_str()))
+                    .map(move |t| (t.tensor.name.as_str(), s.file_name.as_str()))
             })
             .collect();
         json!({
@@ -171,7 +169,7 @@ impl Plan {
     }
 }
 
-fn shard_plan(spec: &K3Spec, seed: u64, file_name: String, group: Vec<TensorSpec>) -> ShardPlan {
+fn shard_plan(seed: u64, file_name: String, group: Vec<SynthTensor>) -> ShardPlan {
     let mut header = Map::new();
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut pos = 0u64;
@@ -196,8 +194,8 @@ fn shard_plan(spec: &K3Spec, seed: u64, file_name: String, group: Vec<TensorSpec
         .into_iter()
         .zip(rel)
         .map(|(t, r)| PlannedTensor {
-            stream: Stream::new(seed, spec, &t),
-            spec: t,
+            stream: Stream::new(seed, &t),
+            tensor: t,
             offset: base + r,
         })
         .collect();
@@ -222,12 +220,12 @@ impl ShardPlan {
         // First tensor whose end lies after `start`.
         let first = self
             .tensors
-            .partition_point(|t| t.offset + t.spec.bytes() <= start);
+            .partition_point(|t| t.offset + t.tensor.bytes() <= start);
         for t in &self.tensors[first..] {
             if t.offset >= end {
                 break;
             }
-            let t_end = t.offset + t.spec.bytes();
+            let t_end = t.offset + t.tensor.bytes();
             let lo = t.offset.max(start);
             let hi = t_end.min(end);
             let dst = &mut out[(lo - start) as usize..(hi - start) as usize];
@@ -243,19 +241,19 @@ mod tests {
 
     #[test]
     fn tiny_is_two_contiguous_shards_with_whole_experts() {
-        let p = Plan::new(&Preset::Tiny.dims(), 1, 4 << 30).unwrap();
+        let p = Plan::new(Preset::Tiny.model(), 1, 4 << 30).unwrap();
         assert_eq!(p.shards.len(), 2);
         assert_eq!(p.shards[1].file_name, "model-00002-of-000002.safetensors");
         for s in &p.shards {
             assert_eq!(s.header.len() % 8, 0);
             let mut pos = s.header.len() as u64;
             for t in &s.tensors {
-                assert_eq!(t.offset, pos, "{}", t.spec.name);
-                pos += t.spec.bytes();
+                assert_eq!(t.offset, pos, "{}", t.tensor.name);
+                pos += t.tensor.bytes();
             }
             assert_eq!(pos, s.len);
-            assert!(!s.tensors[0].spec.name.contains(".w2."));
-            let last = &s.tensors.last().unwrap().spec.name;
+            assert!(!s.tensors[0].tensor.name.contains(".w2."));
+            let last = &s.tensors.last().unwrap().tensor.name;
             assert!(
                 !last.contains(".experts.") || last.ends_with(".w3.weight_scale"),
                 "{last}"

@@ -1,41 +1,16 @@
-//! Model shapes: the named presets, user overrides, the `config.json` they
-//! become, and the search that picks a layer count for a target size.
+//! The named presets of `fathom synth`, user overrides, and the search that
+//! picks a layer (or expert) count for a target size.
 //!
-//! The config is written in the released layout (root `kimi_k3` wrapper,
-//! `text_config` with `linear_attn_config` and `quantization_config` inside,
-//! as in `crates/model/tests/data/k3-tiny/checkpoint/config.json`) and then
-//! parsed back with [`K3Spec::from_json`], so the synthetic checkpoint is
-//! described by exactly the code that will load it.
-
-use fathom_model::kimi_k3::config::K3Spec;
-use fathom_model::kimi_k3::tensors::tensor_table;
-use serde_json::{Value, json};
+//! Each preset is a released model's shape in its released precision (see
+//! `families/`); its `config.json` is parsed back by the family's loader
+//! code before anything is planned, so a synthetic checkpoint is described
+//! by exactly the code that will load it.
 
 use crate::error::{Result, SynthError};
-use crate::tokenizer::NUM_SPECIALS;
+use crate::families::{deepseek, gpt_oss, kimi_linear, qwen3};
+use crate::model::Model;
 
-/// Every width of a K3-shaped model (field names follow `config.json`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Dims {
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub num_layers: usize,
-    pub intermediate_size: usize,
-    pub mla_heads: usize,
-    pub q_lora_rank: usize,
-    pub kv_lora_rank: usize,
-    pub qk_nope_head_dim: usize,
-    pub qk_rope_head_dim: usize,
-    pub v_head_dim: usize,
-    pub kda_heads: usize,
-    pub kda_head_dim: usize,
-    pub num_experts: usize,
-    pub top_k: usize,
-    pub num_shared_experts: usize,
-    pub moe_intermediate_size: usize,
-    pub latent_size: usize,
-    pub attn_res_block_size: usize,
-}
+pub use crate::families::k3::{Dims, full_attn_layers};
 
 /// The named starting points of `fathom synth --preset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,248 +24,94 @@ pub enum Preset {
     /// Real expert count (896) and top-16 with narrower widths, so that
     /// 10–60 GB models with K3's routing fan-out are quick to make.
     K3Mini,
+    /// DeepSeek-V3 (671B): FP8 E4M3 with 128×128 block scales.
+    DeepseekV3,
+    /// Kimi K2 Instruct (1T): DeepSeek-V3's layout, 384 experts, FP8.
+    KimiK2,
+    /// Kimi K2 Thinking: K2's shapes with INT4 (group 32) routed experts.
+    KimiK2Thinking,
+    /// Qwen3-235B-A22B, bf16.
+    Qwen3_235b,
+    /// Qwen3-30B-A3B, bf16.
+    Qwen3_30b,
+    /// gpt-oss-120b: MXFP4 experts, bf16 elsewhere.
+    GptOss120b,
+    /// gpt-oss-20b: MXFP4 experts, bf16 elsewhere.
+    GptOss20b,
+    /// Kimi-Linear-48B-A3B: KDA/MLA hybrid, bf16.
+    KimiLinear,
 }
 
 impl Preset {
-    pub const NAMES: [&'static str; 3] = ["tiny", "k3", "k3-mini"];
+    pub const ALL: [Preset; 11] = [
+        Preset::Tiny,
+        Preset::K3,
+        Preset::K3Mini,
+        Preset::DeepseekV3,
+        Preset::KimiK2,
+        Preset::KimiK2Thinking,
+        Preset::Qwen3_235b,
+        Preset::Qwen3_30b,
+        Preset::GptOss120b,
+        Preset::GptOss20b,
+        Preset::KimiLinear,
+    ];
+
+    pub const NAMES: [&'static str; 11] = [
+        "tiny",
+        "k3",
+        "k3-mini",
+        "deepseek-v3",
+        "kimi-k2",
+        "kimi-k2-thinking",
+        "qwen3-235b",
+        "qwen3-30b",
+        "gpt-oss-120b",
+        "gpt-oss-20b",
+        "kimi-linear",
+    ];
+
+    pub fn name(self) -> &'static str {
+        let i = Preset::ALL.iter().position(|&p| p == self).unwrap_or(0);
+        Preset::NAMES[i]
+    }
 
     pub fn from_name(name: &str) -> Result<Self> {
-        match name {
-            "tiny" => Ok(Preset::Tiny),
-            "k3" => Ok(Preset::K3),
-            "k3-mini" => Ok(Preset::K3Mini),
-            _ => Err(SynthError::Invalid(format!(
+        match Preset::NAMES.iter().position(|&n| n == name) {
+            Some(i) => Ok(Preset::ALL[i]),
+            None => Err(SynthError::Invalid(format!(
                 "--preset {name:?}: unknown preset (choose one of {})",
                 Preset::NAMES.join(", ")
             ))),
         }
     }
 
-    pub fn dims(self) -> Dims {
-        match self {
-            Preset::Tiny => Dims {
-                vocab_size: 1024 + NUM_SPECIALS,
-                hidden_size: 128,
-                num_layers: 9,
-                intermediate_size: 320,
-                mla_heads: 4,
-                q_lora_rank: 64,
-                kv_lora_rank: 40,
-                qk_nope_head_dim: 32,
-                qk_rope_head_dim: 16,
-                v_head_dim: 24,
-                kda_heads: 4,
-                kda_head_dim: 48,
-                num_experts: 32,
-                top_k: 4,
-                num_shared_experts: 2,
-                moe_intermediate_size: 96,
-                latent_size: 64,
-                attn_res_block_size: 3,
-            },
-            Preset::K3 => Dims {
-                vocab_size: 163_840,
-                hidden_size: 7168,
-                num_layers: 93,
-                intermediate_size: 33_792,
-                mla_heads: 96,
-                q_lora_rank: 1536,
-                kv_lora_rank: 512,
-                qk_nope_head_dim: 128,
-                qk_rope_head_dim: 64,
-                v_head_dim: 128,
-                kda_heads: 96,
-                kda_head_dim: 128,
-                num_experts: 896,
-                top_k: 16,
-                num_shared_experts: 2,
-                moe_intermediate_size: 3072,
-                latent_size: 3584,
-                attn_res_block_size: 12,
-            },
-            // Widths scaled by ~2/7 from K3 where that keeps them realistic;
-            // head dims, kv_lora (the MLA cache width) and vocab stay real.
-            Preset::K3Mini => Dims {
-                vocab_size: 163_840,
-                hidden_size: 2048,
-                num_layers: 8,
-                intermediate_size: 9728,
-                mla_heads: 16,
-                q_lora_rank: 512,
-                kv_lora_rank: 512,
-                qk_nope_head_dim: 128,
-                qk_rope_head_dim: 64,
-                v_head_dim: 128,
-                kda_heads: 16,
-                kda_head_dim: 128,
-                num_experts: 896,
-                top_k: 16,
-                num_shared_experts: 2,
-                moe_intermediate_size: 768,
-                latent_size: 1024,
-                attn_res_block_size: 12,
-            },
-        }
-    }
-}
-
-/// 1-based layer numbers that run MLA under K3's rule: every 4th layer and
-/// the last (K3: 4, 8, …, 92, 93); the rest run KDA.
-pub fn full_attn_layers(num_layers: usize) -> Vec<usize> {
-    (1..=num_layers)
-        .filter(|&i| i % 4 == 0 || i == num_layers)
-        .collect()
-}
-
-impl Dims {
-    /// Checks what `config.json` validation would not explain in terms of
-    /// the synth flags.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(SynthError::Invalid(m));
-        if self.num_layers == 0 {
-            return bad("--layers must be at least 1".into());
-        }
-        if self.num_experts == 0 || self.top_k == 0 {
-            return bad("--experts and --top-k must be at least 1".into());
-        }
-        if self.top_k > self.num_experts {
-            return bad(format!(
-                "--top-k {} exceeds the number of experts ({})",
-                self.top_k, self.num_experts
-            ));
-        }
-        if self.vocab_size <= NUM_SPECIALS + 256 {
-            return bad(format!(
-                "vocab_size {} leaves no room for 256 byte tokens and {NUM_SPECIALS} specials",
-                self.vocab_size
-            ));
-        }
-        Ok(())
-    }
-
-    /// Id of special `offset` (0 = `[BOS]`, see `tokenizer.rs`).
-    pub fn special_id(&self, offset: usize) -> usize {
-        self.vocab_size - NUM_SPECIALS + offset
-    }
-
-    /// The `config.json` of this model, in the released layout.
-    pub fn config_json(&self) -> Value {
-        let n = self.num_layers;
-        let full = full_attn_layers(n);
-        let kda: Vec<usize> = (1..=n).filter(|i| !full.contains(i)).collect();
-        let (bos, eos, pad) = (self.special_id(0), self.special_id(2), self.special_id(255));
-        let quant = json!({
-            "config_groups": {"group_0": {
-                "format": "mxfp4-pack-quantized",
-                "input_activations": null,
-                "output_activations": null,
-                "targets": ["Linear"],
-                "weights": {
-                    "actorder": null, "block_structure": null, "dynamic": false,
-                    "group_size": 32, "num_bits": 4, "observer": "minmax",
-                    "observer_kwargs": {}, "scale_dtype": "torch.uint8",
-                    "strategy": "group", "symmetric": true, "type": "float",
-                    "zp_dtype": null
-                }
-            }},
-            "format": "mxfp4-pack-quantized",
-            "global_compression_ratio": null,
-            "ignore": [
-                "re:.*self_attn.*", "re:.*shared_experts.*",
-                "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
-                "re:.*vision_tower.*", "re:.*mm_projector.*"
-            ],
-            "kv_cache_scheme": null,
-            "quant_method": "compressed-tensors",
-            "quantization_status": "compressed"
-        });
-        let text = json!({
-            "activation_situ_beta": 4.0,
-            "activation_situ_linear_beta": 25.0,
-            "architectures": ["KimiLinearForCausalLM"],
-            "attn_res_block_size": self.attn_res_block_size,
-            "auto_map": {
-                "AutoConfig": "configuration_kimi_k3.KimiLinearConfig",
-                "AutoModel": "modeling_kimi_linear.KimiLinearModel",
-                "AutoModelForCausalLM": "modeling_kimi_linear.KimiLinearForCausalLM"
-            },
-            "bos_token_id": bos,
-            "dtype": "bfloat16",
-            "eos_token_id": eos,
-            "first_k_dense_replace": 1,
-            "hidden_act": "situ",
-            "hidden_size": self.hidden_size,
-            "initializer_range": 0.02,
-            "intermediate_size": self.intermediate_size,
-            "kv_lora_rank": self.kv_lora_rank,
-            "latent_moe_use_norm": true,
-            "linear_attn_config": {
-                "full_attn_layers": full,
-                "gate_lower_bound": -5.0,
-                "head_dim": self.kda_head_dim,
-                "kda_layers": kda,
-                "num_heads": self.kda_heads,
-                "short_conv_kernel_size": 4,
-                "use_full_rank_gate": true
-            },
-            "max_position_embeddings": 1_048_576,
-            "mla_use_nope": true,
-            "mla_use_output_gate": true,
-            "model_type": "kimi_linear",
-            "moe_intermediate_size": self.moe_intermediate_size,
-            "moe_layer_freq": 1,
-            "moe_renormalize": true,
-            "moe_router_activation_func": "sigmoid",
-            "num_attention_heads": self.mla_heads,
-            "num_expert_group": 1,
-            "num_experts": self.num_experts,
-            "num_experts_per_token": self.top_k,
-            "num_hidden_layers": n,
-            "num_key_value_heads": self.mla_heads,
-            "num_nextn_predict_layers": 0,
-            "num_shared_experts": self.num_shared_experts,
-            "pad_token_id": pad,
-            "q_lora_rank": self.q_lora_rank,
-            "qk_nope_head_dim": self.qk_nope_head_dim,
-            "qk_rope_head_dim": self.qk_rope_head_dim,
-            "quantization_config": quant,
-            "rms_norm_eps": 1e-5,
-            "routed_expert_hidden_size": self.latent_size,
-            "routed_scaling_factor": 1.0,
-            "tie_word_embeddings": false,
-            "topk_group": 1,
-            "topk_method": "noaux_tc",
-            "use_cache": true,
-            "use_grouped_topk": true,
-            "v_head_dim": self.v_head_dim,
-            "vocab_size": self.vocab_size
-        });
-        json!({
-            "architectures": ["KimiK3ForConditionalGeneration"],
-            "auto_map": {
-                "AutoConfig": "configuration_kimi_k3.KimiK3Config",
-                "AutoModel": "modeling_kimi_k3.KimiK3ForConditionalGeneration",
-                "AutoModelForCausalLM": "modeling_kimi_k3.KimiK3ForConditionalGeneration"
-            },
-            "bos_token_id": bos,
-            "dtype": "bfloat16",
-            "eos_token_id": eos,
-            "model_type": "kimi_k3",
-            "pad_token_id": pad,
-            "text_config": text,
-            "tie_word_embeddings": false
+    /// The K3 shapes of a K3 preset (`tiny`, `k3`, `k3-mini`); `None` for
+    /// the other families.
+    pub fn dims(self) -> Option<Dims> {
+        Some(match self {
+            Preset::Tiny => Dims::tiny(),
+            Preset::K3 => Dims::k3(),
+            Preset::K3Mini => Dims::k3_mini(),
+            _ => return None,
         })
     }
 
-    /// The validated spec the loader will read from [`Dims::config_json`].
-    pub fn spec(&self) -> Result<K3Spec> {
-        self.validate()?;
-        K3Spec::from_json(&self.config_json()).map_err(|e| SynthError::Invalid(e.to_string()))
-    }
-
-    /// Bytes of tensor data of the model (headers excluded).
-    pub fn data_bytes(&self) -> Result<u64> {
-        Ok(tensor_table(&self.spec()?).iter().map(|t| t.bytes()).sum())
+    /// The preset's model, before overrides.
+    pub fn model(self) -> Model {
+        if let Some(d) = self.dims() {
+            return Model::K3(d);
+        }
+        match self {
+            Preset::DeepseekV3 => Model::DeepseekV3(deepseek::DeepseekDims::deepseek_v3()),
+            Preset::KimiK2 => Model::DeepseekV3(deepseek::DeepseekDims::kimi_k2()),
+            Preset::KimiK2Thinking => Model::DeepseekV3(deepseek::DeepseekDims::kimi_k2_thinking()),
+            Preset::Qwen3_235b => Model::Qwen3Moe(qwen3::Qwen3Dims::qwen3_235b()),
+            Preset::Qwen3_30b => Model::Qwen3Moe(qwen3::Qwen3Dims::qwen3_30b()),
+            Preset::GptOss120b => Model::GptOss(gpt_oss::GptOssDims::gpt_oss_120b()),
+            Preset::GptOss20b => Model::GptOss(gpt_oss::GptOssDims::gpt_oss_20b()),
+            _ => Model::KimiLinear(kimi_linear::KimiLinearDims::kimi_linear_48b()),
+        }
     }
 }
 
@@ -300,35 +121,41 @@ pub struct Overrides {
     pub layers: Option<usize>,
     pub experts: Option<usize>,
     pub top_k: Option<usize>,
+    /// Hidden size; the other widths scale with it (non-K3 presets).
+    pub hidden: Option<usize>,
+    /// Vocabulary size (the synthetic tokenizer's ranks + 256 specials).
+    pub vocab: Option<usize>,
     /// Aim for this many bytes of tensor data by choosing the layer count
-    /// (and, below two layers' worth, the expert count).
+    /// (and, below the fewest layers with a MoE layer, the expert count).
     pub target_size: Option<u64>,
 }
 
-/// The dims chosen for a preset and overrides, and what the size search did.
+/// The model chosen for a preset and overrides, and what the size search did.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    pub dims: Dims,
+    pub model: Model,
     /// Human-readable account of choices made for `--target-size`.
     pub note: Option<String>,
 }
 
 /// Applies the overrides to a preset, searching sizes if asked.
 pub fn resolve(preset: Preset, o: &Overrides) -> Result<Resolved> {
-    let mut d = preset.dims();
-    if let Some(l) = o.layers {
-        d.num_layers = l;
+    let mut m = preset.model();
+    if let Some(h) = o.hidden {
+        m.shape_mut().scale_to_hidden(h)?;
     }
-    if let Some(e) = o.experts {
-        d.num_experts = e;
-    }
-    if let Some(k) = o.top_k {
-        d.top_k = k;
-    }
-    d.validate()?;
+    let mut k = m.knobs();
+    k.num_layers = o.layers.unwrap_or(k.num_layers);
+    k.num_experts = o.experts.unwrap_or(k.num_experts);
+    k.top_k = o.top_k.unwrap_or(k.top_k);
+    k.vocab_size = o.vocab.unwrap_or(k.vocab_size);
+    m.shape_mut().set_knobs(k);
+    m.validate()?;
     let Some(target) = o.target_size else {
+        // The family's own checks, before anything is planned.
+        m.data_bytes()?;
         return Ok(Resolved {
-            dims: d,
+            model: m,
             note: None,
         });
     };
@@ -337,16 +164,21 @@ pub fn resolve(preset: Preset, o: &Overrides) -> Result<Resolved> {
             "--target-size needs --layers or --experts left free to choose".into(),
         ));
     }
+    let with = |m: &Model, layers: Option<usize>, experts: Option<usize>| {
+        let mut x = m.clone();
+        let mut k = x.knobs();
+        k.num_layers = layers.unwrap_or(k.num_layers);
+        k.num_experts = experts.unwrap_or(k.num_experts);
+        x.shape_mut().set_knobs(k);
+        x
+    };
     let note;
     if o.layers.is_none() {
         // Total size grows with the layer count: largest count that fits,
         // then the neighbour above if it lands closer.
-        let size_at = |l: usize| {
-            let mut x = d.clone();
-            x.num_layers = l;
-            x.data_bytes()
-        };
-        let (mut lo, mut hi) = (1usize, 2usize);
+        let min = m.shape().dense_layers() + 1;
+        let size_at = |l: usize| with(&m, Some(l), None).data_bytes();
+        let (mut lo, mut hi) = (min, 2 * min);
         while size_at(hi)? <= target && hi < 1 << 14 {
             lo = hi;
             hi *= 2;
@@ -357,33 +189,36 @@ pub fn resolve(preset: Preset, o: &Overrides) -> Result<Resolved> {
         } else {
             lo + 1
         };
-        if size_at(2)? > target && o.experts.is_none() {
-            d.num_layers = 2;
-            d.num_experts = search_experts(&d, target)?;
+        if size_at(min)? > target && o.experts.is_none() {
+            m = with(&m, Some(min), None);
+            let e = search_experts(&m, target)?;
+            m = with(&m, None, Some(e));
             note = Some(format!(
-                "2 layers (the fewest with a MoE layer) and {} experts",
-                d.num_experts
+                "{min} layers (the fewest with a MoE layer) and {e} experts"
             ));
         } else {
-            d.num_layers = pick.max(2);
-            note = Some(format!("{} layers", d.num_layers));
+            m = with(&m, Some(pick.max(min)), None);
+            note = Some(format!("{} layers", m.num_layers()));
         }
     } else {
-        d.num_experts = search_experts(&d, target)?;
-        note = Some(format!("{} experts", d.num_experts));
+        let e = search_experts(&m, target)?;
+        m = with(&m, None, Some(e));
+        note = Some(format!("{e} experts"));
     }
-    Ok(Resolved { dims: d, note })
+    Ok(Resolved { model: m, note })
 }
 
 /// Largest expert count in `top_k..=num_experts` whose model fits `target`
 /// (at least `top_k`).
-fn search_experts(d: &Dims, target: u64) -> Result<usize> {
+fn search_experts(m: &Model, target: u64) -> Result<usize> {
     let size_at = |e: usize| {
-        let mut x = d.clone();
-        x.num_experts = e;
+        let mut x = m.clone();
+        let mut k = x.knobs();
+        k.num_experts = e;
+        x.shape_mut().set_knobs(k);
         x.data_bytes()
     };
-    let (lo, hi) = (d.top_k, d.num_experts);
+    let (lo, hi) = (m.top_k(), m.num_experts());
     if size_at(hi)? <= target {
         return Ok(hi);
     }
@@ -420,12 +255,31 @@ mod tests {
         let k3 = full_attn_layers(93);
         assert_eq!(k3.len(), 24);
         assert_eq!(&k3[k3.len() - 2..], &[92, 93]);
-        let s = Preset::K3.dims().spec().unwrap();
+        let s = Preset::K3.dims().unwrap().spec().unwrap();
         assert_eq!(s.attn_kinds[3], AttnKind::Mla);
         assert_eq!(s.attn_kinds[91], AttnKind::Mla);
         assert_eq!(s.attn_kinds[90], AttnKind::Kda);
         assert_eq!(s.bos_token_id, Some(163_584));
         assert_eq!(s.eos_token_id, Some(163_586));
+    }
+
+    #[test]
+    fn every_preset_counts_the_bytes_it_plans() {
+        for p in Preset::ALL {
+            assert_eq!(Preset::from_name(p.name()).unwrap(), p);
+            let o = Overrides {
+                layers: Some(p.model().shape().dense_layers() + 1),
+                experts: Some(8),
+                top_k: Some(2),
+                vocab: Some(1280),
+                ..Default::default()
+            };
+            let m = resolve(p, &o).unwrap().model;
+            let plan = crate::Plan::new(&m, 0, crate::DEFAULT_SHARD_SIZE).unwrap();
+            assert_eq!(m.data_bytes().unwrap(), plan.data_bytes, "{}", p.name());
+            let files: u64 = plan.shards.iter().map(|s| s.len).sum();
+            assert!(files > plan.data_bytes, "{}", p.name());
+        }
     }
 
     #[test]
@@ -441,17 +295,17 @@ mod tests {
 
     #[test]
     fn target_size_picks_layers_near_the_target() {
-        let one = Preset::K3Mini.dims();
+        let one = Preset::K3Mini.dims().unwrap();
         let o = Overrides {
             target_size: Some(10_000_000_000),
             ..Default::default()
         };
         let r = resolve(Preset::K3Mini, &o).unwrap();
-        let got = r.dims.data_bytes().unwrap();
+        let got = r.model.data_bytes().unwrap();
         let per_layer = one.num_experts as u64 * 1_253_376;
         assert!(got.abs_diff(10_000_000_000) <= per_layer, "{got}");
         // Below two layers' worth the expert count shrinks instead.
-        let mut small = Preset::Tiny.dims();
+        let mut small = Preset::Tiny.dims().unwrap();
         small.num_layers = 2;
         small.num_experts = 10;
         let o = Overrides {
@@ -459,7 +313,7 @@ mod tests {
             ..Default::default()
         };
         let r = resolve(Preset::Tiny, &o).unwrap();
-        assert_eq!(r.dims.num_layers, 2);
-        assert_eq!(r.dims.num_experts, 10);
+        assert_eq!(r.model.num_layers(), 2);
+        assert_eq!(r.model.num_experts(), 10);
     }
 }

@@ -337,7 +337,7 @@ pub fn write_model(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<WriteReport> {
     prepare_dir(dir, opts.force)?;
-    let vocab = plan.dims.vocab_size;
+    let vocab = plan.model.vocab_size();
     let ranks = tokenizer::rank_file(&tokenizer::rank_tokens(vocab - tokenizer::NUM_SPECIALS));
     let need = plan.file_bytes() + ranks.len() as u64 + (1 << 20);
     if let Some(free) = free_space(dir).filter(|&f| f < need) {
@@ -369,7 +369,7 @@ pub fn write_model(
     atomic_write(dir, "tiktoken.model", ranks.as_bytes())?;
     let tok_cfg = tokenizer::tokenizer_config(vocab);
     atomic_write(dir, "tokenizer_config.json", &pretty(&tok_cfg))?;
-    atomic_write(dir, "config.json", &pretty(&plan.dims.config_json()))?;
+    atomic_write(dir, "config.json", &pretty(&plan.model.config_json()))?;
     atomic_write(
         dir,
         "model.safetensors.index.json",
@@ -379,7 +379,7 @@ pub fn write_model(
     let small = [
         ("tiktoken.model", ranks.as_bytes().to_vec()),
         ("tokenizer_config.json", pretty(&tok_cfg)),
-        ("config.json", pretty(&plan.dims.config_json())),
+        ("config.json", pretty(&plan.model.config_json())),
         ("model.safetensors.index.json", pretty(&plan.index_json())),
     ];
     for (name, bytes) in &small {

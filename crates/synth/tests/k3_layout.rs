@@ -194,8 +194,8 @@ fn k3_with_three_layers_matches_the_released_table() {
         layers: Some(3),
         ..Default::default()
     };
-    let dims = resolve(Preset::K3, &o).unwrap().dims;
-    let plan = Plan::new(&dims, 0, fathom_synth::DEFAULT_SHARD_SIZE).unwrap();
+    let model = resolve(Preset::K3, &o).unwrap().model;
+    let plan = Plan::new(model, 0, fathom_synth::DEFAULT_SHARD_SIZE).unwrap();
     assert!(plan.shards.len() >= 8, "{} shards", plan.shards.len());
     let mut all = HashMap::new();
     for s in &plan.shards {

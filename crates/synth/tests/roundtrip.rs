@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use fathom_model::kimi_k3::moe::Route;
 use fathom_model::{K3Model, Logits, Tracer};
-use fathom_synth::{Dims, Plan, Preset, WriteOptions, write_model};
+use fathom_synth::{Dims, Plan, WriteOptions, write_model};
 
 fn out_dir(name: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -117,12 +117,12 @@ fn check_conditioning(dims: &Dims, name: &str) {
 
 #[test]
 fn tiny_is_well_conditioned() {
-    check_conditioning(&Preset::Tiny.dims(), "cond-tiny");
+    check_conditioning(&Dims::tiny(), "cond-tiny");
 }
 
 #[test]
 fn more_experts_are_still_spread() {
-    let mut d = Preset::Tiny.dims();
+    let mut d = Dims::tiny();
     d.num_experts = 96;
     d.top_k = 8;
     d.num_layers = 5;
@@ -132,7 +132,7 @@ fn more_experts_are_still_spread() {
 #[test]
 fn loads_generates_and_ships_a_working_tokenizer() {
     let dir = out_dir("roundtrip");
-    let dims = Preset::Tiny.dims();
+    let dims = Dims::tiny();
     synth(&dir, &dims, 1, &WriteOptions::default());
     let model = K3Model::load(&dir).unwrap();
     assert_eq!(model.spec.eos_token_id, Some(1026));
@@ -152,7 +152,7 @@ fn loads_generates_and_ships_a_working_tokenizer() {
 
 #[test]
 fn same_seed_same_bytes_other_seed_other_bytes() {
-    let dims = Preset::Tiny.dims();
+    let dims = Dims::tiny();
     let (a, b, c) = (out_dir("det-a"), out_dir("det-b"), out_dir("det-c"));
     synth(&a, &dims, 7, &WriteOptions::default());
     // Small buffers cut tensors at other places: the bytes must not change.
@@ -172,7 +172,7 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
 
 #[test]
 fn interrupted_write_leaves_nothing_that_looks_complete() {
-    let dims = Preset::Tiny.dims();
+    let dims = Dims::tiny();
     let plan = Plan::new(&dims, 3, fathom_synth::DEFAULT_SHARD_SIZE).unwrap();
     let dir = out_dir("interrupted");
     let opts = WriteOptions {

@@ -100,13 +100,13 @@ fn ensure_model(dir: &Path, preset: &str, target: u64) -> Result<()> {
             ..Default::default()
         },
     )?;
-    let plan = Plan::new(&resolved.dims, 0, fathom_synth::DEFAULT_SHARD_SIZE)?;
+    let plan = Plan::new(&resolved.model, 0, fathom_synth::DEFAULT_SHARD_SIZE)?;
     eprintln!(
         "making a {} {preset} model ({} layers, {} experts, top-{}) in {} — once",
         format_bytes(plan.file_bytes()),
-        plan.dims.num_layers,
-        plan.dims.num_experts,
-        plan.dims.top_k,
+        plan.model.num_layers(),
+        plan.model.num_experts(),
+        plan.model.top_k(),
         dir.display()
     );
     let bar = crate::commands::synth::byte_bar(plan.file_bytes(), "writing");

@@ -1,5 +1,6 @@
-//! `fathom synth`: write a synthetic K3 checkpoint (random, well-conditioned
-//! weights in the released byte layout) of a chosen shape or size.
+//! `fathom synth`: write a synthetic checkpoint of any supported family
+//! (random, well-conditioned weights in the released byte layout and
+//! precision) of a chosen shape or size.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -10,25 +11,37 @@ use fathom_synth::{Overrides, Plan, Preset, WriteOptions, resolve, write_model};
 use fathom_weights::units::{format_bytes, parse_size};
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Write a synthetic Kimi K3 checkpoint: the released tensor names, shapes,
-/// dtypes and MXFP4 packing, seeded weights that keep the forward pass
-/// healthy, a config.json and a tokenizer. Files appear under their final
-/// names only when complete; config.json and the index are written last.
+/// Write a synthetic checkpoint of a released MoE model (Kimi K3,
+/// DeepSeek-V3, Kimi K2 / K2 Thinking, Qwen3-MoE, gpt-oss, Kimi-Linear):
+/// the released tensor names, shapes, dtypes and quantized formats, seeded
+/// weights that keep the forward pass healthy, a config.json and a
+/// tokenizer. Files appear under their final names only when complete;
+/// config.json and the index are written last.
 #[derive(Args)]
 pub struct SynthArgs {
     /// Output directory (created if missing).
     #[arg(long)]
     out: PathBuf,
-    /// Shape preset: `tiny` (k3-tiny shapes, 1280-token vocabulary, ~7 MB),
-    /// `k3` (the released shapes: 93 layers, ~1.5 TB; use --layers 3 to
-    /// check the byte layout), `k3-mini` (896 experts, top-16, hidden 2048:
-    /// ~1.1 GB per MoE layer, for 10–60 GB streaming tests).
+    /// Shape preset, in the released precision (full sizes; shrink them
+    /// with --layers, --experts, --hidden, --target-size). Kimi K3: `tiny`
+    /// (k3-tiny shapes, 1280-token vocabulary, ~7 MB), `k3` (93 layers,
+    /// ~1.56 TB), `k3-mini` (896 experts, top-16, hidden 2048: ~1.1 GB per
+    /// MoE layer). Others: `deepseek-v3` (61 layers, 256 experts top-8,
+    /// FP8 128×128 blocks, ~673 GB), `kimi-k2` (61 layers, 384 experts,
+    /// FP8, ~1.03 TB), `kimi-k2-thinking` (K2 with INT4 group-32 experts,
+    /// ~594 GB), `qwen3-235b` (94 layers, 128 experts top-8, bf16, ~470 GB),
+    /// `qwen3-30b` (48 layers, bf16, ~61 GB), `gpt-oss-120b` (36 layers,
+    /// 128 experts top-4, MXFP4 experts, ~65 GB), `gpt-oss-20b` (24 layers,
+    /// 32 experts, ~14 GB), `kimi-linear` (27 layers KDA/MLA, 256 experts
+    /// top-8, bf16, ~98 GB).
     #[arg(long, value_parser = Preset::NAMES)]
     preset: String,
     /// Seed of the weights: the same seed gives byte-identical files.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Number of layers (MLA at every 4th 1-based layer and the last, KDA elsewhere).
+    /// Number of layers (K3, Kimi-Linear: MLA at every 4th 1-based layer
+    /// and the last, KDA elsewhere; gpt-oss: sliding and full alternate;
+    /// the dense first layers stay as released).
     #[arg(long)]
     layers: Option<usize>,
     /// Routed experts per MoE layer.
@@ -37,8 +50,18 @@ pub struct SynthArgs {
     /// Experts each token uses (num_experts_per_token).
     #[arg(long)]
     top_k: Option<usize>,
+    /// Hidden size, a multiple of 32 (not for the K3 presets): head counts,
+    /// LoRA ranks and intermediate sizes scale with it, head dims stay. For
+    /// small models of a released architecture, e.g. --hidden 64 in tests.
+    #[arg(long)]
+    hidden: Option<usize>,
+    /// Vocabulary size (the synthetic tokenizer's ranks plus 256 specials;
+    /// default: the released size). Small values make small test models.
+    #[arg(long)]
+    vocab: Option<usize>,
     /// Aim for this total size (e.g. 40GB, 512MiB) by choosing the layer
-    /// count, or the expert count when even two layers are too big.
+    /// count, or the expert count when even the fewest layers with a MoE
+    /// layer are too big.
     #[arg(long, value_parser = parse_size)]
     target_size: Option<u64>,
     /// Approximate size of one shard file. Models under 1 GiB get two shards.
@@ -51,7 +74,7 @@ pub struct SynthArgs {
     #[arg(long)]
     dry_run: bool,
     /// Write only config.json (for `fathom inspect` plans of shapes too big
-    /// to write, e.g. the full K3 at a 1M-token context).
+    /// to write, e.g. the full K3 or DeepSeek-V3 at a long context).
     #[arg(long, conflicts_with = "dry_run")]
     config_only: bool,
 }
@@ -79,15 +102,24 @@ pub fn run(a: SynthArgs) -> Result<()> {
         layers: a.layers,
         experts: a.experts,
         top_k: a.top_k,
+        hidden: a.hidden,
+        vocab: a.vocab,
         target_size: a.target_size,
     };
     let resolved = resolve(preset, &overrides)?;
-    let plan = Plan::new(&resolved.dims, a.seed, a.shard_size)?;
-    let d = &plan.dims;
+    let plan = Plan::new(&resolved.model, a.seed, a.shard_size)?;
+    let m = &plan.model;
     println!(
         "plan: preset {}, {} layers, hidden {}, {} experts top-{}, vocab {}, seed {}",
-        a.preset, d.num_layers, d.hidden_size, d.num_experts, d.top_k, d.vocab_size, a.seed
+        a.preset,
+        m.num_layers(),
+        m.hidden_size(),
+        m.num_experts(),
+        m.top_k(),
+        m.vocab_size(),
+        a.seed
     );
+    println!("      {}: {}", m.shape().family(), m.shape().precision());
     if let (Some(note), Some(t)) = (&resolved.note, a.target_size) {
         println!("      --target-size {}: chose {note}", format_bytes(t));
     }
@@ -107,7 +139,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
             bail!("{} exists: give --force to replace it", path.display());
         }
         std::fs::create_dir_all(&a.out)
-            .and_then(|_| std::fs::write(&path, serde_json::to_vec_pretty(&d.config_json())?))
+            .and_then(|_| std::fs::write(&path, serde_json::to_vec_pretty(&m.config_json())?))
             .with_context(|| format!("cannot write {}", path.display()))?;
         println!("wrote {} (no tensors)", path.display());
         return Ok(());

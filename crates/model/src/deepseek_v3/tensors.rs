@@ -99,6 +99,37 @@ impl TensorSpec {
     pub fn module(&self) -> &str {
         self.name.strip_suffix(".weight").unwrap_or(&self.name)
     }
+
+    /// The tensors a release of this storage holds for this one, as
+    /// `(name, dtype, shape)`: a float tensor in bf16 (the score-correction
+    /// bias in f32); an FP8 matrix as `F8_E4M3` codes beside its f32
+    /// `_scale_inv` tiles; an INT4 module as `weight_packed`,
+    /// `weight_scale` and `weight_shape`. [`check_tensors`] accepts these
+    /// (and float variants); synthetic checkpoints are written from them.
+    pub fn stored_parts(&self) -> Vec<(String, Dtype, Vec<usize>)> {
+        match (self.storage, &self.shape[..]) {
+            (Storage::Fp8 { block: [br, bc] }, &[r, c]) => vec![
+                (self.name.clone(), Dtype::F8_E4M3, self.shape.clone()),
+                (
+                    format!("{}_scale_inv", self.name),
+                    Dtype::F32,
+                    vec![r.div_ceil(br), c.div_ceil(bc)],
+                ),
+            ],
+            (Storage::Int4 { group }, &[r, c]) => {
+                let m = self.module();
+                vec![
+                    (format!("{m}.weight_packed"), Dtype::I32, vec![r, c / 8]),
+                    (format!("{m}.weight_scale"), Dtype::BF16, vec![r, c / group]),
+                    (format!("{m}.weight_shape"), Dtype::I32, vec![2]),
+                ]
+            }
+            _ if self.name.ends_with("e_score_correction_bias") => {
+                vec![(self.name.clone(), Dtype::F32, self.shape.clone())]
+            }
+            _ => vec![(self.name.clone(), Dtype::BF16, self.shape.clone())],
+        }
+    }
 }
 
 /// Whether a role's matrices are linear modules a quantized release may store quantized.
@@ -315,7 +346,7 @@ fn check_table(
     for t in table {
         const FLOAT: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
         if let Storage::Int4 { group } = t.storage {
-            let (m, [r, c]) = (t.module(), [t.shape[0], t.shape[1]]);
+            let (m, c) = (t.module(), t.shape[1]);
             if t.role != Role::RoutedExpert {
                 expected.insert(t.name.clone());
                 problems.push(format!(
@@ -331,12 +362,7 @@ fn check_table(
                 ));
                 continue;
             }
-            for (part, dtype, shape) in [
-                ("weight_packed", Dtype::I32, vec![r, c / 8]),
-                ("weight_scale", Dtype::BF16, vec![r, c / group]),
-                ("weight_shape", Dtype::I32, vec![2]),
-            ] {
-                let name = format!("{m}.{part}");
+            for (name, dtype, shape) in t.stored_parts() {
                 expect_tensor(ck, problems, (&name, &[dtype], &shape));
                 expected.insert(name);
             }
@@ -351,9 +377,8 @@ fn check_table(
         expect_tensor(ck, problems, (&t.name, dtypes, &t.shape));
         expected.insert(t.name.clone());
         let fp8 = ck.get(&t.name).is_some_and(|l| l.dtype == Dtype::F8_E4M3);
-        if let (Storage::Fp8 { block: [br, bc] }, true) = (t.storage, fp8) {
-            let grid = [t.shape[0].div_ceil(br), t.shape[1].div_ceil(bc)];
-            let name = format!("{}_scale_inv", t.name);
+        if let (Storage::Fp8 { .. }, true) = (t.storage, fp8) {
+            let (name, _, grid) = t.stored_parts().swap_remove(1);
             let scale: &[Dtype] = if t.role == Role::RoutedExpert {
                 &[Dtype::F32]
             } else {
