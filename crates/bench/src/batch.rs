@@ -128,8 +128,8 @@ pub fn run_batch_bench(
     let mem = measure_memory(triad_array_bytes(), cfg.limits.seconds);
     let storage = if streamed {
         log("measuring the storage ceiling (O_DIRECT expert spans)".into());
-        let (spec, ck) = open_model(&cfg.model)?;
-        let spans = expert_spans(&spec, &ck)?;
+        let (_, ck) = open_model(&cfg.model)?;
+        let spans = expert_spans(&cfg.model, &ck)?;
         Some(measure_storage(&ck, &spans, cfg.limits)?.bytes_per_s)
     } else {
         None

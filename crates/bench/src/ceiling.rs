@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fathom_model::kimi_k3::config::K3Spec;
+use fathom_model::memory::MemoryFacts;
 use fathom_stream::reader::ShardReader;
 use fathom_weights::Checkpoint;
 use serde::Serialize;
@@ -65,11 +65,12 @@ impl Default for Limits {
     }
 }
 
-/// `(shard, offset, len)` of every routed expert (one span each where the six
-/// tensors are adjacent, else each tensor on its own).
-pub fn expert_spans(spec: &K3Spec, ck: &Checkpoint) -> Result<Vec<(usize, u64, u64)>> {
-    let table = fathom_model::kimi_k3::tensors::expert_table(spec, ck)
-        .context("locating the routed experts")?;
+/// `(shard, offset, len)` of every routed expert of the checkpoint `ck` in
+/// `dir`, any family (one span each where an expert's tensors are adjacent,
+/// else each tensor on its own).
+pub fn expert_spans(dir: &Path, ck: &Checkpoint) -> Result<Vec<(usize, u64, u64)>> {
+    let table =
+        fathom_model::registry::expert_table(dir, ck).context("locating the routed experts")?;
     let mut spans = Vec::new();
     for loc in table.layers.iter().flatten() {
         match loc.span() {
@@ -229,12 +230,10 @@ pub fn triad_array_bytes() -> u64 {
 
 /// Bytes of spine one decoded token touches: the resident spine, except that
 /// only one row of the embedding table is read. With `int8` (`--spine int8`)
-/// every 2-D attention, dense-MLP, latent, shared-expert and head matrix
-/// counts as per-row int8 (a byte per weight plus an f32 scale per row), as
-/// `K3Weights::quantize_spine_int8` stores it; embedding, routers and vectors
-/// stay as stored.
-pub fn spine_bytes_per_token(spec: &K3Spec, int8: bool) -> u64 {
-    fathom_model::kimi_k3::memory_facts(spec).spine_bytes_per_token(int8)
+/// the matrices the family quantises count as per-row int8 (a byte per
+/// weight plus an f32 scale per row); the rest stays as stored.
+pub fn spine_bytes_per_token(facts: &MemoryFacts, int8: bool) -> u64 {
+    facts.spine_bytes_per_token(int8)
 }
 
 /// Which resource bounds an arm's decode.
@@ -263,13 +262,14 @@ pub fn decode_ceiling(
     (mem, Bound::Memory)
 }
 
-/// Opens the model for the ceilings: spec, checkpoint, spans.
-pub fn open_model(dir: &Path) -> Result<(K3Spec, Checkpoint)> {
-    let spec =
-        K3Spec::from_dir(dir).with_context(|| format!("reading {}/config.json", dir.display()))?;
+/// Opens the model for the ceilings: what the ledger knows of it (any
+/// family, from config.json) and its checkpoint.
+pub fn open_model(dir: &Path) -> Result<(MemoryFacts, Checkpoint)> {
+    let facts = fathom_model::memory::memory_facts(dir)
+        .with_context(|| format!("reading {}/config.json", dir.display()))?;
     let ck = Checkpoint::open(dir)
         .with_context(|| format!("opening the checkpoint in {}", dir.display()))?;
-    Ok((spec, ck))
+    Ok((facts, ck))
 }
 
 #[cfg(test)]
@@ -305,8 +305,8 @@ mod tests {
 
     #[test]
     fn storage_reads_the_tiny_model_spans() {
-        let (spec, ck) = open_model(&tiny_dir()).unwrap();
-        let spans = expert_spans(&spec, &ck).unwrap();
+        let (facts, ck) = open_model(&tiny_dir()).unwrap();
+        let spans = expert_spans(&tiny_dir(), &ck).unwrap();
         assert_eq!(spans.len(), 8 * 32);
         let limits = Limits {
             storage_bytes: 1 << 20,
@@ -315,9 +315,33 @@ mod tests {
         };
         let s = measure_storage(&ck, &spans, limits).unwrap();
         assert!(s.bytes >= 1 << 20 && s.bytes_per_s > 0.0, "{s:?}");
-        let sp = spine_bytes_per_token(&spec, false);
-        assert!(sp > 0 && sp < fathom_model::kimi_k3::memory_facts(&spec).spine_bytes);
-        let q = spine_bytes_per_token(&spec, true);
+        let sp = spine_bytes_per_token(&facts, false);
+        assert!(sp > 0 && sp < facts.spine_bytes);
+        let q = spine_bytes_per_token(&facts, true);
         assert!(q < sp && q > sp / 3, "{q} vs {sp}");
+    }
+
+    /// Every family's experts are located through the registry.
+    #[test]
+    fn other_families_have_spans_and_bounds() {
+        for name in [
+            "qwen3_moe-tiny",
+            "gpt_oss-tiny",
+            "deepseek_v3-tiny",
+            "kimi_linear-tiny",
+        ] {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../model/tests/data")
+                .join(name);
+            let (facts, ck) = open_model(&dir).unwrap();
+            let got = expert_spans(&dir, &ck).unwrap();
+            let experts = facts.moe_layers * facts.num_experts;
+            assert!(
+                got.len() >= experts && experts > 0,
+                "{name}: {} spans",
+                got.len()
+            );
+            assert!(spine_bytes_per_token(&facts, false) > 0, "{name}");
+        }
     }
 }

@@ -105,8 +105,8 @@ pub fn run_bench(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Re
 }
 
 fn measure_ceilings(cfg: &BenchConfig, progress: &mut impl FnMut(&str)) -> Result<Ceilings> {
-    let (spec, ck) = ceiling::open_model(&cfg.model)?;
-    let spans = ceiling::expert_spans(&spec, &ck)?;
+    let (facts, ck) = ceiling::open_model(&cfg.model)?;
+    let spans = ceiling::expert_spans(&cfg.model, &ck)?;
     progress(&format!(
         "ceiling: reading random expert spans with {} threads (≤ {:.1} GB or {:.1} s)",
         cfg.limits.io_threads,
@@ -119,9 +119,9 @@ fn measure_ceilings(cfg: &BenchConfig, progress: &mut impl FnMut(&str)) -> Resul
     Ok(Ceilings {
         storage,
         memory,
-        spine_bytes_per_token: ceiling::spine_bytes_per_token(&spec, false),
-        spine_bytes_per_token_int8: ceiling::spine_bytes_per_token(&spec, true),
-        expert_bytes: fathom_model::kimi_k3::tensors::expert_bytes(&spec),
+        spine_bytes_per_token: ceiling::spine_bytes_per_token(&facts, false),
+        spine_bytes_per_token_int8: ceiling::spine_bytes_per_token(&facts, true),
+        expert_bytes: facts.expert_bytes,
     })
 }
 

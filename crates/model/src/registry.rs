@@ -50,6 +50,8 @@ pub struct Architecture {
     pub load: fn(&Path, LoadOptions) -> Result<Arc<dyn CausalLm>>,
     /// What the RAM ledger needs, from config.json alone.
     pub memory: fn(&Path) -> Result<crate::memory::MemoryFacts>,
+    /// Where every routed expert of a checkpoint lies (bench ceilings, tools).
+    pub experts: fn(&Path, &fathom_weights::Checkpoint) -> Result<crate::experts::ExpertTable>,
     /// Whether its checkpoints may carry a multi-token-prediction layer
     /// that `--draft mtp` reads.
     pub mtp: bool,
@@ -129,6 +131,15 @@ pub fn detect(dir: &Path) -> Result<&'static Architecture> {
         msg: format!("cannot read {}: {e}", path.display()),
     })?;
     detect_json(&text)
+}
+
+/// Where every routed expert of the checkpoint `ck` in `dir` lies, whatever
+/// the family.
+pub fn expert_table(
+    dir: &Path,
+    ck: &fathom_weights::Checkpoint,
+) -> Result<crate::experts::ExpertTable> {
+    (detect(dir)?.experts)(dir, ck)
 }
 
 /// The context the model in `dir` declares (`max_position_embeddings`, at

@@ -53,8 +53,14 @@ pub const ARCHITECTURE: Architecture = Architecture {
     architectures: &["DeepseekV3ForCausalLM"],
     load: load_lm,
     memory,
+    experts,
     mtp: true,
 };
+
+/// Locators of the routed experts of the checkpoint `ck` in `dir`.
+fn experts(dir: &Path, ck: &fathom_weights::Checkpoint) -> Result<ExpertTable> {
+    tensors::expert_table(&DeepseekV3Spec::from_dir(dir)?, ck, false)
+}
 
 fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
     Ok(memory_facts(&DeepseekV3Spec::from_dir(dir)?))

@@ -49,8 +49,14 @@ pub const ARCHITECTURE: Architecture = Architecture {
     architectures: &["GptOssForCausalLM"],
     load: load_lm,
     memory,
+    experts,
     mtp: false,
 };
+
+/// Locators of the routed experts of the checkpoint `ck` in `dir`.
+fn experts(dir: &Path, ck: &fathom_weights::Checkpoint) -> Result<ExpertTable> {
+    tensors::expert_table(&GptOssSpec::from_dir(dir)?, ck)
+}
 
 fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
     Ok(memory_facts(&GptOssSpec::from_dir(dir)?))

@@ -42,8 +42,14 @@ pub const ARCHITECTURE: Architecture = Architecture {
     architectures: &["KimiK3ForConditionalGeneration", "KimiK3ForCausalLM"],
     load: load_lm,
     memory,
+    experts,
     mtp: false,
 };
+
+/// Locators of the routed experts of the checkpoint `ck` in `dir`.
+fn experts(dir: &Path, ck: &fathom_weights::Checkpoint) -> Result<ExpertTable> {
+    tensors::expert_table(&K3Spec::from_dir(dir)?, ck)
+}
 
 fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
     Ok(memory_facts(&K3Spec::from_dir(dir)?))

@@ -44,8 +44,14 @@ pub const ARCHITECTURE: Architecture = Architecture {
     architectures: &["Qwen3MoeForCausalLM"],
     load: load_lm,
     memory,
+    experts,
     mtp: false,
 };
+
+/// Locators of the routed experts of the checkpoint `ck` in `dir`.
+fn experts(dir: &Path, ck: &fathom_weights::Checkpoint) -> Result<ExpertTable> {
+    tensors::expert_table(&Qwen3MoeSpec::from_dir(dir)?, ck)
+}
 
 fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
     Ok(memory_facts(&Qwen3MoeSpec::from_dir(dir)?))

@@ -7,11 +7,12 @@
 //! routers and the head are bf16, the score-correction bias f32. The
 //! stored tensors are the family table's `stored_parts`.
 //!
-//! No multi-token-prediction layer is written (fathom does not read one),
-//! so `num_nextn_predict_layers` is 0 where DeepSeek-V3 ships 1.
+//! Like the releases, it carries one multi-token-prediction layer (index
+//! `num_layers`, `num_nextn_predict_layers` 1: the family's
+//! `mtp_tensor_table`), which `fathom run --draft mtp` drafts with.
 
 use fathom_model::deepseek_v3::config::DeepseekV3Spec;
-use fathom_model::deepseek_v3::tensors::{Role, tensor_table};
+use fathom_model::deepseek_v3::tensors::{Role, mtp_tensor_table, tensor_table};
 use fathom_weights::Dtype;
 use serde_json::{Value, json};
 
@@ -250,7 +251,7 @@ impl Shape for DeepseekDims {
             "num_experts_per_tok": self.top_k,
             "num_hidden_layers": self.num_layers,
             "num_key_value_heads": self.num_heads,
-            "num_nextn_predict_layers": 0,
+            "num_nextn_predict_layers": 1,
             "pad_token_id": special_id(v, 255),
             "q_lora_rank": self.q_lora_rank,
             "qk_nope_head_dim": self.qk_nope_head_dim,
@@ -283,7 +284,10 @@ impl Shape for DeepseekDims {
         let spec = DeepseekV3Spec::from_json(&self.config_json())
             .map_err(|e| config_error("DeepSeek-V3 / Kimi K2", e))?;
         let mut out = Vec::new();
-        for t in tensor_table(&spec) {
+        for t in tensor_table(&spec)
+            .into_iter()
+            .chain(mtp_tensor_table(&spec))
+        {
             let expert = (t.role == Role::RoutedExpert)
                 .then(|| expert_of(&t.name, t.layer))
                 .flatten();
