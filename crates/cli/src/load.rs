@@ -348,8 +348,11 @@ pub fn load_model_with(
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
     let device = crate::device::select(mem.device, mem.vram_budget)?;
     // The RAM ledger reads the family's memory facts (config.json only).
-    let spec = fathom_model::memory::memory_facts(dir)
+    let mut spec = fathom_model::memory::memory_facts(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    if mem.mtp {
+        spec = spec.with_mtp();
+    }
     let (budget, budget_source) = mem.budget()?;
     let max_inflight = if mem.no_prefetch {
         spec.top_k

@@ -122,8 +122,9 @@ impl Drafter for ModelDrafter {
     }
 }
 
-/// The target model's own prediction layer (`--draft mtp`: DeepSeek-V3
-/// and Kimi K2 checkpoints ship one), reading the target's hidden rows.
+/// The target model's own prediction layer (`--draft mtp`: checkpoints of
+/// the DeepSeek-V3 architecture may ship one; V3 and R1 do), reading the
+/// target's hidden rows.
 pub struct MtpDrafter {
     inner: Box<dyn SelfDrafter>,
 }

@@ -266,3 +266,27 @@ fn k3_code_small_with_its_draft_model_is_exact() {
     };
     assert_eq!(run(&t, &prompt, 24, &sp, Some((d, opts))).0, want);
 }
+
+/// Fails every proposal.
+struct Broken;
+
+impl Drafter for Broken {
+    fn propose(&mut self, _: &[u32], _: usize, _: &dyn SeqState) -> Result<Vec<u32>> {
+        Err(fathom_model::ModelError::Unsupported(
+            "broken drafter".into(),
+        ))
+    }
+    fn name(&self) -> String {
+        "broken".into()
+    }
+}
+
+/// A drafter that fails costs speed, never the sequence: decoding goes on
+/// without it and gives the plain tokens.
+#[test]
+fn a_failing_drafter_is_dropped_not_fatal() {
+    let m = load(&tiny());
+    let prompt = [1, 119, 686, 809, 842];
+    let want = plain(&m, &prompt, 12);
+    assert_eq!(drafted(&m, &prompt, 12, Box::new(Broken), 3, false), want);
+}

@@ -63,8 +63,11 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
+            // The AVX-512 table also runs AVX2 + FMA code (attention, KDA).
             Isa::Avx512 => {
-                is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && Isa::Avx2.supported()
             }
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => true,

@@ -40,9 +40,23 @@ pub struct MemoryFacts {
     /// mtp` adds; its routed experts come from the expert source): 0 when
     /// the checkpoint declares none or the family reads none.
     pub mtp_bytes: u64,
+    /// Cache floats per token the prediction layer's own attention keeps.
+    pub mtp_cache_floats_per_token: u64,
 }
 
 impl MemoryFacts {
+    /// The facts of the model loaded with its multi-token-prediction layer
+    /// (`--draft mtp`): one more MoE layer of routed experts and one more
+    /// layer of attention cache (its spine, `mtp_bytes`, is set aside by
+    /// the caller). Unchanged when the model has none.
+    pub fn with_mtp(mut self) -> Self {
+        if self.mtp_bytes > 0 {
+            self.moe_layers += 1;
+            self.cache_floats_per_token += self.mtp_cache_floats_per_token;
+        }
+        self
+    }
+
     /// Every routed expert of the model.
     pub fn total_experts(&self) -> usize {
         self.moe_layers * self.num_experts

@@ -165,7 +165,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
     if opts.mtp && !arch.mtp {
         return Err(ModelError::Unsupported(format!(
             "--draft mtp: {} checkpoints have no multi-token-prediction layer fathom reads \
-             (DeepSeek-V3 and Kimi K2 do); use --draft ngram or --draft model:DIR",
+             (the DeepSeek-V3 architecture does); use --draft ngram or --draft model:DIR",
             arch.family
         )));
     }

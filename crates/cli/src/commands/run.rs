@@ -67,7 +67,7 @@ pub struct RunArgs {
     spine: SpineArg,
     /// Draft source for speculative decoding: `ngram` (prompt lookup, no
     /// extra model), `mtp` (the checkpoint's own multi-token-prediction
-    /// layer: DeepSeek-V3, Kimi K2), `model:DIR` (a small checkpoint with
+    /// layer of a DeepSeek-V3 / R1 checkpoint), `model:DIR` (a small checkpoint with
     /// the same tokenizer), or `off`. The full model decides every token (a draft is
     /// kept only where it equals the token the model samples there), so
     /// output is identical to `off`; drafting adapts its length and switches
@@ -119,7 +119,7 @@ pub fn draft_bytes(choice: &DraftChoice, model: &Path) -> Result<u64> {
             if facts.mtp_bytes == 0 {
                 bail!(
                     "--draft mtp: the {} model in {} has no multi-token-prediction layer fathom \
-                     reads (config.json: num_nextn_predict_layers; DeepSeek-V3 and Kimi K2 \
+                     reads (config.json: num_nextn_predict_layers; the DeepSeek-V3 and R1 \
                      releases ship one): use --draft ngram or --draft model:DIR",
                     facts.family,
                     model.display()

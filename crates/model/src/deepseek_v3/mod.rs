@@ -111,6 +111,11 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
                 0
             })
             .unwrap_or(u64::MAX),
+        mtp_cache_floats_per_token: if spec.num_nextn_predict_layers > 0 {
+            (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64
+        } else {
+            0
+        },
     }
 }
 

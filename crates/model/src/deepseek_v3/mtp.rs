@@ -1,6 +1,6 @@
 //! The checkpoint's multi-token-prediction (MTP) layer as a drafter.
 //!
-//! DeepSeek-V3 and Kimi K2 ship one extra layer (index `num_layers`) trained
+//! DeepSeek-V3 (and R1) ship one extra layer (index `num_layers`) trained
 //! to predict the token after next. For position `j` it combines the
 //! decoder's final hidden row `h_j` with the embedding of the token that
 //! follows it:

@@ -91,6 +91,7 @@ pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
         expert_scratch_floats: 2 * spec.intermediate_size + spec.hidden_size,
         max_position_embeddings: spec.max_position_embeddings,
         mtp_bytes: 0,
+        mtp_cache_floats_per_token: 0,
     }
 }
 

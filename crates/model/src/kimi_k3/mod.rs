@@ -92,6 +92,7 @@ pub fn memory_facts(spec: &K3Spec) -> crate::memory::MemoryFacts {
         expert_scratch_floats: 2 * spec.moe_intermediate_size + spec.latent_size,
         max_position_embeddings: spec.max_position_embeddings,
         mtp_bytes: 0,
+        mtp_cache_floats_per_token: 0,
     }
 }
 

@@ -7,9 +7,10 @@
 //! routers and the head are bf16, the score-correction bias f32. The
 //! stored tensors are the family table's `stored_parts`.
 //!
-//! Like the releases, it carries one multi-token-prediction layer (index
-//! `num_layers`, `num_nextn_predict_layers` 1: the family's
-//! `mtp_tensor_table`), which `fathom run --draft mtp` drafts with.
+//! Like the DeepSeek-V3 release, the `deepseek-v3` preset carries one
+//! multi-token-prediction layer (index `num_layers`,
+//! `num_nextn_predict_layers` 1: the family's `mtp_tensor_table`), which
+//! `fathom run --draft mtp` drafts with; the Kimi K2 releases ship none.
 
 use fathom_model::deepseek_v3::config::DeepseekV3Spec;
 use fathom_model::deepseek_v3::tensors::{Role, mtp_tensor_table, tensor_table};
@@ -251,7 +252,7 @@ impl Shape for DeepseekDims {
             "num_experts_per_tok": self.top_k,
             "num_hidden_layers": self.num_layers,
             "num_key_value_heads": self.num_heads,
-            "num_nextn_predict_layers": 1,
+            "num_nextn_predict_layers": usize::from(self.model_type == "deepseek_v3"),
             "pad_token_id": special_id(v, 255),
             "q_lora_rank": self.q_lora_rank,
             "qk_nope_head_dim": self.qk_nope_head_dim,
