@@ -80,7 +80,17 @@ fn the_layer_reads_the_heads_rows_and_the_next_token() {
 }
 
 fn run(m: &Arc<dyn CausalLm>, n: usize, sp: &SamplingParams, k: Option<usize>) -> Vec<u32> {
-    let mut req = Request::new(PROMPT.to_vec(), n);
+    run_on(m, &PROMPT, n, sp, k)
+}
+
+fn run_on(
+    m: &Arc<dyn CausalLm>,
+    prompt: &[u32],
+    n: usize,
+    sp: &SamplingParams,
+    k: Option<usize>,
+) -> Vec<u32> {
+    let mut req = Request::new(prompt.to_vec(), n);
     req.sampling = sp.clone();
     if let Some(k) = k {
         req.drafter = Some(Box::new(MtpDrafter::new(m.clone()).unwrap()) as Box<dyn Drafter>);
@@ -146,4 +156,19 @@ fn families_and_checkpoints_without_the_layer_are_refused() {
         .unwrap()
         .to_string();
     assert!(e.contains("without a multi-token-prediction layer"), "{e}");
+}
+
+/// A prompt longer than the hidden rows a state keeps (`TAP_ROWS`): the
+/// drafter starts from the rows it has, and the output is still exact.
+#[test]
+fn a_prompt_longer_than_the_tap_is_exact() {
+    let dir = with_mtp(&fixture(), "long", Mix::Working);
+    let prompt: Vec<u32> = (0..fathom_model::deepseek_v3::mtp::TAP_ROWS as u32 + 90)
+        .map(|i| (i * 37 + 11) % 4000)
+        .collect();
+    let greedy = SamplingParams::default();
+    let want = run_on(&load(&dir, false, false), &prompt, 10, &greedy, None);
+    let got = run_on(&load(&dir, true, false), &prompt, 10, &greedy, Some(3));
+    assert_eq!(got, want);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -85,6 +85,15 @@ impl HiddenTap {
         (i < self.len()).then(|| &self.rows[i * self.width..(i + 1) * self.width])
     }
 
+    /// Notes that the next `n` positions go by unkept (a pass longer than
+    /// `cap` keeps only its last rows): everything held is older still.
+    pub fn skip(&mut self, n: usize) {
+        if n > 0 {
+            self.first += self.len() + n;
+            self.rows.clear();
+        }
+    }
+
     /// Appends the rows of the positions that follow (`rows.len()` a
     /// multiple of the width), dropping the oldest beyond `cap`.
     pub fn push(&mut self, rows: &[f32]) {
@@ -262,5 +271,33 @@ impl SeqState for KvState {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HiddenTap;
+
+    /// Positions and rows stay paired through pushes past the cap, skips
+    /// and truncation.
+    #[test]
+    fn the_tap_keeps_the_latest_rows_by_position() {
+        let mut t = HiddenTap::new(2, 0, 3);
+        let rows = |a: usize, b: usize| -> Vec<f32> {
+            (a..b).flat_map(|p| [p as f32, -(p as f32)]).collect()
+        };
+        t.push(&rows(0, 2));
+        t.push(&rows(2, 5));
+        assert_eq!((t.first, t.len()), (2, 3));
+        assert_eq!(t.row(4), Some(&[4.0, -4.0][..]));
+        assert_eq!(t.row(1), None);
+        t.skip(4); // positions 5..9 go by; 9.. follow
+        t.push(&rows(9, 11));
+        assert_eq!((t.first, t.len()), (9, 2));
+        assert_eq!(t.row(10), Some(&[10.0, -10.0][..]));
+        t.truncate(10);
+        assert_eq!((t.first, t.len()), (9, 1));
+        t.truncate(3);
+        assert_eq!((t.first, t.len(), t.is_empty()), (3, 0, true));
     }
 }

@@ -84,7 +84,10 @@ fn tap(model: &DeepseekV3Model, states: &mut [&mut KvState], segs: &[Segment], h
     let d = model.spec.hidden_size;
     for (s, seg) in states.iter_mut().zip(segs) {
         if let Some(t) = &mut s.tap {
-            let mut rows = h[seg.start * d..seg.end * d].to_vec();
+            // Only the last `cap` rows of a long pass are kept.
+            let skip = seg.len().saturating_sub(t.cap);
+            t.skip(skip);
+            let mut rows = h[(seg.start + skip) * d..seg.end * d].to_vec();
             rms_norm_rows(&mut rows, d, &model.weights.norm, model.spec.rms_norm_eps);
             t.push(&rows);
         }
