@@ -17,11 +17,14 @@ fn tiny() -> String {
 
 /// The smoke command with `reps` reps; ceilings bounded to 0.3 s / 32 MB.
 fn bench(reps: &str, extra: &[&str]) -> Output {
-    let model = tiny();
+    bench_on(&tiny(), reps, extra)
+}
+
+fn bench_on(model: &str, reps: &str, extra: &[&str]) -> Output {
     let mut args = vec![
         "bench",
         "--model",
-        &model,
+        model,
         "--prompt-ids",
         "1,591,25",
         "--max-new",
@@ -234,4 +237,51 @@ fn memory_cap_runs_each_process_in_a_capped_cgroup() {
             .unwrap()
             > 0.0
     );
+}
+
+/// Every family is benchmarked the same way, resident and streamed: its
+/// experts are located for the storage ceiling, its spine for the memory
+/// ceiling, and both arms give the same ids.
+#[test]
+fn other_families_bench_resident_and_streamed() {
+    for name in [
+        "qwen3_moe-tiny",
+        "deepseek_v3-tiny",
+        "gpt_oss-tiny",
+        "kimi_linear-tiny",
+    ] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../model/tests/data")
+            .join(name);
+        let json = tmp(&format!("{name}.json"));
+        let o = bench_on(
+            dir.to_str().unwrap(),
+            "1",
+            &[
+                "--arm",
+                "r=--experts resident",
+                "--arm",
+                "s=--experts stream --ram-budget 100MB",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert!(
+            r["ceilings"]["storage"]["spans"].as_u64().unwrap() > 0,
+            "{name}"
+        );
+        assert!(
+            r["ceilings"]["spine_bytes_per_token"].as_u64().unwrap() > 0,
+            "{name}"
+        );
+        let arms = r["arms"].as_array().unwrap();
+        assert!(
+            arms.iter().all(|a| a["status"] == "accepted"),
+            "{name}: {arms:?}"
+        );
+        let s = r["samples"].as_array().unwrap();
+        assert_eq!(s[0]["output_ids"], s[1]["output_ids"], "{name}");
+    }
 }

@@ -193,7 +193,7 @@ fn full_size_plans_state_the_released_shapes() {
         (
             "deepseek-v3",
             "61 layers, hidden 7168, 256 experts top-8, vocab 129280",
-            "673 GB",
+            "687 GB",
         ),
         (
             "kimi-k2",

@@ -27,7 +27,7 @@ pub struct SynthArgs {
     /// (k3-tiny shapes, 1280-token vocabulary, ~7 MB), `k3` (93 layers,
     /// ~1.56 TB), `k3-mini` (896 experts, top-16, hidden 2048: ~1.1 GB per
     /// MoE layer). Others: `deepseek-v3` (61 layers, 256 experts top-8,
-    /// FP8 128×128 blocks, ~673 GB), `kimi-k2` (61 layers, 384 experts,
+    /// FP8 128×128 blocks, ~687 GB with its MTP layer), `kimi-k2` (61 layers, 384 experts,
     /// FP8, ~1.03 TB), `kimi-k2-thinking` (K2 with INT4 group-32 experts,
     /// ~594 GB), `qwen3-235b` (94 layers, 128 experts top-8, bf16, ~470 GB),
     /// `qwen3-30b` (48 layers, bf16, ~61 GB), `gpt-oss-120b` (36 layers,
