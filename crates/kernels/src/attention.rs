@@ -18,7 +18,8 @@
 //!   offsets (`[0, 256)`, `[256, 512)`, …). The cache is given as blocks of
 //!   exactly `SPLIT` rows (the last may be shorter), so a split is a block:
 //!   a paged cache is read in place. Within a split: scores, the
-//!   split's max `m`, then in row order `p = exp(s − m)`, `l += p`,
+//!   split's max `m`, then in row order `p = exp(s − m)` (the
+//!   [`crate::expf`] definition, which has vector twins), `l += p`,
 //!   `c = fma(p, lat, c)` (element-wise).
 //! * Splits are merged in order with the online-softmax rule
 //!   `M' = max(M, m)`, `L = L·e^(M−M') + l·e^(m−M')`,
@@ -33,6 +34,8 @@
 //! for bit.
 
 use rayon::prelude::*;
+
+use crate::expf::exp_softmax;
 
 /// Rows per split of the context (fixed: part of the reduction order).
 pub const SPLIT: usize = 256;
@@ -225,7 +228,7 @@ fn split_partial_tiled(
         } else {
             for (j, r) in rows.chunks_exact(w).enumerate() {
                 let lat = &r[..lora];
-                let p = (s[h0 * len + j] - m[h0]).exp();
+                let p = exp_softmax(s[h0 * len + j] - m[h0]);
                 l[h0] += p;
                 for (cv, &x) in c[h0 * lora..(h0 + 1) * lora].iter_mut().zip(lat) {
                     *cv = p.mul_add(x, *cv);
@@ -255,7 +258,7 @@ fn tile_context(
     for k in 0..HEAD_TILE {
         let hh = h0 + k;
         for j in 0..len {
-            let v = (s[hh * len + j] - m[hh]).exp();
+            let v = exp_softmax(s[hh * len + j] - m[hh]);
             p[k * len + j] = v;
             l[hh] += v;
         }
@@ -316,7 +319,7 @@ fn split_partial_simple(
     for (j, r) in rows.chunks_exact(w).enumerate() {
         let lat = &r[..lora];
         for hh in 0..h {
-            let p = (s[hh * len + j] - m[hh]).exp();
+            let p = exp_softmax(s[hh * len + j] - m[hh]);
             l[hh] += p;
             for (cv, &x) in c[hh * lora..(hh + 1) * lora].iter_mut().zip(lat) {
                 *cv = p.mul_add(x, *cv);

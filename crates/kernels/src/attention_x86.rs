@@ -22,6 +22,8 @@
 use std::arch::x86_64::*;
 
 use crate::attention::{HEAD_TILE, MlaQuery, MlaShape, Partial, dot_lanes, recycle, scratch};
+use crate::expf::exp_softmax;
+use crate::expf::x86::exp_shifted;
 
 /// Which vector width a split runs at.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -51,6 +53,8 @@ pub(crate) unsafe fn split_partial(
     let mut l = vec![0f32; h];
     let mut c = scratch(h * lora);
     let mut p = scratch(HEAD_TILE * len);
+    let mut e = scratch(len);
+    let wide = wd == Width::Avx512;
     let mut h0 = 0;
     while h0 + HEAD_TILE <= h {
         let lat_q = pack(q.q_lat, lora, h0);
@@ -63,8 +67,9 @@ pub(crate) unsafe fn split_partial(
             for j in 0..len {
                 m[hh] = m[hh].max(tile[t * len + j]);
             }
-            for j in 0..len {
-                let v = (tile[t * len + j] - m[hh]).exp();
+            // SAFETY: the caller's CPU runs this width.
+            unsafe { exp_shifted(wide, &tile[t * len..(t + 1) * len], m[hh], &mut e) };
+            for (j, &v) in e[..len].iter().enumerate() {
                 p[j * HEAD_TILE + t] = v;
                 l[hh] += v;
             }
@@ -75,6 +80,7 @@ pub(crate) unsafe fn split_partial(
         h0 += HEAD_TILE;
     }
     recycle(p);
+    recycle(e);
     for hh in h0..h {
         single_head(sh, rows, q, hh, len, (&mut s, &mut m, &mut l, &mut c));
     }
@@ -103,7 +109,7 @@ fn single_head(
         m[hh] = m[hh].max(v);
     }
     for (j, r) in rows.chunks_exact(w).enumerate() {
-        let p = (s[hh * len + j] - m[hh]).exp();
+        let p = exp_softmax(s[hh * len + j] - m[hh]);
         l[hh] += p;
         for (cv, &x) in c[hh * lora..(hh + 1) * lora].iter_mut().zip(&r[..lora]) {
             *cv = p.mul_add(x, *cv);

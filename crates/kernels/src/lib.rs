@@ -17,6 +17,7 @@ mod avx2;
 mod avx512;
 pub mod backend;
 pub mod dispatch;
+pub mod expf;
 pub mod formats;
 pub mod fp8;
 pub mod gqa;
