@@ -169,19 +169,31 @@ pub fn split_words(text: &str) -> Result<Vec<String>> {
     Ok(words)
 }
 
-/// A prompt as token ids or as text (text needs the model's tokenizer).
+/// A prompt as token ids, as text, or as one user message in the model's
+/// chat format (text and chat need the model's tokenizer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Prompt {
     Ids(Vec<u32>),
     Text(String),
+    /// `fathom run --chat --prompt TEXT`; a peer gets TEXT as `{prompt}`.
+    Chat(String),
 }
 
 impl Prompt {
     /// The `fathom run` flags that pass this prompt.
-    pub fn run_flags(&self) -> [String; 2] {
+    pub fn run_flags(&self) -> Vec<String> {
         match self {
-            Prompt::Ids(ids) => ["--prompt-ids".into(), join_ids(ids)],
-            Prompt::Text(t) => ["--prompt".into(), t.clone()],
+            Prompt::Ids(ids) => vec!["--prompt-ids".into(), join_ids(ids)],
+            Prompt::Text(t) => vec!["--prompt".into(), t.clone()],
+            Prompt::Chat(t) => vec!["--chat".into(), "--prompt".into(), t.clone()],
+        }
+    }
+
+    /// The text a peer gets as `{prompt}`.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Prompt::Ids(_) => None,
+            Prompt::Text(t) | Prompt::Chat(t) => Some(t),
         }
     }
 
@@ -190,6 +202,16 @@ impl Prompt {
         match self {
             Prompt::Ids(ids) => format!("{} token ids", ids.len()),
             Prompt::Text(t) => format!("{} chars of text", t.chars().count()),
+            Prompt::Chat(t) => format!("a chat turn of {} chars", t.chars().count()),
+        }
+    }
+
+    /// The prompt as the report's JSON shows it.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            Prompt::Ids(ids) => serde_json::json!({ "ids": ids }),
+            Prompt::Text(t) => serde_json::json!({ "text": t }),
+            Prompt::Chat(t) => serde_json::json!({ "chat": t }),
         }
     }
 }
@@ -258,14 +280,14 @@ pub fn substitute(template: &[String], v: &PeerVars) -> Result<Vec<String>> {
             if w.contains("{prompt_ids}") {
                 let ids = match v.prompt {
                     Prompt::Ids(ids) => join_ids(ids),
-                    Prompt::Text(_) => bail!(
+                    Prompt::Text(_) | Prompt::Chat(_) => bail!(
                         "the peer template uses {{prompt_ids}} but the prompt is text; use {{prompt}}"
                     ),
                 };
                 w = w.replace("{prompt_ids}", &ids);
             }
             if w.contains("{prompt}") {
-                let Prompt::Text(t) = v.prompt else {
+                let Some(t) = v.prompt.text() else {
                     bail!(
                         "the peer template uses {{prompt}} but the prompt is token ids; give --prompt TEXT (peers tokenize for themselves)"
                     );

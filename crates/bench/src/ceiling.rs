@@ -244,6 +244,15 @@ pub enum Bound {
     Memory,
 }
 
+impl Bound {
+    pub fn word(self) -> &'static str {
+        match self {
+            Bound::Storage => "storage",
+            Bound::Memory => "memory",
+        }
+    }
+}
+
 /// The decode ceiling in tok/s for an arm that reads `expert_bytes_per_token`
 /// (zero: resident or all hits, so no storage bound).
 pub fn decode_ceiling(

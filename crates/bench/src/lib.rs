@@ -10,7 +10,9 @@
 //! differ from the reference is rejected: speed that changes the output is
 //! not speed. Medians with min/max ([`stats`]) and achieved ÷ ceiling per
 //! arm go to a table, a JSON file with every raw sample and the machine
-//! description ([`report`], [`machine`]) and an SVG chart ([`svg`]).
+//! description ([`report`], [`machine`]) and an SVG chart ([`svg`]);
+//! `--suite standard` ([`suite`]) runs a fixed prompt set and writes a
+//! result card (JSON, Markdown, SVG) with the machine's and model's identity.
 
 pub mod arm;
 pub mod batch;
@@ -25,6 +27,7 @@ pub mod runner;
 pub mod sample;
 pub mod session;
 pub mod stats;
+pub mod suite;
 pub mod svg;
 
 pub use report::{Report, render_table};

@@ -56,14 +56,7 @@ impl From<&BenchConfig> for Config {
     fn from(c: &BenchConfig) -> Self {
         Config {
             model: c.model.display().to_string(),
-            prompts: c
-                .prompts
-                .iter()
-                .map(|p| match p {
-                    Prompt::Ids(ids) => serde_json::json!({ "ids": ids }),
-                    Prompt::Text(t) => serde_json::json!({ "text": t }),
-                })
-                .collect(),
+            prompts: c.prompts.iter().map(Prompt::to_json).collect(),
             max_new: c.max_new,
             reps: c.reps,
             warmup: c.warmup,

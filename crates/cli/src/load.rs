@@ -108,10 +108,84 @@ pub struct MemoryArgs {
     /// are computed on the CPU.
     #[arg(long, value_parser = parse_size)]
     pub vram_budget: Option<u64>,
+    /// Expert heat recorded by earlier runs (--heat-out) of this model:
+    /// streamed experts read the hottest into the cache before the first
+    /// step and pin the hottest --heat-pin share of it. Output is unchanged.
+    #[arg(long)]
+    pub heat: Option<std::path::PathBuf>,
+    /// Share of the expert cache that --heat pins (never evicted), 0 to 0.9.
+    /// The default was measured on held-out text (docs/bench.md, "Expert
+    /// heat"): pinning gains hit rate where warming alone barely does.
+    #[arg(long, default_value_t = 0.75, value_parser = parse_pin)]
+    pub heat_pin: f64,
+    /// Add this run's expert request counts to FILE (made if absent), for
+    /// a later --heat.
+    #[arg(long)]
+    pub heat_out: Option<std::path::PathBuf>,
     /// Also load the checkpoint's multi-token-prediction layer (set by
     /// `run --draft mtp`).
     #[arg(skip = false)]
     pub mtp: bool,
+}
+
+fn parse_pin(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=0.9).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{v} is not in 0..=0.9 (the share of the cache pinned)"
+        ))
+    }
+}
+
+/// The streamed store's heat: what `--heat` warmed, and where `--heat-out`
+/// adds this run's counts.
+#[derive(Clone, Default)]
+pub struct HeatHandle {
+    store: Option<Arc<StreamedExperts>>,
+    out: Option<std::path::PathBuf>,
+    model: String,
+    /// Experts read before the first step, pinned among them, bytes read.
+    pub warmed: Option<(usize, usize, u64)>,
+}
+
+impl std::fmt::Debug for HeatHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeatHandle")
+            .field("out", &self.out)
+            .field("warmed", &self.warmed)
+            .finish()
+    }
+}
+
+impl HeatHandle {
+    /// Adds the counts so far (from `tokens` positions) to `--heat-out`.
+    pub fn record(&self, tokens: u64) -> Result<()> {
+        let (Some(store), Some(out)) = (&self.store, &self.out) else {
+            return Ok(());
+        };
+        let total = store
+            .heat(&self.model, tokens)
+            .merge_into(out)
+            .map_err(anyhow::Error::msg)?;
+        tracing::info!(
+            "heat: {} now holds counts from {} positions",
+            out.display(),
+            total.tokens
+        );
+        Ok(())
+    }
+}
+
+/// A model's identity for heat files: the first 16 hex digits of the
+/// SHA-256 of its config.json.
+pub fn config_digest(dir: &Path) -> Result<String> {
+    use sha2::Digest;
+    let p = dir.join("config.json");
+    let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    let d = sha2::Sha256::digest(&bytes);
+    Ok(d.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
 
 /// What loading decided, for stats and logs.
@@ -124,6 +198,8 @@ pub struct LoadInfo {
     pub direct_io: Option<bool>,
     /// `cpu`, or the backend that computes the matrix products.
     pub device: String,
+    #[serde(skip)]
+    pub heat: HeatHandle,
 }
 
 impl MemoryArgs {
@@ -388,6 +464,7 @@ pub fn load_model_with(
         ExpertMode::Stream => true,
         ExpertMode::Auto => !matches!(&ledger, Ok(l) if l.holds_every_expert(&spec)),
     };
+    let heat_in = heat_precheck(dir, mem, stream)?;
     let t0 = Instant::now();
     let on_disk: u64 = std::fs::read_dir(dir)
         .map(|r| {
@@ -420,6 +497,7 @@ pub fn load_model_with(
             budget_source,
             direct_io: None,
             device,
+            heat: HeatHandle::default(),
         };
         return Ok((model, info));
     }
@@ -434,12 +512,15 @@ pub fn load_model_with(
     };
     let direct = Arc::new(std::sync::OnceLock::new());
     let d2 = direct.clone();
+    let store = Arc::new(std::sync::OnceLock::new());
+    let s2 = store.clone();
     let opts = LoadOptions {
         spine,
         experts: Some(Box::new(move |ck, table| {
-            let s = StreamedExperts::new(ck, table, &cfg)?;
+            let s = Arc::new(StreamedExperts::new(ck, table, &cfg)?);
             let _ = d2.set(s.direct_io());
-            Ok(Arc::new(s))
+            let _ = s2.set(s.clone());
+            Ok(s)
         })),
         kv: kv_cfg,
         mtp: mem.mtp,
@@ -447,6 +528,7 @@ pub fn load_model_with(
     let model = fathom_model::load(dir, opts)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
     let direct = direct.get().copied();
+    let heat = warm_from_heat(dir, mem, store.get().cloned(), heat_in)?;
     let info = LoadInfo {
         load_s: t0.elapsed().as_secs_f64(),
         experts: "streamed",
@@ -454,8 +536,74 @@ pub fn load_model_with(
         budget_source,
         direct_io: direct,
         device,
+        heat,
     };
     Ok((model, info))
+}
+
+/// Checks --heat / --heat-out before loading: they need streamed experts,
+/// and a --heat file must be this model's.
+fn heat_precheck(
+    dir: &Path,
+    mem: &MemoryArgs,
+    stream: bool,
+) -> Result<Option<fathom_stream::Heat>> {
+    if mem.heat.is_none() && mem.heat_out.is_none() {
+        return Ok(None);
+    }
+    if !stream {
+        if mem.experts == ExpertMode::Resident {
+            bail!(
+                "--heat and --heat-out keep and record what a streamed expert cache holds: \
+                 with --experts resident every expert is in RAM; use --experts stream"
+            );
+        }
+        tracing::warn!(
+            "every expert fits the budget and is resident: --heat/--heat-out do nothing"
+        );
+        return Ok(None);
+    }
+    let model = config_digest(dir)?;
+    mem.heat
+        .as_ref()
+        .map(|p| fathom_stream::Heat::read(p, &model, None).map_err(anyhow::Error::msg))
+        .transpose()
+}
+
+/// Reads the hottest experts of `heat` into the store's cache (pinning the
+/// --heat-pin share) and sets up --heat-out.
+fn warm_from_heat(
+    dir: &Path,
+    mem: &MemoryArgs,
+    store: Option<Arc<StreamedExperts>>,
+    heat: Option<fathom_stream::Heat>,
+) -> Result<HeatHandle> {
+    let Some(store) = store else {
+        return Ok(HeatHandle::default());
+    };
+    let model = config_digest(dir)?;
+    let mut warmed = None;
+    if let (Some(h), Some(p)) = (heat, &mem.heat) {
+        h.check_shape(p, &store.experts_per_layer())
+            .map_err(anyhow::Error::msg)?;
+        let keys = h.ranked();
+        let cap = store.cache_capacity();
+        let pin = (cap as f64 * mem.heat_pin).floor() as usize;
+        let n = keys.len().min(cap);
+        let bytes = store.warm(&keys, pin)?;
+        let pinned = store.pinned();
+        tracing::info!(
+            "heat: read {n} of {cap} cache places ({}) before the first step, {pinned} pinned",
+            fathom_weights::units::format_bytes(bytes)
+        );
+        warmed = Some((n, pinned, bytes));
+    }
+    Ok(HeatHandle {
+        store: Some(store),
+        out: mem.heat_out.clone(),
+        model,
+        warmed,
+    })
 }
 
 /// The latent-cache pool for `kv`: RAM share, row format and (when the

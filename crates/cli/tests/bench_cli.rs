@@ -285,3 +285,106 @@ fn other_families_bench_resident_and_streamed() {
         assert_eq!(s[0]["output_ids"], s[1]["output_ids"], "{name}");
     }
 }
+
+/// `--suite standard` on a synth with a tokenizer: every fixed prompt runs,
+/// each figure sits beside its ceiling, and the card names the machine and
+/// the model by digest (JSON, Markdown and SVG).
+#[test]
+fn the_standard_suite_writes_a_card() {
+    use sha2::Digest;
+    let dir = tmp("suite-model");
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args([
+            "synth",
+            "--preset",
+            "tiny",
+            "--seed",
+            "3",
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let card_path = tmp("card.json");
+    let mut args = vec![
+        "bench",
+        "--model",
+        dir.to_str().unwrap(),
+        "--suite",
+        "standard",
+        "--max-new",
+        "3",
+        "--reps",
+        "1",
+        "--warmup",
+        "0",
+        "--ceiling-bytes",
+        "16MB",
+        "--ceiling-secs",
+        "0.2",
+    ];
+    args.extend(["--json", card_path.to_str().unwrap()]);
+    let o = Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let card: Value = serde_json::from_slice(&std::fs::read(&card_path).unwrap()).unwrap();
+    assert_eq!(card["schema"], "fathom-suite/1");
+    let cfg = std::fs::read(dir.join("config.json")).unwrap();
+    let cfg_sha: String = sha2::Sha256::digest(&cfg)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(card["model"]["config_sha256"], cfg_sha.as_str());
+    assert_eq!(
+        card["model"]["checkpoint_digest"].as_str().unwrap().len(),
+        64
+    );
+    assert!(card["memory_bytes_per_s"].as_f64().unwrap() > 0.0);
+    assert!(card["machine"]["logical_cpus"].as_u64().unwrap() >= 1);
+    let arm = &card["arms"][0];
+    assert_eq!(arm["status"], "accepted", "{arm}");
+    let prompts = arm["prompts"].as_array().unwrap();
+    let ran: Vec<&str> = prompts
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    let skipped: Vec<&str> = card["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().split(':').next().unwrap())
+        .collect();
+    let want: Vec<&str> = ["capital", "planet", "code", "chat", "long"]
+        .into_iter()
+        .filter(|p| !skipped.contains(p))
+        .collect();
+    assert_eq!(ran, want, "skipped {skipped:?}");
+    assert!(
+        !skipped.contains(&"long"),
+        "the tiny synth's context holds the long prompt"
+    );
+    assert_eq!(prompts[0]["prompt"]["text"], "The capital of France is");
+    for p in prompts {
+        assert!(p["decode_tok_s"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["decode_ceiling_tok_s"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["decode_vs_ceiling"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let long = prompts.iter().find(|p| p["name"] == "long").unwrap();
+    assert!(long["prompt_tokens"].as_f64().unwrap() > 500.0, "{long}");
+    let md = std::fs::read_to_string(card_path.with_extension("md")).unwrap();
+    assert!(
+        md.contains("| capital | factual |") && md.contains(&cfg_sha[..16]),
+        "{md}"
+    );
+    let svg = std::fs::read_to_string(card_path.with_extension("svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("default · long"),
+        "{svg}"
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), md);
+    let _ = std::fs::remove_dir_all(&dir);
+}

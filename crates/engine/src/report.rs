@@ -96,6 +96,14 @@ pub struct RunSetup {
     pub expert_cache_slots: Option<usize>,
     /// `cpu` or the device backend's name.
     pub device: String,
+    /// Experts `--heat` read into the cache before the first step (their
+    /// bytes are not in the run's expert reads), and how many it pinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heat_warmed_experts: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heat_pinned_experts: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heat_warm_bytes: Option<u64>,
 }
 
 /// `stats` of `fathom run --json`.

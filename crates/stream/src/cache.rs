@@ -27,16 +27,21 @@ struct Node {
     value: Arc<ExpertWeights>,
     prev: usize,
     next: usize,
+    /// Outside the recency list: never evicted (the heat-pinned tier).
+    pinned: bool,
 }
 
 /// LRU over a slab of nodes in a doubly linked recency list (head: most
-/// recent): lookup, touch, insert and eviction are all O(1).
+/// recent): lookup, touch, insert and eviction are all O(1). Pinned entries
+/// (see [`LruCache::insert_pinned`]) count against the capacity but are
+/// kept out of the list, so they are never evicted.
 pub struct LruCache {
     capacity: usize,
     map: HashMap<Key, usize>,
     nodes: Vec<Node>,
     head: usize,
     tail: usize,
+    pinned: usize,
 }
 
 impl LruCache {
@@ -47,7 +52,13 @@ impl LruCache {
             nodes: Vec::with_capacity(capacity.min(1 << 20)),
             head: NIL,
             tail: NIL,
+            pinned: 0,
         }
+    }
+
+    /// Entries that are pinned.
+    pub fn pinned(&self) -> usize {
+        self.pinned
     }
 
     pub fn capacity(&self) -> usize {
@@ -91,8 +102,10 @@ impl LruCache {
     /// Looks up and marks as used.
     pub fn get(&mut self, k: Key) -> Option<Arc<ExpertWeights>> {
         let i = *self.map.get(&k)?;
-        self.unlink(i);
-        self.push_front(i);
+        if !self.nodes[i].pinned {
+            self.unlink(i);
+            self.push_front(i);
+        }
         Some(self.nodes[i].value.clone())
     }
 
@@ -101,18 +114,43 @@ impl LruCache {
     }
 
     /// Inserts (or refreshes) as most recent, evicting the least recently
-    /// used entry if full. A zero-capacity cache keeps nothing.
+    /// used entry if full. A zero-capacity cache keeps nothing, nor does a
+    /// cache whose every entry is pinned.
     pub fn insert(&mut self, k: Key, e: Arc<ExpertWeights>) {
-        if self.capacity == 0 {
-            return;
+        self.put(k, e, false);
+    }
+
+    /// Inserts `k` pinned (an existing entry becomes pinned). Refused (false)
+    /// when pinning it would leave fewer than `keep_free` unpinned places.
+    pub fn insert_pinned(&mut self, k: Key, e: Arc<ExpertWeights>, keep_free: usize) -> bool {
+        let already = self.map.get(&k).is_some_and(|&i| self.nodes[i].pinned);
+        if !already && self.pinned + 1 + keep_free > self.capacity {
+            return false;
         }
+        self.put(k, e, true)
+    }
+
+    fn put(&mut self, k: Key, e: Arc<ExpertWeights>, pin: bool) -> bool {
         if let Some(&i) = self.map.get(&k) {
             self.nodes[i].value = e;
-            self.unlink(i);
-            self.push_front(i);
-            return;
+            if !self.nodes[i].pinned {
+                self.unlink(i);
+                if pin {
+                    self.nodes[i].pinned = true;
+                    self.pinned += 1;
+                } else {
+                    self.push_front(i);
+                }
+            }
+            return true;
+        }
+        if self.capacity == 0 {
+            return false;
         }
         let i = if self.map.len() >= self.capacity {
+            if self.tail == NIL {
+                return false; // everything is pinned
+            }
             // Reuse the least recently used node.
             let i = self.tail;
             self.unlink(i);
@@ -126,11 +164,18 @@ impl LruCache {
                 value: e,
                 prev: NIL,
                 next: NIL,
+                pinned: false,
             });
             self.nodes.len() - 1
         };
         self.map.insert(k, i);
-        self.push_front(i);
+        if pin {
+            self.nodes[i].pinned = true;
+            self.pinned += 1;
+        } else {
+            self.push_front(i);
+        }
+        true
     }
 }
 
@@ -167,5 +212,28 @@ mod tests {
         let mut z = LruCache::new(0);
         z.insert((0, 1), e());
         assert!(z.is_empty());
+    }
+
+    #[test]
+    fn pinned_entries_are_never_evicted() {
+        let mut c = LruCache::new(3);
+        assert!(c.insert_pinned((0, 1), e(), 1));
+        assert!(c.insert_pinned((0, 2), e(), 1));
+        // A third pin would leave no unpinned place.
+        assert!(!c.insert_pinned((0, 3), e(), 1));
+        assert_eq!(c.pinned(), 2);
+        for i in 10..20 {
+            c.insert((1, i), e());
+            assert_eq!(c.len(), 3);
+        }
+        assert!(c.contains((0, 1)) && c.contains((0, 2)) && c.contains((1, 19)));
+        // Touching a pinned entry keeps it pinned; an unpinned one can be pinned.
+        assert!(c.get((0, 1)).is_some());
+        c.insert((0, 1), e());
+        assert_eq!(c.pinned(), 2);
+        assert!(c.insert_pinned((1, 19), e(), 0));
+        assert_eq!(c.pinned(), 3);
+        c.insert((2, 0), e()); // full of pins: not kept
+        assert!(!c.contains((2, 0)) && c.len() == 3);
     }
 }

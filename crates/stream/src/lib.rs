@@ -11,15 +11,18 @@
 //! * [`cache`]: an LRU cache of whole experts sized by the RAM budget.
 //! * [`store`]: the source itself — hits, misses, next-layer prefetch that
 //!   only schedules I/O (never changes routing), cancellation of wrong guesses.
+//! * [`heat`]: request counts kept across runs, to warm and pin the cache.
 //! * [`budget`]: the RAM ledger that decides the cache size before loading.
 
 pub mod budget;
 pub mod cache;
+pub mod heat;
 pub mod kv_spill;
 pub mod memory;
 pub mod reader;
 pub mod store;
 
 pub use budget::{Ledger, default_budget};
+pub use heat::Heat;
 pub use kv_spill::FileSpill;
 pub use store::{StreamConfig, StreamedExperts};

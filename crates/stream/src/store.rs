@@ -25,6 +25,7 @@ use fathom_model::{ModelError, Result};
 use fathom_weights::Checkpoint;
 
 use crate::cache::{Key, LruCache};
+use crate::heat::Heat;
 use crate::reader::{ShardReader, read_expert};
 
 /// How the store runs.
@@ -115,6 +116,8 @@ impl PendingExpert for Pending {
 struct Job {
     key: Key,
     pending: Arc<Pending>,
+    /// Goes into the cache's pinned tier (a heat warm-up read).
+    pin: bool,
 }
 
 #[derive(Default)]
@@ -133,6 +136,10 @@ struct Inner {
     /// scored from the first layer on, and prefetching begins once they have
     /// shown they are right often enough (about one token on k3-code-small).
     precision: f64,
+    /// Requests per (layer, expert), for `--heat-out`.
+    heat: Vec<Vec<u64>>,
+    /// Unpinned places a pin must leave (one step's union of a layer).
+    keep_free: usize,
 }
 
 #[derive(Default)]
@@ -181,6 +188,8 @@ impl StreamedExperts {
                 inflight: HashMap::new(),
                 hints: HashMap::new(),
                 precision: 0.0,
+                heat: table.layers.iter().map(|l| vec![0; l.len()]).collect(),
+                keep_free: cfg.max_inflight.max(table.top_k),
             }),
             queues: Mutex::new(Queues::default()),
             queue_cv: Condvar::new(),
@@ -241,6 +250,7 @@ impl StreamedExperts {
             }
             for &e in ids {
                 let k = (l, e);
+                inner.heat[layer][e as usize] += 1;
                 if let Some(x) = inner.cache.get(k) {
                     slots.push(ExpertSlot::Ready(x));
                     s.counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -254,6 +264,7 @@ impl StreamedExperts {
                             demand.push(Job {
                                 key: k,
                                 pending: p.clone(),
+                                pin: false,
                             }); // promote
                         }
                         p.clone()
@@ -264,6 +275,7 @@ impl StreamedExperts {
                         demand.push(Job {
                             key: k,
                             pending: p.clone(),
+                            pin: false,
                         });
                         p
                     }
@@ -286,6 +298,72 @@ impl StreamedExperts {
     /// Whether reads bypass the page cache with `O_DIRECT`.
     pub fn direct_io(&self) -> bool {
         self.shared.shards.iter().all(ShardReader::is_direct)
+    }
+
+    /// Experts the cache holds at most.
+    pub fn cache_capacity(&self) -> usize {
+        self.shared.inner.lock().unwrap().cache.capacity()
+    }
+
+    /// Experts in the cache's pinned tier.
+    pub fn pinned(&self) -> usize {
+        self.shared.inner.lock().unwrap().cache.pinned()
+    }
+
+    /// Routed experts per layer (0 for a dense layer).
+    pub fn experts_per_layer(&self) -> Vec<usize> {
+        self.shared.table.layers.iter().map(Vec::len).collect()
+    }
+
+    /// Request counts so far per (layer, expert), as heat for `model`
+    /// (`tokens`: the positions they come from).
+    pub fn heat(&self, model: &str, tokens: u64) -> Heat {
+        let counts = self.shared.inner.lock().unwrap().heat.clone();
+        Heat {
+            format: crate::heat::FORMAT.into(),
+            model: model.into(),
+            tokens,
+            counts,
+        }
+    }
+
+    /// Reads `keys` (hottest first) into the cache before the first step,
+    /// as many as it holds; the first `pin` go to its pinned tier, which
+    /// always leaves a layer's worth of places to LRU. Returns the bytes
+    /// read. Only what is cached changes: requests still get the experts
+    /// the router chose, so output is the same with or without it.
+    pub fn warm(&self, keys: &[Key], pin: usize) -> Result<u64> {
+        let s = &*self.shared;
+        let before = s.counters.bytes_read.load(Ordering::Relaxed);
+        let mut waits = Vec::new();
+        {
+            let mut inner = s.inner.lock().unwrap();
+            let room = inner.cache.capacity().saturating_sub(inner.cache.len());
+            let mut q = s.queues.lock().unwrap();
+            for (i, &k) in keys.iter().take(room).enumerate() {
+                let valid = s
+                    .table
+                    .layers
+                    .get(k.0 as usize)
+                    .is_some_and(|l| (k.1 as usize) < l.len());
+                if !valid || inner.cache.contains(k) || inner.inflight.contains_key(&k) {
+                    continue;
+                }
+                let p = Pending::new();
+                inner.inflight.insert(k, p.clone());
+                q.demand.push_back(Job {
+                    key: k,
+                    pending: p.clone(),
+                    pin: i < pin,
+                });
+                waits.push(p);
+            }
+        }
+        s.queue_cv.notify_all();
+        for p in waits {
+            p.wait().map_err(ModelError::Experts)?;
+        }
+        Ok(s.counters.bytes_read.load(Ordering::Relaxed) - before)
     }
 
     /// Waits until no read is in flight (stray prefetches included), so that
@@ -355,7 +433,10 @@ fn io_loop(s: &Shared) {
         {
             let mut inner = s.inner.lock().unwrap();
             if let Done::Ready(e) = &done {
-                inner.cache.insert(job.key, e.clone());
+                let keep = inner.keep_free;
+                if !(job.pin && inner.cache.insert_pinned(job.key, e.clone(), keep)) {
+                    inner.cache.insert(job.key, e.clone());
+                }
             }
             remove_inflight(&mut inner, job.key, &job.pending);
         }
@@ -417,7 +498,11 @@ impl ExpertSource for StreamedExperts {
                 }
                 let p = Pending::new();
                 inner.inflight.insert(k, p.clone());
-                jobs.push(Job { key: k, pending: p });
+                jobs.push(Job {
+                    key: k,
+                    pending: p,
+                    pin: false,
+                });
             }
             inner.hints.insert(l, valid);
         }

@@ -226,6 +226,11 @@ pub fn run(a: BatchArgs) -> Result<()> {
             stats: f.stats,
         })
         .collect();
+    let positions: usize = results
+        .iter()
+        .map(|r| r.prompt_ids.len() + r.output_ids.len())
+        .sum();
+    info.heat.record(positions as u64)?;
     let mut stats = BatchStats {
         experts_per_step: es.experts.requested as f64 / es.steps.max(1) as f64,
         expert_bytes: model.info().expert_bytes,

@@ -31,6 +31,12 @@ pub struct BenchArgs {
     /// File of prompts, one per line: text, or `ids: 1,2,3`; `#` lines and blank lines skipped.
     #[arg(long, value_name = "FILE")]
     prompts: Option<PathBuf>,
+    /// Run a fixed prompt set instead ("standard": two factual prompts, a
+    /// code continuation, a chat turn, a long-context prompt) and print a
+    /// result card (Markdown); with --json PATH the card is also written as
+    /// JSON to PATH, Markdown to PATH.md and SVG to PATH.svg.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["prompt", "prompt_ids", "prompts", "expect_ids"])]
+    suite: Option<String>,
     /// Tokens each run generates (greedy; EOS may end a run earlier).
     #[arg(long, default_value_t = 16)]
     max_new: usize,
@@ -161,6 +167,12 @@ fn run_depth(a: &BenchArgs) -> Result<()> {
 }
 
 fn prompts(a: &BenchArgs) -> Result<Vec<Prompt>> {
+    if let Some(name) = &a.suite {
+        return Ok(fathom_bench::suite::suite(name)?
+            .into_iter()
+            .map(|p| p.prompt)
+            .collect());
+    }
     if let Some(t) = &a.prompt {
         if t.is_empty() {
             bail!("--prompt is empty");
@@ -277,8 +289,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.batch_sizes.is_empty() {
         return run_sweep(&a);
     }
+    if let Some(name) = &a.suite {
+        return run_suite(&a, name);
+    }
     if a.prompt.is_none() && a.prompt_ids.is_none() && a.prompts.is_none() {
-        bail!("give --prompt, --prompt-ids or --prompts (or --depth for the context-depth sweep)");
+        bail!(
+            "give --prompt, --prompt-ids, --prompts or --suite standard (or --depth for the context-depth sweep)"
+        );
     }
     let cfg = config(&a)?;
     let report = run_bench(&cfg, |line| eprintln!("{line}"))?;
@@ -292,6 +309,61 @@ pub fn run(a: BenchArgs) -> Result<()> {
         std::fs::write(p, fathom_bench::svg::render(&report))
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// `--suite NAME`: the fixed prompts through every arm, then the result card.
+fn run_suite(a: &BenchArgs, name: &str) -> Result<()> {
+    use fathom_bench::suite;
+    let mut set = suite::suite(name)?;
+    // Text and chat prompts need the model's tokenizer: say so before measuring.
+    let Some(tok) = crate::common::tokenizer(&a.model)? else {
+        bail!(
+            "--suite {name} gives text prompts and {} has no tokenizer (tiktoken.model or tokenizer.json)",
+            a.model.display()
+        );
+    };
+    let mut skipped = Vec::new();
+    if fathom_chat::ChatFormat::detect(&a.model, tok.as_ref())?.is_none() {
+        set.retain(|p| !matches!(p.prompt, Prompt::Chat(_)));
+        skipped.push("chat: the model has no chat format (no chat template)".to_string());
+        tracing::warn!(
+            "{}: no chat format, the suite's chat turn is skipped",
+            a.model.display()
+        );
+    }
+    // A prompt that cannot fit the context with --max-new is skipped, and said so.
+    let context =
+        fathom_model::registry::declared_context(&a.model)?.unwrap_or(crate::load::ASSUMED_CONTEXT);
+    set.retain(|p| {
+        let n = p.prompt.text().map_or(0, |t| tok.encode(t).len());
+        let fits = n + a.max_new + 1 <= context;
+        if !fits {
+            skipped.push(format!(
+                "{}: {n} prompt tokens plus --max-new {} exceed the model's context of {context} tokens",
+                p.name, a.max_new
+            ));
+        }
+        fits
+    });
+    let id = suite::model_id(&a.model)?;
+    let mut cfg = config(a)?;
+    cfg.prompts = set.iter().map(|p| p.prompt.clone()).collect();
+    let report = run_bench(&cfg, |line| eprintln!("{line}"))?;
+    let mut card = suite::card(&report, name, &set, id);
+    card.skipped = skipped;
+    let md = suite::markdown(&card);
+    print!("{md}");
+    if let Some(p) = &a.json {
+        let write = |path: PathBuf, text: String| {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+            anyhow::Ok(())
+        };
+        write(p.clone(), serde_json::to_string_pretty(&card)? + "\n")?;
+        write(p.with_extension("md"), md)?;
+        write(p.with_extension("svg"), suite::svg(&card))?;
     }
     Ok(())
 }

@@ -154,6 +154,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         buffered_io: false,
         device: crate::device::DeviceArg::Cpu,
         vram_budget: None,
+        heat: None,
+        heat_pin: 0.0,
+        heat_out: None,
         mtp: false,
     };
     let (model, info) = load_model_with(&dir, &mem, prompt.len(), fathom_model::Spine::Bf16)?;

@@ -184,6 +184,9 @@ pub fn setup(info: &LoadInfo, spine: fathom_model::Spine) -> RunSetup {
         ram_budget_bytes: info.ledger.as_ref().map(|l| l.budget),
         expert_cache_slots: info.ledger.as_ref().map(|l| l.cache_experts),
         device: info.device.clone(),
+        heat_warmed_experts: info.heat.warmed.map(|w| w.0),
+        heat_pinned_experts: info.heat.warmed.map(|w| w.1),
+        heat_warm_bytes: info.heat.warmed.map(|w| w.2),
     }
 }
 
@@ -302,6 +305,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let f = generate_with(&model, req, opts, decoder(tok.as_ref()), on_token)?;
     let total = model.expert_stats().since(&start_stats);
+    info.heat
+        .record((f.stats.prompt_tokens + f.stats.generated_tokens) as u64)?;
     let wall = f.stats.prefill_s + f.stats.decode_s;
     let stats = RunStats {
         seq: f.stats.clone(),
