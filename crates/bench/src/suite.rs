@@ -341,6 +341,44 @@ fn opt(v: Option<f64>) -> String {
 
 /// The card as Markdown.
 pub fn markdown(c: &Card) -> String {
+    let mut s = header_md(c);
+    for a in &c.arms {
+        let _ = writeln!(
+            s,
+            "## arm `{}` ({}) — {}\n",
+            a.name,
+            a.spec,
+            a.status.word()
+        );
+        if let Some(msg) = &a.message {
+            let _ = writeln!(s, "{msg}\n");
+        }
+        let _ = writeln!(
+            s,
+            "| prompt | kind | prompt tokens | prefill tok/s | first token s | decode tok/s | ceiling tok/s | ÷ ceiling | bound |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for p in &a.prompts {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                p.name,
+                p.kind,
+                opt(p.prompt_tokens),
+                opt(p.prefill_tok_s),
+                opt(p.first_token_s),
+                opt(p.decode_tok_s),
+                opt(p.decode_ceiling_tok_s),
+                opt(p.decode_vs_ceiling),
+                p.bound.map_or("–", Bound::word)
+            );
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The card's identity table: machine, bandwidths, fathom, model, run.
+fn header_md(c: &Card) -> String {
     let gb = |b: f64| format!("{:.2} GB/s", b / 1e9);
     let m = &c.machine;
     let mut s = String::new();
@@ -394,38 +432,6 @@ pub fn markdown(c: &Card) -> String {
         let _ = writeln!(s, "| skipped | {k} |");
     }
     s.push('\n');
-    for a in &c.arms {
-        let _ = writeln!(
-            s,
-            "## arm `{}` ({}) — {}\n",
-            a.name,
-            a.spec,
-            a.status.word()
-        );
-        if let Some(msg) = &a.message {
-            let _ = writeln!(s, "{msg}\n");
-        }
-        let _ = writeln!(
-            s,
-            "| prompt | kind | prompt tokens | prefill tok/s | first token s | decode tok/s | ceiling tok/s | ÷ ceiling | bound |\n|---|---|---|---|---|---|---|---|---|"
-        );
-        for p in &a.prompts {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                p.name,
-                p.kind,
-                opt(p.prompt_tokens),
-                opt(p.prefill_tok_s),
-                opt(p.first_token_s),
-                opt(p.decode_tok_s),
-                opt(p.decode_ceiling_tok_s),
-                opt(p.decode_vs_ceiling),
-                p.bound.map_or("–", Bound::word)
-            );
-        }
-        s.push('\n');
-    }
     s
 }
 
@@ -460,31 +466,7 @@ pub fn svg(c: &Card) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let m = &c.machine;
-    let lines = [
-        format!(
-            "fathom {} — suite {} — {} new tokens, median of {} reps",
-            c.fathom_version, c.suite, c.max_new, c.reps
-        ),
-        format!(
-            "{} · {} CPUs · {} RAM · GPU {}",
-            m.cpu_model.as_deref().unwrap_or("unknown CPU"),
-            m.logical_cpus,
-            m.ram_bytes
-                .map_or("?".into(), fathom_weights::units::format_bytes),
-            c.gpu.as_deref().unwrap_or("none")
-        ),
-        format!(
-            "measured: storage {:.2} GB/s, memory {:.1} GB/s · model {} config {} digest {}",
-            c.storage_bytes_per_s / 1e9,
-            c.memory_bytes_per_s / 1e9,
-            c.model.model_type.as_deref().unwrap_or("?"),
-            &c.model.config_sha256[..12],
-            &c.model.checkpoint_digest[..12]
-        ),
-        "decode tok/s (bar) and its ceiling (tick)".to_string(),
-    ];
-    for (i, l) in lines.iter().enumerate() {
+    for (i, l) in svg_lines(c).iter().enumerate() {
         let _ = writeln!(
             s,
             r#"<text x="12" y="{}">{}</text>"#,
@@ -529,6 +511,34 @@ pub fn svg(c: &Card) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// The SVG card's identity lines.
+fn svg_lines(c: &Card) -> [String; 4] {
+    let m = &c.machine;
+    [
+        format!(
+            "fathom {} — suite {} — {} new tokens, median of {} reps",
+            c.fathom_version, c.suite, c.max_new, c.reps
+        ),
+        format!(
+            "{} · {} CPUs · {} RAM · GPU {}",
+            m.cpu_model.as_deref().unwrap_or("unknown CPU"),
+            m.logical_cpus,
+            m.ram_bytes
+                .map_or("?".into(), fathom_weights::units::format_bytes),
+            c.gpu.as_deref().unwrap_or("none")
+        ),
+        format!(
+            "measured: storage {:.2} GB/s, memory {:.1} GB/s · model {} config {} digest {}",
+            c.storage_bytes_per_s / 1e9,
+            c.memory_bytes_per_s / 1e9,
+            c.model.model_type.as_deref().unwrap_or("?"),
+            &c.model.config_sha256[..12],
+            &c.model.checkpoint_digest[..12]
+        ),
+        "decode tok/s (bar) and its ceiling (tick)".to_string(),
+    ]
 }
 
 fn esc(t: &str) -> String {

@@ -126,6 +126,9 @@ pub struct MemoryArgs {
     /// `run --draft mtp`).
     #[arg(skip = false)]
     pub mtp: bool,
+    /// The command records `--heat-out` (set by run and batch).
+    #[arg(skip = false)]
+    pub records_heat: bool,
 }
 
 fn parse_pin(s: &str) -> std::result::Result<f64, String> {
@@ -551,6 +554,9 @@ fn heat_precheck(
     if mem.heat.is_none() && mem.heat_out.is_none() {
         return Ok(None);
     }
+    if mem.heat_out.is_some() && !mem.records_heat {
+        bail!("--heat-out is recorded by `fathom run` and `fathom batch` only");
+    }
     if !stream {
         if mem.experts == ExpertMode::Resident {
             bail!(
@@ -564,6 +570,12 @@ fn heat_precheck(
         return Ok(None);
     }
     let model = config_digest(dir)?;
+    // An existing --heat-out file must be this model's: checked now, not
+    // after the run.
+    if let Some(p) = mem.heat_out.as_ref().filter(|p| p.exists()) {
+        fathom_stream::Heat::read(p, &model, None)
+            .map_err(|e| anyhow::anyhow!("{}", e.replacen("--heat ", "--heat-out ", 1)))?;
+    }
     mem.heat
         .as_ref()
         .map(|p| fathom_stream::Heat::read(p, &model, None).map_err(anyhow::Error::msg))

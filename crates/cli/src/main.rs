@@ -68,6 +68,16 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Runs a command on a thread of the compute pool. The parallel products
+/// it starts then fork from a pool thread (work stealing) instead of being
+/// injected from outside and waited for on a latch: a sleep and a wake of
+/// the calling thread per product, which on small models was a fixed cost
+/// per token (rayon's `LockLatch` and context switches in the profile).
+/// Results do not depend on which thread runs what.
+fn on_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    rayon::scope(|_| f())
+}
+
 fn main() {
     quiet_broken_pipes();
     let cli = match Cli::try_parse() {
@@ -91,14 +101,14 @@ fn main() {
         }
     }
     let result = match cli.command {
-        Command::Demo(a) => commands::demo::run(a),
-        Command::Run(a) => commands::run::run(a),
-        Command::Batch(a) => commands::batch::run(a),
+        Command::Demo(a) => on_pool(move || commands::demo::run(a)),
+        Command::Run(a) => on_pool(move || commands::run::run(a)),
+        Command::Batch(a) => on_pool(move || commands::batch::run(a)),
         Command::Bench(a) => commands::bench::run(a),
         Command::BenchServe(a) => commands::bench_serve::run(a),
-        Command::Logits(a) => commands::logits::run(a),
+        Command::Logits(a) => on_pool(move || commands::logits::run(a)),
         Command::Tokenize(a) => commands::tokenize::run(a),
-        Command::Chat(a) => commands::chat::run(a),
+        Command::Chat(a) => on_pool(move || commands::chat::run(a)),
         Command::Serve(a) => commands::serve::run(a),
         Command::Synth(a) => commands::synth::run(a),
         Command::Inspect(a) => commands::inspect::run(a),

@@ -30,6 +30,9 @@ fn heat_is_recorded_warms_the_cache_and_changes_no_token() {
             "stream",
             "--context",
             "256",
+            // A cache of about half the 256 experts: eviction happens.
+            "--ram-budget",
+            "75MB",
             "--json",
         ];
         args.extend(extra);
@@ -64,7 +67,9 @@ fn heat_is_recorded_warms_the_cache_and_changes_no_token() {
     assert_eq!(cold["output_ids"], pinned["output_ids"]);
     let s = &pinned["stats"];
     let slots = s["expert_cache_slots"].as_u64().unwrap();
-    assert!(slots > 0, "{s}");
+    assert!(slots > 16 && slots < 256, "{s}");
+    assert!(s["heat_pinned_experts"].as_u64().unwrap() > 0, "{s}");
+    assert!(cold["stats"]["expert_hit_rate"].as_f64().unwrap() < 1.0);
     assert!(s["heat_warmed_experts"].as_u64().unwrap() > 0, "{s}");
     assert!(s["heat_warm_bytes"].as_u64().unwrap() > 0, "{s}");
     assert!(
@@ -116,6 +121,25 @@ fn heat_from_another_model_or_without_streaming_is_refused() {
     let args = base(ck, &["--experts", "resident", "--heat", h]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fails_with(&args, "--experts stream");
+    // A --heat-out file of another model is refused before the run.
+    let args = base(ck, &["--experts", "stream", "--heat-out", h]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails_with(&args, "--heat-out");
+    let o = common::fathom(&[
+        "logits",
+        "--model",
+        ck,
+        "--prompt-ids",
+        "1,2",
+        "--experts",
+        "stream",
+        "--heat-out",
+        "x.json",
+    ]);
+    assert!(
+        !o.status.success()
+            && String::from_utf8_lossy(&o.stderr).contains("run` and `fathom batch` only")
+    );
     let args = base(ck, &["--experts", "stream", "--heat-pin", "2"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fails_with(&args, "0..=0.9");

@@ -52,7 +52,7 @@ fn synth_then_verify_ok_with_digest() {
     let o = fathom(&["verify", dir.to_str().unwrap(), "--digest"]);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8(o.stdout).unwrap();
-    // synth writes SHA256SUMS; every file matches it.
+    // synth writes SHA256SUMS (2 shards, tokenizer, configs, index); every file matches it.
     assert!(
         out.lines().any(
             |l| l.ends_with(&format!("  {SHARD2}  ok")) && l.len() == 64 + 2 + SHARD2.len() + 4
@@ -61,7 +61,7 @@ fn synth_then_verify_ok_with_digest() {
     );
     assert_eq!(
         out.lines().last().unwrap(),
-        "ok: 2 shards, 1770 tensors, 7.27 MB, 6 files match the manifest"
+        "ok: 2 shards, 1770 tensors, 7.27 MB, 7 files match the manifest"
     );
     // Without --force an existing model is kept.
     let o = fathom(&["synth", "--preset", "tiny", "--out", dir.to_str().unwrap()]);
@@ -300,4 +300,128 @@ fn bad_input_is_a_clear_error() {
     let o = fathom(&["verify", d]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("FAILED"), "{}", text(&o));
+}
+
+/// `--tokenizer-from DIR` writes a released tokenizer's files as they are
+/// (k3-code-small's trained tokenizer stands in for a release; without it,
+/// another synth's), sizes the vocabulary to them, and the model runs with
+/// that tokenizer; every synth writes a `generation_config.json` with the
+/// config's special ids.
+#[test]
+fn a_released_tokenizer_is_written_as_it_is() {
+    let code_small =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/k3-code-small");
+    let src = if code_small.join("tiktoken.model").is_file() {
+        code_small
+    } else {
+        eprintln!("k3-code-small is not here: another synth's tokenizer stands in for a release");
+        let other = tmp("tok-source");
+        let o = fathom(&[
+            "synth",
+            "--preset",
+            "tiny",
+            "--vocab",
+            "2304",
+            "--out",
+            other.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        other
+    };
+    let ranks = std::fs::read_to_string(src.join("tiktoken.model"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count();
+    let dir = tmp("released-tok");
+    let s = src.to_str().unwrap();
+    let o = fathom(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--tokenizer-from",
+        s,
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    for f in ["tiktoken.model", "tokenizer_config.json"] {
+        assert_eq!(
+            std::fs::read(dir.join(f)).unwrap(),
+            std::fs::read(src.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        cfg["text_config"]["vocab_size"].as_u64().unwrap() as usize,
+        ranks + 256
+    );
+    let generation: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("generation_config.json")).unwrap())
+            .unwrap();
+    assert!(generation["eos_token_id"].is_u64(), "{generation}");
+    assert_eq!(generation["eos_token_id"], cfg["eos_token_id"]);
+    assert_eq!(generation["bos_token_id"], cfg["bos_token_id"]);
+    let sums = std::fs::read_to_string(dir.join("SHA256SUMS")).unwrap();
+    assert!(
+        sums.contains("  generation_config.json\n") && sums.contains("  tiktoken.model\n"),
+        "{sums}"
+    );
+    let d = dir.to_str().unwrap();
+    let words = "def add(a, b):\n    return a + b";
+    let ids = |m: &str| {
+        let o = fathom(&["tokenize", "--model", m, "--json", words]);
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()["ids"].clone()
+    };
+    assert_eq!(ids(d), ids(s));
+    let o = fathom(&[
+        "run",
+        "--model",
+        d,
+        "--prompt",
+        words,
+        "--max-new",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // A directory without a tokenizer is named with what is missing.
+    let o = fathom(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--tokenizer-from",
+        d,
+        "--out",
+        d,
+        "--force",
+        "--dry-run",
+    ]);
+    assert!(
+        o.status.success(),
+        "a synth output is itself a tokenizer source: {}",
+        text(&o)
+    );
+    let empty = tmp("no-tok");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = fathom(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--tokenizer-from",
+        empty.to_str().unwrap(),
+        "--out",
+        d,
+        "--force",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--tokenizer-from") && text(&o).contains("tiktoken.model"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -92,10 +92,10 @@ impl Heat {
 
     /// Adds `other`'s counts (same shape).
     pub fn add(&mut self, other: &Heat) {
-        self.tokens += other.tokens;
+        self.tokens = self.tokens.saturating_add(other.tokens);
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             for (x, y) in a.iter_mut().zip(b) {
-                *x += y;
+                *x = x.saturating_add(*y);
             }
         }
     }
@@ -111,7 +111,9 @@ impl Heat {
             total.add(&old);
         }
         let at = |e: std::io::Error| format!("--heat-out {}: {e}", path.display());
-        let tmp = path.with_extension("heat.tmp");
+        // Unique per process: two runs recording into one file never share a
+        // temporary (the later rename wins; counts are not locked across runs).
+        let tmp = path.with_extension(format!("heat.{}.tmp", std::process::id()));
         let text = serde_json::to_string(&total).map_err(|e| e.to_string())?;
         std::fs::write(&tmp, text).map_err(at)?;
         std::fs::rename(&tmp, path).map_err(at)?;

@@ -339,6 +339,9 @@ impl StreamedExperts {
         {
             let mut inner = s.inner.lock().unwrap();
             let room = inner.cache.capacity().saturating_sub(inner.cache.len());
+            // The pinned tier leaves `keep_free` places to LRU, so the pins
+            // are exactly the hottest keys whatever order the reads finish in.
+            let pin = pin.min(inner.cache.capacity().saturating_sub(inner.keep_free));
             let mut q = s.queues.lock().unwrap();
             for (i, &k) in keys.iter().take(room).enumerate() {
                 let valid = s

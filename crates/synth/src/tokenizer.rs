@@ -295,6 +295,91 @@ pub fn tokenizer_config(vocab: usize) -> Value {
     })
 }
 
+/// A released tokenizer read for `synth --tokenizer-from DIR`: its files
+/// (written as they are) and the vocabulary they imply.
+pub struct Released {
+    /// Ranks in `tiktoken.model` plus the 256 specials after them.
+    pub vocab: usize,
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// Reads `dir`'s tiktoken tokenizer: `tiktoken.model` (ranks 0..n in
+/// order), `tokenizer_config.json` (specials at n..n+256, as Kimi's
+/// tokenizers have them) and the tokenizer module and chat template a
+/// release ships beside them (`tokenization_*.py`, `chat_template.jinja`).
+pub fn released_files(dir: &std::path::Path) -> crate::error::Result<Released> {
+    use crate::error::SynthError::Invalid;
+    let at = |m: String| Invalid(format!("--tokenizer-from {}: {m}", dir.display()));
+    let read = |name: &str, cap: u64| -> crate::error::Result<Vec<u8>> {
+        let p = dir.join(name);
+        let len = std::fs::metadata(&p)
+            .map_err(|e| at(format!("{name}: {e} (a released Kimi tokenizer has tiktoken.model and tokenizer_config.json)")))?
+            .len();
+        if len > cap {
+            return Err(at(format!(
+                "{name} is {len} bytes, more than a tokenizer file holds"
+            )));
+        }
+        std::fs::read(&p).map_err(|e| crate::error::SynthError::io(&p, e))
+    };
+    let ranks = read("tiktoken.model", 64 << 20)?;
+    let text = std::str::from_utf8(&ranks).map_err(|_| at("tiktoken.model is not text".into()))?;
+    let mut n = 0usize;
+    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let rank = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|r| r.parse::<usize>().ok());
+        if rank != Some(i) {
+            return Err(at(format!(
+                "tiktoken.model line {}: expected `base64 {i}` (ranks in order)",
+                i + 1
+            )));
+        }
+        n = i + 1;
+    }
+    if n < 256 {
+        return Err(at(format!(
+            "tiktoken.model has {n} ranks: fewer than the 256 bytes"
+        )));
+    }
+    let cfg = read("tokenizer_config.json", 16 << 20)?;
+    let v: Value =
+        serde_json::from_slice(&cfg).map_err(|e| at(format!("tokenizer_config.json: {e}")))?;
+    let ids: Vec<usize> = v
+        .get("added_tokens_decoder")
+        .and_then(Value::as_object)
+        .map(|m| m.keys().filter_map(|k| k.parse().ok()).collect())
+        .unwrap_or_default();
+    if let Some(bad) = ids.iter().find(|&&id| id < n || id >= n + NUM_SPECIALS) {
+        return Err(at(format!(
+            "special token id {bad} is outside {n}..{} (the {NUM_SPECIALS} ids after the ranks)",
+            n + NUM_SPECIALS
+        )));
+    }
+    let mut files = vec![
+        ("tiktoken.model".to_string(), ranks),
+        ("tokenizer_config.json".to_string(), cfg),
+    ];
+    let mut extra: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|e| crate::error::SynthError::io(dir, e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|f| {
+            (f.starts_with("tokenization_") && f.ends_with(".py")) || f == "chat_template.jinja"
+        })
+        .collect();
+    extra.sort();
+    for f in extra {
+        let bytes = read(&f, 16 << 20)?;
+        files.push((f, bytes));
+    }
+    Ok(Released {
+        vocab: n + NUM_SPECIALS,
+        files,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,6 +53,10 @@ pub struct WriteOptions {
     /// been written, to prove that an interrupted run leaves nothing that
     /// looks complete.
     pub fail_after_bytes: Option<u64>,
+    /// A released tokenizer's files (name, bytes) to write instead of the
+    /// synthetic `tiktoken.model` / `tokenizer_config.json` (see
+    /// [`crate::tokenizer::released_files`]).
+    pub tokenizer: Option<Vec<(String, Vec<u8>)>>,
 }
 
 impl Default for WriteOptions {
@@ -62,6 +66,7 @@ impl Default for WriteOptions {
             buffer_size: 64 << 20,
             direct_io: true,
             fail_after_bytes: None,
+            tokenizer: None,
         }
     }
 }
@@ -86,7 +91,12 @@ fn is_model_file(name: &str) -> bool {
 
 /// Files this writer produces or leaves behind, removed under `force`.
 fn is_ours(name: &str) -> bool {
-    is_model_file(name) || name == "tiktoken.model" || name == "tokenizer_config.json"
+    is_model_file(name)
+        || name == "tiktoken.model"
+        || name == "tokenizer_config.json"
+        || name == "generation_config.json"
+        || name == "chat_template.jinja"
+        || (name.starts_with("tokenization_") && name.ends_with(".py"))
 }
 
 fn partial_name(name: &str) -> String {
@@ -366,22 +376,32 @@ pub fn write_model(
     }
     let shard_seconds = t0.elapsed().as_secs_f64();
 
-    atomic_write(dir, "tiktoken.model", ranks.as_bytes())?;
-    let tok_cfg = tokenizer::tokenizer_config(vocab);
-    atomic_write(dir, "tokenizer_config.json", &pretty(&tok_cfg))?;
-    atomic_write(dir, "config.json", &pretty(&plan.model.config_json()))?;
-    atomic_write(
-        dir,
-        "model.safetensors.index.json",
-        &pretty(&plan.index_json()),
-    )?;
+    // The small files a released checkpoint has beside its shards.
+    let tok_files = opts.tokenizer.clone().unwrap_or_else(|| {
+        vec![
+            ("tiktoken.model".to_string(), ranks.into_bytes()),
+            (
+                "tokenizer_config.json".to_string(),
+                pretty(&tokenizer::tokenizer_config(vocab)),
+            ),
+        ]
+    });
+    let config = plan.model.config_json();
+    let mut small = tok_files;
+    small.push((
+        "generation_config.json".into(),
+        pretty(&generation_config(&config)),
+    ));
+    small.push(("config.json".into(), pretty(&config)));
+    small.push((
+        "model.safetensors.index.json".into(),
+        pretty(&plan.index_json()),
+    ));
+    // config.json and the index last: their presence means "complete".
+    for (name, bytes) in &small {
+        atomic_write(dir, name, bytes)?;
+    }
     // A manifest `fathom verify --digest` (and sha256sum -c) compares with.
-    let small = [
-        ("tiktoken.model", ranks.as_bytes().to_vec()),
-        ("tokenizer_config.json", pretty(&tok_cfg)),
-        ("config.json", pretty(&plan.model.config_json())),
-        ("model.safetensors.index.json", pretty(&plan.index_json())),
-    ];
     for (name, bytes) in &small {
         digests.push((
             name.to_string(),
@@ -400,6 +420,25 @@ pub fn write_model(
         shard_bytes: plan.file_bytes(),
         shard_seconds,
         direct_io: direct,
+    })
+}
+
+/// `generation_config.json` as releases ship it: the special ids the
+/// config names (top level, else `text_config`), greedy by default.
+fn generation_config(config: &serde_json::Value) -> serde_json::Value {
+    let pick = |k: &str| {
+        config
+            .get(k)
+            .or_else(|| config.get("text_config").and_then(|t| t.get(k)))
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    };
+    serde_json::json!({
+        "_from_model_config": true,
+        "bos_token_id": pick("bos_token_id"),
+        "eos_token_id": pick("eos_token_id"),
+        "pad_token_id": pick("pad_token_id"),
+        "do_sample": false
     })
 }
 

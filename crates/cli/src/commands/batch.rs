@@ -145,7 +145,8 @@ pub fn run(a: BatchArgs) -> Result<()> {
         .max();
     let positions = (a.max_step_tokens as usize).max(longest.unwrap_or(0).min(4096));
     // Every prompt's state fits the one budget.
-    let mem = crate::load::reserve_sequences(&a.mem, lines.len() - 1);
+    let mut mem = crate::load::reserve_sequences(&a.mem, lines.len() - 1);
+    mem.records_heat = true;
     let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
     if !a.json {
         announce_spine(spine);

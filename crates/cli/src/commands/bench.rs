@@ -33,9 +33,9 @@ pub struct BenchArgs {
     prompts: Option<PathBuf>,
     /// Run a fixed prompt set instead ("standard": two factual prompts, a
     /// code continuation, a chat turn, a long-context prompt) and print a
-    /// result card (Markdown); with --json PATH the card is also written as
-    /// JSON to PATH, Markdown to PATH.md and SVG to PATH.svg.
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["prompt", "prompt_ids", "prompts", "expect_ids"])]
+    /// result card (Markdown); with --json card.json the card is also
+    /// written as JSON there, as Markdown to card.md and as SVG to card.svg.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["prompt", "prompt_ids", "prompts", "expect_ids", "depth", "batch_sizes"])]
     suite: Option<String>,
     /// Tokens each run generates (greedy; EOS may end a run earlier).
     #[arg(long, default_value_t = 16)]
@@ -347,6 +347,20 @@ fn run_suite(a: &BenchArgs, name: &str) -> Result<()> {
         }
         fits
     });
+    if set.is_empty() {
+        bail!(
+            "--suite {name}: no prompt of the suite fits this model ({})",
+            skipped.join("; ")
+        );
+    }
+    if let Some(p) = &a.json
+        && matches!(p.extension().and_then(|e| e.to_str()), Some("md" | "svg"))
+    {
+        bail!(
+            "--json {}: the card's Markdown and SVG go beside it as .md and .svg: name it .json",
+            p.display()
+        );
+    }
     let id = suite::model_id(&a.model)?;
     let mut cfg = config(a)?;
     cfg.prompts = set.iter().map(|p| p.prompt.clone()).collect();

@@ -228,6 +228,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         .mem
         .set_aside(draft_bytes(&draft, &a.model)?, "the draft model", fix)?;
     mem.mtp = matches!(draft, DraftChoice::Mtp);
+    mem.records_heat = true;
     let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
     let prompt = with_bos(
         prompt,
@@ -305,8 +306,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let f = generate_with(&model, req, opts, decoder(tok.as_ref()), on_token)?;
     let total = model.expert_stats().since(&start_stats);
-    info.heat
-        .record((f.stats.prompt_tokens + f.stats.generated_tokens) as u64)?;
+    let positions = (f.stats.prompt_tokens + f.stats.generated_tokens) as u64;
     let wall = f.stats.prefill_s + f.stats.decode_s;
     let stats = RunStats {
         seq: f.stats.clone(),
@@ -335,7 +335,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             stats,
         };
         writeln!(stdout, "{}", serde_json::to_string(&report)?)?;
-        return Ok(());
+        return info.heat.record(positions);
     }
     stdout.write_all(f.text_tail.as_bytes())?;
     writeln!(stdout)?;
@@ -372,7 +372,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             ))
         );
     }
-    Ok(())
+    info.heat.record(positions)
 }
 
 /// `--chat`: the prompt as one user message in the model's chat format.

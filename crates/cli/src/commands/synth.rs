@@ -73,6 +73,15 @@ pub struct SynthArgs {
     /// Print the plan (shape, size, shards) and write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Use a released tokenizer instead of the synthetic one: DIR's
+    /// tiktoken.model, tokenizer_config.json and the tokenizer module
+    /// (tokenization_*.py) and chat_template.jinja beside them are written
+    /// as they are, and the
+    /// vocabulary is sized to them (ranks + 256 specials). With a released
+    /// Kimi tokenizer, converters that check the tokenizer (llama.cpp's
+    /// convert_hf_to_gguf.py) accept the synthetic checkpoint.
+    #[arg(long, value_name = "DIR", conflicts_with = "vocab")]
+    tokenizer_from: Option<PathBuf>,
     /// Write only config.json (for `fathom inspect` plans of shapes too big
     /// to write, e.g. the full K3 or DeepSeek-V3 at a long context).
     #[arg(long, conflicts_with = "dry_run")]
@@ -98,12 +107,17 @@ pub(crate) fn byte_bar(total: u64, what: &str) -> ProgressBar {
 
 pub fn run(a: SynthArgs) -> Result<()> {
     let preset = Preset::from_name(&a.preset)?;
+    let released = a
+        .tokenizer_from
+        .as_deref()
+        .map(fathom_synth::tokenizer::released_files)
+        .transpose()?;
     let overrides = Overrides {
         layers: a.layers,
         experts: a.experts,
         top_k: a.top_k,
         hidden: a.hidden,
-        vocab: a.vocab,
+        vocab: released.as_ref().map(|r| r.vocab).or(a.vocab),
         target_size: a.target_size,
     };
     let resolved = resolve(preset, &overrides)?;
@@ -147,6 +161,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
     let bar = byte_bar(plan.file_bytes(), "writing");
     let opts = WriteOptions {
         force: a.force,
+        tokenizer: released.map(|r| r.files),
         ..Default::default()
     };
     let report = write_model(&plan, &a.out, &opts, &|n| bar.inc(n))
