@@ -58,6 +58,13 @@ pub struct ServeConfig {
     /// RAM for saved prefix states (0 = no prefix cache).
     pub prefix_budget: u64,
     pub state_cache_dir: Option<PathBuf>,
+    /// Run the engine on a thread of the global compute pool, so each
+    /// parallel product of a step forks from a pool thread instead of waking
+    /// and waiting on the engine's own thread (a fixed cost per product that
+    /// dominates small models). The idle engine then holds one pool thread:
+    /// only for a process that runs one server (`fathom serve`), never for
+    /// several in one process, whose engines could hold every pool thread.
+    pub engine_on_pool: bool,
 }
 
 /// A loaded model and what goes with it.
@@ -151,6 +158,7 @@ pub fn start(
         .block_on(tokio::net::TcpListener::bind(&addr))
         .with_context(|| format!("cannot listen on {addr} (--host/--port)"))?;
     let local = listener.local_addr()?;
+    let cfg_on_pool = cfg.engine_on_pool;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -167,9 +175,16 @@ pub fn start(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (fail_tx, fail_rx) = tokio::sync::oneshot::channel::<()>();
     let st = state.clone();
+    let on_pool = cfg_on_pool;
     let worker = std::thread::Builder::new()
         .name("fathom-engine".into())
-        .spawn(move || generate::load_and_run(st, load, fail_tx))
+        .spawn(move || {
+            if on_pool {
+                rayon::scope(|_| generate::load_and_run(st, load, fail_tx))
+            } else {
+                generate::load_and_run(st, load, fail_tx)
+            }
+        })
         .context("cannot start the engine thread")?;
     let st = state.clone();
     let done = std::thread::Builder::new()

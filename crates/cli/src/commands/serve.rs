@@ -122,6 +122,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         prefix_block: a.prefix_block,
         prefix_budget,
         state_cache_dir: a.state_cache_dir.clone(),
+        engine_on_pool: true,
     };
     let fix = "give a smaller --prefix-cache";
     let mem = a.mem.set_aside(prefix_budget, "--prefix-cache", fix)?;

@@ -68,6 +68,8 @@ pub fn config() -> ServeConfig {
         prefix_block: 32,
         prefix_budget: 256 << 20,
         state_cache_dir: None,
+        // Several servers run in one test process.
+        engine_on_pool: false,
     }
 }
 
