@@ -80,6 +80,21 @@ pub struct Ceilings {
     pub expert_bytes: u64,
 }
 
+impl Ceilings {
+    /// Spine bytes per token for runs `samples`: the int8 estimate when
+    /// their runs report `"spine": "int8"`, else the stored precision's.
+    pub fn spine_bytes_of(&self, samples: &[&Sample]) -> u64 {
+        let int8 = samples
+            .iter()
+            .any(|s| s.raw.get("spine").and_then(|v| v.as_str()) == Some("int8"));
+        if int8 {
+            self.spine_bytes_per_token_int8
+        } else {
+            self.spine_bytes_per_token
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
@@ -191,14 +206,7 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
             };
             if !arm.is_peer() {
                 let per_token = r.median(Metric::ExpertBytesPerToken).unwrap_or(0.0);
-                let int8 = measured
-                    .iter()
-                    .any(|s| s.raw.get("spine").and_then(|v| v.as_str()) == Some("int8"));
-                let spine = if int8 {
-                    c.spine_bytes_per_token_int8
-                } else {
-                    c.spine_bytes_per_token
-                };
+                let spine = c.spine_bytes_of(&measured);
                 let (ceil, bound) = decode_ceiling(
                     c.storage.bytes_per_s,
                     c.memory.bytes_per_s,

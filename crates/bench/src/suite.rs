@@ -299,15 +299,8 @@ fn prompt_figures(r: &Report, rated: bool, p: &SuitePrompt, mine: &[&Sample]) ->
         .map(|s| s.median)
     };
     let decode = med(Metric::DecodeTokS);
-    let int8 = mine
-        .iter()
-        .any(|s| s.raw.get("spine").and_then(|v| v.as_str()) == Some("int8"));
     let c = &r.ceilings;
-    let spine = if int8 {
-        c.spine_bytes_per_token_int8
-    } else {
-        c.spine_bytes_per_token
-    };
+    let spine = c.spine_bytes_of(mine);
     let (ceil, bound) = if rated && !mine.is_empty() {
         let per_token = med(Metric::ExpertBytesPerToken).unwrap_or(0.0);
         let (v, b) = decode_ceiling(

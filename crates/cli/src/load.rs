@@ -467,7 +467,7 @@ pub fn load_model_with(
         ExpertMode::Stream => true,
         ExpertMode::Auto => !matches!(&ledger, Ok(l) if l.holds_every_expert(&spec)),
     };
-    let heat_in = heat_precheck(dir, mem, stream)?;
+    let (heat_model, heat_in) = heat_precheck(dir, mem, stream)?;
     let t0 = Instant::now();
     let on_disk: u64 = std::fs::read_dir(dir)
         .map(|r| {
@@ -531,7 +531,7 @@ pub fn load_model_with(
     let model = fathom_model::load(dir, opts)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
     let direct = direct.get().copied();
-    let heat = warm_from_heat(dir, mem, store.get().cloned(), heat_in)?;
+    let heat = warm_from_heat(mem, store.get().cloned(), heat_model, heat_in)?;
     let info = LoadInfo {
         load_s: t0.elapsed().as_secs_f64(),
         experts: "streamed",
@@ -545,14 +545,15 @@ pub fn load_model_with(
 }
 
 /// Checks --heat / --heat-out before loading: they need streamed experts,
-/// and a --heat file must be this model's.
+/// and their files must be this model's. Returns the model's digest (when
+/// heat is used) and the --heat file.
 fn heat_precheck(
     dir: &Path,
     mem: &MemoryArgs,
     stream: bool,
-) -> Result<Option<fathom_stream::Heat>> {
+) -> Result<(String, Option<fathom_stream::Heat>)> {
     if mem.heat.is_none() && mem.heat_out.is_none() {
-        return Ok(None);
+        return Ok((String::new(), None));
     }
     if mem.heat_out.is_some() && !mem.records_heat {
         bail!("--heat-out is recorded by `fathom run` and `fathom batch` only");
@@ -567,7 +568,7 @@ fn heat_precheck(
         tracing::warn!(
             "every expert fits the budget and is resident: --heat/--heat-out do nothing"
         );
-        return Ok(None);
+        return Ok((String::new(), None));
     }
     let model = config_digest(dir)?;
     // An existing --heat-out file must be this model's: checked now, not
@@ -576,24 +577,25 @@ fn heat_precheck(
         fathom_stream::Heat::read(p, &model, None)
             .map_err(|e| anyhow::anyhow!("{}", e.replacen("--heat ", "--heat-out ", 1)))?;
     }
-    mem.heat
+    let heat = mem
+        .heat
         .as_ref()
         .map(|p| fathom_stream::Heat::read(p, &model, None).map_err(anyhow::Error::msg))
-        .transpose()
+        .transpose()?;
+    Ok((model, heat))
 }
 
 /// Reads the hottest experts of `heat` into the store's cache (pinning the
 /// --heat-pin share) and sets up --heat-out.
 fn warm_from_heat(
-    dir: &Path,
     mem: &MemoryArgs,
     store: Option<Arc<StreamedExperts>>,
+    model: String,
     heat: Option<fathom_stream::Heat>,
 ) -> Result<HeatHandle> {
     let Some(store) = store else {
         return Ok(HeatHandle::default());
     };
-    let model = config_digest(dir)?;
     let mut warmed = None;
     if let (Some(h), Some(p)) = (heat, &mem.heat) {
         h.check_shape(p, &store.experts_per_layer())

@@ -52,6 +52,34 @@ pub struct Knobs {
     pub vocab_size: usize,
 }
 
+/// `Shape::knobs`, `set_knobs` and `hidden_size` for a dims struct with the
+/// fields `num_layers`, `num_experts`, `top_k`, `vocab_size` and
+/// `hidden_size` (every family names them so).
+macro_rules! knob_fields {
+    () => {
+        fn knobs(&self) -> $crate::model::Knobs {
+            $crate::model::Knobs {
+                num_layers: self.num_layers,
+                num_experts: self.num_experts,
+                top_k: self.top_k,
+                vocab_size: self.vocab_size,
+            }
+        }
+
+        fn set_knobs(&mut self, k: $crate::model::Knobs) {
+            self.num_layers = k.num_layers;
+            self.num_experts = k.num_experts;
+            self.top_k = k.top_k;
+            self.vocab_size = k.vocab_size;
+        }
+
+        fn hidden_size(&self) -> usize {
+            self.hidden_size
+        }
+    };
+}
+pub(crate) use knob_fields;
+
 /// One family's shape.
 pub trait Shape {
     /// The family, as `fathom inspect` names it.

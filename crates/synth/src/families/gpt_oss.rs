@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::error::Result;
 use crate::families::qwen3::scale_gqa;
 use crate::init::{Init, float_init, scale_base};
-use crate::model::{Knobs, Shape, SynthTensor, check_hidden, config_error, round32, special_id};
+use crate::model::{Shape, SynthTensor, check_hidden, config_error, round32, special_id};
 
 /// Every width of a gpt-oss model (field names follow `config.json`).
 #[derive(Debug, Clone, PartialEq)]
@@ -66,25 +66,7 @@ impl Shape for GptOssDims {
         "MXFP4 routed experts (E2M1, E8M0 scale per 32), bf16 rest"
     }
 
-    fn knobs(&self) -> Knobs {
-        Knobs {
-            num_layers: self.num_layers,
-            num_experts: self.num_experts,
-            top_k: self.top_k,
-            vocab_size: self.vocab_size,
-        }
-    }
-
-    fn set_knobs(&mut self, k: Knobs) {
-        self.num_layers = k.num_layers;
-        self.num_experts = k.num_experts;
-        self.top_k = k.top_k;
-        self.vocab_size = k.vocab_size;
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
+    crate::model::knob_fields!();
 
     fn scale_to_hidden(&mut self, h: usize) -> Result<()> {
         check_hidden(h)?;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::error::{Result, SynthError};
 use crate::init::{Init, float_init, kda_init, scale_base};
-use crate::model::{Knobs, Model, Shape, SynthTensor, config_error, expert_of};
+use crate::model::{Model, Shape, SynthTensor, config_error, expert_of};
 use crate::tokenizer::NUM_SPECIALS;
 
 /// Every width of a K3-shaped model (field names follow `config.json`).
@@ -257,25 +257,7 @@ impl Shape for Dims {
         "bf16, MXFP4 routed experts (group 32, E8M0 scales)"
     }
 
-    fn knobs(&self) -> Knobs {
-        Knobs {
-            num_layers: self.num_layers,
-            num_experts: self.num_experts,
-            top_k: self.top_k,
-            vocab_size: self.vocab_size,
-        }
-    }
-
-    fn set_knobs(&mut self, k: Knobs) {
-        self.num_layers = k.num_layers;
-        self.num_experts = k.num_experts;
-        self.top_k = k.top_k;
-        self.vocab_size = k.vocab_size;
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
+    crate::model::knob_fields!();
 
     fn scale_to_hidden(&mut self, h: usize) -> Result<()> {
         Err(SynthError::Invalid(format!(

@@ -10,8 +10,7 @@ use serde_json::{Value, json};
 use crate::error::Result;
 use crate::init::float_init;
 use crate::model::{
-    Knobs, Shape, SynthTensor, check_hidden, config_error, expert_of, round32, scale_heads,
-    special_id,
+    Shape, SynthTensor, check_hidden, config_error, expert_of, round32, scale_heads, special_id,
 };
 
 /// Every width of a Qwen3-MoE model (field names follow `config.json`).
@@ -79,25 +78,7 @@ impl Shape for Qwen3Dims {
         "bf16"
     }
 
-    fn knobs(&self) -> Knobs {
-        Knobs {
-            num_layers: self.num_layers,
-            num_experts: self.num_experts,
-            top_k: self.top_k,
-            vocab_size: self.vocab_size,
-        }
-    }
-
-    fn set_knobs(&mut self, k: Knobs) {
-        self.num_layers = k.num_layers;
-        self.num_experts = k.num_experts;
-        self.top_k = k.top_k;
-        self.vocab_size = k.vocab_size;
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
+    crate::model::knob_fields!();
 
     fn scale_to_hidden(&mut self, h: usize) -> Result<()> {
         check_hidden(h)?;
