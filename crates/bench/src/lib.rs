@@ -20,6 +20,7 @@ pub mod ceiling;
 pub mod cgroup;
 pub mod depth;
 pub mod evict;
+pub mod gpu;
 pub mod machine;
 pub mod peer;
 pub mod report;

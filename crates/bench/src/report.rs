@@ -135,6 +135,9 @@ pub struct ArmReport {
     pub decode_vs_ceiling: Option<f64>,
     /// Peer name → this arm's median decode ÷ the peer's.
     pub vs_peers: BTreeMap<String, f64>,
+    /// Device bounds, for an arm whose runs computed on a GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<crate::gpu::GpuBounds>,
 }
 
 impl ArmReport {
@@ -203,6 +206,7 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
                 spine_bytes_per_token: None,
                 decode_vs_ceiling: None,
                 vs_peers: BTreeMap::new(),
+                gpu: crate::gpu::bounds(&measured),
             };
             if !arm.is_peer() {
                 let per_token = r.median(Metric::ExpertBytesPerToken).unwrap_or(0.0);
@@ -418,6 +422,27 @@ pub fn render_table(r: &Report) -> String {
                 format_bytes(a.spine_bytes_per_token.unwrap_or(0)),
                 a.decode_vs_ceiling
                     .map_or("n/a (not accepted)".into(), sig3)
+            );
+        }
+        if let Some(g) = &a.gpu {
+            let d = a
+                .median(Metric::DecodeTokS)
+                .filter(|_| a.status == Status::Accepted);
+            let vs = |b: f64| d.map_or("n/a".into(), |d| sig3(d / b));
+            let _ = writeln!(
+                o,
+                "  device: memory {}/s, {} of weights read per token → {} tok/s (achieved ÷ {}); host→device {}/s, {} copied per token → {}",
+                human_bytes(g.hbm_bytes_per_s),
+                human_bytes(g.weight_bytes_per_token),
+                sig3(g.hbm_tok_s),
+                vs(g.hbm_tok_s),
+                human_bytes(g.h2d_bytes_per_s),
+                human_bytes(g.h2d_bytes_per_token),
+                g.pcie_tok_s.map_or("no bound".into(), |p| format!(
+                    "{} tok/s (achieved ÷ {})",
+                    sig3(p),
+                    vs(p)
+                )),
             );
         }
     }

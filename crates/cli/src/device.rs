@@ -53,6 +53,9 @@ pub fn select(device: DeviceArg, vram_budget: Option<u64>) -> Result<String> {
                 info.compute_capability.1,
                 fathom_weights::units::format_bytes(b.budget())
             );
+            // Streamed experts' read buffers are page-locked: a VRAM miss
+            // copies them by direct DMA.
+            fathom_weights::pool::install_host_pin(Arc::new(b.host_pin()));
             backend::install(b as Arc<dyn backend::Backend>);
             Ok(name)
         }

@@ -123,6 +123,10 @@ pub struct RunStats {
     /// `device` names it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<BackendStats>,
+    /// The same over the decode steps alone (after the first token): the
+    /// bench's device bounds divide these bytes by the decoded tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_decode: Option<BackendStats>,
 }
 
 /// One position's log-probabilities (of the raw model distribution).

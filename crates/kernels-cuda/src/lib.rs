@@ -15,8 +15,11 @@
 
 mod cache;
 mod device;
+mod pin;
+mod probe_bw;
 
 pub use device::{CudaBackend, DeviceInfo, probe};
+pub use pin::CudaHostPin;
 
 /// Why the CUDA backend is not available.
 #[derive(Debug, thiserror::Error)]

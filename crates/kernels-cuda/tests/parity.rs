@@ -102,6 +102,9 @@ fn check(b: &CudaBackend, m: &MatRef<'_>, want: impl Fn(&[f32], usize) -> Vec<f3
             &format!("{what}: last of {t} alone"),
         );
     }
+    // The test's buffers are freed after this: a later one could reuse
+    // the address and length (the residency contract of `matmul_stable`).
+    drop_all(b, m);
 }
 
 #[test]
@@ -109,7 +112,7 @@ fn every_format_matches_the_scalar_twin() {
     let Some(b) = open(None) else { return };
     let mut g = Lcg(1);
     let mut failures = Vec::new();
-    for (rows, cols) in [(1usize, 32usize), (37, 100), (300, 4096), (9, 7)] {
+    for (rows, cols) in [(1usize, 32usize), (37, 100), (300, 4096), (9, 7), (5, 300)] {
         let w: Vec<f32> = (0..rows * cols).map(|_| g.f32()).collect();
         let m = MatRef::F32 { w: &w, rows, cols };
         check(
@@ -199,16 +202,6 @@ fn every_format_matches_the_scalar_twin() {
         let scale: Vec<f32> = (0..grid).map(|_| g.f32()).collect();
         let w = Fp8Rows::new(&q, &scale, cols, block, row0).unwrap();
         let what = format!("fp8 {rows}x{cols} {block:?}+{row0}");
-        if row0 > 0 {
-            // Declined (see `CudaBackend::run`): the CPU computes it.
-            let x = vec![1.0f32; cols];
-            let mut y = vec![0f32; rows];
-            assert!(
-                !b.matmul(&MatRef::Fp8(w), Role::Spine, &x, 1, &mut y),
-                "{what}"
-            );
-            continue;
-        }
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             check(&b, &MatRef::Fp8(w), |x, t| twin(&w, x, t), &what)
         }));
@@ -268,4 +261,41 @@ fn a_forgotten_buffer_rewritten_in_place_is_copied_again() {
     w.fill(0x4000); // 2.0, same address and length
     run(&w, &mut y);
     assert!(y.iter().all(|&v| v == 128.0), "{y:?}");
+}
+
+/// A grouped call (one block of rows per head, each with its own input)
+/// gives each block the bits of the scalar twin over that block alone,
+/// for one and several positions.
+#[test]
+fn grouped_products_give_each_blocks_bits() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(5);
+    for (groups, rg, cols) in [(1usize, 40usize, 300usize), (3, 7, 100), (8, 64, 512)] {
+        let rows = groups * rg;
+        let h: Vec<u16> = (0..rows * cols).map(|_| g.next() as u16).collect();
+        let m = MatRef::Bf16 { w: &h, rows, cols };
+        for t in [1usize, 3, 9] {
+            let x: Vec<f32> = (0..groups * t * cols).map(|_| g.f32()).collect();
+            let mut y = vec![f32::NAN; t * rows];
+            assert!(b.matmul_groups(&m, Role::Spine, groups, &x, t, &mut y));
+            for k in 0..groups {
+                let block = Bf16Rows {
+                    w: &h[k * rg * cols..(k + 1) * rg * cols],
+                    cols,
+                };
+                let want = twin(&block, &x[k * t * cols..(k + 1) * t * cols], t);
+                same(
+                    &y[k * t * rg..(k + 1) * t * rg],
+                    &want,
+                    &format!("bf16 {groups}×{rg}x{cols}, block {k}, T = {t}"),
+                );
+            }
+        }
+        // Inputs that do not match the blocks are declined, not guessed.
+        let mut y = vec![0f32; rows];
+        let x = vec![0f32; groups * cols + 1];
+        assert!(!b.matmul_groups(&m, Role::Spine, groups, &x, 1, &mut y));
+        assert!(!b.matmul_groups(&m, Role::Spine, rows + 1, &x, 1, &mut y));
+        drop_all(&b, &m);
+    }
 }

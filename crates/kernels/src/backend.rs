@@ -115,12 +115,21 @@ pub struct BackendStats {
     pub vram_weight_bytes: u64,
     /// Device calls that failed (their products ran on the CPU instead).
     pub device_errors: u64,
+    /// Weight bytes the device's products read from device memory (each
+    /// product reads its matrix once, whatever the number of positions).
+    pub weight_bytes_read: u64,
+    /// Device memory bandwidth measured when the backend opened (bytes
+    /// read plus written per second by a device-to-device copy).
+    pub hbm_bytes_per_s: f64,
+    /// Host → device bandwidth from page-locked memory, measured likewise.
+    pub h2d_bytes_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }
 
 impl BackendStats {
-    /// The counts since `start` (device memory and the last error as now).
+    /// The counts since `start` (device memory, the measured bandwidths
+    /// and the last error as now).
     pub fn since(&self, start: &BackendStats) -> BackendStats {
         BackendStats {
             device_products: self.device_products - start.device_products,
@@ -132,6 +141,9 @@ impl BackendStats {
             gpu_ms: self.gpu_ms - start.gpu_ms,
             vram_weight_bytes: self.vram_weight_bytes,
             device_errors: self.device_errors - start.device_errors,
+            weight_bytes_read: self.weight_bytes_read - start.weight_bytes_read,
+            hbm_bytes_per_s: self.hbm_bytes_per_s,
+            h2d_bytes_per_s: self.h2d_bytes_per_s,
             last_error: self.last_error.clone(),
         }
     }
@@ -145,6 +157,22 @@ pub trait Backend: Send + Sync {
     /// backend does not take the product (the caller computes it on the CPU).
     /// `w`'s bytes are stable until [`Backend::forget`] names them.
     fn matmul(&self, w: &MatRef<'_>, role: Role, x: &[f32], t: usize, y: &mut [f32]) -> bool;
+    /// `groups` products in one call: `w`'s rows split into `groups` equal
+    /// blocks, block `g` applied to its own input `x[g] = x[g·t·cols..][..t·cols]`,
+    /// giving `y[g] = y[g·t·rows_g..][..t·rows_g]` — each row's result the one
+    /// [`Backend::matmul`] gives for it. `false` when not taken (the caller
+    /// computes the blocks on the CPU). Default: not taken.
+    fn matmul_groups(
+        &self,
+        _w: &MatRef<'_>,
+        _role: Role,
+        _groups: usize,
+        _x: &[f32],
+        _t: usize,
+        _y: &mut [f32],
+    ) -> bool {
+        false
+    }
     /// The owner of the host bytes `range` is dropping them: discard every
     /// device copy made from bytes inside it.
     fn forget(&self, range: Range<usize>);
@@ -178,6 +206,20 @@ pub fn matmul_stable(w: &MatRef<'_>, role: Role, x: &[f32], t: usize, y: &mut [f
         return;
     }
     w.cpu(x, t, y)
+}
+
+/// [`Backend::matmul_groups`] on the installed backend, if there is one
+/// and it takes the call (`w`'s bytes stable as for [`matmul_stable`]);
+/// `false` tells the caller to compute the blocks on the CPU.
+pub fn matmul_groups_stable(
+    w: &MatRef<'_>,
+    role: Role,
+    groups: usize,
+    x: &[f32],
+    t: usize,
+    y: &mut [f32],
+) -> bool {
+    installed().is_some_and(|b| b.matmul_groups(w, role, groups, x, t, y))
 }
 
 /// The installed backend's counters now (zero with none).

@@ -195,6 +195,32 @@ impl Linear {
         y
     }
 
+    /// `groups` products over equal row blocks: block `g` (rows
+    /// `g·rows_g..(g + 1)·rows_g`) applied to its own `x[g]` (`[G, T, cols]`
+    /// in, `[G, T, rows_g]` out). Each block's result is the one
+    /// [`Linear::forward_rows`] gives for it; a device backend takes all
+    /// blocks in one call.
+    pub fn forward_groups(&self, groups: usize, x: &[f32], t: usize) -> Vec<f32> {
+        assert!(
+            groups > 0 && self.rows % groups == 0,
+            "{} rows in {groups} groups",
+            self.rows
+        );
+        let rg = self.rows / groups;
+        let mut y = vec![0f32; groups * t * rg];
+        if backend::matmul_groups_stable(&self.mat(0..self.rows), Role::Spine, groups, x, t, &mut y)
+        {
+            return y;
+        }
+        use rayon::prelude::*;
+        let xs = t * self.cols;
+        y.par_chunks_mut(t * rg).enumerate().for_each(|(g, yg)| {
+            self.mat(g * rg..(g + 1) * rg)
+                .cpu(&x[g * xs..][..xs], t, yg)
+        });
+        y
+    }
+
     /// Tells the backend seam this matrix's bytes are going away.
     fn forget_data(&self) {
         match &self.data {
@@ -542,6 +568,16 @@ mod tests {
                 a.forward_rows(200..256, x, 3),
                 b.forward_rows(200..256, x, 3)
             );
+            // Grouped: block g on its own input gives forward_rows' bits.
+            let (cols, rg) = (a.cols, a.rows / 4);
+            let xg: Vec<f32> = (0..4 * 2 * cols)
+                .map(|i| (i % 23) as f32 * 0.07 - 0.7)
+                .collect();
+            let all = a.forward_groups(4, &xg, 2);
+            for g in 0..4 {
+                let one = a.forward_rows(g * rg..(g + 1) * rg, &xg[g * 2 * cols..][..2 * cols], 2);
+                assert_eq!(all[g * 2 * rg..][..2 * rg], one[..], "group {g}");
+            }
         }
         let s = m.select_rows(5..300);
         assert!(matches!(

@@ -62,7 +62,7 @@ impl ShardReader {
         let a = IO_ALIGN as u64;
         let start = offset / a * a;
         let end = (offset + len).div_ceil(a) * a;
-        let mut buf = AlignedBuf::zeroed((end - start) as usize);
+        let mut buf = AlignedBuf::for_reading((end - start) as usize);
         let need = (offset + len - start) as usize;
         let mut got = 0usize;
         while got < need {

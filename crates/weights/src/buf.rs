@@ -22,6 +22,9 @@ pub const MMAP_MIN: usize = 256 << 10;
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// A read buffer ([`AlignedBuf::for_reading`]): returns to the pool on
+    /// drop; whether it is page-locked.
+    read: Option<bool>,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>.
@@ -36,6 +39,7 @@ impl AlignedBuf {
             return AlignedBuf {
                 ptr: NonNull::<u64>::dangling().cast(),
                 len: 0,
+                read: None,
             };
         }
         if len >= MMAP_MIN {
@@ -56,13 +60,47 @@ impl AlignedBuf {
                 );
             }
             let ptr = NonNull::new(p.cast::<u8>()).expect("mmap returned null");
-            return AlignedBuf { ptr, len };
+            return AlignedBuf {
+                ptr,
+                len,
+                read: None,
+            };
         }
         let layout = Layout::from_size_align(len, IO_ALIGN).expect("buffer size overflows");
         // SAFETY: layout has non-zero size.
         let p = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
+        AlignedBuf {
+            ptr,
+            len,
+            read: None,
+        }
+    }
+
+    /// A buffer of `len` bytes, 4 KiB-aligned, for a read that fills it:
+    /// one of the same length from the pool of freed read buffers when
+    /// there is one (its old bytes still in it), else a fresh mapping,
+    /// page-locked when a device backend asked for that
+    /// ([`crate::pool`]). Small lengths are plain zeroed buffers.
+    pub fn for_reading(len: usize) -> Self {
+        if len < MMAP_MIN {
+            return Self::zeroed(len);
+        }
+        if let Some((ptr, pinned)) = crate::pool::take(len) {
+            return AlignedBuf {
+                ptr,
+                len,
+                read: Some(pinned),
+            };
+        }
+        let mut b = Self::zeroed(len);
+        b.read = Some(crate::pool::pin(b.ptr, len));
+        b
+    }
+
+    /// Whether this buffer is page-locked for a device.
+    pub fn is_pinned(&self) -> bool {
+        self.read == Some(true)
     }
 
     pub fn from_slice(data: &[u8]) -> Self {
@@ -74,6 +112,14 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if let Some(pinned) = self.read {
+            if crate::pool::give(self.ptr, self.len, pinned) {
+                return;
+            }
+            if pinned {
+                crate::pool::unpin(self.ptr, self.len);
+            }
+        }
         if self.len >= MMAP_MIN {
             // SAFETY: mapped in `zeroed` with exactly this length, unmapped once.
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -130,5 +176,28 @@ mod tests {
             assert_eq!(b.clone()[len - 1], 7);
         }
         assert!(AlignedBuf::zeroed(0).is_empty());
+    }
+
+    #[test]
+    fn read_buffers_are_recycled_within_the_pool_bounds() {
+        // A length no other test uses, so the pool's entries are ours.
+        let len = MMAP_MIN + 3 * IO_ALIGN;
+        let mut a = AlignedBuf::for_reading(len);
+        a[5] = 9;
+        let addr = a.as_ptr() as usize;
+        drop(a);
+        let b = AlignedBuf::for_reading(len);
+        assert_eq!(b.as_ptr() as usize, addr, "the freed buffer is taken back");
+        assert_eq!(b[5], 9, "a recycled buffer keeps its old bytes");
+        assert!(!b.is_pinned(), "no pinner installed");
+        // Dropping more buffers than the pool keeps unmaps the rest.
+        let many: Vec<AlignedBuf> = (0..crate::pool::POOL_MAX + 3)
+            .map(|_| AlignedBuf::for_reading(len))
+            .collect();
+        drop(b);
+        drop(many);
+        assert!(crate::pool::pooled_bytes() <= crate::pool::POOL_BYTES);
+        // Small read buffers are plain zeroed ones.
+        assert!(AlignedBuf::for_reading(100).iter().all(|&x| x == 0));
     }
 }

@@ -276,12 +276,18 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let start_stats = model.expert_stats();
     let device0 = fathom_kernels::backend::snapshot();
+    let gpu_on = fathom_kernels::backend::installed().is_some();
+    // The backend's counts when the first token is out: what follows is decode.
+    let mut decode0: Option<fathom_kernels::backend::BackendStats> = None;
     let kv0 = model.kv_stats();
     let mut meter = TokenMeter::new(&*model, a.stats);
     let mut logprobs = Vec::new();
     let json = a.json;
     let on_token = |ev: &TokenEvent| {
         meter.tick(&*model);
+        if gpu_on && decode0.is_none() {
+            decode0 = Some(fathom_kernels::backend::snapshot());
+        }
         if a.sampling.logprobs.is_some() {
             logprobs.push(TokenLogprob {
                 token: ev.sampled.token,
@@ -315,6 +321,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         finish_reason: f.reason.name().into(),
         draft: f.draft.clone(),
         gpu: fathom_kernels::backend::stats_since(&device0),
+        gpu_decode: decode0
+            .as_ref()
+            .and_then(fathom_kernels::backend::stats_since),
     };
     let (content, reasoning_content) = match (&chat, &f.text) {
         (Some((format, p)), Some(text)) => {

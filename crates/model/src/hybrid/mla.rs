@@ -33,7 +33,6 @@
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
 use fathom_kernels::ops::rms_norm_rows;
 use fathom_kernels::rope::Rope;
-use rayon::prelude::*;
 
 use crate::batch::Segment;
 use crate::error::Result;
@@ -147,16 +146,15 @@ fn absorbed_queries(d: &MlaDims, kv_b: &AbsorbedKvB, q: &[f32], n: usize) -> (Ve
         d.kv_lora_rank,
     );
     let dq = dn + dr;
-    let per_head: Vec<Vec<f32>> = (0..h)
-        .into_par_iter()
-        .map(|hh| {
-            let mut qn = Vec::with_capacity(n * dn);
-            for ti in 0..n {
-                qn.extend_from_slice(&q[ti * h * dq + hh * dq..][..dn]);
-            }
-            kv_b.uk_t.forward_rows(hh * lora..(hh + 1) * lora, &qn, n)
-        })
-        .collect();
+    // [H, N, dn]: each head's no-position queries, one block per head.
+    let mut qn = Vec::with_capacity(h * n * dn);
+    for hh in 0..h {
+        for ti in 0..n {
+            qn.extend_from_slice(&q[ti * h * dq + hh * dq..][..dn]);
+        }
+    }
+    let lat = kv_b.uk_t.forward_groups(h, &qn, n);
+    let per_head: Vec<&[f32]> = lat.chunks(n * lora).collect();
     let mut q_lat = vec![0f32; n * h * lora];
     let mut q_rope = vec![0f32; n * h * dr];
     for ti in 0..n {
@@ -210,16 +208,15 @@ fn attend(
 /// The per-head values `[N, H·dv]` of the latent context through `W_uv`.
 fn values(d: &MlaDims, kv_b: &AbsorbedKvB, ctx: &[f32], n: usize) -> Vec<f32> {
     let (h, dv, lora) = (d.heads, d.v_head_dim, d.kv_lora_rank);
-    let outs: Vec<Vec<f32>> = (0..h)
-        .into_par_iter()
-        .map(|hh| {
-            let mut c = Vec::with_capacity(n * lora);
-            for ti in 0..n {
-                c.extend_from_slice(&ctx[(ti * h + hh) * lora..][..lora]);
-            }
-            kv_b.uv.forward_rows(hh * dv..(hh + 1) * dv, &c, n)
-        })
-        .collect();
+    // [H, N, lora]: each head's latent context, one block per head.
+    let mut c = Vec::with_capacity(h * n * lora);
+    for hh in 0..h {
+        for ti in 0..n {
+            c.extend_from_slice(&ctx[(ti * h + hh) * lora..][..lora]);
+        }
+    }
+    let all = kv_b.uv.forward_groups(h, &c, n);
+    let outs: Vec<&[f32]> = all.chunks(n * dv).collect();
     let mut cat = vec![0f32; n * h * dv];
     for ti in 0..n {
         for (hh, o) in outs.iter().enumerate() {

@@ -1,0 +1,119 @@
+//! Times single products on the device with their weights already in VRAM:
+//! the fixed cost of one product (a tiny matrix) and the weight bandwidth
+//! of decode-sized ones, beside the device-memory bandwidth measured when
+//! the backend opened. `cargo run --release -p fathom-kernels-cuda --example bench_cuda`
+//! (prints why and exits 0 without a device).
+
+use std::time::Instant;
+
+use fathom_kernels::backend::{Backend, MatRef, Role};
+use fathom_kernels_cuda::CudaBackend;
+use fathom_weights::mxfp4::Mxfp4Ref;
+
+fn time(b: &CudaBackend, m: &MatRef<'_>, groups: usize, t: usize, reps: usize) -> f64 {
+    let x = vec![0.25f32; groups * t * m.cols()];
+    let mut y = vec![0f32; t * m.rows()];
+    let go = |y: &mut [f32]| {
+        if groups == 1 {
+            b.matmul(m, Role::Spine, &x, t, y)
+        } else {
+            b.matmul_groups(m, Role::Spine, groups, &x, t, y)
+        }
+    };
+    assert!(go(&mut y), "declined");
+    let start = Instant::now();
+    for _ in 0..reps {
+        go(&mut y);
+    }
+    start.elapsed().as_secs_f64() / reps as f64
+}
+
+fn main() {
+    let b = match CudaBackend::open(0, None) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("skipped: no CUDA backend here ({e})");
+            return;
+        }
+    };
+    let st = b.stats();
+    println!(
+        "{}: device memory {:.0} GB/s (copy, read + write), host→device {:.1} GB/s (page-locked)",
+        b.name(),
+        st.hbm_bytes_per_s / 1e9,
+        st.h2d_bytes_per_s / 1e9
+    );
+    let bf = |rows: usize, cols: usize| vec![0x3f80u16; rows * cols];
+    let tiny = bf(64, 64);
+    let sq = bf(7168, 7168);
+    let head = bf(163_840, 7168);
+    let heads = bf(96 * 512, 128);
+    let packed = vec![0x21u8; 4096 * 7168 / 2];
+    let scales = vec![127u8; 4096 * 7168 / 32];
+    let mx = MatRef::Mxfp4(Mxfp4Ref::new(4096, 7168, &packed, &scales).unwrap());
+    let cases: Vec<(&str, MatRef<'_>, usize, usize)> = vec![
+        (
+            "bf16 64x64 (fixed cost)",
+            MatRef::Bf16 {
+                w: &tiny,
+                rows: 64,
+                cols: 64,
+            },
+            1,
+            1,
+        ),
+        (
+            "bf16 7168x7168",
+            MatRef::Bf16 {
+                w: &sq,
+                rows: 7168,
+                cols: 7168,
+            },
+            1,
+            1,
+        ),
+        (
+            "bf16 7168x7168, T=8",
+            MatRef::Bf16 {
+                w: &sq,
+                rows: 7168,
+                cols: 7168,
+            },
+            1,
+            8,
+        ),
+        (
+            "bf16 163840x7168 (head)",
+            MatRef::Bf16 {
+                w: &head,
+                rows: 163_840,
+                cols: 7168,
+            },
+            1,
+            1,
+        ),
+        (
+            "bf16 96 heads x 512x128, grouped",
+            MatRef::Bf16 {
+                w: &heads,
+                rows: 96 * 512,
+                cols: 128,
+            },
+            96,
+            1,
+        ),
+        ("mxfp4 4096x7168 (expert)", mx, 1, 1),
+    ];
+    for (what, m, groups, t) in cases {
+        let bytes: usize = fathom_kernels::backend::segments(&m)
+            .iter()
+            .map(|s| s.len())
+            .sum();
+        let s = time(&b, &m, groups, t, 20);
+        println!(
+            "{what:<36} {:>9.1} µs  {:>7.0} GB/s of weights",
+            s * 1e6,
+            bytes as f64 / s / 1e9
+        );
+    }
+}
