@@ -297,6 +297,26 @@ fn human_bytes(b: f64) -> String {
     format_bytes(b.round() as u64)
 }
 
+/// The `device:` line of a GPU arm: decode beside its HBM and PCIe bounds.
+fn device_line(a: &ArmReport, g: &crate::gpu::GpuBounds) -> String {
+    let d = a
+        .median(Metric::DecodeTokS)
+        .filter(|_| a.status == Status::Accepted);
+    let vs = |b: f64| d.map_or("n/a".into(), |d| sig3(d / b));
+    let pcie = g.pcie_tok_s.map_or("no bound".into(), |p| {
+        format!("{} tok/s (achieved ÷ {})", sig3(p), vs(p))
+    });
+    format!(
+        "  device: memory {}/s, {} of weights read per token → {} tok/s (achieved ÷ {}); host→device {}/s, {} copied per token → {pcie}",
+        human_bytes(g.hbm_bytes_per_s),
+        human_bytes(g.weight_bytes_per_token),
+        sig3(g.hbm_tok_s),
+        vs(g.hbm_tok_s),
+        human_bytes(g.h2d_bytes_per_s),
+        human_bytes(g.h2d_bytes_per_token),
+    )
+}
+
 /// Three significant figures for rates and ratios.
 pub fn sig3(v: f64) -> String {
     let a = v.abs();
@@ -425,25 +445,7 @@ pub fn render_table(r: &Report) -> String {
             );
         }
         if let Some(g) = &a.gpu {
-            let d = a
-                .median(Metric::DecodeTokS)
-                .filter(|_| a.status == Status::Accepted);
-            let vs = |b: f64| d.map_or("n/a".into(), |d| sig3(d / b));
-            let _ = writeln!(
-                o,
-                "  device: memory {}/s, {} of weights read per token → {} tok/s (achieved ÷ {}); host→device {}/s, {} copied per token → {}",
-                human_bytes(g.hbm_bytes_per_s),
-                human_bytes(g.weight_bytes_per_token),
-                sig3(g.hbm_tok_s),
-                vs(g.hbm_tok_s),
-                human_bytes(g.h2d_bytes_per_s),
-                human_bytes(g.h2d_bytes_per_token),
-                g.pcie_tok_s.map_or("no bound".into(), |p| format!(
-                    "{} tok/s (achieved ÷ {})",
-                    sig3(p),
-                    vs(p)
-                )),
-            );
+            let _ = writeln!(o, "{}", device_line(a, g));
         }
     }
     let _ = writeln!(o);

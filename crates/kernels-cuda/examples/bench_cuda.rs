@@ -43,68 +43,8 @@ fn main() {
         st.hbm_bytes_per_s / 1e9,
         st.h2d_bytes_per_s / 1e9
     );
-    let bf = |rows: usize, cols: usize| vec![0x3f80u16; rows * cols];
-    let tiny = bf(64, 64);
-    let sq = bf(7168, 7168);
-    let head = bf(163_840, 7168);
-    let heads = bf(96 * 512, 128);
-    let packed = vec![0x21u8; 4096 * 7168 / 2];
-    let scales = vec![127u8; 4096 * 7168 / 32];
-    let mx = MatRef::Mxfp4(Mxfp4Ref::new(4096, 7168, &packed, &scales).unwrap());
-    let cases: Vec<(&str, MatRef<'_>, usize, usize)> = vec![
-        (
-            "bf16 64x64 (fixed cost)",
-            MatRef::Bf16 {
-                w: &tiny,
-                rows: 64,
-                cols: 64,
-            },
-            1,
-            1,
-        ),
-        (
-            "bf16 7168x7168",
-            MatRef::Bf16 {
-                w: &sq,
-                rows: 7168,
-                cols: 7168,
-            },
-            1,
-            1,
-        ),
-        (
-            "bf16 7168x7168, T=8",
-            MatRef::Bf16 {
-                w: &sq,
-                rows: 7168,
-                cols: 7168,
-            },
-            1,
-            8,
-        ),
-        (
-            "bf16 163840x7168 (head)",
-            MatRef::Bf16 {
-                w: &head,
-                rows: 163_840,
-                cols: 7168,
-            },
-            1,
-            1,
-        ),
-        (
-            "bf16 96 heads x 512x128, grouped",
-            MatRef::Bf16 {
-                w: &heads,
-                rows: 96 * 512,
-                cols: 128,
-            },
-            96,
-            1,
-        ),
-        ("mxfp4 4096x7168 (expert)", mx, 1, 1),
-    ];
-    for (what, m, groups, t) in cases {
+    let w = Weights::new();
+    for (what, m, groups, t) in w.cases() {
         let bytes: usize = fathom_kernels::backend::segments(&m)
             .iter()
             .map(|s| s.len())
@@ -115,5 +55,53 @@ fn main() {
             s * 1e6,
             bytes as f64 / s / 1e9
         );
+    }
+}
+
+/// The matrices timed (all values constant: only the shapes matter).
+struct Weights {
+    tiny: Vec<u16>,
+    sq: Vec<u16>,
+    head: Vec<u16>,
+    heads: Vec<u16>,
+    packed: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl Weights {
+    fn new() -> Self {
+        let bf = |rows: usize, cols: usize| vec![0x3f80u16; rows * cols];
+        Weights {
+            tiny: bf(64, 64),
+            sq: bf(7168, 7168),
+            head: bf(163_840, 7168),
+            heads: bf(96 * 512, 128),
+            packed: vec![0x21u8; 4096 * 7168 / 2],
+            scales: vec![127u8; 4096 * 7168 / 32],
+        }
+    }
+
+    /// (label, matrix, groups, positions).
+    fn cases(&self) -> Vec<(&'static str, MatRef<'_>, usize, usize)> {
+        let bf = |w, rows, cols| MatRef::Bf16 { w, rows, cols };
+        let mx = MatRef::Mxfp4(Mxfp4Ref::new(4096, 7168, &self.packed, &self.scales).unwrap());
+        vec![
+            ("bf16 64x64 (fixed cost)", bf(&self.tiny, 64, 64), 1, 1),
+            ("bf16 7168x7168", bf(&self.sq, 7168, 7168), 1, 1),
+            ("bf16 7168x7168, T=8", bf(&self.sq, 7168, 7168), 1, 8),
+            (
+                "bf16 163840x7168 (head)",
+                bf(&self.head, 163_840, 7168),
+                1,
+                1,
+            ),
+            (
+                "bf16 96 heads x 512x128, grouped",
+                bf(&self.heads, 96 * 512, 128),
+                96,
+                1,
+            ),
+            ("mxfp4 4096x7168 (expert)", mx, 1, 1),
+        ]
     }
 }

@@ -188,7 +188,8 @@ impl CudaBackend {
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
-        let (hbm, h2d) = crate::probe_bw::bandwidths(&ctx, &stream)?;
+        // A probe that fails leaves the bounds unknown (zero), not the device unusable.
+        let (hbm, h2d) = crate::probe_bw::bandwidths(&ctx, &stream).unwrap_or((0.0, 0.0));
         let stats = BackendStats {
             hbm_bytes_per_s: hbm,
             h2d_bytes_per_s: h2d,
@@ -270,7 +271,6 @@ impl CudaBackend {
         Ok(Some(ptrs))
     }
 
-    /// The product on the device; `Ok(false)` when declined.
     /// The product on the device (`groups` row blocks, each with its own
     /// input; 1 for a plain product); `Ok(false)` when declined.
     fn run(
@@ -296,16 +296,52 @@ impl CudaBackend {
         let Some(p) = self.resident(st, &segments(w), role)? else {
             return Ok(false);
         };
+        // Every buffer first: after the first asynchronous copy, an error
+        // must wait for the stream before the staging can be reused.
         let ctx = self.stream.context();
         let hx = pinned(ctx, &mut st.hx, x.len())?.as_mut_slice()?;
+        let hy = pinned(ctx, &mut st.hy, y.len())?.as_mut_slice()?;
+        let xp = grow(&self.stream, &mut st.x, x.len())?
+            .device_ptr(&self.stream)
+            .0;
+        let yp = grow(&self.stream, &mut st.y, y.len())?
+            .device_ptr(&self.stream)
+            .0;
         hx[..x.len()].copy_from_slice(x);
-        let xs = grow(&self.stream, &mut st.x, x.len())?;
-        let ys = grow(&self.stream, &mut st.y, y.len())?;
-        let (xp, yp) = (xs.device_ptr(&self.stream).0, ys.device_ptr(&self.stream).0);
         let cu = self.stream.cu_stream();
-        // SAFETY: `xs` holds at least x.len() values; `hx` is page-locked and
-        // not touched again before the synchronisation below.
-        unsafe { result::memcpy_htod_async(xp, &hx[..x.len()], cu) }?;
+        let queued = (|| {
+            // SAFETY: the device buffer holds at least x.len() values; `hx` is
+            // page-locked and not touched again before the synchronisation.
+            unsafe { result::memcpy_htod_async(xp, &hx[..x.len()], cu) }?;
+            self.launch(w, &p, xp, yp, groups, t)?;
+            // SAFETY: the device buffer holds at least y.len() values written by
+            // the kernel on this stream; `hy` is page-locked and read only after
+            // the synchronisation.
+            unsafe { result::memcpy_dtoh_async(&mut hy[..y.len()], yp, cu) }?;
+            Ok::<(), CudaError>(())
+        })();
+        let synced = self.stream.synchronize();
+        queued?;
+        synced?;
+        y.copy_from_slice(&hy[..y.len()]);
+        st.stats.h2d_bytes += std::mem::size_of_val(x) as u64;
+        st.stats.d2h_bytes += std::mem::size_of_val(y) as u64;
+        st.stats.weight_bytes_read += segments(w).iter().map(|s| s.len() as u64).sum::<u64>();
+        Ok(true)
+    }
+
+    /// Queues `w`'s kernel on the stream: weights at the device pointers
+    /// `p` (its segments), input at `xp`, output at `yp`.
+    fn launch(
+        &self,
+        w: &MatRef<'_>,
+        p: &[u64],
+        xp: u64,
+        yp: u64,
+        groups: usize,
+        t: usize,
+    ) -> Result<(), CudaError> {
+        let (rows, cols) = (w.rows(), w.cols());
         let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(8) as u32, 1, 1),
@@ -322,7 +358,7 @@ impl CudaBackend {
             MatRef::Int4(_) => &self.funcs.int4,
         };
         let mut b = self.stream.launch_builder(f);
-        for ptr in &p {
+        for ptr in p {
             b.arg(ptr);
         }
         let (fp8_ints, int4_shift);
@@ -347,18 +383,9 @@ impl CudaBackend {
         }
         b.arg(&xp).arg(&yp).arg(&r).arg(&c).arg(&tt).arg(&rg);
         // SAFETY: the arguments match the kernel's parameters in `matmul.cu`
-        // (pointers to device copies of the segments, sized by the shapes checked above).
+        // (pointers to device copies of the segments, sized by the shapes the caller checked).
         unsafe { b.launch(cfg) }?;
-        let hy = pinned(ctx, &mut st.hy, y.len())?.as_mut_slice()?;
-        // SAFETY: `ys` holds at least y.len() values written by the kernel
-        // on this stream; `hy` is page-locked and read only after the synchronisation.
-        unsafe { result::memcpy_dtoh_async(&mut hy[..y.len()], yp, cu) }?;
-        self.stream.synchronize()?;
-        y.copy_from_slice(&hy[..y.len()]);
-        st.stats.h2d_bytes += std::mem::size_of_val(x) as u64;
-        st.stats.d2h_bytes += std::mem::size_of_val(y) as u64;
-        st.stats.weight_bytes_read += segments(w).iter().map(|s| s.len() as u64).sum::<u64>();
-        Ok(true)
+        Ok(())
     }
 }
 

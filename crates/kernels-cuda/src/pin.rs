@@ -12,13 +12,14 @@ pub struct CudaHostPin {
 }
 
 impl CudaHostPin {
-    pub fn new(ctx: Arc<CudaContext>) -> Self {
+    pub(crate) fn new(ctx: Arc<CudaContext>) -> Self {
         CudaHostPin { ctx }
     }
 }
 
-impl HostPin for CudaHostPin {
-    fn pin(&self, ptr: *mut u8, len: usize) -> bool {
+// SAFETY: locks and unlocks exactly the ranges it is given (see `HostPin`).
+unsafe impl HostPin for CudaHostPin {
+    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> bool {
         if self.ctx.bind_to_thread().is_err() {
             return false;
         }
@@ -29,10 +30,12 @@ impl HostPin for CudaHostPin {
         r.result().is_ok()
     }
 
-    fn unpin(&self, ptr: *mut u8, _len: usize) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `ptr` was registered by `pin` and is still mapped.
-            let _ = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+    unsafe fn unpin(&self, ptr: *mut u8, _len: usize) -> bool {
+        if self.ctx.bind_to_thread().is_err() {
+            return false;
         }
+        // SAFETY: `ptr` was registered by `pin` and is still mapped.
+        let r = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+        r.result().is_ok()
     }
 }

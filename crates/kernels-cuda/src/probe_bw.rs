@@ -15,7 +15,8 @@ const PROBE_BYTES: usize = 256 << 20;
 const PASSES: usize = 3;
 
 /// (device memory bytes/s, host → device bytes/s); the best of a few
-/// passes after a warm-up. Zero for a probe that could not allocate.
+/// passes after a warm-up. Zero for a probe that could not allocate; a
+/// failed copy is an error (the caller takes zeros).
 pub fn bandwidths(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
@@ -42,7 +43,9 @@ pub fn bandwidths(
         }
     }
     // SAFETY: the host buffer is only a copy source; its contents do not matter.
-    let host = unsafe { ctx.alloc_pinned_with_flags::<u8>(PROBE_BYTES, 0) }?;
+    let Ok(host) = (unsafe { ctx.alloc_pinned_with_flags::<u8>(PROBE_BYTES, 0) }) else {
+        return Ok((2.0 * PROBE_BYTES as f64 / best_dev, 0.0));
+    };
     let mut best_h2d = f64::INFINITY;
     for pass in 0..=PASSES {
         let t = Instant::now();

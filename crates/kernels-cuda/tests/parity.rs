@@ -299,3 +299,59 @@ fn grouped_products_give_each_blocks_bits() {
         drop_all(&b, &m);
     }
 }
+
+/// Grouped FP8 (block scales indexed by the row in the whole matrix) and
+/// int8 (a scale per row): each block against the scalar twin over that
+/// block's own row selection.
+#[test]
+fn grouped_fp8_and_int8_blocks_keep_their_rows_scales() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(9);
+    let (groups, rg, cols, t) = (4usize, 24usize, 256usize, 3usize);
+    let rows = groups * rg;
+    let x: Vec<f32> = (0..groups * t * cols).map(|_| g.f32()).collect();
+    let xb = |k: usize| &x[k * t * cols..(k + 1) * t * cols];
+    let q: Vec<u8> = g
+        .bytes(rows * cols)
+        .into_iter()
+        .map(|c| if c & 0x7F == 0x7F { 0 } else { c })
+        .collect();
+    let block = [16usize, 128usize];
+    let scale: Vec<f32> = (0..rows.div_ceil(16) * 2).map(|_| g.f32()).collect();
+    let whole = Fp8Rows::new(&q, &scale, cols, block, 0).unwrap();
+    let mut y = vec![f32::NAN; t * rows];
+    assert!(b.matmul_groups(&MatRef::Fp8(whole), Role::Spine, groups, &x, t, &mut y));
+    for k in 0..groups {
+        let part = Fp8Rows::new(
+            &q[k * rg * cols..(k + 1) * rg * cols],
+            &scale,
+            cols,
+            block,
+            k * rg,
+        )
+        .unwrap();
+        let got = &y[k * t * rg..(k + 1) * t * rg];
+        same(got, &twin(&part, xb(k), t), &format!("fp8 block {k}"));
+    }
+    drop_all(&b, &MatRef::Fp8(whole));
+
+    let qi: Vec<i8> = (0..rows * cols).map(|_| g.next() as i8).collect();
+    let si: Vec<f32> = (0..rows).map(|_| g.f32()).collect();
+    let m = MatRef::Int8 {
+        q: &qi,
+        scale: &si,
+        cols,
+    };
+    let mut y = vec![f32::NAN; t * rows];
+    assert!(b.matmul_groups(&m, Role::Spine, groups, &x, t, &mut y));
+    for k in 0..groups {
+        let part = Int8Rows {
+            q: &qi[k * rg * cols..(k + 1) * rg * cols],
+            scale: &si[k * rg..(k + 1) * rg],
+            cols,
+        };
+        let got = &y[k * t * rg..(k + 1) * t * rg];
+        same(got, &twin(&part, xb(k), t), &format!("int8 block {k}"));
+    }
+    drop_all(&b, &m);
+}

@@ -208,6 +208,9 @@ impl Linear {
         );
         let rg = self.rows / groups;
         let mut y = vec![0f32; groups * t * rg];
+        if t == 0 || rg == 0 {
+            return y;
+        }
         if backend::matmul_groups_stable(&self.mat(0..self.rows), Role::Spine, groups, x, t, &mut y)
         {
             return y;

@@ -116,8 +116,10 @@ impl Drop for AlignedBuf {
             if crate::pool::give(self.ptr, self.len, pinned) {
                 return;
             }
-            if pinned {
-                crate::pool::unpin(self.ptr, self.len);
+            if pinned && !crate::pool::unpin(self.ptr, self.len) {
+                // Still locked: unmapping would leave the driver a stale
+                // registration at this address. Leak the mapping instead.
+                return;
             }
         }
         if self.len >= MMAP_MIN {

@@ -22,12 +22,26 @@ pub const POOL_MAX: usize = 4;
 pub const POOL_BYTES: usize = 64 << 20;
 
 /// Page-locks host memory for a device (see the module docs).
-pub trait HostPin: Send + Sync {
+///
+/// # Safety
+/// Implementations may only lock and unlock the range they are given; the
+/// callers (this module) guarantee that a range passed to `pin` is a live
+/// mapping they own, and that it is passed to `unpin` before it is unmapped,
+/// with no device copy from it in flight (owners `forget` their device
+/// copies before freeing the bytes).
+pub unsafe trait HostPin: Send + Sync {
     /// Locks `[ptr, ptr + len)`; `false` when it could not (the buffer is
     /// then used as ordinary memory).
-    fn pin(&self, ptr: *mut u8, len: usize) -> bool;
-    /// Unlocks a range [`HostPin::pin`] locked, before it is unmapped.
-    fn unpin(&self, ptr: *mut u8, len: usize);
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is a live mapping owned by the caller.
+    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> bool;
+    /// Unlocks a range [`HostPin::pin`] locked; `false` when it could not
+    /// (the caller must then not unmap it).
+    ///
+    /// # Safety
+    /// The range was locked by `pin` and is still mapped.
+    unsafe fn unpin(&self, ptr: *mut u8, len: usize) -> bool;
 }
 
 struct Free {
@@ -53,14 +67,15 @@ fn pinner() -> Option<Arc<dyn HostPin>> {
 
 /// Locks a freshly mapped buffer when a pinner is installed.
 pub(crate) fn pin(ptr: NonNull<u8>, len: usize) -> bool {
-    pinner().is_some_and(|p| p.pin(ptr.as_ptr(), len))
+    // SAFETY: `AlignedBuf::for_reading` passes the mapping it just made.
+    pinner().is_some_and(|p| unsafe { p.pin(ptr.as_ptr(), len) })
 }
 
-/// Unlocks a buffer about to be unmapped.
-pub(crate) fn unpin(ptr: NonNull<u8>, len: usize) {
-    if let Some(p) = pinner() {
-        p.unpin(ptr.as_ptr(), len);
-    }
+/// Unlocks a buffer about to be unmapped; `false` when it stays locked
+/// (the caller then leaks the mapping rather than unmap locked memory).
+pub(crate) fn unpin(ptr: NonNull<u8>, len: usize) -> bool {
+    // SAFETY: only buffers `pin` locked reach here, still mapped.
+    pinner().is_some_and(|p| unsafe { p.unpin(ptr.as_ptr(), len) })
 }
 
 /// A free buffer of exactly `len` bytes, if the pool has one; whether it is locked.

@@ -112,6 +112,9 @@ pub fn mla_heads(
     mut c: Vec<f32>,
 ) -> Result<Vec<f32>> {
     let n = segs.last().map_or(0, |s| s.end);
+    if n == 0 {
+        return Ok(Vec::new());
+    }
     let (lora, dr) = (d.kv_lora_rank, d.qk_rope_head_dim);
     let width = lora + dr;
     for (r, row) in c.chunks_exact_mut(width).enumerate() {
