@@ -4,7 +4,8 @@
 //! budget = resident spine (as stored, or int8 after `--spine int8`)
 //!        + sequence state (for the admitted context)
 //!        + scratch (activations, logits, process baseline)
-//!        + I/O buffers (reads in flight + the layer being computed)
+//!        + I/O buffers (reads in flight + the layer being computed + freed
+//!          read buffers kept for reuse)
 //!        + expert cache (whatever is left, in whole experts)
 //! ```
 //! If the spine, state, scratch and buffers alone exceed the budget the plan
@@ -123,9 +124,22 @@ pub fn scratch_bytes(spec: &MemoryFacts, positions: usize) -> u64 {
 }
 
 /// Expert reads in flight plus the experts of the layer being computed
-/// (`top_k` per position), each [`expert_ram_bytes`].
+/// (`top_k` per position), each [`expert_ram_bytes`], and the read-buffer
+/// pool ([`read_pool_bytes`]).
 pub fn io_buffer_bytes(spec: &MemoryFacts, positions: usize, max_inflight: usize) -> u64 {
-    (max_inflight + spec.top_k * positions) as u64 * expert_ram_bytes(spec)
+    (max_inflight + spec.top_k * positions) as u64 * expert_ram_bytes(spec) + read_pool_bytes(spec)
+}
+
+/// The most that freed expert read buffers kept for reuse can hold
+/// (`fathom_weights::pool`; only reads of at least `MMAP_MIN` bytes are kept).
+pub fn read_pool_bytes(spec: &MemoryFacts) -> u64 {
+    use fathom_weights::buf::MMAP_MIN;
+    use fathom_weights::pool::{POOL_BYTES, POOL_MAX};
+    let e = expert_ram_bytes(spec);
+    if e < MMAP_MIN as u64 {
+        return 0;
+    }
+    (POOL_MAX as u64).min(POOL_BYTES as u64 / e) * e
 }
 
 /// RAM for one streamed expert: its bytes plus up to two 4 KiB blocks of
@@ -343,6 +357,21 @@ mod tests {
                 .join("../model/tests/data/k3-tiny/checkpoint"),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn the_read_pool_is_in_the_io_buffers() {
+        let mut s = tiny();
+        // k3-tiny's experts are below the pooled size: nothing extra.
+        assert_eq!(read_pool_bytes(&s), 0);
+        // A K3 expert (17.5 MB): three fit in the pool's 64 MiB.
+        s.expert_bytes = 17_500_000;
+        let e = expert_ram_bytes(&s);
+        assert_eq!(read_pool_bytes(&s), 3 * e);
+        assert_eq!(io_buffer_bytes(&s, 1, 2), (2 + s.top_k as u64) * e + 3 * e);
+        // Small pooled experts: at most four buffers.
+        s.expert_bytes = 1 << 20;
+        assert_eq!(read_pool_bytes(&s), 4 * expert_ram_bytes(&s));
     }
 
     #[test]
