@@ -413,7 +413,8 @@ pub struct ExpertStats {
     pub hinted_used: u64,
     /// Experts asked for by the model.
     pub requested: u64,
-    /// Seconds the model spent waiting for experts.
+    /// Seconds the model's layer thread spent blocked on expert reads (the
+    /// other compute threads may be running arrived experts meanwhile).
     pub wait_s: f64,
     /// Seconds of storage reads, summed over I/O threads.
     pub read_s: f64,
@@ -478,6 +479,11 @@ pub trait ExpertSource: Send + Sync {
     /// The ticket's experts, in the order asked; every one, always.
     fn collect(&self, ticket: ExpertTicket) -> Result<Vec<Arc<ExpertWeights>>> {
         ticket.wait_all()
+    }
+    /// One expert still being read, once it is in RAM (a source may count
+    /// the time the caller waited).
+    fn wait_one(&self, pending: &dyn PendingExpert) -> Result<Arc<ExpertWeights>> {
+        pending.wait()
     }
     /// A guess at the experts `layer` will ask for next. Default: ignored.
     fn hint(&self, _layer: usize, _ids: &[u32]) {}

@@ -7,13 +7,13 @@
 //! to it at once, and each row's outputs are summed in the router's rank
 //! order, so a row's result does not depend on what else the step holds.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use fathom_kernels::ops::{sigmoid, swiglu};
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::experts::{ExpertSource, ExpertTicket, ExpertWeights};
+use crate::experts::{ExpertSlot, ExpertSource, ExpertTicket, ExpertWeights};
 use crate::linear::Linear;
 use crate::mlp::MlpWeights;
 
@@ -168,7 +168,10 @@ impl ExpertFetch {
     /// `y_t = Σ_j w_{t,j} · expert_{t,j}(z_t)`, summed in rank order `j`.
     /// `z` is `[T, in_w]` (one row per route); `expert(e, rows, n)` maps
     /// `[n, in_w]` to `[n, out_w]`; `work_each` is its multiply-adds per row
-    /// (scheduling only).
+    /// (scheduling only). Experts already in RAM run at once; those still
+    /// being read run as each arrives ([`ExpertFetch::as_they_arrive`]).
+    /// Each expert's output depends only on its weights and rows, and the
+    /// sum runs in rank order, so the arrival order never shows.
     pub fn finish(
         self,
         source: &dyn ExpertSource,
@@ -180,23 +183,33 @@ impl ExpertFetch {
     ) -> Result<Vec<f32>> {
         let t = routes.len();
         let in_w = z.len() / t.max(1);
-        let experts: Vec<Arc<ExpertWeights>> = source.collect(self.ticket)?;
-        let n_union = self.union.len();
-        let outputs: Vec<Vec<f32>> = experts
-            .par_iter()
-            .zip(self.users.par_iter())
-            .with_min_len(crate::par_min_len(
-                n_union,
-                work_each * t.div_ceil(n_union.max(1)).max(1),
-            ))
-            .map(|(e, us)| {
-                let zin: Vec<f32> = us
-                    .iter()
-                    .flat_map(|&(ti, _)| z[ti * in_w..(ti + 1) * in_w].iter().copied())
-                    .collect();
-                expert(e, &zin, us.len())
-            })
-            .collect();
+        let run = |e: &ExpertWeights, us: &[(usize, usize)]| {
+            let zin: Vec<f32> = us
+                .iter()
+                .flat_map(|&(ti, _)| z[ti * in_w..(ti + 1) * in_w].iter().copied())
+                .collect();
+            expert(e, &zin, us.len())
+        };
+        let all_ready = self
+            .ticket
+            .slots
+            .iter()
+            .all(|s| matches!(s, ExpertSlot::Ready(_)));
+        let outputs = if all_ready {
+            let experts: Vec<Arc<ExpertWeights>> = source.collect(self.ticket)?;
+            let n_union = self.union.len();
+            experts
+                .par_iter()
+                .zip(self.users.par_iter())
+                .with_min_len(crate::par_min_len(
+                    n_union,
+                    work_each * t.div_ceil(n_union.max(1)).max(1),
+                ))
+                .map(|(e, us)| run(e, us))
+                .collect()
+        } else {
+            Self::as_they_arrive(source, self.ticket, &self.users, &run)?
+        };
         // Scatter to [T, k, out_w], then sum in rank order.
         let k = routes.iter().map(|r| r.ids.len()).max().unwrap_or(0);
         let mut per = vec![0f32; t * k * out_w];
@@ -216,6 +229,58 @@ impl ExpertFetch {
             }
         }
         Ok(y)
+    }
+}
+
+impl ExpertFetch {
+    /// Runs every expert of `ticket` on its users' rows: those in RAM are
+    /// handed to the pool at once; the rest are awaited in the order asked
+    /// (the order their reads were queued) and each is handed to the pool
+    /// as it arrives, so the reads still outstanding overlap the compute of
+    /// the experts already here. Outputs come back in the ticket's order.
+    fn as_they_arrive(
+        source: &dyn ExpertSource,
+        ticket: ExpertTicket,
+        users: &[Vec<(usize, usize)>],
+        run: &(dyn Fn(&ExpertWeights, &[(usize, usize)]) -> Vec<f32> + Sync),
+    ) -> Result<Vec<Vec<f32>>> {
+        let done: Vec<OnceLock<Vec<f32>>> = users.iter().map(|_| OnceLock::new()).collect();
+        let mut failed = None;
+        rayon::in_place_scope(|s| {
+            let mut pending = Vec::new();
+            for (i, slot) in ticket.slots.into_iter().enumerate() {
+                match slot {
+                    ExpertSlot::Ready(e) => {
+                        let (out, us) = (&done[i], &users[i]);
+                        s.spawn(move |_| {
+                            let _ = out.set(run(&e, us));
+                        });
+                    }
+                    ExpertSlot::Pending(p) => pending.push((i, p)),
+                }
+            }
+            for (i, p) in pending {
+                match source.wait_one(p.as_ref()) {
+                    Ok(e) => {
+                        let (out, us) = (&done[i], &users[i]);
+                        s.spawn(move |_| {
+                            let _ = out.set(run(&e, us));
+                        });
+                    }
+                    Err(err) => {
+                        failed = Some(err);
+                        break;
+                    }
+                }
+            }
+        });
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        Ok(done
+            .into_iter()
+            .map(|c| c.into_inner().expect("every expert ran"))
+            .collect())
     }
 }
 

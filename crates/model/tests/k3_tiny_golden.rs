@@ -303,3 +303,112 @@ fn bad_inputs_are_errors_not_panics() {
     );
     assert_eq!(st.pos, 0, "a rejected pass leaves the state untouched");
 }
+
+/// A source whose every other expert is still "being read": a thread hands
+/// them over in reverse order of the request, one by one, and can fail one.
+struct LateExperts {
+    inner: ResidentExperts,
+    /// Fail the n-th late expert of the whole run (None: never).
+    fail_at: Option<usize>,
+    handed: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Default)]
+struct Late {
+    done: std::sync::Mutex<Option<Result<Arc<ExpertWeights>, String>>>,
+    cv: std::sync::Condvar,
+}
+
+impl fathom_model::experts::PendingExpert for Late {
+    fn wait(&self) -> fathom_model::Result<Arc<ExpertWeights>> {
+        let mut g = self.done.lock().unwrap();
+        while g.is_none() {
+            g = self.cv.wait(g).unwrap();
+        }
+        g.clone()
+            .unwrap()
+            .map_err(fathom_model::ModelError::Experts)
+    }
+}
+
+impl ExpertSource for LateExperts {
+    fn request(&self, layer: usize, ids: &[u32]) -> fathom_model::Result<ExpertTicket> {
+        use std::sync::atomic::Ordering;
+        let got = self.inner.request(layer, ids)?.wait_all()?;
+        let mut slots = Vec::new();
+        let mut late = Vec::new();
+        for (i, e) in got.into_iter().enumerate() {
+            if i % 2 == 0 {
+                slots.push(ExpertSlot::Ready(e));
+            } else {
+                let p = Arc::new(Late::default());
+                let n = self.handed.fetch_add(1, Ordering::SeqCst);
+                let r = if self.fail_at == Some(n) {
+                    Err("injected late read error".to_string())
+                } else {
+                    Ok(e)
+                };
+                late.push((p.clone(), r));
+                slots.push(ExpertSlot::Pending(p));
+            }
+        }
+        std::thread::spawn(move || {
+            for (p, r) in late.into_iter().rev() {
+                std::thread::sleep(std::time::Duration::from_micros(300));
+                *p.done.lock().unwrap() = Some(r);
+                p.cv.notify_all();
+            }
+        });
+        Ok(ExpertTicket {
+            layer,
+            ids: ids.to_vec(),
+            slots,
+        })
+    }
+    fn stats(&self) -> ExpertStats {
+        self.inner.stats()
+    }
+}
+
+fn late_model(fail_at: Option<usize>) -> K3Model {
+    K3Model::load_with(
+        &data().join("checkpoint"),
+        Box::new(move |ck, table| {
+            Ok(Arc::new(LateExperts {
+                inner: ResidentExperts::load(ck, table)?,
+                fail_at,
+                handed: Default::default(),
+            }))
+        }),
+    )
+    .unwrap()
+}
+
+/// Experts that arrive late and out of order run as they arrive; the
+/// logits are the resident ones bit for bit, and a failed late read is an
+/// error naming it (no hang, no partial result).
+#[test]
+fn experts_arriving_out_of_order_give_the_same_bits() {
+    let g = golden();
+    let late = late_model(None);
+    let resident = load();
+    for p in g["prompts"].as_array().unwrap() {
+        let prompt = ids(&p["input_ids"]);
+        let mut a = resident.new_state();
+        let mut b = late.new_state();
+        let want = resident.forward(&mut a, &prompt, Logits::All).unwrap();
+        let got = late.forward(&mut b, &prompt, Logits::All).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&want), bits(&got));
+        for t in [7u32, 3, 11] {
+            let want = resident.forward(&mut a, &[t], Logits::Last).unwrap();
+            let got = late.forward(&mut b, &[t], Logits::Last).unwrap();
+            assert_eq!(bits(&want), bits(&got), "decode token {t}");
+        }
+    }
+    let failing = late_model(Some(3));
+    let mut st = failing.new_state();
+    let prompt = ids(&g["prompts"][0]["input_ids"]);
+    let e = failing.forward(&mut st, &prompt, Logits::Last).unwrap_err();
+    assert!(e.to_string().contains("injected late read error"), "{e}");
+}

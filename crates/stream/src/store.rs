@@ -472,6 +472,16 @@ impl ExpertSource for StreamedExperts {
         out
     }
 
+    fn wait_one(&self, pending: &dyn PendingExpert) -> Result<Arc<ExpertWeights>> {
+        let t0 = Instant::now();
+        let out = pending.wait();
+        self.shared
+            .counters
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+
     fn hint(&self, layer: usize, ids: &[u32]) {
         let s = &*self.shared;
         if !s.prefetch || s.table.layers.get(layer).is_none_or(|l| l.is_empty()) {
