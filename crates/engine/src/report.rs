@@ -39,7 +39,11 @@ pub struct IoStats {
     pub prefetch_precision: Option<f64>,
     pub prefetch_recall: Option<f64>,
     pub read_bandwidth_bytes_s: Option<f64>,
+    /// Seconds the layer thread was blocked on expert reads (the other
+    /// compute threads may be running arrived experts meanwhile).
     pub io_wait_s: f64,
+    /// Wall seconds minus `io_wait_s`: time the layer thread was not
+    /// blocked on reads (a lower bound of compute when reads overlap it).
     pub compute_s: f64,
     /// Attention-cache blocks in RAM and on disk at the end, blocks spilled
     /// and bytes read back from disk over the interval.

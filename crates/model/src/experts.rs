@@ -439,6 +439,11 @@ impl ExpertStats {
 /// An expert still being read; `wait` blocks until it is in RAM.
 pub trait PendingExpert: Send + Sync {
     fn wait(&self) -> Result<Arc<ExpertWeights>>;
+    /// Whether `wait` would return at once (its read has ended). Default:
+    /// unknown, taken as not yet.
+    fn is_ready(&self) -> bool {
+        false
+    }
 }
 
 /// One requested expert: in RAM already, or on its way.
@@ -476,7 +481,10 @@ pub trait ExpertSource: Send + Sync {
     /// decided and computes what does not need the experts (latent
     /// projection, shared experts) while they arrive.
     fn request(&self, layer: usize, ids: &[u32]) -> Result<ExpertTicket>;
-    /// The ticket's experts, in the order asked; every one, always.
+    /// The ticket's experts, in the order asked; every one, always. The
+    /// layers call it when every slot is already in RAM; a ticket with
+    /// experts still being read is awaited slot by slot through
+    /// [`ExpertSource::wait_one`] instead, so keep per-ticket work out of it.
     fn collect(&self, ticket: ExpertTicket) -> Result<Vec<Arc<ExpertWeights>>> {
         ticket.wait_all()
     }

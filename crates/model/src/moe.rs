@@ -234,10 +234,11 @@ impl ExpertFetch {
 
 impl ExpertFetch {
     /// Runs every expert of `ticket` on its users' rows: those in RAM are
-    /// handed to the pool at once; the rest are awaited in the order asked
-    /// (the order their reads were queued) and each is handed to the pool
-    /// as it arrives, so the reads still outstanding overlap the compute of
-    /// the experts already here. Outputs come back in the ticket's order.
+    /// handed to the pool at once; of the rest, any whose read has ended
+    /// goes next (a prefetch may end before a read asked earlier), else the
+    /// oldest is awaited; each is handed to the pool as it arrives, so the
+    /// reads still outstanding overlap the compute of the experts already
+    /// here. Outputs come back in the ticket's order.
     fn as_they_arrive(
         source: &dyn ExpertSource,
         ticket: ExpertTicket,
@@ -259,7 +260,9 @@ impl ExpertFetch {
                     ExpertSlot::Pending(p) => pending.push((i, p)),
                 }
             }
-            for (i, p) in pending {
+            while !pending.is_empty() {
+                let at = pending.iter().position(|(_, p)| p.is_ready());
+                let (i, p) = pending.remove(at.unwrap_or(0));
                 match source.wait_one(p.as_ref()) {
                     Ok(e) => {
                         let (out, us) = (&done[i], &users[i]);
@@ -370,5 +373,121 @@ impl SigmoidMoe {
             ro.extend(routes);
         }
         Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
+
+    use fathom_weights::AlignedBuf;
+
+    use super::*;
+    use crate::error::ModelError;
+    use crate::experts::{ExpertFormat, ExpertStats, PendingExpert};
+
+    /// Experts told apart by their buffer length (64·(id+1) bytes).
+    fn expert(id: usize) -> Arc<ExpertWeights> {
+        Arc::new(ExpertWeights {
+            buf: AlignedBuf::zeroed(64 * (id + 1)),
+            parts: [(0, 0, [1, 1]); 3],
+            format: ExpertFormat::F32,
+        })
+    }
+
+    /// Which experts have started computing.
+    #[derive(Default)]
+    struct Ran(Mutex<Vec<usize>>, Condvar);
+
+    /// A read that ends only once `needs` have started computing (or fails
+    /// after a while: under wait-for-all it would never end).
+    struct Gate {
+        ran: Arc<Ran>,
+        needs: Vec<usize>,
+        e: Arc<ExpertWeights>,
+        ready: bool,
+    }
+
+    impl PendingExpert for Gate {
+        fn wait(&self) -> Result<Arc<ExpertWeights>> {
+            let g = self.ran.0.lock().unwrap();
+            let (_g, t) = self
+                .ran
+                .1
+                .wait_timeout_while(g, Duration::from_secs(10), |r| {
+                    !self.needs.iter().all(|n| r.contains(n))
+                })
+                .unwrap();
+            if t.timed_out() {
+                return Err(ModelError::Experts(format!(
+                    "experts {:?} never ran while this one was read",
+                    self.needs
+                )));
+            }
+            Ok(self.e.clone())
+        }
+        fn is_ready(&self) -> bool {
+            self.ready
+        }
+    }
+
+    struct NoSource;
+
+    impl ExpertSource for NoSource {
+        fn request(&self, _: usize, _: &[u32]) -> Result<ExpertTicket> {
+            Err(ModelError::Experts("not used".into()))
+        }
+        fn stats(&self) -> ExpertStats {
+            ExpertStats::default()
+        }
+    }
+
+    /// Expert 0 is in RAM, expert 1's read ends only after experts 0 and 2
+    /// have started, expert 2's read has ended: the layer must compute 0 at
+    /// once and take 2 before waiting on 1 (waiting for the whole union, or
+    /// for the reads in the order asked, never ends). The sum keeps rank
+    /// order whatever ran first.
+    #[test]
+    fn arrived_experts_run_while_others_are_read() {
+        let ran = Arc::new(Ran::default());
+        let gate = |id: usize, needs: Vec<usize>, ready: bool| {
+            ExpertSlot::Pending(Arc::new(Gate {
+                ran: ran.clone(),
+                needs,
+                e: expert(id),
+                ready,
+            }))
+        };
+        let routes = vec![Route {
+            ids: vec![1, 0, 2],
+            weights: vec![0.5, 0.25, 2.0],
+            margin: 1.0,
+        }];
+        let fetch = ExpertFetch {
+            union: vec![0, 1, 2],
+            users: vec![vec![(0, 1)], vec![(0, 0)], vec![(0, 2)]],
+            ticket: ExpertTicket {
+                layer: 0,
+                ids: vec![0, 1, 2],
+                slots: vec![
+                    ExpertSlot::Ready(expert(0)),
+                    gate(1, vec![0, 2], false),
+                    gate(2, vec![], true),
+                ],
+            },
+        };
+        let y = fetch
+            .finish(&NoSource, &routes, &[1.0, 2.0], 2, 1, |e, rows, n| {
+                let id = e.buf.len() / 64 - 1;
+                ran.0.lock().unwrap().push(id);
+                ran.1.notify_all();
+                assert_eq!((rows, n), (&[1.0, 2.0][..], 1));
+                vec![(id + 1) as f32; 2]
+            })
+            .unwrap();
+        // ranks: expert 1 (×0.5), expert 0 (×0.25), expert 2 (×2.0).
+        let want = 0.5 * 2.0 + 0.25 * 1.0 + 2.0 * 3.0;
+        assert_eq!(y, vec![want; 2]);
     }
 }

@@ -384,9 +384,10 @@ fn late_model(fail_at: Option<usize>) -> K3Model {
     .unwrap()
 }
 
-/// Experts that arrive late and out of order run as they arrive; the
-/// logits are the resident ones bit for bit, and a failed late read is an
-/// error naming it (no hang, no partial result).
+/// Experts that arrive late and out of order give the resident logits bit
+/// for bit, and a failed late read is an error naming it (no hang, no
+/// partial result). That arrived experts run while others are still read is
+/// `moe::tests::arrived_experts_run_while_others_are_read`.
 #[test]
 fn experts_arriving_out_of_order_give_the_same_bits() {
     let g = golden();

@@ -131,7 +131,10 @@ pub fn io_buffer_bytes(spec: &MemoryFacts, positions: usize, max_inflight: usize
 }
 
 /// The most that freed expert read buffers kept for reuse can hold
-/// (`fathom_weights::pool`; only reads of at least `MMAP_MIN` bytes are kept).
+/// (`fathom_weights::pool`: at most `POOL_MAX` buffers and `POOL_BYTES` in
+/// all; only buffers of at least `MMAP_MIN` bytes are kept, and none is
+/// longer than one expert's RAM, whether the expert is read whole or
+/// tensor by tensor).
 pub fn read_pool_bytes(spec: &MemoryFacts) -> u64 {
     use fathom_weights::buf::MMAP_MIN;
     use fathom_weights::pool::{POOL_BYTES, POOL_MAX};
@@ -139,7 +142,7 @@ pub fn read_pool_bytes(spec: &MemoryFacts) -> u64 {
     if e < MMAP_MIN as u64 {
         return 0;
     }
-    (POOL_MAX as u64).min(POOL_BYTES as u64 / e) * e
+    (POOL_BYTES as u64).min(POOL_MAX as u64 * e)
 }
 
 /// RAM for one streamed expert: its bytes plus up to two 4 KiB blocks of
@@ -364,11 +367,15 @@ mod tests {
         let mut s = tiny();
         // k3-tiny's experts are below the pooled size: nothing extra.
         assert_eq!(read_pool_bytes(&s), 0);
-        // A K3 expert (17.5 MB): three fit in the pool's 64 MiB.
+        // A K3 expert (17.5 MB): the pool's 64 MiB cap binds (its buffers
+        // are admitted by their own lengths, which may be shorter than `e`).
         s.expert_bytes = 17_500_000;
         let e = expert_ram_bytes(&s);
-        assert_eq!(read_pool_bytes(&s), 3 * e);
-        assert_eq!(io_buffer_bytes(&s, 1, 2), (2 + s.top_k as u64) * e + 3 * e);
+        assert_eq!(read_pool_bytes(&s), 64 << 20);
+        assert_eq!(
+            io_buffer_bytes(&s, 1, 2),
+            (2 + s.top_k as u64) * e + (64 << 20)
+        );
         // Small pooled experts: at most four buffers.
         s.expert_bytes = 1 << 20;
         assert_eq!(read_pool_bytes(&s), 4 * expert_ram_bytes(&s));

@@ -111,6 +111,9 @@ impl PendingExpert for Pending {
     fn wait(&self) -> Result<Arc<ExpertWeights>> {
         Pending::wait(self).map_err(ModelError::Experts)
     }
+    fn is_ready(&self) -> bool {
+        self.done.lock().unwrap().is_some()
+    }
 }
 
 struct Job {

@@ -449,7 +449,7 @@ impl TokenMeter {
         let wall = now.1.duration_since(self.last.1).as_secs_f64();
         let what = if self.index == 0 { "prefill" } else { "token" };
         eprintln!(
-            "[{what} {}] {:.3}s, experts read {:.1} MB ({} hit / {} miss, hit rate {}), {:.0} MB/s, I/O wait {:.3}s vs compute {:.3}s, prefetch precision {} recall {}",
+            "[{what} {}] {:.3}s, experts read {:.1} MB ({} hit / {} miss, hit rate {}), {:.0} MB/s, I/O wait {:.3}s (the layer thread blocked on reads) vs not waiting {:.3}s, prefetch precision {} recall {}",
             self.index,
             wall,
             d.bytes_read as f64 / 1e6,
