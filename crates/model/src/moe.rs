@@ -232,6 +232,9 @@ impl ExpertFetch {
     }
 }
 
+/// One expert on the rows of its users (`(row, rank)` pairs).
+type RunExpert<'a> = dyn Fn(&ExpertWeights, &[(usize, usize)]) -> Vec<f32> + Sync + 'a;
+
 impl ExpertFetch {
     /// Runs every expert of `ticket` on its users' rows: those in RAM are
     /// handed to the pool at once; of the rest, any whose read has ended
@@ -243,7 +246,7 @@ impl ExpertFetch {
         source: &dyn ExpertSource,
         ticket: ExpertTicket,
         users: &[Vec<(usize, usize)>],
-        run: &(dyn Fn(&ExpertWeights, &[(usize, usize)]) -> Vec<f32> + Sync),
+        run: &RunExpert<'_>,
     ) -> Result<Vec<Vec<f32>>> {
         let done: Vec<OnceLock<Vec<f32>>> = users.iter().map(|_| OnceLock::new()).collect();
         let mut failed = None;
