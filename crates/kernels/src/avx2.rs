@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use fathom_weights::mxfp4::{E2M1, GROUP, e8m0};
 
+use crate::avx512::{PF_NEXT_MAX_COLS, prefetch_line};
 use crate::formats::{Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, LANES, Mxfp4Rows, Rows};
 use crate::fp8::E4M3_SUB_STEP;
 
@@ -53,9 +54,20 @@ pub trait Load256: Rows {
     /// # Safety
     /// The CPU supports AVX2, and `c + 32 <= cols`.
     unsafe fn load(&self, r: usize, c: usize) -> V;
+
+    /// Asks for the line holding column `c` of row `r` (which may lie past
+    /// the last row: a prefetch never faults). Default: nothing. See
+    /// [`PF_NEXT_MAX_COLS`].
+    #[inline(always)]
+    fn prefetch(&self, _r: usize, _c: usize) {}
 }
 
 impl Load256 for F32Rows<'_> {
+    #[inline(always)]
+    fn prefetch(&self, r: usize, c: usize) {
+        prefetch_line(self.w.as_ptr().wrapping_add(r * self.cols + c));
+    }
+
     #[inline(always)]
     unsafe fn load(&self, r: usize, c: usize) -> V {
         let p = self.w[r * self.cols + c..][..LANES].as_ptr();
@@ -65,6 +77,11 @@ impl Load256 for F32Rows<'_> {
 }
 
 impl Load256 for Bf16Rows<'_> {
+    #[inline(always)]
+    fn prefetch(&self, r: usize, c: usize) {
+        prefetch_line(self.w.as_ptr().wrapping_add(r * self.cols + c));
+    }
+
     #[inline(always)]
     unsafe fn load(&self, r: usize, c: usize) -> V {
         let p = self.w[r * self.cols + c..][..LANES].as_ptr();
@@ -79,6 +96,11 @@ impl Load256 for Bf16Rows<'_> {
 }
 
 impl Load256 for Int8Rows<'_> {
+    #[inline(always)]
+    fn prefetch(&self, r: usize, c: usize) {
+        prefetch_line(self.q.as_ptr().wrapping_add(r * self.cols + c));
+    }
+
     #[inline(always)]
     unsafe fn load(&self, r: usize, c: usize) -> V {
         let p = self.q[r * self.cols + c..][..LANES].as_ptr();
@@ -234,10 +256,14 @@ unsafe fn dots<W: Load256, const R: usize, const K: usize>(
     let xs = &x[j0 * n..(j0 + K) * n];
     // SAFETY: register-only.
     let mut acc = unsafe { [[[_mm256_setzero_ps(); 4]; K]; R] };
+    let ahead = n <= PF_NEXT_MAX_COLS;
     let mut c = 0;
     while c < full {
         let xp: [*const f32; K] = std::array::from_fn(|j| xs[j * n + c..][..LANES].as_ptr());
         for (i, a) in acc.iter_mut().enumerate() {
+            if ahead {
+                w.prefetch(r0 + R + i, c);
+            }
             // SAFETY: `c + 32 <= full <= n` (checked slices above hold 32 columns).
             unsafe { step(a, w.load(r0 + i, c), &xp) };
         }

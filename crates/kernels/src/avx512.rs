@@ -53,11 +53,11 @@ pub trait Load512: Rows {
 /// 6.3–9.7 → 8.9–12.7 GB/s on one core, 12–17 → 17–23 GB/s on two;
 /// 1024- and 2048-wide rows no better or worse (they stream on their own).
 /// Prefetching two blocks ahead measured no better than one.
-const PF_NEXT_MAX_COLS: usize = 768;
+pub(crate) const PF_NEXT_MAX_COLS: usize = 768;
 
 /// Issues a T0 prefetch of `p` (any address: a prefetch never faults).
 #[inline(always)]
-fn prefetch_line<T>(p: *const T) {
+pub(crate) fn prefetch_line<T>(p: *const T) {
     // SAFETY: a prefetch reads nothing architecturally and cannot fault;
     // SSE is part of x86-64.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
