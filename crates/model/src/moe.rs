@@ -241,7 +241,9 @@ impl ExpertFetch {
     /// goes next (a prefetch may end before a read asked earlier), else the
     /// oldest is awaited; each is handed to the pool as it arrives, so the
     /// reads still outstanding overlap the compute of the experts already
-    /// here. Outputs come back in the ticket's order.
+    /// here. Before blocking, this thread runs queued pool work itself (with
+    /// one pool thread nothing would run otherwise). Outputs come back in
+    /// the ticket's order.
     fn as_they_arrive(
         source: &dyn ExpertSource,
         ticket: ExpertTicket,
@@ -265,6 +267,11 @@ impl ExpertFetch {
             }
             while !pending.is_empty() {
                 let at = pending.iter().position(|(_, p)| p.is_ready());
+                // Nothing has arrived: run queued pool work (the experts
+                // handed over so far) on this thread rather than block.
+                if at.is_none() && matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+                    continue;
+                }
                 let (i, p) = pending.remove(at.unwrap_or(0));
                 match source.wait_one(p.as_ref()) {
                     Ok(e) => {
@@ -444,6 +451,50 @@ mod tests {
         fn stats(&self) -> ExpertStats {
             ExpertStats::default()
         }
+    }
+
+    /// With one pool thread, the layer (on that thread) runs the expert in
+    /// RAM itself while the other is read: blocking first would never end.
+    #[test]
+    fn one_pool_thread_computes_while_waiting() {
+        let ran = Arc::new(Ran::default());
+        let routes = vec![Route {
+            ids: vec![0, 1],
+            weights: vec![1.0, 1.0],
+            margin: 1.0,
+        }];
+        let fetch = ExpertFetch {
+            union: vec![0, 1],
+            users: vec![vec![(0, 0)], vec![(0, 1)]],
+            ticket: ExpertTicket {
+                layer: 0,
+                ids: vec![0, 1],
+                slots: vec![
+                    ExpertSlot::Ready(expert(0)),
+                    ExpertSlot::Pending(Arc::new(Gate {
+                        ran: ran.clone(),
+                        needs: vec![0],
+                        e: expert(1),
+                        ready: false,
+                    })),
+                ],
+            },
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let y = pool
+            .install(|| {
+                fetch.finish(&NoSource, &routes, &[1.0], 1, 1, |e, _, _| {
+                    let id = e.buf.len() / 64 - 1;
+                    ran.0.lock().unwrap().push(id);
+                    ran.1.notify_all();
+                    vec![(id + 1) as f32]
+                })
+            })
+            .unwrap();
+        assert_eq!(y, vec![3.0]);
     }
 
     /// Expert 0 is in RAM, expert 1's read ends only after experts 0 and 2
