@@ -47,15 +47,13 @@ fn of_run(raw: &Value) -> Option<GpuBounds> {
     })
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    (!v.is_empty()).then(|| v[v.len() / 2])
-}
-
 /// The median of every field over an arm's measured runs.
 pub fn bounds(samples: &[&Sample]) -> Option<GpuBounds> {
     let runs: Vec<GpuBounds> = samples.iter().filter_map(|s| of_run(&s.raw)).collect();
-    let pick = |f: fn(&GpuBounds) -> Option<f64>| median(runs.iter().filter_map(f).collect());
+    let pick = |f: fn(&GpuBounds) -> Option<f64>| {
+        let v: Vec<f64> = runs.iter().filter_map(f).collect();
+        crate::stats::summarize(&v).map(|s| s.median)
+    };
     Some(GpuBounds {
         hbm_bytes_per_s: pick(|b| Some(b.hbm_bytes_per_s))?,
         h2d_bytes_per_s: pick(|b| Some(b.h2d_bytes_per_s))?,

@@ -456,6 +456,19 @@ fn remove_inflight(inner: &mut Inner, key: Key, p: &Arc<Pending>) {
     }
 }
 
+impl StreamedExperts {
+    /// Runs `wait`, counting its time as the model's wait for experts.
+    fn waited<T>(&self, wait: impl FnOnce() -> T) -> T {
+        let t0 = Instant::now();
+        let out = wait();
+        self.shared
+            .counters
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+}
+
 impl ExpertSource for StreamedExperts {
     fn request(&self, layer: usize, ids: &[u32]) -> Result<ExpertTicket> {
         Ok(ExpertTicket {
@@ -466,23 +479,11 @@ impl ExpertSource for StreamedExperts {
     }
 
     fn collect(&self, ticket: ExpertTicket) -> Result<Vec<Arc<ExpertWeights>>> {
-        let t0 = Instant::now();
-        let out = ticket.wait_all();
-        self.shared
-            .counters
-            .wait_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        out
+        self.waited(|| ticket.wait_all())
     }
 
     fn wait_one(&self, pending: &dyn PendingExpert) -> Result<Arc<ExpertWeights>> {
-        let t0 = Instant::now();
-        let out = pending.wait();
-        self.shared
-            .counters
-            .wait_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        out
+        self.waited(|| pending.wait())
     }
 
     fn hint(&self, layer: usize, ids: &[u32]) {
