@@ -425,3 +425,25 @@ fn a_released_tokenizer_is_written_as_it_is() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A synth ships the tokenizer module its `tokenizer_config.json` names in
+/// `auto_map` (so `trust_remote_code` loaders find it), in its manifest.
+/// `tests/python/test_synth_tokenizer.py` (run by CI) loads it with
+/// Hugging Face and compares its ids with `fathom tokenize`.
+#[test]
+fn a_synth_ships_the_tokenizer_module_its_config_names() {
+    let dir = synth_tiny("tok-module");
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+    let named = cfg["auto_map"]["AutoTokenizer"][0].as_str().unwrap();
+    let (module, class) = named.split_once('.').unwrap();
+    let file = format!("{module}.py");
+    let src = std::fs::read_to_string(dir.join(&file)).expect("the named module is written");
+    assert!(
+        src.contains(&format!("class {class}(")),
+        "{file} lacks {class}"
+    );
+    assert!(src.contains("tiktoken.model"), "{file} reads the rank file");
+    let sums = std::fs::read_to_string(dir.join("SHA256SUMS")).unwrap();
+    assert!(sums.contains(&format!("  {file}\n")), "{sums}");
+}

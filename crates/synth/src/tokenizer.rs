@@ -264,6 +264,13 @@ pub fn rank_file(tokens: &[Vec<u8>]) -> String {
     s
 }
 
+/// The tokenizer module `tokenizer_config.json`'s `auto_map` names, written
+/// beside the rank file so tools that load a checkpoint's tokenizer with
+/// `trust_remote_code` (Hugging Face, llama.cpp's converter) find it.
+pub const MODULE_FILE: &str = "tokenization_kimi.py";
+/// Its source: tiktoken over `tiktoken.model` with the K3 pre-tokenizer.
+pub const MODULE_SOURCE: &str = include_str!("tokenization_kimi.py");
+
 /// `tokenizer_config.json` with the 256 specials at `vocab−256..vocab`.
 pub fn tokenizer_config(vocab: usize) -> Value {
     let first = vocab - NUM_SPECIALS;

@@ -384,6 +384,10 @@ pub fn write_model(
                 "tokenizer_config.json".to_string(),
                 pretty(&tokenizer::tokenizer_config(vocab)),
             ),
+            (
+                tokenizer::MODULE_FILE.to_string(),
+                tokenizer::MODULE_SOURCE.as_bytes().to_vec(),
+            ),
         ]
     });
     let config = plan.model.config_json();
