@@ -208,10 +208,11 @@ fn inspect_json_matches_hand_computed_numbers() {
     );
     assert_eq!(u(&r["per_token"]["spine_int8_bytes"]), int8 - 327_680 + 256);
     assert_eq!(u(&r["per_token"]["routed_expert_bytes"]), 4 * 9792 * 8);
-    // State: KDA 4·48·48·4 + 3·3·192·4 per layer; MLA (40 + 16)·4 per
-    // token, in whole 256-row cache blocks (100 tokens take one block).
-    let state = 6 * (36_864 + 6_912) + 3 * 224 * 256;
-    assert_eq!(u(&r["state"]["kda_bytes"]), 6 * (36_864 + 6_912));
+    // State: KDA 4·48·48·4 + 3·3·192·4 per layer, twice (the state and the
+    // undo mark a step keeps); MLA (40 + 16)·4 per token, in whole 256-row
+    // cache blocks (100 tokens take one block).
+    let state = 2 * 6 * (36_864 + 6_912) + 3 * 224 * 256;
+    assert_eq!(u(&r["state"]["kda_bytes"]), 2 * 6 * (36_864 + 6_912));
     assert_eq!(u(&r["state"]["mla_bytes"]), 3 * 224 * 256);
     // Scratch for one position: 64 MiB baseline, logits 1280·4, 64 hidden
     // rows 64·128·4, and 4 experts' intermediates (2·96 + 64)·4.

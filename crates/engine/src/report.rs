@@ -131,6 +131,10 @@ pub struct RunStats {
     /// bench's device bounds divide these bytes by the decoded tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_decode: Option<BackendStats>,
+    /// Wall time of the decode steps (after the first token) by part of the
+    /// layer, for families whose step reports it (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_phases_ms: Option<fathom_model::phase::PhaseMs>,
 }
 
 /// One position's log-probabilities (of the raw model distribution).

@@ -178,7 +178,9 @@ fn invalid(field: &'static str, rule: &str, got: impl fmt::Display) -> SamplingE
 pub struct Sampled {
     pub token: u32,
     /// log-softmax of the RAW model logits (before penalties/temperature/filters) at `token`.
-    pub logprob: f32,
+    /// `None` when params.logprobs is None: the sum over the whole
+    /// vocabulary is then not computed (milliseconds a token at K3's size).
+    pub logprob: Option<f32>,
     /// The `logprobs` most likely tokens under the same raw log-softmax, best first, ties -> lower id.
     /// Empty when params.logprobs is None.
     pub top: Vec<(u32, f32)>,
@@ -206,7 +208,14 @@ pub fn sample(
         let u = uniform(params.seed, choice, position);
         draw(params, &penalised, u)
     };
-    report(logits, token, params.logprobs.unwrap_or(0))
+    match params.logprobs {
+        Some(n) => report(logits, token, n),
+        None => Sampled {
+            token,
+            logprob: None,
+            top: Vec::new(),
+        },
+    }
 }
 
 /// Index of the largest value; ties (and equal values) go to the LOWER index; i.e. a value replaces the
@@ -437,7 +446,7 @@ fn report(logits: &[f32], token: u32, top_n: usize) -> Sampled {
         .collect();
     Sampled {
         token,
-        logprob,
+        logprob: Some(logprob),
         top,
     }
 }

@@ -97,9 +97,15 @@ fn nan_counts_as_negative_infinity() {
         assert_eq!(pick(&temp(1.0), &[nan, 1.0, nan], pos), 1);
         assert_eq!(pick(&temp(1.0), &[nan, nan, nan], pos), 0);
     }
-    let p = temp(1.0);
+    let p = SamplingParams {
+        logprobs: Some(0),
+        ..temp(1.0)
+    };
     let s = sample(&p, &[nan, f32::INFINITY, 0.0], &[], &[], 0, 0);
-    assert_eq!((s.token, s.logprob), (1, 0.0));
+    assert_eq!((s.token, s.logprob), (1, Some(0.0)));
+    // Without logprobs asked for, the log-softmax is not computed.
+    let s = sample(&temp(1.0), &[nan, f32::INFINITY, 0.0], &[], &[], 0, 0);
+    assert!(s.token == 1 && s.logprob.is_none() && s.top.is_empty());
 }
 
 #[test]
@@ -421,7 +427,7 @@ fn logprobs_describe_the_raw_distribution() {
     for pos in 0..50 {
         let s = sample(&p, &logits, &[pos as u32], &[], 0, pos);
         let want = reference[s.token as usize];
-        assert!((f64::from(s.logprob) - want).abs() < 1e-5);
+        assert!((f64::from(s.logprob.unwrap()) - want).abs() < 1e-5);
         assert_eq!(s.top.len(), 5);
         assert_eq!(s.top[0].0, argmax(&logits));
         assert!(s.top.windows(2).all(|w| w[0].1 >= w[1].1));
@@ -446,7 +452,7 @@ fn logprob_top_list_breaks_ties_by_lower_id() {
     let ids: Vec<u32> = s.top.iter().map(|&(t, _)| t).collect();
     assert_eq!(ids, vec![1, 3, 2]);
     assert_eq!(s.token, 1);
-    assert_eq!(s.logprob, s.top[0].1);
+    assert_eq!(s.logprob, Some(s.top[0].1));
 }
 
 #[test]

@@ -15,8 +15,11 @@ pub type Segment = Range<usize>;
 /// the pass that puts everything back, journals included.
 pub(crate) trait Undo: SeqState + Sized {
     type Mark;
-    fn mark(&self) -> Self::Mark;
+    fn mark(&mut self) -> Self::Mark;
     fn undo(&mut self, mark: &Self::Mark);
+    /// A mark the step did not need; a state may keep its buffers for the
+    /// next mark.
+    fn release(&mut self, _mark: Self::Mark) {}
 }
 
 /// The step's rows: every sequence's new tokens, stacked.
@@ -59,7 +62,7 @@ pub(crate) fn atomic_step<S: Undo>(
     for (i, b) in batch.iter_mut().enumerate() {
         states.push(state_mut::<S>(&mut *b.state).map_err(|e| seq_err(i, e))?);
     }
-    let marks: Vec<S::Mark> = states.iter().map(|s| s.mark()).collect();
+    let marks: Vec<S::Mark> = states.iter_mut().map(|s| s.mark()).collect();
     let undo = |states: &mut [&mut S]| {
         for (s, m) in states.iter_mut().zip(&marks) {
             s.undo(m);
@@ -81,6 +84,9 @@ pub(crate) fn atomic_step<S: Undo>(
         undo(&mut states);
         let what = format!("sequence {i} of the step (at position {})", states[i].pos());
         return Err(seq_err(i, ModelError::NonFinite { what }));
+    }
+    for (s, m) in states.iter_mut().zip(marks) {
+        s.release(m);
     }
     Ok(out)
 }

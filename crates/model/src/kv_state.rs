@@ -201,7 +201,7 @@ impl KvState {
 
 impl crate::batch::Undo for KvState {
     type Mark = usize;
-    fn mark(&self) -> usize {
+    fn mark(&mut self) -> usize {
         self.pos
     }
     fn undo(&mut self, mark: &usize) {

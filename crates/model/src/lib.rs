@@ -22,6 +22,7 @@ pub mod lm;
 pub mod memory;
 pub mod mlp;
 pub mod moe;
+pub mod phase;
 pub mod quant;
 pub mod qwen3_moe;
 pub mod registry;

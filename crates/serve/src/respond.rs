@@ -103,7 +103,8 @@ impl Output {
                 c.tokens += 1;
                 let lp = (
                     token.sampled.token,
-                    token.sampled.logprob,
+                    // Computed whenever logprobs were asked for (the only use).
+                    token.sampled.logprob.unwrap_or(f32::NAN),
                     token.sampled.top.clone(),
                 );
                 if self.logprobs {

@@ -307,7 +307,7 @@ fn stop_strings_n_and_logprobs_match_solo_runs() {
         r.stop_ids = lm2.info().eos_token_ids.clone();
         let mut lps = Vec::new();
         let f = fathom_engine::generate(&lm2, r, Some(decoder(&tok)), |ev| {
-            lps.push(ev.sampled.logprob);
+            lps.push(ev.sampled.logprob.expect("logprobs were asked for"));
             std::ops::ControlFlow::Continue(())
         })
         .unwrap();

@@ -59,6 +59,9 @@ pub struct KvPlan {
     pub ram: u64,
     /// Bytes that spill to `--kv-dir` at full context.
     pub disk: u64,
+    /// Whether the RAM share is the default (a quarter of the budget), so a
+    /// larger budget keeps more of the cache in RAM.
+    pub default_share: bool,
 }
 
 impl KvPlan {
@@ -81,6 +84,7 @@ impl KvPlan {
             need,
             ram,
             disk: need - ram,
+            default_share: share.is_none(),
         }
     }
 }
@@ -108,9 +112,10 @@ pub fn spine_bytes_for(spec: &MemoryFacts, repr: Spine) -> u64 {
 }
 
 /// Per-sequence state that does not grow with the context (K3: KDA
-/// recurrent state and conv windows).
+/// recurrent state and conv windows), twice: the state and the undo mark
+/// of a step (a copy the sequence keeps, reused from step to step).
 pub fn kda_state_bytes(spec: &MemoryFacts) -> u64 {
-    spec.fixed_state_bytes
+    2 * spec.fixed_state_bytes
 }
 
 /// Working memory for passes of `positions` tokens: the process baseline,
@@ -224,6 +229,23 @@ impl Ledger {
         self.spine + self.state + self.scratch + self.io_buffers
     }
 
+    /// The least budget whose own plan fits the fixed parts. With the
+    /// default latent-cache share (a quarter of the budget, at most what
+    /// the context needs) the share grows with the budget, so it is the
+    /// least `m` with `m ≥ base + min(m/4, need)`.
+    pub fn least_budget(&self) -> u64 {
+        if !self.kv.default_share {
+            return self.fixed();
+        }
+        let base = self.fixed() - self.kv.ram;
+        let need = self.kv.need;
+        if base > 3 * need {
+            base + need
+        } else {
+            (4 * base).div_ceil(3)
+        }
+    }
+
     /// Gives what `budget` leaves after the fixed parts to the expert cache,
     /// in whole experts (at most every expert of the model); fails naming
     /// the parts when they alone exceed it.
@@ -248,7 +270,7 @@ impl Ledger {
                 format_bytes(self.kv.ram),
                 format_bytes(self.scratch),
                 format_bytes(self.io_buffers),
-                fixed.div_ceil(1_000_000)
+                self.least_budget().div_ceil(1_000_000)
             ));
         }
         if self.load_peak > budget {
@@ -486,8 +508,9 @@ mod tests {
     #[test]
     fn state_counts_kda_and_mla() {
         let s = tiny();
-        // 6 KDA layers: 4·(4·48·48 + 3·3·192); 3 MLA layers: 4·56 per token.
-        let kda = 6 * 4 * (4 * 48 * 48 + 3 * 3 * 192) as u64;
+        // 6 KDA layers: 4·(4·48·48 + 3·3·192), and its undo mark; 3 MLA
+        // layers: 4·56 per token.
+        let kda = 2 * 6 * 4 * (4 * 48 * 48 + 3 * 3 * 192) as u64;
         assert_eq!(kda_state_bytes(&s), kda);
         // The latent cache is counted in whole 256-row blocks.
         assert_eq!(kv_bytes(&s, 0, KvDtype::F32), 0);

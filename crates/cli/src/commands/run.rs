@@ -279,19 +279,24 @@ pub fn run(a: RunArgs) -> Result<()> {
     let gpu_on = fathom_kernels::backend::installed().is_some();
     // The backend's counts when the first token is out: what follows is decode.
     let mut decode0: Option<fathom_kernels::backend::BackendStats> = None;
+    let mut phases0: Option<fathom_model::phase::PhaseMs> = None;
     let kv0 = model.kv_stats();
     let mut meter = TokenMeter::new(&*model, a.stats);
     let mut logprobs = Vec::new();
     let json = a.json;
     let on_token = |ev: &TokenEvent| {
         meter.tick(&*model);
+        if phases0.is_none() {
+            phases0 = Some(fathom_model::phase::snapshot());
+        }
         if gpu_on && decode0.is_none() {
             decode0 = Some(fathom_kernels::backend::snapshot());
         }
         if a.sampling.logprobs.is_some() {
             logprobs.push(TokenLogprob {
                 token: ev.sampled.token,
-                logprob: ev.sampled.logprob,
+                // Computed whenever --logprobs is given (as here).
+                logprob: ev.sampled.logprob.unwrap_or(f32::NAN),
                 top: ev.sampled.top.clone(),
             });
         }
@@ -324,6 +329,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         gpu_decode: decode0
             .as_ref()
             .and_then(fathom_kernels::backend::stats_since),
+        decode_phases_ms: phases0
+            .map(|p0| fathom_model::phase::snapshot().since(&p0))
+            .filter(|p| p.total() > 0.0),
     };
     let (content, reasoning_content) = match (&chat, &f.text) {
         (Some((format, p)), Some(text)) => {

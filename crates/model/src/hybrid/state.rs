@@ -91,6 +91,20 @@ pub struct SequenceState {
     dims: Arc<HybridDims>,
     /// The pass [`SeqState::begin_pass`] opened, if any.
     pending: Option<PendingPass>,
+    /// The last step's undo mark, whose buffers the next mark reuses.
+    spare: SpareMark,
+}
+
+/// A released undo mark kept for its buffers: the next step copies into them
+/// instead of allocating (and page-faulting) a fresh copy of every KDA state.
+/// A fork or clone of the state starts without one.
+#[derive(Debug, Default)]
+struct SpareMark(Option<Snapshot>);
+
+impl Clone for SpareMark {
+    fn clone(&self) -> Self {
+        SpareMark(None)
+    }
 }
 
 /// Everything a failed step must put back: the state before it, journals included.
@@ -143,6 +157,7 @@ impl SequenceState {
             pos: 0,
             dims: dims.clone(),
             pending: None,
+            spare: SpareMark::default(),
         }
     }
 
@@ -152,8 +167,44 @@ impl SequenceState {
     }
 
     /// A mark to undo a step with (KDA state and journal copied, MLA lengths).
-    pub(crate) fn undo_mark(&self) -> UndoMark {
-        UndoMark(self.snapshot())
+    /// Reuses the buffers of the last released mark when it has this
+    /// state's layout.
+    pub(crate) fn undo_mark(&mut self) -> UndoMark {
+        match self.spare.0.take() {
+            Some(mut snap) if snap.kda.len() == self.layers.len() => {
+                self.snapshot_into(&mut snap);
+                UndoMark(snap)
+            }
+            _ => UndoMark(self.snapshot()),
+        }
+    }
+
+    /// Hands a mark that was not needed back for the next step to reuse.
+    pub(crate) fn release_mark(&mut self, mark: UndoMark) {
+        self.spare.0 = Some(mark.0);
+    }
+
+    /// [`SequenceState::snapshot`] into `snap`'s buffers (same layer count).
+    fn snapshot_into(&self, snap: &mut Snapshot) {
+        snap.pos = self.pos;
+        for (i, l) in self.layers.iter().enumerate() {
+            match (l, &mut snap.kda[i]) {
+                (LayerState::Kda(k), Some(saved)) => {
+                    copy_state(&mut saved.s, &k.s);
+                    saved.conv.clone_from(&k.conv);
+                    saved.journal.clone_from(&k.journal);
+                    snap.mla_len[i] = 0;
+                }
+                (LayerState::Kda(k), slot) => {
+                    *slot = Some(k.clone());
+                    snap.mla_len[i] = 0;
+                }
+                (LayerState::Mla(m), slot) => {
+                    *slot = None;
+                    snap.mla_len[i] = m.len();
+                }
+            }
+        }
     }
 
     /// Puts back what `mark` saw, journals included.
@@ -267,8 +318,11 @@ impl SequenceState {
 
 impl crate::batch::Undo for SequenceState {
     type Mark = UndoMark;
-    fn mark(&self) -> UndoMark {
+    fn mark(&mut self) -> UndoMark {
         self.undo_mark()
+    }
+    fn release(&mut self, mark: UndoMark) {
+        self.release_mark(mark)
     }
     fn undo(&mut self, mark: &UndoMark) {
         SequenceState::undo(self, mark)
@@ -343,4 +397,19 @@ impl SeqState for SequenceState {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// `dst = src` for a KDA state (megabytes per layer at K3's size): into the
+/// existing buffer, in parallel chunks (a copy: the order cannot matter).
+fn copy_state(dst: &mut Vec<f32>, src: &[f32]) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    if dst.len() != src.len() {
+        dst.clear();
+        dst.extend_from_slice(src);
+        return;
+    }
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
 }

@@ -13,6 +13,8 @@
 //! copied, MLA lengths noted) and put back if anything fails — an expert
 //! read, a bad token, non-finite logits.
 
+use std::time::Instant;
+
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::attention::{kda, mla};
@@ -24,6 +26,7 @@ use super::{K3Model, Tracer};
 use crate::batch::{Segment, add, atomic_step, gather, logit_rows, split_logits};
 use crate::error::Result;
 use crate::lm::{Logits, StepError, StepInput};
+use crate::phase::{self, Phase, timed};
 use crate::trace::trace;
 
 /// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
@@ -48,13 +51,16 @@ fn forward_rows(
 ) -> Result<Vec<Vec<f32>>> {
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, n, eps) = (spec.hidden_size, tokens.len(), spec.rms_norm_eps);
-    let mut partial: Vec<f32> = tokens
-        .iter()
-        .flat_map(|&id| w.embed_tokens.row(id as usize))
-        .collect();
+    let mut partial: Vec<f32> = timed(Phase::MixAndHead, || {
+        tokens
+            .iter()
+            .flat_map(|&id| w.embed_tokens.row(id as usize))
+            .collect()
+    });
     let mut blocks: Vec<Vec<f32>> = Vec::new();
     for (i, lw) in w.layers.iter().enumerate() {
         // Attention side (§3): mix, maybe open a block, attend.
+        let mix = Instant::now();
         let h = if blocks.is_empty() {
             partial.clone()
         } else {
@@ -66,22 +72,35 @@ fn forward_rows(
         trace(&mut tracer, i, "attn_in", &h);
         let mut x = h;
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
-        let a = attention(model, lw, i, states, segs, &x)?;
+        phase::add(Phase::MixAndHead, mix);
+        let kind = match lw.attn {
+            AttnWeights::Kda(_) => Phase::LinearAttention,
+            AttnWeights::Mla(_) => Phase::FullAttention,
+        };
+        let a = timed(kind, || attention(model, lw, i, states, segs, &x))?;
         trace(&mut tracer, i, "attn_out", &a);
-        add(&mut partial, &a);
 
         // MLP side.
+        let mix = Instant::now();
+        add(&mut partial, &a);
         let mut x = attn_res(&partial, &blocks, &lw.mlp_res, d, eps);
         trace(&mut tracer, i, "mlp_in", &x);
         rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
-        let m = ffn(model, i, &x, n, &mut tracer)?;
+        phase::add(Phase::MixAndHead, mix);
+        let kind = match w.layers[i].ffn {
+            FfnWeights::Dense(_) => Phase::Mlp,
+            FfnWeights::Moe(_) => Phase::Moe,
+        };
+        let m = timed(kind, || ffn(model, i, &x, n, &mut tracer))?;
         trace(&mut tracer, i, "mlp_out", &m);
-        add(&mut partial, &m);
+        timed(Phase::MixAndHead, || add(&mut partial, &m));
     }
     for (s, seg) in states.iter_mut().zip(segs) {
         s.pos += seg.len();
     }
-    Ok(head(model, &partial, &blocks, segs, which, &mut tracer))
+    Ok(timed(Phase::MixAndHead, || {
+        head(model, &partial, &blocks, segs, which, &mut tracer)
+    }))
 }
 
 fn attention(
