@@ -18,8 +18,23 @@ struct Cli {
     /// Compute threads (default: all cores).
     #[arg(long, global = true, env = "FATHOM_THREADS")]
     threads: Option<usize>,
+    /// Pin each compute thread to one CPU, dealing threads to NUMA nodes in turn.
+    #[arg(long, global = true, env = "FATHOM_PIN_THREADS")]
+    pin_threads: bool,
+    /// Memory placement on hosts with several NUMA nodes: `auto` interleaves
+    /// the process's memory page by page over every node (as `numactl
+    /// --interleave=all`) when there are two or more; `off` leaves it to the
+    /// kernel (first touch).
+    #[arg(long, global = true, env = "FATHOM_NUMA", default_value = "auto")]
+    numa: Numa,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Numa {
+    Auto,
+    Off,
 }
 
 #[derive(Subcommand)]
@@ -78,6 +93,47 @@ fn on_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::scope(|_| f())
 }
 
+/// NUMA memory policy and the compute pool (its size, and its threads'
+/// CPUs with `--pin-threads`), before anything is allocated or run.
+fn place(cli: &Cli) {
+    use fathom_weights::numa;
+    let topo = numa::Topology::detect();
+    let interleaved = cli.numa == Numa::Auto
+        && match numa::interleave(&topo.node_ids) {
+            Ok(done) => done,
+            Err(e) => {
+                eprintln!(
+                    "warning: cannot interleave memory over {} NUMA nodes: {e}",
+                    topo.nodes.len()
+                );
+                false
+            }
+        };
+    numa::set_placement(numa::Placement {
+        nodes: topo.nodes.len(),
+        interleaved,
+        pinned: cli.pin_threads,
+    });
+    if cli.threads.is_none() && !cli.pin_threads {
+        return;
+    }
+    let mut pool = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = cli.threads {
+        pool = pool.num_threads(n.max(1));
+    }
+    if cli.pin_threads {
+        pool = pool.start_handler(move |i| {
+            let cpu = topo.cpu_for_thread(i);
+            if let Err(e) = numa::pin_current_thread(cpu) {
+                eprintln!("warning: cannot pin compute thread {i} to CPU {cpu}: {e}");
+            }
+        });
+    }
+    if let Err(e) = pool.build_global() {
+        eprintln!("warning: cannot set up the compute threads: {e}");
+    }
+}
+
 fn main() {
     quiet_broken_pipes();
     let cli = match Cli::try_parse() {
@@ -92,14 +148,7 @@ fn main() {
         );
         std::process::exit(2);
     }
-    if let Some(n) = cli.threads {
-        if let Err(e) = rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global()
-        {
-            eprintln!("warning: cannot set threads: {e}");
-        }
-    }
+    place(&cli);
     let result = match cli.command {
         Command::Demo(a) => on_pool(move || commands::demo::run(a)),
         Command::Run(a) => on_pool(move || commands::run::run(a)),

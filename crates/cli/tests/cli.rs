@@ -472,3 +472,59 @@ fn prefill_chunk_does_not_change_the_golden_tokens() {
         assert_eq!(got.len(), 16.min(greedy.len()));
     }
 }
+
+/// Thread placement changes where the work runs, never its result: pinned
+/// threads (1, 2 and 3 of them), with NUMA interleaving on and off, give the
+/// golden tokens, and the run report says what was decided.
+#[test]
+fn pinned_threads_and_numa_placement_keep_the_golden_tokens() {
+    let ck = tiny().join("checkpoint");
+    let (ids, greedy, _) = golden_prompt(2);
+    for (threads, numa) in [("1", "auto"), ("2", "off"), ("3", "auto")] {
+        let v = run_json(&[
+            "run",
+            "--model",
+            ck.to_str().unwrap(),
+            "--prompt-ids",
+            &ids,
+            "--max-new",
+            "16",
+            "--json",
+            "--pin-threads",
+            "--threads",
+            threads,
+            "--numa",
+            numa,
+        ]);
+        let got: Vec<u64> = v["output_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            got,
+            greedy[..got.len()],
+            "--threads {threads} --numa {numa}"
+        );
+        let s = &v["stats"];
+        assert_eq!(s["pinned_threads"], true);
+        assert_eq!(s["threads"].as_u64().unwrap().to_string(), threads);
+        assert!(s["numa_nodes"].as_u64().unwrap() >= 1, "{s}");
+        if numa == "off" {
+            assert_eq!(s["numa_interleaved"], false);
+        }
+    }
+    fails_with(
+        &[
+            "run",
+            "--model",
+            ck.to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+            "--numa",
+            "spread",
+        ],
+        "invalid value 'spread' for '--numa",
+    );
+}

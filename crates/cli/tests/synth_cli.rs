@@ -52,7 +52,8 @@ fn synth_then_verify_ok_with_digest() {
     let o = fathom(&["verify", dir.to_str().unwrap(), "--digest"]);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8(o.stdout).unwrap();
-    // synth writes SHA256SUMS (2 shards, tokenizer, configs, index); every file matches it.
+    // synth writes SHA256SUMS (2 shards, tokenizer files and module, configs,
+    // index); every file matches it.
     assert!(
         out.lines().any(
             |l| l.ends_with(&format!("  {SHARD2}  ok")) && l.len() == 64 + 2 + SHARD2.len() + 4
@@ -61,7 +62,7 @@ fn synth_then_verify_ok_with_digest() {
     );
     assert_eq!(
         out.lines().last().unwrap(),
-        "ok: 2 shards, 1770 tensors, 7.27 MB, 7 files match the manifest"
+        "ok: 2 shards, 1770 tensors, 7.27 MB, 8 files match the manifest"
     );
     // Without --force an existing model is kept.
     let o = fathom(&["synth", "--preset", "tiny", "--out", dir.to_str().unwrap()]);

@@ -91,6 +91,15 @@ impl IoStats {
 pub struct RunSetup {
     pub load_s: f64,
     pub threads: usize,
+    /// Compute threads pinned one to a CPU (`--pin-threads`).
+    #[serde(default)]
+    pub pinned_threads: bool,
+    /// NUMA nodes the process may use, and whether its memory is
+    /// interleaved over them (`--numa`).
+    #[serde(default)]
+    pub numa_nodes: usize,
+    #[serde(default)]
+    pub numa_interleaved: bool,
     /// `resident` or `streamed`.
     pub experts: String,
     pub spine: String,

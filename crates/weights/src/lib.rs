@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod convert;
 pub mod error;
 pub mod mxfp4;
+pub mod numa;
 pub mod pool;
 pub mod units;
 

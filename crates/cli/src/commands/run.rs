@@ -177,6 +177,9 @@ pub fn setup(info: &LoadInfo, spine: fathom_model::Spine) -> RunSetup {
     RunSetup {
         load_s: info.load_s,
         threads: rayon::current_num_threads(),
+        pinned_threads: fathom_weights::numa::placement().pinned,
+        numa_nodes: fathom_weights::numa::placement().nodes,
+        numa_interleaved: fathom_weights::numa::placement().interleaved,
         experts: info.experts.into(),
         spine: spine.name().into(),
         spine_lossy: spine.lossy(),

@@ -1,0 +1,238 @@
+//! Where memory and compute threads sit on the host: the NUMA nodes and
+//! their CPUs (from sysfs), pinning a thread to one CPU, and interleaving
+//! the process's future allocations over every node.
+//!
+//! Decode streams every weight row once per token from whichever thread
+//! takes it (work stealing), so on a multi-socket host the weights are
+//! spread page by page over all nodes (`MPOL_INTERLEAVE`, what
+//! `numactl --interleave=all` does): every node's memory controller then
+//! serves its share instead of one node serving all. Pinning keeps a
+//! compute thread on one CPU (threads are dealt to nodes in turn). Both
+//! change where things run, never what is computed.
+
+use std::io;
+use std::path::Path;
+
+/// The host's NUMA nodes, each with the CPUs this process may use on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    /// Per node (in node-id order), its allowed CPUs, ascending.
+    pub nodes: Vec<Vec<usize>>,
+    /// Node ids as the kernel numbers them (parallel to `nodes`).
+    pub node_ids: Vec<usize>,
+}
+
+/// The CPUs a sysfs list names (`0-3,8,10-11`); `None` if malformed.
+pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse().ok()?, b.trim().parse().ok()?),
+            None => {
+                let v: usize = part.trim().parse().ok()?;
+                (v, v)
+            }
+        };
+        if b < a || b - a > 1 << 16 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
+}
+
+impl Topology {
+    /// The nodes under `/sys/devices/system/node` with the CPUs this
+    /// process is allowed on; one node holding every allowed CPU where
+    /// sysfs has no node directory (containers, other systems).
+    pub fn detect() -> Topology {
+        let allowed = allowed_cpus();
+        Self::from_sysfs(Path::new("/sys/devices/system/node"), &allowed)
+    }
+
+    /// [`Topology::detect`] over a sysfs-like directory.
+    pub fn from_sysfs(dir: &Path, allowed: &[usize]) -> Topology {
+        let mut found: Vec<(usize, Vec<usize>)> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let id: usize = name.strip_prefix("node")?.parse().ok()?;
+                let list = std::fs::read_to_string(e.path().join("cpulist")).ok()?;
+                let cpus: Vec<usize> = parse_cpu_list(&list)?
+                    .into_iter()
+                    .filter(|c| allowed.contains(c))
+                    .collect();
+                (!cpus.is_empty()).then_some((id, cpus))
+            })
+            .collect();
+        found.sort();
+        if found.is_empty() {
+            return Topology {
+                nodes: vec![allowed.to_vec()],
+                node_ids: vec![0],
+            };
+        }
+        Topology {
+            node_ids: found.iter().map(|f| f.0).collect(),
+            nodes: found.into_iter().map(|f| f.1).collect(),
+        }
+    }
+
+    /// The CPU compute thread `i` is pinned to: threads are dealt to the
+    /// nodes in turn, and within a node to its CPUs in order.
+    pub fn cpu_for_thread(&self, i: usize) -> usize {
+        let node = &self.nodes[i % self.nodes.len()];
+        node[(i / self.nodes.len()) % node.len()]
+    }
+}
+
+/// The CPUs this process may run on (every online CPU if unknown).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call writes at
+    // most size_of::<cpu_set_t>() bytes into it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let ok =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if ok != 0 {
+        return (0..n).collect();
+    }
+    // SAFETY: CPU_ISSET reads the set filled above, within CPU_SETSIZE.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::other(format!("CPU {cpu} is beyond CPU_SETSIZE")));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within
+    // it (cpu < CPU_SETSIZE, checked above).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the set is initialised and its size is passed.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// What the process decided at start: how many nodes, whether memory is
+/// interleaved over them and whether compute threads are pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Placement {
+    pub nodes: usize,
+    pub interleaved: bool,
+    pub pinned: bool,
+}
+
+static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
+
+/// Records the process's placement (the first call wins).
+pub fn set_placement(p: Placement) {
+    let _ = PLACEMENT.set(p);
+}
+
+/// The recorded placement (one node, nothing pinned, if none was recorded).
+pub fn placement() -> Placement {
+    PLACEMENT.get().copied().unwrap_or(Placement {
+        nodes: 1,
+        ..Placement::default()
+    })
+}
+
+/// `MPOL_INTERLEAVE` from `<linux/mempolicy.h>`.
+const MPOL_INTERLEAVE: libc::c_int = 3;
+
+/// Interleaves the calling thread's future allocations (and those of the
+/// threads it starts afterwards) page by page over `node_ids`. A no-op
+/// returning `Ok(false)` for fewer than two nodes.
+pub fn interleave(node_ids: &[usize]) -> io::Result<bool> {
+    if node_ids.len() < 2 {
+        return Ok(false);
+    }
+    let max = node_ids.iter().max().copied().unwrap_or(0);
+    if max >= 4096 {
+        return Err(io::Error::other(format!("node id {max} is out of range")));
+    }
+    let mut mask = vec![0 as libc::c_ulong; max / 64 + 1];
+    for &n in node_ids {
+        mask[n / 64] |= 1 << (n % 64);
+    }
+    // SAFETY: `mask` holds `maxnode` = 64·len bits, as set_mempolicy reads.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            MPOL_INTERLEAVE,
+            mask.as_ptr(),
+            (mask.len() * 64) as libc::c_ulong,
+        )
+    };
+    if r == 0 {
+        Ok(true)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_as_sysfs_writes_them() {
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(parse_cpu_list(""), Some(vec![]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("a-b"), None);
+    }
+
+    #[test]
+    fn two_nodes_deal_threads_in_turn() {
+        let dir = std::env::temp_dir().join(format!("fathom-numa-{}", std::process::id()));
+        for (n, list) in [(0, "0-3\n"), (1, "4-7\n")] {
+            let d = dir.join(format!("node{n}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cpulist"), list).unwrap();
+        }
+        std::fs::write(dir.join("possible"), "0-1\n").unwrap();
+        let allowed: Vec<usize> = (0..8).filter(|&c| c != 5).collect();
+        let t = Topology::from_sysfs(&dir, &allowed);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(t.nodes, vec![vec![0, 1, 2, 3], vec![4, 6, 7]]);
+        assert_eq!(t.node_ids, vec![0, 1]);
+        let first: Vec<usize> = (0..8).map(|i| t.cpu_for_thread(i)).collect();
+        assert_eq!(first, vec![0, 4, 1, 6, 2, 7, 3, 4]);
+        // No node directories: one node of every allowed CPU.
+        let none = Topology::from_sysfs(Path::new("/nonexistent-fathom"), &[0, 1]);
+        assert_eq!(none.nodes, vec![vec![0, 1]]);
+    }
+
+    #[test]
+    fn a_thread_pins_to_an_allowed_cpu() {
+        let allowed = allowed_cpus();
+        let cpu = *allowed.last().expect("some CPU is allowed");
+        std::thread::spawn(move || {
+            pin_current_thread(cpu).unwrap();
+            assert_eq!(allowed_cpus(), vec![cpu]);
+        })
+        .join()
+        .unwrap();
+        assert!(pin_current_thread(libc::CPU_SETSIZE as usize).is_err());
+    }
+
+    #[test]
+    fn one_node_needs_no_interleaving() {
+        assert!(!interleave(&[0]).unwrap());
+    }
+}
