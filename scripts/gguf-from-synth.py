@@ -1,6 +1,10 @@
 """Convert a `fathom synth` Kimi checkpoint to GGUF with llama.cpp's converter.
 
-    python scripts/gguf-from-synth.py LLAMA_CPP_DIR MODEL_DIR OUT.gguf [converter flags]
+    python scripts/gguf-from-synth.py LLAMA_CPP_DIR MODEL_DIR OUT.gguf [converter flags] < /dev/null
+
+(stdin from /dev/null: the converter first tries a loader that asks on the
+terminal whether to run the checkpoint's code; without a terminal it moves
+on to the one that is told to.)
 
 llama.cpp's `convert_hf_to_gguf.py` identifies a tokenizer's pre-tokenizer by
 hashing the ids it gives for a fixed text and accepts only hashes it knows.
@@ -27,7 +31,8 @@ def main() -> None:
     llama_dir, model_dir, out = sys.argv[1], sys.argv[2], sys.argv[3]
     module = os.path.join(model_dir, "tokenization_kimi.py")
     try:
-        synth = "fathom synth" in open(module, encoding="utf-8").read()
+        with open(module, encoding="utf-8") as f:
+            synth = "fathom synth" in f.read()
     except OSError as e:
         sys.exit(f"{module}: {e} (write the checkpoint with a current `fathom synth`)")
     if not synth:

@@ -109,29 +109,30 @@ fn place(cli: &Cli) {
                 false
             }
         };
-    numa::set_placement(numa::Placement {
+    let mut placement = numa::Placement {
         nodes: topo.nodes.len(),
         interleaved,
-        pinned: cli.pin_threads,
-    });
-    if cli.threads.is_none() && !cli.pin_threads {
-        return;
+        pinned: false,
+    };
+    if cli.threads.is_some() || cli.pin_threads {
+        let mut pool = rayon::ThreadPoolBuilder::new();
+        if let Some(n) = cli.threads {
+            pool = pool.num_threads(n.max(1));
+        }
+        if cli.pin_threads {
+            pool = pool.start_handler(move |i| {
+                let cpu = topo.cpu_for_thread(i);
+                if let Err(e) = numa::pin_current_thread(cpu) {
+                    eprintln!("warning: cannot pin compute thread {i} to CPU {cpu}: {e}");
+                }
+            });
+        }
+        match pool.build_global() {
+            Ok(()) => placement.pinned = cli.pin_threads,
+            Err(e) => eprintln!("warning: cannot set up the compute threads: {e}"),
+        }
     }
-    let mut pool = rayon::ThreadPoolBuilder::new();
-    if let Some(n) = cli.threads {
-        pool = pool.num_threads(n.max(1));
-    }
-    if cli.pin_threads {
-        pool = pool.start_handler(move |i| {
-            let cpu = topo.cpu_for_thread(i);
-            if let Err(e) = numa::pin_current_thread(cpu) {
-                eprintln!("warning: cannot pin compute thread {i} to CPU {cpu}: {e}");
-            }
-        });
-    }
-    if let Err(e) = pool.build_global() {
-        eprintln!("warning: cannot set up the compute threads: {e}");
-    }
+    numa::set_placement(placement);
 }
 
 fn main() {

@@ -174,7 +174,8 @@ fn same_seed_same_bytes() {
             .map(|e| e.unwrap().file_name())
             .collect();
         names.sort();
-        assert_eq!(names.len(), 8, "{}: {names:?}", case.0);
+        // Shards, index, configs, tokenizer files and module, manifest.
+        assert_eq!(names.len(), 9, "{}: {names:?}", case.0);
         for n in names {
             let read = |d: &Path| std::fs::read(d.join(&n)).unwrap();
             assert!(read(&a) == read(&b), "{}: {n:?} differs", case.0);

@@ -98,6 +98,17 @@ pub fn kv_bytes(spec: &MemoryFacts, context: usize, dtype: KvDtype) -> u64 {
         .saturating_mul(rows)
 }
 
+/// The least `m` with `m ≥ base + min(⌊m/4⌋, need)`: below `4·need`, with
+/// `m = 4q + r` (`r < 4`), that is `3q + r ≥ base`, whose least solution is
+/// `⌊(4·base − 1)/3⌋` (0 for base 0); from `4·need` on it is `base + need`.
+fn least_with_quarter_share(base: u64, need: u64) -> u64 {
+    if base > need.saturating_mul(3) {
+        base.saturating_add(need)
+    } else {
+        base.saturating_mul(4).saturating_sub(1) / 3
+    }
+}
+
 /// Bytes of the resident spine as loaded (stored precision).
 pub fn spine_bytes(spec: &MemoryFacts) -> u64 {
     spec.spine_bytes
@@ -237,13 +248,7 @@ impl Ledger {
         if !self.kv.default_share {
             return self.fixed();
         }
-        let base = self.fixed() - self.kv.ram;
-        let need = self.kv.need;
-        if base > 3 * need {
-            base + need
-        } else {
-            (4 * base).div_ceil(3)
-        }
+        least_with_quarter_share(self.fixed() - self.kv.ram, self.kv.need)
     }
 
     /// Gives what `budget` leaves after the fixed parts to the expert cache,
@@ -503,6 +508,21 @@ mod tests {
         assert!(small.fixed() < tight, "{} vs {tight}", small.fixed());
         let e = Ledger::plan_for(&s, Spine::Int8, tight, 1, 1, 0).unwrap_err();
         assert!(e.contains("too small to load") && e.contains("int8"), "{e}");
+    }
+
+    #[test]
+    fn the_least_budget_with_the_default_share_is_exact() {
+        for base in 0..200u64 {
+            for need in 0..80u64 {
+                let fits = |m: u64| m >= base + (m / 4).min(need);
+                let brute = (0..).find(|&m| fits(m)).unwrap();
+                assert_eq!(
+                    super::least_with_quarter_share(base, need),
+                    brute,
+                    "base {base}, need {need}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -3,19 +3,24 @@
 `tokenizer_config.json` names `tokenization_kimi.TikTokenTokenizer` in its
 `auto_map`, as released Kimi checkpoints do, so tools that load a checkpoint's
 tokenizer with `trust_remote_code` (Hugging Face `AutoTokenizer`, llama.cpp's
-converter) find this class. It was written for fathom: byte-pair encoding by
-`tiktoken` over the rank file, the K3 pre-tokenizer pattern, and the 256
-reserved specials after the ranks, spelled as `tokenizer_config.json` says.
+converter) find this class; the file and class names are fixed by that.
+Written for fathom: byte-pair encoding by `tiktoken` over the rank file (read
+here, line by line), the K3 pre-tokenizer pattern, and the reserved specials
+after the ranks, spelled as `tokenizer_config.json` says.
+
+What llama.cpp's converter reads is kept under the names it reads:
+`model` (a `tiktoken.Encoding`, for `model._mergeable_ranks`),
+`special_tokens` (spelling -> id) and `eos_id`.
 
 Requires the `tiktoken` and `transformers` packages.
 """
 
+import base64
 import os
 import shutil
 from typing import Dict, List, Optional, Tuple
 
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 from transformers import PreTrainedTokenizer
 
 # The K3 pre-tokenizer: eight alternatives, tried in order.
@@ -34,18 +39,33 @@ PATTERN = "|".join(
     ]
 )
 
-NUM_SPECIALS = 256
+# The reserved ids that follow the ranks.
+SPECIAL_SLOTS = 256
 
 
-def _content(token) -> str:
-    """The spelling of an `added_tokens_decoder` entry (AddedToken or dict)."""
-    if isinstance(token, dict):
-        return str(token["content"])
-    return str(getattr(token, "content", token))
+def read_ranks(path: str) -> Dict[bytes, int]:
+    """`tiktoken.model`: `base64(bytes) rank` per line, ranks 0.. in order."""
+    ranks: Dict[bytes, int] = {}
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != 2 or int(fields[1]) != len(ranks):
+                raise ValueError(f"{path}:{lineno}: expected `base64 {len(ranks)}`")
+            ranks[base64.b64decode(fields[0])] = len(ranks)
+    return ranks
+
+
+def spelling(entry) -> str:
+    """The text of an `added_tokens_decoder` entry (AddedToken or dict)."""
+    if isinstance(entry, dict):
+        return str(entry["content"])
+    return str(getattr(entry, "content", entry))
 
 
 class TikTokenTokenizer(PreTrainedTokenizer):
-    """tiktoken byte-pair encoding over `tiktoken.model` with K3's specials."""
+    """tiktoken byte-pair encoding over `tiktoken.model`, K3's specials after it."""
 
     vocab_files_names = {"vocab_file": "tiktoken.model"}
     model_input_names = ["input_ids", "attention_mask"]
@@ -53,87 +73,87 @@ class TikTokenTokenizer(PreTrainedTokenizer):
     def __init__(
         self,
         vocab_file: str,
-        bos_token="[BOS]",
-        eos_token="[EOS]",
-        unk_token="[UNK]",
-        pad_token="[PAD]",
         added_tokens_decoder: Optional[Dict[int, object]] = None,
         **kwargs,
     ):
         self.vocab_file = vocab_file
-        ranks = load_tiktoken_bpe(vocab_file)
-        n = len(ranks)
-        names = {int(i): _content(t) for i, t in (added_tokens_decoder or {}).items()}
-        self.special_tokens = {
-            names.get(i, f"<|reserved_token_{i}|>"): i for i in range(n, n + NUM_SPECIALS)
-        }
+        ranks = read_ranks(vocab_file)
+        first = len(ranks)
+        named = {int(i): spelling(t) for i, t in (added_tokens_decoder or {}).items()}
+        self.special_tokens = {}
+        for i in range(first, first + SPECIAL_SLOTS):
+            self.special_tokens[named.get(i, f"<|reserved_token_{i}|>")] = i
         self.model = tiktoken.Encoding(
-            name=os.path.basename(vocab_file),
+            name="fathom-synth",
             pat_str=PATTERN,
             mergeable_ranks=ranks,
             special_tokens=self.special_tokens,
         )
-        self.n_words = n + NUM_SPECIALS
-        # Regular tokens are named by their bytes read as Latin-1 (one
-        # character per byte, so every byte string has its own name).
-        self._piece = {rank: tok.decode("latin-1") for tok, rank in ranks.items()}
-        self._piece.update({i: s for s, i in self.special_tokens.items()})
-        self._id = {p: i for i, p in self._piece.items()}
-        self.bos_id = self.special_tokens.get(_content(bos_token))
-        self.eos_id = self.special_tokens.get(_content(eos_token))
-        self.pad_id = self.special_tokens.get(_content(pad_token))
+        # Pieces: a regular token is named by its bytes read as Latin-1 (one
+        # character per byte, so distinct byte strings get distinct names).
+        self._piece_of = {i: b.decode("latin-1") for b, i in ranks.items()}
+        self._piece_of.update({i: s for s, i in self.special_tokens.items()})
+        self._id_of = {p: i for i, p in self._piece_of.items()}
+        self._special_ids = set(self.special_tokens.values())
+        self.eos_id = self.special_tokens.get(spelling(kwargs.get("eos_token", "[EOS]")))
         # Text is untrusted: a special's spelling inside it is ordinary text,
-        # as in fathom's tokenizer; chat templates add specials by id.
+        # as in `fathom tokenize` without --trusted. (Hugging Face's
+        # apply_chat_template(tokenize=True) tokenizes rendered text, so it
+        # yields no special ids with this default; pass
+        # split_special_tokens=False to recognise them.)
         kwargs.setdefault("split_special_tokens", True)
-        super().__init__(
-            bos_token=bos_token,
-            eos_token=eos_token,
-            unk_token=unk_token,
-            pad_token=pad_token,
-            added_tokens_decoder=added_tokens_decoder,
-            **kwargs,
-        )
+        super().__init__(added_tokens_decoder=added_tokens_decoder, **kwargs)
 
     @property
     def vocab_size(self) -> int:
-        return self.n_words
+        return len(self._piece_of)
 
     def get_vocab(self) -> Dict[str, int]:
-        return dict(self._id)
+        vocab = dict(self._id_of)
+        vocab.update(self.added_tokens_encoder)
+        return vocab
 
     def _tokenize(self, text: str, **kwargs) -> List[str]:
         # Special-looking text inside ordinary text is ordinary text.
         ids = self.model.encode(text, allowed_special=set(), disallowed_special=())
-        return [self._piece[i] for i in ids]
+        return [self._piece_of[i] for i in ids]
 
     def _convert_token_to_id(self, token: str) -> int:
-        return self._id.get(token, self.special_tokens.get(str(self.unk_token), 0))
+        if token in self._id_of:
+            return self._id_of[token]
+        return self.added_tokens_encoder.get(token, self.unk_token_id or 0)
 
     def _convert_id_to_token(self, index: int) -> str:
-        return self._piece[int(index)]
+        index = int(index)
+        if index in self._piece_of:
+            return self._piece_of[index]
+        return self.added_tokens_decoder[index].content
 
     def convert_tokens_to_string(self, tokens: List[str]) -> str:
         out = bytearray()
         for t in tokens:
-            if t in self.special_tokens:
-                out += t.encode("utf-8")
-            else:
+            if t in self._id_of and self._id_of[t] not in self._special_ids:
                 out += t.encode("latin-1")
+            else:
+                out += t.encode("utf-8")
         return out.decode("utf-8", errors="replace")
 
     def _decode(self, token_ids, skip_special_tokens: bool = False, **kwargs) -> str:
         if isinstance(token_ids, int):
             token_ids = [token_ids]
-        specials = set(self.special_tokens.values())
+        ids = [int(i) for i in token_ids]
+        if any(i not in self._piece_of for i in ids):
+            # Tokens added after loading: the base class knows them.
+            return super()._decode(ids, skip_special_tokens=skip_special_tokens, **kwargs)
         if skip_special_tokens:
-            token_ids = [i for i in token_ids if i not in specials]
-        return self.model.decode(list(token_ids), errors="replace")
+            ids = [i for i in ids if i not in self._special_ids]
+        return self.model.decode(ids, errors="replace")
 
     def save_vocabulary(
         self, save_directory: str, filename_prefix: Optional[str] = None
     ) -> Tuple[str]:
-        name = (filename_prefix + "-" if filename_prefix else "") + "tiktoken.model"
-        out = os.path.join(save_directory, name)
-        if os.path.abspath(self.vocab_file) != os.path.abspath(out):
-            shutil.copyfile(self.vocab_file, out)
-        return (out,)
+        name = f"{filename_prefix}-tiktoken.model" if filename_prefix else "tiktoken.model"
+        target = os.path.join(save_directory, name)
+        if os.path.abspath(target) != os.path.abspath(self.vocab_file):
+            shutil.copyfile(self.vocab_file, target)
+        return (target,)

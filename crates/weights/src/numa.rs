@@ -90,9 +90,9 @@ impl Topology {
 
 /// The CPUs this process may run on (every online CPU if unknown).
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call writes at
-    // most size_of::<cpu_set_t>() bytes into it.
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the call writes at most size_of::<cpu_set_t>() bytes into `set`.
     let ok =
         unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -110,9 +110,9 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::other(format!("CPU {cpu} is beyond CPU_SETSIZE")));
     }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within
-    // it (cpu < CPU_SETSIZE, checked above).
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu < CPU_SETSIZE (checked above), so the bit is inside the set.
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: the set is initialised and its size is passed.
     let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
@@ -165,13 +165,16 @@ pub fn interleave(node_ids: &[usize]) -> io::Result<bool> {
     for &n in node_ids {
         mask[n / 64] |= 1 << (n % 64);
     }
-    // SAFETY: `mask` holds `maxnode` = 64·len bits, as set_mempolicy reads.
+    // The kernel reads maxnode − 1 bits of the mask (libnuma passes its
+    // bit count + 1), so with this maxnode every bit of every word is seen.
+    let maxnode = (mask.len() * 64 + 1) as libc::c_ulong;
+    // SAFETY: `mask` holds 64·len = maxnode − 1 bits, all that the call reads.
     let r = unsafe {
         libc::syscall(
             libc::SYS_set_mempolicy,
             MPOL_INTERLEAVE,
             mask.as_ptr(),
-            (mask.len() * 64) as libc::c_ulong,
+            maxnode,
         )
     };
     if r == 0 {

@@ -179,8 +179,14 @@ impl SequenceState {
         }
     }
 
-    /// Hands a mark that was not needed back for the next step to reuse.
-    pub(crate) fn release_mark(&mut self, mark: UndoMark) {
+    /// Hands a mark that was not needed back for the next step to reuse
+    /// (its state buffers; any journal it copied is dropped, so a kept
+    /// spare is one copy of the fixed state, as the ledger counts it). Not
+    /// counted in [`SequenceState::bytes`], which is the state itself.
+    pub(crate) fn release_mark(&mut self, mut mark: UndoMark) {
+        for k in mark.0.kda.iter_mut().flatten() {
+            k.journal = None;
+        }
         self.spare.0 = Some(mark.0);
     }
 
