@@ -1,5 +1,7 @@
 //! Device copies of host byte segments, least recently used first out,
-//! within a byte budget.
+//! within a byte budget. Routed experts are the cache proper; the spine
+//! (every other matrix) stays once uploaded: an expert only ever displaces
+//! experts, and a spine matrix displaces experts before other spine.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -7,8 +9,15 @@ use std::ops::Range;
 /// A host segment: (address, length in bytes).
 pub type Key = (usize, usize);
 
+/// What an entry holds: a routed expert's matrix or a spine matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Expert,
+    Spine,
+}
+
 pub struct Cache<B> {
-    map: HashMap<Key, (B, u64)>,
+    map: HashMap<Key, (B, u64, Class)>,
     tick: u64,
     bytes: u64,
     budget: u64,
@@ -40,43 +49,50 @@ impl<B> Cache<B> {
     pub fn touch(&mut self, k: &Key) -> Option<&B> {
         self.tick += 1;
         let tick = self.tick;
-        self.map.get_mut(k).map(|(b, t)| {
+        self.map.get_mut(k).map(|(b, t, _)| {
             *t = tick;
             &*b
         })
     }
 
     pub fn get(&self, k: &Key) -> Option<&B> {
-        self.map.get(k).map(|(b, _)| b)
+        self.map.get(k).map(|(b, _, _)| b)
     }
 
-    /// Evicts least recently used entries, never one of `keep`, until
-    /// `need` more bytes fit; false when they cannot.
-    pub fn make_room(&mut self, need: u64, keep: &[Key]) -> bool {
-        if need > self.budget {
+    /// Makes `need` more bytes fit for an entry of `class`, never evicting
+    /// one of `keep`: an expert evicts only experts (least recently used
+    /// first); a spine matrix evicts experts first, then spine. False, and
+    /// nothing evicted, when they cannot fit.
+    pub fn make_room(&mut self, need: u64, keep: &[Key], class: Class) -> bool {
+        let may_go =
+            |k: &Key, c: Class| !keep.contains(k) && (class == Class::Spine || c == Class::Expert);
+        let free = self.budget.saturating_sub(self.bytes);
+        let evictable: u64 = self
+            .map
+            .iter()
+            .filter(|(k, (_, _, c))| may_go(k, *c))
+            .map(|(k, _)| k.1 as u64)
+            .sum();
+        if need > free.saturating_add(evictable) {
             return false;
         }
         while self.bytes + need > self.budget {
             let victim = self
                 .map
                 .iter()
-                .filter(|(k, _)| !keep.contains(k))
-                .min_by_key(|(_, (_, t))| *t)
+                .filter(|(k, (_, _, c))| may_go(k, *c))
+                .min_by_key(|(_, (_, t, c))| (*c == Class::Spine, *t))
                 .map(|(k, _)| *k);
-            match victim {
-                Some(k) => {
-                    self.map.remove(&k);
-                    self.bytes -= k.1 as u64;
-                }
-                None => return false,
-            }
+            let Some(k) = victim else { return false };
+            self.map.remove(&k);
+            self.bytes -= k.1 as u64;
         }
         true
     }
 
-    pub fn insert(&mut self, k: Key, b: B) {
+    pub fn insert(&mut self, k: Key, b: B, class: Class) {
         self.tick += 1;
-        if self.map.insert(k, (b, self.tick)).is_none() {
+        if self.map.insert(k, (b, self.tick, class)).is_none() {
             self.bytes += k.1 as u64;
         }
     }
@@ -102,24 +118,50 @@ mod tests {
 
     #[test]
     fn evicts_least_recent_and_forgets_ranges() {
+        let e = Class::Expert;
         let mut c = Cache::new(100);
-        c.insert((0, 40), 'a');
-        c.insert((100, 40), 'b');
+        c.insert((0, 40), 'a', e);
+        c.insert((100, 40), 'b', e);
         c.touch(&(0, 40));
-        assert!(c.make_room(40, &[]));
+        assert!(c.make_room(40, &[], e));
         assert!(c.contains(&(0, 40)) && !c.contains(&(100, 40)));
-        assert!(!c.make_room(200, &[]), "larger than the budget");
+        assert!(!c.make_room(200, &[], e), "larger than the budget");
         assert!(c.contains(&(0, 40)), "a refused request evicts nothing");
-        c.insert((200, 10), 'c');
-        c.insert((210, 10), 'd');
+        c.insert((200, 10), 'c', e);
+        c.insert((210, 10), 'd', e);
         c.forget(195..215);
         assert!(!c.contains(&(200, 10)) && c.contains(&(210, 10)));
         assert_eq!(c.bytes(), 50);
         assert!(
-            !c.make_room(95, &[(0, 40)]),
+            !c.make_room(95, &[(0, 40)], e),
             "a kept entry is never evicted"
         );
-        assert!(c.make_room(60, &[(0, 40)]));
+        assert!(c.contains(&(210, 10)), "a refused request evicts nothing");
+        assert!(c.make_room(60, &[(0, 40)], e));
         assert!(c.contains(&(0, 40)) && !c.contains(&(210, 10)));
+    }
+
+    #[test]
+    fn experts_never_displace_the_spine() {
+        let (e, s) = (Class::Expert, Class::Spine);
+        let mut c = Cache::new(100);
+        c.insert((0, 50), 'w', s);
+        c.insert((100, 30), 'x', e);
+        // An expert may evict the older expert, never the spine matrix,
+        // however long ago the spine matrix was used.
+        for i in 0..5 {
+            c.touch(&(100, 30));
+            assert!(c.make_room(40, &[], e), "round {i}");
+            c.insert((200 + i * 100, 40), 'y', e);
+            assert!(c.contains(&(0, 50)));
+        }
+        assert!(!c.make_room(60, &[], e), "only 50 bytes are experts'");
+        assert!(c.contains(&(0, 50)) && c.bytes() == 90);
+        // A spine matrix evicts experts first, then older spine.
+        assert!(c.make_room(50, &[], s));
+        assert!(c.contains(&(0, 50)), "experts went first");
+        c.insert((1000, 50), 'z', s);
+        assert!(c.make_room(50, &[(1000, 50)], s));
+        assert!(!c.contains(&(0, 50)) && c.contains(&(1000, 50)));
     }
 }

@@ -13,7 +13,7 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use fathom_kernels::backend::{Backend, BackendStats, MatRef, Role, segments};
 use fathom_kernels::fp8::E4M3;
 
-use crate::cache::{Cache, Key};
+use crate::cache::{Cache, Class, Key};
 use crate::{CudaError, SOURCE};
 
 /// What `probe` found.
@@ -254,7 +254,12 @@ impl CudaBackend {
                 st.stats.vram_expert_misses += 1;
             }
         }
-        if missing > 0 && !st.cache.make_room(missing, &keys) {
+        let class = if role == Role::Expert {
+            Class::Expert
+        } else {
+            Class::Spine
+        };
+        if missing > 0 && !st.cache.make_room(missing, &keys, class) {
             return Ok(None);
         }
         let mut ptrs = Vec::with_capacity(keys.len());
@@ -262,7 +267,7 @@ impl CudaBackend {
             if st.cache.touch(k).is_none() {
                 let buf = self.stream.clone_htod(*s)?;
                 st.stats.h2d_bytes += s.len() as u64;
-                st.cache.insert(*k, buf);
+                st.cache.insert(*k, buf, class);
             }
             let buf = st.cache.get(k).expect("just inserted");
             ptrs.push(buf.device_ptr(&self.stream).0);
