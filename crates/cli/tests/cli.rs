@@ -31,6 +31,16 @@ fn golden_prompt(i: usize) -> (String, Vec<u64>, Vec<Value>) {
     )
 }
 
+/// `output_ids` of a `run --json` report.
+fn output_ids(v: &Value) -> Vec<u64> {
+    v["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
 #[test]
 fn run_json_is_one_object_with_the_golden_tokens() {
     let ck = tiny().join("checkpoint");
@@ -57,12 +67,7 @@ fn run_json_is_one_object_with_the_golden_tokens() {
         "stdout must be exactly one JSON object: {stdout}"
     );
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
-    let got: Vec<u64> = v["output_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect();
+    let got = output_ids(&v);
     assert_eq!(got, greedy);
     assert_eq!(
         v["prompt_ids"].as_array().unwrap().len(),
@@ -462,12 +467,7 @@ fn prefill_chunk_does_not_change_the_golden_tokens() {
             String::from_utf8_lossy(&out.stderr)
         );
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let got: Vec<u64> = v["output_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap())
-            .collect();
+        let got = output_ids(&v);
         assert_eq!(got, greedy[..got.len()], "--prefill-chunk {chunk}");
         assert_eq!(got.len(), 16.min(greedy.len()));
     }
@@ -496,12 +496,7 @@ fn pinned_threads_and_numa_placement_keep_the_golden_tokens() {
             "--numa",
             numa,
         ]);
-        let got: Vec<u64> = v["output_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap())
-            .collect();
+        let got = output_ids(&v);
         assert_eq!(
             got,
             greedy[..got.len()],

@@ -171,8 +171,23 @@ impl ExpertFetch {
     /// (scheduling only). Experts already in RAM run at once; those still
     /// being read run as each arrives ([`ExpertFetch::as_they_arrive`]).
     /// Each expert's output depends only on its weights and rows, and the
-    /// sum runs in rank order, so the arrival order never shows.
+    /// sum runs in rank order, so the arrival order never shows. Its time is
+    /// the decode profile's `routed_experts`.
     pub fn finish(
+        self,
+        source: &dyn ExpertSource,
+        routes: &[Route],
+        z: &[f32],
+        out_w: usize,
+        work_each: usize,
+        expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
+    ) -> Result<Vec<f32>> {
+        crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
+            self.collect_and_sum(source, routes, z, out_w, work_each, expert)
+        })
+    }
+
+    fn collect_and_sum(
         self,
         source: &dyn ExpertSource,
         routes: &[Route],

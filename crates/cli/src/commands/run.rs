@@ -174,12 +174,13 @@ pub fn with_bos(
 
 /// How the model was set up, for the report.
 pub fn setup(info: &LoadInfo, spine: fathom_model::Spine) -> RunSetup {
+    let placed = fathom_weights::numa::placement();
     RunSetup {
         load_s: info.load_s,
         threads: rayon::current_num_threads(),
-        pinned_threads: fathom_weights::numa::placement().pinned,
-        numa_nodes: fathom_weights::numa::placement().nodes,
-        numa_interleaved: fathom_weights::numa::placement().interleaved,
+        pinned_threads: placed.pinned,
+        numa_nodes: placed.nodes,
+        numa_interleaved: placed.interleaved,
         experts: info.experts.into(),
         spine: spine.name().into(),
         spine_lossy: spine.lossy(),

@@ -96,7 +96,20 @@ fn head_inputs(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) -> H
 /// `segs[i]` are sequence i's rows, `states[i]` its state. The convolution
 /// and the delta rule run per sequence. Returns the gated head outputs
 /// `[N, P]` (what `o_proj` takes).
+/// Its time is the decode profile's `linear_core`.
 pub fn kda_heads(
+    d: &KdaDims,
+    w: &KdaParams<'_>,
+    states: &mut [&mut KdaState],
+    segs: &[Segment],
+    proj: &KdaProjections,
+) -> Vec<f32> {
+    crate::phase::timed(crate::phase::Phase::LinearCore, || {
+        heads(d, w, states, segs, proj)
+    })
+}
+
+fn heads(
     d: &KdaDims,
     w: &KdaParams<'_>,
     states: &mut [&mut KdaState],

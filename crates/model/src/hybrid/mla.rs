@@ -99,9 +99,25 @@ impl MlaRope<'_> {
 /// `caches[i]` its cache, to which its rows are appended), from the queries
 /// `q [N, H·dq]` and the raw `kv_a_proj_with_mqa` output `c [N, lora + dr]`,
 /// with the rotary step if `rope` is given. Returns the per-head values
-/// `[N, H·dv]`.
+/// `[N, H·dv]`. Its time is the decode profile's `full_core`.
 #[allow(clippy::too_many_arguments)]
 pub fn mla_heads(
+    d: &MlaDims,
+    kv_a_layernorm: &[f32],
+    kv_b: &AbsorbedKvB,
+    rope: Option<&MlaRope<'_>>,
+    caches: &mut [&mut MlaCache],
+    segs: &[Segment],
+    q: &[f32],
+    c: Vec<f32>,
+) -> Result<Vec<f32>> {
+    crate::phase::timed(crate::phase::Phase::FullCore, || {
+        heads(d, kv_a_layernorm, kv_b, rope, caches, segs, q, c)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn heads(
     d: &MlaDims,
     kv_a_layernorm: &[f32],
     kv_b: &AbsorbedKvB,

@@ -11,7 +11,6 @@ use crate::error::Result;
 use crate::hybrid::kda::{KdaParams, KdaProjections, kda_heads};
 use crate::hybrid::mla::mla_heads;
 use crate::hybrid::state::{KdaState, MlaCache};
-use crate::phase::{Phase, timed};
 
 impl KdaWeights {
     /// The layer's own parameters, as the KDA core takes them.
@@ -46,9 +45,7 @@ pub fn kda(
         b: w.b_proj.forward(x, n),
         g: w.g_proj.forward(x, n),
     };
-    let cat = timed(Phase::LinearCore, || {
-        kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj)
-    });
+    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj);
     w.o_proj.forward(&cat, n)
 }
 
@@ -72,18 +69,16 @@ pub fn mla(
     let q = w.q_b_proj.forward(&qa, n); // [N, H·dq]
     let c = w.kv_a_proj_with_mqa.forward(x, n); // [N, lora + dr]
     let gate = w.g_proj.forward(x, n); // [N, H·dv]
-    let mut cat = timed(Phase::FullCore, || {
-        mla_heads(
-            &spec.mla_dims(),
-            &w.kv_a_layernorm,
-            &w.kv_b_proj,
-            None,
-            caches,
-            segs,
-            &q,
-            c,
-        )
-    })?;
+    let mut cat = mla_heads(
+        &spec.mla_dims(),
+        &w.kv_a_layernorm,
+        &w.kv_b_proj,
+        None,
+        caches,
+        segs,
+        &q,
+        c,
+    )?;
     for (v, &g) in cat.iter_mut().zip(&gate) {
         *v *= sigmoid(g);
     }

@@ -91,10 +91,8 @@ pub fn moe(
     let z = w.routed_expert_down_proj.forward(x, t);
     let shared = w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t));
     let work = 3 * spec.moe_intermediate_size * l;
-    let mut y = crate::phase::timed(crate::phase::Phase::RoutedExperts, || {
-        fetch.finish(source, &routes, &z, l, work, |e, zin, n| {
-            expert_forward(spec, e, zin, n)
-        })
+    let mut y = fetch.finish(source, &routes, &z, l, work, |e, zin, n| {
+        expert_forward(spec, e, zin, n)
     })?;
     if spec.latent_moe_use_norm {
         for yr in y.chunks_exact_mut(l) {
