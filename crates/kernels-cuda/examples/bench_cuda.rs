@@ -44,6 +44,7 @@ fn main() {
         st.h2d_bytes_per_s / 1e9
     );
     let w = Weights::new();
+    batch_cases(&b, &w);
     for (what, m, groups, t) in w.cases() {
         let bytes: usize = fathom_kernels::backend::segments(&m)
             .iter()
@@ -103,5 +104,54 @@ impl Weights {
             ),
             ("mxfp4 4096x7168 (expert)", mx, 1, 1),
         ]
+    }
+}
+
+/// A MoE layer's routed experts at K3's shapes as the model hands them over:
+/// the gate and up products of four experts in one batch, then their downs.
+fn batch_cases(b: &CudaBackend, w: &Weights) {
+    use fathom_kernels::backend::Product;
+    let (f, l) = (3072, 3584);
+    let up = MatRef::Mxfp4(
+        Mxfp4Ref::new(f, l, &w.packed[..f * l / 2], &w.scales[..f * l / 32]).unwrap(),
+    );
+    let down = MatRef::Mxfp4(
+        Mxfp4Ref::new(l, f, &w.packed[..f * l / 2], &w.scales[..f * l / 32]).unwrap(),
+    );
+    for (what, m, n) in [
+        ("4 experts' gate+up (8 x 3072x3584), one batch", up, 8),
+        ("4 experts' down (4 x 3584x3072), one batch", down, 4),
+    ] {
+        let x = vec![0.25f32; m.cols()];
+        let mut ys: Vec<Vec<f32>> = (0..n).map(|_| vec![0f32; m.rows()]).collect();
+        let mut go = || {
+            let mut ps: Vec<Product<'_, '_>> = ys
+                .iter_mut()
+                .map(|y| Product {
+                    w: m,
+                    role: Role::Expert,
+                    x: &x,
+                    t: 1,
+                    y,
+                })
+                .collect();
+            assert!(b.matmul_batch(&mut ps), "declined");
+        };
+        go();
+        let start = Instant::now();
+        for _ in 0..20 {
+            go();
+        }
+        let s = start.elapsed().as_secs_f64() / 20.0;
+        let bytes: usize = fathom_kernels::backend::segments(&m)
+            .iter()
+            .map(|s| s.len())
+            .sum::<usize>()
+            * n;
+        println!(
+            "{what:<48} {:>9.1} µs  {:>7.0} GB/s of weights",
+            s * 1e6,
+            bytes as f64 / s / 1e9
+        );
     }
 }

@@ -37,18 +37,30 @@ __device__ __forceinline__ float e8m0(unsigned char b) {
 // Columns per lane loaded before they are accumulated: the loads of a chunk
 // are in flight together, the fused multiply-adds still run in column order.
 #define UNROLL 8
+#define CHUNK (UNROLL * 32)
+#define FULL 0xffffffffu
 
-// One pass of P positions over row r: lane `lane`'s sums over the columns
-// lane, lane + 32, … in that order (full chunks of UNROLL·32 columns first,
-// their loads issued together, then the tail one column per lane at a time).
-template <int P, typename At>
-__device__ __forceinline__ void row_pass(At at, const float* __restrict__ x, int r, int lane,
-                                         int cols, int j0, int t, float (&acc)[P]) {
-    const int full = cols - cols % (UNROLL * 32);
-    for (int c = 0; c < full; c += UNROLL * 32) {
-        float wv[UNROLL];
+// A chunk loader fills wv[u] = W[r][c + lane + 32u] for u < UNROLL (a full
+// chunk of CHUNK columns starting at c). `plain` reads each value with `at`;
+// a format may load its bytes more widely and hand them round the warp.
+template <typename At>
+__device__ __forceinline__ auto plain(At at) {
+    return [=](int r, int c, int lane, float (&wv)[UNROLL]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) wv[u] = at(r, c + u * 32 + lane);
+    };
+}
+
+// One pass of P positions over row r: lane `lane`'s sums over the columns
+// lane, lane + 32, … in that order (full chunks first, their loads issued
+// together, then the tail one column per lane at a time).
+template <int P, typename Chunk, typename At>
+__device__ __forceinline__ void row_pass(Chunk chunk, At at, const float* __restrict__ x, int r,
+                                         int lane, int cols, int j0, int t, float (&acc)[P]) {
+    const int full = cols - cols % CHUNK;
+    for (int c = 0; c < full; c += CHUNK) {
+        float wv[UNROLL];
+        chunk(r, c, lane, wv);
 #pragma unroll
         for (int k = 0; k < P; ++k) {
             if (j0 + k < t) {
@@ -74,15 +86,16 @@ __device__ __forceinline__ void row_pass(At at, const float* __restrict__ x, int
 
 // Row r's results for every position, written at column `out` of y's
 // `[t, rows_out]` rows.
-template <int P, typename At, typename Fin>
-__device__ __forceinline__ void rows_product_p(At at, Fin fin, const float* __restrict__ x,
+template <int P, typename Chunk, typename At, typename Fin>
+__device__ __forceinline__ void rows_product_p(Chunk chunk, At at, Fin fin,
+                                               const float* __restrict__ x,
                                                float* __restrict__ y, int r, int out, int lane,
                                                int rows_out, int cols, int t) {
     for (int j0 = 0; j0 < t; j0 += P) {
         float acc[P];
 #pragma unroll
         for (int k = 0; k < P; ++k) acc[k] = 0.0f;
-        row_pass<P>(at, x, r, lane, cols, j0, t, acc);
+        row_pass<P>(chunk, at, x, r, lane, cols, j0, t, acc);
 #pragma unroll
         for (int k = 0; k < P; ++k) {
             const float s = fold32(acc[k]);
@@ -96,10 +109,10 @@ __device__ __forceinline__ void rows_product_p(At at, Fin fin, const float* __re
 // Grouped products: the rows split into blocks of rows_g (rows_g == rows for
 // one product); block g reads its own x[g] = x + g·t·cols and writes
 // y[g] = y + g·t·rows_g. A row's sums are the same in either form.
-template <typename At, typename Fin>
-__device__ __forceinline__ void rows_product(At at, Fin fin, const float* __restrict__ x,
-                                             float* __restrict__ y, int rows, int cols, int t,
-                                             int rows_g) {
+template <typename Chunk, typename At, typename Fin>
+__device__ __forceinline__ void rows_product(Chunk chunk, At at, Fin fin,
+                                             const float* __restrict__ x, float* __restrict__ y,
+                                             int rows, int cols, int t, int rows_g) {
     const int r = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;  // whole warps leave together
@@ -108,46 +121,96 @@ __device__ __forceinline__ void rows_product(At at, Fin fin, const float* __rest
     float* yg = y + (size_t)g * t * rows_g;
     const int out = r - g * rows_g;
     if (t == 1) {
-        rows_product_p<1>(at, fin, xg, yg, r, out, lane, rows_g, cols, t);
+        rows_product_p<1>(chunk, at, fin, xg, yg, r, out, lane, rows_g, cols, t);
     } else {
-        rows_product_p<TP>(at, fin, xg, yg, r, out, lane, rows_g, cols, t);
+        rows_product_p<TP>(chunk, at, fin, xg, yg, r, out, lane, rows_g, cols, t);
     }
 }
 
+// Each kernel: `at(r, i)` decodes one weight as the CPU does, `fin` is the
+// format's finish; `plain(at)` loads full chunks with it unless the format
+// has a wider loader.
+#define PRODUCT(at, fin) rows_product(plain(at), at, fin, x, y, rows, cols, t, rows_g)
+#define SAME [](int, float s) { return s; }
+
 extern "C" __global__ void mm_f32(const float* __restrict__ w, const float* __restrict__ x,
-                                  float* __restrict__ y, int rows, int cols, int t,
-                                  int rows_g) {
-    rows_product([=](int r, int i) { return w[(size_t)r * cols + i]; },
-                 [](int, float s) { return s; }, x, y, rows, cols, t, rows_g);
+                                  float* __restrict__ y, int rows, int cols, int t, int rows_g) {
+    auto at = [=](int r, int i) { return w[(size_t)r * cols + i]; };
+    PRODUCT(at, SAME);
+}
+
+__device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ w,
+                                             const float* __restrict__ x, float* __restrict__ y,
+                                             int rows, int cols, int t, int rows_g) {
+    auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
+    PRODUCT(at, SAME);
 }
 
 extern "C" __global__ void mm_bf16(const unsigned short* __restrict__ w,
                                    const float* __restrict__ x, float* __restrict__ y, int rows,
                                    int cols, int t, int rows_g) {
-    rows_product([=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); },
-                 [](int, float s) { return s; }, x, y, rows, cols, t, rows_g);
+    bf16_product(w, x, y, rows, cols, t, rows_g);
 }
 
 extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
                                    const float* __restrict__ scale, const float* __restrict__ x,
-                                   float* __restrict__ y, int rows, int cols, int t,
-                                  int rows_g) {
-    rows_product([=](int r, int i) { return (float)q[(size_t)r * cols + i]; },
-                 [=](int r, float s) { return s * scale[r]; }, x, y, rows, cols, t, rows_g);
+                                   float* __restrict__ y, int rows, int cols, int t, int rows_g) {
+    auto at = [=](int r, int i) { return (float)q[(size_t)r * cols + i]; };
+    PRODUCT(at, [=](int r, float s) { return s * scale[r]; });
+}
+
+// MXFP4: cols is a multiple of 32 (one E8M0 scale per 32 columns, two E2M1
+// codes per byte, the even column in the low nibble). A full chunk of a row
+// is 128 bytes: lane m loads word m (columns 8m..8m+7) and lane l takes
+// column c + l + 32u from word l/8 + 4u, nibble l mod 8; the chunk's eight
+// scales are loaded by lanes 0..7 (and copies) and handed round likewise.
+__device__ __forceinline__ void mxfp4_product(const unsigned char* __restrict__ packed,
+                                              const unsigned char* __restrict__ scales,
+                                              const float* __restrict__ x, float* __restrict__ y,
+                                              int rows, int cols, int t, int rows_g) {
+    auto at = [=](int r, int i) {
+        const size_t e = (size_t)r * cols + i;
+        const unsigned b = packed[e >> 1];
+        const unsigned code = (i & 1) ? (b >> 4) : (b & 0x0Fu);
+        return e2m1(code) * e8m0(scales[e >> 5]);
+    };
+    auto chunk = [=](int r, int c, int lane, float (&wv)[UNROLL]) {
+        const unsigned* row = reinterpret_cast<const unsigned*>(packed + (size_t)r * (cols >> 1));
+        const unsigned word = row[(c >> 3) + lane];
+        const float sv = e8m0(scales[(size_t)r * (cols >> 5) + (c >> 5) + (lane & 7)]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const unsigned wd = __shfl_sync(FULL, word, (lane >> 3) + 4 * u);
+            const float s = __shfl_sync(FULL, sv, u);
+            wv[u] = e2m1((wd >> (4 * (lane & 7))) & 0x0Fu) * s;
+        }
+    };
+    rows_product(chunk, at, SAME, x, y, rows, cols, t, rows_g);
 }
 
 extern "C" __global__ void mm_mxfp4(const unsigned char* __restrict__ packed,
                                     const unsigned char* __restrict__ scales,
                                     const float* __restrict__ x, float* __restrict__ y, int rows,
                                     int cols, int t, int rows_g) {
-    rows_product(
-        [=](int r, int i) {
-            const size_t e = (size_t)r * cols + i;
-            const unsigned b = packed[e >> 1];
-            const unsigned code = (i & 1) ? (b >> 4) : (b & 0x0Fu);
-            return e2m1(code) * e8m0(scales[e >> 5]);
-        },
-        [](int, float s) { return s; }, x, y, rows, cols, t, rows_g);
+    mxfp4_product(packed, scales, x, y, rows, cols, t, rows_g);
+}
+
+// Several products of one shape in one launch (a MoE layer's experts):
+// blockIdx.y picks product p, whose weight segments, input and output are
+// the device addresses tab[4p .. 4p + 4) (data, scales or 0, x, y). Each
+// row is computed by the same code as in a launch of its own.
+extern "C" __global__ void mm_bf16_many(const unsigned long long* __restrict__ tab, int rows,
+                                        int cols, int t) {
+    const unsigned long long* e = tab + 4 * blockIdx.y;
+    bf16_product((const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t,
+                 rows);
+}
+
+extern "C" __global__ void mm_mxfp4_many(const unsigned long long* __restrict__ tab, int rows,
+                                         int cols, int t) {
+    const unsigned long long* e = tab + 4 * blockIdx.y;
+    mxfp4_product((const unsigned char*)e[0], (const unsigned char*)e[1], (const float*)e[2],
+                  (float*)e[3], rows, cols, t, rows);
 }
 
 // E4M3 codes with block scales: value = e4m3[q] · scale[((row0 + r) >> sh_r) · grid_cols + (i >> sh_c)].
@@ -156,12 +219,11 @@ extern "C" __global__ void mm_fp8(const unsigned char* __restrict__ q,
                                   int row0, int sh_r, int sh_c, int grid_cols,
                                   const float* __restrict__ x, float* __restrict__ y, int rows,
                                   int cols, int t, int rows_g) {
-    rows_product(
-        [=](int r, int i) {
-            const float s = scale[(size_t)((row0 + r) >> sh_r) * grid_cols + (i >> sh_c)];
-            return e4m3[q[(size_t)r * cols + i]] * s;
-        },
-        [](int, float s) { return s; }, x, y, rows, cols, t, rows_g);
+    auto at = [=](int r, int i) {
+        const float s = scale[(size_t)((row0 + r) >> sh_r) * grid_cols + (i >> sh_c)];
+        return e4m3[q[(size_t)r * cols + i]] * s;
+    };
+    PRODUCT(at, SAME);
 }
 
 // Symmetric INT4 (code − 8) with bf16 group scales: scale[(r·cols + i) >> sh_g].
@@ -169,12 +231,11 @@ extern "C" __global__ void mm_int4(const unsigned char* __restrict__ packed,
                                    const unsigned short* __restrict__ scale, int sh_g,
                                    const float* __restrict__ x, float* __restrict__ y, int rows,
                                    int cols, int t, int rows_g) {
-    rows_product(
-        [=](int r, int i) {
-            const size_t e = (size_t)r * cols + i;
-            const unsigned b = packed[e >> 1];
-            const unsigned code = (i & 1) ? (b >> 4) : (b & 0x0Fu);
-            return (float)((int)(code & 0x0Fu) - 8) * bf16f(scale[e >> sh_g]);
-        },
-        [](int, float s) { return s; }, x, y, rows, cols, t, rows_g);
+    auto at = [=](int r, int i) {
+        const size_t e = (size_t)r * cols + i;
+        const unsigned b = packed[e >> 1];
+        const unsigned code = (i & 1) ? (b >> 4) : (b & 0x0Fu);
+        return (float)((int)(code & 0x0Fu) - 8) * bf16f(scale[e >> sh_g]);
+    };
+    PRODUCT(at, SAME);
 }

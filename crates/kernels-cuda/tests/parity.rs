@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use fathom_kernels::backend::{Backend, MatRef, Role};
+use fathom_kernels::backend::{Backend, MatRef, Product, Role};
 use fathom_kernels::formats::{
     Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows, block_scalar,
 };
@@ -112,7 +112,14 @@ fn every_format_matches_the_scalar_twin() {
     let Some(b) = open(None) else { return };
     let mut g = Lcg(1);
     let mut failures = Vec::new();
-    for (rows, cols) in [(1usize, 32usize), (37, 100), (300, 4096), (9, 7), (5, 300)] {
+    for (rows, cols) in [
+        (1usize, 32usize),
+        (37, 100),
+        (300, 4096),
+        (9, 7),
+        (5, 300),
+        (8, 300),
+    ] {
         let w: Vec<f32> = (0..rows * cols).map(|_| g.f32()).collect();
         let m = MatRef::F32 { w: &w, rows, cols };
         check(
@@ -150,7 +157,13 @@ fn every_format_matches_the_scalar_twin() {
             &format!("int8 {rows}x{cols}"),
         );
     }
-    for (rows, cols) in [(1usize, 32usize), (37, 96), (300, 2048)] {
+    for (rows, cols) in [
+        (1usize, 32usize),
+        (37, 96),
+        (300, 2048),
+        (12, 288),
+        (8, 2080),
+    ] {
         let packed = g.bytes(rows * cols / 2);
         // Scales near 127 (2^0) with the extremes 0 (subnormal 2^-127) and 254.
         let scales: Vec<u8> = (0..rows * cols / 32)
@@ -354,4 +367,183 @@ fn grouped_fp8_and_int8_blocks_keep_their_rows_scales() {
         same(got, &twin(&part, xb(k), t), &format!("int8 block {k}"));
     }
     drop_all(&b, &m);
+}
+
+/// MXFP4 test weights: random codes, scales around 2^0.
+fn mxfp4_bytes(g: &mut Lcg, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let scales = (0..rows * cols / 32)
+        .map(|_| 120 + (g.next() % 14) as u8)
+        .collect();
+    (g.bytes(rows * cols / 2), scales)
+}
+
+/// A batch of expert products — some already in device memory, some
+/// copied up within the call on the copy stream, different position
+/// counts — gives each product the scalar twin's bits, and counts the hits
+/// and misses.
+#[test]
+fn a_batch_gives_each_products_bits() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(11);
+    let (rows, cols) = (64, 288);
+    let bytes: Vec<(Vec<u8>, Vec<u8>)> = (0..6).map(|_| mxfp4_bytes(&mut g, rows, cols)).collect();
+    let refs: Vec<Mxfp4Ref<'_>> = bytes
+        .iter()
+        .map(|(p, s)| Mxfp4Ref {
+            rows,
+            cols,
+            packed: p,
+            scales: s,
+        })
+        .collect();
+    let x1: Vec<f32> = (0..cols).map(|_| g.f32()).collect();
+    let mut y1 = vec![0f32; rows];
+    for r in refs.iter().step_by(2) {
+        assert!(b.matmul(&MatRef::Mxfp4(*r), Role::Expert, &x1, 1, &mut y1));
+    }
+    let before = b.stats();
+    let ts: Vec<usize> = (0..6).map(|i| 1 + i % 3).collect();
+    let xs: Vec<Vec<f32>> = ts
+        .iter()
+        .map(|&t| (0..t * cols).map(|_| g.f32()).collect())
+        .collect();
+    let mut ys: Vec<Vec<f32>> = ts.iter().map(|&t| vec![f32::NAN; t * rows]).collect();
+    let mut ps: Vec<Product<'_, '_>> = ys
+        .iter_mut()
+        .enumerate()
+        .map(|(i, y)| Product {
+            w: MatRef::Mxfp4(refs[i]),
+            role: Role::Expert,
+            x: &xs[i],
+            t: ts[i],
+            y,
+        })
+        .collect();
+    assert!(b.matmul_batch(&mut ps), "declined");
+    drop(ps);
+    for i in 0..6 {
+        same(
+            &ys[i],
+            &twin(&Mxfp4Rows(refs[i]), &xs[i], ts[i]),
+            &format!("product {i} of the batch"),
+        );
+    }
+    let st = b.stats().since(&before);
+    assert_eq!((st.vram_expert_hits, st.vram_expert_misses), (3, 3));
+    assert_eq!(
+        (st.device_products, st.device_errors),
+        (6, 0),
+        "{:?}",
+        st.last_error
+    );
+    // All in device memory now: products of one format and shape share a
+    // launch (two MXFP4 shapes and two bf16 shapes here, interleaved).
+    let bf: Vec<Vec<u16>> = (0..4)
+        .map(|i| {
+            (0..(40 - 16 * (i % 2)) * 300)
+                .map(|_| g.next() as u16)
+                .collect()
+        })
+        .collect();
+    let mut mats: Vec<MatRef<'_>> = refs.iter().map(|r| MatRef::Mxfp4(*r)).collect();
+    let short = Mxfp4Ref {
+        rows: 32,
+        cols,
+        packed: &bytes[0].0[..32 * cols / 2],
+        scales: &bytes[0].1[..32 * cols / 32],
+    };
+    mats.insert(3, MatRef::Mxfp4(short));
+    for (i, w) in bf.iter().enumerate() {
+        mats.insert(
+            2 * i,
+            MatRef::Bf16 {
+                w,
+                rows: w.len() / 300,
+                cols: 300,
+            },
+        );
+    }
+    for t in [1usize, 2] {
+        let xs: Vec<Vec<f32>> = mats
+            .iter()
+            .map(|m| (0..t * m.cols()).map(|_| g.f32()).collect())
+            .collect();
+        let mut ys: Vec<Vec<f32>> = mats.iter().map(|m| vec![f32::NAN; t * m.rows()]).collect();
+        let mut ps: Vec<Product<'_, '_>> = ys
+            .iter_mut()
+            .enumerate()
+            .map(|(i, y)| Product {
+                w: mats[i],
+                role: Role::Expert,
+                x: &xs[i],
+                t,
+                y,
+            })
+            .collect();
+        assert!(b.matmul_batch(&mut ps), "declined");
+        drop(ps);
+        for (i, m) in mats.iter().enumerate() {
+            let want = match m {
+                MatRef::Mxfp4(r) => twin(&Mxfp4Rows(*r), &xs[i], t),
+                MatRef::Bf16 { w, cols, .. } => twin(&Bf16Rows { w, cols: *cols }, &xs[i], t),
+                _ => unreachable!(),
+            };
+            same(
+                &ys[i],
+                &want,
+                &format!("product {i} of a grouped batch, T = {t}"),
+            );
+        }
+    }
+    assert_eq!(b.stats().device_errors, 0, "{:?}", b.stats().last_error);
+    for m in &mats {
+        drop_all(&b, m);
+    }
+}
+
+/// A batch whose weights cannot all be in the budget at once is declined
+/// as a whole (the seam then offers its products one by one) and evicts
+/// nothing; each product alone still fits.
+#[test]
+fn a_batch_larger_than_the_budget_is_declined_whole() {
+    let Some(b) = open(Some(20 << 10)) else {
+        return;
+    };
+    let (rows, cols) = (64, 128); // 16 KiB each
+    let (w1, w2) = (vec![0x3F80u16; rows * cols], vec![0x4000u16; rows * cols]);
+    let x = vec![0.5f32; cols];
+    let m1 = MatRef::Bf16 { w: &w1, rows, cols };
+    let m2 = MatRef::Bf16 { w: &w2, rows, cols };
+    let (mut y1, mut y2) = (vec![0f32; rows], vec![0f32; rows]);
+    assert!(b.matmul(&m1, Role::Spine, &x, 1, &mut y1));
+    let held = b.stats().vram_weight_bytes;
+    let mut ps = [
+        Product {
+            w: m1,
+            role: Role::Spine,
+            x: &x,
+            t: 1,
+            y: &mut y1,
+        },
+        Product {
+            w: m2,
+            role: Role::Spine,
+            x: &x,
+            t: 1,
+            y: &mut y2,
+        },
+    ];
+    assert!(
+        !b.matmul_batch(&mut ps),
+        "32 KiB at once in a 20 KiB budget"
+    );
+    assert_eq!(
+        b.stats().vram_weight_bytes,
+        held,
+        "a declined batch evicts nothing"
+    );
+    assert!(b.matmul(&m2, Role::Spine, &x, 1, &mut y2), "alone it fits");
+    assert!(y2.iter().all(|&v| v == 128.0), "{y2:?}");
+    drop_all(&b, &m1);
+    drop_all(&b, &m2);
 }

@@ -99,6 +99,8 @@ pub enum Role {
 pub struct BackendStats {
     /// Products computed on the device.
     pub device_products: u64,
+    /// Round trips to the device (a batch of products is one).
+    pub device_calls: u64,
     /// Products the device declined (computed on the CPU).
     pub cpu_products: u64,
     /// Expert matrices found already in device memory.
@@ -111,6 +113,11 @@ pub struct BackendStats {
     pub d2h_bytes: u64,
     /// Wall time inside device calls (copies, kernels, synchronisation).
     pub gpu_ms: f64,
+    /// The part of `gpu_ms` in calls of routed experts' products.
+    pub expert_gpu_ms: f64,
+    /// Device time from the first kernel of each call to the end of its
+    /// last (events on the device), waits for weight copies included.
+    pub kernel_ms: f64,
     /// Device memory holding weights now.
     pub vram_weight_bytes: u64,
     /// Device calls that failed (their products ran on the CPU instead).
@@ -138,7 +145,10 @@ impl BackendStats {
             vram_expert_misses: self.vram_expert_misses - start.vram_expert_misses,
             h2d_bytes: self.h2d_bytes - start.h2d_bytes,
             d2h_bytes: self.d2h_bytes - start.d2h_bytes,
+            device_calls: self.device_calls - start.device_calls,
             gpu_ms: self.gpu_ms - start.gpu_ms,
+            expert_gpu_ms: self.expert_gpu_ms - start.expert_gpu_ms,
+            kernel_ms: self.kernel_ms - start.kernel_ms,
             vram_weight_bytes: self.vram_weight_bytes,
             device_errors: self.device_errors - start.device_errors,
             weight_bytes_read: self.weight_bytes_read - start.weight_bytes_read,
@@ -173,10 +183,27 @@ pub trait Backend: Send + Sync {
     ) -> bool {
         false
     }
+    /// Several independent products in one call (one round trip to the
+    /// device instead of one each), each bit-identical to
+    /// [`Backend::matmul`] of it; `false` when not taken as a whole (the
+    /// caller computes them one at a time). Default: not taken.
+    fn matmul_batch(&self, _products: &mut [Product<'_, '_>]) -> bool {
+        false
+    }
     /// The owner of the host bytes `range` is dropping them: discard every
     /// device copy made from bytes inside it.
     fn forget(&self, range: Range<usize>);
     fn stats(&self) -> BackendStats;
+}
+
+/// One product of a batch: `y[t, rows] = x[t, cols] Wᵀ`, `w`'s bytes
+/// stable as for [`matmul_stable`].
+pub struct Product<'w, 'b> {
+    pub w: MatRef<'w>,
+    pub role: Role,
+    pub x: &'b [f32],
+    pub t: usize,
+    pub y: &'b mut [f32],
 }
 
 static BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
@@ -220,6 +247,23 @@ pub fn matmul_groups_stable(
     y: &mut [f32],
 ) -> bool {
     installed().is_some_and(|b| b.matmul_groups(w, role, groups, x, t, y))
+}
+
+/// Independent products, on the installed backend in one call when it
+/// takes them all, else each through [`matmul_stable`]. The same bits
+/// either way: grouping only saves round trips.
+pub fn matmul_batch_stable(products: &mut [Product<'_, '_>]) {
+    if products.is_empty() {
+        return;
+    }
+    if let Some(b) = installed()
+        && b.matmul_batch(products)
+    {
+        return;
+    }
+    for p in products {
+        matmul_stable(&p.w, p.role, p.x, p.t, p.y);
+    }
 }
 
 /// The installed backend's counters now (zero with none).

@@ -29,24 +29,23 @@ pub fn short_conv(
             &pre[(r - hist) * p..(r - hist + 1) * p]
         }
     };
+    // Each channel sums its taps in order from zero, then SiLU.
     let mut out = vec![0f32; t * p];
-    for ti in 0..t {
-        let o = &mut out[ti * p..(ti + 1) * p];
-        for j in 0..kernel {
-            let x = row(ti + j);
-            for c in 0..p {
-                o[c] += taps[c * kernel + j] * x[c];
+    for (ti, o) in out.chunks_exact_mut(p).enumerate() {
+        for (c, (v, w)) in o.iter_mut().zip(taps.chunks_exact(kernel)).enumerate() {
+            let mut acc = 0f32;
+            for (j, &tap) in w.iter().enumerate() {
+                acc += tap * row(ti + j)[c];
             }
-        }
-        for v in o.iter_mut() {
-            *v = silu(*v);
+            *v = silu(acc);
         }
     }
     // New window: the last `hist` rows of seq.
     let total = hist + t;
-    let new: Vec<f32> = (total - hist..total)
-        .flat_map(|r| row(r).to_vec())
-        .collect();
+    let mut new = Vec::with_capacity(hist * p);
+    for r in total - hist..total {
+        new.extend_from_slice(row(r));
+    }
     window.copy_from_slice(&new);
     out
 }

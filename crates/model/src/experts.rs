@@ -151,6 +151,48 @@ impl ExpertWeights {
         }
     }
 
+    /// Matrix `i` as the backend seam sees it, when it is a plain product
+    /// (no bias) on bytes borrowed from this expert's buffer — stable until
+    /// the expert drops, which tells the seam. `None` otherwise.
+    pub fn stable_mat(&self, i: usize) -> Option<MatRef<'_>> {
+        fn borrowed<'a, T: Clone>(c: Cow<'a, [T]>) -> Option<&'a [T]> {
+            match c {
+                Cow::Borrowed(s) => Some(s),
+                Cow::Owned(_) => None,
+            }
+        }
+        let (p, s, [r, c]) = self.parts[i];
+        Some(match self.format {
+            ExpertFormat::Mxfp4 => MatRef::Mxfp4(self.matrix(i)),
+            ExpertFormat::Bf16 => MatRef::Bf16 {
+                w: borrowed(u16s_of_bytes(&self.buf[p..p + 2 * r * c]))?,
+                rows: r,
+                cols: c,
+            },
+            ExpertFormat::F32 => MatRef::F32 {
+                w: borrowed(f32s_of_bytes(&self.buf[p..p + 4 * r * c]))?,
+                rows: r,
+                cols: c,
+            },
+            ExpertFormat::Fp8 { block } => {
+                let grid = r.div_ceil(block[0]) * c.div_ceil(block[1]);
+                let scale = borrowed(f32s_of_bytes(&self.buf[s..s + 4 * grid]))?;
+                MatRef::Fp8(
+                    Fp8Rows::new(&self.buf[p..p + r * c], scale, c, block, 0)
+                        .expect("FP8 expert shapes are checked at load"),
+                )
+            }
+            ExpertFormat::Int4 { group } => {
+                let scale = borrowed(u16s_of_bytes(&self.buf[s..s + 2 * r * c / group]))?;
+                MatRef::Int4(
+                    Int4Rows::new(&self.buf[p..p + r * c / 2], scale, r, c, group)
+                        .expect("INT4 expert shapes are checked at load"),
+                )
+            }
+            ExpertFormat::Bf16InputMajorBias | ExpertFormat::Mxfp4Bias => return None,
+        })
+    }
+
     /// `y[t, :] += b` for the bf16 bias of `outs` values at `off`.
     fn add_bias(&self, off: usize, outs: usize, y: &mut [f32]) {
         let bias: Vec<f32> = u16s_of_bytes(&self.buf[off..off + 2 * outs])

@@ -187,6 +187,26 @@ impl Linear {
         matmul_stable(&self.mat(0..self.rows), Role::Spine, x, t, y)
     }
 
+    /// Several matrices applied to one input `x [T, cols]`: each result the
+    /// one [`Linear::forward`] gives; a device backend takes them in one call.
+    pub fn forward_many<const N: usize>(ls: [&Linear; N], x: &[f32], t: usize) -> [Vec<f32>; N] {
+        let mut ys = ls.map(|l| vec![0f32; t * l.rows]);
+        let mut ps: Vec<backend::Product<'_, '_>> = ls
+            .iter()
+            .zip(ys.iter_mut())
+            .map(|(l, y)| backend::Product {
+                w: l.mat(0..l.rows),
+                role: Role::Spine,
+                x,
+                t,
+                y,
+            })
+            .collect();
+        backend::matmul_batch_stable(&mut ps);
+        drop(ps);
+        ys
+    }
+
     /// `y[T, r.len()] = x[T, cols] W[r]ᵀ`: only the rows `r` (each row's
     /// result is the one `forward` gives for it).
     pub fn forward_rows(&self, r: std::ops::Range<usize>, x: &[f32], t: usize) -> Vec<f32> {

@@ -14,8 +14,7 @@ impl MlpWeights {
     /// `down(act(gate(x), up(x)))` over `x [T, D]`; `act(g, u)` writes the
     /// gated activation into `g`.
     pub fn forward(&self, x: &[f32], t: usize, act: impl FnOnce(&mut [f32], &[f32])) -> Vec<f32> {
-        let mut g = self.gate_proj.forward(x, t);
-        let u = self.up_proj.forward(x, t);
+        let [mut g, u] = Linear::forward_many([&self.gate_proj, &self.up_proj], x, t);
         act(&mut g, &u);
         self.down_proj.forward(&g, t)
     }

@@ -183,45 +183,75 @@ impl ExpertFetch {
         expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
     ) -> Result<Vec<f32>> {
         crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
-            self.collect_and_sum(source, routes, z, out_w, work_each, expert)
+            self.collect_and_sum(source, routes, z, (out_w, work_each), None, expert)
         })
     }
 
-    fn collect_and_sum(
+    /// [`ExpertFetch::finish`] for gated experts: with a device backend and
+    /// every expert in RAM, the layer's experts run as two grouped device
+    /// calls ([`GluExpert::grouped`]) instead of three calls each; the
+    /// products are the same, so are the bits.
+    pub fn finish_glu(
         self,
         source: &dyn ExpertSource,
         routes: &[Route],
         z: &[f32],
         out_w: usize,
-        work_each: usize,
+        glu: &GluExpert<'_>,
+    ) -> Result<Vec<f32>> {
+        let in_w = z.len() / routes.len().max(1);
+        let work = 3 * glu.inter * in_w;
+        crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
+            self.collect_and_sum(source, routes, z, (out_w, work), Some(glu), |e, zin, n| {
+                glu.forward(e, zin, n, out_w)
+            })
+        })
+    }
+
+    /// `(out_w, work_each)` as for [`ExpertFetch::finish`]; `glu`, when
+    /// given, may run the experts as grouped device calls.
+    fn collect_and_sum(
+        self,
+        source: &dyn ExpertSource,
+        routes: &[Route],
+        z: &[f32],
+        (out_w, work_each): (usize, usize),
+        glu: Option<&GluExpert<'_>>,
         expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
     ) -> Result<Vec<f32>> {
         let t = routes.len();
         let in_w = z.len() / t.max(1);
-        let run = |e: &ExpertWeights, us: &[(usize, usize)]| {
-            let zin: Vec<f32> = us
-                .iter()
+        let gather = |us: &[(usize, usize)]| -> Vec<f32> {
+            us.iter()
                 .flat_map(|&(ti, _)| z[ti * in_w..(ti + 1) * in_w].iter().copied())
-                .collect();
-            expert(e, &zin, us.len())
+                .collect()
         };
+        let run = |e: &ExpertWeights, us: &[(usize, usize)]| expert(e, &gather(us), us.len());
         let all_ready = self
             .ticket
             .slots
             .iter()
             .all(|s| matches!(s, ExpertSlot::Ready(_)));
+        let grouped = glu.filter(|_| all_ready && fathom_kernels::backend::installed().is_some());
         let outputs = if all_ready {
             let experts: Vec<Arc<ExpertWeights>> = source.collect(self.ticket)?;
             let n_union = self.union.len();
-            experts
-                .par_iter()
-                .zip(self.users.par_iter())
-                .with_min_len(crate::par_min_len(
-                    n_union,
-                    work_each * t.div_ceil(n_union.max(1)).max(1),
-                ))
-                .map(|(e, us)| run(e, us))
-                .collect()
+            if let Some(out) = grouped.and_then(|g| {
+                let inputs: Vec<Vec<f32>> = self.users.iter().map(|us| gather(us)).collect();
+                g.grouped(&experts, &inputs, out_w)
+            }) {
+                out
+            } else {
+                experts
+                    .par_iter()
+                    .zip(self.users.par_iter())
+                    .with_min_len(crate::par_min_len(
+                        n_union,
+                        work_each * t.div_ceil(n_union.max(1)).max(1),
+                    ))
+                    .map(|(e, us)| run(e, us))
+                    .collect()
+            }
         } else {
             Self::as_they_arrive(source, self.ticket, &self.users, &run)?
         };
@@ -244,6 +274,95 @@ impl ExpertFetch {
             }
         }
         Ok(y)
+    }
+}
+
+/// A gated expert without biases, `down(act(gate z, up z))`: its matrices'
+/// indices in the expert table, its hidden width and its activation
+/// (`act(g, u)` writes into `g`).
+pub struct GluExpert<'a> {
+    pub gate: usize,
+    pub up: usize,
+    pub down: usize,
+    pub inter: usize,
+    pub act: &'a (dyn Fn(&mut [f32], &[f32]) + Sync),
+}
+
+impl GluExpert<'_> {
+    /// One expert on `z [n, in]` → `[n, out_w]`.
+    pub fn forward(&self, e: &ExpertWeights, z: &[f32], n: usize, out_w: usize) -> Vec<f32> {
+        let mut g = vec![0f32; n * self.inter];
+        let mut u = vec![0f32; n * self.inter];
+        e.matmul(self.gate, z, n, &mut g);
+        e.matmul(self.up, z, n, &mut u);
+        (self.act)(&mut g, &u);
+        let mut y = vec![0f32; n * out_w];
+        e.matmul(self.down, &g, n, &mut y);
+        y
+    }
+
+    /// Every expert on its own rows (`inputs[i]`, `[n_i, in]`) in two
+    /// batches through the backend seam — the gate and up products of all,
+    /// then the down products of all — each product the one
+    /// [`GluExpert::forward`] computes. `None` (nothing computed) when some
+    /// matrix is not a stable plain view.
+    pub fn grouped(
+        &self,
+        experts: &[Arc<ExpertWeights>],
+        inputs: &[Vec<f32>],
+        out_w: usize,
+    ) -> Option<Vec<Vec<f32>>> {
+        use fathom_kernels::backend::{Product, Role, matmul_batch_stable};
+        let mats = |i: usize| {
+            experts
+                .iter()
+                .map(move |e| e.stable_mat(i))
+                .collect::<Option<Vec<_>>>()
+        };
+        let (gates, ups, downs) = (mats(self.gate)?, mats(self.up)?, mats(self.down)?);
+        let f = self.inter;
+        let ns: Vec<usize> = inputs
+            .iter()
+            .map(|x| x.len() / gates[0].cols().max(1))
+            .collect();
+        let mut g: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; n * f]).collect();
+        let mut u = g.clone();
+        let mut ps = Vec::with_capacity(2 * experts.len());
+        for (i, (gi, ui)) in g.iter_mut().zip(u.iter_mut()).enumerate() {
+            let (x, t) = (&inputs[i][..], ns[i]);
+            ps.push(Product {
+                w: gates[i],
+                role: Role::Expert,
+                x,
+                t,
+                y: gi,
+            });
+            ps.push(Product {
+                w: ups[i],
+                role: Role::Expert,
+                x,
+                t,
+                y: ui,
+            });
+        }
+        matmul_batch_stable(&mut ps);
+        drop(ps);
+        g.par_iter_mut().zip(&u).for_each(|(g, u)| (self.act)(g, u));
+        let mut y: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; n * out_w]).collect();
+        let mut ps: Vec<Product<'_, '_>> = y
+            .iter_mut()
+            .enumerate()
+            .map(|(i, yi)| Product {
+                w: downs[i],
+                role: Role::Expert,
+                x: &g[i],
+                t: ns[i],
+                y: yi,
+            })
+            .collect();
+        matmul_batch_stable(&mut ps);
+        drop(ps);
+        Some(y)
     }
 }
 
@@ -351,17 +470,15 @@ impl SigmoidMoe {
             .collect()
     }
 
-    /// One expert on `x [n, D]`: `down(SiLU(gate x) ⊙ up x)` → `[n, D]`.
-    fn expert(&self, e: &ExpertWeights, x: &[f32], n: usize) -> Vec<f32> {
-        let f = self.intermediate;
-        let mut g = vec![0f32; n * f];
-        let mut u = vec![0f32; n * f];
-        e.matmul(0, x, n, &mut g);
-        e.matmul(2, x, n, &mut u);
-        swiglu(&mut g, &u);
-        let mut y = vec![0f32; n * self.hidden];
-        e.matmul(1, &g, n, &mut y);
-        y
+    /// The expert: `down(SiLU(gate x) ⊙ up x)` (the table lists gate, down, up).
+    fn expert(&self) -> GluExpert<'static> {
+        GluExpert {
+            gate: 0,
+            up: 2,
+            down: 1,
+            inter: self.intermediate,
+            act: &swiglu,
+        }
     }
 
     /// The block over `x [T, D]` (already normed) in layer `layer`. `next`
@@ -387,10 +504,7 @@ impl SigmoidMoe {
         // Start the reads, run the shared experts while they arrive.
         let fetch = ExpertFetch::start(source, layer, &routes)?;
         let shared = w.shared_experts.as_ref().map(|sh| sh.forward(x, t, swiglu));
-        let work = 3 * self.intermediate * d;
-        let mut y = fetch.finish(source, &routes, x, d, work, |e, rows, n| {
-            self.expert(e, rows, n)
-        })?;
+        let mut y = fetch.finish_glu(source, &routes, x, d, &self.expert())?;
         if let Some(s) = shared {
             y.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
         }

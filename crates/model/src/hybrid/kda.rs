@@ -121,17 +121,20 @@ fn heads(
     let n = segs.last().map_or(0, |s| s.end);
     let pre = &proj.pre;
     let mut conv = [vec![0f32; n * p], vec![0f32; n * p], vec![0f32; n * p]];
-    for (st, seg) in states.iter_mut().zip(segs) {
-        for c in 0..3 {
+    // q, k and v of every sequence, in parallel (each writes its own window).
+    let outs: Vec<Vec<f32>> = states
+        .par_iter_mut()
+        .zip(segs)
+        .flat_map(|(st, seg)| {
             let rows = seg.start * p..seg.end * p;
-            let out = short_conv(
-                &pre[c][rows.clone()],
-                &mut st.conv[c],
-                w.conv[c],
-                p,
-                d.conv_kernel,
-            );
-            conv[c][rows].copy_from_slice(&out);
+            st.conv.par_iter_mut().enumerate().map(move |(c, win)| {
+                short_conv(&pre[c][rows.clone()], win, w.conv[c], p, d.conv_kernel)
+            })
+        })
+        .collect();
+    for (i, seg) in segs.iter().enumerate() {
+        for c in 0..3 {
+            conv[c][seg.start * p..seg.end * p].copy_from_slice(&outs[3 * i + c]);
         }
     }
     let (f, b, g) = (&proj.f, &proj.b, &proj.g);

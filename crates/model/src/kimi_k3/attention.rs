@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::hybrid::kda::{KdaParams, KdaProjections, kda_heads};
 use crate::hybrid::mla::mla_heads;
 use crate::hybrid::state::{KdaState, MlaCache};
+use crate::linear::Linear;
 
 impl KdaWeights {
     /// The layer's own parameters, as the KDA core takes them.
@@ -35,15 +36,23 @@ pub fn kda(
     x: &[f32],
 ) -> Vec<f32> {
     let n = x.len() / spec.hidden_size;
-    let proj = KdaProjections {
-        pre: [
-            w.q_proj.forward(x, n),
-            w.k_proj.forward(x, n),
-            w.v_proj.forward(x, n),
+    let [q, k, v, fa, b, g] = Linear::forward_many(
+        [
+            &w.q_proj,
+            &w.k_proj,
+            &w.v_proj,
+            &w.f_a_proj,
+            &w.b_proj,
+            &w.g_proj,
         ],
-        f: w.f_b_proj.forward(&w.f_a_proj.forward(x, n), n),
-        b: w.b_proj.forward(x, n),
-        g: w.g_proj.forward(x, n),
+        x,
+        n,
+    );
+    let proj = KdaProjections {
+        pre: [q, k, v],
+        f: w.f_b_proj.forward(&fa, n),
+        b,
+        g,
     };
     let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj);
     w.o_proj.forward(&cat, n)
@@ -59,7 +68,8 @@ pub fn mla(
     x: &[f32],
 ) -> Result<Vec<f32>> {
     let n = x.len() / spec.hidden_size;
-    let mut qa = w.q_a_proj.forward(x, n);
+    let [mut qa, c, gate] =
+        Linear::forward_many([&w.q_a_proj, &w.kv_a_proj_with_mqa, &w.g_proj], x, n);
     rms_norm_rows(
         &mut qa,
         spec.q_lora_rank,
@@ -67,8 +77,6 @@ pub fn mla(
         MLA_LOW_RANK_NORM_EPS,
     );
     let q = w.q_b_proj.forward(&qa, n); // [N, H·dq]
-    let c = w.kv_a_proj_with_mqa.forward(x, n); // [N, lora + dr]
-    let gate = w.g_proj.forward(x, n); // [N, H·dv]
     let mut cat = mla_heads(
         &spec.mla_dims(),
         &w.kv_a_layernorm,

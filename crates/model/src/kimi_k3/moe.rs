@@ -17,8 +17,8 @@ use super::config::K3Spec;
 use super::tensors::ExpertMatrix;
 use super::weights::{MlpWeights, MoeWeights};
 use crate::error::Result;
-use crate::experts::{ExpertSource, ExpertWeights};
-use crate::moe::{ExpertFetch, SigmoidRouter, hint_order};
+use crate::experts::ExpertSource;
+use crate::moe::{ExpertFetch, GluExpert, SigmoidRouter, hint_order};
 
 /// The router's decision for one token: experts by best corrected score,
 /// combine weights from the uncorrected scores (renormalised and scaled),
@@ -46,19 +46,6 @@ pub fn route(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
         .chunks_exact(spec.num_experts)
         .map(|row| router.route(row, &w.e_score_correction_bias))
         .collect()
-}
-
-/// One expert on `z [n, L]`: `W2(SiTU-GLU(W1 z, W3 z))` → `[n, L]`.
-fn expert_forward(spec: &K3Spec, e: &ExpertWeights, z: &[f32], n: usize) -> Vec<f32> {
-    let f = spec.moe_intermediate_size;
-    let mut g = vec![0f32; n * f];
-    let mut u = vec![0f32; n * f];
-    e.matmul(ExpertMatrix::W1 as usize, z, n, &mut g);
-    e.matmul(ExpertMatrix::W3 as usize, z, n, &mut u);
-    situ_glu(&mut g, &u, spec.situ_beta, spec.situ_linear_beta);
-    let mut y = vec![0f32; n * spec.latent_size];
-    e.matmul(ExpertMatrix::W2 as usize, &g, n, &mut y);
-    y
 }
 
 /// Optional guess for the next MoE layer, handed to the source before this
@@ -90,10 +77,16 @@ pub fn moe(
     let l = spec.latent_size;
     let z = w.routed_expert_down_proj.forward(x, t);
     let shared = w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t));
-    let work = 3 * spec.moe_intermediate_size * l;
-    let mut y = fetch.finish(source, &routes, &z, l, work, |e, zin, n| {
-        expert_forward(spec, e, zin, n)
-    })?;
+    // One expert on `z [n, L]`: `W2(SiTU-GLU(W1 z, W3 z))` → `[n, L]`.
+    let act = |g: &mut [f32], u: &[f32]| situ_glu(g, u, spec.situ_beta, spec.situ_linear_beta);
+    let expert = GluExpert {
+        gate: ExpertMatrix::W1 as usize,
+        up: ExpertMatrix::W3 as usize,
+        down: ExpertMatrix::W2 as usize,
+        inter: spec.moe_intermediate_size,
+        act: &act,
+    };
+    let mut y = fetch.finish_glu(source, &routes, &z, l, &expert)?;
     if spec.latent_moe_use_norm {
         for yr in y.chunks_exact_mut(l) {
             rms_norm(yr, &w.routed_expert_norm, spec.rms_norm_eps);

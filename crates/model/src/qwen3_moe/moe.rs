@@ -15,8 +15,8 @@ use fathom_kernels::ops::{softmax, swiglu};
 use super::config::Qwen3MoeSpec;
 use super::weights::MoeWeights;
 use crate::error::Result;
-use crate::experts::{ExpertSource, ExpertWeights};
-use crate::moe::{ExpertFetch, Route, hint_order};
+use crate::experts::ExpertSource;
+use crate::moe::{ExpertFetch, GluExpert, Route, hint_order};
 
 /// Routes every row of `x [T, D]`: experts by descending probability (ties
 /// to the lower index); the margin is on the router logits.
@@ -50,19 +50,6 @@ pub fn route(spec: &Qwen3MoeSpec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Ro
         .collect()
 }
 
-/// One expert on `x [n, D]`: `down(SiLU(gate x) ⊙ up x)` → `[n, D]`.
-fn expert_forward(spec: &Qwen3MoeSpec, e: &ExpertWeights, x: &[f32], n: usize) -> Vec<f32> {
-    let f = spec.moe_intermediate_size;
-    let mut g = vec![0f32; n * f];
-    let mut u = vec![0f32; n * f];
-    e.matmul(0, x, n, &mut g);
-    e.matmul(1, x, n, &mut u);
-    swiglu(&mut g, &u);
-    let mut y = vec![0f32; n * spec.hidden_size];
-    e.matmul(2, &g, n, &mut y);
-    y
-}
-
 /// Optional guess for the next MoE layer, handed to the source before this
 /// layer's experts are fetched so its I/O overlaps this layer's compute.
 pub struct NextLayerHint<'a> {
@@ -87,11 +74,16 @@ pub fn moe(
         let guesses = route(spec, h.weights, x, t);
         source.hint(h.layer, &hint_order(&guesses, spec.top_k));
     }
-    let work = 3 * spec.moe_intermediate_size * d;
     let fetch = ExpertFetch::start(source, layer, &routes)?;
-    let y = fetch.finish(source, &routes, x, d, work, |e, rows, n| {
-        expert_forward(spec, e, rows, n)
-    })?;
+    // One expert on `x [n, D]`: `down(SiLU(gate x) ⊙ up x)` → `[n, D]`.
+    let expert = GluExpert {
+        gate: 0,
+        up: 1,
+        down: 2,
+        inter: spec.moe_intermediate_size,
+        act: &swiglu,
+    };
+    let y = fetch.finish_glu(source, &routes, x, d, &expert)?;
     if let Some(ro) = routes_out {
         ro.extend(routes);
     }

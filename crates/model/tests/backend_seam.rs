@@ -1,0 +1,129 @@
+//! The backend seam's batches, with a backend that computes on the CPU
+//! kernels and records what it is handed: a model gives the same logits
+//! bit for bit with no backend, with one that takes batches (a layer's
+//! projections of one input together, a MoE layer's experts as two
+//! grouped calls) and with one that declines them (every product alone).
+//! So the grouping only changes how many calls are made, never which
+//! input reaches which product or where its result lands.
+//!
+//! The backend is process-wide, so the tests of this binary take turns.
+
+mod common;
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use fathom_kernels::backend::{self, Backend, BackendStats, MatRef, Product, Role};
+use fathom_model::{CausalLm, K3Model, Logits, Qwen3MoeModel};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+/// Computes every product on the CPU kernels; counts single products and
+/// records each batch's size and role; declines batches when told to.
+#[derive(Default)]
+struct Recorder {
+    decline_batches: bool,
+    singles: AtomicUsize,
+    batches: Mutex<Vec<(usize, Role)>>,
+}
+
+impl Backend for Recorder {
+    fn name(&self) -> String {
+        "recorder".into()
+    }
+    fn matmul(&self, w: &MatRef<'_>, _: Role, x: &[f32], t: usize, y: &mut [f32]) -> bool {
+        self.singles.fetch_add(1, Ordering::Relaxed);
+        w.cpu(x, t, y);
+        true
+    }
+    fn matmul_batch(&self, products: &mut [Product<'_, '_>]) -> bool {
+        if self.decline_batches {
+            return false;
+        }
+        let role = products[0].role;
+        assert!(
+            products.iter().all(|p| p.role == role),
+            "one role per batch"
+        );
+        self.batches.lock().unwrap().push((products.len(), role));
+        for p in products {
+            p.w.cpu(p.x, p.t, p.y);
+        }
+        true
+    }
+    fn forget(&self, _: Range<usize>) {}
+    fn stats(&self) -> BackendStats {
+        BackendStats::default()
+    }
+}
+
+/// Prefill logits of every position, then three decode steps' logits.
+fn run(model: &dyn CausalLm, prompt: &[u32]) -> Vec<Vec<f32>> {
+    let mut st = model.new_state();
+    let mut out = vec![model.forward(st.as_mut(), prompt, Logits::All).unwrap()];
+    for tok in [3u32, 1, 4] {
+        out.push(model.forward(st.as_mut(), &[tok], Logits::Last).unwrap());
+    }
+    out
+}
+
+fn bits(v: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    v.iter()
+        .map(|r| r.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// The runs with no backend, a batching recorder and a declining one;
+/// returns the batching recorder's record.
+fn same_bits_every_way(model: &dyn CausalLm, prompt: &[u32]) -> Arc<Recorder> {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    backend::uninstall();
+    let plain = bits(&run(model, prompt));
+    let takes = Arc::new(Recorder::default());
+    backend::install(takes.clone());
+    let batched = bits(&run(model, prompt));
+    let declines = Arc::new(Recorder {
+        decline_batches: true,
+        ..Recorder::default()
+    });
+    backend::install(declines.clone());
+    let one_by_one = bits(&run(model, prompt));
+    backend::uninstall();
+    assert!(plain == batched, "batched products changed the logits");
+    assert!(plain == one_by_one, "declined batches changed the logits");
+    assert!(
+        declines.singles.load(Ordering::Relaxed) > takes.singles.load(Ordering::Relaxed),
+        "a declined batch's products come one by one"
+    );
+    takes
+}
+
+#[test]
+fn k3_projections_and_experts_batch_with_the_same_bits() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
+    let model = K3Model::load(&dir).expect("k3-tiny loads");
+    let rec = same_bits_every_way(&model, &[1, 20, 300, 7, 42, 5]);
+    let batches = rec.batches.lock().unwrap();
+    // KDA layers: q, k, v, f_a, b, g of one input in one call.
+    assert!(batches.contains(&(6, Role::Spine)), "{batches:?}");
+    // MLA: q_a, kv_a, g; dense MLP and shared experts: gate, up.
+    assert!(batches.contains(&(3, Role::Spine)), "{batches:?}");
+    assert!(batches.contains(&(2, Role::Spine)), "{batches:?}");
+    // A decode step's experts: gate and up of each of the top-k, then the downs.
+    let k = model.spec.top_k;
+    assert!(batches.contains(&(2 * k, Role::Expert)), "{batches:?}");
+    assert!(batches.contains(&(k, Role::Expert)), "{batches:?}");
+}
+
+#[test]
+fn qwen3_moe_experts_batch_with_the_same_bits() {
+    let model = Qwen3MoeModel::load(&common::data("qwen3_moe-tiny")).expect("loads");
+    let rec = same_bits_every_way(&model, &[1, 20, 300, 7, 42, 5]);
+    let batches = rec.batches.lock().unwrap();
+    assert!(
+        batches.iter().any(|&(n, r)| r == Role::Expert && n > 2),
+        "{batches:?}"
+    );
+}
