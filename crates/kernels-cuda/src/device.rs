@@ -320,6 +320,7 @@ impl CudaBackend {
         segs: &[Vec<&[u8]>],
         class: Class,
     ) -> Result<(), CudaError> {
+        let ctx = self.stream.context();
         let mut waits: Vec<Option<usize>> = vec![None; jobs.len()];
         let mut events = 0;
         for (i, s) in segs.iter().enumerate() {
@@ -327,6 +328,9 @@ impl CudaBackend {
             for seg in s {
                 let k = key(seg);
                 if st.cache.touch(&k).is_none() {
+                    if !page_locked(ctx, seg) {
+                        st.stats.h2d_pageable_bytes += seg.len() as u64;
+                    }
                     let buf = self.copies.clone_htod(*seg)?;
                     st.stats.h2d_bytes += seg.len() as u64;
                     st.cache.insert(k, buf, class);
@@ -345,7 +349,6 @@ impl CudaBackend {
         let (nx, ny) = jobs
             .iter()
             .fold((0, 0), |(a, b), j| (a + j.x.len(), b + j.y.len()));
-        let ctx = self.stream.context();
         let hx = pinned(ctx, &mut st.hx, nx)?.as_mut_slice()?;
         pinned(ctx, &mut st.hy, ny)?;
         let xp = grow(&self.stream, &mut st.x, nx)?
@@ -626,6 +629,23 @@ fn together(a: &Job<'_, '_>, b: &Job<'_, '_>) -> bool {
         && a.groups == 1
         && b.groups == 1
         && (a.w.rows(), a.w.cols(), a.t) == (b.w.rows(), b.w.cols(), b.t)
+}
+
+/// Whether `bytes` are page-locked host memory (their copy up is direct
+/// DMA; pageable bytes are staged by the driver at about a third of the speed).
+fn page_locked(ctx: &Arc<CudaContext>, bytes: &[u8]) -> bool {
+    use cudarc::driver::sys;
+    let mut kind = 0u32;
+    // SAFETY: the query only reads the driver's record of this address into
+    // `kind`, a 32-bit value as CU_POINTER_ATTRIBUTE_MEMORY_TYPE writes.
+    let r = ctx.bind_to_thread().is_ok().then(|| unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut kind as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            bytes.as_ptr() as u64,
+        )
+    });
+    r == Some(sys::CUresult::CUDA_SUCCESS) && kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
 }
 
 /// The cache key of a host byte segment: its address and length.

@@ -164,8 +164,16 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 // is 128 bytes: lane m loads word m (columns 8m..8m+7) and lane l takes
 // column c + l + 32u from word l/8 + 4u, nibble l mod 8; the chunk's eight
 // scales are loaded by lanes 0..7 (and copies) and handed round likewise.
+// The sixteen E2M1 values sit in shared memory (`e2m1_table`, filled by the
+// kernel before any warp leaves): one load instead of decoding the bits.
+__device__ __forceinline__ void e2m1_table(float* lut) {
+    if (threadIdx.x < 16) lut[threadIdx.x] = e2m1(threadIdx.x);
+    __syncthreads();
+}
+
 __device__ __forceinline__ void mxfp4_product(const unsigned char* __restrict__ packed,
                                               const unsigned char* __restrict__ scales,
+                                              const float* __restrict__ lut,
                                               const float* __restrict__ x, float* __restrict__ y,
                                               int rows, int cols, int t, int rows_g) {
     auto at = [=](int r, int i) {
@@ -182,7 +190,7 @@ __device__ __forceinline__ void mxfp4_product(const unsigned char* __restrict__ 
         for (int u = 0; u < UNROLL; ++u) {
             const unsigned wd = __shfl_sync(FULL, word, (lane >> 3) + 4 * u);
             const float s = __shfl_sync(FULL, sv, u);
-            wv[u] = e2m1((wd >> (4 * (lane & 7))) & 0x0Fu) * s;
+            wv[u] = lut[(wd >> (4 * (lane & 7))) & 0x0Fu] * s;
         }
     };
     rows_product(chunk, at, SAME, x, y, rows, cols, t, rows_g);
@@ -192,7 +200,9 @@ extern "C" __global__ void mm_mxfp4(const unsigned char* __restrict__ packed,
                                     const unsigned char* __restrict__ scales,
                                     const float* __restrict__ x, float* __restrict__ y, int rows,
                                     int cols, int t, int rows_g) {
-    mxfp4_product(packed, scales, x, y, rows, cols, t, rows_g);
+    __shared__ float lut[16];
+    e2m1_table(lut);
+    mxfp4_product(packed, scales, lut, x, y, rows, cols, t, rows_g);
 }
 
 // Several products of one shape in one launch (a MoE layer's experts):
@@ -208,9 +218,11 @@ extern "C" __global__ void mm_bf16_many(const unsigned long long* __restrict__ t
 
 extern "C" __global__ void mm_mxfp4_many(const unsigned long long* __restrict__ tab, int rows,
                                          int cols, int t) {
+    __shared__ float lut[16];
+    e2m1_table(lut);
     const unsigned long long* e = tab + 4 * blockIdx.y;
-    mxfp4_product((const unsigned char*)e[0], (const unsigned char*)e[1], (const float*)e[2],
-                  (float*)e[3], rows, cols, t, rows);
+    mxfp4_product((const unsigned char*)e[0], (const unsigned char*)e[1], lut,
+                  (const float*)e[2], (float*)e[3], rows, cols, t, rows);
 }
 
 // E4M3 codes with block scales: value = e4m3[q] · scale[((row0 + r) >> sh_r) · grid_cols + (i >> sh_c)].

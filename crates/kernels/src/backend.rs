@@ -109,6 +109,9 @@ pub struct BackendStats {
     pub vram_expert_misses: u64,
     /// Bytes copied host → device (weights and activations).
     pub h2d_bytes: u64,
+    /// Weight bytes copied up from memory that was not page-locked
+    /// (staged by the driver, about a third of the page-locked speed).
+    pub h2d_pageable_bytes: u64,
     /// Bytes copied device → host.
     pub d2h_bytes: u64,
     /// Wall time inside device calls (copies, kernels, synchronisation).
@@ -144,6 +147,7 @@ impl BackendStats {
             vram_expert_hits: self.vram_expert_hits - start.vram_expert_hits,
             vram_expert_misses: self.vram_expert_misses - start.vram_expert_misses,
             h2d_bytes: self.h2d_bytes - start.h2d_bytes,
+            h2d_pageable_bytes: self.h2d_pageable_bytes - start.h2d_pageable_bytes,
             d2h_bytes: self.d2h_bytes - start.d2h_bytes,
             device_calls: self.device_calls - start.device_calls,
             gpu_ms: self.gpu_ms - start.gpu_ms,
