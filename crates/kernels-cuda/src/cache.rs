@@ -98,17 +98,25 @@ impl<B> Cache<B> {
     }
 
     /// Drops every entry whose host bytes lie inside `range`.
-    pub fn forget(&mut self, range: Range<usize>) {
+    pub fn forget(&mut self, range: Range<usize>) -> Vec<B> {
         let gone: Vec<Key> = self
             .map
             .keys()
             .filter(|(a, n)| *a >= range.start && a + n <= range.end)
             .copied()
             .collect();
+        let mut out = Vec::with_capacity(gone.len());
         for k in gone {
-            self.map.remove(&k);
-            self.bytes -= k.1 as u64;
+            if let Some((b, _, _)) = self.map.remove(&k) {
+                self.bytes -= k.1 as u64;
+                out.push(b);
+            }
         }
+        out
+    }
+
+    pub fn get_mut(&mut self, k: &Key) -> Option<&mut B> {
+        self.map.get_mut(k).map(|(b, _, _)| b)
     }
 }
 

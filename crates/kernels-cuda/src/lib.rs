@@ -8,10 +8,11 @@
 //! architecture on first use and cached as PTX under the user cache
 //! directory (keyed by the source, the architecture and NVRTC's version).
 //!
-//! Weights are copied to device memory on first use and kept there, least
-//! recently used first out, within the VRAM budget; activations go up and
-//! results come back per product. A product whose weights cannot fit is
-//! declined and runs on the CPU.
+//! Weights are copied to device memory on first use (or ahead of it, when
+//! the caller names its next products) and kept there, least recently used
+//! first out, within the VRAM budget; a batch of products sends its
+//! activations up and its results back in one round trip. A product whose
+//! weights cannot fit is declined and runs on the CPU.
 
 mod cache;
 mod device;

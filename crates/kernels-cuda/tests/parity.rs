@@ -419,7 +419,7 @@ fn a_batch_gives_each_products_bits() {
             y,
         })
         .collect();
-    assert!(b.matmul_batch(&mut ps), "declined");
+    assert!(b.matmul_batch(&mut ps, &[]), "declined");
     drop(ps);
     for i in 0..6 {
         same(
@@ -480,7 +480,7 @@ fn a_batch_gives_each_products_bits() {
                 y,
             })
             .collect();
-        assert!(b.matmul_batch(&mut ps), "declined");
+        assert!(b.matmul_batch(&mut ps, &[]), "declined");
         drop(ps);
         for (i, m) in mats.iter().enumerate() {
             let want = match m {
@@ -534,7 +534,7 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
         },
     ];
     assert!(
-        !b.matmul_batch(&mut ps),
+        !b.matmul_batch(&mut ps, &[]),
         "32 KiB at once in a 20 KiB budget"
     );
     assert_eq!(
@@ -546,4 +546,102 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
     assert!(y2.iter().all(|&v| v == 128.0), "{y2:?}");
     drop_all(&b, &m1);
     drop_all(&b, &m2);
+}
+
+/// Matrices handed `ahead` of a batch are copied up behind it and serve
+/// the next batch from device memory with the scalar twin's bits; one
+/// forgotten while its copy may still run is waited for, not raced; under
+/// a budget with no room left they are skipped, never displacing the
+/// batch's own weights.
+#[test]
+fn matrices_handed_ahead_arrive_for_the_next_batch() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(17);
+    let (rows, cols) = (96, 544);
+    let bytes: Vec<(Vec<u8>, Vec<u8>)> = (0..5).map(|_| mxfp4_bytes(&mut g, rows, cols)).collect();
+    let mats: Vec<MatRef<'_>> = bytes
+        .iter()
+        .map(|(p, s)| {
+            MatRef::Mxfp4(Mxfp4Ref {
+                rows,
+                cols,
+                packed: p,
+                scales: s,
+            })
+        })
+        .collect();
+    let x: Vec<f32> = (0..cols).map(|_| g.f32()).collect();
+    let mut y0 = vec![0f32; rows];
+    let mut first = [Product {
+        w: mats[0],
+        role: Role::Expert,
+        x: &x,
+        t: 1,
+        y: &mut y0,
+    }];
+    assert!(b.matmul_batch(&mut first, &mats[1..]));
+    let st = b.stats();
+    assert_eq!(
+        st.h2d_ahead_bytes as usize,
+        4 * (bytes[0].0.len() + bytes[0].1.len())
+    );
+    drop_all(&b, &mats[4]); // forgotten while its copy may still be running
+    let before = b.stats();
+    let mut ys: Vec<Vec<f32>> = (0..3).map(|_| vec![f32::NAN; rows]).collect();
+    let mut ps: Vec<Product<'_, '_>> = ys
+        .iter_mut()
+        .enumerate()
+        .map(|(i, y)| Product {
+            w: mats[i + 1],
+            role: Role::Expert,
+            x: &x,
+            t: 1,
+            y,
+        })
+        .collect();
+    assert!(b.matmul_batch(&mut ps, &[]));
+    drop(ps);
+    let st = b.stats().since(&before);
+    assert_eq!(
+        (st.vram_expert_hits, st.vram_expert_misses),
+        (3, 0),
+        "copied ahead"
+    );
+    for (i, y) in ys.iter().enumerate() {
+        let MatRef::Mxfp4(r) = mats[i + 1] else {
+            unreachable!()
+        };
+        same(
+            y,
+            &twin(&Mxfp4Rows(r), &x, 1),
+            &format!("product {} handed ahead", i + 1),
+        );
+    }
+    assert_eq!(b.stats().device_errors, 0, "{:?}", b.stats().last_error);
+    for m in &mats {
+        drop_all(&b, m);
+    }
+    // No room: a budget of one matrix keeps the batch's and skips the rest.
+    let one = (bytes[0].0.len() + bytes[0].1.len()) as u64;
+    let Some(small) = open(Some(one)) else { return };
+    let mut y0 = vec![0f32; rows];
+    let mut ps = [Product {
+        w: mats[0],
+        role: Role::Expert,
+        x: &x,
+        t: 1,
+        y: &mut y0,
+    }];
+    assert!(small.matmul_batch(&mut ps, &mats[1..2]));
+    let st = small.stats();
+    assert_eq!((st.h2d_ahead_bytes, st.vram_weight_bytes), (0, one));
+    let MatRef::Mxfp4(r) = mats[0] else {
+        unreachable!()
+    };
+    same(
+        &y0,
+        &twin(&Mxfp4Rows(r), &x, 1),
+        "the batch under a full budget",
+    );
+    drop_all(&small, &mats[0]);
 }

@@ -109,6 +109,9 @@ pub struct BackendStats {
     pub vram_expert_misses: u64,
     /// Bytes copied host → device (weights and activations).
     pub h2d_bytes: u64,
+    /// Weight bytes copied up ahead of the products that use them (the
+    /// `ahead` of a batch), part of `h2d_bytes`.
+    pub h2d_ahead_bytes: u64,
     /// Weight bytes copied up from memory that was not page-locked
     /// (staged by the driver, about a third of the page-locked speed).
     pub h2d_pageable_bytes: u64,
@@ -147,6 +150,7 @@ impl BackendStats {
             vram_expert_hits: self.vram_expert_hits - start.vram_expert_hits,
             vram_expert_misses: self.vram_expert_misses - start.vram_expert_misses,
             h2d_bytes: self.h2d_bytes - start.h2d_bytes,
+            h2d_ahead_bytes: self.h2d_ahead_bytes - start.h2d_ahead_bytes,
             h2d_pageable_bytes: self.h2d_pageable_bytes - start.h2d_pageable_bytes,
             d2h_bytes: self.d2h_bytes - start.d2h_bytes,
             device_calls: self.device_calls - start.device_calls,
@@ -190,8 +194,11 @@ pub trait Backend: Send + Sync {
     /// Several independent products in one call (one round trip to the
     /// device instead of one each), each bit-identical to
     /// [`Backend::matmul`] of it; `false` when not taken as a whole (the
-    /// caller computes them one at a time). Default: not taken.
-    fn matmul_batch(&self, _products: &mut [Product<'_, '_>]) -> bool {
+    /// caller computes them one at a time). `ahead`: routed-expert matrices
+    /// (bytes stable as for [`matmul_stable`]) the caller will multiply by
+    /// next, which the device may start copying behind the batch's own
+    /// weights. Default: not taken.
+    fn matmul_batch(&self, _products: &mut [Product<'_, '_>], _ahead: &[MatRef<'_>]) -> bool {
         false
     }
     /// The owner of the host bytes `range` is dropping them: discard every
@@ -255,13 +262,14 @@ pub fn matmul_groups_stable(
 
 /// Independent products, on the installed backend in one call when it
 /// takes them all, else each through [`matmul_stable`]. The same bits
-/// either way: grouping only saves round trips.
-pub fn matmul_batch_stable(products: &mut [Product<'_, '_>]) {
+/// either way: grouping only saves round trips. `ahead` as for
+/// [`Backend::matmul_batch`] (a hint: nothing computed depends on it).
+pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], ahead: &[MatRef<'_>]) {
     if products.is_empty() {
         return;
     }
     if let Some(b) = installed()
-        && b.matmul_batch(products)
+        && b.matmul_batch(products, ahead)
     {
         return;
     }

@@ -345,7 +345,8 @@ impl GluExpert<'_> {
                 y: ui,
             });
         }
-        matmul_batch_stable(&mut ps);
+        // The downs' weights may start on their way while gate and up run.
+        matmul_batch_stable(&mut ps, &downs);
         drop(ps);
         g.par_iter_mut().zip(&u).for_each(|(g, u)| (self.act)(g, u));
         let mut y: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; n * out_w]).collect();
@@ -360,7 +361,7 @@ impl GluExpert<'_> {
                 y: yi,
             })
             .collect();
-        matmul_batch_stable(&mut ps);
+        matmul_batch_stable(&mut ps, &[]);
         drop(ps);
         Some(y)
     }

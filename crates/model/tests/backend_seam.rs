@@ -26,7 +26,8 @@ static TURN: Mutex<()> = Mutex::new(());
 struct Recorder {
     decline_batches: bool,
     singles: AtomicUsize,
-    batches: Mutex<Vec<(usize, Role)>>,
+    /// (products, role, matrices handed `ahead`) of each batch.
+    batches: Mutex<Vec<(usize, Role, usize)>>,
 }
 
 impl Backend for Recorder {
@@ -38,7 +39,7 @@ impl Backend for Recorder {
         w.cpu(x, t, y);
         true
     }
-    fn matmul_batch(&self, products: &mut [Product<'_, '_>]) -> bool {
+    fn matmul_batch(&self, products: &mut [Product<'_, '_>], ahead: &[MatRef<'_>]) -> bool {
         if self.decline_batches {
             return false;
         }
@@ -47,7 +48,10 @@ impl Backend for Recorder {
             products.iter().all(|p| p.role == role),
             "one role per batch"
         );
-        self.batches.lock().unwrap().push((products.len(), role));
+        self.batches
+            .lock()
+            .unwrap()
+            .push((products.len(), role, ahead.len()));
         for p in products {
             p.w.cpu(p.x, p.t, p.y);
         }
@@ -107,14 +111,15 @@ fn k3_projections_and_experts_batch_with_the_same_bits() {
     let rec = same_bits_every_way(&model, &[1, 20, 300, 7, 42, 5]);
     let batches = rec.batches.lock().unwrap();
     // KDA layers: q, k, v, f_a, b, g of one input in one call.
-    assert!(batches.contains(&(6, Role::Spine)), "{batches:?}");
+    assert!(batches.contains(&(6, Role::Spine, 0)), "{batches:?}");
     // MLA: q_a, kv_a, g; dense MLP and shared experts: gate, up.
-    assert!(batches.contains(&(3, Role::Spine)), "{batches:?}");
-    assert!(batches.contains(&(2, Role::Spine)), "{batches:?}");
-    // A decode step's experts: gate and up of each of the top-k, then the downs.
+    assert!(batches.contains(&(3, Role::Spine, 0)), "{batches:?}");
+    assert!(batches.contains(&(2, Role::Spine, 0)), "{batches:?}");
+    // A decode step's experts: gate and up of each of the top-k (their
+    // downs handed ahead), then the downs.
     let k = model.spec.top_k;
-    assert!(batches.contains(&(2 * k, Role::Expert)), "{batches:?}");
-    assert!(batches.contains(&(k, Role::Expert)), "{batches:?}");
+    assert!(batches.contains(&(2 * k, Role::Expert, k)), "{batches:?}");
+    assert!(batches.contains(&(k, Role::Expert, 0)), "{batches:?}");
 }
 
 #[test]
@@ -123,7 +128,9 @@ fn qwen3_moe_experts_batch_with_the_same_bits() {
     let rec = same_bits_every_way(&model, &[1, 20, 300, 7, 42, 5]);
     let batches = rec.batches.lock().unwrap();
     assert!(
-        batches.iter().any(|&(n, r)| r == Role::Expert && n > 2),
+        batches
+            .iter()
+            .any(|&(n, r, ahead)| r == Role::Expert && n > 2 && 2 * ahead == n),
         "{batches:?}"
     );
 }

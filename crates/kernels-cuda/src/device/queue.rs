@@ -1,0 +1,467 @@
+//! One round trip to the device: a batch's weight copies (on the copy
+//! stream, an event after each), its input copy, its kernels (products of
+//! one shape in one launch) and its result copy, with one synchronisation.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    result,
+};
+use fathom_kernels::backend::{MatRef, Role, segments};
+
+use super::{CudaBackend, Resident, State};
+use crate::CudaError;
+use crate::cache::{Class, Key};
+
+impl CudaBackend {
+    /// Runs `jobs` on the device in one round trip: the weights each lacks
+    /// are copied up on the copy stream (an event after each copy), the
+    /// jobs whose weights are all here launch first (products of one shape
+    /// together), every other one waits only for its own copies; then the
+    /// matrices `ahead` start on their way. The inputs go up in one copy and
+    /// the results come back in one, with one synchronisation of the
+    /// compute stream (copies ahead may still be running after it).
+    /// `Ok(false)` when declined (a shape out of range, or the weights do
+    /// not all fit in the budget at once).
+    pub(super) fn run(
+        &self,
+        jobs: &mut [Job<'_, '_>],
+        ahead: &[MatRef<'_>],
+    ) -> Result<bool, CudaError> {
+        if jobs.is_empty() || !jobs.iter().all(Job::fits) {
+            return Ok(false);
+        }
+        let mut st = self.lock();
+        let st = &mut *st;
+        let segs: Vec<Vec<&[u8]>> = jobs.iter().map(|j| segments(&j.w)).collect();
+        let keys: Vec<Key> = segs.iter().flatten().map(|s| key(s)).collect();
+        let mut missing: Vec<Key> = keys
+            .iter()
+            .filter(|k| !st.cache.contains(k))
+            .copied()
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let class = if jobs.iter().any(|j| j.role == Role::Spine) {
+            Class::Spine
+        } else {
+            Class::Expert
+        };
+        let need: u64 = missing.iter().map(|k| k.1 as u64).sum();
+        if need > 0 && !st.cache.make_room(need, &keys, class) {
+            return Ok(false);
+        }
+        for (j, s) in jobs.iter().zip(&segs) {
+            if j.role == Role::Expert {
+                if s.iter().all(|s| missing.binary_search(&key(s)).is_err()) {
+                    st.stats.vram_expert_hits += 1;
+                } else {
+                    st.stats.vram_expert_misses += 1;
+                }
+            }
+        }
+        let queued = self
+            .queue(st, jobs, &segs, class)
+            .and_then(|()| self.copy_ahead(st, ahead, &keys));
+        let synced = self.stream.synchronize();
+        if queued.is_err() || synced.is_err() {
+            // Nothing may still read the callers' bytes or the staging.
+            let _ = self.copies.synchronize();
+            queued?;
+            synced?;
+        }
+        // The kernels waited for every copy they read: those are done.
+        for k in &keys {
+            if let Some(r) = st.cache.get_mut(k) {
+                r.ready = None;
+            }
+        }
+        if let Some((a, b)) = &st.clock {
+            st.stats.kernel_ms += f64::from(a.elapsed_ms(b)?);
+        }
+        let hy = st.hy.as_ref().expect("staged").as_slice()?;
+        let mut off = 0;
+        for j in jobs.iter_mut() {
+            j.y.copy_from_slice(&hy[off..off + j.y.len()]);
+            off += j.y.len();
+            st.stats.weight_bytes_read +=
+                segments(&j.w).iter().map(|s| s.len() as u64).sum::<u64>();
+        }
+        st.stats.vram_weight_bytes = st.cache.bytes();
+        Ok(true)
+    }
+
+    /// Copies `seg` up on the copy stream, an event after it.
+    fn upload(&self, st: &mut State, seg: &[u8], class: Class) -> Result<(), CudaError> {
+        if !page_locked(self.stream.context(), seg) {
+            st.stats.h2d_pageable_bytes += seg.len() as u64;
+        }
+        let buf = self.copies.clone_htod(seg)?;
+        let ready = Some(self.copies.record_event(None)?);
+        st.stats.h2d_bytes += seg.len() as u64;
+        st.cache.insert(key(seg), Resident { buf, ready }, class);
+        Ok(())
+    }
+
+    /// Starts copying the routed-expert matrices `ahead` (the caller's next
+    /// products) up behind the batch's own copies, where they fit without
+    /// displacing the batch's weights; nothing waits for them here. Their
+    /// bytes stay put until `forget`, which waits for a copy still running.
+    fn copy_ahead(
+        &self,
+        st: &mut State,
+        ahead: &[MatRef<'_>],
+        batch: &[Key],
+    ) -> Result<(), CudaError> {
+        let segs: Vec<&[u8]> = ahead.iter().flat_map(segments).collect();
+        let mut keep: Vec<Key> = batch.to_vec();
+        keep.extend(segs.iter().map(|s| key(s)));
+        let mut missing: Vec<&[u8]> = segs
+            .into_iter()
+            .filter(|s| !st.cache.contains(&key(s)))
+            .collect();
+        missing.sort_unstable_by_key(|s| key(s));
+        missing.dedup_by_key(|s| key(s));
+        let need: u64 = missing.iter().map(|s| s.len() as u64).sum();
+        if need == 0 || !st.cache.make_room(need, &keep, Class::Expert) {
+            return Ok(());
+        }
+        for seg in missing {
+            self.upload(st, seg, Class::Expert)?;
+            st.stats.h2d_ahead_bytes += seg.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Queues `jobs`' weight copies, input copy, kernels and result copy
+    /// (room for the missing weights already made).
+    fn queue(
+        &self,
+        st: &mut State,
+        jobs: &[Job<'_, '_>],
+        segs: &[Vec<&[u8]>],
+        class: Class,
+    ) -> Result<(), CudaError> {
+        let ctx = self.stream.context();
+        for seg in segs.iter().flatten() {
+            if st.cache.touch(&key(seg)).is_none() {
+                self.upload(st, seg, class)?;
+            }
+        }
+        // A job waits for the segments whose copies may still be running.
+        let pending: Vec<bool> = segs
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .any(|s| st.cache.get(&key(s)).is_some_and(|r| !r.is_ready()))
+            })
+            .collect();
+        let (nx, ny) = jobs
+            .iter()
+            .fold((0, 0), |(a, b), j| (a + j.x.len(), b + j.y.len()));
+        let hx = pinned(ctx, &mut st.hx, nx)?.as_mut_slice()?;
+        pinned(ctx, &mut st.hy, ny)?;
+        let xp = grow(&self.stream, &mut st.x, nx)?
+            .device_ptr(&self.stream)
+            .0;
+        let yp = grow(&self.stream, &mut st.y, ny)?
+            .device_ptr(&self.stream)
+            .0;
+        let mut off = 0;
+        for j in jobs {
+            hx[off..off + j.x.len()].copy_from_slice(j.x);
+            off += j.x.len();
+        }
+        let cu = self.stream.cu_stream();
+        // SAFETY: the device buffer holds at least nx values; `hx` is
+        // page-locked and not touched again before the synchronisation.
+        unsafe { result::memcpy_htod_async(xp, &hx[..nx], cu) }?;
+        st.stats.h2d_bytes += 4 * nx as u64;
+        // Offsets of each job's input and output in the staging.
+        let mut offs = Vec::with_capacity(jobs.len());
+        let (mut ox, mut oy) = (0u64, 0u64);
+        for j in jobs {
+            offs.push((ox, oy));
+            ox += j.x.len() as u64;
+            oy += j.y.len() as u64;
+        }
+        let ptrs: Vec<Vec<u64>> = segs
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .map(|s| {
+                        st.cache
+                            .get(&key(s))
+                            .expect("resident")
+                            .buf
+                            .device_ptr(&self.stream)
+                            .0
+                    })
+                    .collect()
+            })
+            .collect();
+        let at = |i: usize| (xp + 4 * offs[i].0, yp + 4 * offs[i].1);
+        // The jobs whose weights are here first, those of one kernel and
+        // shape in one launch; then each other job after its own copies.
+        let mut launches: Vec<Vec<usize>> = Vec::new();
+        for i in (0..jobs.len()).filter(|&i| !pending[i]) {
+            match launches
+                .iter_mut()
+                .find(|l| together(&jobs[l[0]], &jobs[i]))
+            {
+                Some(l) => l.push(i),
+                None => launches.push(vec![i]),
+            }
+        }
+        let tables = self.stage_tables(st, &launches, &ptrs, &at)?;
+        if st.clock.is_none() {
+            let timed =
+                || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
+            st.clock = Some((timed()?, timed()?));
+        }
+        let (first, last) = st.clock.as_ref().expect("just made");
+        first.record(&self.stream)?;
+        for (l, tab) in launches.iter().zip(tables) {
+            match tab {
+                Some(tab) => self.launch_many(&jobs[l[0]], tab, l.len())?,
+                None => {
+                    let (x, y) = at(l[0]);
+                    let j = &jobs[l[0]];
+                    self.launch(&j.w, &ptrs[l[0]], x, y, j.groups, j.t)?
+                }
+            }
+        }
+        for i in (0..jobs.len()).filter(|&i| pending[i]) {
+            for seg in &segs[i] {
+                if let Some(ready) = st.cache.get(&key(seg)).and_then(|r| r.ready.as_ref()) {
+                    self.stream.wait(ready)?;
+                }
+            }
+            let (x, y) = at(i);
+            self.launch(&jobs[i].w, &ptrs[i], x, y, jobs[i].groups, jobs[i].t)?;
+        }
+        last.record(&self.stream)?;
+        let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
+        // SAFETY: the device buffer holds at least ny values written by the
+        // kernels on this stream; `hy` is page-locked and read only after
+        // the synchronisation.
+        unsafe { result::memcpy_dtoh_async(&mut hy[..ny], yp, cu) }?;
+        st.stats.d2h_bytes += 4 * ny as u64;
+        Ok(())
+    }
+
+    /// Device address tables (`[data, scales or 0, x, y]` per product) of
+    /// the launches of several products, copied up in one copy; `None` for
+    /// a launch of one.
+    fn stage_tables(
+        &self,
+        st: &mut State,
+        launches: &[Vec<usize>],
+        ptrs: &[Vec<u64>],
+        at: &dyn Fn(usize) -> (u64, u64),
+    ) -> Result<Vec<Option<u64>>, CudaError> {
+        let mut tab: Vec<u64> = Vec::new();
+        let mut starts = Vec::with_capacity(launches.len());
+        for l in launches {
+            if l.len() < 2 {
+                starts.push(None);
+                continue;
+            }
+            starts.push(Some(tab.len()));
+            for &i in l {
+                let (x, y) = at(i);
+                tab.extend([ptrs[i][0], ptrs[i].get(1).copied().unwrap_or(0), x, y]);
+            }
+        }
+        if tab.is_empty() {
+            return Ok(starts.iter().map(|_| None).collect());
+        }
+        let ht = pinned(self.stream.context(), &mut st.ht, tab.len())?.as_mut_slice()?;
+        ht[..tab.len()].copy_from_slice(&tab);
+        let dt = grow(&self.stream, &mut st.dt, tab.len())?
+            .device_ptr(&self.stream)
+            .0;
+        // SAFETY: the device table holds at least tab.len() values; `ht` is
+        // page-locked and not touched again before the synchronisation.
+        unsafe { result::memcpy_htod_async(dt, &ht[..tab.len()], self.stream.cu_stream()) }?;
+        Ok(starts
+            .iter()
+            .map(|s| s.map(|s| dt + 8 * s as u64))
+            .collect())
+    }
+
+    /// Queues `n` products of `first`'s kernel and shape in one launch,
+    /// their addresses in the device table at `tab`.
+    fn launch_many(&self, first: &Job<'_, '_>, tab: u64, n: usize) -> Result<(), CudaError> {
+        let (rows, cols) = (first.w.rows(), first.w.cols());
+        let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = match first.w {
+            MatRef::Bf16 { .. } => &self.funcs.bf16_many,
+            MatRef::Mxfp4(_) => &self.funcs.mxfp4_many,
+            _ => unreachable!("`together` groups only bf16 and MXFP4 products"),
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&tab).arg(&r).arg(&c).arg(&t);
+        // SAFETY: the table holds n entries of device addresses of each
+        // product's segments, input and output, all of the checked shape.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Queues `w`'s kernel on the stream: weights at the device pointers
+    /// `p` (its segments), input at `xp`, output at `yp`.
+    fn launch(
+        &self,
+        w: &MatRef<'_>,
+        p: &[u64],
+        xp: u64,
+        yp: u64,
+        groups: usize,
+        t: usize,
+    ) -> Result<(), CudaError> {
+        let (rows, cols) = (w.rows(), w.cols());
+        let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let e4 = self.e4m3.device_ptr(&self.stream).0;
+        let f = match w {
+            MatRef::F32 { .. } => &self.funcs.f32,
+            MatRef::Bf16 { .. } => &self.funcs.bf16,
+            MatRef::Int8 { .. } => &self.funcs.int8,
+            MatRef::Mxfp4(_) => &self.funcs.mxfp4,
+            MatRef::Fp8(_) => &self.funcs.fp8,
+            MatRef::Int4(_) => &self.funcs.int4,
+        };
+        let mut b = self.stream.launch_builder(f);
+        for ptr in p {
+            b.arg(ptr);
+        }
+        let (fp8_ints, int4_shift);
+        match w {
+            MatRef::Fp8(m) => {
+                fp8_ints = [
+                    m.row0 as i32,
+                    m.shift[0] as i32,
+                    m.shift[1] as i32,
+                    m.grid_cols as i32,
+                ];
+                b.arg(&e4);
+                for v in &fp8_ints {
+                    b.arg(v);
+                }
+            }
+            MatRef::Int4(m) => {
+                int4_shift = m.group_shift as i32;
+                b.arg(&int4_shift);
+            }
+            _ => {}
+        }
+        b.arg(&xp).arg(&yp).arg(&r).arg(&c).arg(&tt).arg(&rg);
+        // SAFETY: the arguments match the kernel's parameters in `matmul.cu`
+        // (pointers to device copies of the segments, sized by the shapes the caller checked).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// One product on the device: `groups` row blocks (1 for a plain product).
+pub(super) struct Job<'w, 'b> {
+    pub(super) w: MatRef<'w>,
+    pub(super) role: Role,
+    pub(super) groups: usize,
+    pub(super) x: &'b [f32],
+    pub(super) t: usize,
+    pub(super) y: &'b mut [f32],
+}
+
+impl Job<'_, '_> {
+    /// Shapes the kernels take (`i32` sizes, whole row blocks, matching buffers).
+    fn fits(&self) -> bool {
+        let (rows, cols, g) = (self.w.rows(), self.w.cols(), self.groups);
+        let small = |n: usize| i32::try_from(n).is_ok();
+        small(rows)
+            && small(cols)
+            && small(self.t)
+            && rows > 0
+            && self.t > 0
+            && g > 0
+            && rows % g == 0
+            && self.x.len() == g * self.t * cols
+            && self.y.len() == self.t * rows
+    }
+}
+
+/// Whether two products can share one launch: plain products of one
+/// shape and position count in a format with a grouped kernel.
+fn together(a: &Job<'_, '_>, b: &Job<'_, '_>) -> bool {
+    let kind = |j: &Job<'_, '_>| match j.w {
+        MatRef::Bf16 { .. } => Some(0),
+        MatRef::Mxfp4(_) => Some(1),
+        _ => None,
+    };
+    kind(a).is_some()
+        && kind(a) == kind(b)
+        && a.groups == 1
+        && b.groups == 1
+        && (a.w.rows(), a.w.cols(), a.t) == (b.w.rows(), b.w.cols(), b.t)
+}
+
+/// Whether `bytes` are page-locked host memory (their copy up is direct
+/// DMA; pageable bytes are staged by the driver at about a third of the speed).
+fn page_locked(ctx: &Arc<CudaContext>, bytes: &[u8]) -> bool {
+    use cudarc::driver::sys;
+    let mut kind = 0u32;
+    // SAFETY: the query only reads the driver's record of this address into
+    // `kind`, a 32-bit value as CU_POINTER_ATTRIBUTE_MEMORY_TYPE writes.
+    let r = ctx.bind_to_thread().is_ok().then(|| unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut kind as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            bytes.as_ptr() as u64,
+        )
+    });
+    r == Some(sys::CUresult::CUDA_SUCCESS) && kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+}
+
+/// The cache key of a host byte segment: its address and length.
+fn key(s: &[u8]) -> Key {
+    (s.as_ptr() as usize, s.len())
+}
+
+/// Page-locked host staging of at least `n` values.
+fn pinned<'a, T: cudarc::driver::DeviceRepr>(
+    ctx: &Arc<CudaContext>,
+    slot: &'a mut Option<PinnedHostSlice<T>>,
+    n: usize,
+) -> Result<&'a mut PinnedHostSlice<T>, CudaError> {
+    if slot.as_ref().is_none_or(|s| s.len() < n) {
+        *slot = None;
+        // Plain page-locked memory (not write-combined: the host reads results back).
+        // SAFETY: the values are written before any is read (x copied in, y copied back).
+        *slot =
+            Some(unsafe { ctx.alloc_pinned_with_flags::<T>(n.next_power_of_two().max(1024), 0) }?);
+    }
+    Ok(slot.as_mut().expect("just made"))
+}
+
+/// A scratch buffer of at least `n` values.
+fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<CudaSlice<T>>,
+    n: usize,
+) -> Result<&'a mut CudaSlice<T>, CudaError> {
+    if slot.as_ref().is_none_or(|s| s.len() < n) {
+        *slot = None;
+        *slot = Some(stream.alloc_zeros::<T>(n.next_power_of_two().max(1024))?);
+    }
+    Ok(slot.as_mut().expect("just made"))
+}
