@@ -61,9 +61,10 @@ impl<B> Cache<B> {
 
     /// Makes `need` more bytes fit for an entry of `class`, never evicting
     /// one of `keep`: an expert evicts only experts (least recently used
-    /// first); a spine matrix evicts experts first, then spine. False, and
-    /// nothing evicted, when they cannot fit.
-    pub fn make_room(&mut self, need: u64, keep: &[Key], class: Class) -> bool {
+    /// first); a spine matrix evicts experts first, then spine. Returns the
+    /// evicted entries (for the caller to retire); `None`, and nothing
+    /// evicted, when they cannot fit.
+    pub fn make_room(&mut self, need: u64, keep: &[Key], class: Class) -> Option<Vec<B>> {
         let may_go =
             |k: &Key, c: Class| !keep.contains(k) && (class == Class::Spine || c == Class::Expert);
         let free = self.budget.saturating_sub(self.bytes);
@@ -74,8 +75,9 @@ impl<B> Cache<B> {
             .map(|(k, _)| k.1 as u64)
             .sum();
         if need > free.saturating_add(evictable) {
-            return false;
+            return None;
         }
+        let mut gone = Vec::new();
         while self.bytes + need > self.budget {
             let victim = self
                 .map
@@ -83,11 +85,13 @@ impl<B> Cache<B> {
                 .filter(|(k, (_, _, c))| may_go(k, *c))
                 .min_by_key(|(_, (_, t, c))| (*c == Class::Spine, *t))
                 .map(|(k, _)| *k);
-            let Some(k) = victim else { return false };
-            self.map.remove(&k);
+            let k = victim.expect("the evictable bytes cover the need");
+            if let Some((b, _, _)) = self.map.remove(&k) {
+                gone.push(b);
+            }
             self.bytes -= k.1 as u64;
         }
-        true
+        Some(gone)
     }
 
     pub fn insert(&mut self, k: Key, b: B, class: Class) {
@@ -131,9 +135,9 @@ mod tests {
         c.insert((0, 40), 'a', e);
         c.insert((100, 40), 'b', e);
         c.touch(&(0, 40));
-        assert!(c.make_room(40, &[], e));
+        assert!(c.make_room(40, &[], e).is_some());
         assert!(c.contains(&(0, 40)) && !c.contains(&(100, 40)));
-        assert!(!c.make_room(200, &[], e), "larger than the budget");
+        assert!(c.make_room(200, &[], e).is_none(), "larger than the budget");
         assert!(c.contains(&(0, 40)), "a refused request evicts nothing");
         c.insert((200, 10), 'c', e);
         c.insert((210, 10), 'd', e);
@@ -141,11 +145,11 @@ mod tests {
         assert!(!c.contains(&(200, 10)) && c.contains(&(210, 10)));
         assert_eq!(c.bytes(), 50);
         assert!(
-            !c.make_room(95, &[(0, 40)], e),
+            c.make_room(95, &[(0, 40)], e).is_none(),
             "a kept entry is never evicted"
         );
         assert!(c.contains(&(210, 10)), "a refused request evicts nothing");
-        assert!(c.make_room(60, &[(0, 40)], e));
+        assert!(c.make_room(60, &[(0, 40)], e).is_some());
         assert!(c.contains(&(0, 40)) && !c.contains(&(210, 10)));
     }
 
@@ -159,17 +163,20 @@ mod tests {
         // however long ago the spine matrix was used.
         for i in 0..5 {
             c.touch(&(100, 30));
-            assert!(c.make_room(40, &[], e), "round {i}");
+            assert!(c.make_room(40, &[], e).is_some(), "round {i}");
             c.insert((200 + i * 100, 40), 'y', e);
             assert!(c.contains(&(0, 50)));
         }
-        assert!(!c.make_room(60, &[], e), "only 50 bytes are experts'");
+        assert!(
+            c.make_room(60, &[], e).is_none(),
+            "only 50 bytes are experts'"
+        );
         assert!(c.contains(&(0, 50)) && c.bytes() == 90);
         // A spine matrix evicts experts first, then older spine.
-        assert!(c.make_room(50, &[], s));
+        assert!(c.make_room(50, &[], s).is_some());
         assert!(c.contains(&(0, 50)), "experts went first");
         c.insert((1000, 50), 'z', s);
-        assert!(c.make_room(50, &[(1000, 50)], s));
+        assert!(c.make_room(50, &[(1000, 50)], s).is_some());
         assert!(!c.contains(&(0, 50)) && c.contains(&(1000, 50)));
     }
 }

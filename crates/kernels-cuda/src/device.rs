@@ -197,9 +197,11 @@ impl CudaBackend {
     pub fn open(ordinal: usize, budget: Option<u64>) -> Result<Arc<Self>, CudaError> {
         let info = probe(ordinal)?;
         let ctx = CudaContext::new(ordinal)?;
-        // The backend orders its two streams itself: a job waits for the
-        // event after its weight copies, and every batch ends with both
-        // streams synchronised, before any buffer is freed or reused.
+        // The backend orders its two streams itself: a kernel waits for the
+        // event after the copy of every weight it reads; each batch ends
+        // with the compute stream synchronised (copies ahead may run on);
+        // an entry leaves the cache (forget, eviction) only after its copy
+        // has ended; device buffers are freed on the stream that copied them.
         // SAFETY: no buffer is used across streams except after such an event.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
@@ -269,9 +271,9 @@ impl CudaBackend {
 impl CudaBackend {
     /// Runs `jobs`, counting them and their time; a device error leaves
     /// them to the CPU, which gives the same bits (the error is counted and
-    /// kept for the run report). A declined batch of several is not counted:
-    /// the seam then offers its products one by one.
-    fn counted(&self, jobs: &mut [Job<'_, '_>], ahead: &[MatRef<'_>]) -> bool {
+    /// kept for the run report). A declined batch is not counted: the seam
+    /// then offers its products one by one.
+    fn counted(&self, jobs: &mut [Job<'_, '_>], ahead: &[MatRef<'_>], batch: bool) -> bool {
         let start = Instant::now();
         let result = self.run(jobs, ahead);
         let mut st = self.lock();
@@ -291,10 +293,17 @@ impl CudaBackend {
             if jobs[0].role == Role::Expert {
                 st.stats.expert_gpu_ms += ms;
             }
-        } else if jobs.len() == 1 {
+        } else if !batch {
             st.stats.cpu_products += 1;
         }
         done
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Copies ahead may still read host bytes their owners free next.
+        let _ = self.copies.synchronize();
     }
 }
 
@@ -315,6 +324,7 @@ impl Backend for CudaBackend {
                 y,
             }],
             &[],
+            false,
         )
     }
 
@@ -330,7 +340,7 @@ impl Backend for CudaBackend {
                 y: &mut *p.y,
             })
             .collect();
-        self.counted(&mut jobs, ahead)
+        self.counted(&mut jobs, ahead, true)
     }
 
     fn matmul_groups(
@@ -353,6 +363,7 @@ impl Backend for CudaBackend {
                 y,
             }],
             &[],
+            false,
         )
     }
 

@@ -19,9 +19,9 @@ __device__ __forceinline__ float bf16f(unsigned short b) {
     return __uint_as_float(((unsigned)b) << 16);
 }
 
-// E2M1 by its bits (no table: a dynamically indexed array lives in local
-// memory): exponent e = bits 2..1, mantissa m = bit 0; e = 0 gives 0 or 0.5,
-// else (1 + m/2)·2^(e−1). The same values as the CPU's table, sign included.
+// E2M1 by its bits: exponent e = bits 2..1, mantissa m = bit 0; e = 0 gives
+// 0 or 0.5, else (1 + m/2)·2^(e−1). The same values as the CPU's table, sign
+// included. The MXFP4 kernels build their shared-memory table with it.
 __device__ __forceinline__ float e2m1(unsigned code) {
     const unsigned e = (code >> 1) & 3u, m = code & 1u;
     const float v = e ? __uint_as_float(((e + 126u) << 23) | (m << 22)) : (m ? 0.5f : 0.0f);

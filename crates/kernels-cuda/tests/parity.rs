@@ -537,6 +537,7 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
         !b.matmul_batch(&mut ps, &[]),
         "32 KiB at once in a 20 KiB budget"
     );
+    assert_eq!(b.stats().cpu_products, 0, "the seam counts what it retries");
     assert_eq!(
         b.stats().vram_weight_bytes,
         held,

@@ -103,7 +103,8 @@ pub struct BackendStats {
     pub device_calls: u64,
     /// Products the device declined (computed on the CPU).
     pub cpu_products: u64,
-    /// Expert matrices found already in device memory.
+    /// Expert matrices found in device memory when their product ran
+    /// (including those copied there ahead of it, `h2d_ahead_bytes`).
     pub vram_expert_hits: u64,
     /// Expert matrices copied to the device.
     pub vram_expert_misses: u64,

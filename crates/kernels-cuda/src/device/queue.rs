@@ -49,7 +49,7 @@ impl CudaBackend {
             Class::Expert
         };
         let need: u64 = missing.iter().map(|k| k.1 as u64).sum();
-        if need > 0 && !st.cache.make_room(need, &keys, class) {
+        if need > 0 && !make_room(st, need, &keys, class) {
             return Ok(false);
         }
         for (j, s) in jobs.iter().zip(&segs) {
@@ -61,9 +61,15 @@ impl CudaBackend {
                 }
             }
         }
-        let queued = self
-            .queue(st, jobs, &segs, class)
-            .and_then(|()| self.copy_ahead(st, ahead, &keys));
+        let queued = self.queue(st, jobs, &segs, class);
+        // Copies ahead are a hint: one that fails costs the batch nothing.
+        if queued.is_ok()
+            && let Err(e) = self.copy_ahead(st, ahead, &keys)
+        {
+            let _ = self.copies.synchronize();
+            st.stats.device_errors += 1;
+            st.stats.last_error = Some(format!("copying weights ahead: {e}"));
+        }
         let synced = self.stream.synchronize();
         if queued.is_err() || synced.is_err() {
             // Nothing may still read the callers' bytes or the staging.
@@ -124,7 +130,7 @@ impl CudaBackend {
         missing.sort_unstable_by_key(|s| key(s));
         missing.dedup_by_key(|s| key(s));
         let need: u64 = missing.iter().map(|s| s.len() as u64).sum();
-        if need == 0 || !st.cache.make_room(need, &keep, Class::Expert) {
+        if need == 0 || !make_room(st, need, &keep, Class::Expert) {
             return Ok(());
         }
         for seg in missing {
@@ -398,6 +404,21 @@ impl Job<'_, '_> {
             && self.x.len() == g * self.t * cols
             && self.y.len() == self.t * rows
     }
+}
+
+/// [`crate::cache::Cache::make_room`], then waits for any evicted entry's
+/// copy that may still be running (one copied ahead and never used): its
+/// owner may free the host bytes as soon as the entry is gone.
+fn make_room(st: &mut State, need: u64, keep: &[Key], class: Class) -> bool {
+    let Some(gone) = st.cache.make_room(need, keep, class) else {
+        return false;
+    };
+    for r in gone {
+        if let Some(ready) = r.ready {
+            let _ = ready.synchronize();
+        }
+    }
+    true
 }
 
 /// Whether two products can share one launch: plain products of one
