@@ -134,3 +134,21 @@ fn qwen3_moe_experts_batch_with_the_same_bits() {
         "{batches:?}"
     );
 }
+
+/// The sigmoid-routed families (Kimi-Linear: KDA and MLA layers; DeepSeek-V3)
+/// batch their experts through the same seam, with the same bits.
+#[test]
+fn kimi_linear_and_deepseek_experts_batch_with_the_same_bits() {
+    for name in ["kimi_linear-tiny", "deepseek_v3-tiny"] {
+        let model = fathom_model::registry::load(&common::data(name), Default::default())
+            .unwrap_or_else(|e| panic!("{name} loads: {e}"));
+        let rec = same_bits_every_way(model.as_ref(), &[1, 20, 300, 7, 42, 5]);
+        let batches = rec.batches.lock().unwrap();
+        assert!(
+            batches
+                .iter()
+                .any(|&(n, r, ahead)| r == Role::Expert && n > 2 && 2 * ahead == n),
+            "{name}: {batches:?}"
+        );
+    }
+}
