@@ -150,5 +150,10 @@ fn kimi_linear_and_deepseek_experts_batch_with_the_same_bits() {
                 .any(|&(n, r, ahead)| r == Role::Expert && n > 2 && 2 * ahead == n),
             "{name}: {batches:?}"
         );
+        if name.starts_with("kimi_linear") {
+            // KDA's q, k, v, f_a, b, g_a; MLA's q and kv_a.
+            assert!(batches.contains(&(6, Role::Spine, 0)), "{batches:?}");
+            assert!(batches.contains(&(2, Role::Spine, 0)), "{batches:?}");
+        }
     }
 }

@@ -91,9 +91,8 @@ impl CudaBackend {
         for j in jobs.iter_mut() {
             j.y.copy_from_slice(&hy[off..off + j.y.len()]);
             off += j.y.len();
-            st.stats.weight_bytes_read +=
-                segments(&j.w).iter().map(|s| s.len() as u64).sum::<u64>();
         }
+        st.stats.weight_bytes_read += segs.iter().flatten().map(|s| s.len() as u64).sum::<u64>();
         st.stats.vram_weight_bytes = st.cache.bytes();
         Ok(true)
     }

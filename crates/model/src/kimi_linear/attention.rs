@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::hybrid::kda::{KdaProjections, kda_heads};
 use crate::hybrid::mla::mla_heads;
 use crate::hybrid::state::{KdaState, MlaCache};
+use crate::linear::Linear;
 
 /// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
@@ -26,15 +27,23 @@ pub fn kda(
     x: &[f32],
 ) -> Vec<f32> {
     let n = x.len() / spec.hidden_size;
-    let proj = KdaProjections {
-        pre: [
-            w.q_proj.forward(x, n),
-            w.k_proj.forward(x, n),
-            w.v_proj.forward(x, n),
+    let [q, k, v, fa, b, ga] = Linear::forward_many(
+        [
+            &w.q_proj,
+            &w.k_proj,
+            &w.v_proj,
+            &w.f_a_proj,
+            &w.b_proj,
+            &w.g_a_proj,
         ],
-        f: w.f_b_proj.forward(&w.f_a_proj.forward(x, n), n),
-        b: w.b_proj.forward(x, n),
-        g: w.g_b_proj.forward(&w.g_a_proj.forward(x, n), n),
+        x,
+        n,
+    );
+    let proj = KdaProjections {
+        pre: [q, k, v],
+        f: w.f_b_proj.forward(&fa, n),
+        b,
+        g: w.g_b_proj.forward(&ga, n),
     };
     let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj);
     w.o_proj.forward(&cat, n)
@@ -50,8 +59,7 @@ pub fn mla(
     x: &[f32],
 ) -> Result<Vec<f32>> {
     let n = x.len() / spec.hidden_size;
-    let q = w.q_proj.forward(x, n);
-    let c = w.kv_a_proj_with_mqa.forward(x, n);
+    let [q, c] = Linear::forward_many([&w.q_proj, &w.kv_a_proj_with_mqa], x, n);
     let d = spec.mla_dims();
     let cat = mla_heads(
         &d,
