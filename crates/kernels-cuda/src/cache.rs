@@ -21,6 +21,8 @@ pub struct Cache<B> {
     tick: u64,
     bytes: u64,
     budget: u64,
+    /// Whether an expert has ever been evicted or refused for room.
+    crowded: bool,
 }
 
 impl<B> Cache<B> {
@@ -30,6 +32,7 @@ impl<B> Cache<B> {
             tick: 0,
             bytes: 0,
             budget,
+            crowded: false,
         }
     }
 
@@ -39,6 +42,13 @@ impl<B> Cache<B> {
 
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Whether routed experts have had to leave, or could not come in, for
+    /// room: then not every expert a model uses stays here, and knowing the
+    /// next ones early pays.
+    pub fn crowded(&self) -> bool {
+        self.crowded
     }
 
     pub fn contains(&self, k: &Key) -> bool {
@@ -75,6 +85,7 @@ impl<B> Cache<B> {
             .map(|(k, _)| k.1 as u64)
             .sum();
         if need > free.saturating_add(evictable) {
+            self.crowded |= class == Class::Expert;
             return None;
         }
         let mut gone = Vec::new();
@@ -86,7 +97,8 @@ impl<B> Cache<B> {
                 .min_by_key(|(_, (_, t, c))| (*c == Class::Spine, *t))
                 .map(|(k, _)| *k);
             let k = victim.expect("the evictable bytes cover the need");
-            if let Some((b, _, _)) = self.map.remove(&k) {
+            if let Some((b, _, c)) = self.map.remove(&k) {
+                self.crowded |= c == Class::Expert;
                 gone.push(b);
             }
             self.bytes -= k.1 as u64;
@@ -135,7 +147,9 @@ mod tests {
         c.insert((0, 40), 'a', e);
         c.insert((100, 40), 'b', e);
         c.touch(&(0, 40));
+        assert!(!c.crowded());
         assert!(c.make_room(40, &[], e).is_some());
+        assert!(c.crowded(), "an expert left for room");
         assert!(c.contains(&(0, 40)) && !c.contains(&(100, 40)));
         assert!(c.make_room(200, &[], e).is_none(), "larger than the budget");
         assert!(c.contains(&(0, 40)), "a refused request evicts nothing");
@@ -159,6 +173,11 @@ mod tests {
         let mut c = Cache::new(100);
         c.insert((0, 50), 'w', s);
         c.insert((100, 30), 'x', e);
+        assert!(
+            c.make_room(20, &[], e).is_some() && !c.crowded(),
+            "free room"
+        );
+        assert!(c.make_room(80, &[], e).is_none() && c.crowded(), "refused");
         // An expert may evict the older expert, never the spine matrix,
         // however long ago the spine matrix was used.
         for i in 0..5 {

@@ -13,11 +13,12 @@ use fathom_kernels::backend::{Backend, BackendStats, MatRef, Product, Role};
 use fathom_kernels::fp8::E4M3;
 
 use crate::cache::Cache;
+use crate::guess::GuessLog;
 use crate::{CudaError, SOURCE};
 
 mod queue;
 
-use queue::Job;
+use queue::{Ahead, Job};
 
 /// What `probe` found.
 #[derive(Debug, Clone)]
@@ -94,6 +95,8 @@ struct State {
     /// Address tables of grouped launches, staged and on the device.
     ht: Option<PinnedHostSlice<u64>>,
     dt: Option<CudaSlice<u64>>,
+    /// The scores of the guessed matrices callers handed over.
+    guesses: GuessLog,
     /// Timed events before the first kernel of a call and after its last.
     clock: Option<(CudaEvent, CudaEvent)>,
     stats: BackendStats,
@@ -237,6 +240,7 @@ impl CudaBackend {
             e4m3,
             state: Mutex::new(State {
                 cache: Cache::new(budget),
+                guesses: GuessLog::default(),
                 x: None,
                 y: None,
                 hx: None,
@@ -273,7 +277,7 @@ impl CudaBackend {
     /// them to the CPU, which gives the same bits (the error is counted and
     /// kept for the run report). A declined batch is not counted: the seam
     /// then offers its products one by one.
-    fn counted(&self, jobs: &mut [Job<'_, '_>], ahead: &[MatRef<'_>], batch: bool) -> bool {
+    fn counted(&self, jobs: &mut [Job<'_, '_>], ahead: Ahead<'_, '_>, batch: bool) -> bool {
         let start = Instant::now();
         let result = self.run(jobs, ahead);
         let mut st = self.lock();
@@ -323,12 +327,17 @@ impl Backend for CudaBackend {
                 t,
                 y,
             }],
-            &[],
+            (&[], &[]),
             false,
         )
     }
 
-    fn matmul_batch(&self, products: &mut [Product<'_, '_>], ahead: &[MatRef<'_>]) -> bool {
+    fn matmul_batch(
+        &self,
+        products: &mut [Product<'_, '_>],
+        ahead: &[MatRef<'_>],
+        guessed: &[MatRef<'_>],
+    ) -> bool {
         let mut jobs: Vec<Job<'_, '_>> = products
             .iter_mut()
             .map(|p| Job {
@@ -340,7 +349,7 @@ impl Backend for CudaBackend {
                 y: &mut *p.y,
             })
             .collect();
-        self.counted(&mut jobs, ahead, true)
+        self.counted(&mut jobs, (ahead, guessed), true)
     }
 
     fn matmul_groups(
@@ -362,9 +371,13 @@ impl Backend for CudaBackend {
                 t,
                 y,
             }],
-            &[],
+            (&[], &[]),
             false,
         )
+    }
+
+    fn wants_guesses(&self) -> bool {
+        self.lock().cache.crowded()
     }
 
     fn forget(&self, range: Range<usize>) {

@@ -419,7 +419,7 @@ fn a_batch_gives_each_products_bits() {
             y,
         })
         .collect();
-    assert!(b.matmul_batch(&mut ps, &[]), "declined");
+    assert!(b.matmul_batch(&mut ps, &[], &[]), "declined");
     drop(ps);
     for i in 0..6 {
         same(
@@ -480,7 +480,7 @@ fn a_batch_gives_each_products_bits() {
                 y,
             })
             .collect();
-        assert!(b.matmul_batch(&mut ps, &[]), "declined");
+        assert!(b.matmul_batch(&mut ps, &[], &[]), "declined");
         drop(ps);
         for (i, m) in mats.iter().enumerate() {
             let want = match m {
@@ -534,7 +534,7 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
         },
     ];
     assert!(
-        !b.matmul_batch(&mut ps, &[]),
+        !b.matmul_batch(&mut ps, &[], &[]),
         "32 KiB at once in a 20 KiB budget"
     );
     assert_eq!(b.stats().cpu_products, 0, "the seam counts what it retries");
@@ -553,7 +553,7 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
 /// the next batch from device memory with the scalar twin's bits; one
 /// forgotten while its copy may still run is waited for, not raced; under
 /// a budget with no room left they are skipped, never displacing the
-/// batch's own weights.
+/// batch's own weights; with room for some, the first ones come.
 #[test]
 fn matrices_handed_ahead_arrive_for_the_next_batch() {
     let Some(b) = open(None) else { return };
@@ -580,7 +580,8 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
         t: 1,
         y: &mut y0,
     }];
-    assert!(b.matmul_batch(&mut first, &mats[1..]));
+    // Two handed ahead, two guessed (copied: no guess has proved wrong yet).
+    assert!(b.matmul_batch(&mut first, &mats[1..3], &mats[3..]));
     let st = b.stats();
     assert_eq!(
         st.h2d_ahead_bytes as usize,
@@ -600,7 +601,7 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
             y,
         })
         .collect();
-    assert!(b.matmul_batch(&mut ps, &[]));
+    assert!(b.matmul_batch(&mut ps, &[], &[]));
     drop(ps);
     let st = b.stats().since(&before);
     assert_eq!(
@@ -633,7 +634,7 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
         t: 1,
         y: &mut y0,
     }];
-    assert!(small.matmul_batch(&mut ps, &mats[1..2]));
+    assert!(small.matmul_batch(&mut ps, &mats[1..2], &[]));
     let st = small.stats();
     assert_eq!((st.h2d_ahead_bytes, st.vram_weight_bytes), (0, one));
     let MatRef::Mxfp4(r) = mats[0] else {
@@ -645,4 +646,48 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
         "the batch under a full budget",
     );
     drop_all(&small, &mats[0]);
+    // Room for part of them: the first ones in order, the rest skipped;
+    // the refusal tells the caller guesses are now worth handing over.
+    let Some(three) = open(Some(3 * one)) else {
+        return;
+    };
+    assert!(!three.wants_guesses(), "nothing refused yet");
+    let mut ps = [Product {
+        w: mats[0],
+        role: Role::Expert,
+        x: &x,
+        t: 1,
+        y: &mut y0,
+    }];
+    assert!(three.matmul_batch(&mut ps, &mats[1..3], &mats[3..]));
+    let st = three.stats();
+    assert_eq!(
+        (st.h2d_ahead_bytes, st.vram_weight_bytes),
+        (2 * one, 3 * one)
+    );
+    assert!(three.wants_guesses(), "an expert found no room");
+    let before = three.stats();
+    let mut ys: Vec<Vec<f32>> = (0..2).map(|_| vec![f32::NAN; rows]).collect();
+    let mut ps: Vec<Product<'_, '_>> = ys
+        .iter_mut()
+        .enumerate()
+        .map(|(i, y)| Product {
+            w: mats[i + 1],
+            role: Role::Expert,
+            x: &x,
+            t: 1,
+            y,
+        })
+        .collect();
+    assert!(three.matmul_batch(&mut ps, &[], &[]));
+    drop(ps);
+    let st = three.stats().since(&before);
+    assert_eq!(
+        (st.vram_expert_hits, st.vram_expert_misses),
+        (2, 0),
+        "the first two"
+    );
+    for m in &mats {
+        drop_all(&three, m);
+    }
 }

@@ -113,6 +113,10 @@ pub struct BackendStats {
     /// Weight bytes copied up ahead of the products that use them (the
     /// `ahead` of a batch), part of `h2d_bytes`.
     pub h2d_ahead_bytes: u64,
+    /// Guessed matrices (a batch's `guessed`) scored so far, and those a
+    /// product used in time (see the CUDA crate's `guess` module).
+    pub guesses_scored: u64,
+    pub guesses_right: u64,
     /// Weight bytes copied up from memory that was not page-locked
     /// (staged by the driver, about a third of the page-locked speed).
     pub h2d_pageable_bytes: u64,
@@ -152,6 +156,8 @@ impl BackendStats {
             vram_expert_misses: self.vram_expert_misses - start.vram_expert_misses,
             h2d_bytes: self.h2d_bytes - start.h2d_bytes,
             h2d_ahead_bytes: self.h2d_ahead_bytes - start.h2d_ahead_bytes,
+            guesses_scored: self.guesses_scored - start.guesses_scored,
+            guesses_right: self.guesses_right - start.guesses_right,
             h2d_pageable_bytes: self.h2d_pageable_bytes - start.h2d_pageable_bytes,
             d2h_bytes: self.d2h_bytes - start.d2h_bytes,
             device_calls: self.device_calls - start.device_calls,
@@ -198,8 +204,22 @@ pub trait Backend: Send + Sync {
     /// caller computes them one at a time). `ahead`: routed-expert matrices
     /// (bytes stable as for [`matmul_stable`]) the caller will multiply by
     /// next, which the device may start copying behind the batch's own
-    /// weights. Default: not taken.
-    fn matmul_batch(&self, _products: &mut [Product<'_, '_>], _ahead: &[MatRef<'_>]) -> bool {
+    /// weights, in order, as far as they fit; `guessed`: likewise, matrices
+    /// it may multiply by later (surest first), which the device may copy
+    /// after them while such guesses prove right. Default: not taken.
+    fn matmul_batch(
+        &self,
+        _products: &mut [Product<'_, '_>],
+        _ahead: &[MatRef<'_>],
+        _guessed: &[MatRef<'_>],
+    ) -> bool {
+        false
+    }
+    /// Whether guesses of the routed experts a caller will need next are
+    /// worth handing over as `ahead`: the device has had to drop or refuse
+    /// routed-expert weights, so a correct guess saves waiting for a copy.
+    /// Default: no.
+    fn wants_guesses(&self) -> bool {
         false
     }
     /// The owner of the host bytes `range` is dropping them: discard every
@@ -263,20 +283,30 @@ pub fn matmul_groups_stable(
 
 /// Independent products, on the installed backend in one call when it
 /// takes them all, else each through [`matmul_stable`]. The same bits
-/// either way: grouping only saves round trips. `ahead` as for
-/// [`Backend::matmul_batch`] (a hint: nothing computed depends on it).
-pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], ahead: &[MatRef<'_>]) {
+/// either way: grouping only saves round trips. `ahead` and `guessed` as
+/// for [`Backend::matmul_batch`] (hints: nothing computed depends on them).
+pub fn matmul_batch_stable(
+    products: &mut [Product<'_, '_>],
+    ahead: &[MatRef<'_>],
+    guessed: &[MatRef<'_>],
+) {
     if products.is_empty() {
         return;
     }
     if let Some(b) = installed()
-        && b.matmul_batch(products, ahead)
+        && b.matmul_batch(products, ahead, guessed)
     {
         return;
     }
     for p in products {
         matmul_stable(&p.w, p.role, p.x, p.t, p.y);
     }
+}
+
+/// Whether the installed backend wants guesses of the next routed experts
+/// ([`Backend::wants_guesses`]); no with none.
+pub fn wants_guesses() -> bool {
+    installed().is_some_and(|b| b.wants_guesses())
 }
 
 /// The installed backend's counters now (zero with none).

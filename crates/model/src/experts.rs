@@ -541,6 +541,12 @@ pub trait ExpertSource: Send + Sync {
     fn wants_hints(&self) -> bool {
         false
     }
+    /// Those of `ids` of `layer` already in RAM, in that order, without
+    /// reading, counting or reordering anything: a device may start copying
+    /// them up before they are asked for. Default: none.
+    fn peek(&self, _layer: usize, _ids: &[u32]) -> Vec<Arc<ExpertWeights>> {
+        Vec::new()
+    }
     fn stats(&self) -> ExpertStats;
 }
 
@@ -601,6 +607,15 @@ impl ExpertSource for ResidentExperts {
             ids: ids.to_vec(),
             slots,
         })
+    }
+
+    fn peek(&self, layer: usize, ids: &[u32]) -> Vec<Arc<ExpertWeights>> {
+        let Some(l) = self.layers.get(layer) else {
+            return Vec::new();
+        };
+        ids.iter()
+            .filter_map(|&e| l.get(e as usize).cloned())
+            .collect()
     }
 
     fn stats(&self) -> ExpertStats {

@@ -43,6 +43,37 @@ pub fn hint_order(guesses: &[Route], top_k: usize) -> Vec<u32> {
     guess
 }
 
+/// The experts a MoE layer is guessed to use (its router applied to an
+/// earlier layer's input), for the device to copy up ahead of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Guess {
+    pub layer: usize,
+    pub ids: Vec<u32>,
+}
+
+/// Guesses the next MoE layer's experts from this layer's input when
+/// someone can use the guess: the source (it may read them ahead, see
+/// [`ExpertSource::hint`]) or the device (it may copy them up ahead,
+/// [`fathom_kernels::backend::wants_guesses`]). `route_next` routes the
+/// input with the next layer's router; it runs only then. The device's
+/// share is the `top_k` surest ids ([`hint_order`]); it goes to
+/// [`ExpertFetch::with_guess`]. A guess never changes what is computed.
+pub fn guess_next(
+    source: &dyn ExpertSource,
+    layer: usize,
+    top_k: usize,
+    route_next: impl FnOnce() -> Vec<Route>,
+) -> Option<Guess> {
+    let device = fathom_kernels::backend::wants_guesses();
+    if !device && !source.wants_hints() {
+        return None;
+    }
+    let mut ids = hint_order(&route_next(), top_k);
+    source.hint(layer, &ids);
+    ids.truncate(top_k);
+    device.then_some(Guess { layer, ids })
+}
+
 /// Sigmoid routing with a selection bias ("noaux_tc", the Kimi and
 /// DeepSeek-V3 routers), optionally group-limited:
 ///
@@ -141,6 +172,8 @@ pub struct ExpertFetch {
     /// Per expert of the union: the (row, rank) pairs that use it, in row order.
     users: Vec<Vec<(usize, usize)>>,
     ticket: ExpertTicket,
+    /// The next MoE layer's guessed experts, for the device.
+    guess: Option<Guess>,
 }
 
 impl ExpertFetch {
@@ -161,7 +194,16 @@ impl ExpertFetch {
             union,
             users,
             ticket,
+            guess: None,
         })
+    }
+
+    /// Hands the device the next layer's guessed experts
+    /// ([`guess_next`]): those already in RAM are copied up behind this
+    /// layer's grouped expert products.
+    pub fn with_guess(mut self, guess: Option<Guess>) -> Self {
+        self.guess = guess;
+        self
     }
 
     /// Collects the experts and returns `y [T, out_w]` with
@@ -238,7 +280,11 @@ impl ExpertFetch {
             let n_union = self.union.len();
             if let Some(out) = grouped.and_then(|g| {
                 let inputs: Vec<Vec<f32>> = self.users.iter().map(|us| gather(us)).collect();
-                g.grouped(&experts, &inputs, out_w)
+                let next = self
+                    .guess
+                    .as_ref()
+                    .map_or_else(Vec::new, |n| source.peek(n.layer, &n.ids));
+                g.grouped(&experts, &inputs, out_w, &next)
             }) {
                 out
             } else {
@@ -305,12 +351,15 @@ impl GluExpert<'_> {
     /// batches through the backend seam — the gate and up products of all,
     /// then the down products of all — each product the one
     /// [`GluExpert::forward`] computes. `None` (nothing computed) when some
-    /// matrix is not a stable plain view.
+    /// matrix is not a stable plain view. The downs are handed to the
+    /// device ahead of the first batch, and as guesses the gate and up
+    /// matrices of `next` (the next layer's guessed experts, surest first).
     pub fn grouped(
         &self,
         experts: &[Arc<ExpertWeights>],
         inputs: &[Vec<f32>],
         out_w: usize,
+        next: &[Arc<ExpertWeights>],
     ) -> Option<Vec<Vec<f32>>> {
         use fathom_kernels::backend::{Product, Role, matmul_batch_stable};
         let mats = |i: usize| {
@@ -345,8 +394,14 @@ impl GluExpert<'_> {
                 y: ui,
             });
         }
-        // The downs' weights may start on their way while gate and up run.
-        matmul_batch_stable(&mut ps, &downs);
+        // The downs' weights may start on their way while gate and up run,
+        // then the guessed next experts' first products.
+        let guessed: Vec<_> = next
+            .iter()
+            .flat_map(|e| [e.stable_mat(self.gate), e.stable_mat(self.up)])
+            .flatten()
+            .collect();
+        matmul_batch_stable(&mut ps, &downs, &guessed);
         drop(ps);
         g.par_iter_mut().zip(&u).for_each(|(g, u)| (self.act)(g, u));
         let mut y: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; n * out_w]).collect();
@@ -361,7 +416,7 @@ impl GluExpert<'_> {
                 y: yi,
             })
             .collect();
-        matmul_batch_stable(&mut ps, &[]);
+        matmul_batch_stable(&mut ps, &[], &[]);
         drop(ps);
         Some(y)
     }
@@ -498,12 +553,11 @@ impl SigmoidMoe {
         let d = self.hidden;
         let t = x.len() / d;
         let routes = self.route(w, x, t);
-        if let Some((nl, nw)) = next.filter(|_| source.wants_hints()) {
-            let guesses = self.route(nw, x, t);
-            source.hint(nl, &hint_order(&guesses, self.router.top_k));
-        }
+        let guess = next.and_then(|(nl, nw)| {
+            guess_next(source, nl, self.router.top_k, || self.route(nw, x, t))
+        });
         // Start the reads, run the shared experts while they arrive.
-        let fetch = ExpertFetch::start(source, layer, &routes)?;
+        let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
         let shared = w.shared_experts.as_ref().map(|sh| sh.forward(x, t, swiglu));
         let mut y = fetch.finish_glu(source, &routes, x, d, &self.expert())?;
         if let Some(s) = shared {
@@ -609,6 +663,7 @@ mod tests {
                     })),
                 ],
             },
+            guess: None,
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
@@ -660,6 +715,7 @@ mod tests {
                     gate(2, vec![], true),
                 ],
             },
+            guess: None,
         };
         let y = fetch
             .finish(&NoSource, &routes, &[1.0, 2.0], 2, 1, |e, rows, n| {

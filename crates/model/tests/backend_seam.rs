@@ -25,9 +25,24 @@ static TURN: Mutex<()> = Mutex::new(());
 #[derive(Default)]
 struct Recorder {
     decline_batches: bool,
+    /// What [`Backend::wants_guesses`] answers.
+    guesses: bool,
     singles: AtomicUsize,
     /// (products, role, matrices handed `ahead`) of each batch.
     batches: Mutex<Vec<(usize, Role, usize)>>,
+    expert_mats: Mutex<Vec<ExpertBatch>>,
+}
+
+/// An expert batch's matrices (first byte's address), those handed ahead
+/// and those guessed, in order.
+struct ExpertBatch {
+    mats: Vec<usize>,
+    ahead: Vec<usize>,
+    guessed: Vec<usize>,
+}
+
+fn addr(w: &MatRef<'_>) -> usize {
+    backend::segments(w)[0].as_ptr() as usize
 }
 
 impl Backend for Recorder {
@@ -39,7 +54,12 @@ impl Backend for Recorder {
         w.cpu(x, t, y);
         true
     }
-    fn matmul_batch(&self, products: &mut [Product<'_, '_>], ahead: &[MatRef<'_>]) -> bool {
+    fn matmul_batch(
+        &self,
+        products: &mut [Product<'_, '_>],
+        ahead: &[MatRef<'_>],
+        guessed: &[MatRef<'_>],
+    ) -> bool {
         if self.decline_batches {
             return false;
         }
@@ -52,10 +72,25 @@ impl Backend for Recorder {
             .lock()
             .unwrap()
             .push((products.len(), role, ahead.len()));
+        if role == Role::Expert {
+            let mats = products.iter().map(|p| addr(&p.w)).collect();
+            let ahead = ahead.iter().map(addr).collect();
+            let guessed = guessed.iter().map(addr).collect();
+            self.expert_mats.lock().unwrap().push(ExpertBatch {
+                mats,
+                ahead,
+                guessed,
+            });
+        } else {
+            assert!(guessed.is_empty(), "only experts are guessed");
+        }
         for p in products {
             p.w.cpu(p.x, p.t, p.y);
         }
         true
+    }
+    fn wants_guesses(&self) -> bool {
+        self.guesses
     }
     fn forget(&self, _: Range<usize>) {}
     fn stats(&self) -> BackendStats {
@@ -156,4 +191,69 @@ fn kimi_linear_and_deepseek_experts_batch_with_the_same_bits() {
             assert!(batches.contains(&(2, Role::Spine, 0)), "{batches:?}");
         }
     }
+}
+
+/// A device that wants guesses is handed, beside a MoE layer's downs, the
+/// gate and up matrices of the next layer's guessed experts; the logits
+/// stay bit-identical (a guess only moves copies), and a right guess's
+/// matrices are products of a later batch.
+#[test]
+fn guessed_next_experts_are_handed_ahead_with_the_same_bits() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
+    let model = K3Model::load(&dir).expect("k3-tiny loads");
+    let prompt = [1, 20, 300, 7, 42, 5];
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    backend::uninstall();
+    let plain = bits(&run(&model, &prompt));
+    let guessing = Arc::new(Recorder {
+        guesses: true,
+        ..Recorder::default()
+    });
+    backend::install(guessing.clone());
+    let guessed = bits(&run(&model, &prompt));
+    backend::uninstall();
+    assert!(plain == guessed, "guesses changed the logits");
+    let k = model.spec.top_k;
+    let mats = guessing.expert_mats.lock().unwrap();
+    // Decode steps: k downs ahead, 2k guessed matrices (each MoE layer but
+    // the last guesses the next one's top k, all in RAM here).
+    let with_guesses: Vec<usize> = (0..mats.len())
+        .filter(|&i| mats[i].mats.len() == 2 * k && mats[i].guessed.len() == 2 * k)
+        .collect();
+    let moe_layers = model.spec.moe_layers().count();
+    assert_eq!(with_guesses.len(), 3 * (moe_layers - 1), "3 decode steps");
+    let mut right = 0;
+    for &i in &with_guesses {
+        let ExpertBatch {
+            mats: own,
+            ahead: downs,
+            guessed,
+        } = &mats[i];
+        assert_eq!(downs.len(), k);
+        let next_batch = &mats[i + 2].mats;
+        assert!(
+            downs.iter().all(|d| mats[i + 1].mats.contains(d)),
+            "the downs handed ahead are the next batch's"
+        );
+        // Each guess is an expert's gate and up, as the next layer's batch
+        // lists an expert it does use.
+        for pair in guessed.chunks(2) {
+            assert!(!own.contains(&pair[0]), "a guess is another layer's matrix");
+            match next_batch.iter().position(|m| *m == pair[0]) {
+                Some(p) => {
+                    assert_eq!(
+                        next_batch[p + 1],
+                        pair[1],
+                        "a right guess's up follows its gate"
+                    );
+                    right += 1;
+                }
+                None => assert!(
+                    !next_batch.contains(&pair[1]),
+                    "a gate and up of one expert"
+                ),
+            }
+        }
+    }
+    assert!(right > 0, "no guess was ever right");
 }

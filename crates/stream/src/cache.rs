@@ -109,6 +109,11 @@ impl LruCache {
         Some(self.nodes[i].value.clone())
     }
 
+    /// Looks up without marking as used.
+    pub fn peek(&self, k: Key) -> Option<Arc<ExpertWeights>> {
+        self.map.get(&k).map(|&i| self.nodes[i].value.clone())
+    }
+
     pub fn contains(&self, k: Key) -> bool {
         self.map.contains_key(&k)
     }

@@ -533,6 +533,13 @@ impl ExpertSource for StreamedExperts {
         self.shared.prefetch
     }
 
+    fn peek(&self, layer: usize, ids: &[u32]) -> Vec<Arc<ExpertWeights>> {
+        let inner = self.shared.inner.lock().unwrap();
+        ids.iter()
+            .filter_map(|&e| inner.cache.peek((layer as u32, e)))
+            .collect()
+    }
+
     fn stats(&self) -> ExpertStats {
         let c = &self.shared.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -14,12 +14,17 @@ use super::{CudaBackend, Resident, State};
 use crate::CudaError;
 use crate::cache::{Class, Key};
 
+/// A batch's routed-expert matrices to copy up behind it: those its
+/// caller multiplies by next, then guessed ones (see [`crate::guess`]).
+pub(super) type Ahead<'a, 'w> = (&'a [MatRef<'w>], &'a [MatRef<'w>]);
+
 impl CudaBackend {
     /// Runs `jobs` on the device in one round trip: the weights each lacks
     /// are copied up on the copy stream (an event after each copy), the
     /// jobs whose weights are all here launch first (products of one shape
     /// together), every other one waits only for its own copies; then the
-    /// matrices `ahead` start on their way. The inputs go up in one copy and
+    /// matrices `ahead` start on their way (the guessed ones while guesses
+    /// prove right). The inputs go up in one copy and
     /// the results come back in one, with one synchronisation of the
     /// compute stream (copies ahead may still be running after it).
     /// `Ok(false)` when declined (a shape out of range, or the weights do
@@ -27,7 +32,7 @@ impl CudaBackend {
     pub(super) fn run(
         &self,
         jobs: &mut [Job<'_, '_>],
-        ahead: &[MatRef<'_>],
+        ahead: Ahead<'_, '_>,
     ) -> Result<bool, CudaError> {
         if jobs.is_empty() || !jobs.iter().all(Job::fits) {
             return Ok(false);
@@ -61,6 +66,7 @@ impl CudaBackend {
                 }
             }
         }
+        self.score_guesses(st, &segs, ahead.1);
         let queued = self.queue(st, jobs, &segs, class);
         // Copies ahead are a hint: one that fails costs the batch nothing.
         if queued.is_ok()
@@ -109,30 +115,49 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Marks the guesses the batch's products use as right, then logs the
+    /// batch's own `guessed` matrices (by first segment).
+    fn score_guesses(&self, st: &mut State, segs: &[Vec<&[u8]>], guessed: &[MatRef<'_>]) {
+        for s in segs {
+            if let Some(first) = s.first() {
+                st.guesses.used(&key(first));
+            }
+        }
+        let firsts = guessed
+            .iter()
+            .filter_map(|m| segments(m).first().map(|s| key(s)));
+        st.guesses.guessed(firsts);
+        st.stats.guesses_scored = st.guesses.scored;
+        st.stats.guesses_right = st.guesses.right;
+    }
+
     /// Starts copying the routed-expert matrices `ahead` (the caller's next
-    /// products) up behind the batch's own copies, where they fit without
-    /// displacing the batch's weights; nothing waits for them here. Their
-    /// bytes stay put until `forget`, which waits for a copy still running.
+    /// products), then the guessed ones while guesses prove right, up
+    /// behind the batch's own copies, in order, until one does not fit
+    /// without displacing the batch's weights or another of either list;
+    /// nothing waits for them here. Their bytes stay put until `forget`,
+    /// which waits for a copy still running.
     fn copy_ahead(
         &self,
         st: &mut State,
-        ahead: &[MatRef<'_>],
+        (ahead, guessed): Ahead<'_, '_>,
         batch: &[Key],
     ) -> Result<(), CudaError> {
-        let segs: Vec<&[u8]> = ahead.iter().flat_map(segments).collect();
+        let guessed = if st.guesses.worth_copying() {
+            guessed
+        } else {
+            &[]
+        };
+        let segs: Vec<&[u8]> = ahead.iter().chain(guessed).flat_map(segments).collect();
         let mut keep: Vec<Key> = batch.to_vec();
         keep.extend(segs.iter().map(|s| key(s)));
-        let mut missing: Vec<&[u8]> = segs
-            .into_iter()
-            .filter(|s| !st.cache.contains(&key(s)))
-            .collect();
-        missing.sort_unstable_by_key(|s| key(s));
-        missing.dedup_by_key(|s| key(s));
-        let need: u64 = missing.iter().map(|s| s.len() as u64).sum();
-        if need == 0 || !make_room(st, need, &keep, Class::Expert) {
-            return Ok(());
-        }
-        for seg in missing {
+        for seg in segs {
+            if st.cache.contains(&key(seg)) {
+                continue;
+            }
+            if !make_room(st, seg.len() as u64, &keep, Class::Expert) {
+                break;
+            }
             self.upload(st, seg, Class::Expert)?;
             st.stats.h2d_ahead_bytes += seg.len() as u64;
         }

@@ -18,7 +18,7 @@ use super::tensors::ExpertMatrix;
 use super::weights::{MlpWeights, MoeWeights};
 use crate::error::Result;
 use crate::experts::ExpertSource;
-use crate::moe::{ExpertFetch, GluExpert, SigmoidRouter, hint_order};
+use crate::moe::{ExpertFetch, GluExpert, SigmoidRouter, guess_next};
 
 /// The router's decision for one token: experts by best corrected score,
 /// combine weights from the uncorrected scores (renormalised and scaled),
@@ -67,13 +67,11 @@ pub fn moe(
     routes_out: Option<&mut Vec<Route>>,
 ) -> Result<Vec<f32>> {
     let routes = route(spec, w, x, t);
-    if let Some(h) = hint.filter(|_| source.wants_hints()) {
-        let guesses = route(spec, h.weights, x, t);
-        source.hint(h.layer, &hint_order(&guesses, spec.top_k));
-    }
+    let guess =
+        hint.and_then(|h| guess_next(source, h.layer, spec.top_k, || route(spec, h.weights, x, t)));
     // Start the reads, compute what does not need the experts while they
     // arrive (latent projection, shared experts), then collect them.
-    let fetch = ExpertFetch::start(source, layer, &routes)?;
+    let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
     let l = spec.latent_size;
     let z = w.routed_expert_down_proj.forward(x, t);
     let shared = w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t));

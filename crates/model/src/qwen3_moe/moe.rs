@@ -16,7 +16,7 @@ use super::config::Qwen3MoeSpec;
 use super::weights::MoeWeights;
 use crate::error::Result;
 use crate::experts::ExpertSource;
-use crate::moe::{ExpertFetch, GluExpert, Route, hint_order};
+use crate::moe::{ExpertFetch, GluExpert, Route, guess_next};
 
 /// Routes every row of `x [T, D]`: experts by descending probability (ties
 /// to the lower index); the margin is on the router logits.
@@ -70,11 +70,9 @@ pub fn moe(
     let d = spec.hidden_size;
     let t = x.len() / d;
     let routes = route(spec, w, x, t);
-    if let Some(h) = hint.filter(|_| source.wants_hints()) {
-        let guesses = route(spec, h.weights, x, t);
-        source.hint(h.layer, &hint_order(&guesses, spec.top_k));
-    }
-    let fetch = ExpertFetch::start(source, layer, &routes)?;
+    let guess =
+        hint.and_then(|h| guess_next(source, h.layer, spec.top_k, || route(spec, h.weights, x, t)));
+    let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
     // One expert on `x [n, D]`: `down(SiLU(gate x) ⊙ up x)` → `[n, D]`.
     let expert = GluExpert {
         gate: 0,
