@@ -9,7 +9,7 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice,
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
-use fathom_kernels::backend::{Backend, BackendStats, MatRef, Product, Role};
+use fathom_kernels::backend::{Backend, BackendStats, MatRef, Product, Role, segments};
 use fathom_kernels::fp8::E4M3;
 
 use crate::cache::Cache;
@@ -376,7 +376,14 @@ impl Backend for CudaBackend {
         )
     }
 
-    fn wants_guesses(&self) -> bool {
+    fn holds(&self, w: &MatRef<'_>) -> bool {
+        let st = self.lock();
+        segments(w)
+            .iter()
+            .all(|s| st.cache.contains(&queue::key(s)))
+    }
+
+    fn experts_crowded(&self) -> bool {
         self.lock().cache.crowded()
     }
 

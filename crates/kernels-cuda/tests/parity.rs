@@ -651,7 +651,7 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
     let Some(three) = open(Some(3 * one)) else {
         return;
     };
-    assert!(!three.wants_guesses(), "nothing refused yet");
+    assert!(!three.experts_crowded(), "nothing refused yet");
     let mut ps = [Product {
         w: mats[0],
         role: Role::Expert,
@@ -665,7 +665,7 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
         (st.h2d_ahead_bytes, st.vram_weight_bytes),
         (2 * one, 3 * one)
     );
-    assert!(three.wants_guesses(), "an expert found no room");
+    assert!(three.experts_crowded(), "an expert found no room");
     let before = three.stats();
     let mut ys: Vec<Vec<f32>> = (0..2).map(|_| vec![f32::NAN; rows]).collect();
     let mut ps: Vec<Product<'_, '_>> = ys

@@ -215,11 +215,17 @@ pub trait Backend: Send + Sync {
     ) -> bool {
         false
     }
-    /// Whether guesses of the routed experts a caller will need next are
-    /// worth handing over as `ahead`: the device has had to drop or refuse
-    /// routed-expert weights, so a correct guess saves waiting for a copy.
+    /// Whether the device holds all of `w`'s bytes now (a product on it
+    /// copies nothing up). Default: yes (nothing to copy).
+    fn holds(&self, _w: &MatRef<'_>) -> bool {
+        true
+    }
+    /// Whether the device has had to drop or refuse routed-expert weights
+    /// for room: then guesses of the experts a caller will need next are
+    /// worth handing over (`guessed`: a right one saves waiting for a
+    /// copy), and a copy nobody waits for may push out one that is needed.
     /// Default: no.
-    fn wants_guesses(&self) -> bool {
+    fn experts_crowded(&self) -> bool {
         false
     }
     /// The owner of the host bytes `range` is dropping them: discard every
@@ -303,10 +309,16 @@ pub fn matmul_batch_stable(
     }
 }
 
-/// Whether the installed backend wants guesses of the next routed experts
-/// ([`Backend::wants_guesses`]); no with none.
-pub fn wants_guesses() -> bool {
-    installed().is_some_and(|b| b.wants_guesses())
+/// Whether the installed backend holds all of `w` ([`Backend::holds`]);
+/// yes with none.
+pub fn holds(w: &MatRef<'_>) -> bool {
+    installed().is_none_or(|b| b.holds(w))
+}
+
+/// Whether the installed backend's routed experts are crowded
+/// ([`Backend::experts_crowded`]); no with none.
+pub fn experts_crowded() -> bool {
+    installed().is_some_and(|b| b.experts_crowded())
 }
 
 /// The installed backend's counters now (zero with none).

@@ -10,6 +10,7 @@ pub mod error;
 pub mod eval;
 pub mod experts;
 mod fields;
+pub mod glu;
 pub mod gpt_oss;
 pub mod gqa;
 pub mod hybrid;

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::experts::{ExpertSlot, ExpertSource, ExpertTicket, ExpertWeights};
+pub use crate::glu::GluExpert;
 use crate::linear::Linear;
 use crate::mlp::MlpWeights;
 
@@ -54,7 +55,7 @@ pub struct Guess {
 /// Guesses the next MoE layer's experts from this layer's input when
 /// someone can use the guess: the source (it may read them ahead, see
 /// [`ExpertSource::hint`]) or the device (it may copy them up ahead,
-/// [`fathom_kernels::backend::wants_guesses`]). `route_next` routes the
+/// [`fathom_kernels::backend::experts_crowded`]). `route_next` routes the
 /// input with the next layer's router; it runs only then. The device's
 /// share is the `top_k` surest ids ([`hint_order`]); it goes to
 /// [`ExpertFetch::with_guess`]. A guess never changes what is computed.
@@ -64,7 +65,7 @@ pub fn guess_next(
     top_k: usize,
     route_next: impl FnOnce() -> Vec<Route>,
 ) -> Option<Guess> {
-    let device = fathom_kernels::backend::wants_guesses();
+    let device = fathom_kernels::backend::experts_crowded();
     if !device && !source.wants_hints() {
         return None;
     }
@@ -320,105 +321,6 @@ impl ExpertFetch {
             }
         }
         Ok(y)
-    }
-}
-
-/// A gated expert without biases, `down(act(gate z, up z))`: its matrices'
-/// indices in the expert table, its hidden width and its activation
-/// (`act(g, u)` writes into `g`).
-pub struct GluExpert<'a> {
-    pub gate: usize,
-    pub up: usize,
-    pub down: usize,
-    pub inter: usize,
-    pub act: &'a (dyn Fn(&mut [f32], &[f32]) + Sync),
-}
-
-impl GluExpert<'_> {
-    /// One expert on `z [n, in]` → `[n, out_w]`.
-    pub fn forward(&self, e: &ExpertWeights, z: &[f32], n: usize, out_w: usize) -> Vec<f32> {
-        let mut g = vec![0f32; n * self.inter];
-        let mut u = vec![0f32; n * self.inter];
-        e.matmul(self.gate, z, n, &mut g);
-        e.matmul(self.up, z, n, &mut u);
-        (self.act)(&mut g, &u);
-        let mut y = vec![0f32; n * out_w];
-        e.matmul(self.down, &g, n, &mut y);
-        y
-    }
-
-    /// Every expert on its own rows (`inputs[i]`, `[n_i, in]`) in two
-    /// batches through the backend seam — the gate and up products of all,
-    /// then the down products of all — each product the one
-    /// [`GluExpert::forward`] computes. `None` (nothing computed) when some
-    /// matrix is not a stable plain view. The downs are handed to the
-    /// device ahead of the first batch, and as guesses the gate and up
-    /// matrices of `next` (the next layer's guessed experts, surest first).
-    pub fn grouped(
-        &self,
-        experts: &[Arc<ExpertWeights>],
-        inputs: &[Vec<f32>],
-        out_w: usize,
-        next: &[Arc<ExpertWeights>],
-    ) -> Option<Vec<Vec<f32>>> {
-        use fathom_kernels::backend::{Product, Role, matmul_batch_stable};
-        let mats = |i: usize| {
-            experts
-                .iter()
-                .map(move |e| e.stable_mat(i))
-                .collect::<Option<Vec<_>>>()
-        };
-        let (gates, ups, downs) = (mats(self.gate)?, mats(self.up)?, mats(self.down)?);
-        let f = self.inter;
-        let ns: Vec<usize> = inputs
-            .iter()
-            .map(|x| x.len() / gates[0].cols().max(1))
-            .collect();
-        let mut g: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; n * f]).collect();
-        let mut u = g.clone();
-        let mut ps = Vec::with_capacity(2 * experts.len());
-        for (i, (gi, ui)) in g.iter_mut().zip(u.iter_mut()).enumerate() {
-            let (x, t) = (&inputs[i][..], ns[i]);
-            ps.push(Product {
-                w: gates[i],
-                role: Role::Expert,
-                x,
-                t,
-                y: gi,
-            });
-            ps.push(Product {
-                w: ups[i],
-                role: Role::Expert,
-                x,
-                t,
-                y: ui,
-            });
-        }
-        // The downs' weights may start on their way while gate and up run,
-        // then the guessed next experts' first products.
-        let guessed: Vec<_> = next
-            .iter()
-            .flat_map(|e| [e.stable_mat(self.gate), e.stable_mat(self.up)])
-            .flatten()
-            .collect();
-        matmul_batch_stable(&mut ps, &downs, &guessed);
-        drop(ps);
-        g.par_iter_mut().zip(&u).for_each(|(g, u)| (self.act)(g, u));
-        let mut y: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; n * out_w]).collect();
-        let mut ps: Vec<Product<'_, '_>> = y
-            .iter_mut()
-            .enumerate()
-            .map(|(i, yi)| Product {
-                w: downs[i],
-                role: Role::Expert,
-                x: &g[i],
-                t: ns[i],
-                y: yi,
-            })
-            .collect();
-        matmul_batch_stable(&mut ps, &[], &[]);
-        drop(ps);
-        Some(y)
     }
 }
 

@@ -25,8 +25,11 @@ static TURN: Mutex<()> = Mutex::new(());
 #[derive(Default)]
 struct Recorder {
     decline_batches: bool,
-    /// What [`Backend::wants_guesses`] answers.
+    /// What [`Backend::experts_crowded`] answers.
     guesses: bool,
+    /// Whether it lacks every matrix ([`Backend::holds`] says no, and it
+    /// reports a host→device rate, so cold experts may go to the CPU).
+    cold: bool,
     singles: AtomicUsize,
     /// (products, role, matrices handed `ahead`) of each batch.
     batches: Mutex<Vec<(usize, Role, usize)>>,
@@ -89,12 +92,20 @@ impl Backend for Recorder {
         }
         true
     }
-    fn wants_guesses(&self) -> bool {
+    fn experts_crowded(&self) -> bool {
         self.guesses
+    }
+    fn holds(&self, _: &MatRef<'_>) -> bool {
+        !self.cold
     }
     fn forget(&self, _: Range<usize>) {}
     fn stats(&self) -> BackendStats {
-        BackendStats::default()
+        BackendStats {
+            // So slow that, once the CPU's rate is measured, every cold
+            // expert goes there; before, half of them.
+            h2d_bytes_per_s: if self.cold { 1.0 } else { 0.0 },
+            ..BackendStats::default()
+        }
     }
 }
 
@@ -256,4 +267,47 @@ fn guessed_next_experts_are_handed_ahead_with_the_same_bits() {
         }
     }
     assert!(right > 0, "no guess was ever right");
+}
+
+/// A device that lacks the experts' weights computes part of a layer's
+/// experts while the CPU computes the rest (split by the measured rates),
+/// and is handed the CPU's ones to copy while it has room: the logits stay
+/// bit-identical.
+#[test]
+fn cold_experts_split_between_cpu_and_device_with_the_same_bits() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
+    let model = K3Model::load(&dir).expect("k3-tiny loads");
+    let prompt = [1, 20, 300, 7, 42, 5];
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    backend::uninstall();
+    let plain = bits(&run(&model, &prompt));
+    let warm = Arc::new(Recorder::default());
+    backend::install(warm.clone());
+    assert!(plain == bits(&run(&model, &prompt)));
+    let cold = Arc::new(Recorder {
+        cold: true,
+        ..Recorder::default()
+    });
+    backend::install(cold.clone());
+    let split = bits(&run(&model, &prompt));
+    backend::uninstall();
+    assert!(
+        plain == split,
+        "computing cold experts on the CPU changed the logits"
+    );
+    let experts = |r: &Recorder| -> usize {
+        let b = r.batches.lock().unwrap();
+        b.iter().filter(|x| x.1 == Role::Expert).map(|x| x.0).sum()
+    };
+    let (all, some) = (experts(&warm), experts(&cold));
+    // The first layer splits its cold experts (rates equal before the
+    // CPU's is measured), later ones send them all to the CPU.
+    assert!(0 < some && some < all, "device products: {some} of {all}");
+    // With room to spare, the CPU's experts are handed to the device to
+    // copy behind the downs (more matrices ahead than the batch has downs).
+    let b = cold.batches.lock().unwrap();
+    assert!(
+        b.iter().any(|&(n, r, a)| r == Role::Expert && 2 * a > n),
+        "{b:?}"
+    );
 }

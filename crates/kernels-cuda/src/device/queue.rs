@@ -478,7 +478,7 @@ fn page_locked(ctx: &Arc<CudaContext>, bytes: &[u8]) -> bool {
 }
 
 /// The cache key of a host byte segment: its address and length.
-fn key(s: &[u8]) -> Key {
+pub(super) fn key(s: &[u8]) -> Key {
     (s.as_ptr() as usize, s.len())
 }
 

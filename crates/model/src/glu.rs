@@ -1,0 +1,257 @@
+//! Gated experts without biases, `down(act(gate z, up z))`: one at a time
+//! ([`GluExpert::forward`]) or a layer's experts together through the
+//! backend seam ([`GluExpert::grouped`]), where the experts whose weights
+//! the device lacks may run on the CPU while the device copies and
+//! computes the others. Every product is the same on either side (the
+//! device kernels reproduce the CPU kernels' order), so where an expert
+//! runs never shows in the bits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use fathom_kernels::backend::{self, MatRef, Product, Role, matmul_batch_stable};
+use rayon::prelude::*;
+
+use crate::experts::ExpertWeights;
+
+/// A gated expert without biases: its matrices' indices in the expert
+/// table, its hidden width and its activation (`act(g, u)` writes into `g`).
+pub struct GluExpert<'a> {
+    pub gate: usize,
+    pub up: usize,
+    pub down: usize,
+    pub inter: usize,
+    pub act: &'a (dyn Fn(&mut [f32], &[f32]) + Sync),
+}
+
+/// One expert's three matrices as stable views.
+#[derive(Clone, Copy)]
+struct Mats<'w> {
+    gate: MatRef<'w>,
+    up: MatRef<'w>,
+    down: MatRef<'w>,
+}
+
+impl<'w> Mats<'w> {
+    fn all(&self) -> [MatRef<'w>; 3] {
+        [self.gate, self.up, self.down]
+    }
+
+    /// Weight bytes of the matrices for which `pick` holds.
+    fn bytes(&self, pick: impl Fn(&MatRef<'_>) -> bool) -> f64 {
+        let len = |w: &MatRef<'_>| -> usize { backend::segments(w).iter().map(|s| s.len()).sum() };
+        self.all()
+            .iter()
+            .filter(|w| pick(w))
+            .map(len)
+            .sum::<usize>() as f64
+    }
+}
+
+/// Weight bytes per second at which the CPU last computed cold experts
+/// (an `f64`'s bits; 0 before any).
+static CPU_BYTES_PER_S: AtomicU64 = AtomicU64::new(0);
+
+/// Experts with more rows than this always run on the device: with several
+/// rows its compute beats the CPU's whatever the copy costs.
+const CPU_MAX_ROWS: usize = 4;
+
+impl GluExpert<'_> {
+    /// One expert on `z [n, in]` → `[n, out_w]`.
+    pub fn forward(&self, e: &ExpertWeights, z: &[f32], n: usize, out_w: usize) -> Vec<f32> {
+        let mut g = vec![0f32; n * self.inter];
+        let mut u = vec![0f32; n * self.inter];
+        e.matmul(self.gate, z, n, &mut g);
+        e.matmul(self.up, z, n, &mut u);
+        (self.act)(&mut g, &u);
+        let mut y = vec![0f32; n * out_w];
+        e.matmul(self.down, &g, n, &mut y);
+        y
+    }
+
+    /// Every expert on its own rows (`inputs[i]`, `[n_i, in]`), each output
+    /// the one [`GluExpert::forward`] computes. The experts whose weights
+    /// the device lacks are split by the measured rates (see
+    /// [`split_cold`]): some run on the CPU kernels while the rest go
+    /// through the backend seam in two batches — the gate and up products
+    /// of all, then the down products of all. The downs are handed to the
+    /// device ahead of the first batch, and as guesses the gate and up
+    /// matrices of `next` (the next layer's guessed experts, surest
+    /// first). `None` (nothing computed) when some matrix is not a stable
+    /// plain view.
+    pub fn grouped(
+        &self,
+        experts: &[Arc<ExpertWeights>],
+        inputs: &[Vec<f32>],
+        out_w: usize,
+        next: &[Arc<ExpertWeights>],
+    ) -> Option<Vec<Vec<f32>>> {
+        let mats: Vec<Mats<'_>> = experts
+            .iter()
+            .map(|e| {
+                Some(Mats {
+                    gate: e.stable_mat(self.gate)?,
+                    up: e.stable_mat(self.up)?,
+                    down: e.stable_mat(self.down)?,
+                })
+            })
+            .collect::<Option<_>>()?;
+        let cols = mats.first().map_or(1, |m| m.gate.cols().max(1));
+        let ns: Vec<usize> = inputs.iter().map(|x| x.len() / cols).collect();
+        let on_cpu = split_cold(&mats, &ns);
+        let (cpu, dev): (Vec<usize>, Vec<usize>) = (0..mats.len()).partition(|&i| on_cpu[i]);
+        let guessed: Vec<MatRef<'_>> = next
+            .iter()
+            .flat_map(|e| [e.stable_mat(self.gate), e.stable_mat(self.up)])
+            .flatten()
+            .collect();
+        // While the device has room to spare, the experts the CPU computes
+        // are copied up behind the others' downs, to be held next time.
+        let warm: Vec<MatRef<'_>> = if backend::experts_crowded() {
+            Vec::new()
+        } else {
+            cpu.iter().flat_map(|&i| mats[i].all()).collect()
+        };
+        let (dev_out, cpu_out) = rayon::join(
+            || self.on_device(&dev, &mats, inputs, &ns, out_w, (&warm, &guessed)),
+            || self.on_cpu(&cpu, &mats, inputs, &ns, out_w),
+        );
+        let mut out = vec![Vec::new(); mats.len()];
+        for (i, y) in dev
+            .into_iter()
+            .zip(dev_out)
+            .chain(cpu.into_iter().zip(cpu_out))
+        {
+            out[i] = y;
+        }
+        Some(out)
+    }
+
+    /// Experts `which` through the seam: gate and up of all in one batch
+    /// (the downs ahead, then `warm`, then `guessed`), the activation on
+    /// the host, then the downs of all. With no expert on the device the
+    /// other copies wait for a later batch.
+    fn on_device(
+        &self,
+        which: &[usize],
+        mats: &[Mats<'_>],
+        inputs: &[Vec<f32>],
+        ns: &[usize],
+        out_w: usize,
+        (warm, guessed): (&[MatRef<'_>], &[MatRef<'_>]),
+    ) -> Vec<Vec<f32>> {
+        if which.is_empty() {
+            return Vec::new();
+        }
+        let f = self.inter;
+        let mut g: Vec<Vec<f32>> = which.iter().map(|&i| vec![0f32; ns[i] * f]).collect();
+        let mut u = g.clone();
+        let mut ps = Vec::with_capacity(2 * which.len());
+        for ((&i, gi), ui) in which.iter().zip(g.iter_mut()).zip(u.iter_mut()) {
+            let (x, t) = (&inputs[i][..], ns[i]);
+            for (w, y) in [(mats[i].gate, gi), (mats[i].up, ui)] {
+                ps.push(Product {
+                    w,
+                    role: Role::Expert,
+                    x,
+                    t,
+                    y,
+                });
+            }
+        }
+        let mut ahead: Vec<MatRef<'_>> = which.iter().map(|&i| mats[i].down).collect();
+        ahead.extend_from_slice(warm);
+        matmul_batch_stable(&mut ps, &ahead, guessed);
+        drop(ps);
+        g.par_iter_mut().zip(&u).for_each(|(g, u)| (self.act)(g, u));
+        let mut y: Vec<Vec<f32>> = which.iter().map(|&i| vec![0f32; ns[i] * out_w]).collect();
+        let mut ps: Vec<Product<'_, '_>> = y
+            .iter_mut()
+            .zip(which.iter().zip(&g))
+            .map(|(yi, (&i, gi))| Product {
+                w: mats[i].down,
+                role: Role::Expert,
+                x: gi,
+                t: ns[i],
+                y: yi,
+            })
+            .collect();
+        matmul_batch_stable(&mut ps, &[], &[]);
+        drop(ps);
+        y
+    }
+
+    /// Experts `which` on the CPU kernels (each product split over the
+    /// pool's threads), noting the weight bytes per second they ran at.
+    fn on_cpu(
+        &self,
+        which: &[usize],
+        mats: &[Mats<'_>],
+        inputs: &[Vec<f32>],
+        ns: &[usize],
+        out_w: usize,
+    ) -> Vec<Vec<f32>> {
+        if which.is_empty() {
+            return Vec::new();
+        }
+        let start = Instant::now();
+        let out = which
+            .iter()
+            .map(|&i| {
+                let (m, x, n) = (&mats[i], &inputs[i], ns[i]);
+                let mut g = vec![0f32; n * self.inter];
+                let mut u = vec![0f32; n * self.inter];
+                m.gate.cpu(x, n, &mut g);
+                m.up.cpu(x, n, &mut u);
+                (self.act)(&mut g, &u);
+                let mut y = vec![0f32; n * out_w];
+                m.down.cpu(&g, n, &mut y);
+                y
+            })
+            .collect();
+        let bytes: f64 = which.iter().map(|&i| mats[i].bytes(|_| true)).sum();
+        let rate = bytes / start.elapsed().as_secs_f64().max(1e-9);
+        let old = f64::from_bits(CPU_BYTES_PER_S.load(Ordering::Relaxed));
+        let new = if old > 0.0 {
+            0.7 * old + 0.3 * rate
+        } else {
+            rate
+        };
+        CPU_BYTES_PER_S.store(new.to_bits(), Ordering::Relaxed);
+        out
+    }
+}
+
+/// Which experts run on the CPU: of those with at most [`CPU_MAX_ROWS`]
+/// rows whose weights the device lacks in part, each in turn goes where it
+/// would finish first — on the CPU (all its bytes at the CPU's last
+/// measured rate; the host→device rate before any) or on the device (its
+/// missing bytes at the measured host→device rate). None when the device
+/// reports no host→device rate. Only speed depends on this choice.
+fn split_cold(mats: &[Mats<'_>], ns: &[usize]) -> Vec<bool> {
+    let mut on_cpu = vec![false; mats.len()];
+    let h2d = backend::snapshot().h2d_bytes_per_s;
+    if h2d <= 0.0 {
+        return on_cpu;
+    }
+    let cpu = match f64::from_bits(CPU_BYTES_PER_S.load(Ordering::Relaxed)) {
+        r if r > 0.0 => r,
+        _ => h2d,
+    };
+    let (mut t_dev, mut t_cpu) = (0.0, 0.0);
+    for (i, m) in mats.iter().enumerate() {
+        let missing = m.bytes(|w| !backend::holds(w));
+        if ns[i] > CPU_MAX_ROWS || missing == 0.0 {
+            continue;
+        }
+        let (c, d) = (m.bytes(|_| true) / cpu, missing / h2d);
+        if t_cpu + c < t_dev + d {
+            t_cpu += c;
+            on_cpu[i] = true;
+        } else {
+            t_dev += d;
+        }
+    }
+    on_cpu
+}
