@@ -182,8 +182,9 @@ impl GluExpert<'_> {
         y
     }
 
-    /// Experts `which` on the CPU kernels (each product split over the
-    /// pool's threads), noting the weight bytes per second they ran at.
+    /// Experts `which` on the CPU kernels (one task each, its products
+    /// split further over the pool's threads when large), noting the
+    /// weight bytes per second they ran at.
     fn on_cpu(
         &self,
         which: &[usize],
@@ -197,7 +198,7 @@ impl GluExpert<'_> {
         }
         let start = Instant::now();
         let out = which
-            .iter()
+            .par_iter()
             .map(|&i| {
                 let (m, x, n) = (&mats[i], &inputs[i], ns[i]);
                 let mut g = vec![0f32; n * self.inter];
