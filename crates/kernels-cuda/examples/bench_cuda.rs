@@ -135,7 +135,7 @@ fn batch_cases(b: &CudaBackend, w: &Weights) {
                     y,
                 })
                 .collect();
-            assert!(b.matmul_batch(&mut ps, &[], &[]), "declined");
+            assert!(b.matmul_batch(&mut ps, &Default::default()), "declined");
         };
         go();
         let start = Instant::now();

@@ -3,7 +3,7 @@
 //! (every other matrix) stays once uploaded: an expert only ever displaces
 //! experts, and a spine matrix displaces experts before other spine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 /// A host segment: (address, length in bytes).
@@ -75,9 +75,13 @@ impl<B> Cache<B> {
     /// evicted entries (for the caller to retire); `None`, and nothing
     /// evicted, when they cannot fit.
     pub fn make_room(&mut self, need: u64, keep: &[Key], class: Class) -> Option<Vec<B>> {
+        let free = self.budget.saturating_sub(self.bytes);
+        if need <= free {
+            return Some(Vec::new());
+        }
+        let keep: HashSet<&Key> = keep.iter().collect();
         let may_go =
             |k: &Key, c: Class| !keep.contains(k) && (class == Class::Spine || c == Class::Expert);
-        let free = self.budget.saturating_sub(self.bytes);
         let evictable: u64 = self
             .map
             .iter()

@@ -9,7 +9,7 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice,
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
-use fathom_kernels::backend::{Backend, BackendStats, MatRef, Product, Role, segments};
+use fathom_kernels::backend::{Backend, BackendStats, Hints, MatRef, Product, Role, segments};
 use fathom_kernels::fp8::E4M3;
 
 use crate::cache::Cache;
@@ -18,7 +18,7 @@ use crate::{CudaError, SOURCE};
 
 mod queue;
 
-use queue::{Ahead, Job};
+use queue::Job;
 
 /// What `probe` found.
 #[derive(Debug, Clone)]
@@ -277,9 +277,9 @@ impl CudaBackend {
     /// them to the CPU, which gives the same bits (the error is counted and
     /// kept for the run report). A declined batch is not counted: the seam
     /// then offers its products one by one.
-    fn counted(&self, jobs: &mut [Job<'_, '_>], ahead: Ahead<'_, '_>, batch: bool) -> bool {
+    fn counted(&self, jobs: &mut [Job<'_, '_>], hints: &Hints<'_, '_>, batch: bool) -> bool {
         let start = Instant::now();
-        let result = self.run(jobs, ahead);
+        let result = self.run(jobs, hints);
         let mut st = self.lock();
         let done = match result {
             Ok(done) => done,
@@ -327,17 +327,12 @@ impl Backend for CudaBackend {
                 t,
                 y,
             }],
-            (&[], &[]),
+            &Hints::default(),
             false,
         )
     }
 
-    fn matmul_batch(
-        &self,
-        products: &mut [Product<'_, '_>],
-        ahead: &[MatRef<'_>],
-        guessed: &[MatRef<'_>],
-    ) -> bool {
+    fn matmul_batch(&self, products: &mut [Product<'_, '_>], hints: &Hints<'_, '_>) -> bool {
         let mut jobs: Vec<Job<'_, '_>> = products
             .iter_mut()
             .map(|p| Job {
@@ -349,7 +344,7 @@ impl Backend for CudaBackend {
                 y: &mut *p.y,
             })
             .collect();
-        self.counted(&mut jobs, (ahead, guessed), true)
+        self.counted(&mut jobs, hints, true)
     }
 
     fn matmul_groups(
@@ -371,16 +366,27 @@ impl Backend for CudaBackend {
                 t,
                 y,
             }],
-            (&[], &[]),
+            &Hints::default(),
             false,
         )
     }
 
-    fn holds(&self, w: &MatRef<'_>) -> bool {
+    fn hint(&self, hints: &Hints<'_, '_>) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        self.score(st, &[], hints);
+        self.copy_ahead_or_count(st, hints, &[]);
+    }
+
+    fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {
         let st = self.lock();
-        segments(w)
-            .iter()
-            .all(|s| st.cache.contains(&queue::key(s)))
+        ws.iter()
+            .map(|w| {
+                let segs = segments(w);
+                let gone = segs.iter().filter(|s| !st.cache.contains(&queue::key(s)));
+                gone.map(|s| s.len()).sum()
+            })
+            .collect()
     }
 
     fn experts_crowded(&self) -> bool {

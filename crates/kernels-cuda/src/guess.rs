@@ -1,7 +1,7 @@
 //! Scoring the guessed matrices a caller hands over (the next MoE layer's
 //! likely experts): a guess is right when a product uses its matrix before
 //! the batch after next hands over its own guesses (by then the layer it
-//! was meant for has run). Copies of guesses are worth their bandwidth only
+//! was meant for has run), or the caller reports computing it on the CPU. Copies of guesses are worth their bandwidth only
 //! while most are right: a wrong one takes the copy engine from the misses
 //! that follow it and may push a useful expert out of the cache. Guesses
 //! keep being scored while their copies are paused, so copying resumes
@@ -14,30 +14,30 @@ use crate::cache::Key;
 /// Copy guesses only while at least this share of the recent ones was
 /// right. On a random-weight synth (0.51 right) copying them all made decoding
 /// 3–8 % slower (more bytes copied than misses saved); a trained
-/// model's next-layer guesses are right far more often (k3-code-small:
-/// about 0.75).
-pub const MIN_PRECISION: f64 = 0.7;
+/// model's next-layer guesses are right far more often (the small trained
+/// code model in the shared models: about 0.75, by the streaming store).
+pub(crate) const MIN_PRECISION: f64 = 0.7;
 
 /// How many scored guesses the precision is taken over.
 const WINDOW: usize = 256;
 
 /// Guesses not yet scored, two generations of them, and the recent scores.
 #[derive(Default)]
-pub struct GuessLog {
+pub(crate) struct GuessLog {
     /// The last batch's guesses: (matrix, used since).
     current: Vec<(Key, bool)>,
     /// The guesses of the batch before it.
     previous: Vec<(Key, bool)>,
     recent: VecDeque<bool>,
     /// Every guess scored so far, and the right ones.
-    pub scored: u64,
-    pub right: u64,
+    pub(crate) scored: u64,
+    pub(crate) right: u64,
 }
 
 impl GuessLog {
     /// A new batch's guessed matrices (each named by its first segment):
     /// the guesses two batches old are scored and dropped.
-    pub fn guessed(&mut self, mats: impl IntoIterator<Item = Key>) {
+    pub(crate) fn guessed(&mut self, mats: impl IntoIterator<Item = Key>) {
         let fresh: Vec<(Key, bool)> = mats.into_iter().map(|k| (k, false)).collect();
         if fresh.is_empty() {
             return;
@@ -55,7 +55,7 @@ impl GuessLog {
     }
 
     /// A product used matrix `k` (its first segment).
-    pub fn used(&mut self, k: &Key) {
+    pub(crate) fn used(&mut self, k: &Key) {
         for (g, used) in self.previous.iter_mut().chain(self.current.iter_mut()) {
             if g == k {
                 *used = true;
@@ -64,7 +64,7 @@ impl GuessLog {
     }
 
     /// The share of the recent scored guesses that were right (1 before any).
-    pub fn precision(&self) -> f64 {
+    pub(crate) fn precision(&self) -> f64 {
         if self.recent.is_empty() {
             return 1.0;
         }
@@ -72,7 +72,7 @@ impl GuessLog {
     }
 
     /// Whether guesses should be copied now.
-    pub fn worth_copying(&self) -> bool {
+    pub(crate) fn worth_copying(&self) -> bool {
         self.precision() >= MIN_PRECISION
     }
 }

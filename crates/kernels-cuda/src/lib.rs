@@ -16,7 +16,7 @@
 
 mod cache;
 mod device;
-pub mod guess;
+mod guess;
 mod pin;
 mod probe_bw;
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use fathom_kernels::backend::{Backend, MatRef, Product, Role};
+use fathom_kernels::backend::{Backend, Hints, MatRef, Product, Role};
 use fathom_kernels::formats::{
     Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows, block_scalar,
 };
@@ -419,7 +419,7 @@ fn a_batch_gives_each_products_bits() {
             y,
         })
         .collect();
-    assert!(b.matmul_batch(&mut ps, &[], &[]), "declined");
+    assert!(b.matmul_batch(&mut ps, &Hints::default()), "declined");
     drop(ps);
     for i in 0..6 {
         same(
@@ -480,7 +480,7 @@ fn a_batch_gives_each_products_bits() {
                 y,
             })
             .collect();
-        assert!(b.matmul_batch(&mut ps, &[], &[]), "declined");
+        assert!(b.matmul_batch(&mut ps, &Hints::default()), "declined");
         drop(ps);
         for (i, m) in mats.iter().enumerate() {
             let want = match m {
@@ -534,7 +534,7 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
         },
     ];
     assert!(
-        !b.matmul_batch(&mut ps, &[], &[]),
+        !b.matmul_batch(&mut ps, &Hints::default()),
         "32 KiB at once in a 20 KiB budget"
     );
     assert_eq!(b.stats().cpu_products, 0, "the seam counts what it retries");
@@ -553,7 +553,7 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
 /// the next batch from device memory with the scalar twin's bits; one
 /// forgotten while its copy may still run is waited for, not raced; under
 /// a budget with no room left they are skipped, never displacing the
-/// batch's own weights; with room for some, the first ones come.
+/// batch's own weights.
 #[test]
 fn matrices_handed_ahead_arrive_for_the_next_batch() {
     let Some(b) = open(None) else { return };
@@ -581,7 +581,12 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
         y: &mut y0,
     }];
     // Two handed ahead, two guessed (copied: no guess has proved wrong yet).
-    assert!(b.matmul_batch(&mut first, &mats[1..3], &mats[3..]));
+    let hints = Hints {
+        next: &mats[1..3],
+        guessed: &mats[3..],
+        ..Hints::default()
+    };
+    assert!(b.matmul_batch(&mut first, &hints));
     let st = b.stats();
     assert_eq!(
         st.h2d_ahead_bytes as usize,
@@ -601,7 +606,7 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
             y,
         })
         .collect();
-    assert!(b.matmul_batch(&mut ps, &[], &[]));
+    assert!(b.matmul_batch(&mut ps, &Hints::default()));
     drop(ps);
     let st = b.stats().since(&before);
     assert_eq!(
@@ -634,7 +639,11 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
         t: 1,
         y: &mut y0,
     }];
-    assert!(small.matmul_batch(&mut ps, &mats[1..2], &[]));
+    let hints = Hints {
+        next: &mats[1..2],
+        ..Hints::default()
+    };
+    assert!(small.matmul_batch(&mut ps, &hints));
     let st = small.stats();
     assert_eq!((st.h2d_ahead_bytes, st.vram_weight_bytes), (0, one));
     let MatRef::Mxfp4(r) = mats[0] else {
@@ -646,12 +655,44 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
         "the batch under a full budget",
     );
     drop_all(&small, &mats[0]);
-    // Room for part of them: the first ones in order, the rest skipped;
-    // the refusal tells the caller guesses are now worth handing over.
-    let Some(three) = open(Some(3 * one)) else {
+}
+
+/// Hints are copied in order — next, the caller's CPU products while no
+/// expert has been turned away, guesses — as far as they fit without
+/// displacing the batch's or another listed matrix; hints without products
+/// still copy; the copies serve the next batch with the twin's bits.
+#[test]
+fn hints_are_copied_in_order_as_far_as_they_fit() {
+    let mut g = Lcg(19);
+    let (rows, cols) = (96, 544);
+    let bytes: Vec<(Vec<u8>, Vec<u8>)> = (0..5).map(|_| mxfp4_bytes(&mut g, rows, cols)).collect();
+    let one = (bytes[0].0.len() + bytes[0].1.len()) as u64;
+    let Some(b) = open(Some(3 * one)) else {
         return;
     };
-    assert!(!three.experts_crowded(), "nothing refused yet");
+    let mats: Vec<MatRef<'_>> = bytes
+        .iter()
+        .map(|(p, s)| {
+            MatRef::Mxfp4(Mxfp4Ref {
+                rows,
+                cols,
+                packed: p,
+                scales: s,
+            })
+        })
+        .collect();
+    let x: Vec<f32> = (0..cols).map(|_| g.f32()).collect();
+    // Computed elsewhere, with room: copied, and counted.
+    b.hint(&Hints {
+        elsewhere: &mats[1..2],
+        ..Hints::default()
+    });
+    let st = b.stats();
+    assert_eq!((st.h2d_ahead_bytes, st.cpu_expert_products), (one, 1));
+    assert!(!b.experts_crowded());
+    // A batch on 0, then 2 next and 3, 4 guessed: 1 (unlisted) makes way
+    // for 3, and 4 finds no room.
+    let mut y0 = vec![0f32; rows];
     let mut ps = [Product {
         w: mats[0],
         role: Role::Expert,
@@ -659,35 +700,48 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
         t: 1,
         y: &mut y0,
     }];
-    assert!(three.matmul_batch(&mut ps, &mats[1..3], &mats[3..]));
-    let st = three.stats();
-    assert_eq!(
-        (st.h2d_ahead_bytes, st.vram_weight_bytes),
-        (2 * one, 3 * one)
-    );
-    assert!(three.experts_crowded(), "an expert found no room");
-    let before = three.stats();
-    let mut ys: Vec<Vec<f32>> = (0..2).map(|_| vec![f32::NAN; rows]).collect();
+    let hints = Hints {
+        next: &mats[2..3],
+        guessed: &mats[3..],
+        ..Hints::default()
+    };
+    assert!(b.matmul_batch(&mut ps, &hints));
+    let st = b.stats();
+    assert_eq!((st.h2d_ahead_bytes, st.h2d_guessed_bytes), (3 * one, one));
+    assert!(b.experts_crowded(), "an expert left, another found no room");
+    let before = b.stats();
+    let mut ys: Vec<Vec<f32>> = (0..3).map(|_| vec![f32::NAN; rows]).collect();
     let mut ps: Vec<Product<'_, '_>> = ys
         .iter_mut()
-        .enumerate()
-        .map(|(i, y)| Product {
-            w: mats[i + 1],
+        .zip([0, 2, 3])
+        .map(|(y, i)| Product {
+            w: mats[i],
             role: Role::Expert,
             x: &x,
             t: 1,
             y,
         })
         .collect();
-    assert!(three.matmul_batch(&mut ps, &[], &[]));
+    assert!(b.matmul_batch(&mut ps, &Hints::default()));
     drop(ps);
-    let st = three.stats().since(&before);
-    assert_eq!(
-        (st.vram_expert_hits, st.vram_expert_misses),
-        (2, 0),
-        "the first two"
-    );
+    let st = b.stats().since(&before);
+    assert_eq!((st.vram_expert_hits, st.vram_expert_misses), (3, 0));
+    for (y, i) in ys.iter().zip([0, 2, 3]) {
+        let MatRef::Mxfp4(r) = mats[i] else {
+            unreachable!()
+        };
+        same(y, &twin(&Mxfp4Rows(r), &x, 1), &format!("matrix {i}"));
+    }
+    // Crowded now: computed elsewhere is counted, not copied.
+    let before = b.stats();
+    b.hint(&Hints {
+        elsewhere: &mats[4..],
+        ..Hints::default()
+    });
+    let st = b.stats().since(&before);
+    assert_eq!((st.h2d_ahead_bytes, st.cpu_expert_products), (0, 1));
+    assert_eq!(b.stats().device_errors, 0, "{:?}", b.stats().last_error);
     for m in &mats {
-        drop_all(&three, m);
+        drop_all(&b, m);
     }
 }

@@ -113,10 +113,15 @@ pub struct BackendStats {
     /// Weight bytes copied up ahead of the products that use them (the
     /// `ahead` of a batch), part of `h2d_bytes`.
     pub h2d_ahead_bytes: u64,
-    /// Guessed matrices (a batch's `guessed`) scored so far, and those a
-    /// product used in time (see the CUDA crate's `guess` module).
+    /// Guessed matrices ([`Hints::guessed`]) scored so far, and those used
+    /// in time (see the CUDA crate's `guess` module).
     pub guesses_scored: u64,
     pub guesses_right: u64,
+    /// Bytes of guessed matrices copied up, part of `h2d_ahead_bytes`.
+    pub h2d_guessed_bytes: u64,
+    /// Routed-expert matrices the caller computed on the CPU because the
+    /// device lacked them ([`Hints::elsewhere`]).
+    pub cpu_expert_products: u64,
     /// Weight bytes copied up from memory that was not page-locked
     /// (staged by the driver, about a third of the page-locked speed).
     pub h2d_pageable_bytes: u64,
@@ -158,6 +163,8 @@ impl BackendStats {
             h2d_ahead_bytes: self.h2d_ahead_bytes - start.h2d_ahead_bytes,
             guesses_scored: self.guesses_scored - start.guesses_scored,
             guesses_right: self.guesses_right - start.guesses_right,
+            h2d_guessed_bytes: self.h2d_guessed_bytes - start.h2d_guessed_bytes,
+            cpu_expert_products: self.cpu_expert_products - start.cpu_expert_products,
             h2d_pageable_bytes: self.h2d_pageable_bytes - start.h2d_pageable_bytes,
             d2h_bytes: self.d2h_bytes - start.d2h_bytes,
             device_calls: self.device_calls - start.device_calls,
@@ -201,29 +208,23 @@ pub trait Backend: Send + Sync {
     /// Several independent products in one call (one round trip to the
     /// device instead of one each), each bit-identical to
     /// [`Backend::matmul`] of it; `false` when not taken as a whole (the
-    /// caller computes them one at a time). `ahead`: routed-expert matrices
-    /// (bytes stable as for [`matmul_stable`]) the caller will multiply by
-    /// next, which the device may start copying behind the batch's own
-    /// weights, in order, as far as they fit; `guessed`: likewise, matrices
-    /// it may multiply by later (surest first), which the device may copy
-    /// after them while such guesses prove right. Default: not taken.
-    fn matmul_batch(
-        &self,
-        _products: &mut [Product<'_, '_>],
-        _ahead: &[MatRef<'_>],
-        _guessed: &[MatRef<'_>],
-    ) -> bool {
+    /// caller computes them one at a time). `hints` ([`Hints`]) may start
+    /// copies behind the batch's own weights. Default: not taken.
+    fn matmul_batch(&self, _products: &mut [Product<'_, '_>], _hints: &Hints<'_, '_>) -> bool {
         false
     }
-    /// Whether the device holds all of `w`'s bytes now (a product on it
-    /// copies nothing up). Default: yes (nothing to copy).
-    fn holds(&self, _w: &MatRef<'_>) -> bool {
-        true
+    /// [`Hints`] with no products to go with them (every expert of a layer
+    /// computed elsewhere). Default: ignored.
+    fn hint(&self, _hints: &Hints<'_, '_>) {}
+    /// Per matrix of `ws`, the bytes the device does not hold now (what a
+    /// product on it would copy up). Default: none.
+    fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {
+        vec![0; ws.len()]
     }
-    /// Whether the device has had to drop or refuse routed-expert weights
-    /// for room: then guesses of the experts a caller will need next are
-    /// worth handing over (`guessed`: a right one saves waiting for a
-    /// copy), and a copy nobody waits for may push out one that is needed.
+    /// Whether the device has ever had to drop or refuse routed-expert
+    /// weights for room: then guesses of the experts a caller will need
+    /// next are worth handing over (a right one saves waiting for a copy),
+    /// and a copy nobody waits for may push out one that is needed.
     /// Default: no.
     fn experts_crowded(&self) -> bool {
         false
@@ -232,6 +233,30 @@ pub trait Backend: Send + Sync {
     /// device copy made from bytes inside it.
     fn forget(&self, range: Range<usize>);
     fn stats(&self) -> BackendStats;
+}
+
+/// What a caller tells the device beside a batch: routed-expert matrices
+/// (bytes stable as for [`matmul_stable`]) to copy up behind the batch's
+/// own weights, in the order of the fields, each list in order, until one
+/// does not fit; and the matrices it computed on the CPU. Only copies and
+/// counts depend on them, never a result.
+#[derive(Default, Clone, Copy)]
+pub struct Hints<'a, 'w> {
+    /// Matrices the caller multiplies by next.
+    pub next: &'a [MatRef<'w>],
+    /// Matrices the caller computed on the CPU this time because the
+    /// device lacked them: they count as used, and are copied up (to be
+    /// held next time) while the device is not crowded.
+    pub elsewhere: &'a [MatRef<'w>],
+    /// A later layer's guessed matrices, surest first: copied while such
+    /// guesses prove right.
+    pub guessed: &'a [MatRef<'w>],
+}
+
+impl Hints<'_, '_> {
+    pub fn is_empty(&self) -> bool {
+        self.next.is_empty() && self.elsewhere.is_empty() && self.guessed.is_empty()
+    }
 }
 
 /// One product of a batch: `y[t, rows] = x[t, cols] Wᵀ`, `w`'s bytes
@@ -289,19 +314,22 @@ pub fn matmul_groups_stable(
 
 /// Independent products, on the installed backend in one call when it
 /// takes them all, else each through [`matmul_stable`]. The same bits
-/// either way: grouping only saves round trips. `ahead` and `guessed` as
-/// for [`Backend::matmul_batch`] (hints: nothing computed depends on them).
-pub fn matmul_batch_stable(
-    products: &mut [Product<'_, '_>],
-    ahead: &[MatRef<'_>],
-    guessed: &[MatRef<'_>],
-) {
+/// either way: grouping only saves round trips. With no products the
+/// `hints` still go to the backend ([`Backend::hint`]).
+pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], hints: &Hints<'_, '_>) {
+    let Some(b) = installed() else {
+        for p in products {
+            p.w.cpu(p.x, p.t, p.y);
+        }
+        return;
+    };
     if products.is_empty() {
+        if !hints.is_empty() {
+            b.hint(hints);
+        }
         return;
     }
-    if let Some(b) = installed()
-        && b.matmul_batch(products, ahead, guessed)
-    {
+    if b.matmul_batch(products, hints) {
         return;
     }
     for p in products {
@@ -309,10 +337,10 @@ pub fn matmul_batch_stable(
     }
 }
 
-/// Whether the installed backend holds all of `w` ([`Backend::holds`]);
-/// yes with none.
-pub fn holds(w: &MatRef<'_>) -> bool {
-    installed().is_none_or(|b| b.holds(w))
+/// Per matrix, the bytes the installed backend lacks
+/// ([`Backend::missing_bytes`]); none with no backend.
+pub fn missing_bytes(ws: &[MatRef<'_>]) -> Vec<usize> {
+    installed().map_or_else(|| vec![0; ws.len()], |b| b.missing_bytes(ws))
 }
 
 /// Whether the installed backend's routed experts are crowded

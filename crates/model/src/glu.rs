@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use fathom_kernels::backend::{self, MatRef, Product, Role, matmul_batch_stable};
+use fathom_kernels::backend::{self, Hints, MatRef, Product, Role, matmul_batch_stable};
 use rayon::prelude::*;
 
 use crate::experts::ExpertWeights;
@@ -38,14 +38,10 @@ impl<'w> Mats<'w> {
         [self.gate, self.up, self.down]
     }
 
-    /// Weight bytes of the matrices for which `pick` holds.
-    fn bytes(&self, pick: impl Fn(&MatRef<'_>) -> bool) -> f64 {
+    /// Weight bytes of the three matrices.
+    fn bytes(&self) -> f64 {
         let len = |w: &MatRef<'_>| -> usize { backend::segments(w).iter().map(|s| s.len()).sum() };
-        self.all()
-            .iter()
-            .filter(|w| pick(w))
-            .map(len)
-            .sum::<usize>() as f64
+        self.all().iter().map(len).sum::<usize>() as f64
     }
 }
 
@@ -56,6 +52,11 @@ static CPU_BYTES_PER_S: AtomicU64 = AtomicU64::new(0);
 /// Experts with more rows than this always run on the device: with several
 /// rows its compute beats the CPU's whatever the copy costs.
 const CPU_MAX_ROWS: usize = 4;
+
+/// Layers with cold experts but none sent to the CPU, counted to send it
+/// one every [`PROBE_EVERY`]th time.
+static PROBES: AtomicU64 = AtomicU64::new(0);
+const PROBE_EVERY: u64 = 64;
 
 impl GluExpert<'_> {
     /// One expert on `z [n, in]` → `[n, out_w]`.
@@ -106,15 +107,11 @@ impl GluExpert<'_> {
             .flat_map(|e| [e.stable_mat(self.gate), e.stable_mat(self.up)])
             .flatten()
             .collect();
-        // While the device has room to spare, the experts the CPU computes
-        // are copied up behind the others' downs, to be held next time.
-        let warm: Vec<MatRef<'_>> = if backend::experts_crowded() {
-            Vec::new()
-        } else {
-            cpu.iter().flat_map(|&i| mats[i].all()).collect()
-        };
+        // The device is told which experts the CPU computes (they count as
+        // used; while it has room to spare it copies them up to hold them).
+        let elsewhere: Vec<MatRef<'_>> = cpu.iter().flat_map(|&i| mats[i].all()).collect();
         let (dev_out, cpu_out) = rayon::join(
-            || self.on_device(&dev, &mats, inputs, &ns, out_w, (&warm, &guessed)),
+            || self.on_device(&dev, &mats, inputs, &ns, out_w, (&elsewhere, &guessed)),
             || self.on_cpu(&cpu, &mats, inputs, &ns, out_w),
         );
         let mut out = vec![Vec::new(); mats.len()];
@@ -129,9 +126,9 @@ impl GluExpert<'_> {
     }
 
     /// Experts `which` through the seam: gate and up of all in one batch
-    /// (the downs ahead, then `warm`, then `guessed`), the activation on
-    /// the host, then the downs of all. With no expert on the device the
-    /// other copies wait for a later batch.
+    /// (hints: the downs next, the CPU's matrices `elsewhere`, `guessed`),
+    /// the activation on the host, then the downs of all. With no expert
+    /// on the device the hints go alone.
     fn on_device(
         &self,
         which: &[usize],
@@ -139,9 +136,16 @@ impl GluExpert<'_> {
         inputs: &[Vec<f32>],
         ns: &[usize],
         out_w: usize,
-        (warm, guessed): (&[MatRef<'_>], &[MatRef<'_>]),
+        (elsewhere, guessed): (&[MatRef<'_>], &[MatRef<'_>]),
     ) -> Vec<Vec<f32>> {
+        let downs: Vec<MatRef<'_>> = which.iter().map(|&i| mats[i].down).collect();
+        let hints = Hints {
+            next: &downs,
+            elsewhere,
+            guessed,
+        };
         if which.is_empty() {
+            matmul_batch_stable(&mut [], &hints);
             return Vec::new();
         }
         let f = self.inter;
@@ -160,9 +164,7 @@ impl GluExpert<'_> {
                 });
             }
         }
-        let mut ahead: Vec<MatRef<'_>> = which.iter().map(|&i| mats[i].down).collect();
-        ahead.extend_from_slice(warm);
-        matmul_batch_stable(&mut ps, &ahead, guessed);
+        matmul_batch_stable(&mut ps, &hints);
         drop(ps);
         g.par_iter_mut().zip(&u).for_each(|(g, u)| (self.act)(g, u));
         let mut y: Vec<Vec<f32>> = which.iter().map(|&i| vec![0f32; ns[i] * out_w]).collect();
@@ -177,7 +179,7 @@ impl GluExpert<'_> {
                 y: yi,
             })
             .collect();
-        matmul_batch_stable(&mut ps, &[], &[]);
+        matmul_batch_stable(&mut ps, &Hints::default());
         drop(ps);
         y
     }
@@ -211,7 +213,7 @@ impl GluExpert<'_> {
                 y
             })
             .collect();
-        let bytes: f64 = which.iter().map(|&i| mats[i].bytes(|_| true)).sum();
+        let bytes: f64 = which.iter().map(|&i| mats[i].bytes()).sum();
         let rate = bytes / start.elapsed().as_secs_f64().max(1e-9);
         let old = f64::from_bits(CPU_BYTES_PER_S.load(Ordering::Relaxed));
         let new = if old > 0.0 {
@@ -228,8 +230,11 @@ impl GluExpert<'_> {
 /// rows whose weights the device lacks in part, each in turn goes where it
 /// would finish first — on the CPU (all its bytes at the CPU's last
 /// measured rate; the host→device rate before any) or on the device (its
-/// missing bytes at the measured host→device rate). None when the device
-/// reports no host→device rate. Only speed depends on this choice.
+/// missing bytes at the measured host→device rate). Every
+/// [`PROBE_EVERY`]th layer with cold experts of which none went to the
+/// CPU sends it the smallest, so a rate once measured badly is measured
+/// again. No expert goes to the CPU when the device reports no
+/// host→device rate. Only speed depends on this choice.
 fn split_cold(mats: &[Mats<'_>], ns: &[usize]) -> Vec<bool> {
     let mut on_cpu = vec![false; mats.len()];
     let h2d = backend::snapshot().h2d_bytes_per_s;
@@ -240,19 +245,29 @@ fn split_cold(mats: &[Mats<'_>], ns: &[usize]) -> Vec<bool> {
         r if r > 0.0 => r,
         _ => h2d,
     };
+    let all: Vec<MatRef<'_>> = mats.iter().flat_map(Mats::all).collect();
+    let missing = backend::missing_bytes(&all);
     let (mut t_dev, mut t_cpu) = (0.0, 0.0);
+    let mut smallest: Option<(f64, usize)> = None;
     for (i, m) in mats.iter().enumerate() {
-        let missing = m.bytes(|w| !backend::holds(w));
-        if ns[i] > CPU_MAX_ROWS || missing == 0.0 {
+        let lack = missing[3 * i..3 * i + 3].iter().sum::<usize>() as f64;
+        if ns[i] > CPU_MAX_ROWS || lack == 0.0 {
             continue;
         }
-        let (c, d) = (m.bytes(|_| true) / cpu, missing / h2d);
+        let bytes = m.bytes();
+        smallest = smallest.filter(|s| s.0 <= bytes).or(Some((bytes, i)));
+        let (c, d) = (bytes / cpu, lack / h2d);
         if t_cpu + c < t_dev + d {
             t_cpu += c;
             on_cpu[i] = true;
         } else {
             t_dev += d;
         }
+    }
+    if let Some((_, i)) = smallest.filter(|_| t_cpu == 0.0)
+        && PROBES.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == PROBE_EVERY - 1
+    {
+        on_cpu[i] = true;
     }
     on_cpu
 }

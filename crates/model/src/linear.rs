@@ -202,7 +202,7 @@ impl Linear {
                 y,
             })
             .collect();
-        backend::matmul_batch_stable(&mut ps, &[], &[]);
+        backend::matmul_batch_stable(&mut ps, &backend::Hints::default());
         drop(ps);
         ys
     }

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use fathom_kernels::backend::{self, Backend, BackendStats, MatRef, Product, Role};
+use fathom_kernels::backend::{self, Backend, BackendStats, Hints, MatRef, Product, Role};
 use fathom_model::{CausalLm, K3Model, Logits, Qwen3MoeModel};
 
 static TURN: Mutex<()> = Mutex::new(());
@@ -26,14 +26,19 @@ static TURN: Mutex<()> = Mutex::new(());
 struct Recorder {
     decline_batches: bool,
     /// What [`Backend::experts_crowded`] answers.
-    guesses: bool,
-    /// Whether it lacks every matrix ([`Backend::holds`] says no, and it
-    /// reports a host→device rate, so cold experts may go to the CPU).
+    crowded: bool,
+    /// Whether it lacks every matrix ([`Backend::missing_bytes`] says all,
+    /// and it reports a host→device rate, so cold experts may go to the
+    /// CPU).
     cold: bool,
     singles: AtomicUsize,
-    /// (products, role, matrices handed `ahead`) of each batch.
+    /// (products, role, matrices handed ahead as `next`) of each batch.
     batches: Mutex<Vec<(usize, Role, usize)>>,
     expert_mats: Mutex<Vec<ExpertBatch>>,
+    /// Matrices reported computed elsewhere, and how many of the hints
+    /// came without products.
+    elsewhere: AtomicUsize,
+    alone: AtomicUsize,
 }
 
 /// An expert batch's matrices (first byte's address), those handed ahead
@@ -57,15 +62,13 @@ impl Backend for Recorder {
         w.cpu(x, t, y);
         true
     }
-    fn matmul_batch(
-        &self,
-        products: &mut [Product<'_, '_>],
-        ahead: &[MatRef<'_>],
-        guessed: &[MatRef<'_>],
-    ) -> bool {
+    fn matmul_batch(&self, products: &mut [Product<'_, '_>], hints: &Hints<'_, '_>) -> bool {
         if self.decline_batches {
             return false;
         }
+        let (ahead, guessed) = (hints.next, hints.guessed);
+        self.elsewhere
+            .fetch_add(hints.elsewhere.len(), Ordering::Relaxed);
         let role = products[0].role;
         assert!(
             products.iter().all(|p| p.role == role),
@@ -92,11 +95,19 @@ impl Backend for Recorder {
         }
         true
     }
-    fn experts_crowded(&self) -> bool {
-        self.guesses
+    fn hint(&self, hints: &Hints<'_, '_>) {
+        self.alone.fetch_add(1, Ordering::Relaxed);
+        self.elsewhere
+            .fetch_add(hints.elsewhere.len(), Ordering::Relaxed);
     }
-    fn holds(&self, _: &MatRef<'_>) -> bool {
-        !self.cold
+    fn experts_crowded(&self) -> bool {
+        self.crowded
+    }
+    fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {
+        let all = |w: &MatRef<'_>| backend::segments(w).iter().map(|s| s.len()).sum();
+        ws.iter()
+            .map(|w| if self.cold { all(w) } else { 0 })
+            .collect()
     }
     fn forget(&self, _: Range<usize>) {}
     fn stats(&self) -> BackendStats {
@@ -217,7 +228,7 @@ fn guessed_next_experts_are_handed_ahead_with_the_same_bits() {
     backend::uninstall();
     let plain = bits(&run(&model, &prompt));
     let guessing = Arc::new(Recorder {
-        guesses: true,
+        crowded: true,
         ..Recorder::default()
     });
     backend::install(guessing.clone());
@@ -301,13 +312,13 @@ fn cold_experts_split_between_cpu_and_device_with_the_same_bits() {
     };
     let (all, some) = (experts(&warm), experts(&cold));
     // The first layer splits its cold experts (rates equal before the
-    // CPU's is measured), later ones send them all to the CPU.
+    // CPU's is measured), later ones send them all to the CPU; every
+    // expert product the device did not compute was reported to it.
+    let elsewhere = cold.elsewhere.load(Ordering::Relaxed);
     assert!(0 < some && some < all, "device products: {some} of {all}");
-    // With room to spare, the CPU's experts are handed to the device to
-    // copy behind the downs (more matrices ahead than the batch has downs).
-    let b = cold.batches.lock().unwrap();
+    assert_eq!(some + elsewhere, all, "each expert product on one side");
     assert!(
-        b.iter().any(|&(n, r, a)| r == Role::Expert && 2 * a > n),
-        "{b:?}"
+        cold.alone.load(Ordering::Relaxed) > 0,
+        "a layer with every expert on the CPU still tells the device"
     );
 }

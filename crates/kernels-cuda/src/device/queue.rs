@@ -8,23 +8,18 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
     result,
 };
-use fathom_kernels::backend::{MatRef, Role, segments};
+use fathom_kernels::backend::{Hints, MatRef, Role, segments};
 
 use super::{CudaBackend, Resident, State};
 use crate::CudaError;
 use crate::cache::{Class, Key};
-
-/// A batch's routed-expert matrices to copy up behind it: those its
-/// caller multiplies by next, then guessed ones (see [`crate::guess`]).
-pub(super) type Ahead<'a, 'w> = (&'a [MatRef<'w>], &'a [MatRef<'w>]);
 
 impl CudaBackend {
     /// Runs `jobs` on the device in one round trip: the weights each lacks
     /// are copied up on the copy stream (an event after each copy), the
     /// jobs whose weights are all here launch first (products of one shape
     /// together), every other one waits only for its own copies; then the
-    /// matrices `ahead` start on their way (the guessed ones while guesses
-    /// prove right). The inputs go up in one copy and
+    /// copies `hints` ask for start ([`CudaBackend::copy_ahead`]). The inputs go up in one copy and
     /// the results come back in one, with one synchronisation of the
     /// compute stream (copies ahead may still be running after it).
     /// `Ok(false)` when declined (a shape out of range, or the weights do
@@ -32,7 +27,7 @@ impl CudaBackend {
     pub(super) fn run(
         &self,
         jobs: &mut [Job<'_, '_>],
-        ahead: Ahead<'_, '_>,
+        hints: &Hints<'_, '_>,
     ) -> Result<bool, CudaError> {
         if jobs.is_empty() || !jobs.iter().all(Job::fits) {
             return Ok(false);
@@ -66,15 +61,11 @@ impl CudaBackend {
                 }
             }
         }
-        self.score_guesses(st, &segs, ahead.1);
+        self.score(st, &segs, hints);
         let queued = self.queue(st, jobs, &segs, class);
         // Copies ahead are a hint: one that fails costs the batch nothing.
-        if queued.is_ok()
-            && let Err(e) = self.copy_ahead(st, ahead, &keys)
-        {
-            let _ = self.copies.synchronize();
-            st.stats.device_errors += 1;
-            st.stats.last_error = Some(format!("copying weights ahead: {e}"));
+        if queued.is_ok() {
+            self.copy_ahead_or_count(st, hints, &keys);
         }
         let synced = self.stream.synchronize();
         if queued.is_err() || synced.is_err() {
@@ -115,51 +106,83 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Marks the guesses the batch's products use as right, then logs the
-    /// batch's own `guessed` matrices (by first segment).
-    fn score_guesses(&self, st: &mut State, segs: &[Vec<&[u8]>], guessed: &[MatRef<'_>]) {
-        for s in segs {
-            if let Some(first) = s.first() {
-                st.guesses.used(&key(first));
-            }
+    /// Marks the guesses the batch's products (`segs`) and the caller's
+    /// CPU products use as right, then logs the hints' own guesses (each
+    /// matrix named by its first segment).
+    pub(super) fn score(&self, st: &mut State, segs: &[Vec<&[u8]>], hints: &Hints<'_, '_>) {
+        let first = |m: &MatRef<'_>| segments(m).first().map(|s| key(s));
+        for k in segs.iter().filter_map(|s| s.first().map(|s| key(s))) {
+            st.guesses.used(&k);
         }
-        let firsts = guessed
-            .iter()
-            .filter_map(|m| segments(m).first().map(|s| key(s)));
-        st.guesses.guessed(firsts);
+        for k in hints.elsewhere.iter().filter_map(first) {
+            st.guesses.used(&k);
+        }
+        st.guesses.guessed(hints.guessed.iter().filter_map(first));
         st.stats.guesses_scored = st.guesses.scored;
         st.stats.guesses_right = st.guesses.right;
+        st.stats.cpu_expert_products += hints.elsewhere.len() as u64;
     }
 
-    /// Starts copying the routed-expert matrices `ahead` (the caller's next
-    /// products), then the guessed ones while guesses prove right, up
-    /// behind the batch's own copies, in order, until one does not fit
-    /// without displacing the batch's weights or another of either list;
-    /// nothing waits for them here. Their bytes stay put until `forget`,
-    /// which waits for a copy still running.
+    /// [`CudaBackend::copy_ahead`]; a failure is counted, never returned.
+    pub(super) fn copy_ahead_or_count(&self, st: &mut State, hints: &Hints<'_, '_>, batch: &[Key]) {
+        if let Err(e) = self.copy_ahead(st, hints, batch) {
+            let _ = self.copies.synchronize();
+            st.stats.device_errors += 1;
+            st.stats.last_error = Some(format!("copying weights ahead: {e}"));
+        }
+    }
+
+    /// Starts copying up, behind the batch's own copies, the matrices the
+    /// caller multiplies by next, then those it computed on the CPU while
+    /// no expert has been turned away, then its guesses while they prove
+    /// right: whole matrices in order, until one does not fit without
+    /// displacing the batch's weights or another listed matrix. Nothing
+    /// waits for them here; their bytes stay put until `forget`, which
+    /// waits for a copy still running.
     fn copy_ahead(
         &self,
         st: &mut State,
-        (ahead, guessed): Ahead<'_, '_>,
+        hints: &Hints<'_, '_>,
         batch: &[Key],
     ) -> Result<(), CudaError> {
-        let guessed = if st.guesses.worth_copying() {
-            guessed
+        let none: &[MatRef<'_>] = &[];
+        let elsewhere = if st.cache.crowded() {
+            none
         } else {
-            &[]
+            hints.elsewhere
         };
-        let segs: Vec<&[u8]> = ahead.iter().chain(guessed).flat_map(segments).collect();
+        let guessed = if st.guesses.worth_copying() {
+            hints.guessed
+        } else {
+            none
+        };
+        let lists = [(hints.next, false), (elsewhere, false), (guessed, true)];
         let mut keep: Vec<Key> = batch.to_vec();
-        keep.extend(segs.iter().map(|s| key(s)));
-        for seg in segs {
-            if st.cache.contains(&key(seg)) {
+        for (list, _) in &lists {
+            keep.extend(list.iter().flat_map(segments).map(key));
+        }
+        for (m, guess) in lists
+            .iter()
+            .flat_map(|(l, g)| l.iter().map(move |m| (m, *g)))
+        {
+            let missing: Vec<&[u8]> = segments(m)
+                .into_iter()
+                .filter(|s| !st.cache.contains(&key(s)))
+                .collect();
+            let need: u64 = missing.iter().map(|s| s.len() as u64).sum();
+            if need == 0 {
                 continue;
             }
-            if !make_room(st, seg.len() as u64, &keep, Class::Expert) {
+            if !make_room(st, need, &keep, Class::Expert) {
                 break;
             }
-            self.upload(st, seg, Class::Expert)?;
-            st.stats.h2d_ahead_bytes += seg.len() as u64;
+            for seg in missing {
+                self.upload(st, seg, Class::Expert)?;
+                st.stats.h2d_ahead_bytes += seg.len() as u64;
+                if guess {
+                    st.stats.h2d_guessed_bytes += seg.len() as u64;
+                }
+            }
         }
         Ok(())
     }
