@@ -247,6 +247,9 @@ fn split_cold(mats: &[Mats<'_>], ns: &[usize]) -> Vec<bool> {
     };
     let all: Vec<MatRef<'_>> = mats.iter().flat_map(Mats::all).collect();
     let missing = backend::missing_bytes(&all);
+    if missing.len() != all.len() {
+        return on_cpu;
+    }
     let (mut t_dev, mut t_cpu) = (0.0, 0.0);
     let mut smallest: Option<(f64, usize)> = None;
     for (i, m) in mats.iter().enumerate() {
