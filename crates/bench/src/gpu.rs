@@ -24,6 +24,14 @@ pub struct GpuBounds {
     pub hbm_tok_s: f64,
     /// Decode rate if the copies up were all it took (absent with no copies).
     pub pcie_tok_s: Option<f64>,
+    /// Weight bytes of cold experts the CPU computed per decoded token
+    /// instead of copying them up (`cpu_expert_bytes`).
+    pub cpu_expert_bytes_per_token: f64,
+    /// Decode rate if every cold byte had been copied up (those copied and
+    /// those the CPU computed) and the copies were all it took: the PCIe
+    /// bound of a build that copies every miss (absent when the CPU
+    /// computed none).
+    pub copy_all_tok_s: Option<f64>,
 }
 
 /// One run's bounds, from its `stats` (`None` without `gpu_decode` or decode steps).
@@ -37,6 +45,7 @@ fn of_run(raw: &Value) -> Option<GpuBounds> {
         return None;
     }
     let (per_read, per_up) = (read / steps, up / steps);
+    let per_cpu = f("cpu_expert_bytes").unwrap_or(0.0) / steps;
     Some(GpuBounds {
         hbm_bytes_per_s: hbm,
         h2d_bytes_per_s: h2d,
@@ -44,6 +53,8 @@ fn of_run(raw: &Value) -> Option<GpuBounds> {
         h2d_bytes_per_token: per_up,
         hbm_tok_s: hbm / per_read,
         pcie_tok_s: (per_up > 0.0 && h2d > 0.0).then(|| h2d / per_up),
+        cpu_expert_bytes_per_token: per_cpu,
+        copy_all_tok_s: (per_cpu > 0.0 && h2d > 0.0).then(|| h2d / (per_up + per_cpu)),
     })
 }
 
@@ -61,6 +72,8 @@ pub fn bounds(samples: &[&Sample]) -> Option<GpuBounds> {
         h2d_bytes_per_token: pick(|b| Some(b.h2d_bytes_per_token))?,
         hbm_tok_s: pick(|b| Some(b.hbm_tok_s))?,
         pcie_tok_s: pick(|b| b.pcie_tok_s),
+        cpu_expert_bytes_per_token: pick(|b| Some(b.cpu_expert_bytes_per_token))?,
+        copy_all_tok_s: pick(|b| b.copy_all_tok_s),
     })
 }
 
@@ -79,6 +92,17 @@ mod tests {
         assert_eq!(b.weight_bytes_per_token, 2e9);
         assert_eq!(b.hbm_tok_s, 2000.0);
         assert_eq!(b.pcie_tok_s, Some(1000.0));
+        assert_eq!(b.copy_all_tok_s, None, "the CPU computed no cold expert");
+        let split: Value = serde_json::from_str(
+            r#"{"generated_tokens":5,"gpu_decode":{"hbm_bytes_per_s":4e12,
+            "h2d_bytes_per_s":5e10,"weight_bytes_read":8e9,"h2d_bytes":2e8,
+            "cpu_expert_bytes":3e8}}"#,
+        )
+        .unwrap();
+        let b = of_run(&split).unwrap();
+        assert_eq!(b.cpu_expert_bytes_per_token, 7.5e7);
+        assert_eq!(b.pcie_tok_s, Some(1000.0));
+        assert_eq!(b.copy_all_tok_s, Some(400.0), "5e10 / (5e7 + 7.5e7)");
         let cpu: Value = serde_json::from_str(r#"{"generated_tokens":5}"#).unwrap();
         assert!(of_run(&cpu).is_none());
         let one: Value = serde_json::from_str(

@@ -303,9 +303,17 @@ fn device_line(a: &ArmReport, g: &crate::gpu::GpuBounds) -> String {
         .median(Metric::DecodeTokS)
         .filter(|_| a.status == Status::Accepted);
     let vs = |b: f64| d.map_or("n/a".into(), |d| sig3(d / b));
-    let pcie = g.pcie_tok_s.map_or("no bound".into(), |p| {
+    let mut pcie = g.pcie_tok_s.map_or("no bound".into(), |p| {
         format!("{} tok/s (achieved ÷ {})", sig3(p), vs(p))
     });
+    if let Some(c) = g.copy_all_tok_s {
+        pcie += &format!(
+            "; with the {} of cold experts the CPU computed also copied → {} tok/s (achieved ÷ {})",
+            human_bytes(g.cpu_expert_bytes_per_token),
+            sig3(c),
+            vs(c)
+        );
+    }
     format!(
         "  device: memory {}/s, {} of weights read per token → {} tok/s (achieved ÷ {}); host→device {}/s, {} copied per token → {pcie}",
         human_bytes(g.hbm_bytes_per_s),

@@ -120,8 +120,9 @@ pub struct BackendStats {
     /// Bytes of guessed matrices copied up, part of `h2d_ahead_bytes`.
     pub h2d_guessed_bytes: u64,
     /// Routed-expert matrices the caller computed on the CPU because the
-    /// device lacked them ([`Hints::elsewhere`]).
+    /// device lacked them ([`Hints::elsewhere`]), and their weight bytes.
     pub cpu_expert_products: u64,
+    pub cpu_expert_bytes: u64,
     /// Weight bytes copied up from memory that was not page-locked
     /// (staged by the driver, about a third of the page-locked speed).
     pub h2d_pageable_bytes: u64,
@@ -165,6 +166,7 @@ impl BackendStats {
             guesses_right: self.guesses_right - start.guesses_right,
             h2d_guessed_bytes: self.h2d_guessed_bytes - start.h2d_guessed_bytes,
             cpu_expert_products: self.cpu_expert_products - start.cpu_expert_products,
+            cpu_expert_bytes: self.cpu_expert_bytes - start.cpu_expert_bytes,
             h2d_pageable_bytes: self.h2d_pageable_bytes - start.h2d_pageable_bytes,
             d2h_bytes: self.d2h_bytes - start.d2h_bytes,
             device_calls: self.device_calls - start.device_calls,

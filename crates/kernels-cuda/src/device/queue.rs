@@ -121,6 +121,12 @@ impl CudaBackend {
         st.stats.guesses_scored = st.guesses.scored;
         st.stats.guesses_right = st.guesses.right;
         st.stats.cpu_expert_products += hints.elsewhere.len() as u64;
+        let bytes = hints
+            .elsewhere
+            .iter()
+            .flat_map(segments)
+            .map(|s| s.len() as u64);
+        st.stats.cpu_expert_bytes += bytes.sum::<u64>();
     }
 
     /// [`CudaBackend::copy_ahead`]; a failure is counted, never returned.
