@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use fathom_kernels::backend::{Backend, Hints, MatRef, Product, Role};
+use fathom_kernels::backend::{Backend, BackendStats, Hints, MatRef, Product, Role};
 use fathom_kernels::formats::{
     Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows, block_scalar,
 };
@@ -549,6 +549,57 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
     drop_all(&b, &m2);
 }
 
+/// MXFP4 views of `(packed, scales)` pairs, each `rows × cols`.
+fn mxfp4_mats(bytes: &[(Vec<u8>, Vec<u8>)], rows: usize, cols: usize) -> Vec<MatRef<'_>> {
+    bytes
+        .iter()
+        .map(|(p, s)| {
+            MatRef::Mxfp4(Mxfp4Ref {
+                rows,
+                cols,
+                packed: p,
+                scales: s,
+            })
+        })
+        .collect()
+}
+
+/// One expert product per MXFP4 matrix of `mats` on `x` (one position) as
+/// a batch with `hints`, each checked against the scalar twin; the stats
+/// of the call.
+fn expert_batch(
+    b: &CudaBackend,
+    mats: &[MatRef<'_>],
+    x: &[f32],
+    hints: &Hints<'_, '_>,
+    what: &str,
+) -> BackendStats {
+    let before = b.stats();
+    let mut ys: Vec<Vec<f32>> = mats.iter().map(|m| vec![f32::NAN; m.rows()]).collect();
+    let mut ps: Vec<Product<'_, '_>> = ys
+        .iter_mut()
+        .zip(mats)
+        .map(|(y, &w)| Product {
+            w,
+            role: Role::Expert,
+            x,
+            t: 1,
+            y,
+        })
+        .collect();
+    assert!(b.matmul_batch(&mut ps, hints), "{what}: declined");
+    drop(ps);
+    for (n, (y, m)) in ys.iter().zip(mats).enumerate() {
+        let MatRef::Mxfp4(r) = *m else { unreachable!() };
+        same(
+            y,
+            &twin(&Mxfp4Rows(r), x, 1),
+            &format!("{what}: product {n}"),
+        );
+    }
+    b.stats().since(&before)
+}
+
 /// Matrices handed `ahead` of a batch are copied up behind it and serve
 /// the next batch from device memory with the scalar twin's bits; one
 /// forgotten while its copy may still run is waited for, not raced; under
@@ -560,100 +611,43 @@ fn matrices_handed_ahead_arrive_for_the_next_batch() {
     let mut g = Lcg(17);
     let (rows, cols) = (96, 544);
     let bytes: Vec<(Vec<u8>, Vec<u8>)> = (0..5).map(|_| mxfp4_bytes(&mut g, rows, cols)).collect();
-    let mats: Vec<MatRef<'_>> = bytes
-        .iter()
-        .map(|(p, s)| {
-            MatRef::Mxfp4(Mxfp4Ref {
-                rows,
-                cols,
-                packed: p,
-                scales: s,
-            })
-        })
-        .collect();
+    let mats = mxfp4_mats(&bytes, rows, cols);
     let x: Vec<f32> = (0..cols).map(|_| g.f32()).collect();
-    let mut y0 = vec![0f32; rows];
-    let mut first = [Product {
-        w: mats[0],
-        role: Role::Expert,
-        x: &x,
-        t: 1,
-        y: &mut y0,
-    }];
+    let one = (bytes[0].0.len() + bytes[0].1.len()) as u64;
     // Two handed ahead, two guessed (copied: no guess has proved wrong yet).
     let hints = Hints {
         next: &mats[1..3],
         guessed: &mats[3..],
         ..Hints::default()
     };
-    assert!(b.matmul_batch(&mut first, &hints));
-    let st = b.stats();
-    assert_eq!(
-        st.h2d_ahead_bytes as usize,
-        4 * (bytes[0].0.len() + bytes[0].1.len())
-    );
+    let st = expert_batch(&b, &mats[..1], &x, &hints, "the first batch");
+    assert_eq!(st.h2d_ahead_bytes, 4 * one);
     drop_all(&b, &mats[4]); // forgotten while its copy may still be running
-    let before = b.stats();
-    let mut ys: Vec<Vec<f32>> = (0..3).map(|_| vec![f32::NAN; rows]).collect();
-    let mut ps: Vec<Product<'_, '_>> = ys
-        .iter_mut()
-        .enumerate()
-        .map(|(i, y)| Product {
-            w: mats[i + 1],
-            role: Role::Expert,
-            x: &x,
-            t: 1,
-            y,
-        })
-        .collect();
-    assert!(b.matmul_batch(&mut ps, &Hints::default()));
-    drop(ps);
-    let st = b.stats().since(&before);
+    let st = expert_batch(&b, &mats[1..4], &x, &Hints::default(), "handed ahead");
     assert_eq!(
         (st.vram_expert_hits, st.vram_expert_misses),
         (3, 0),
         "copied ahead"
     );
-    for (i, y) in ys.iter().enumerate() {
-        let MatRef::Mxfp4(r) = mats[i + 1] else {
-            unreachable!()
-        };
-        same(
-            y,
-            &twin(&Mxfp4Rows(r), &x, 1),
-            &format!("product {} handed ahead", i + 1),
-        );
-    }
     assert_eq!(b.stats().device_errors, 0, "{:?}", b.stats().last_error);
     for m in &mats {
         drop_all(&b, m);
     }
     // No room: a budget of one matrix keeps the batch's and skips the rest.
-    let one = (bytes[0].0.len() + bytes[0].1.len()) as u64;
     let Some(small) = open(Some(one)) else { return };
-    let mut y0 = vec![0f32; rows];
-    let mut ps = [Product {
-        w: mats[0],
-        role: Role::Expert,
-        x: &x,
-        t: 1,
-        y: &mut y0,
-    }];
     let hints = Hints {
         next: &mats[1..2],
         ..Hints::default()
     };
-    assert!(small.matmul_batch(&mut ps, &hints));
-    let st = small.stats();
-    assert_eq!((st.h2d_ahead_bytes, st.vram_weight_bytes), (0, one));
-    let MatRef::Mxfp4(r) = mats[0] else {
-        unreachable!()
-    };
-    same(
-        &y0,
-        &twin(&Mxfp4Rows(r), &x, 1),
+    expert_batch(
+        &small,
+        &mats[..1],
+        &x,
+        &hints,
         "the batch under a full budget",
     );
+    let st = small.stats();
+    assert_eq!((st.h2d_ahead_bytes, st.vram_weight_bytes), (0, one));
     drop_all(&small, &mats[0]);
 }
 
@@ -670,17 +664,7 @@ fn hints_are_copied_in_order_as_far_as_they_fit() {
     let Some(b) = open(Some(3 * one)) else {
         return;
     };
-    let mats: Vec<MatRef<'_>> = bytes
-        .iter()
-        .map(|(p, s)| {
-            MatRef::Mxfp4(Mxfp4Ref {
-                rows,
-                cols,
-                packed: p,
-                scales: s,
-            })
-        })
-        .collect();
+    let mats = mxfp4_mats(&bytes, rows, cols);
     let x: Vec<f32> = (0..cols).map(|_| g.f32()).collect();
     // Computed elsewhere, with room: copied, and counted.
     b.hint(&Hints {
@@ -692,46 +676,18 @@ fn hints_are_copied_in_order_as_far_as_they_fit() {
     assert!(!b.experts_crowded());
     // A batch on 0, then 2 next and 3, 4 guessed: 1 (unlisted) makes way
     // for 3, and 4 finds no room.
-    let mut y0 = vec![0f32; rows];
-    let mut ps = [Product {
-        w: mats[0],
-        role: Role::Expert,
-        x: &x,
-        t: 1,
-        y: &mut y0,
-    }];
     let hints = Hints {
         next: &mats[2..3],
         guessed: &mats[3..],
         ..Hints::default()
     };
-    assert!(b.matmul_batch(&mut ps, &hints));
+    expert_batch(&b, &mats[..1], &x, &hints, "the batch with hints");
     let st = b.stats();
     assert_eq!((st.h2d_ahead_bytes, st.h2d_guessed_bytes), (3 * one, one));
     assert!(b.experts_crowded(), "an expert left, another found no room");
-    let before = b.stats();
-    let mut ys: Vec<Vec<f32>> = (0..3).map(|_| vec![f32::NAN; rows]).collect();
-    let mut ps: Vec<Product<'_, '_>> = ys
-        .iter_mut()
-        .zip([0, 2, 3])
-        .map(|(y, i)| Product {
-            w: mats[i],
-            role: Role::Expert,
-            x: &x,
-            t: 1,
-            y,
-        })
-        .collect();
-    assert!(b.matmul_batch(&mut ps, &Hints::default()));
-    drop(ps);
-    let st = b.stats().since(&before);
+    let held = [mats[0], mats[2], mats[3]];
+    let st = expert_batch(&b, &held, &x, &Hints::default(), "matrices 0, 2, 3");
     assert_eq!((st.vram_expert_hits, st.vram_expert_misses), (3, 0));
-    for (y, i) in ys.iter().zip([0, 2, 3]) {
-        let MatRef::Mxfp4(r) = mats[i] else {
-            unreachable!()
-        };
-        same(y, &twin(&Mxfp4Rows(r), &x, 1), &format!("matrix {i}"));
-    }
     // Crowded now: computed elsewhere is counted, not copied.
     let before = b.stats();
     b.hint(&Hints {

@@ -319,20 +319,16 @@ pub fn matmul_groups_stable(
 /// either way: grouping only saves round trips. With no products the
 /// `hints` still go to the backend ([`Backend::hint`]).
 pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], hints: &Hints<'_, '_>) {
-    let Some(b) = installed() else {
-        for p in products {
-            p.w.cpu(p.x, p.t, p.y);
+    if let Some(b) = installed() {
+        if products.is_empty() {
+            if !hints.is_empty() {
+                b.hint(hints);
+            }
+            return;
         }
-        return;
-    };
-    if products.is_empty() {
-        if !hints.is_empty() {
-            b.hint(hints);
+        if b.matmul_batch(products, hints) {
+            return;
         }
-        return;
-    }
-    if b.matmul_batch(products, hints) {
-        return;
     }
     for p in products {
         matmul_stable(&p.w, p.role, p.x, p.t, p.y);

@@ -45,6 +45,16 @@ impl<'w> Mats<'w> {
     }
 }
 
+/// A layer's experts as [`GluExpert::grouped`] runs them: their matrices,
+/// their inputs (`[n_i, in]`), row counts and output width.
+#[derive(Clone, Copy)]
+struct Layer<'a, 'w> {
+    mats: &'a [Mats<'w>],
+    inputs: &'a [Vec<f32>],
+    ns: &'a [usize],
+    out_w: usize,
+}
+
 /// Weight bytes per second at which the CPU last computed cold experts
 /// (an `f64`'s bits; 0 before any).
 static CPU_BYTES_PER_S: AtomicU64 = AtomicU64::new(0);
@@ -61,13 +71,26 @@ const PROBE_EVERY: u64 = 64;
 impl GluExpert<'_> {
     /// One expert on `z [n, in]` → `[n, out_w]`.
     pub fn forward(&self, e: &ExpertWeights, z: &[f32], n: usize, out_w: usize) -> Vec<f32> {
+        let index = [self.gate, self.up, self.down];
+        self.apply(z, n, out_w, |m, x, y| e.matmul(index[m], x, n, y))
+    }
+
+    /// `down(act(gate z, up z))` on `z [n, in]` → `[n, out_w]`, with
+    /// `mm(m, x, y)` computing matrix `m` (0 gate, 1 up, 2 down) of `x`.
+    fn apply(
+        &self,
+        z: &[f32],
+        n: usize,
+        out_w: usize,
+        mm: impl Fn(usize, &[f32], &mut [f32]),
+    ) -> Vec<f32> {
         let mut g = vec![0f32; n * self.inter];
         let mut u = vec![0f32; n * self.inter];
-        e.matmul(self.gate, z, n, &mut g);
-        e.matmul(self.up, z, n, &mut u);
+        mm(0, z, &mut g);
+        mm(1, z, &mut u);
         (self.act)(&mut g, &u);
         let mut y = vec![0f32; n * out_w];
-        e.matmul(self.down, &g, n, &mut y);
+        mm(2, &g, &mut y);
         y
     }
 
@@ -110,9 +133,15 @@ impl GluExpert<'_> {
         // The device is told which experts the CPU computes (they count as
         // used; while it has room to spare it copies them up to hold them).
         let elsewhere: Vec<MatRef<'_>> = cpu.iter().flat_map(|&i| mats[i].all()).collect();
+        let layer = Layer {
+            mats: &mats,
+            inputs,
+            ns: &ns,
+            out_w,
+        };
         let (dev_out, cpu_out) = rayon::join(
-            || self.on_device(&dev, &mats, inputs, &ns, out_w, (&elsewhere, &guessed)),
-            || self.on_cpu(&cpu, &mats, inputs, &ns, out_w),
+            || self.on_device(&layer, &dev, (&elsewhere, &guessed)),
+            || self.on_cpu(&layer, &cpu),
         );
         let mut out = vec![Vec::new(); mats.len()];
         for (i, y) in dev
@@ -131,13 +160,16 @@ impl GluExpert<'_> {
     /// on the device the hints go alone.
     fn on_device(
         &self,
+        layer: &Layer<'_, '_>,
         which: &[usize],
-        mats: &[Mats<'_>],
-        inputs: &[Vec<f32>],
-        ns: &[usize],
-        out_w: usize,
         (elsewhere, guessed): (&[MatRef<'_>], &[MatRef<'_>]),
     ) -> Vec<Vec<f32>> {
+        let Layer {
+            mats,
+            inputs,
+            ns,
+            out_w,
+        } = *layer;
         let downs: Vec<MatRef<'_>> = which.iter().map(|&i| mats[i].down).collect();
         let hints = Hints {
             next: &downs,
@@ -187,14 +219,13 @@ impl GluExpert<'_> {
     /// Experts `which` on the CPU kernels (one task each, its products
     /// split further over the pool's threads when large), noting the
     /// weight bytes per second they ran at.
-    fn on_cpu(
-        &self,
-        which: &[usize],
-        mats: &[Mats<'_>],
-        inputs: &[Vec<f32>],
-        ns: &[usize],
-        out_w: usize,
-    ) -> Vec<Vec<f32>> {
+    fn on_cpu(&self, layer: &Layer<'_, '_>, which: &[usize]) -> Vec<Vec<f32>> {
+        let Layer {
+            mats,
+            inputs,
+            ns,
+            out_w,
+        } = *layer;
         if which.is_empty() {
             return Vec::new();
         }
@@ -202,15 +233,8 @@ impl GluExpert<'_> {
         let out = which
             .par_iter()
             .map(|&i| {
-                let (m, x, n) = (&mats[i], &inputs[i], ns[i]);
-                let mut g = vec![0f32; n * self.inter];
-                let mut u = vec![0f32; n * self.inter];
-                m.gate.cpu(x, n, &mut g);
-                m.up.cpu(x, n, &mut u);
-                (self.act)(&mut g, &u);
-                let mut y = vec![0f32; n * out_w];
-                m.down.cpu(&g, n, &mut y);
-                y
+                let (all, n) = (mats[i].all(), ns[i]);
+                self.apply(&inputs[i], n, out_w, |m, x, y| all[m].cpu(x, n, y))
             })
             .collect();
         let bytes: f64 = which.iter().map(|&i| mats[i].bytes()).sum();

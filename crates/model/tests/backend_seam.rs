@@ -136,22 +136,35 @@ fn bits(v: &[Vec<f32>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The logits' bits of [`run`] with `rec` installed (none: no backend);
+/// the caller holds [`TURN`].
+fn bits_with(model: &dyn CausalLm, prompt: &[u32], rec: Option<Arc<Recorder>>) -> Vec<Vec<u32>> {
+    match rec {
+        Some(r) => backend::install(r),
+        None => drop(backend::uninstall()),
+    }
+    let out = bits(&run(model, prompt));
+    backend::uninstall();
+    out
+}
+
+fn k3_tiny() -> K3Model {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
+    K3Model::load(&dir).expect("k3-tiny loads")
+}
+
 /// The runs with no backend, a batching recorder and a declining one;
 /// returns the batching recorder's record.
 fn same_bits_every_way(model: &dyn CausalLm, prompt: &[u32]) -> Arc<Recorder> {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    backend::uninstall();
-    let plain = bits(&run(model, prompt));
+    let plain = bits_with(model, prompt, None);
     let takes = Arc::new(Recorder::default());
-    backend::install(takes.clone());
-    let batched = bits(&run(model, prompt));
+    let batched = bits_with(model, prompt, Some(takes.clone()));
     let declines = Arc::new(Recorder {
         decline_batches: true,
         ..Recorder::default()
     });
-    backend::install(declines.clone());
-    let one_by_one = bits(&run(model, prompt));
-    backend::uninstall();
+    let one_by_one = bits_with(model, prompt, Some(declines.clone()));
     assert!(plain == batched, "batched products changed the logits");
     assert!(plain == one_by_one, "declined batches changed the logits");
     assert!(
@@ -163,8 +176,7 @@ fn same_bits_every_way(model: &dyn CausalLm, prompt: &[u32]) -> Arc<Recorder> {
 
 #[test]
 fn k3_projections_and_experts_batch_with_the_same_bits() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
-    let model = K3Model::load(&dir).expect("k3-tiny loads");
+    let model = k3_tiny();
     let rec = same_bits_every_way(&model, &[1, 20, 300, 7, 42, 5]);
     let batches = rec.batches.lock().unwrap();
     // KDA layers: q, k, v, f_a, b, g of one input in one call.
@@ -221,19 +233,15 @@ fn kimi_linear_and_deepseek_experts_batch_with_the_same_bits() {
 /// matrices are products of a later batch.
 #[test]
 fn guessed_next_experts_are_handed_ahead_with_the_same_bits() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
-    let model = K3Model::load(&dir).expect("k3-tiny loads");
+    let model = k3_tiny();
     let prompt = [1, 20, 300, 7, 42, 5];
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    backend::uninstall();
-    let plain = bits(&run(&model, &prompt));
+    let plain = bits_with(&model, &prompt, None);
     let guessing = Arc::new(Recorder {
         crowded: true,
         ..Recorder::default()
     });
-    backend::install(guessing.clone());
-    let guessed = bits(&run(&model, &prompt));
-    backend::uninstall();
+    let guessed = bits_with(&model, &prompt, Some(guessing.clone()));
     assert!(plain == guessed, "guesses changed the logits");
     let k = model.spec.top_k;
     let mats = guessing.expert_mats.lock().unwrap();
@@ -286,22 +294,17 @@ fn guessed_next_experts_are_handed_ahead_with_the_same_bits() {
 /// bit-identical.
 #[test]
 fn cold_experts_split_between_cpu_and_device_with_the_same_bits() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
-    let model = K3Model::load(&dir).expect("k3-tiny loads");
+    let model = k3_tiny();
     let prompt = [1, 20, 300, 7, 42, 5];
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    backend::uninstall();
-    let plain = bits(&run(&model, &prompt));
+    let plain = bits_with(&model, &prompt, None);
     let warm = Arc::new(Recorder::default());
-    backend::install(warm.clone());
-    assert!(plain == bits(&run(&model, &prompt)));
+    assert!(plain == bits_with(&model, &prompt, Some(warm.clone())));
     let cold = Arc::new(Recorder {
         cold: true,
         ..Recorder::default()
     });
-    backend::install(cold.clone());
-    let split = bits(&run(&model, &prompt));
-    backend::uninstall();
+    let split = bits_with(&model, &prompt, Some(cold.clone()));
     assert!(
         plain == split,
         "computing cold experts on the CPU changed the logits"
