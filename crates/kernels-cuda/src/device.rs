@@ -1,5 +1,6 @@
 //! Opening a device, compiling the kernels, and the backend itself.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -11,11 +12,14 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use fathom_kernels::backend::{Backend, BackendStats, Hints, MatRef, Product, Role, segments};
 use fathom_kernels::fp8::E4M3;
+use fathom_kernels::kda::KdaJob;
+use fathom_kernels::state_buf::StateKey;
 
 use crate::cache::Cache;
 use crate::guess::GuessLog;
 use crate::{CudaError, SOURCE};
 
+mod kda;
 mod queue;
 
 use queue::Job;
@@ -82,6 +86,7 @@ struct Funcs {
     int4: CudaFunction,
     bf16_many: CudaFunction,
     mxfp4_many: CudaFunction,
+    kda: CudaFunction,
 }
 
 struct State {
@@ -95,6 +100,9 @@ struct State {
     /// Address tables of grouped launches, staged and on the device.
     ht: Option<PinnedHostSlice<u64>>,
     dt: Option<CudaSlice<u64>>,
+    /// Sequences' states whose newest copies are here, by their host
+    /// copies' names (`fathom_kernels::state_buf`).
+    states: HashMap<StateKey, CudaSlice<f32>>,
     /// The scores of the guessed matrices callers handed over.
     guesses: GuessLog,
     /// Timed events before the first kernel of a call and after its last.
@@ -221,6 +229,7 @@ impl CudaBackend {
             int4: f("mm_int4")?,
             bf16_many: f("mm_bf16_many")?,
             mxfp4_many: f("mm_mxfp4_many")?,
+            kda: f("kda_step")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
@@ -241,6 +250,7 @@ impl CudaBackend {
             state: Mutex::new(State {
                 cache: Cache::new(budget),
                 guesses: GuessLog::default(),
+                states: HashMap::new(),
                 x: None,
                 y: None,
                 hx: None,
@@ -393,8 +403,37 @@ impl Backend for CudaBackend {
         self.lock().cache.crowded()
     }
 
+    fn kda_step(&self, job: &mut KdaJob<'_>) -> bool {
+        let start = Instant::now();
+        let result = self.kda(job);
+        let mut st = self.lock();
+        match result {
+            Ok(done) => {
+                if done {
+                    st.stats.gpu_ms += start.elapsed().as_secs_f64() * 1e3;
+                }
+                done
+            }
+            Err(e) => {
+                st.stats.device_errors += 1;
+                st.stats.last_error = Some(format!("KDA step: {e}"));
+                false
+            }
+        }
+    }
+
+    fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String> {
+        self.read_state(key, out).map_err(|e| e.to_string())
+    }
+
+    fn state_copy(&self, src: StateKey, dst: StateKey) -> Result<(), String> {
+        self.copy_state(src, dst).map_err(|e| e.to_string())
+    }
+
     fn forget(&self, range: Range<usize>) {
         let mut st = self.lock();
+        st.states.retain(|k, _| !range.contains(&k.0));
+        st.stats.vram_state_bytes = st.states.values().map(|s| 4 * s.len() as u64).sum();
         for gone in st.cache.forget(range) {
             // The owner frees the bytes next: a copy from them must be over.
             if let Some(ready) = gone.ready {

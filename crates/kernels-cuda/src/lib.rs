@@ -53,5 +53,5 @@ impl From<cudarc::driver::DriverError> for CudaError {
     }
 }
 
-/// The kernels' CUDA C source.
-pub const SOURCE: &str = include_str!("matmul.cu");
+/// The kernels' CUDA C source: matrix products, then the KDA core.
+pub const SOURCE: &str = concat!(include_str!("matmul.cu"), include_str!("kda.cu"));

@@ -23,6 +23,8 @@ use std::sync::{Arc, RwLock};
 use fathom_weights::mxfp4::Mxfp4Ref;
 
 use crate::formats::{Fp8Rows, Int4Rows, Rows};
+use crate::kda::KdaJob;
+use crate::state_buf::StateKey;
 
 /// A weight matrix `[rows, cols]` in one of the stored formats.
 #[derive(Clone, Copy)]
@@ -137,6 +139,9 @@ pub struct BackendStats {
     pub kernel_ms: f64,
     /// Device memory holding weights now.
     pub vram_weight_bytes: u64,
+    /// Device memory holding sequences' states now (KDA states and
+    /// convolution windows left there by [`Backend::kda_step`]).
+    pub vram_state_bytes: u64,
     /// Device calls that failed (their products ran on the CPU instead).
     pub device_errors: u64,
     /// Weight bytes the device's products read from device memory (each
@@ -174,6 +179,7 @@ impl BackendStats {
             expert_gpu_ms: self.expert_gpu_ms - start.expert_gpu_ms,
             kernel_ms: self.kernel_ms - start.kernel_ms,
             vram_weight_bytes: self.vram_weight_bytes,
+            vram_state_bytes: self.vram_state_bytes,
             device_errors: self.device_errors - start.device_errors,
             weight_bytes_read: self.weight_bytes_read - start.weight_bytes_read,
             hbm_bytes_per_s: self.hbm_bytes_per_s,
@@ -231,8 +237,24 @@ pub trait Backend: Send + Sync {
     fn experts_crowded(&self) -> bool {
         false
     }
+    /// A KDA layer's core for one step ([`KdaJob`]), bit-identical to
+    /// [`crate::kda::kda_step_cpu`], leaving the sequences' states on the
+    /// device ([`crate::state_buf::StateBuf::set_on_device`]); `false` when not taken (the
+    /// caller runs it on the CPU; nothing was changed). Default: not taken.
+    fn kda_step(&self, _job: &mut KdaJob<'_>) -> bool {
+        false
+    }
+    /// Copies the device copy named `key` ([`crate::state_buf::StateBuf::key`]) into `out`.
+    fn state_read(&self, _key: StateKey, _out: &mut [f32]) -> Result<(), String> {
+        Err("this backend keeps no state".into())
+    }
+    /// Makes a device copy named `dst` equal to the one named `src` (same
+    /// length), on the device.
+    fn state_copy(&self, _src: StateKey, _dst: StateKey) -> Result<(), String> {
+        Err("this backend keeps no state".into())
+    }
     /// The owner of the host bytes `range` is dropping them: discard every
-    /// device copy made from bytes inside it.
+    /// device copy made from bytes inside it (weights and states).
     fn forget(&self, range: Range<usize>);
     fn stats(&self) -> BackendStats;
 }
@@ -333,6 +355,12 @@ pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], hints: &Hints<'_, '
     for p in products {
         matmul_stable(&p.w, p.role, p.x, p.t, p.y);
     }
+}
+
+/// A KDA layer's core on the installed backend when it takes it
+/// ([`Backend::kda_step`]); `false` tells the caller to run it on the CPU.
+pub fn kda_step(job: &mut KdaJob<'_>) -> bool {
+    installed().is_some_and(|b| b.kda_step(job))
 }
 
 /// Per matrix, the bytes the installed backend lacks

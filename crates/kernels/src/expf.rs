@@ -48,6 +48,22 @@ pub fn exp_softmax(x: f32) -> f32 {
     p * scale
 }
 
+/// Above this, `e^x` is past f32's largest finite value: `+∞`.
+pub const MAX_ARG: f32 = 88.722_83;
+
+/// `e^x` over the whole line, for the element-wise functions a device
+/// kernel computes too (sigmoid, SiLU and the decays of linear attention):
+/// [`exp_softmax`]'s operations, `+∞` above [`MAX_ARG`] (and from about
+/// 88.38 on, where `2ⁿ` reaches `2¹²⁸`). A CUDA twin repeats these
+/// operations one for one (`kda.cu`), so both devices give the same bits.
+#[inline(always)]
+pub fn exp_fixed(x: f32) -> f32 {
+    if x > MAX_ARG {
+        return f32::INFINITY;
+    }
+    exp_softmax(x)
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
@@ -168,6 +184,40 @@ mod tests {
         }
         assert!(exp_softmax(f32::NAN).is_nan());
         assert_eq!(exp_softmax(0.0), 1.0);
+    }
+
+    #[test]
+    fn fixed_exp_covers_the_whole_line() {
+        let mut xs = samples();
+        xs.extend((0..17_700).map(|i| i as f32 * 0.005));
+        for x in xs {
+            let (got, want) = (exp_fixed(x), (x as f64).exp());
+            if x < MIN_ARG {
+                assert_eq!(got, 0.0, "{x}");
+            } else if want > f32::MAX as f64 || x >= 88.38 {
+                assert!(
+                    got.is_infinite() || (got as f64 - want).abs() / want < 2.5e-7,
+                    "{x}"
+                );
+            } else {
+                let rel = ((got as f64 - want) / want).abs();
+                assert!(rel < 2.5e-7, "exp({x}) = {got}, want {want} (rel {rel})");
+            }
+        }
+        for x in [88.8f32, 100.0, 1e9, f32::INFINITY] {
+            assert_eq!(exp_fixed(x), f32::INFINITY, "{x}");
+        }
+        assert!(exp_fixed(f32::NAN).is_nan());
+        assert_eq!(crate::ops::sigmoid_fixed(-1e9), 0.0);
+        assert_eq!(crate::ops::sigmoid_fixed(1e9), 1.0);
+        for x in [-30.0f32, -3.0, -0.5, 0.0, 0.25, 2.0, 17.0] {
+            let want = 1.0 / (1.0 + (-(x as f64)).exp());
+            let got = crate::ops::sigmoid_fixed(x) as f64;
+            assert!(
+                (got - want).abs() <= 2e-7 * want,
+                "sigmoid({x}) = {got}, want {want}"
+            );
+        }
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -8,7 +8,8 @@
 //! ([`delta_rule`] picks it when the kernel set allows) gives the same bits
 //! as the baseline twin [`delta_rule_scalar`].
 
-use crate::ops::{sigmoid, silu};
+use crate::expf::exp_fixed;
+use crate::ops::{sigmoid_fixed, silu_fixed};
 
 /// Depthwise causal convolution + SiLU over `pre [T, P]`, using and updating
 /// `window` (`[kernel−1, P]`, the previous pre-convolution rows).
@@ -37,7 +38,7 @@ pub fn short_conv(
             for (j, &tap) in w.iter().enumerate() {
                 acc += tap * row(ti + j)[c];
             }
-            *v = silu(acc);
+            *v = silu_fixed(acc);
         }
     }
     // New window: the last `hist` rows of seq.
@@ -55,7 +56,7 @@ pub fn short_conv(
 pub fn log_decay(f: f32, a: f32, dt: f32, lower_bound: Option<f32>) -> f32 {
     let z = f + dt;
     match lower_bound {
-        Some(lb) => lb * sigmoid(a * z),
+        Some(lb) => lb * sigmoid_fixed(a * z),
         None => -a * softplus(z),
     }
 }
@@ -100,7 +101,7 @@ fn delta_rule_impl(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
         // S ← diag(α) S, and pred = Sᵀ k in the same sweep.
         pred.fill(0.0);
         for kk in 0..kd {
-            let alpha = la[kk].exp();
+            let alpha = exp_fixed(la[kk]);
             let row = &mut s[kk * vd..(kk + 1) * vd];
             for (sv, p) in row.iter_mut().zip(pred.iter_mut()) {
                 *sv *= alpha;
@@ -127,7 +128,7 @@ fn delta_rule_impl(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
 pub fn delta_rule(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
-        // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2.
+        // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2 and FMA.
         unsafe { delta_rule_avx2(s, x, out) };
         return;
     }
@@ -135,7 +136,7 @@ pub fn delta_rule(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn delta_rule_avx2(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
     delta_rule_impl(s, x, out)
 }
@@ -143,4 +144,210 @@ unsafe fn delta_rule_avx2(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
 /// The twin: the same arithmetic for the baseline instruction set.
 pub fn delta_rule_scalar(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
     delta_rule_impl(s, x, out)
+}
+
+/// Epsilon inside the q/k L2 normalisation.
+pub const KDA_L2_EPS: f32 = 1e-6;
+
+/// Dimensions of a KDA layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KdaDims {
+    pub heads: usize,
+    /// K = V.
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+    /// `log α = lb·σ(…)` when set, else `−A·softplus(…)`.
+    pub gate_lower_bound: Option<f32>,
+    /// Epsilon of the gated output norm (`o_norm`).
+    pub norm_eps: f32,
+}
+
+impl KdaDims {
+    /// Projection width P = heads × head_dim.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The query scale `K^-½`.
+    pub fn q_scale(&self) -> f32 {
+        (self.head_dim as f32).powf(-0.5)
+    }
+}
+
+/// A KDA layer's own parameters (besides its projections).
+#[derive(Clone, Copy)]
+pub struct KdaParams<'a> {
+    /// Depthwise conv taps `[P, kernel]` for q, k, v.
+    pub conv: [&'a [f32]; 3],
+    /// `exp(A_log[h])` per (head, channel): `[H·K]`.
+    pub a: &'a [f32],
+    pub dt_bias: &'a [f32],
+    /// The output norm weight `[K]`, shared by heads.
+    pub o_norm: &'a [f32],
+}
+
+/// One head's delta-rule inputs for the positions of a pass, kept so the
+/// state can be rolled forward again to any prefix (speculative rollback).
+#[derive(Debug, Clone, Default)]
+pub struct HeadInputs {
+    /// `[T, K]` normalised and scaled queries.
+    pub q: Vec<f32>,
+    /// `[T, K]` normalised keys.
+    pub k: Vec<f32>,
+    /// `[T, V]` values.
+    pub v: Vec<f32>,
+    /// `[T, K]` log decays.
+    pub log_alpha: Vec<f32>,
+    /// `[T]` β.
+    pub beta: Vec<f32>,
+}
+
+impl HeadInputs {
+    /// The first `t` positions as the delta rule's inputs (head width `kd`).
+    pub fn positions(&self, t: usize, kd: usize) -> DeltaInputs<'_> {
+        DeltaInputs {
+            q: &self.q[..t * kd],
+            k: &self.k[..t * kd],
+            v: &self.v[..t * kd],
+            log_alpha: &self.log_alpha[..t * kd],
+            beta: &self.beta[..t],
+            kd,
+            vd: kd,
+        }
+    }
+}
+
+/// A sequence's rows of a step's inputs, each `[T, P]` but `b` (`[T, H]`):
+/// q, k, v convolved, `f` and `b` raw.
+pub struct HeadRows<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub f: &'a [f32],
+    pub b: &'a [f32],
+}
+
+/// Head `hh`'s delta-rule inputs: `q = l2(q̃)·K^-½`, `k = l2(k̃)`, the log
+/// decays and `β = σ(b)` (the functions of [`crate::expf::exp_fixed`]).
+pub fn head_inputs(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) -> HeadInputs {
+    use crate::ops::l2_normalize;
+    let (h, kd) = (d.heads, d.head_dim);
+    let p = h * kd;
+    let t = r.q.len() / p;
+    let scale = d.q_scale();
+    let mut hi = HeadInputs {
+        q: vec![0f32; t * kd],
+        k: vec![0f32; t * kd],
+        v: vec![0f32; t * kd],
+        log_alpha: vec![0f32; t * kd],
+        beta: vec![0f32; t],
+    };
+    for ti in 0..t {
+        let src = ti * p + hh * kd;
+        let qr = &mut hi.q[ti * kd..(ti + 1) * kd];
+        qr.copy_from_slice(&r.q[src..src + kd]);
+        l2_normalize(qr, KDA_L2_EPS);
+        qr.iter_mut().for_each(|z| *z *= scale);
+        let kr = &mut hi.k[ti * kd..(ti + 1) * kd];
+        kr.copy_from_slice(&r.k[src..src + kd]);
+        l2_normalize(kr, KDA_L2_EPS);
+        hi.v[ti * kd..(ti + 1) * kd].copy_from_slice(&r.v[src..src + kd]);
+        for c in 0..kd {
+            let j = hh * kd + c;
+            hi.log_alpha[ti * kd + c] =
+                log_decay(r.f[ti * p + j], w.a[j], w.dt_bias[j], d.gate_lower_bound);
+        }
+        hi.beta[ti] = sigmoid_fixed(r.b[ti * h + hh]);
+    }
+    hi
+}
+
+/// Head `hh`'s outputs `o [T, K]`, in place: RMSNorm (`o_norm`) gated by
+/// `σ(g)` (`g [T, P]`).
+pub fn gated_norm(d: &KdaDims, w: &KdaParams<'_>, g: &[f32], hh: usize, o: &mut [f32]) {
+    let (kd, p) = (d.head_dim, d.width());
+    for (ti, orow) in o.chunks_exact_mut(kd).enumerate() {
+        crate::ops::rms_norm(orow, w.o_norm, d.norm_eps);
+        for (c, ov) in orow.iter_mut().enumerate() {
+            *ov *= sigmoid_fixed(g[ti * p + hh * kd + c]);
+        }
+    }
+}
+
+/// A step's inputs for every sequence: `pre` (q, k, v before the
+/// convolution), `f` and `g` are `[N, P]`, `b` is `[N, H]`.
+#[derive(Clone, Copy)]
+pub struct KdaInputs<'a> {
+    pub pre: [&'a [f32]; 3],
+    pub f: &'a [f32],
+    pub b: &'a [f32],
+    pub g: &'a [f32],
+}
+
+/// One sequence of a step: its rows of the inputs and what it carries.
+pub struct KdaSeq<'a> {
+    pub rows: std::ops::Range<usize>,
+    /// `S [H, K, V]`.
+    pub s: &'a mut crate::state_buf::StateBuf,
+    /// The q, k, v convolution windows, `[kernel − 1, P]` each.
+    pub conv: [&'a mut crate::state_buf::StateBuf; 3],
+}
+
+/// A KDA layer's core for one step of several sequences, from the
+/// projections to the gated head outputs `out [N, P]` (what `o_proj`
+/// takes). [`kda_step_cpu`] defines it; a backend's
+/// [`crate::backend::Backend::kda_step`] gives the same bits.
+pub struct KdaJob<'a> {
+    pub dims: &'a KdaDims,
+    pub w: KdaParams<'a>,
+    pub x: KdaInputs<'a>,
+    pub seqs: Vec<KdaSeq<'a>>,
+    pub out: &'a mut [f32],
+}
+
+/// The twin of a device's [`KdaJob`]: each sequence's convolution, then
+/// per head the inputs, the delta rule and the gated norm, in order on one
+/// thread (the model's step runs the same functions with heads in parallel).
+pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateError> {
+    let d = job.dims;
+    let (h, kd, p) = (d.heads, d.head_dim, d.width());
+    for seq in job.seqs.iter_mut() {
+        let rows = seq.rows.start * p..seq.rows.end * p;
+        let mut conv: Vec<Vec<f32>> = Vec::with_capacity(3);
+        for c in 0..3 {
+            let win = seq.conv[c].host_mut()?;
+            conv.push(short_conv(
+                &job.x.pre[c][rows.clone()],
+                win,
+                job.w.conv[c],
+                p,
+                d.conv_kernel,
+            ));
+        }
+        let s = seq.s.host_mut()?;
+        let r = HeadRows {
+            q: &conv[0],
+            k: &conv[1],
+            v: &conv[2],
+            f: &job.x.f[rows.clone()],
+            b: &job.x.b[seq.rows.start * h..seq.rows.end * h],
+        };
+        let g = &job.x.g[rows.clone()];
+        let t = seq.rows.len();
+        for hh in 0..h {
+            let hi = head_inputs(d, &job.w, &r, hh);
+            let mut o = vec![0f32; t * kd];
+            delta_rule(
+                &mut s[hh * kd * kd..(hh + 1) * kd * kd],
+                &hi.positions(t, kd),
+                &mut o,
+            );
+            gated_norm(d, &job.w, g, hh, &mut o);
+            for ti in 0..t {
+                let at = (seq.rows.start + ti) * p + hh * kd;
+                job.out[at..at + kd].copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
+            }
+        }
+    }
+    Ok(())
 }

@@ -28,6 +28,7 @@ mod neon;
 pub mod ops;
 pub mod quant;
 pub mod rope;
+pub mod state_buf;
 
 pub use dispatch::{Isa, Kernels, kernels, supported_isas};
 pub use matmul::{

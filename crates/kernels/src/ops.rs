@@ -31,6 +31,19 @@ pub fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
 
+/// `σ(x)` from [`crate::expf::exp_fixed`]: the sigmoid of the functions a
+/// device kernel repeats bit for bit (a library `expf` has no device twin).
+#[inline]
+pub fn sigmoid_fixed(x: f32) -> f32 {
+    1.0 / (1.0 + crate::expf::exp_fixed(-x))
+}
+
+/// `x · σ(x)` with [`sigmoid_fixed`].
+#[inline]
+pub fn silu_fixed(x: f32) -> f32 {
+    x * sigmoid_fixed(x)
+}
+
 /// Elements per task of the element-wise activations: wide rows (a dense
 /// MLP's 18–34 thousand, an expert's 2–3 thousand) are split over the pool
 /// (SiTU costs three transcendental functions an element); each element's

@@ -462,7 +462,7 @@ impl Job<'_, '_> {
 /// [`crate::cache::Cache::make_room`], then waits for any evicted entry's
 /// copy that may still be running (one copied ahead and never used): its
 /// owner may free the host bytes as soon as the entry is gone.
-fn make_room(st: &mut State, need: u64, keep: &[Key], class: Class) -> bool {
+pub(super) fn make_room(st: &mut State, need: u64, keep: &[Key], class: Class) -> bool {
     let Some(gone) = st.cache.make_room(need, keep, class) else {
         return false;
     };
@@ -512,7 +512,7 @@ pub(super) fn key(s: &[u8]) -> Key {
 }
 
 /// Page-locked host staging of at least `n` values.
-fn pinned<'a, T: cudarc::driver::DeviceRepr>(
+pub(super) fn pinned<'a, T: cudarc::driver::DeviceRepr>(
     ctx: &Arc<CudaContext>,
     slot: &'a mut Option<PinnedHostSlice<T>>,
     n: usize,
@@ -528,7 +528,7 @@ fn pinned<'a, T: cudarc::driver::DeviceRepr>(
 }
 
 /// A scratch buffer of at least `n` values.
-fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+pub(super) fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
     slot: &'a mut Option<CudaSlice<T>>,
     n: usize,

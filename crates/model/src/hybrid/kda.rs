@@ -15,28 +15,19 @@
 //! loop is sequential, which makes a T-token pass bit-identical to T
 //! single-token passes.
 
-use fathom_kernels::kda::{DeltaInputs, delta_rule, log_decay, short_conv};
-use fathom_kernels::ops::{l2_normalize, rms_norm, sigmoid};
+use fathom_kernels::backend;
+use fathom_kernels::kda::{
+    HeadRows, KdaInputs, KdaJob, KdaSeq, delta_rule, gated_norm, head_inputs, short_conv,
+};
+use fathom_kernels::state_buf::StateError;
 use rayon::prelude::*;
 
 use super::KdaDims;
 use super::state::{KdaJournal, KdaState};
+use crate::error::{ModelError, Result};
 
 pub use crate::batch::Segment;
-
-/// Epsilon inside the KDA kernels' q/k L2 normalisation.
-pub const KDA_L2_EPS: f32 = 1e-6;
-
-/// A KDA layer's own parameters (besides its projections).
-pub struct KdaParams<'a> {
-    /// Depthwise conv taps `[P, kernel]` for q, k, v.
-    pub conv: [&'a [f32]; 3],
-    /// `exp(A_log[h])` per (head, channel): `[H·K]`.
-    pub a: &'a [f32],
-    pub dt_bias: &'a [f32],
-    /// The output norm weight `[K]`, shared by heads.
-    pub o_norm: &'a [f32],
-}
+pub use fathom_kernels::kda::{HeadInputs, KDA_L2_EPS, KdaParams};
 
 /// A step's projections of its rows `x [N, D]`.
 pub struct KdaProjections {
@@ -50,63 +41,66 @@ pub struct KdaProjections {
     pub g: Vec<f32>,
 }
 
-/// One head's inputs for `t` positions starting at row `r0` of the
-/// projections (`q`, `k`, `v` convolved, `f`, `b` raw).
-struct HeadRows<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    f: &'a [f32],
-    b: &'a [f32],
-}
-
-fn head_inputs(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) -> HeadInputs {
-    let (h, kd) = (d.heads, d.head_dim);
-    let p = h * kd;
-    let t = r.q.len() / p;
-    let scale = (kd as f32).powf(-0.5);
-    let mut hi = HeadInputs {
-        q: vec![0f32; t * kd],
-        k: vec![0f32; t * kd],
-        v: vec![0f32; t * kd],
-        log_alpha: vec![0f32; t * kd],
-        beta: vec![0f32; t],
-    };
-    for ti in 0..t {
-        let src = ti * p + hh * kd;
-        let qr = &mut hi.q[ti * kd..(ti + 1) * kd];
-        qr.copy_from_slice(&r.q[src..src + kd]);
-        l2_normalize(qr, KDA_L2_EPS);
-        qr.iter_mut().for_each(|z| *z *= scale);
-        let kr = &mut hi.k[ti * kd..(ti + 1) * kd];
-        kr.copy_from_slice(&r.k[src..src + kd]);
-        l2_normalize(kr, KDA_L2_EPS);
-        hi.v[ti * kd..(ti + 1) * kd].copy_from_slice(&r.v[src..src + kd]);
-        for c in 0..kd {
-            let j = hh * kd + c;
-            hi.log_alpha[ti * kd + c] =
-                log_decay(r.f[ti * p + j], w.a[j], w.dt_bias[j], d.gate_lower_bound);
-        }
-        hi.beta[ti] = sigmoid(r.b[ti * h + hh]);
-    }
-    hi
-}
-
 /// KDA for the rows of several sequences, from their projections:
 /// `segs[i]` are sequence i's rows, `states[i]` its state. The convolution
 /// and the delta rule run per sequence. Returns the gated head outputs
 /// `[N, P]` (what `o_proj` takes).
-/// Its time is the decode profile's `linear_core`.
+/// Its time is the decode profile's `linear_core`. A step with no
+/// journaling sequence runs on the backend's device when it takes it (the
+/// states then stay there); else here.
 pub fn kda_heads(
     d: &KdaDims,
     w: &KdaParams<'_>,
     states: &mut [&mut KdaState],
     segs: &[Segment],
     proj: &KdaProjections,
-) -> Vec<f32> {
+) -> Result<Vec<f32>> {
     crate::phase::timed(crate::phase::Phase::LinearCore, || {
-        heads(d, w, states, segs, proj)
+        if states.iter().all(|s| s.journal.is_none())
+            && let Some(out) = on_device(d, w, states, segs, proj)
+        {
+            return Ok(out);
+        }
+        heads(d, w, states, segs, proj).map_err(|e| ModelError::State(e.to_string()))
     })
+}
+
+/// The step as one [`KdaJob`] for the backend; `None` when it declines.
+fn on_device(
+    d: &KdaDims,
+    w: &KdaParams<'_>,
+    states: &mut [&mut KdaState],
+    segs: &[Segment],
+    proj: &KdaProjections,
+) -> Option<Vec<f32>> {
+    backend::installed()?;
+    let n = segs.last().map_or(0, |s| s.end);
+    let mut out = vec![0f32; n * d.width()];
+    let seqs = states
+        .iter_mut()
+        .zip(segs)
+        .map(|(st, seg)| {
+            let [q, k, v] = &mut st.conv;
+            KdaSeq {
+                rows: seg.start..seg.end,
+                s: &mut st.s,
+                conv: [q, k, v],
+            }
+        })
+        .collect();
+    let mut job = KdaJob {
+        dims: d,
+        w: *w,
+        x: KdaInputs {
+            pre: [&proj.pre[0], &proj.pre[1], &proj.pre[2]],
+            f: &proj.f,
+            b: &proj.b,
+            g: &proj.g,
+        },
+        seqs,
+        out: &mut out,
+    };
+    backend::kda_step(&mut job).then_some(out)
 }
 
 fn heads(
@@ -115,19 +109,29 @@ fn heads(
     states: &mut [&mut KdaState],
     segs: &[Segment],
     proj: &KdaProjections,
-) -> Vec<f32> {
+) -> std::result::Result<Vec<f32>, StateError> {
     let (h, kd) = (d.heads, d.head_dim);
     let p = h * kd;
     let n = segs.last().map_or(0, |s| s.end);
     let pre = &proj.pre;
     let mut conv = [vec![0f32; n * p], vec![0f32; n * p], vec![0f32; n * p]];
+    let journaling: Vec<bool> = states.iter().map(|s| s.journal.is_some()).collect();
+    // States left on the device by earlier steps come back first.
+    let mut host: Vec<(&mut Vec<f32>, [&mut Vec<f32>; 3])> = Vec::with_capacity(states.len());
+    for st in states.iter_mut() {
+        let [q, k, v] = &mut st.conv;
+        host.push((
+            st.s.host_mut()?,
+            [q.host_mut()?, k.host_mut()?, v.host_mut()?],
+        ));
+    }
     // q, k and v of every sequence, in parallel (each writes its own window).
-    let outs: Vec<Vec<f32>> = states
+    let outs: Vec<Vec<f32>> = host
         .par_iter_mut()
         .zip(segs)
-        .flat_map(|(st, seg)| {
+        .flat_map(|((_, wins), seg)| {
             let rows = seg.start * p..seg.end * p;
-            st.conv.par_iter_mut().enumerate().map(move |(c, win)| {
+            wins.par_iter_mut().enumerate().map(move |(c, win)| {
                 short_conv(&pre[c][rows.clone()], win, w.conv[c], p, d.conv_kernel)
             })
         })
@@ -141,10 +145,9 @@ fn heads(
 
     // Per head, every sequence's state slice, so heads run in parallel and
     // each head walks the sequences in batch order.
-    let journaling: Vec<bool> = states.iter().map(|s| s.journal.is_some()).collect();
     let mut per_head: Vec<Vec<&mut [f32]>> = (0..h).map(|_| Vec::new()).collect();
-    for st in states.iter_mut() {
-        for (hh, s) in st.s.chunks_mut(kd * kd).enumerate() {
+    for (s, _) in host.iter_mut() {
+        for (hh, s) in s.chunks_mut(kd * kd).enumerate() {
             per_head[hh].push(s);
         }
     }
@@ -169,16 +172,11 @@ fn heads(
                 delta_rule(s, &hi.positions(hi.beta.len(), kd), os);
                 inputs.push(journal.then_some(hi));
             }
-            // Gated RMSNorm of the head output.
-            for (ti, orow) in o.chunks_exact_mut(kd).enumerate() {
-                rms_norm(orow, w.o_norm, d.norm_eps);
-                for (c, ov) in orow.iter_mut().enumerate() {
-                    *ov *= sigmoid(g[ti * p + hh * kd + c]);
-                }
-            }
+            gated_norm(d, w, g, hh, &mut o);
             (o, inputs)
         })
         .collect();
+    drop(host);
     for (si, (st, seg)) in states.iter_mut().zip(segs).enumerate() {
         if let Some(j) = st.journal.as_mut() {
             let pre_rows: [Vec<f32>; 3] =
@@ -197,49 +195,24 @@ fn heads(
                 .copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
         }
     }
-    cat
-}
-
-/// One head's delta-rule inputs for the positions of a pass, kept so the
-/// state can be rolled forward again to any prefix (speculative rollback).
-#[derive(Debug, Clone, Default)]
-pub struct HeadInputs {
-    /// `[T, K]` normalised and scaled queries.
-    pub q: Vec<f32>,
-    /// `[T, K]` normalised keys.
-    pub k: Vec<f32>,
-    /// `[T, V]` values.
-    pub v: Vec<f32>,
-    /// `[T, K]` log decays.
-    pub log_alpha: Vec<f32>,
-    /// `[T]` β.
-    pub beta: Vec<f32>,
-}
-
-impl HeadInputs {
-    /// The first `t` positions as the kernel's inputs (head width `kd`).
-    fn positions(&self, t: usize, kd: usize) -> DeltaInputs<'_> {
-        DeltaInputs {
-            q: &self.q[..t * kd],
-            k: &self.k[..t * kd],
-            v: &self.v[..t * kd],
-            log_alpha: &self.log_alpha[..t * kd],
-            beta: &self.beta[..t],
-            kd,
-            vd: kd,
-        }
-    }
+    Ok(cat)
 }
 
 /// Rewinds `st` to the start of its journaled pass and replays the first
 /// `keep` positions: the recurrent state and conv windows become bit for bit
 /// what a pass of only those positions would have left.
-pub fn replay_prefix(d: &KdaDims, st: &mut KdaState, j: &KdaJournal, keep: usize) {
+pub fn replay_prefix(
+    d: &KdaDims,
+    st: &mut KdaState,
+    j: &KdaJournal,
+    keep: usize,
+) -> std::result::Result<(), StateError> {
     let kd = d.head_dim;
     let p = d.width();
-    st.s.copy_from_slice(&j.s0);
+    st.s.copy_from(&j.s0)?;
     let min_len = crate::par_min_len(j.heads.len(), keep * kd * kd * 4);
-    st.s.par_chunks_mut(kd * kd)
+    st.s.host_mut()?
+        .par_chunks_mut(kd * kd)
         .zip(j.heads.par_iter())
         .with_min_len(min_len)
         .for_each(|(s, hi)| {
@@ -248,6 +221,7 @@ pub fn replay_prefix(d: &KdaDims, st: &mut KdaState, j: &KdaJournal, keep: usize
         });
     let hist = d.conv_kernel - 1;
     for (c, (w0, pre)) in st.conv.iter_mut().zip(j.conv0.iter().zip(&j.pre)) {
+        let (w0, c) = (w0.read()?, c.host_mut()?);
         // Window after `keep` positions: the last `hist` rows of w0 ++ pre[..keep].
         let rows: Vec<&[f32]> = w0
             .chunks_exact(p)
@@ -258,4 +232,5 @@ pub fn replay_prefix(d: &KdaDims, st: &mut KdaState, j: &KdaJournal, keep: usize
             dst.copy_from_slice(src);
         }
     }
+    Ok(())
 }

@@ -21,24 +21,7 @@ pub enum AttnKind {
 }
 
 /// Dimensions of the KDA layers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KdaDims {
-    pub heads: usize,
-    /// K = V.
-    pub head_dim: usize,
-    pub conv_kernel: usize,
-    /// `log α = lb·σ(…)` when set, else `−A·softplus(…)`.
-    pub gate_lower_bound: Option<f32>,
-    /// Epsilon of the gated output norm (`o_norm`).
-    pub norm_eps: f32,
-}
-
-impl KdaDims {
-    /// Projection width P = heads × head_dim.
-    pub fn width(&self) -> usize {
-        self.heads * self.head_dim
-    }
-}
+pub use fathom_kernels::kda::KdaDims;
 
 /// Dimensions of the MLA layers.
 #[derive(Debug, Clone, PartialEq)]

@@ -14,16 +14,21 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use fathom_kernels::state_buf::{StateBuf, StateError};
+
 use super::{AttnKind, HybridDims};
 use crate::error::{ModelError, Result};
 use crate::lm::{SeqState, StateSnapshot};
 
+/// A KDA layer's state. Its buffers' newest copies may be on the
+/// backend's device (after a step ran there): read them through
+/// [`StateBuf::read`] / [`StateBuf::host_mut`].
 #[derive(Debug, Clone)]
 pub struct KdaState {
     /// Pre-convolution rows for q, k, v: `[kernel − 1, P]` each, oldest first.
-    pub conv: [Vec<f32>; 3],
+    pub conv: [StateBuf; 3],
     /// `S_h ∈ R^{K×V}` per head, row-major `[H, K, V]`.
-    pub s: Vec<f32>,
+    pub s: StateBuf,
     /// Inputs recorded during a pass that may be partly rolled back.
     pub journal: Option<KdaJournal>,
 }
@@ -33,8 +38,8 @@ pub struct KdaState {
 /// pre-convolution rows of the pass (a few rows per position).
 #[derive(Debug, Clone)]
 pub struct KdaJournal {
-    pub s0: Vec<f32>,
-    pub conv0: [Vec<f32>; 3],
+    pub s0: StateBuf,
+    pub conv0: [StateBuf; 3],
     /// Pre-convolution q, k, v rows of the pass, `[T, P]` each.
     pub pre: [Vec<f32>; 3],
     /// Per head, the delta-rule inputs of the pass.
@@ -131,7 +136,7 @@ impl Snapshot {
         self.kda
             .iter()
             .flatten()
-            .map(|k| 4 * (k.s.len() + k.conv.iter().map(Vec::len).sum::<usize>()))
+            .map(|k| 4 * (k.s.len() + k.conv.iter().map(StateBuf::len).sum::<usize>()))
             .sum()
     }
 }
@@ -145,8 +150,8 @@ impl SequenceState {
             .iter()
             .map(|kind| match kind {
                 AttnKind::Kda => LayerState::Kda(KdaState {
-                    conv: std::array::from_fn(|_| vec![0.0; (k.conv_kernel - 1) * p]),
-                    s: vec![0.0; k.heads * k.head_dim * k.head_dim],
+                    conv: std::array::from_fn(|_| StateBuf::zeros((k.conv_kernel - 1) * p)),
+                    s: StateBuf::zeros(k.heads * k.head_dim * k.head_dim),
                     journal: None,
                 }),
                 AttnKind::Mla => LayerState::Mla(MlaCache::new(dims.mla.cache_width(), pool)),
@@ -196,8 +201,10 @@ impl SequenceState {
         for (i, l) in self.layers.iter().enumerate() {
             match (l, &mut snap.kda[i]) {
                 (LayerState::Kda(k), Some(saved)) => {
-                    copy_state(&mut saved.s, &k.s);
-                    saved.conv.clone_from(&k.conv);
+                    reachable(saved.s.copy_from(&k.s));
+                    for (c, src) in saved.conv.iter_mut().zip(&k.conv) {
+                        reachable(c.copy_from(src));
+                    }
                     saved.journal.clone_from(&k.journal);
                     snap.mla_len[i] = 0;
                 }
@@ -215,7 +222,7 @@ impl SequenceState {
 
     /// Puts back what `mark` saw, journals included.
     pub(crate) fn undo(&mut self, mark: &UndoMark) {
-        self.restore(&mark.0);
+        reachable(self.restore(&mark.0));
         for (l, saved) in self.layers.iter_mut().zip(&mark.0.kda) {
             if let (LayerState::Kda(k), Some(s)) = (l, saved) {
                 k.journal.clone_from(&s.journal);
@@ -247,7 +254,7 @@ impl SequenceState {
 
     /// Returns to `snap`, which must have been taken from this sequence at or
     /// before its current position.
-    pub fn restore(&mut self, snap: &Snapshot) {
+    pub fn restore(&mut self, snap: &Snapshot) -> std::result::Result<(), StateError> {
         assert!(
             snap.pos <= self.pos,
             "snapshot is from the future of this sequence"
@@ -256,15 +263,16 @@ impl SequenceState {
             match l {
                 LayerState::Kda(k) => {
                     let saved = snap.kda[i].as_ref().expect("layer kinds do not change");
-                    k.s.copy_from_slice(&saved.s);
+                    k.s.copy_from(&saved.s)?;
                     for (c, sc) in k.conv.iter_mut().zip(&saved.conv) {
-                        c.copy_from_slice(sc);
+                        c.copy_from(sc)?;
                     }
                 }
                 LayerState::Mla(m) => m.truncate(snap.mla_len[i]),
             }
         }
         self.pos = snap.pos;
+        Ok(())
     }
 
     /// Starts a pass that [`SequenceState::keep`] may later cut short. KDA
@@ -290,7 +298,7 @@ impl SequenceState {
     /// rest: MLA rows are truncated, KDA state and conv windows rewound and
     /// replayed over the kept positions. The result is bit-identical to a
     /// state that was only ever fed those `n` positions.
-    fn keep_pass(&mut self, pass: PendingPass, n: usize) {
+    fn keep_pass(&mut self, pass: PendingPass, n: usize) -> std::result::Result<(), StateError> {
         let fed = self.pos - pass.pos;
         assert!(n <= fed, "cannot keep {n} of {fed} positions");
         for (i, l) in self.layers.iter_mut().enumerate() {
@@ -301,13 +309,14 @@ impl SequenceState {
                         .take()
                         .expect("begin_pass journals every KDA layer");
                     if n < fed {
-                        super::kda::replay_prefix(&self.dims.kda, k, &j, n);
+                        super::kda::replay_prefix(&self.dims.kda, k, &j, n)?;
                     }
                 }
                 LayerState::Mla(m) => m.truncate(pass.mla_len[i] + n),
             }
         }
         self.pos = pass.pos + n;
+        Ok(())
     }
 
     /// Bytes held by this sequence's state.
@@ -315,7 +324,9 @@ impl SequenceState {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerState::Kda(k) => 4 * (k.s.len() + k.conv.iter().map(Vec::len).sum::<usize>()),
+                LayerState::Kda(k) => {
+                    4 * (k.s.len() + k.conv.iter().map(StateBuf::len).sum::<usize>())
+                }
                 LayerState::Mla(m) => m.bytes(),
             })
             .sum()
@@ -364,8 +375,7 @@ impl SeqState for SequenceState {
                 "the snapshot is not from this sequence's past".into(),
             ));
         }
-        SequenceState::restore(self, snap);
-        Ok(())
+        SequenceState::restore(self, snap).map_err(|e| ModelError::State(e.to_string()))
     }
     fn begin_pass(&mut self) {
         self.pending = Some(self.begin_pass_at(self.dims.kda.heads));
@@ -381,8 +391,8 @@ impl SeqState for SequenceState {
                 "cannot keep {n} of the {fed} positions fed"
             )));
         }
-        self.keep_pass(pass, n);
-        Ok(())
+        self.keep_pass(pass, n)
+            .map_err(|e| ModelError::State(e.to_string()))
     }
     fn fork(&self) -> Box<dyn SeqState> {
         let mut s = self.clone();
@@ -405,17 +415,11 @@ impl SeqState for SequenceState {
     }
 }
 
-/// `dst = src` for a KDA state (megabytes per layer at K3's size): into the
-/// existing buffer, in parallel chunks (a copy: the order cannot matter).
-fn copy_state(dst: &mut Vec<f32>, src: &[f32]) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 16;
-    if dst.len() != src.len() {
-        dst.clear();
-        dst.extend_from_slice(src);
-        return;
+/// A state copy in a step's bookkeeping (undo marks), which has no error
+/// path: the device holding the newest copy can no longer be reached, so
+/// no sequence it holds can continue.
+fn reachable(r: std::result::Result<(), StateError>) {
+    if let Err(e) = r {
+        panic!("{e}");
     }
-    dst.par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| d.copy_from_slice(s));
 }

@@ -8,9 +8,11 @@
 
 use std::sync::Arc;
 
+use fathom_kernels::state_buf::StateError;
+
 use super::state::{LayerState, SequenceState};
 use super::{AttnKind, HybridDims};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::kv::KvPool;
 use crate::state_codec::{Reader, bad, put_f32s, put_header, read_header};
 
@@ -25,7 +27,8 @@ pub fn encode(s: &SequenceState) -> Result<Vec<u8>> {
             LayerState::Kda(k) => {
                 out.push(0);
                 for v in k.conv.iter().chain(std::iter::once(&k.s)) {
-                    put_f32s(&mut out, v);
+                    let v = v.read().map_err(|e| ModelError::State(e.to_string()))?;
+                    put_f32s(&mut out, &v);
                 }
             }
             LayerState::Mla(m) => {
@@ -58,9 +61,13 @@ pub fn decode(dims: &Arc<HybridDims>, pool: &Arc<KvPool>, bytes: &[u8]) -> Resul
         match (l, kind, tag) {
             (LayerState::Kda(k), AttnKind::Kda, 0) => {
                 for (j, c) in k.conv.iter_mut().enumerate() {
-                    *c = r.f32s(c.len(), &format!("layer {i} conv window {j}"))?;
+                    *c = r
+                        .f32s(c.len(), &format!("layer {i} conv window {j}"))?
+                        .into();
                 }
-                k.s = r.f32s(k.s.len(), &format!("layer {i} recurrent state"))?;
+                k.s = r
+                    .f32s(k.s.len(), &format!("layer {i} recurrent state"))?
+                    .into();
             }
             (LayerState::Mla(m), AttnKind::Mla, 1) => {
                 let w = r.u32()? as usize;
@@ -100,8 +107,17 @@ pub fn synthetic(
     for l in &mut s.layers {
         match l {
             LayerState::Kda(k) => {
-                k.s.iter_mut().for_each(|v| *v = next(0.02));
-                k.conv.iter_mut().flatten().for_each(|v| *v = next(0.5));
+                let err = |e: StateError| ModelError::State(e.to_string());
+                k.s.host_mut()
+                    .map_err(err)?
+                    .iter_mut()
+                    .for_each(|v| *v = next(0.02));
+                for c in &mut k.conv {
+                    c.host_mut()
+                        .map_err(err)?
+                        .iter_mut()
+                        .for_each(|v| *v = next(0.5));
+                }
             }
             LayerState::Mla(m) => {
                 let w = m.width;

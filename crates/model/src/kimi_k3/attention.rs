@@ -25,6 +25,22 @@ impl KdaWeights {
     }
 }
 
+impl Drop for KdaWeights {
+    /// A backend may keep device copies of the parameters (the KDA core's).
+    fn drop(&mut self) {
+        for v in [
+            &self.q_conv1d,
+            &self.k_conv1d,
+            &self.v_conv1d,
+            &self.a,
+            &self.dt_bias,
+            &self.o_norm,
+        ] {
+            fathom_kernels::backend::forget(v);
+        }
+    }
+}
+
 /// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
 /// state. Projections run once over all N rows. Returns `[N, D]`.
@@ -34,7 +50,7 @@ pub fn kda(
     states: &mut [&mut KdaState],
     segs: &[Segment],
     x: &[f32],
-) -> Vec<f32> {
+) -> Result<Vec<f32>> {
     let n = x.len() / spec.hidden_size;
     let [q, k, v, fa, b, g] = Linear::forward_many(
         [
@@ -54,8 +70,8 @@ pub fn kda(
         b,
         g,
     };
-    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj);
-    w.o_proj.forward(&cat, n)
+    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj)?;
+    Ok(w.o_proj.forward(&cat, n))
 }
 
 /// Gated MLA for the rows `x [N, D]` (already `input_layernorm`ed) of

@@ -121,7 +121,7 @@ fn attention(
                     LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            Ok(kda(spec, aw, &mut st, segs, x))
+            kda(spec, aw, &mut st, segs, x)
         }
         AttnWeights::Mla(aw) => {
             let mut st: Vec<&mut MlaCache> = states

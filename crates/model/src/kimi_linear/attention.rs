@@ -25,7 +25,7 @@ pub fn kda(
     states: &mut [&mut KdaState],
     segs: &[Segment],
     x: &[f32],
-) -> Vec<f32> {
+) -> Result<Vec<f32>> {
     let n = x.len() / spec.hidden_size;
     let [q, k, v, fa, b, ga] = Linear::forward_many(
         [
@@ -45,8 +45,8 @@ pub fn kda(
         b,
         g: w.g_b_proj.forward(&ga, n),
     };
-    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj);
-    w.o_proj.forward(&cat, n)
+    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj)?;
+    Ok(w.o_proj.forward(&cat, n))
 }
 
 /// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several

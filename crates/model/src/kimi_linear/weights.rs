@@ -47,6 +47,22 @@ impl KdaWeights {
     }
 }
 
+impl Drop for KdaWeights {
+    /// A backend may keep device copies of the parameters (the KDA core's).
+    fn drop(&mut self) {
+        for v in [
+            &self.q_conv1d,
+            &self.k_conv1d,
+            &self.v_conv1d,
+            &self.a,
+            &self.dt_bias,
+            &self.o_norm,
+        ] {
+            fathom_kernels::backend::forget(v);
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct MlaWeights {
     pub q_proj: Linear,

@@ -1,0 +1,138 @@
+
+// Kimi Delta Attention's per-sequence core on the GPU (fathom-kernels
+// `kda`: short_conv, head_inputs, delta_rule, gated_norm), with the CPU's
+// operations one for one: every multiply and add rounded on its own
+// (__fmul_rn, __fadd_rn; the module is compiled with --fmad=false), the
+// fused multiply-adds only where the CPU calls mul_add (exp_fixed), the
+// sequential sums in the CPU's order, and the same hand-written exp.
+
+#define EXP_MIN_ARG (-87.33654f)
+#define EXP_MAX_ARG 88.72283f
+
+// fathom-kernels `expf::exp_fixed`: Cody–Waite reduction, a degree-7
+// Horner polynomial of fused multiply-adds, 2^n from its bits.
+__device__ __forceinline__ float exp_fixed(float x) {
+    if (x > EXP_MAX_ARG) return __uint_as_float(0x7F800000u);
+    if (x < EXP_MIN_ARG) return 0.0f;
+    const float n = rintf(__fmul_rn(x, 1.44269504088896340736f));
+    float r = __fmaf_rn(-n, 0.6933594f, x);
+    r = __fmaf_rn(-n, -2.1219444e-4f, r);
+    float p = 1.0f / 5040.0f;
+    p = __fmaf_rn(p, r, 1.0f / 720.0f);
+    p = __fmaf_rn(p, r, 1.0f / 120.0f);
+    p = __fmaf_rn(p, r, 1.0f / 24.0f);
+    p = __fmaf_rn(p, r, 1.0f / 6.0f);
+    p = __fmaf_rn(p, r, 0.5f);
+    p = __fmaf_rn(p, r, 1.0f);
+    p = __fmaf_rn(p, r, 1.0f);
+    const float scale = __uint_as_float(((unsigned)((int)n + 127)) << 23);
+    return __fmul_rn(p, scale);
+}
+
+__device__ __forceinline__ float sigmoid_fixed(float x) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_fixed(-x)));
+}
+
+// Σ v[i]² over i = 0, 1, … in order, from zero.
+__device__ __forceinline__ float sum_sq(const float* v, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; ++i) s = __fadd_rn(s, __fmul_rn(v[i], v[i]));
+    return s;
+}
+
+#define KDA_MAX_KERNEL 8
+
+// One sequence's T positions (rows row0 … row0 + T − 1 of the step's
+// inputs) for one head per block (gridDim.x = heads), one thread per
+// channel of the head (blockDim.x = kd, keys and values kd wide).
+// S: the sequence's state [H, kd, kd]; win_*: its conv windows
+// [kernel − 1, P]; pre_*, f, g, out: [N, P]; b: [N, H]; taps: [P, kernel].
+// Positions run in order, so T positions give the bits of T single steps.
+extern "C" __global__ void kda_step(
+    float* S, float* win_q, float* win_k, float* win_v,
+    const float* pre_q, const float* pre_k, const float* pre_v,
+    const float* f, const float* b, const float* g,
+    const float* taps_q, const float* taps_k, const float* taps_v,
+    const float* a, const float* dt, const float* onorm, float* out,
+    int row0, int t, int heads, int kd, int kernel,
+    float q_scale, float l2_eps, float norm_eps, float lb) {
+    extern __shared__ float sh[];
+    float* qs = sh;            // [kd] normalised, scaled q
+    float* ks = sh + kd;       // [kd] normalised k
+    float* alpha = sh + 2 * kd;  // [kd] decays
+    float* os = sh + 3 * kd;   // [kd] head output
+    float* rs = sh + 4 * kd;   // [2] norms' factors
+    const int hh = blockIdx.x, j = threadIdx.x;
+    const int p = heads * kd, c = hh * kd + j, hist = kernel - 1;
+    float* s = S + (size_t)hh * kd * kd;
+    float* wins[3] = {win_q, win_k, win_v};
+    const float* pres[3] = {pre_q, pre_k, pre_v};
+    const float* taps[3] = {taps_q, taps_k, taps_v};
+    for (int ti = 0; ti < t; ++ti) {
+        const size_t row = (size_t)(row0 + ti);
+        // Short convolution + SiLU of this channel of q, k and v.
+        float cv[3];
+        for (int m = 0; m < 3; ++m) {
+            float acc = 0.0f;
+            for (int tap = 0; tap < kernel; ++tap) {
+                const int r = ti + tap;  // row of window ++ pre
+                const float x = r < hist ? wins[m][(size_t)r * p + c]
+                                         : pres[m][(size_t)(row0 + r - hist) * p + c];
+                acc = __fadd_rn(acc, __fmul_rn(taps[m][(size_t)c * kernel + tap], x));
+            }
+            cv[m] = __fmul_rn(acc, sigmoid_fixed(acc));
+        }
+        qs[j] = cv[0];
+        ks[j] = cv[1];
+        const float z = __fadd_rn(f[row * p + c], dt[c]);
+        alpha[j] = exp_fixed(__fmul_rn(lb, sigmoid_fixed(__fmul_rn(a[c], z))));
+        __syncthreads();
+        if (j == 0) {
+            rs[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(sum_sq(qs, kd), l2_eps)));
+            rs[1] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(sum_sq(ks, kd), l2_eps)));
+        }
+        __syncthreads();
+        const float qj = __fmul_rn(__fmul_rn(qs[j], rs[0]), q_scale);
+        const float kj = __fmul_rn(ks[j], rs[1]);
+        __syncthreads();
+        qs[j] = qj;
+        ks[j] = kj;
+        const float beta = sigmoid_fixed(b[row * heads + hh]);
+        __syncthreads();
+        // Gated delta rule, column j of the state.
+        float pred = 0.0f;
+        for (int kk = 0; kk < kd; ++kk) {
+            const float sv = __fmul_rn(s[(size_t)kk * kd + j], alpha[kk]);
+            s[(size_t)kk * kd + j] = sv;
+            pred = __fadd_rn(pred, __fmul_rn(ks[kk], sv));
+        }
+        const float u = __fmul_rn(beta, __fsub_rn(cv[2], pred));
+        float o = 0.0f;
+        for (int kk = 0; kk < kd; ++kk) {
+            const float sv = __fadd_rn(s[(size_t)kk * kd + j], __fmul_rn(ks[kk], u));
+            s[(size_t)kk * kd + j] = sv;
+            o = __fadd_rn(o, __fmul_rn(qs[kk], sv));
+        }
+        // RMSNorm of the head output, gated by σ(g).
+        os[j] = o;
+        __syncthreads();
+        if (j == 0) {
+            const float ms = __fdiv_rn(sum_sq(os, kd), (float)kd);
+            rs[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, norm_eps)));
+        }
+        __syncthreads();
+        const float on = __fmul_rn(__fmul_rn(o, rs[0]), onorm[j]);
+        out[row * p + c] = __fmul_rn(on, sigmoid_fixed(g[row * p + c]));
+        __syncthreads();
+    }
+    // Each channel's new window: the last kernel − 1 rows of window ++ pre.
+    for (int m = 0; m < 3; ++m) {
+        float keep[KDA_MAX_KERNEL];
+        for (int i = 0; i < hist; ++i) {
+            const int r = t + i;  // rows t … t + hist − 1 of window ++ pre
+            keep[i] = r < hist ? wins[m][(size_t)r * p + c]
+                               : pres[m][(size_t)(row0 + r - hist) * p + c];
+        }
+        for (int i = 0; i < hist; ++i) wins[m][(size_t)i * p + c] = keep[i];
+    }
+}

@@ -1,0 +1,249 @@
+//! The KDA core on the GPU against its CPU twin (`kda_step_cpu`), bit for
+//! bit: outputs and the states left behind, over batched steps of several
+//! sequences with 1..3 positions each, head widths that are and are not a
+//! multiple of 32, inputs that drive the exponentials past both ends, a
+//! state copied on the device (an undo mark) and stepped from, and a state
+//! copied back to the host and stepped again from there. Without a CUDA
+//! device the test prints why it skipped.
+
+use std::sync::Arc;
+
+use fathom_kernels::backend::{self, Backend};
+use fathom_kernels::kda::{KdaDims, KdaInputs, KdaJob, KdaParams, KdaSeq, kda_step_cpu};
+use fathom_kernels::state_buf::StateBuf;
+use fathom_kernels_cuda::CudaBackend;
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    /// Mostly moderate values, some large enough to saturate a sigmoid or
+    /// overflow an exponential, some zero.
+    fn f32(&mut self, amp: f32) -> f32 {
+        match self.next() % 32 {
+            0 => 0.0,
+            1 => 120.0,
+            2 => -120.0,
+            _ => (self.next() as f32 / u32::MAX as f32 - 0.5) * 2.0 * amp,
+        }
+    }
+    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32(amp)).collect()
+    }
+}
+
+struct Layer {
+    dims: KdaDims,
+    conv: [Vec<f32>; 3],
+    a: Vec<f32>,
+    dt: Vec<f32>,
+    o_norm: Vec<f32>,
+}
+
+impl Layer {
+    fn new(rng: &mut Lcg, heads: usize, kd: usize, kernel: usize) -> Self {
+        let p = heads * kd;
+        Layer {
+            dims: KdaDims {
+                heads,
+                head_dim: kd,
+                conv_kernel: kernel,
+                gate_lower_bound: Some(-5.0),
+                norm_eps: 1e-5,
+            },
+            conv: std::array::from_fn(|_| rng.vec(p * kernel, 0.8)),
+            a: (0..p).map(|_| rng.f32(1.0).abs() + 0.01).collect(),
+            dt: rng.vec(p, 1.0),
+            o_norm: rng.vec(kd, 1.5),
+        }
+    }
+    fn params(&self) -> KdaParams<'_> {
+        KdaParams {
+            conv: [&self.conv[0], &self.conv[1], &self.conv[2]],
+            a: &self.a,
+            dt_bias: &self.dt,
+            o_norm: &self.o_norm,
+        }
+    }
+}
+
+/// One sequence's carried buffers.
+struct Seq {
+    s: StateBuf,
+    conv: [StateBuf; 3],
+}
+
+impl Seq {
+    fn new(rng: &mut Lcg, l: &Layer) -> Self {
+        let (p, kd) = (l.dims.width(), l.dims.head_dim);
+        Seq {
+            s: StateBuf::new(rng.vec(l.dims.heads * kd * kd, 0.05)),
+            conv: std::array::from_fn(|_| {
+                StateBuf::new(rng.vec((l.dims.conv_kernel - 1) * p, 1.0))
+            }),
+        }
+    }
+    fn bits(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.s.read().unwrap().iter().map(|x| x.to_bits()).collect();
+        for c in &self.conv {
+            v.extend(c.read().unwrap().iter().map(|x| x.to_bits()));
+        }
+        v
+    }
+}
+
+/// One step of `seqs` with `lens[i]` positions each; on the installed
+/// backend when `device`, else the twin. Returns the outputs' bits.
+fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool) -> Vec<u32> {
+    let (p, h) = (l.dims.width(), l.dims.heads);
+    let n: usize = lens.iter().sum();
+    let pre: [Vec<f32>; 3] = std::array::from_fn(|_| rng.vec(n * p, 2.0));
+    let (f, b, g) = (
+        rng.vec(n * p, 3.0),
+        rng.vec(n * h, 3.0),
+        rng.vec(n * p, 3.0),
+    );
+    let mut out = vec![0f32; n * p];
+    let mut at = 0;
+    let job_seqs = seqs
+        .iter_mut()
+        .zip(lens)
+        .map(|(s, &len)| {
+            at += len;
+            let [q, k, v] = &mut s.conv;
+            KdaSeq {
+                rows: at - len..at,
+                s: &mut s.s,
+                conv: [q, k, v],
+            }
+        })
+        .collect();
+    let mut job = KdaJob {
+        dims: &l.dims,
+        w: l.params(),
+        x: KdaInputs {
+            pre: [&pre[0], &pre[1], &pre[2]],
+            f: &f,
+            b: &b,
+            g: &g,
+        },
+        seqs: job_seqs,
+        out: &mut out,
+    };
+    if device {
+        assert!(backend::kda_step(&mut job), "the device took the step");
+    } else {
+        kda_step_cpu(&mut job).unwrap();
+    }
+    out.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn kda_core_matches_its_twin_bit_for_bit() {
+    let b = match CudaBackend::open(0, None) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("skipped: no CUDA backend here ({e})");
+            return;
+        }
+    };
+    backend::install(b.clone() as Arc<dyn Backend>);
+    for (heads, kd, kernel) in [(4, 128, 4), (3, 48, 3), (2, 64, 2)] {
+        let mut rng = Lcg(heads as u64 * 1000 + kd as u64);
+        let l = Layer::new(&mut rng, heads, kd, kernel);
+        let mut dev: Vec<Seq> = (0..3).map(|_| Seq::new(&mut rng, &l)).collect();
+        let mut cpu: Vec<Seq> = dev
+            .iter()
+            .map(|s| Seq {
+                s: s.s.clone(),
+                conv: s.conv.clone(),
+            })
+            .collect();
+        let case = format!("heads {heads}, kd {kd}, kernel {kernel}");
+        for (i, lens) in [[1, 3, 2], [1, 1, 1], [2, 1, 1]].iter().enumerate() {
+            let seed = rng.0;
+            let got = step(&l, &mut dev, lens, &mut Lcg(seed), true);
+            let want = step(&l, &mut cpu, lens, &mut Lcg(seed), false);
+            rng.next();
+            assert!(got == want, "{case}: outputs of step {i} differ");
+            for (s, (d, c)) in dev.iter().zip(&cpu).enumerate() {
+                assert!(
+                    d.s.on_device(),
+                    "{case}: sequence {s}'s state stays on the device"
+                );
+                assert!(
+                    d.bits() == c.bits(),
+                    "{case}: sequence {s}'s state after step {i}"
+                );
+            }
+        }
+        // An undo mark copied on the device, stepped from, and put back.
+        let mut mark = StateBuf::zeros(dev[0].s.len());
+        mark.copy_from(&dev[0].s).unwrap();
+        assert!(mark.on_device(), "a device state's copy stays there");
+        let before = dev[0].s.read().unwrap().into_owned();
+        step(&l, &mut dev, &[1, 1, 1], &mut Lcg(7), true);
+        step(&l, &mut cpu, &[1, 1, 1], &mut Lcg(7), false);
+        dev[0].s.copy_from(&mark).unwrap();
+        cpu[0].s = StateBuf::new(before);
+        // One state brought back to the host, then a step from there.
+        dev[1].s.host_mut().unwrap();
+        assert!(!dev[1].s.on_device());
+        let got = step(&l, &mut dev, &[1, 2, 1], &mut Lcg(9), true);
+        let want = step(&l, &mut cpu, &[1, 2, 1], &mut Lcg(9), false);
+        assert!(
+            got == want,
+            "{case}: outputs after the undo and the pull differ"
+        );
+        for (d, c) in dev.iter().zip(&cpu) {
+            assert!(
+                d.bits() == c.bits(),
+                "{case}: states after the undo and the pull"
+            );
+        }
+        drop(dev);
+        drop(mark);
+        assert_eq!(
+            b.stats().vram_state_bytes,
+            0,
+            "{case}: dropped states leave the device"
+        );
+    }
+    // A decay without a lower bound (softplus) has no device twin yet.
+    let mut rng = Lcg(1);
+    let mut l = Layer::new(&mut rng, 2, 32, 4);
+    l.dims.gate_lower_bound = None;
+    let mut seqs = vec![Seq::new(&mut rng, &l)];
+    let (p, n) = (l.dims.width(), 1);
+    let x = rng.vec(n * p, 1.0);
+    let bb = rng.vec(n * 2, 1.0);
+    let mut out = vec![0f32; n * p];
+    let Seq { s, conv } = &mut seqs[0];
+    let [q, k, v] = conv;
+    let mut job = KdaJob {
+        dims: &l.dims,
+        w: l.params(),
+        x: KdaInputs {
+            pre: [&x, &x, &x],
+            f: &x,
+            b: &bb,
+            g: &x,
+        },
+        seqs: vec![KdaSeq {
+            rows: 0..1,
+            s,
+            conv: [q, k, v],
+        }],
+        out: &mut out,
+    };
+    assert!(
+        !backend::kda_step(&mut job),
+        "softplus decays stay on the CPU"
+    );
+    backend::uninstall();
+}
