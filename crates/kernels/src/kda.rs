@@ -20,6 +20,43 @@ pub fn short_conv(
     p: usize,
     kernel: usize,
 ) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if fma_here() {
+        // SAFETY: `fma_here` saw AVX2 and FMA on this CPU.
+        return unsafe { short_conv_fma(pre, window, taps, p, kernel) };
+    }
+    short_conv_impl(pre, window, taps, p, kernel)
+}
+
+/// [`short_conv`] with fused multiply-adds as instructions (the same bits:
+/// the library's `fmaf` is fused too).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn short_conv_fma(
+    pre: &[f32],
+    window: &mut [f32],
+    taps: &[f32],
+    p: usize,
+    kernel: usize,
+) -> Vec<f32> {
+    short_conv_impl(pre, window, taps, p, kernel)
+}
+
+/// Whether this CPU runs the FMA builds of the functions below (the
+/// kernel table is AVX2 or AVX-512 only on CPUs with AVX2 and FMA).
+#[cfg(target_arch = "x86_64")]
+fn fma_here() -> bool {
+    matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512)
+}
+
+#[inline(always)]
+fn short_conv_impl(
+    pre: &[f32],
+    window: &mut [f32],
+    taps: &[f32],
+    p: usize,
+    kernel: usize,
+) -> Vec<f32> {
     let t = pre.len() / p;
     let hist = kernel - 1;
     // seq = window ++ pre, rows of width p
@@ -127,8 +164,8 @@ fn delta_rule_impl(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
 /// One head's gated delta rule: `s` is the state `[K, V]`, `out` `[T, V]`.
 pub fn delta_rule(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
-        // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs that report AVX2 and FMA.
+    if fma_here() {
+        // SAFETY: `fma_here` saw AVX2 and FMA on this CPU.
         unsafe { delta_rule_avx2(s, x, out) };
         return;
     }
@@ -230,6 +267,27 @@ pub struct HeadRows<'a> {
 /// Head `hh`'s delta-rule inputs: `q = l2(q̃)·K^-½`, `k = l2(k̃)`, the log
 /// decays and `β = σ(b)` (the functions of [`crate::expf::exp_fixed`]).
 pub fn head_inputs(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) -> HeadInputs {
+    #[cfg(target_arch = "x86_64")]
+    if fma_here() {
+        // SAFETY: `fma_here` saw AVX2 and FMA on this CPU.
+        return unsafe { head_inputs_fma(d, w, r, hh) };
+    }
+    head_inputs_impl(d, w, r, hh)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn head_inputs_fma(
+    d: &KdaDims,
+    w: &KdaParams<'_>,
+    r: &HeadRows<'_>,
+    hh: usize,
+) -> HeadInputs {
+    head_inputs_impl(d, w, r, hh)
+}
+
+#[inline(always)]
+fn head_inputs_impl(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) -> HeadInputs {
     use crate::ops::l2_normalize;
     let (h, kd) = (d.heads, d.head_dim);
     let p = h * kd;
@@ -265,6 +323,22 @@ pub fn head_inputs(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) 
 /// Head `hh`'s outputs `o [T, K]`, in place: RMSNorm (`o_norm`) gated by
 /// `σ(g)` (`g [T, P]`).
 pub fn gated_norm(d: &KdaDims, w: &KdaParams<'_>, g: &[f32], hh: usize, o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if fma_here() {
+        // SAFETY: `fma_here` saw AVX2 and FMA on this CPU.
+        return unsafe { gated_norm_fma(d, w, g, hh, o) };
+    }
+    gated_norm_impl(d, w, g, hh, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gated_norm_fma(d: &KdaDims, w: &KdaParams<'_>, g: &[f32], hh: usize, o: &mut [f32]) {
+    gated_norm_impl(d, w, g, hh, o)
+}
+
+#[inline(always)]
+fn gated_norm_impl(d: &KdaDims, w: &KdaParams<'_>, g: &[f32], hh: usize, o: &mut [f32]) {
     let (kd, p) = (d.head_dim, d.width());
     for (ti, orow) in o.chunks_exact_mut(kd).enumerate() {
         crate::ops::rms_norm(orow, w.o_norm, d.norm_eps);
@@ -350,4 +424,176 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state_buf::StateBuf;
+
+    fn vals(seed: u64, n: usize, amp: f32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|i| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let v = ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * amp;
+                if i % 29 == 0 { v * 60.0 } else { v }
+            })
+            .collect()
+    }
+
+    fn dims() -> KdaDims {
+        KdaDims {
+            heads: 3,
+            head_dim: 40,
+            conv_kernel: 4,
+            gate_lower_bound: Some(-5.0),
+            norm_eps: 1e-5,
+        }
+    }
+
+    struct Params {
+        conv: [Vec<f32>; 3],
+        a: Vec<f32>,
+        dt: Vec<f32>,
+        o_norm: Vec<f32>,
+    }
+
+    impl Params {
+        fn new(d: &KdaDims) -> Self {
+            let p = d.width();
+            Params {
+                conv: std::array::from_fn(|i| vals(10 + i as u64, p * d.conv_kernel, 0.7)),
+                a: vals(20, p, 1.0).iter().map(|v| v.abs() + 0.01).collect(),
+                dt: vals(21, p, 1.0),
+                o_norm: vals(22, d.head_dim, 1.5),
+            }
+        }
+        fn get(&self) -> KdaParams<'_> {
+            KdaParams {
+                conv: [&self.conv[0], &self.conv[1], &self.conv[2]],
+                a: &self.a,
+                dt_bias: &self.dt,
+                o_norm: &self.o_norm,
+            }
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fma_builds_give_the_baseline_bits() {
+        if !fma_here() {
+            eprintln!("skipped: this CPU runs the baseline builds only");
+            return;
+        }
+        let d = dims();
+        let w = Params::new(&d);
+        let (p, t, kd) = (d.width(), 3, d.head_dim);
+        let pre = vals(1, t * p, 2.0);
+        let (mut w1, mut w2) = (vals(2, 3 * p, 1.0), vals(2, 3 * p, 1.0));
+        let got = short_conv(&pre, &mut w1, &w.conv[0], p, d.conv_kernel);
+        let want = short_conv_impl(&pre, &mut w2, &w.conv[0], p, d.conv_kernel);
+        assert_eq!((bits(&got), bits(&w1)), (bits(&want), bits(&w2)));
+        let (f, b, g) = (
+            vals(3, t * p, 4.0),
+            vals(4, t * d.heads, 4.0),
+            vals(5, t * p, 4.0),
+        );
+        let r = HeadRows {
+            q: &got,
+            k: &pre,
+            v: &f,
+            f: &f,
+            b: &b,
+        };
+        for hh in 0..d.heads {
+            let (x, y) = (
+                head_inputs(&d, &w.get(), &r, hh),
+                head_inputs_impl(&d, &w.get(), &r, hh),
+            );
+            for (a, b) in [
+                (&x.q, &y.q),
+                (&x.k, &y.k),
+                (&x.log_alpha, &y.log_alpha),
+                (&x.beta, &y.beta),
+            ] {
+                assert_eq!(bits(a), bits(b), "head {hh}");
+            }
+            let (mut s1, mut s2) = (vals(6, kd * kd, 0.1), vals(6, kd * kd, 0.1));
+            let (mut o1, mut o2) = (vec![0f32; t * kd], vec![0f32; t * kd]);
+            delta_rule(&mut s1, &x.positions(t, kd), &mut o1);
+            delta_rule_scalar(&mut s2, &x.positions(t, kd), &mut o2);
+            assert_eq!((bits(&s1), bits(&o1)), (bits(&s2), bits(&o2)), "head {hh}");
+            gated_norm(&d, &w.get(), &g, hh, &mut o1);
+            gated_norm_impl(&d, &w.get(), &g, hh, &mut o2);
+            assert_eq!(bits(&o1), bits(&o2), "head {hh}");
+        }
+    }
+
+    /// One sequence's state, convolution windows and `t` positions' outputs
+    /// after the positions `rows` of `x` in calls of `per_call` positions.
+    fn run(
+        d: &KdaDims,
+        w: &KdaParams<'_>,
+        x: &KdaInputs<'_>,
+        t: usize,
+        per_call: usize,
+    ) -> Vec<u32> {
+        let p = d.width();
+        let mut s = StateBuf::new(vals(7, d.heads * d.head_dim * d.head_dim, 0.1));
+        let mut conv: [StateBuf; 3] =
+            std::array::from_fn(|i| StateBuf::new(vals(8 + i as u64, 3 * p, 1.0)));
+        let mut outs = Vec::new();
+        for r0 in (0..t).step_by(per_call) {
+            let rows = r0..(r0 + per_call).min(t);
+            let mut out = vec![0f32; t * p];
+            let [q, k, v] = &mut conv;
+            let mut job = KdaJob {
+                dims: d,
+                w: *w,
+                x: *x,
+                seqs: vec![KdaSeq {
+                    rows: rows.clone(),
+                    s: &mut s,
+                    conv: [q, k, v],
+                }],
+                out: &mut out,
+            };
+            kda_step_cpu(&mut job).unwrap();
+            outs.extend(bits(&out[rows.start * p..rows.end * p]));
+        }
+        outs.extend(bits(&s.read().unwrap()));
+        for c in &conv {
+            outs.extend(bits(&c.read().unwrap()));
+        }
+        outs
+    }
+
+    #[test]
+    fn t_positions_in_one_call_give_the_bits_of_t_calls() {
+        let d = dims();
+        let w = Params::new(&d);
+        let (p, t) = (d.width(), 5);
+        let pre: [Vec<f32>; 3] = std::array::from_fn(|i| vals(30 + i as u64, t * p, 2.0));
+        let (f, b, g) = (
+            vals(40, t * p, 4.0),
+            vals(41, t * d.heads, 4.0),
+            vals(42, t * p, 4.0),
+        );
+        let x = KdaInputs {
+            pre: [&pre[0], &pre[1], &pre[2]],
+            f: &f,
+            b: &b,
+            g: &g,
+        };
+        let whole = run(&d, &w.get(), &x, t, t);
+        assert_eq!(whole, run(&d, &w.get(), &x, t, 1), "one position a call");
+        assert_eq!(whole, run(&d, &w.get(), &x, t, 2), "two positions a call");
+    }
 }
