@@ -48,6 +48,8 @@ __device__ __forceinline__ float sum_sq(const float* v, int n) {
 // S: the sequence's state [H, kd, kd]; win_*: its conv windows
 // [kernel − 1, P]; pre_*, f, g, out: [N, P]; b: [N, H]; taps: [P, kernel].
 // Positions run in order, so T positions give the bits of T single steps.
+// hin, when not null, receives each position's delta-rule inputs (what a
+// journal keeps): q, k, v, log α as [4, n_rows, P], then β as [n_rows, H].
 extern "C" __global__ void kda_step(
     float* S, float* win_q, float* win_k, float* win_v,
     const float* pre_q, const float* pre_k, const float* pre_v,
@@ -55,7 +57,7 @@ extern "C" __global__ void kda_step(
     const float* taps_q, const float* taps_k, const float* taps_v,
     const float* a, const float* dt, const float* onorm, float* out,
     int row0, int t, int heads, int kd, int kernel,
-    float q_scale, float l2_eps, float norm_eps, float lb) {
+    float q_scale, float l2_eps, float norm_eps, float lb, float* hin, int n_rows) {
     extern __shared__ float sh[];
     float* qs = sh;            // [kd] normalised, scaled q
     float* ks = sh + kd;       // [kd] normalised k
@@ -85,7 +87,8 @@ extern "C" __global__ void kda_step(
         qs[j] = cv[0];
         ks[j] = cv[1];
         const float z = __fadd_rn(f[row * p + c], dt[c]);
-        alpha[j] = exp_fixed(__fmul_rn(lb, sigmoid_fixed(__fmul_rn(a[c], z))));
+        const float la = __fmul_rn(lb, sigmoid_fixed(__fmul_rn(a[c], z)));
+        alpha[j] = exp_fixed(la);
         __syncthreads();
         if (j == 0) {
             rs[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(sum_sq(qs, kd), l2_eps)));
@@ -98,6 +101,14 @@ extern "C" __global__ void kda_step(
         qs[j] = qj;
         ks[j] = kj;
         const float beta = sigmoid_fixed(b[row * heads + hh]);
+        if (hin) {
+            const size_t np = (size_t)n_rows * p, at = row * p + c;
+            hin[at] = qj;
+            hin[np + at] = kj;
+            hin[2 * np + at] = cv[2];
+            hin[3 * np + at] = la;
+            if (j == 0) hin[4 * np + row * heads + hh] = beta;
+        }
         __syncthreads();
         // Gated delta rule, column j of the state.
         float pred = 0.0f;

@@ -98,7 +98,8 @@ impl Seq {
 }
 
 /// One step of `seqs` with `lens[i]` positions each; on the installed
-/// backend when `device`, else the twin. Returns the outputs' bits.
+/// backend when `device`, else the twin. Returns the bits of the outputs
+/// and of the delta-rule inputs handed back for a journal.
 fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool) -> Vec<u32> {
     let (p, h) = (l.dims.width(), l.dims.heads);
     let n: usize = lens.iter().sum();
@@ -109,6 +110,7 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
         rng.vec(n * p, 3.0),
     );
     let mut out = vec![0f32; n * p];
+    let mut inputs = vec![0f32; KdaJob::inputs_len(&l.dims, n)];
     let mut at = 0;
     let job_seqs = seqs
         .iter_mut()
@@ -134,13 +136,14 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
         },
         seqs: job_seqs,
         out: &mut out,
+        inputs_out: Some(&mut inputs),
     };
     if device {
         assert!(backend::kda_step(&mut job), "the device took the step");
     } else {
         kda_step_cpu(&mut job).unwrap();
     }
-    out.iter().map(|x| x.to_bits()).collect()
+    out.iter().chain(&inputs).map(|x| x.to_bits()).collect()
 }
 
 #[test]
@@ -240,6 +243,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             conv: [q, k, v],
         }],
         out: &mut out,
+        inputs_out: None,
     };
     assert!(
         !backend::kda_step(&mut job),

@@ -377,6 +377,41 @@ pub struct KdaJob<'a> {
     pub x: KdaInputs<'a>,
     pub seqs: Vec<KdaSeq<'a>>,
     pub out: &'a mut [f32],
+    /// When set, every position's delta-rule inputs (what a journal keeps,
+    /// [`HeadInputs`]' values): q, k, v, log α as `[4, N, P]`, then β as
+    /// `[N, H]` ([`KdaJob::inputs_len`] values).
+    pub inputs_out: Option<&'a mut [f32]>,
+}
+
+impl KdaJob<'_> {
+    /// The length of [`KdaJob::inputs_out`] for `n` rows.
+    pub fn inputs_len(d: &KdaDims, n: usize) -> usize {
+        n * (4 * d.width() + d.heads)
+    }
+}
+
+/// Head `hh`'s [`HeadInputs`] for the rows `rows` of an `inputs_out` of
+/// `n` rows.
+pub fn head_inputs_of(
+    d: &KdaDims,
+    buf: &[f32],
+    n: usize,
+    rows: std::ops::Range<usize>,
+    hh: usize,
+) -> HeadInputs {
+    let (h, kd, p) = (d.heads, d.head_dim, d.width());
+    let plane = |i: usize| -> Vec<f32> {
+        rows.clone()
+            .flat_map(|r| buf[i * n * p + r * p + hh * kd..][..kd].iter().copied())
+            .collect()
+    };
+    HeadInputs {
+        q: plane(0),
+        k: plane(1),
+        v: plane(2),
+        log_alpha: plane(3),
+        beta: rows.clone().map(|r| buf[4 * n * p + r * h + hh]).collect(),
+    }
 }
 
 /// The twin of a device's [`KdaJob`]: each sequence's convolution, then
@@ -410,6 +445,19 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
         let t = seq.rows.len();
         for hh in 0..h {
             let hi = head_inputs(d, &job.w, &r, hh);
+            if let Some(buf) = job.inputs_out.as_deref_mut() {
+                let n = job.out.len() / p;
+                for ti in 0..t {
+                    let (row, np) = (seq.rows.start + ti, n * p);
+                    let at = row * p + hh * kd;
+                    let src = ti * kd..(ti + 1) * kd;
+                    buf[at..at + kd].copy_from_slice(&hi.q[src.clone()]);
+                    buf[np + at..np + at + kd].copy_from_slice(&hi.k[src.clone()]);
+                    buf[2 * np + at..2 * np + at + kd].copy_from_slice(&hi.v[src.clone()]);
+                    buf[3 * np + at..3 * np + at + kd].copy_from_slice(&hi.log_alpha[src]);
+                    buf[4 * np + row * h + hh] = hi.beta[ti];
+                }
+            }
             let mut o = vec![0f32; t * kd];
             delta_rule(
                 &mut s[hh * kd * kd..(hh + 1) * kd * kd],
@@ -564,6 +612,7 @@ mod tests {
                     conv: [q, k, v],
                 }],
                 out: &mut out,
+                inputs_out: None,
             };
             kda_step_cpu(&mut job).unwrap();
             outs.extend(bits(&out[rows.start * p..rows.end * p]));

@@ -69,6 +69,7 @@ impl Backend for Mirror {
                 x: job.x,
                 seqs,
                 out: &mut out,
+                inputs_out: job.inputs_out.as_deref_mut(),
             };
             kda_step_cpu(&mut twin).expect("host copies");
         }
@@ -217,7 +218,8 @@ fn states_kept_on_a_device_give_the_same_bits() {
         mirror.reads.load(Ordering::Relaxed),
         mirror.copies.load(Ordering::Relaxed),
     );
-    // Every KDA layer's step ran there but the speculative pass's.
+    // Every KDA step ran there, the speculative pass included (its journal
+    // gets the delta-rule inputs back).
     assert!(steps > 10, "{steps} steps on the device");
     // Snapshots, undo marks and forks copied there; the journal, the
     // encoding and the dropped states read back.

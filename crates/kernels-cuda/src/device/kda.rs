@@ -50,6 +50,10 @@ impl CudaBackend {
             && w.a.len() == p
             && w.dt_bias.len() == p
             && w.o_norm.len() == kd
+            && job
+                .inputs_out
+                .as_ref()
+                .is_none_or(|b| b.len() == KdaJob::inputs_len(d, n))
             && job.seqs.iter().all(|s| {
                 s.s.len() == h * kd * kd && s.conv.iter().all(|c| c.len() == (kernel - 1) * p)
             });
@@ -75,6 +79,9 @@ impl CudaBackend {
         }
         let hy = st.hy.as_ref().expect("staged").as_slice()?;
         job.out.copy_from_slice(&hy[..n * p]);
+        if let Some(buf) = job.inputs_out.as_deref_mut() {
+            buf.copy_from_slice(&hy[n * p..n * p + buf.len()]);
+        }
         for s in job.seqs.iter_mut() {
             s.s.set_on_device();
             s.conv.iter_mut().for_each(|c| c.set_on_device());
@@ -103,13 +110,20 @@ impl CudaBackend {
             hx[off..off + v.len()].copy_from_slice(v);
             off += v.len();
         }
-        pinned(ctx, &mut st.hy, n * p)?;
+        let ny = n * p + job.inputs_out.as_ref().map_or(0, |b| b.len());
+        pinned(ctx, &mut st.hy, ny)?;
         let xp = grow(&self.stream, &mut st.x, total)?
             .device_ptr(&self.stream)
             .0;
-        let yp = grow(&self.stream, &mut st.y, n * p)?
+        let yp = grow(&self.stream, &mut st.y, ny)?
             .device_ptr(&self.stream)
             .0;
+        let hin = if ny > n * p {
+            yp + 4 * (n * p) as u64
+        } else {
+            0
+        };
+        let n_rows = n as i32;
         let cu = self.stream.cu_stream();
         let hx = st.hx.as_ref().expect("staged").as_slice()?;
         // SAFETY: the device buffer holds at least `total` values; `hx` is
@@ -155,7 +169,12 @@ impl CudaBackend {
                 b.arg(a);
             }
             b.arg(&yp).arg(&row0).arg(&t).arg(&hi).arg(&kdi).arg(&ki);
-            b.arg(&q_scale).arg(&l2).arg(&eps).arg(&lb);
+            b.arg(&q_scale)
+                .arg(&l2)
+                .arg(&eps)
+                .arg(&lb)
+                .arg(&hin)
+                .arg(&n_rows);
             let cfg = LaunchConfig {
                 grid_dim: (h as u32, 1, 1),
                 block_dim: (kd as u32, 1, 1),
@@ -168,10 +187,10 @@ impl CudaBackend {
         }
         st.stats.device_calls += 1;
         let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
-        // SAFETY: the device buffer holds n·p values written by the kernels
+        // SAFETY: the device buffer holds ny values written by the kernels
         // on this stream; `hy` is page-locked and read after the synchronisation.
-        unsafe { result::memcpy_dtoh_async(&mut hy[..n * p], yp, cu) }?;
-        st.stats.d2h_bytes += 4 * (n * p) as u64;
+        unsafe { result::memcpy_dtoh_async(&mut hy[..ny], yp, cu) }?;
+        st.stats.d2h_bytes += 4 * ny as u64;
         Ok(())
     }
 

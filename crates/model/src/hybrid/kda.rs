@@ -17,7 +17,8 @@
 
 use fathom_kernels::backend;
 use fathom_kernels::kda::{
-    HeadRows, KdaInputs, KdaJob, KdaSeq, delta_rule, gated_norm, head_inputs, short_conv,
+    HeadRows, KdaInputs, KdaJob, KdaSeq, delta_rule, gated_norm, head_inputs, head_inputs_of,
+    short_conv,
 };
 use fathom_kernels::state_buf::StateError;
 use rayon::prelude::*;
@@ -45,9 +46,10 @@ pub struct KdaProjections {
 /// `segs[i]` are sequence i's rows, `states[i]` its state. The convolution
 /// and the delta rule run per sequence. Returns the gated head outputs
 /// `[N, P]` (what `o_proj` takes).
-/// Its time is the decode profile's `linear_core`. A step with no
-/// journaling sequence runs on the backend's device when it takes it (the
-/// states then stay there); else here.
+/// Its time is the decode profile's `linear_core`. The step runs on the
+/// backend's device when it takes it (the states then stay there; a
+/// journaling sequence gets its delta-rule inputs back for its journal);
+/// else here.
 pub fn kda_heads(
     d: &KdaDims,
     w: &KdaParams<'_>,
@@ -56,26 +58,30 @@ pub fn kda_heads(
     proj: &KdaProjections,
 ) -> Result<Vec<f32>> {
     crate::phase::timed(crate::phase::Phase::LinearCore, || {
-        if states.iter().all(|s| s.journal.is_none())
-            && let Some(out) = on_device(d, w, states, segs, proj)
-        {
+        if let Some((out, inputs)) = on_device(d, w, states, segs, proj) {
+            if let Some(buf) = inputs {
+                record_journals(d, states, segs, proj, &buf);
+            }
             return Ok(out);
         }
         heads(d, w, states, segs, proj).map_err(|e| ModelError::State(e.to_string()))
     })
 }
 
-/// The step as one [`KdaJob`] for the backend; `None` when it declines.
+/// The step as one [`KdaJob`] for the backend, and the delta-rule inputs
+/// of every row when a sequence journals; `None` when it declines.
 fn on_device(
     d: &KdaDims,
     w: &KdaParams<'_>,
     states: &mut [&mut KdaState],
     segs: &[Segment],
     proj: &KdaProjections,
-) -> Option<Vec<f32>> {
+) -> Option<(Vec<f32>, Option<Vec<f32>>)> {
     backend::installed()?;
     let n = segs.last().map_or(0, |s| s.end);
     let mut out = vec![0f32; n * d.width()];
+    let journaling = states.iter().any(|s| s.journal.is_some());
+    let mut inputs = journaling.then(|| vec![0f32; KdaJob::inputs_len(d, n)]);
     let seqs = states
         .iter_mut()
         .zip(segs)
@@ -99,8 +105,34 @@ fn on_device(
         },
         seqs,
         out: &mut out,
+        inputs_out: inputs.as_deref_mut(),
     };
-    backend::kda_step(&mut job).then_some(out)
+    if !backend::kda_step(&mut job) {
+        return None;
+    }
+    Some((out, inputs))
+}
+
+/// Appends a device step's rows to the journals of the sequences that keep
+/// one, from the step's inputs and the delta-rule inputs it returned.
+fn record_journals(
+    d: &KdaDims,
+    states: &mut [&mut KdaState],
+    segs: &[Segment],
+    proj: &KdaProjections,
+    buf: &[f32],
+) {
+    let (n, p) = (segs.last().map_or(0, |s| s.end), d.width());
+    for (st, seg) in states.iter_mut().zip(segs) {
+        if let Some(j) = st.journal.as_mut() {
+            let pre: [Vec<f32>; 3] =
+                std::array::from_fn(|c| proj.pre[c][seg.start * p..seg.end * p].to_vec());
+            let heads: Vec<HeadInputs> = (0..d.heads)
+                .map(|hh| head_inputs_of(d, buf, n, seg.start..seg.end, hh))
+                .collect();
+            j.record(&pre, heads.iter());
+        }
+    }
 }
 
 fn heads(
