@@ -20,6 +20,9 @@ pub struct Cache<B> {
     map: HashMap<Key, (B, u64, Class)>,
     tick: u64,
     bytes: u64,
+    /// Bytes held outside the cache that count against the budget
+    /// (sequences' states).
+    outside: u64,
     budget: u64,
     /// Whether an expert has ever been evicted or refused for room.
     crowded: bool,
@@ -31,6 +34,7 @@ impl<B> Cache<B> {
             map: HashMap::new(),
             tick: 0,
             bytes: 0,
+            outside: 0,
             budget,
             crowded: false,
         }
@@ -42,6 +46,11 @@ impl<B> Cache<B> {
 
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Sets the bytes held outside the cache within the same budget.
+    pub fn set_outside(&mut self, bytes: u64) {
+        self.outside = bytes;
     }
 
     /// Whether routed experts have had to leave, or could not come in, for
@@ -75,8 +84,8 @@ impl<B> Cache<B> {
     /// evicted entries (for the caller to retire); `None`, and nothing
     /// evicted, when they cannot fit.
     pub fn make_room(&mut self, need: u64, keep: &[Key], class: Class) -> Option<Vec<B>> {
-        let free = self.budget.saturating_sub(self.bytes);
-        if need <= free {
+        let used = self.bytes + self.outside;
+        if used.saturating_add(need) <= self.budget {
             return Some(Vec::new());
         }
         let keep: HashSet<&Key> = keep.iter().collect();
@@ -88,12 +97,12 @@ impl<B> Cache<B> {
             .filter(|(k, (_, _, c))| may_go(k, *c))
             .map(|(k, _)| k.1 as u64)
             .sum();
-        if need > free.saturating_add(evictable) {
+        if used.saturating_add(need) > self.budget.saturating_add(evictable) {
             self.crowded |= class == Class::Expert;
             return None;
         }
         let mut gone = Vec::new();
-        while self.bytes + need > self.budget {
+        while self.bytes + self.outside + need > self.budget {
             let victim = self
                 .map
                 .iter()
@@ -169,6 +178,25 @@ mod tests {
         assert!(c.contains(&(210, 10)), "a refused request evicts nothing");
         assert!(c.make_room(60, &[(0, 40)], e).is_some());
         assert!(c.contains(&(0, 40)) && !c.contains(&(210, 10)));
+    }
+
+    #[test]
+    fn bytes_held_outside_count_against_the_budget() {
+        let s = Class::Spine;
+        let mut c = Cache::new(100);
+        c.insert((0, 50), 'w', s);
+        c.set_outside(45);
+        assert!(c.make_room(5, &[], s).is_some() && c.contains(&(0, 50)));
+        assert!(
+            c.make_room(10, &[(0, 50)], s).is_none(),
+            "only a kept entry to evict"
+        );
+        assert!(c.make_room(10, &[], s).is_some() && !c.contains(&(0, 50)));
+        c.set_outside(95);
+        assert!(
+            c.make_room(10, &[], s).is_none(),
+            "the outside bytes cannot be evicted"
+        );
     }
 
     #[test]

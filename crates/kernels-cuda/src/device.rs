@@ -103,6 +103,8 @@ struct State {
     /// Sequences' states whose newest copies are here, by their host
     /// copies' names (`fathom_kernels::state_buf`).
     states: HashMap<StateKey, CudaSlice<f32>>,
+    /// Their bytes (counted against the VRAM budget).
+    state_bytes: u64,
     /// The scores of the guessed matrices callers handed over.
     guesses: GuessLog,
     /// Timed events before the first kernel of a call and after its last.
@@ -251,6 +253,7 @@ impl CudaBackend {
                 cache: Cache::new(budget),
                 guesses: GuessLog::default(),
                 states: HashMap::new(),
+                state_bytes: 0,
                 x: None,
                 y: None,
                 hx: None,
@@ -403,23 +406,35 @@ impl Backend for CudaBackend {
         self.lock().cache.crowded()
     }
 
-    fn kda_step(&self, job: &mut KdaJob<'_>) -> bool {
+    fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
         let start = Instant::now();
         let result = self.kda(job);
         let mut st = self.lock();
+        let failed = |st: &mut State, e: &CudaError| {
+            st.stats.device_errors += 1;
+            st.stats.last_error = Some(format!("KDA step: {e}"));
+        };
         match result {
             Ok(done) => {
                 if done {
                     st.stats.gpu_ms += start.elapsed().as_secs_f64() * 1e3;
                 }
-                done
+                Ok(done)
             }
-            Err(e) => {
-                st.stats.device_errors += 1;
-                st.stats.last_error = Some(format!("KDA step: {e}"));
-                false
+            // Nothing ran: the CPU takes the step.
+            Err(kda::KdaFailure::Before(e)) => {
+                failed(&mut st, &e);
+                Ok(false)
+            }
+            Err(kda::KdaFailure::After(e)) => {
+                failed(&mut st, &e);
+                Err(format!("the device failed during a KDA step: {e}"))
             }
         }
+    }
+
+    fn state_forget(&self, key: StateKey) {
+        self.forget_state(key);
     }
 
     fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String> {
@@ -432,8 +447,15 @@ impl Backend for CudaBackend {
 
     fn forget(&self, range: Range<usize>) {
         let mut st = self.lock();
-        st.states.retain(|k, _| !range.contains(&k.0));
-        st.stats.vram_state_bytes = st.states.values().map(|s| 4 * s.len() as u64).sum();
+        let gone: Vec<StateKey> = st
+            .states
+            .keys()
+            .filter(|k| range.contains(&k.0))
+            .copied()
+            .collect();
+        for k in gone {
+            kda::remove_state(&mut st, k);
+        }
         for gone in st.cache.forget(range) {
             // The owner frees the bytes next: a copy from them must be over.
             if let Some(ready) = gone.ready {

@@ -4,7 +4,9 @@
 // operations one for one: every multiply and add rounded on its own
 // (__fmul_rn, __fadd_rn; the module is compiled with --fmad=false), the
 // fused multiply-adds only where the CPU calls mul_add (exp_fixed), the
-// sequential sums in the CPU's order, and the same hand-written exp.
+// sequential sums in the CPU's order, and the same hand-written exp. The
+// bits are the CPU's for every non-NaN value; a NaN stays a NaN (its
+// payload may differ: the GPU's arithmetic returns the canonical NaN).
 
 #define EXP_MIN_ARG (-87.33654f)
 #define EXP_MAX_ARG 88.72283f

@@ -63,11 +63,20 @@ impl Layer {
         }
     }
     fn params(&self) -> KdaParams<'_> {
+        // (The backend keeps these in its weight cache: `Drop` forgets them.)
         KdaParams {
             conv: [&self.conv[0], &self.conv[1], &self.conv[2]],
             a: &self.a,
             dt_bias: &self.dt,
             o_norm: &self.o_norm,
+        }
+    }
+}
+
+impl Drop for Layer {
+    fn drop(&mut self) {
+        for v in self.conv.iter().chain([&self.a, &self.dt, &self.o_norm]) {
+            backend::forget(v);
         }
     }
 }
@@ -139,7 +148,10 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
         inputs_out: Some(&mut inputs),
     };
     if device {
-        assert!(backend::kda_step(&mut job), "the device took the step");
+        assert!(
+            backend::kda_step(&mut job).unwrap(),
+            "the device took the step"
+        );
     } else {
         kda_step_cpu(&mut job).unwrap();
     }
@@ -217,37 +229,54 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             "{case}: dropped states leave the device"
         );
     }
-    // A decay without a lower bound (softplus) has no device twin yet.
+    // Declined, nothing changed: a decay without a lower bound (softplus
+    // has no device twin yet), and sequences whose rows do not tile the
+    // step's rows in order.
     let mut rng = Lcg(1);
     let mut l = Layer::new(&mut rng, 2, 32, 4);
-    l.dims.gate_lower_bound = None;
-    let mut seqs = vec![Seq::new(&mut rng, &l)];
-    let (p, n) = (l.dims.width(), 1);
-    let x = rng.vec(n * p, 1.0);
-    let bb = rng.vec(n * 2, 1.0);
-    let mut out = vec![0f32; n * p];
-    let Seq { s, conv } = &mut seqs[0];
-    let [q, k, v] = conv;
-    let mut job = KdaJob {
-        dims: &l.dims,
-        w: l.params(),
-        x: KdaInputs {
-            pre: [&x, &x, &x],
-            f: &x,
-            b: &bb,
-            g: &x,
-        },
-        seqs: vec![KdaSeq {
-            rows: 0..1,
-            s,
-            conv: [q, k, v],
-        }],
-        out: &mut out,
-        inputs_out: None,
-    };
-    assert!(
-        !backend::kda_step(&mut job),
-        "softplus decays stay on the CPU"
-    );
+    let p = l.dims.width();
+    let x = rng.vec(2 * p, 1.0);
+    let bb = rng.vec(2 * 2, 1.0);
+    for (lower, rows) in [
+        (None, [0..1, 1..2]),
+        (Some(-5.0), [1..2, 0..1]),
+        (Some(-5.0), [0..2, 1..2]),
+    ] {
+        l.dims.gate_lower_bound = lower;
+        let mut seqs: Vec<Seq> = (0..2).map(|_| Seq::new(&mut rng, &l)).collect();
+        let before: Vec<Vec<u32>> = seqs.iter().map(Seq::bits).collect();
+        let mut out = vec![0f32; 2 * p];
+        let job_seqs = seqs
+            .iter_mut()
+            .zip(rows.clone())
+            .map(|(Seq { s, conv }, rows)| {
+                let [q, k, v] = conv;
+                KdaSeq {
+                    rows,
+                    s,
+                    conv: [q, k, v],
+                }
+            })
+            .collect();
+        let mut job = KdaJob {
+            dims: &l.dims,
+            w: l.params(),
+            x: KdaInputs {
+                pre: [&x, &x, &x],
+                f: &x,
+                b: &bb,
+                g: &x,
+            },
+            seqs: job_seqs,
+            out: &mut out,
+            inputs_out: None,
+        };
+        assert!(
+            !backend::kda_step(&mut job).unwrap(),
+            "declined: {lower:?} {rows:?}"
+        );
+        let after: Vec<Vec<u32>> = seqs.iter().map(Seq::bits).collect();
+        assert!(before == after && seqs.iter().all(|s| !s.s.on_device()));
+    }
     backend::uninstall();
 }

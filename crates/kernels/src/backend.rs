@@ -239,10 +239,14 @@ pub trait Backend: Send + Sync {
     }
     /// A KDA layer's core for one step ([`KdaJob`]), bit-identical to
     /// [`crate::kda::kda_step_cpu`], leaving the sequences' states on the
-    /// device ([`crate::state_buf::StateBuf::set_on_device`]); `false` when not taken (the
-    /// caller runs it on the CPU; nothing was changed). Default: not taken.
-    fn kda_step(&self, _job: &mut KdaJob<'_>) -> bool {
-        false
+    /// device ([`crate::state_buf::StateBuf::set_on_device`]). `Ok(false)`
+    /// when not taken: nothing was changed, the caller runs it on the CPU.
+    /// `Err` when the device failed after a state may have changed: the
+    /// step must fail (and be undone). A backend does not touch the
+    /// job's `StateBuf`s' own methods while it holds its internal lock
+    /// (they call back into it). Default: not taken.
+    fn kda_step(&self, _job: &mut KdaJob<'_>) -> Result<bool, String> {
+        Ok(false)
     }
     /// Copies the device copy named `key` ([`crate::state_buf::StateBuf::key`]) into `out`.
     fn state_read(&self, _key: StateKey, _out: &mut [f32]) -> Result<(), String> {
@@ -252,6 +256,12 @@ pub trait Backend: Send + Sync {
     /// length), on the device.
     fn state_copy(&self, _src: StateKey, _dst: StateKey) -> Result<(), String> {
         Err("this backend keeps no state".into())
+    }
+    /// The device copy named `key` is no longer wanted (its `StateBuf`
+    /// went back to the host or was dropped). Default: [`Backend::forget`]
+    /// of its bytes.
+    fn state_forget(&self, key: StateKey) {
+        self.forget(key.0..key.0 + key.1);
     }
     /// The owner of the host bytes `range` is dropping them: discard every
     /// device copy made from bytes inside it (weights and states).
@@ -358,9 +368,10 @@ pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], hints: &Hints<'_, '
 }
 
 /// A KDA layer's core on the installed backend when it takes it
-/// ([`Backend::kda_step`]); `false` tells the caller to run it on the CPU.
-pub fn kda_step(job: &mut KdaJob<'_>) -> bool {
-    installed().is_some_and(|b| b.kda_step(job))
+/// ([`Backend::kda_step`]); `Ok(false)` tells the caller to run it on the
+/// CPU, `Err` that the step failed on the device.
+pub fn kda_step(job: &mut KdaJob<'_>) -> Result<bool, String> {
+    installed().map_or(Ok(false), |b| b.kda_step(job))
 }
 
 /// Per matrix, the bytes the installed backend lacks

@@ -43,7 +43,8 @@ pub fn exp_softmax(x: f32) -> f32 {
     }
     p = p.mul_add(r, 1.0);
     p = p.mul_add(r, 1.0);
-    // n ∈ [−126, 128) here (NaN casts to 0 and stays NaN through p).
+    // n ∈ [−126, 128] here: 128 only from `exp_fixed` (x ≥ 88.38), giving
+    // the bits of +∞ (NaN casts to 0 and stays NaN through p).
     let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
     p * scale
 }

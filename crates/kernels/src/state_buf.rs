@@ -111,23 +111,27 @@ impl StateBuf {
                 return Ok(());
             }
         }
-        let values = src.read()?;
         // Overwritten whole: the device copy need not come back first.
+        self.overwrite(&src.read()?);
+        Ok(())
+    }
+
+    /// `self = values` (same length) on the host; the device copy is
+    /// dropped unread.
+    pub fn overwrite(&mut self, values: &[f32]) {
         self.drop_device_copy();
         if self.host.len() == values.len() {
-            copy_parallel(&mut self.host, &values);
+            copy_parallel(&mut self.host, values);
         } else {
             self.host.clear();
-            self.host.extend_from_slice(&values);
+            self.host.extend_from_slice(values);
         }
-        Ok(())
     }
 
     fn drop_device_copy(&mut self) {
         if self.on_device {
             if let Some(b) = installed() {
-                let (at, len) = self.key();
-                b.forget(at..at + len);
+                b.state_forget(self.key());
             }
             self.on_device = false;
         }

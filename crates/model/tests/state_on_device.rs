@@ -29,6 +29,9 @@ struct Mirror {
     steps: AtomicUsize,
     reads: AtomicUsize,
     copies: AtomicUsize,
+    /// When set, the next step changes the states and then fails (a device
+    /// that failed after its launches).
+    fail_after_change: std::sync::atomic::AtomicBool,
 }
 
 impl Backend for Mirror {
@@ -38,7 +41,7 @@ impl Backend for Mirror {
     fn matmul(&self, _: &MatRef<'_>, _: Role, _: &[f32], _: usize, _: &mut [f32]) -> bool {
         false
     }
-    fn kda_step(&self, job: &mut KdaJob<'_>) -> bool {
+    fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
         let mut map = self.states.lock().unwrap();
         // The copies here, made from the host's where those are the newest.
         let mut here: Vec<[StateBuf; 4]> = Vec::new();
@@ -85,7 +88,10 @@ impl Backend for Mirror {
             }
         }
         self.steps.fetch_add(1, Ordering::Relaxed);
-        true
+        if self.fail_after_change.swap(false, Ordering::Relaxed) {
+            return Err("failed after the launches".into());
+        }
+        Ok(true)
     }
     fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String> {
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -232,6 +238,39 @@ fn states_kept_on_a_device_give_the_same_bits() {
 }
 
 #[test]
+fn a_device_failing_after_changing_the_states_fails_the_step_and_changes_nothing() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let k3 = k3_tiny();
+    let model: &dyn CausalLm = &k3;
+    drop(backend::uninstall());
+    let mut s = model.new_state();
+    model
+        .forward(s.as_mut(), &[1, 20, 300], Logits::Last)
+        .unwrap();
+    let want = bits(&model.forward(s.as_mut(), &[7], Logits::Last).unwrap());
+    let mirror = Arc::new(Mirror::default());
+    backend::install(mirror.clone());
+    let mut s = model.new_state();
+    model
+        .forward(s.as_mut(), &[1, 20, 300], Logits::Last)
+        .unwrap();
+    mirror.fail_after_change.store(true, Ordering::Relaxed);
+    let err = model.forward(s.as_mut(), &[7], Logits::Last).unwrap_err();
+    assert!(
+        err.to_string().contains("failed after the launches"),
+        "{err}"
+    );
+    // The failed step was undone: the same token again gives the plain bits.
+    let got = bits(&model.forward(s.as_mut(), &[7], Logits::Last).unwrap());
+    drop(s);
+    backend::uninstall();
+    assert!(
+        got == want,
+        "a failed device step left a trace in the state"
+    );
+}
+
+#[test]
 fn a_declining_backend_leaves_the_states_on_the_host() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let k3 = k3_tiny();
@@ -253,6 +292,8 @@ fn a_declining_backend_leaves_the_states_on_the_host() {
     let mut s = model.new_state();
     let with = model.forward(s.as_mut(), &[1, 2, 3], Logits::Last).unwrap();
     backend::uninstall();
+    // With no backend left, only states whose copies are on the host encode.
+    s.encode().expect("the states stayed on the host");
     let mut s = model.new_state();
     let without = model.forward(s.as_mut(), &[1, 2, 3], Logits::Last).unwrap();
     assert_eq!(bits(&with), bits(&without));

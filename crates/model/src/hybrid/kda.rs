@@ -58,7 +58,7 @@ pub fn kda_heads(
     proj: &KdaProjections,
 ) -> Result<Vec<f32>> {
     crate::phase::timed(crate::phase::Phase::LinearCore, || {
-        if let Some((out, inputs)) = on_device(d, w, states, segs, proj) {
+        if let Some((out, inputs)) = on_device(d, w, states, segs, proj)? {
             if let Some(buf) = inputs {
                 record_journals(d, states, segs, proj, &buf);
             }
@@ -68,16 +68,22 @@ pub fn kda_heads(
     })
 }
 
-/// The step as one [`KdaJob`] for the backend, and the delta-rule inputs
-/// of every row when a sequence journals; `None` when it declines.
+/// What a device step gives: the outputs, and every row's delta-rule
+/// inputs when a sequence journals.
+type DeviceStep = (Vec<f32>, Option<Vec<f32>>);
+
+/// The step as one [`KdaJob`] for the backend; `None` when it declines
+/// (nothing changed), an error when the device failed part way.
 fn on_device(
     d: &KdaDims,
     w: &KdaParams<'_>,
     states: &mut [&mut KdaState],
     segs: &[Segment],
     proj: &KdaProjections,
-) -> Option<(Vec<f32>, Option<Vec<f32>>)> {
-    backend::installed()?;
+) -> Result<Option<DeviceStep>> {
+    if backend::installed().is_none() {
+        return Ok(None);
+    }
     let n = segs.last().map_or(0, |s| s.end);
     let mut out = vec![0f32; n * d.width()];
     let journaling = states.iter().any(|s| s.journal.is_some());
@@ -107,10 +113,10 @@ fn on_device(
         out: &mut out,
         inputs_out: inputs.as_deref_mut(),
     };
-    if !backend::kda_step(&mut job) {
-        return None;
+    if !backend::kda_step(&mut job).map_err(ModelError::State)? {
+        return Ok(None);
     }
-    Some((out, inputs))
+    Ok(Some((out, inputs)))
 }
 
 /// Appends a device step's rows to the journals of the sequences that keep
@@ -241,7 +247,8 @@ pub fn replay_prefix(
 ) -> std::result::Result<(), StateError> {
     let kd = d.head_dim;
     let p = d.width();
-    st.s.copy_from(&j.s0)?;
+    // Both overwritten whole: read the start once, never the current copy.
+    st.s.overwrite(&j.s0.read()?);
     let min_len = crate::par_min_len(j.heads.len(), keep * kd * kd * 4);
     st.s.host_mut()?
         .par_chunks_mut(kd * kd)
@@ -253,16 +260,13 @@ pub fn replay_prefix(
         });
     let hist = d.conv_kernel - 1;
     for (c, (w0, pre)) in st.conv.iter_mut().zip(j.conv0.iter().zip(&j.pre)) {
-        let (w0, c) = (w0.read()?, c.host_mut()?);
+        let w0 = w0.read()?;
         // Window after `keep` positions: the last `hist` rows of w0 ++ pre[..keep].
         let rows: Vec<&[f32]> = w0
             .chunks_exact(p)
             .chain(pre.chunks_exact(p).take(keep))
             .collect();
-        let tail = &rows[rows.len() - hist..];
-        for (dst, src) in c.chunks_exact_mut(p).zip(tail) {
-            dst.copy_from_slice(src);
-        }
+        c.overwrite(&rows[rows.len() - hist..].concat());
     }
     Ok(())
 }
