@@ -93,6 +93,9 @@ struct State {
     cache: Cache<Resident>,
     x: Option<CudaSlice<f32>>,
     y: Option<CudaSlice<f32>>,
+    /// A KDA step's forget gate and head outputs between its products.
+    kf: Option<CudaSlice<f32>>,
+    ko: Option<CudaSlice<f32>>,
     /// Page-locked host staging for activations and results: their copies
     /// are asynchronous DMA, with one synchronisation per batch of products.
     hx: Option<PinnedHostSlice<f32>>,
@@ -256,6 +259,8 @@ impl CudaBackend {
                 state_bytes: 0,
                 x: None,
                 y: None,
+                kf: None,
+                ko: None,
                 hx: None,
                 hy: None,
                 ht: None,

@@ -3,12 +3,13 @@
 //! sequences with 1..3 positions each, head widths that are and are not a
 //! multiple of 32, inputs that drive the exponentials past both ends, a
 //! state copied on the device (an undo mark) and stepped from, and a state
-//! copied back to the host and stepped again from there. Without a CUDA
+//! copied back to the host and stepped again from there, with and without
+//! the forget gate's up-projection and o_proj in the call. Without a CUDA
 //! device the test prints why it skipped.
 
 use std::sync::Arc;
 
-use fathom_kernels::backend::{self, Backend};
+use fathom_kernels::backend::{self, Backend, MatRef};
 use fathom_kernels::kda::{KdaDims, KdaInputs, KdaJob, KdaParams, KdaSeq, kda_step_cpu};
 use fathom_kernels::state_buf::StateBuf;
 use fathom_kernels_cuda::CudaBackend;
@@ -43,7 +44,16 @@ struct Layer {
     a: Vec<f32>,
     dt: Vec<f32>,
     o_norm: Vec<f32>,
+    /// The forget gate's up-projection `[P, R]` and `o_proj` `[D, P]`
+    /// (bf16), used when `products` is set.
+    f_up: Vec<u16>,
+    o_proj: Vec<u16>,
+    products: bool,
 }
+
+/// Low-rank width of the forget gate and model width in the products' cases.
+const R: usize = 16;
+const D: usize = 96;
 
 impl Layer {
     fn new(rng: &mut Lcg, heads: usize, kd: usize, kernel: usize) -> Self {
@@ -60,7 +70,34 @@ impl Layer {
             a: (0..p).map(|_| rng.f32(1.0).abs() + 0.01).collect(),
             dt: rng.vec(p, 1.0),
             o_norm: rng.vec(kd, 1.5),
+            f_up: rng
+                .vec(p * R, 0.5)
+                .iter()
+                .map(|v| (v.to_bits() >> 16) as u16)
+                .collect(),
+            o_proj: rng
+                .vec(D * p, 0.1)
+                .iter()
+                .map(|v| (v.to_bits() >> 16) as u16)
+                .collect(),
+            products: false,
         }
+    }
+    fn f_up(&self) -> Option<MatRef<'_>> {
+        let p = self.dims.width();
+        self.products.then_some(MatRef::Bf16 {
+            w: &self.f_up,
+            rows: p,
+            cols: R,
+        })
+    }
+    fn o_proj(&self) -> Option<MatRef<'_>> {
+        let p = self.dims.width();
+        self.products.then_some(MatRef::Bf16 {
+            w: &self.o_proj,
+            rows: D,
+            cols: p,
+        })
     }
     fn params(&self) -> KdaParams<'_> {
         // (The backend keeps these in its weight cache: `Drop` forgets them.)
@@ -78,6 +115,8 @@ impl Drop for Layer {
         for v in self.conv.iter().chain([&self.a, &self.dt, &self.o_norm]) {
             backend::forget(v);
         }
+        backend::forget(&self.f_up);
+        backend::forget(&self.o_proj);
     }
 }
 
@@ -113,12 +152,13 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
     let (p, h) = (l.dims.width(), l.dims.heads);
     let n: usize = lens.iter().sum();
     let pre: [Vec<f32>; 3] = std::array::from_fn(|_| rng.vec(n * p, 2.0));
+    let r = if l.products { R } else { p };
     let (f, b, g) = (
-        rng.vec(n * p, 3.0),
+        rng.vec(n * r, 3.0),
         rng.vec(n * h, 3.0),
         rng.vec(n * p, 3.0),
     );
-    let mut out = vec![0f32; n * p];
+    let mut out = vec![0f32; n * if l.products { D } else { p }];
     let mut inputs = vec![0f32; KdaJob::inputs_len(&l.dims, n)];
     let mut at = 0;
     let job_seqs = seqs
@@ -145,6 +185,8 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
         },
         seqs: job_seqs,
         out: &mut out,
+        f_up: l.f_up(),
+        o_proj: l.o_proj(),
         inputs_out: Some(&mut inputs),
     };
     if device {
@@ -168,9 +210,12 @@ fn kda_core_matches_its_twin_bit_for_bit() {
         }
     };
     backend::install(b.clone() as Arc<dyn Backend>);
-    for (heads, kd, kernel) in [(4, 128, 4), (3, 48, 3), (2, 64, 2)] {
+    // The last two cases also run the forget gate's up-projection and
+    // o_proj in the step's call.
+    for (heads, kd, kernel, products) in [(4, 128, 4, false), (3, 48, 3, true), (2, 64, 2, true)] {
         let mut rng = Lcg(heads as u64 * 1000 + kd as u64);
-        let l = Layer::new(&mut rng, heads, kd, kernel);
+        let mut l = Layer::new(&mut rng, heads, kd, kernel);
+        l.products = products;
         let mut dev: Vec<Seq> = (0..3).map(|_| Seq::new(&mut rng, &l)).collect();
         let mut cpu: Vec<Seq> = dev
             .iter()
@@ -179,7 +224,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
                 conv: s.conv.clone(),
             })
             .collect();
-        let case = format!("heads {heads}, kd {kd}, kernel {kernel}");
+        let case = format!("heads {heads}, kd {kd}, kernel {kernel}, products {products}");
         for (i, lens) in [[1, 3, 2], [1, 1, 1], [2, 1, 1]].iter().enumerate() {
             let seed = rng.0;
             let got = step(&l, &mut dev, lens, &mut Lcg(seed), true);
@@ -269,6 +314,8 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             },
             seqs: job_seqs,
             out: &mut out,
+            f_up: None,
+            o_proj: None,
             inputs_out: None,
         };
         assert!(

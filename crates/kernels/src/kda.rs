@@ -349,7 +349,8 @@ fn gated_norm_impl(d: &KdaDims, w: &KdaParams<'_>, g: &[f32], hh: usize, o: &mut
 }
 
 /// A step's inputs for every sequence: `pre` (q, k, v before the
-/// convolution), `f` and `g` are `[N, P]`, `b` is `[N, H]`.
+/// convolution), `f` and `g` are `[N, P]`, `b` is `[N, H]` (`f` is the
+/// forget gate's low-rank input `[N, R]` when the job has an `f_up`).
 #[derive(Clone, Copy)]
 pub struct KdaInputs<'a> {
     pub pre: [&'a [f32]; 3],
@@ -368,15 +369,24 @@ pub struct KdaSeq<'a> {
 }
 
 /// A KDA layer's core for one step of several sequences, from the
-/// projections to the gated head outputs `out [N, P]` (what `o_proj`
-/// takes). [`kda_step_cpu`] defines it; a backend's
-/// [`crate::backend::Backend::kda_step`] gives the same bits.
+/// projections to the gated head outputs `out [N, P]` — or, with `o_proj`,
+/// to those outputs projected, `out [N, D]` —, optionally starting with
+/// the forget gate's up-projection `f_up`. [`kda_step_cpu`] defines it; a
+/// backend's [`crate::backend::Backend::kda_step`] gives the same bits
+/// (the products with the CPU kernels' order, as for every product).
 pub struct KdaJob<'a> {
     pub dims: &'a KdaDims,
     pub w: KdaParams<'a>,
     pub x: KdaInputs<'a>,
     pub seqs: Vec<KdaSeq<'a>>,
+    /// `[N, P]`, or `[N, D]` with `o_proj`.
     pub out: &'a mut [f32],
+    /// The forget gate's up-projection `[P, R]` (bytes stable as for
+    /// [`crate::backend::matmul_stable`]), applied to `x.f` first.
+    pub f_up: Option<crate::backend::MatRef<'a>>,
+    /// The output projection `[D, P]` (bytes stable likewise), applied to
+    /// the gated head outputs last.
+    pub o_proj: Option<crate::backend::MatRef<'a>>,
     /// When set, every position's delta-rule inputs (what a journal keeps,
     /// [`HeadInputs`]' values): q, k, v, log α as `[4, N, P]`, then β as
     /// `[N, H]` ([`KdaJob::inputs_len`] values).
@@ -420,6 +430,19 @@ pub fn head_inputs_of(
 pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateError> {
     let d = job.dims;
     let (h, kd, p) = (d.heads, d.head_dim, d.width());
+    // The step's rows (the sequences' rows lie among them).
+    let n = job.x.pre[0].len() / p;
+    let f_full: Vec<f32>;
+    let f = match job.f_up {
+        Some(m) => {
+            let mut y = vec![0f32; n * m.rows()];
+            m.cpu(job.x.f, n, &mut y);
+            f_full = y;
+            &f_full[..]
+        }
+        None => job.x.f,
+    };
+    let mut cat = vec![0f32; n * p];
     for seq in job.seqs.iter_mut() {
         let rows = seq.rows.start * p..seq.rows.end * p;
         let mut conv: Vec<Vec<f32>> = Vec::with_capacity(3);
@@ -438,7 +461,7 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
             q: &conv[0],
             k: &conv[1],
             v: &conv[2],
-            f: &job.x.f[rows.clone()],
+            f: &f[rows.clone()],
             b: &job.x.b[seq.rows.start * h..seq.rows.end * h],
         };
         let g = &job.x.g[rows.clone()];
@@ -446,7 +469,6 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
         for hh in 0..h {
             let hi = head_inputs(d, &job.w, &r, hh);
             if let Some(buf) = job.inputs_out.as_deref_mut() {
-                let n = job.out.len() / p;
                 for ti in 0..t {
                     let (row, np) = (seq.rows.start + ti, n * p);
                     let at = row * p + hh * kd;
@@ -467,9 +489,13 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
             gated_norm(d, &job.w, g, hh, &mut o);
             for ti in 0..t {
                 let at = (seq.rows.start + ti) * p + hh * kd;
-                job.out[at..at + kd].copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
+                cat[at..at + kd].copy_from_slice(&o[ti * kd..(ti + 1) * kd]);
             }
         }
+    }
+    match job.o_proj {
+        Some(m) => m.cpu(&cat, n, job.out),
+        None => job.out.copy_from_slice(&cat),
     }
     Ok(())
 }
@@ -612,6 +638,8 @@ mod tests {
                     conv: [q, k, v],
                 }],
                 out: &mut out,
+                f_up: None,
+                o_proj: None,
                 inputs_out: None,
             };
             kda_step_cpu(&mut job).unwrap();

@@ -151,6 +151,12 @@ impl Linear {
             .expect("an FP8 matrix is checked when made")
     }
 
+    /// The whole matrix as the backend seam sees it (its bytes stay put
+    /// until this `Linear` drops, which forgets them).
+    pub fn as_mat(&self) -> MatRef<'_> {
+        self.mat(0..self.rows)
+    }
+
     /// Rows `r` as the backend seam sees them.
     fn mat(&self, r: std::ops::Range<usize>) -> MatRef<'_> {
         let (n, c) = (r.len(), self.cols);

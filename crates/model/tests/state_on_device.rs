@@ -72,6 +72,8 @@ impl Backend for Mirror {
                 x: job.x,
                 seqs,
                 out: &mut out,
+                f_up: job.f_up,
+                o_proj: job.o_proj,
                 inputs_out: job.inputs_out.as_deref_mut(),
             };
             kda_step_cpu(&mut twin).expect("host copies");

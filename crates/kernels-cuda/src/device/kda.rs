@@ -27,8 +27,14 @@ pub(super) enum KdaFailure {
 /// What a step needs on the device before its first launch.
 struct Staged {
     /// Inputs (pre q, k, v, f, b, g), then the parameters (conv taps q, k,
-    /// v, a, dt_bias, o_norm).
+    /// v, a, dt_bias, o_norm); `at[3]` is the full forget gate (the
+    /// up-projection's output when the job has one).
     at: [u64; 12],
+    /// The staged low-rank forget-gate input and the up-projection's
+    /// segments, when the job has one.
+    f_up: Option<(u64, Vec<u64>)>,
+    /// The head outputs' scratch and `o_proj`'s segments, when it has one.
+    o_proj: Option<(u64, Vec<u64>)>,
     out: u64,
     /// Where the journal's inputs go (0: none).
     hin: u64,
@@ -44,6 +50,12 @@ fn takes(job: &KdaJob<'_>) -> bool {
     let (h, kd, kernel) = (d.heads, d.head_dim, d.conv_kernel);
     let p = h * kd;
     let n = job.seqs.last().map_or(0, |s| s.rows.end);
+    let small = |v: usize| i32::try_from(v).is_ok();
+    // The forget gate's input width, and the output's.
+    let r = job.f_up.map_or(p, |m| m.cols());
+    let dout = job.o_proj.map_or(p, |m| m.rows());
+    let products = job.f_up.is_none_or(|m| m.rows() == p && r > 0)
+        && job.o_proj.is_none_or(|m| m.cols() == p && dout > 0);
     let mut next = 0;
     let tiled = job.seqs.iter().all(|s| {
         let ok = s.rows.start == next && s.rows.end >= s.rows.start;
@@ -51,33 +63,28 @@ fn takes(job: &KdaJob<'_>) -> bool {
         ok
     });
     let w = &job.w;
-    tiled
-        && (1..=1024).contains(&kd)
+    let sizes = (1..=1024).contains(&kd)
         && (2..=MAX_KERNEL).contains(&kernel)
         && h > 0
         && n > 0
-        && n.checked_mul(4 * p + h)
-            .is_some_and(|v| v <= i32::MAX as usize)
-        && job.out.len() == n * p
-        && job
-            .x
-            .pre
-            .iter()
-            .chain([&job.x.f, &job.x.g])
-            .all(|v| v.len() == n * p)
+        && n.checked_mul(4 * p + h + r + dout).is_some_and(small);
+    let inputs = job.out.len() == n * dout
+        && job.x.f.len() == n * r
+        && job.x.pre.iter().chain([&job.x.g]).all(|v| v.len() == n * p)
         && job.x.b.len() == n * h
-        && w.conv.iter().all(|t| t.len() == p * kernel)
-        && w.a.len() == p
-        && w.dt_bias.len() == p
-        && w.o_norm.len() == kd
         && job
             .inputs_out
             .as_ref()
-            .is_none_or(|b| b.len() == KdaJob::inputs_len(d, n))
-        && job
-            .seqs
-            .iter()
-            .all(|s| s.s.len() == h * kd * kd && s.conv.iter().all(|c| c.len() == (kernel - 1) * p))
+            .is_none_or(|b| b.len() == KdaJob::inputs_len(d, n));
+    let params = w.conv.iter().all(|t| t.len() == p * kernel)
+        && w.a.len() == p
+        && w.dt_bias.len() == p
+        && w.o_norm.len() == kd;
+    let states = job
+        .seqs
+        .iter()
+        .all(|s| s.s.len() == h * kd * kd && s.conv.iter().all(|c| c.len() == (kernel - 1) * p));
+    tiled && products && sizes && inputs && params && states
 }
 
 impl CudaBackend {
@@ -96,8 +103,7 @@ impl CudaBackend {
         if !takes(job) {
             return Ok(false);
         }
-        let p = job.dims.width();
-        let n = job.out.len() / p;
+        let out_len = job.out.len();
         let mut st = self.lock();
         let st = &mut *st;
         let staged = match self.kda_stage(st, job) {
@@ -124,13 +130,18 @@ impl CudaBackend {
             .expect("staged")
             .as_slice()
             .map_err(|e| KdaFailure::After(e.into()))?;
-        job.out.copy_from_slice(&hy[..n * p]);
+        job.out.copy_from_slice(&hy[..out_len]);
         if let Some(buf) = job.inputs_out.as_deref_mut() {
-            buf.copy_from_slice(&hy[n * p..n * p + buf.len()]);
+            buf.copy_from_slice(&hy[out_len..out_len + buf.len()]);
         }
         for s in job.seqs.iter_mut() {
             s.s.set_on_device();
             s.conv.iter_mut().for_each(|c| c.set_on_device());
+        }
+        // The products in the call count as the products they are.
+        for m in job.f_up.iter().chain(&job.o_proj) {
+            st.stats.device_products += 1;
+            st.stats.weight_bytes_read += segments(m).iter().map(|s| s.len() as u64).sum::<u64>();
         }
         Ok(true)
     }
@@ -139,10 +150,25 @@ impl CudaBackend {
     /// inputs copied up, output room. Nothing here changes a state.
     fn kda_stage(&self, st: &mut State, job: &KdaJob<'_>) -> Result<Staged, CudaError> {
         let p = job.dims.width();
-        let n = job.out.len() / p;
+        let n = job.seqs.last().map_or(0, |s| s.rows.end);
         let (x, w) = (&job.x, &job.w);
         let params = [w.conv[0], w.conv[1], w.conv[2], w.a, w.dt_bias, w.o_norm];
-        let (pp, keep) = self.params_here(st, &params)?;
+        let mut segs: Vec<&[u8]> = params
+            .iter()
+            .map(|v| {
+                segments(&MatRef::F32 {
+                    w: v,
+                    rows: 1,
+                    cols: v.len(),
+                })[0]
+            })
+            .collect();
+        let f_segs = job.f_up.as_ref().map(segments).unwrap_or_default();
+        let o_segs = job.o_proj.as_ref().map(segments).unwrap_or_default();
+        let (nf, no) = (f_segs.len(), o_segs.len());
+        segs.extend(f_segs);
+        segs.extend(o_segs);
+        let (ptrs, keep) = self.weights_here(st, &segs)?;
         let mut states = Vec::with_capacity(job.seqs.len());
         for seq in &job.seqs {
             let bufs: [&StateBuf; 4] = [&*seq.s, &*seq.conv[0], &*seq.conv[1], &*seq.conv[2]];
@@ -163,7 +189,8 @@ impl CudaBackend {
             hx[off..off + v.len()].copy_from_slice(v);
             off += v.len();
         }
-        let ny = n * p + job.inputs_out.as_ref().map_or(0, |b| b.len());
+        let out_len = job.out.len();
+        let ny = out_len + job.inputs_out.as_ref().map_or(0, |b| b.len());
         pinned(ctx, &mut st.hy, ny)?;
         let xp = grow(&self.stream, &mut st.x, total)?
             .device_ptr(&self.stream)
@@ -172,19 +199,38 @@ impl CudaBackend {
             .device_ptr(&self.stream)
             .0;
         at.iter_mut().take(6).for_each(|a| *a += xp);
-        at[6..].copy_from_slice(&pp);
+        at[6..].copy_from_slice(&ptrs[..6]);
+        let f_up = if nf == 0 {
+            None
+        } else {
+            let kf = grow(&self.stream, &mut st.kf, n * p)?
+                .device_ptr(&self.stream)
+                .0;
+            let low = std::mem::replace(&mut at[3], kf);
+            Some((low, ptrs[6..6 + nf].to_vec()))
+        };
+        let o_proj = if no == 0 {
+            None
+        } else {
+            let ko = grow(&self.stream, &mut st.ko, n * p)?
+                .device_ptr(&self.stream)
+                .0;
+            Some((ko, ptrs[6 + nf..].to_vec()))
+        };
         let hx = st.hx.as_ref().expect("staged").as_slice()?;
         // SAFETY: the device buffer holds at least `total` values; `hx` is
         // page-locked and not written again before the synchronisation.
         unsafe { result::memcpy_htod_async(xp, &hx[..total], self.stream.cu_stream()) }?;
         st.stats.h2d_bytes += 4 * total as u64;
-        let hin = if ny > n * p {
-            yp + 4 * (n * p) as u64
+        let hin = if ny > out_len {
+            yp + 4 * out_len as u64
         } else {
             0
         };
         Ok(Staged {
             at,
+            f_up,
+            o_proj,
             out: yp,
             hin,
             states,
@@ -203,7 +249,12 @@ impl CudaBackend {
         let d = job.dims;
         let (h, kd, kernel) = (d.heads as i32, d.head_dim as i32, d.conv_kernel as i32);
         let (q_scale, l2, eps) = (d.q_scale(), fathom_kernels::kda::KDA_L2_EPS, d.norm_eps);
-        let n_rows = (job.out.len() / d.width()) as i32;
+        let n = job.seqs.last().map_or(0, |s| s.rows.end);
+        let n_rows = n as i32;
+        if let (Some(m), Some((low, segs))) = (&job.f_up, &s.f_up) {
+            self.launch(m, segs, *low, s.at[3], 1, n)?;
+        }
+        let core = s.o_proj.as_ref().map_or(s.out, |(ko, _)| *ko);
         let cfg = LaunchConfig {
             grid_dim: (d.heads as u32, 1, 1),
             block_dim: (d.head_dim as u32, 1, 1),
@@ -215,7 +266,7 @@ impl CudaBackend {
             for a in ptrs.iter().chain(&s.at) {
                 b.arg(a);
             }
-            b.arg(&s.out)
+            b.arg(&core)
                 .arg(&row0)
                 .arg(&t)
                 .arg(&h)
@@ -233,6 +284,9 @@ impl CudaBackend {
             // `kd` ≤ 1024 threads, `kernel` ≤ KDA_MAX_KERNEL.
             unsafe { b.launch(cfg) }?;
         }
+        if let (Some(m), Some((ko, segs))) = (&job.o_proj, &s.o_proj) {
+            self.launch(m, segs, *ko, s.out, 1, n)?;
+        }
         st.stats.device_calls += 1;
         let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
         // SAFETY: the device buffer holds `ny` values written by the kernels
@@ -242,46 +296,42 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The device addresses of a layer's parameters, each kept like a
-    /// weight (copied up on the compute stream the first time, so the
-    /// launches after it see it), and their keys (to keep them while the
-    /// step makes room for states).
-    fn params_here(
+    /// The device addresses of a step's weight segments (the layer's
+    /// parameters, the products' matrices), each kept in the weight cache
+    /// (copied up on the compute stream the first time, so the launches
+    /// after it see it), and their keys (to keep them while the step makes
+    /// room for states).
+    fn weights_here(
         &self,
         st: &mut State,
-        params: &[&[f32]; 6],
-    ) -> Result<([u64; 6], Vec<Key>), CudaError> {
-        let segs: Vec<&[u8]> = params
-            .iter()
-            .map(|v| {
-                segments(&MatRef::F32 {
-                    w: v,
-                    rows: 1,
-                    cols: v.len(),
-                })[0]
-            })
-            .collect();
+        segs: &[&[u8]],
+    ) -> Result<(Vec<u64>, Vec<Key>), CudaError> {
         let keys: Vec<Key> = segs.iter().map(|s| key(s)).collect();
-        let mut ptrs = [0u64; 6];
-        for (i, (seg, k)) in segs.iter().zip(&keys).enumerate() {
+        let mut ptrs = Vec::with_capacity(segs.len());
+        for (seg, k) in segs.iter().zip(&keys) {
             if st.cache.touch(k).is_none() {
                 if !make_room(st, seg.len() as u64, &keys, Class::Spine) {
                     return Err(CudaError::Driver(
-                        "no room in the VRAM budget for a KDA layer's parameters".into(),
+                        "no room in the VRAM budget for a KDA layer's weights".into(),
                     ));
                 }
                 let buf = self.stream.clone_htod(*seg)?;
                 st.stats.h2d_bytes += seg.len() as u64;
                 st.cache
                     .insert(*k, Resident { buf, ready: None }, Class::Spine);
+            } else if let Some(ready) = st.cache.get(k).and_then(|r| r.ready.as_ref()) {
+                // A copy still running on the copy stream (made for a batch
+                // of products): the launches wait for it.
+                self.stream.wait(ready)?;
             }
-            ptrs[i] = st
-                .cache
-                .get(k)
-                .expect("just made")
-                .buf
-                .device_ptr(&self.stream)
-                .0;
+            ptrs.push(
+                st.cache
+                    .get(k)
+                    .expect("just made")
+                    .buf
+                    .device_ptr(&self.stream)
+                    .0,
+            );
         }
         Ok((ptrs, keys))
     }

@@ -375,7 +375,7 @@ impl CudaBackend {
 
     /// Queues `w`'s kernel on the stream: weights at the device pointers
     /// `p` (its segments), input at `xp`, output at `yp`.
-    fn launch(
+    pub(super) fn launch(
         &self,
         w: &MatRef<'_>,
         p: &[u64],

@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use super::KdaDims;
 use super::state::{KdaJournal, KdaState};
 use crate::error::{ModelError, Result};
+use crate::linear::Linear;
 
 pub use crate::batch::Segment;
 pub use fathom_kernels::kda::{HeadInputs, KDA_L2_EPS, KdaParams};
@@ -34,7 +35,8 @@ pub use fathom_kernels::kda::{HeadInputs, KDA_L2_EPS, KdaParams};
 pub struct KdaProjections {
     /// Pre-convolution q, k, v, `[N, P]` each.
     pub pre: [Vec<f32>; 3],
-    /// Forget-gate input `[N, P]`.
+    /// Forget-gate input: its low-rank part `[N, R]` (`f_a`'s output;
+    /// [`KdaLinears::f_up`] is applied to it in the core's call).
     pub f: Vec<f32>,
     /// β logits `[N, H]`.
     pub b: Vec<f32>,
@@ -42,10 +44,18 @@ pub struct KdaProjections {
     pub g: Vec<f32>,
 }
 
+/// The products around a KDA layer's core that a device runs in the
+/// core's own call: the forget gate's up-projection before it, `o_proj`
+/// after it.
+pub struct KdaLinears<'a> {
+    pub f_up: &'a Linear,
+    pub o_proj: &'a Linear,
+}
+
 /// KDA for the rows of several sequences, from their projections:
 /// `segs[i]` are sequence i's rows, `states[i]` its state. The convolution
 /// and the delta rule run per sequence. Returns the gated head outputs
-/// `[N, P]` (what `o_proj` takes).
+/// through `o_proj`, `[N, D]`.
 /// Its time is the decode profile's `linear_core`. The step runs on the
 /// backend's device when it takes it (the states then stay there; a
 /// journaling sequence gets its delta-rule inputs back for its journal);
@@ -55,16 +65,20 @@ pub fn kda_heads(
     w: &KdaParams<'_>,
     states: &mut [&mut KdaState],
     segs: &[Segment],
-    proj: &KdaProjections,
+    mut proj: KdaProjections,
+    lin: &KdaLinears<'_>,
 ) -> Result<Vec<f32>> {
     crate::phase::timed(crate::phase::Phase::LinearCore, || {
-        if let Some((out, inputs)) = on_device(d, w, states, segs, proj)? {
+        if let Some((out, inputs)) = on_device(d, w, states, segs, &proj, lin)? {
             if let Some(buf) = inputs {
-                record_journals(d, states, segs, proj, &buf);
+                record_journals(d, states, segs, &proj, &buf);
             }
             return Ok(out);
         }
-        heads(d, w, states, segs, proj).map_err(|e| ModelError::State(e.to_string()))
+        let n = segs.last().map_or(0, |s| s.end);
+        proj.f = lin.f_up.forward(&proj.f, n);
+        let cat = heads(d, w, states, segs, &proj).map_err(|e| ModelError::State(e.to_string()))?;
+        Ok(lin.o_proj.forward(&cat, n))
     })
 }
 
@@ -80,12 +94,13 @@ fn on_device(
     states: &mut [&mut KdaState],
     segs: &[Segment],
     proj: &KdaProjections,
+    lin: &KdaLinears<'_>,
 ) -> Result<Option<DeviceStep>> {
     if backend::installed().is_none() {
         return Ok(None);
     }
     let n = segs.last().map_or(0, |s| s.end);
-    let mut out = vec![0f32; n * d.width()];
+    let mut out = vec![0f32; n * lin.o_proj.rows];
     let journaling = states.iter().any(|s| s.journal.is_some());
     let mut inputs = journaling.then(|| vec![0f32; KdaJob::inputs_len(d, n)]);
     let seqs = states
@@ -111,6 +126,8 @@ fn on_device(
         },
         seqs,
         out: &mut out,
+        f_up: Some(lin.f_up.as_mat()),
+        o_proj: Some(lin.o_proj.as_mat()),
         inputs_out: inputs.as_deref_mut(),
     };
     if !backend::kda_step(&mut job).map_err(ModelError::State)? {

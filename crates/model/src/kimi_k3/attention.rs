@@ -8,7 +8,7 @@ use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
 use super::weights::{KdaWeights, MlaWeights};
 use crate::batch::Segment;
 use crate::error::Result;
-use crate::hybrid::kda::{KdaParams, KdaProjections, kda_heads};
+use crate::hybrid::kda::{KdaLinears, KdaParams, KdaProjections, kda_heads};
 use crate::hybrid::mla::mla_heads;
 use crate::hybrid::state::{KdaState, MlaCache};
 use crate::linear::Linear;
@@ -66,12 +66,15 @@ pub fn kda(
     );
     let proj = KdaProjections {
         pre: [q, k, v],
-        f: w.f_b_proj.forward(&fa, n),
+        f: fa,
         b,
         g,
     };
-    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj)?;
-    Ok(w.o_proj.forward(&cat, n))
+    let lin = KdaLinears {
+        f_up: &w.f_b_proj,
+        o_proj: &w.o_proj,
+    };
+    kda_heads(&spec.kda_dims(), &w.params(), states, segs, proj, &lin)
 }
 
 /// Gated MLA for the rows `x [N, D]` (already `input_layernorm`ed) of

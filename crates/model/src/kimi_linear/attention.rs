@@ -11,7 +11,7 @@ use super::config::KimiLinearSpec;
 use super::weights::{KdaWeights, MlaWeights};
 use crate::batch::Segment;
 use crate::error::Result;
-use crate::hybrid::kda::{KdaProjections, kda_heads};
+use crate::hybrid::kda::{KdaLinears, KdaProjections, kda_heads};
 use crate::hybrid::mla::mla_heads;
 use crate::hybrid::state::{KdaState, MlaCache};
 use crate::linear::Linear;
@@ -41,12 +41,15 @@ pub fn kda(
     );
     let proj = KdaProjections {
         pre: [q, k, v],
-        f: w.f_b_proj.forward(&fa, n),
+        f: fa,
         b,
         g: w.g_b_proj.forward(&ga, n),
     };
-    let cat = kda_heads(&spec.kda_dims(), &w.params(), states, segs, &proj)?;
-    Ok(w.o_proj.forward(&cat, n))
+    let lin = KdaLinears {
+        f_up: &w.f_b_proj,
+        o_proj: &w.o_proj,
+    };
+    kda_heads(&spec.kda_dims(), &w.params(), states, segs, proj, &lin)
 }
 
 /// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several
