@@ -25,7 +25,8 @@ pub enum Phase {
     /// Residual mixing, norms, embedding, and the final norm and output head.
     MixAndHead,
     /// Inside linear attention: the convolution, delta rule and output
-    /// norm (what is left after the projections).
+    /// norm, with the forget gate's up-projection before them and `o_proj`
+    /// after (a device runs the three in one call).
     LinearCore,
     /// Inside full attention: attention over the cache (after the projections).
     FullCore,
