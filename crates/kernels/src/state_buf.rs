@@ -91,10 +91,9 @@ impl StateBuf {
     /// only one).
     pub fn host_mut(&mut self) -> Result<&mut Vec<f32>, StateError> {
         if self.on_device {
+            // The host vector is not resized here, so the name stays valid.
             let key = self.key();
-            let mut out = vec![0f32; self.host.len()];
-            device_read(key, &mut out)?;
-            self.host.copy_from_slice(&out);
+            device_read(key, &mut self.host)?;
             self.drop_device_copy();
         }
         Ok(&mut self.host)

@@ -151,23 +151,8 @@ impl CudaBackend {
     fn kda_stage(&self, st: &mut State, job: &KdaJob<'_>) -> Result<Staged, CudaError> {
         let p = job.dims.width();
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
-        let (x, w) = (&job.x, &job.w);
-        let params = [w.conv[0], w.conv[1], w.conv[2], w.a, w.dt_bias, w.o_norm];
-        let mut segs: Vec<&[u8]> = params
-            .iter()
-            .map(|v| {
-                segments(&MatRef::F32 {
-                    w: v,
-                    rows: 1,
-                    cols: v.len(),
-                })[0]
-            })
-            .collect();
-        let f_segs = job.f_up.as_ref().map(segments).unwrap_or_default();
-        let o_segs = job.o_proj.as_ref().map(segments).unwrap_or_default();
-        let (nf, no) = (f_segs.len(), o_segs.len());
-        segs.extend(f_segs);
-        segs.extend(o_segs);
+        let x = &job.x;
+        let (segs, nf, no) = weight_segments(job);
         let (ptrs, keep) = self.weights_here(st, &segs)?;
         let mut states = Vec::with_capacity(job.seqs.len());
         for seq in &job.seqs {
@@ -410,6 +395,29 @@ impl CudaBackend {
         let mut st = self.lock();
         remove_state(&mut st, key);
     }
+}
+
+/// A step's weight segments: the six parameters, then the forget gate's
+/// up-projection's (`nf` of them) and `o_proj`'s (`no`).
+fn weight_segments<'a>(job: &KdaJob<'a>) -> (Vec<&'a [u8]>, usize, usize) {
+    let w = &job.w;
+    let params = [w.conv[0], w.conv[1], w.conv[2], w.a, w.dt_bias, w.o_norm];
+    let mut segs: Vec<&[u8]> = params
+        .iter()
+        .map(|v| {
+            segments(&MatRef::F32 {
+                w: v,
+                rows: 1,
+                cols: v.len(),
+            })[0]
+        })
+        .collect();
+    let f_segs = job.f_up.as_ref().map(segments).unwrap_or_default();
+    let o_segs = job.o_proj.as_ref().map(segments).unwrap_or_default();
+    let (nf, no) = (f_segs.len(), o_segs.len());
+    segs.extend(f_segs);
+    segs.extend(o_segs);
+    (segs, nf, no)
 }
 
 /// `st.state_bytes` (and the budget's share of it) after a change.
