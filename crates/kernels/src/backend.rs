@@ -137,6 +137,13 @@ pub struct BackendStats {
     /// Device time from the first kernel of each call to the end of its
     /// last (events on the device), waits for weight copies included.
     pub kernel_ms: f64,
+    /// The parts of `gpu_ms` spent waiting for the backend's lock (another
+    /// thread's call) and in the call's one synchronisation (the device
+    /// finishing its copies and kernels): `gpu_ms − lock − sync` is the
+    /// host's own work in the calls, `sync − kernel_ms` the device's time
+    /// outside the kernels (copies, launch gaps, waking the host).
+    pub lock_wait_ms: f64,
+    pub sync_wait_ms: f64,
     /// Device memory holding weights now.
     pub vram_weight_bytes: u64,
     /// Device memory holding sequences' states now (KDA states and
@@ -178,6 +185,8 @@ impl BackendStats {
             gpu_ms: self.gpu_ms - start.gpu_ms,
             expert_gpu_ms: self.expert_gpu_ms - start.expert_gpu_ms,
             kernel_ms: self.kernel_ms - start.kernel_ms,
+            lock_wait_ms: self.lock_wait_ms - start.lock_wait_ms,
+            sync_wait_ms: self.sync_wait_ms - start.sync_wait_ms,
             vram_weight_bytes: self.vram_weight_bytes,
             vram_state_bytes: self.vram_state_bytes,
             device_errors: self.device_errors - start.device_errors,

@@ -104,8 +104,10 @@ impl CudaBackend {
             return Ok(false);
         }
         let out_len = job.out.len();
+        let asked = std::time::Instant::now();
         let mut st = self.lock();
         let st = &mut *st;
+        st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
         let staged = match self.kda_stage(st, job) {
             Ok(s) => s,
             Err(e) => {
@@ -121,9 +123,16 @@ impl CudaBackend {
             }
         };
         let ran = self.kda_launch(st, job, &staged, lb);
+        let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
+        st.stats.sync_wait_ms += waited.elapsed().as_secs_f64() * 1e3;
         ran.and(synced.map_err(CudaError::from))
             .map_err(KdaFailure::After)?;
+        if let Some((a, b)) = &st.clock
+            && let Ok(ms) = a.elapsed_ms(b)
+        {
+            st.stats.kernel_ms += f64::from(ms);
+        }
         let hy = st
             .hy
             .as_ref()
@@ -236,6 +245,17 @@ impl CudaBackend {
         let (q_scale, l2, eps) = (d.q_scale(), fathom_kernels::kda::KDA_L2_EPS, d.norm_eps);
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
         let n_rows = n as i32;
+        if st.clock.is_none() {
+            let ctx = self.stream.context();
+            let timed =
+                || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
+            st.clock = Some((timed()?, timed()?));
+        }
+        st.clock
+            .as_ref()
+            .expect("just made")
+            .0
+            .record(&self.stream)?;
         if let (Some(m), Some((low, segs))) = (&job.f_up, &s.f_up) {
             self.launch(m, segs, *low, s.at[3], 1, n)?;
         }
@@ -272,6 +292,11 @@ impl CudaBackend {
         if let (Some(m), Some((ko, segs))) = (&job.o_proj, &s.o_proj) {
             self.launch(m, segs, *ko, s.out, 1, n)?;
         }
+        st.clock
+            .as_ref()
+            .expect("made above")
+            .1
+            .record(&self.stream)?;
         st.stats.device_calls += 1;
         let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
         // SAFETY: the device buffer holds `ny` values written by the kernels

@@ -32,8 +32,10 @@ impl CudaBackend {
         if jobs.is_empty() || !jobs.iter().all(Job::fits) {
             return Ok(false);
         }
+        let asked = std::time::Instant::now();
         let mut st = self.lock();
         let st = &mut *st;
+        st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
         let segs: Vec<Vec<&[u8]>> = jobs.iter().map(|j| segments(&j.w)).collect();
         let keys: Vec<Key> = segs.iter().flatten().map(|s| key(s)).collect();
         let mut missing: Vec<Key> = keys
@@ -67,7 +69,9 @@ impl CudaBackend {
         if queued.is_ok() {
             self.copy_ahead_or_count(st, hints, &keys);
         }
+        let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
+        st.stats.sync_wait_ms += waited.elapsed().as_secs_f64() * 1e3;
         if queued.is_err() || synced.is_err() {
             // Nothing may still read the callers' bytes or the staging.
             let _ = self.copies.synchronize();
