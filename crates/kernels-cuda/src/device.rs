@@ -459,7 +459,7 @@ impl Backend for CudaBackend {
             .copied()
             .collect();
         for k in gone {
-            kda::remove_state(&mut st, k);
+            kda::take_state(&mut st, k);
         }
         for gone in st.cache.forget(range) {
             // The owner frees the bytes next: a copy from them must be over.

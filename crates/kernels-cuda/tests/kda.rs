@@ -83,21 +83,12 @@ impl Layer {
             products: false,
         }
     }
-    fn f_up(&self) -> Option<MatRef<'_>> {
+    /// The forget gate's up-projection `[P, R]` and `o_proj` `[D, P]`, when
+    /// the case runs them in the step.
+    fn products(&self) -> [Option<MatRef<'_>>; 2] {
         let p = self.dims.width();
-        self.products.then_some(MatRef::Bf16 {
-            w: &self.f_up,
-            rows: p,
-            cols: R,
-        })
-    }
-    fn o_proj(&self) -> Option<MatRef<'_>> {
-        let p = self.dims.width();
-        self.products.then_some(MatRef::Bf16 {
-            w: &self.o_proj,
-            rows: D,
-            cols: p,
-        })
+        let bf16 = |w, rows, cols| self.products.then_some(MatRef::Bf16 { w, rows, cols });
+        [bf16(&self.f_up[..], p, R), bf16(&self.o_proj[..], D, p)]
     }
     fn params(&self) -> KdaParams<'_> {
         // (The backend keeps these in its weight cache: `Drop` forgets them.)
@@ -112,9 +103,7 @@ impl Layer {
 
 impl Drop for Layer {
     fn drop(&mut self) {
-        for v in self.conv.iter().chain([&self.a, &self.dt, &self.o_norm]) {
-            backend::forget(v);
-        }
+        self.params().forget();
         backend::forget(&self.f_up);
         backend::forget(&self.o_proj);
     }
@@ -185,8 +174,8 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
         },
         seqs: job_seqs,
         out: &mut out,
-        f_up: l.f_up(),
-        o_proj: l.o_proj(),
+        f_up: l.products()[0],
+        o_proj: l.products()[1],
         inputs_out: Some(&mut inputs),
     };
     if device {

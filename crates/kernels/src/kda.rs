@@ -11,6 +11,28 @@
 use crate::expf::exp_fixed;
 use crate::ops::{sigmoid_fixed, silu_fixed};
 
+/// Calls `$impl` (an `#[inline(always)]` function) in a build with fused
+/// multiply-adds as instructions where this CPU has them (the kernel table
+/// is AVX2 or AVX-512 only on CPUs with AVX2 and FMA): the same bits as the
+/// baseline build, whose `mul_add` is the library's `fmaf`, fused too —
+/// only faster. (A closure passed to a `target_feature` function is not
+/// compiled with its features: measured 2.7× slower here.)
+macro_rules! fma_build {
+    ($impl:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {{
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fma($($arg: $ty),*) -> $ret {
+            $impl($($arg),*)
+        }
+        #[cfg(target_arch = "x86_64")]
+        if matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
+            // SAFETY: the kernel table is AVX2 or AVX-512 only on CPUs with AVX2 and FMA.
+            return unsafe { fma($($arg),*) };
+        }
+        $impl($($arg),*)
+    }};
+}
+
 /// Depthwise causal convolution + SiLU over `pre [T, P]`, using and updating
 /// `window` (`[kernel−1, P]`, the previous pre-convolution rows).
 pub fn short_conv(
@@ -20,33 +42,7 @@ pub fn short_conv(
     p: usize,
     kernel: usize,
 ) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if fma_here() {
-        // SAFETY: `fma_here` saw AVX2 and FMA on this CPU.
-        return unsafe { short_conv_fma(pre, window, taps, p, kernel) };
-    }
-    short_conv_impl(pre, window, taps, p, kernel)
-}
-
-/// [`short_conv`] with fused multiply-adds as instructions (the same bits:
-/// the library's `fmaf` is fused too).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn short_conv_fma(
-    pre: &[f32],
-    window: &mut [f32],
-    taps: &[f32],
-    p: usize,
-    kernel: usize,
-) -> Vec<f32> {
-    short_conv_impl(pre, window, taps, p, kernel)
-}
-
-/// Whether this CPU runs the FMA builds of the functions below (the
-/// kernel table is AVX2 or AVX-512 only on CPUs with AVX2 and FMA).
-#[cfg(target_arch = "x86_64")]
-fn fma_here() -> bool {
-    matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512)
+    fma_build!(short_conv_impl(pre: &[f32], window: &mut [f32], taps: &[f32], p: usize, kernel: usize) -> Vec<f32>)
 }
 
 #[inline(always)]
@@ -163,19 +159,7 @@ fn delta_rule_impl(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
 
 /// One head's gated delta rule: `s` is the state `[K, V]`, `out` `[T, V]`.
 pub fn delta_rule(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if fma_here() {
-        // SAFETY: `fma_here` saw AVX2 and FMA on this CPU.
-        unsafe { delta_rule_avx2(s, x, out) };
-        return;
-    }
-    delta_rule_impl(s, x, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn delta_rule_avx2(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) {
-    delta_rule_impl(s, x, out)
+    fma_build!(delta_rule_impl(s: &mut [f32], x: &DeltaInputs<'_>, out: &mut [f32]) -> ())
 }
 
 /// The twin: the same arithmetic for the baseline instruction set.
@@ -223,6 +207,20 @@ pub struct KdaParams<'a> {
     pub o_norm: &'a [f32],
 }
 
+impl KdaParams<'_> {
+    /// The owner is dropping these vectors: a backend that kept device
+    /// copies of them (the KDA step's) discards them.
+    pub fn forget(&self) {
+        for v in self
+            .conv
+            .iter()
+            .chain([&self.a, &self.dt_bias, &self.o_norm])
+        {
+            crate::backend::forget(v);
+        }
+    }
+}
+
 /// One head's delta-rule inputs for the positions of a pass, kept so the
 /// state can be rolled forward again to any prefix (speculative rollback).
 #[derive(Debug, Clone, Default)]
@@ -267,23 +265,7 @@ pub struct HeadRows<'a> {
 /// Head `hh`'s delta-rule inputs: `q = l2(q̃)·K^-½`, `k = l2(k̃)`, the log
 /// decays and `β = σ(b)` (the functions of [`crate::expf::exp_fixed`]).
 pub fn head_inputs(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) -> HeadInputs {
-    #[cfg(target_arch = "x86_64")]
-    if fma_here() {
-        // SAFETY: `fma_here` saw AVX2 and FMA on this CPU.
-        return unsafe { head_inputs_fma(d, w, r, hh) };
-    }
-    head_inputs_impl(d, w, r, hh)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn head_inputs_fma(
-    d: &KdaDims,
-    w: &KdaParams<'_>,
-    r: &HeadRows<'_>,
-    hh: usize,
-) -> HeadInputs {
-    head_inputs_impl(d, w, r, hh)
+    fma_build!(head_inputs_impl(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize) -> HeadInputs)
 }
 
 #[inline(always)]
@@ -323,18 +305,7 @@ fn head_inputs_impl(d: &KdaDims, w: &KdaParams<'_>, r: &HeadRows<'_>, hh: usize)
 /// Head `hh`'s outputs `o [T, K]`, in place: RMSNorm (`o_norm`) gated by
 /// `σ(g)` (`g [T, P]`).
 pub fn gated_norm(d: &KdaDims, w: &KdaParams<'_>, g: &[f32], hh: usize, o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if fma_here() {
-        // SAFETY: `fma_here` saw AVX2 and FMA on this CPU.
-        return unsafe { gated_norm_fma(d, w, g, hh, o) };
-    }
-    gated_norm_impl(d, w, g, hh, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gated_norm_fma(d: &KdaDims, w: &KdaParams<'_>, g: &[f32], hh: usize, o: &mut [f32]) {
-    gated_norm_impl(d, w, g, hh, o)
+    fma_build!(gated_norm_impl(d: &KdaDims, w: &KdaParams<'_>, g: &[f32], hh: usize, o: &mut [f32]) -> ())
 }
 
 #[inline(always)]
@@ -562,7 +533,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn fma_builds_give_the_baseline_bits() {
-        if !fma_here() {
+        if !matches!(crate::kernels().isa, crate::Isa::Avx2 | crate::Isa::Avx512) {
             eprintln!("skipped: this CPU runs the baseline builds only");
             return;
         }

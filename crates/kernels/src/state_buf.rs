@@ -102,13 +102,13 @@ impl StateBuf {
     /// `self = src`: on the device when `src`'s newest copy is there (a
     /// device-to-device copy), else on the host.
     pub fn copy_from(&mut self, src: &StateBuf) -> Result<(), StateError> {
-        if src.on_device && self.host.len() == src.host.len() {
-            if let Some(b) = installed()
-                && b.state_copy(src.key(), self.key()).is_ok()
-            {
-                self.on_device = true;
-                return Ok(());
-            }
+        if src.on_device
+            && self.host.len() == src.host.len()
+            && let Some(b) = installed()
+            && b.state_copy(src.key(), self.key()).is_ok()
+        {
+            self.on_device = true;
+            return Ok(());
         }
         // Overwritten whole: the device copy need not come back first.
         self.overwrite(&src.read()?);

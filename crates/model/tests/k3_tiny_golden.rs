@@ -141,7 +141,8 @@ fn snapshot_restore_replays_identically() {
     let a = model.forward(&mut st, &[7, 8, 9], Logits::All).unwrap();
     // Wander off, then come back.
     model.forward(&mut st, &[100, 200], Logits::Last).unwrap();
-    st.restore(&snap);
+    st.restore(&snap)
+        .expect("the snapshot is this sequence's past");
     assert_eq!(st.pos, prompt.len());
     let b = model.forward(&mut st, &[7, 8, 9], Logits::All).unwrap();
     assert_eq!(a, b);

@@ -115,7 +115,7 @@ impl CudaBackend {
                 for s in &job.seqs {
                     let bufs = [&*s.s, &*s.conv[0], &*s.conv[1], &*s.conv[2]];
                     for b in bufs.into_iter().filter(|b| b.host().is_some()) {
-                        remove_state(st, b.key());
+                        take_state(st, b.key());
                     }
                 }
                 let _ = self.stream.synchronize();
@@ -245,12 +245,7 @@ impl CudaBackend {
         let (q_scale, l2, eps) = (d.q_scale(), fathom_kernels::kda::KDA_L2_EPS, d.norm_eps);
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
         let n_rows = n as i32;
-        if st.clock.is_none() {
-            let ctx = self.stream.context();
-            let timed =
-                || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
-            st.clock = Some((timed()?, timed()?));
-        }
+        self.ensure_clock(st)?;
         st.clock
             .as_ref()
             .expect("just made")
@@ -418,7 +413,7 @@ impl CudaBackend {
 
     pub(super) fn forget_state(&self, key: StateKey) {
         let mut st = self.lock();
-        remove_state(&mut st, key);
+        take_state(&mut st, key);
     }
 }
 
@@ -460,15 +455,11 @@ fn insert_state(st: &mut State, key: StateKey, dev: CudaSlice<f32>) {
 }
 
 /// Removes the copy named `key` from the table (and the count).
-fn take_state(st: &mut State, key: StateKey) -> Option<CudaSlice<f32>> {
+pub(super) fn take_state(st: &mut State, key: StateKey) -> Option<CudaSlice<f32>> {
     let old = st.states.remove(&key)?;
     st.state_bytes -= 4 * old.len() as u64;
     count_states(st);
     Some(old)
-}
-
-pub(super) fn remove_state(st: &mut State, key: StateKey) {
-    take_state(st, key);
 }
 
 fn state_of(st: &State, key: StateKey, n: usize) -> Result<&CudaSlice<f32>, CudaError> {

@@ -98,6 +98,17 @@ impl CudaBackend {
         Ok(true)
     }
 
+    /// Makes the timed events a call's kernels are clocked with, once.
+    pub(super) fn ensure_clock(&self, st: &mut State) -> Result<(), CudaError> {
+        if st.clock.is_none() {
+            let ctx = self.stream.context();
+            let timed =
+                || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
+            st.clock = Some((timed()?, timed()?));
+        }
+        Ok(())
+    }
+
     /// Copies `seg` up on the copy stream, an event after it.
     fn upload(&self, st: &mut State, seg: &[u8], class: Class) -> Result<(), CudaError> {
         if !page_locked(self.stream.context(), seg) {
@@ -278,11 +289,7 @@ impl CudaBackend {
             }
         }
         let tables = self.stage_tables(st, &launches, &ptrs, &at)?;
-        if st.clock.is_none() {
-            let timed =
-                || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
-            st.clock = Some((timed()?, timed()?));
-        }
+        self.ensure_clock(st)?;
         let (first, last) = st.clock.as_ref().expect("just made");
         first.record(&self.stream)?;
         for (l, tab) in launches.iter().zip(tables) {

@@ -28,16 +28,7 @@ impl KdaWeights {
 impl Drop for KdaWeights {
     /// A backend may keep device copies of the parameters (the KDA core's).
     fn drop(&mut self) {
-        for v in [
-            &self.q_conv1d,
-            &self.k_conv1d,
-            &self.v_conv1d,
-            &self.a,
-            &self.dt_bias,
-            &self.o_norm,
-        ] {
-            fathom_kernels::backend::forget(v);
-        }
+        self.params().forget();
     }
 }
 
