@@ -10,15 +10,19 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice,
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
-use fathom_kernels::backend::{Backend, BackendStats, Hints, MatRef, Product, Role, segments};
+use fathom_kernels::backend::{
+    Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role, segments,
+};
 use fathom_kernels::fp8::E4M3;
 use fathom_kernels::kda::KdaJob;
+use fathom_kernels::ops::GluAct;
 use fathom_kernels::state_buf::StateKey;
 
 use crate::cache::Cache;
 use crate::guess::GuessLog;
 use crate::{CudaError, SOURCE};
 
+mod glu;
 mod kda;
 mod queue;
 
@@ -87,6 +91,7 @@ struct Funcs {
     bf16_many: CudaFunction,
     mxfp4_many: CudaFunction,
     kda: CudaFunction,
+    glu_act: CudaFunction,
 }
 
 struct State {
@@ -96,6 +101,8 @@ struct State {
     /// A KDA step's forget gate and head outputs between its products.
     kf: Option<CudaSlice<f32>>,
     ko: Option<CudaSlice<f32>>,
+    /// Gated MLPs' gate and up outputs between their products.
+    glu: Option<CudaSlice<f32>>,
     /// Page-locked host staging for activations and results: their copies
     /// are asynchronous DMA, with one synchronisation per batch of products.
     hx: Option<PinnedHostSlice<f32>>,
@@ -235,6 +242,7 @@ impl CudaBackend {
             bf16_many: f("mm_bf16_many")?,
             mxfp4_many: f("mm_mxfp4_many")?,
             kda: f("kda_step")?,
+            glu_act: f("glu_act")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
@@ -261,6 +269,7 @@ impl CudaBackend {
                 y: None,
                 kf: None,
                 ko: None,
+                glu: None,
                 hx: None,
                 hy: None,
                 ht: None,
@@ -296,8 +305,20 @@ impl CudaBackend {
     /// kept for the run report). A declined batch is not counted: the seam
     /// then offers its products one by one.
     fn counted(&self, jobs: &mut [Job<'_, '_>], hints: &Hints<'_, '_>, batch: bool) -> bool {
+        let (n, role) = (jobs.len(), jobs.first().map_or(Role::Spine, |j| j.role));
+        self.counted_with(n, role, batch, || self.run(jobs, hints))
+    }
+
+    /// [`CudaBackend::counted`] of any round trip of `products` products.
+    fn counted_with(
+        &self,
+        products: usize,
+        role: Role,
+        batch: bool,
+        run: impl FnOnce() -> Result<bool, CudaError>,
+    ) -> bool {
         let start = Instant::now();
-        let result = self.run(jobs, hints);
+        let result = run();
         let mut st = self.lock();
         let done = match result {
             Ok(done) => done,
@@ -309,10 +330,10 @@ impl CudaBackend {
         };
         if done {
             let ms = start.elapsed().as_secs_f64() * 1e3;
-            st.stats.device_products += jobs.len() as u64;
+            st.stats.device_products += products as u64;
             st.stats.device_calls += 1;
             st.stats.gpu_ms += ms;
-            if jobs[0].role == Role::Expert {
+            if role == Role::Expert {
                 st.stats.expert_gpu_ms += ms;
             }
         } else if !batch {
@@ -387,6 +408,16 @@ impl Backend for CudaBackend {
             &Hints::default(),
             false,
         )
+    }
+
+    fn glu_batch(
+        &self,
+        jobs: &mut [GluProduct<'_, '_>],
+        act: GluAct,
+        hints: &Hints<'_, '_>,
+    ) -> bool {
+        let (n, role) = (3 * jobs.len(), jobs.first().map_or(Role::Spine, |j| j.role));
+        self.counted_with(n, role, true, || self.run_glu(jobs, act, hints))
     }
 
     fn hint(&self, hints: &Hints<'_, '_>) {

@@ -53,5 +53,9 @@ impl From<cudarc::driver::DriverError> for CudaError {
     }
 }
 
-/// The kernels' CUDA C source: matrix products, then the KDA core.
-pub const SOURCE: &str = concat!(include_str!("matmul.cu"), include_str!("kda.cu"));
+/// The kernels' CUDA C source: matrix products, the KDA core, gated activations.
+pub const SOURCE: &str = concat!(
+    include_str!("matmul.cu"),
+    include_str!("kda.cu"),
+    include_str!("glu.cu")
+);

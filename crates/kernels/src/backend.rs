@@ -24,6 +24,7 @@ use fathom_weights::mxfp4::Mxfp4Ref;
 
 use crate::formats::{Fp8Rows, Int4Rows, Rows};
 use crate::kda::KdaJob;
+use crate::ops::GluAct;
 use crate::state_buf::StateKey;
 
 /// A weight matrix `[rows, cols]` in one of the stored formats.
@@ -230,6 +231,20 @@ pub trait Backend: Send + Sync {
     fn matmul_batch(&self, _products: &mut [Product<'_, '_>], _hints: &Hints<'_, '_>) -> bool {
         false
     }
+    /// Gated MLPs `y = down(act(gate x, up x))` in one call, each
+    /// bit-identical to its three products with `act` on the host between
+    /// them ([`glu_batch_stable`]'s fallback): `act`'s operations are
+    /// defined one for one ([`GluAct`]). `false` when not taken as a whole
+    /// (the caller runs the fallback). `hints` as for
+    /// [`Backend::matmul_batch`]. Default: not taken.
+    fn glu_batch(
+        &self,
+        _jobs: &mut [GluProduct<'_, '_>],
+        _act: GluAct,
+        _hints: &Hints<'_, '_>,
+    ) -> bool {
+        false
+    }
     /// [`Hints`] with no products to go with them (every expert of a layer
     /// computed elsewhere). Default: ignored.
     fn hint(&self, _hints: &Hints<'_, '_>) {}
@@ -312,6 +327,19 @@ pub struct Product<'w, 'b> {
     pub y: &'b mut [f32],
 }
 
+/// One gated MLP of a [`Backend::glu_batch`]: `y[t, down.rows] =
+/// down(act(x gateᵀ, x upᵀ))`, `x` `[t, gate.cols]`, the three matrices'
+/// bytes stable as for [`matmul_stable`].
+pub struct GluProduct<'w, 'b> {
+    pub gate: MatRef<'w>,
+    pub up: MatRef<'w>,
+    pub down: MatRef<'w>,
+    pub role: Role,
+    pub x: &'b [f32],
+    pub t: usize,
+    pub y: &'b mut [f32],
+}
+
 static BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
 
 /// Makes `b` the process's backend (replacing any earlier one).
@@ -374,6 +402,68 @@ pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], hints: &Hints<'_, '
     for p in products {
         matmul_stable(&p.w, p.role, p.x, p.t, p.y);
     }
+}
+
+/// Gated MLPs on the installed backend in one call when it takes them
+/// all ([`Backend::glu_batch`]); else the gate and up products of all in
+/// one batch (with `hints`, the routed experts' downs named next in place
+/// of `hints.next`), `act` on the host, the downs in a second batch. The
+/// same bits either way.
+pub fn glu_batch_stable(jobs: &mut [GluProduct<'_, '_>], act: GluAct, hints: &Hints<'_, '_>) {
+    if jobs.is_empty() {
+        matmul_batch_stable(&mut [], hints);
+        return;
+    }
+    if let Some(b) = installed()
+        && b.glu_batch(jobs, act, hints)
+    {
+        return;
+    }
+    let mut g: Vec<Vec<f32>> = jobs
+        .iter()
+        .map(|j| vec![0f32; j.t * j.gate.rows()])
+        .collect();
+    let mut u = g.clone();
+    let mut ps = Vec::with_capacity(2 * jobs.len());
+    for ((j, g), u) in jobs.iter().zip(g.iter_mut()).zip(u.iter_mut()) {
+        for (w, y) in [(j.gate, g), (j.up, u)] {
+            ps.push(Product {
+                w,
+                role: j.role,
+                x: j.x,
+                t: j.t,
+                y,
+            });
+        }
+    }
+    // Routed experts' downs are copied ahead of the first batch.
+    let downs: Vec<MatRef<'_>> = jobs
+        .iter()
+        .filter(|j| j.role == Role::Expert)
+        .map(|j| j.down)
+        .collect();
+    let first = Hints {
+        next: &downs,
+        ..*hints
+    };
+    matmul_batch_stable(&mut ps, &first);
+    drop(ps);
+    {
+        use rayon::prelude::*;
+        g.par_iter_mut().zip(&u).for_each(|(g, u)| act.apply(g, u));
+    }
+    let mut ps: Vec<Product<'_, '_>> = jobs
+        .iter_mut()
+        .zip(&g)
+        .map(|(j, g)| Product {
+            w: j.down,
+            role: j.role,
+            x: g,
+            t: j.t,
+            y: &mut *j.y,
+        })
+        .collect();
+    matmul_batch_stable(&mut ps, &Hints::default());
 }
 
 /// A KDA layer's core on the installed backend when it takes it

@@ -62,29 +62,95 @@ fn elementwise(g: &mut [f32], u: &[f32], f: impl Fn(&mut [f32], &[f32]) + Sync) 
         .for_each(|(g, u)| f(g, u));
 }
 
-/// `SwiGLU(g, u) = SiLU(g) · u`, written into `g`.
-pub fn swiglu(g: &mut [f32], u: &[f32]) {
-    elementwise(g, u, |g, u| {
-        for (a, &b) in g.iter_mut().zip(u) {
-            *a = silu(*a) * b;
+/// `tanh(x)` from operations a device kernel repeats one for one
+/// (`glu.cu`): for |x| < 0.5 the odd series `x + x·s·P(s)`, `s = x²`, P of
+/// degree 6 by fused Horner steps (truncation below 1e-8 relative); above,
+/// `(1 − e) / (1 + e)` with `e = exp_fixed(−2|x|)`; x's sign either way. Within a
+/// few ulp of the exact value; NaN gives NaN.
+#[inline(always)]
+pub fn tanh_fixed(x: f32) -> f32 {
+    let a = x.abs();
+    if a < 0.5 {
+        let s = x * x;
+        let mut p = TANH_SERIES[0];
+        for c in &TANH_SERIES[1..] {
+            p = p.mul_add(s, *c);
         }
-    })
-}
-
-/// `SiTU-GLU(g, u) = [β·tanh(g/β)·σ(g)] · [β_lin·tanh(u/β_lin)]`, written into `g`.
-pub fn situ_glu(g: &mut [f32], u: &[f32], beta: f32, beta_lin: Option<f32>) {
-    elementwise(g, u, |g, u| situ_glu_serial(g, u, beta, beta_lin))
-}
-
-fn situ_glu_serial(g: &mut [f32], u: &[f32], beta: f32, beta_lin: Option<f32>) {
-    for (a, &b) in g.iter_mut().zip(u) {
-        let act = beta * (*a / beta).tanh() * sigmoid(*a);
-        let up = match beta_lin {
-            Some(bl) => bl * (b / bl).tanh(),
-            None => b,
-        };
-        *a = act * up;
+        return (x * s).mul_add(p, x).copysign(x);
     }
+    let e = crate::expf::exp_fixed(-2.0 * a);
+    ((1.0 - e) / (1.0 + e)).copysign(x)
+}
+
+/// tanh's odd series after the leading `x`, highest order first:
+/// −929569/638512875, 21844/6081075, −1382/155925, 62/2835, −17/315,
+/// 2/15, −1/3 (the coefficients of x¹⁵ … x³).
+pub const TANH_SERIES: [f32; 7] = [
+    -929_569.0 / 638_512_875.0,
+    21_844.0 / 6_081_075.0,
+    -1_382.0 / 155_925.0,
+    62.0 / 2_835.0,
+    -17.0 / 315.0,
+    2.0 / 15.0,
+    -1.0 / 3.0,
+];
+
+/// A gated activation `act(g, u)` (written into `g`) defined by
+/// operations a device repeats one for one: the hand-written `exp` and
+/// `tanh` ([`crate::expf::exp_fixed`], [`tanh_fixed`]), every multiply and
+/// add rounded on its own, in the order written here. A backend may run it
+/// between a gated MLP's products ([`crate::backend::GluProduct`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GluAct {
+    /// `SiLU(g) · u`.
+    Swiglu,
+    /// `[β·tanh(g/β)·σ(g)] · [β_lin·tanh(u/β_lin)]` (`· u` without β_lin).
+    Situ { beta: f32, beta_lin: Option<f32> },
+}
+
+impl GluAct {
+    /// `act(g, u)` into `g`, split over the pool for wide rows (each
+    /// element's value does not depend on the split).
+    pub fn apply(self, g: &mut [f32], u: &[f32]) {
+        elementwise(g, u, |g, u| self.serial(g, u))
+    }
+
+    fn serial(self, g: &mut [f32], u: &[f32]) {
+        let act = self;
+        fma_build!(glu_act_impl(act: GluAct, g: &mut [f32], u: &[f32]) -> ())
+    }
+}
+
+#[inline(always)]
+fn glu_act_impl(act: GluAct, g: &mut [f32], u: &[f32]) {
+    match act {
+        GluAct::Swiglu => {
+            for (a, &b) in g.iter_mut().zip(u) {
+                *a = silu_fixed(*a) * b;
+            }
+        }
+        GluAct::Situ { beta, beta_lin } => {
+            for (a, &b) in g.iter_mut().zip(u) {
+                let act = beta * tanh_fixed(*a / beta) * sigmoid_fixed(*a);
+                let up = match beta_lin {
+                    Some(bl) => bl * tanh_fixed(b / bl),
+                    None => b,
+                };
+                *a = act * up;
+            }
+        }
+    }
+}
+
+/// `SwiGLU(g, u) = SiLU(g) · u`, written into `g` ([`GluAct::Swiglu`]).
+pub fn swiglu(g: &mut [f32], u: &[f32]) {
+    GluAct::Swiglu.apply(g, u)
+}
+
+/// `SiTU-GLU(g, u) = [β·tanh(g/β)·σ(g)] · [β_lin·tanh(u/β_lin)]`, written
+/// into `g` ([`GluAct::Situ`]).
+pub fn situ_glu(g: &mut [f32], u: &[f32], beta: f32, beta_lin: Option<f32>) {
+    GluAct::Situ { beta, beta_lin }.apply(g, u)
 }
 
 /// `x / sqrt(Σx² + ε)`, in place (the KDA kernels' in-kernel q/k norm).
@@ -145,5 +211,88 @@ mod tests {
         situ_glu(&mut g, &[1e4, 1e4, 5.0], 4.0, Some(25.0));
         assert!((g[0] - 100.0).abs() < 1e-3);
         assert!(g[1].abs() < 1e-3 && g[2] == 0.0);
+    }
+
+    /// ulp distance between two finite floats of one sign.
+    fn ulps(a: f32, b: f32) -> u32 {
+        (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+    }
+
+    #[test]
+    fn tanh_fixed_is_within_a_few_ulp_over_the_line() {
+        let mut worst = (0u32, 0f32);
+        let mut x = 1e-30f32;
+        while x < 20.0 {
+            for v in [x, -x] {
+                let want = (v as f64).tanh() as f32;
+                let d = ulps(tanh_fixed(v), want);
+                if d > worst.0 {
+                    worst = (d, v);
+                }
+            }
+            x = f32::from_bits(x.to_bits() + 4099);
+        }
+        assert!(worst.0 <= 3, "{} ulp at {}", worst.0, worst.1);
+        assert_eq!(tanh_fixed(0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(tanh_fixed(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(tanh_fixed(1e30), 1.0);
+        assert_eq!(tanh_fixed(f32::NEG_INFINITY), -1.0);
+        assert!(tanh_fixed(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn fixed_activations_match_the_library_formulas() {
+        let g: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 0.011).collect();
+        let u: Vec<f32> = g.iter().map(|v| 0.7 - 1.3 * v).collect();
+        for act in [
+            GluAct::Swiglu,
+            GluAct::Situ {
+                beta: 4.0,
+                beta_lin: Some(25.0),
+            },
+            GluAct::Situ {
+                beta: 4.0,
+                beta_lin: None,
+            },
+        ] {
+            let mut y = g.clone();
+            act.apply(&mut y, &u);
+            for ((&a, &b), &y) in g.iter().zip(&u).zip(&y) {
+                let (a, b) = (a as f64, b as f64);
+                let sig = 1.0 / (1.0 + (-a).exp());
+                let want = match act {
+                    GluAct::Swiglu => a * sig * b,
+                    GluAct::Situ { beta, beta_lin } => {
+                        let up = beta_lin.map_or(b, |bl| bl as f64 * (b / bl as f64).tanh());
+                        beta as f64 * (a / beta as f64).tanh() * sig * up
+                    }
+                };
+                assert!(
+                    (y as f64 - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                    "{act:?} {a} {b}: {y} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fma_builds_of_the_activations_give_the_baseline_bits() {
+        let g: Vec<f32> = (0..3000)
+            .map(|i| ((i * 7919) % 3000) as f32 * 0.01 - 15.0)
+            .collect();
+        let u: Vec<f32> = g.iter().rev().copied().collect();
+        for act in [
+            GluAct::Swiglu,
+            GluAct::Situ {
+                beta: 4.0,
+                beta_lin: Some(25.0),
+            },
+        ] {
+            let (mut fast, mut base) = (g.clone(), g.clone());
+            act.serial(&mut fast, &u);
+            glu_act_impl(act, &mut base, &u);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&base), "{act:?}");
+        }
     }
 }

@@ -10,19 +10,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use fathom_kernels::backend::{self, Hints, MatRef, Product, Role, matmul_batch_stable};
+use fathom_kernels::backend::{self, GluProduct, Hints, MatRef, Role};
+use fathom_kernels::ops::GluAct;
 use rayon::prelude::*;
 
 use crate::experts::ExpertWeights;
 
 /// A gated expert without biases: its matrices' indices in the expert
-/// table, its hidden width and its activation (`act(g, u)` writes into `g`).
-pub struct GluExpert<'a> {
+/// table, its hidden width and its activation.
+pub struct GluExpert {
     pub gate: usize,
     pub up: usize,
     pub down: usize,
     pub inter: usize,
-    pub act: &'a (dyn Fn(&mut [f32], &[f32]) + Sync),
+    pub act: GluAct,
 }
 
 /// One expert's three matrices as stable views.
@@ -68,7 +69,7 @@ const CPU_MAX_ROWS: usize = 4;
 static PROBES: AtomicU64 = AtomicU64::new(0);
 const PROBE_EVERY: u64 = 64;
 
-impl GluExpert<'_> {
+impl GluExpert {
     /// One expert on `z [n, in]` → `[n, out_w]`.
     pub fn forward(&self, e: &ExpertWeights, z: &[f32], n: usize, out_w: usize) -> Vec<f32> {
         let index = [self.gate, self.up, self.down];
@@ -88,7 +89,7 @@ impl GluExpert<'_> {
         let mut u = vec![0f32; n * self.inter];
         mm(0, z, &mut g);
         mm(1, z, &mut u);
-        (self.act)(&mut g, &u);
+        self.act.apply(&mut g, &u);
         let mut y = vec![0f32; n * out_w];
         mm(2, &g, &mut y);
         y
@@ -98,10 +99,10 @@ impl GluExpert<'_> {
     /// the one [`GluExpert::forward`] computes. The experts whose weights
     /// the device lacks are split by the measured rates (see
     /// [`split_cold`]): some run on the CPU kernels while the rest go
-    /// through the backend seam in two batches — the gate and up products
-    /// of all, then the down products of all. The downs are handed to the
-    /// device ahead of the first batch, and as guesses the gate and up
-    /// matrices of `next` (the next layer's guessed experts, surest
+    /// through the backend seam as one gated batch (on a device that takes
+    /// it, one call; else the gate and up products of all, then the downs
+    /// of all, the downs copied ahead of the first), and as guesses the
+    /// gate and up matrices of `next` (the next layer's guessed experts, surest
     /// first). `None` (nothing computed) when some matrix is not a stable
     /// plain view.
     pub fn grouped(
@@ -154,10 +155,12 @@ impl GluExpert<'_> {
         Some(out)
     }
 
-    /// Experts `which` through the seam: gate and up of all in one batch
-    /// (hints: the downs next, the CPU's matrices `elsewhere`, `guessed`),
-    /// the activation on the host, then the downs of all. With no expert
-    /// on the device the hints go alone.
+    /// Experts `which` through the seam as one gated batch
+    /// ([`backend::glu_batch_stable`]: on a device that takes it the
+    /// activation stays there; else gate and up of all, the activation on
+    /// the host, the downs of all), with the hints (the CPU's matrices
+    /// `elsewhere`, `guessed`). With no expert on the device the hints go
+    /// alone.
     fn on_device(
         &self,
         layer: &Layer<'_, '_>,
@@ -170,49 +173,27 @@ impl GluExpert<'_> {
             ns,
             out_w,
         } = *layer;
-        let downs: Vec<MatRef<'_>> = which.iter().map(|&i| mats[i].down).collect();
         let hints = Hints {
-            next: &downs,
+            next: &[],
             elsewhere,
             guessed,
         };
-        if which.is_empty() {
-            matmul_batch_stable(&mut [], &hints);
-            return Vec::new();
-        }
-        let f = self.inter;
-        let mut g: Vec<Vec<f32>> = which.iter().map(|&i| vec![0f32; ns[i] * f]).collect();
-        let mut u = g.clone();
-        let mut ps = Vec::with_capacity(2 * which.len());
-        for ((&i, gi), ui) in which.iter().zip(g.iter_mut()).zip(u.iter_mut()) {
-            let (x, t) = (&inputs[i][..], ns[i]);
-            for (w, y) in [(mats[i].gate, gi), (mats[i].up, ui)] {
-                ps.push(Product {
-                    w,
-                    role: Role::Expert,
-                    x,
-                    t,
-                    y,
-                });
-            }
-        }
-        matmul_batch_stable(&mut ps, &hints);
-        drop(ps);
-        g.par_iter_mut().zip(&u).for_each(|(g, u)| (self.act)(g, u));
         let mut y: Vec<Vec<f32>> = which.iter().map(|&i| vec![0f32; ns[i] * out_w]).collect();
-        let mut ps: Vec<Product<'_, '_>> = y
-            .iter_mut()
-            .zip(which.iter().zip(&g))
-            .map(|(yi, (&i, gi))| Product {
-                w: mats[i].down,
+        let mut jobs: Vec<GluProduct<'_, '_>> = which
+            .iter()
+            .zip(y.iter_mut())
+            .map(|(&i, y)| GluProduct {
+                gate: mats[i].gate,
+                up: mats[i].up,
+                down: mats[i].down,
                 role: Role::Expert,
-                x: gi,
+                x: &inputs[i],
                 t: ns[i],
-                y: yi,
+                y,
             })
             .collect();
-        matmul_batch_stable(&mut ps, &Hints::default());
-        drop(ps);
+        backend::glu_batch_stable(&mut jobs, self.act, &hints);
+        drop(jobs);
         y
     }
 

@@ -1,6 +1,9 @@
 //! A gated feed-forward block `down(act(gate(x), up(x)))` (dense layers,
 //! shared experts), with the activation chosen by the family.
 
+use fathom_kernels::backend::{self, GluProduct, Role};
+use fathom_kernels::ops::GluAct;
+
 use crate::linear::Linear;
 
 #[derive(Debug)]
@@ -11,12 +14,22 @@ pub struct MlpWeights {
 }
 
 impl MlpWeights {
-    /// `down(act(gate(x), up(x)))` over `x [T, D]`; `act(g, u)` writes the
-    /// gated activation into `g`.
-    pub fn forward(&self, x: &[f32], t: usize, act: impl FnOnce(&mut [f32], &[f32])) -> Vec<f32> {
-        let [mut g, u] = Linear::forward_many([&self.gate_proj, &self.up_proj], x, t);
-        act(&mut g, &u);
-        self.down_proj.forward(&g, t)
+    /// `down(act(gate(x), up(x)))` over `x [T, D]`: through the backend
+    /// seam as one gated product ([`backend::glu_batch_stable`]: a device
+    /// may keep the activation on its side; the same bits).
+    pub fn forward(&self, x: &[f32], t: usize, act: GluAct) -> Vec<f32> {
+        let mut y = vec![0f32; t * self.down_proj.rows];
+        let job = GluProduct {
+            gate: self.gate_proj.as_mat(),
+            up: self.up_proj.as_mat(),
+            down: self.down_proj.as_mat(),
+            role: Role::Spine,
+            x,
+            t,
+            y: &mut y,
+        };
+        backend::glu_batch_stable(&mut [job], act, &backend::Hints::default());
+        y
     }
 
     /// Quantises the three matrices to per-row int8.

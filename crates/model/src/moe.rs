@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use fathom_kernels::ops::{sigmoid, swiglu};
+use fathom_kernels::ops::{GluAct, sigmoid};
 use rayon::prelude::*;
 
 use crate::error::Result;
@@ -240,7 +240,7 @@ impl ExpertFetch {
         routes: &[Route],
         z: &[f32],
         out_w: usize,
-        glu: &GluExpert<'_>,
+        glu: &GluExpert,
     ) -> Result<Vec<f32>> {
         let in_w = z.len() / routes.len().max(1);
         let work = 3 * glu.inter * in_w;
@@ -259,7 +259,7 @@ impl ExpertFetch {
         routes: &[Route],
         z: &[f32],
         (out_w, work_each): (usize, usize),
-        glu: Option<&GluExpert<'_>>,
+        glu: Option<&GluExpert>,
         expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
     ) -> Result<Vec<f32>> {
         let t = routes.len();
@@ -429,13 +429,13 @@ impl SigmoidMoe {
     }
 
     /// The expert: `down(SiLU(gate x) ⊙ up x)` (the table lists gate, down, up).
-    fn expert(&self) -> GluExpert<'static> {
+    fn expert(&self) -> GluExpert {
         GluExpert {
             gate: 0,
             up: 2,
             down: 1,
             inter: self.intermediate,
-            act: &swiglu,
+            act: GluAct::Swiglu,
         }
     }
 
@@ -460,7 +460,10 @@ impl SigmoidMoe {
         });
         // Start the reads, run the shared experts while they arrive.
         let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
-        let shared = w.shared_experts.as_ref().map(|sh| sh.forward(x, t, swiglu));
+        let shared = w
+            .shared_experts
+            .as_ref()
+            .map(|sh| sh.forward(x, t, GluAct::Swiglu));
         let mut y = fetch.finish_glu(source, &routes, x, d, &self.expert())?;
         if let Some(s) = shared {
             y.iter_mut().zip(&s).for_each(|(a, b)| *a += b);

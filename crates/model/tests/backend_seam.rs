@@ -15,7 +15,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use fathom_kernels::backend::{self, Backend, BackendStats, Hints, MatRef, Product, Role};
+use fathom_kernels::backend::{
+    self, Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role,
+};
+use fathom_kernels::ops::GluAct;
 use fathom_model::{CausalLm, K3Model, Logits, Qwen3MoeModel};
 
 static TURN: Mutex<()> = Mutex::new(());
@@ -39,6 +42,10 @@ struct Recorder {
     /// came without products.
     elsewhere: AtomicUsize,
     alone: AtomicUsize,
+    /// Whether it takes gated MLPs whole ([`Backend::glu_batch`]), and
+    /// (MLPs, role, activation) of each it took.
+    takes_glu: bool,
+    glus: Mutex<Vec<(usize, Role, GluAct)>>,
 }
 
 /// An expert batch's matrices (first byte's address), those handed ahead
@@ -92,6 +99,22 @@ impl Backend for Recorder {
         }
         for p in products {
             p.w.cpu(p.x, p.t, p.y);
+        }
+        true
+    }
+    fn glu_batch(&self, jobs: &mut [GluProduct<'_, '_>], act: GluAct, _: &Hints<'_, '_>) -> bool {
+        if !self.takes_glu {
+            return false;
+        }
+        let role = jobs[0].role;
+        self.glus.lock().unwrap().push((jobs.len(), role, act));
+        for j in jobs {
+            let f = j.gate.rows();
+            let (mut g, mut u) = (vec![0f32; j.t * f], vec![0f32; j.t * f]);
+            j.gate.cpu(j.x, j.t, &mut g);
+            j.up.cpu(j.x, j.t, &mut u);
+            act.apply(&mut g, &u);
+            j.down.cpu(&g, j.t, j.y);
         }
         true
     }
@@ -189,6 +212,33 @@ fn k3_projections_and_experts_batch_with_the_same_bits() {
     let k = model.spec.top_k;
     assert!(batches.contains(&(2 * k, Role::Expert, k)), "{batches:?}");
     assert!(batches.contains(&(k, Role::Expert, 0)), "{batches:?}");
+}
+
+/// A backend that takes gated MLPs whole gets K3's dense MLP and shared
+/// experts as one MLP each and a step's routed experts as one call, with
+/// SiTU's parameters, and the logits keep their bits.
+#[test]
+fn k3_gated_mlps_in_one_call_keep_the_bits() {
+    let model = k3_tiny();
+    let prompt = [1, 20, 300, 7, 42, 5];
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let plain = bits_with(&model, &prompt, None);
+    let rec = Arc::new(Recorder {
+        takes_glu: true,
+        ..Recorder::default()
+    });
+    assert!(plain == bits_with(&model, &prompt, Some(rec.clone())));
+    let glus = rec.glus.lock().unwrap();
+    let situ = GluAct::Situ {
+        beta: model.spec.situ_beta,
+        beta_lin: model.spec.situ_linear_beta,
+    };
+    assert!(glus.iter().all(|g| g.2 == situ), "{glus:?}");
+    assert!(glus.contains(&(1, Role::Spine, situ)), "{glus:?}");
+    assert!(glus.contains(&(model.spec.top_k, Role::Expert, situ)), "{glus:?}");
+    // No gate/up pairs went as plain batches.
+    let batches = rec.batches.lock().unwrap();
+    assert!(!batches.iter().any(|b| b.1 == Role::Expert), "{batches:?}");
 }
 
 #[test]

@@ -32,11 +32,41 @@ impl CudaBackend {
         if jobs.is_empty() || !jobs.iter().all(Job::fits) {
             return Ok(false);
         }
+        let ws: Vec<(MatRef<'_>, Role)> = jobs.iter().map(|j| (j.w, j.role)).collect();
+        let mut st = self.lock_timed();
+        let st = &mut *st;
+        let Some((segs, class)) = self.prepare(st, &ws, hints) else {
+            return Ok(false);
+        };
+        let queued = self.queue(st, jobs, &segs, class);
+        let hy = self.complete(st, queued, &segs, hints)?;
+        let mut off = 0;
+        for j in jobs.iter_mut() {
+            j.y.copy_from_slice(&hy[off..off + j.y.len()]);
+            off += j.y.len();
+        }
+        Ok(true)
+    }
+
+    /// The lock on the backend's state, its wait counted.
+    pub(super) fn lock_timed(&self) -> std::sync::MutexGuard<'_, State> {
         let asked = std::time::Instant::now();
         let mut st = self.lock();
-        let st = &mut *st;
         st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
-        let segs: Vec<Vec<&[u8]>> = jobs.iter().map(|j| segments(&j.w)).collect();
+        st
+    }
+
+    /// Before a round trip's copies and launches: the products' segments
+    /// (`ws`, in order) and the cache class of their weights, room made for
+    /// the missing ones, expert hits counted, guesses scored. `None` when
+    /// they cannot all be in the budget at once (nothing changed).
+    pub(super) fn prepare<'w>(
+        &self,
+        st: &mut State,
+        ws: &[(MatRef<'w>, Role)],
+        hints: &Hints<'_, '_>,
+    ) -> Option<(Vec<Vec<&'w [u8]>>, Class)> {
+        let segs: Vec<Vec<&[u8]>> = ws.iter().map(|(w, _)| segments(w)).collect();
         let keys: Vec<Key> = segs.iter().flatten().map(|s| key(s)).collect();
         let mut missing: Vec<Key> = keys
             .iter()
@@ -45,17 +75,17 @@ impl CudaBackend {
             .collect();
         missing.sort_unstable();
         missing.dedup();
-        let class = if jobs.iter().any(|j| j.role == Role::Spine) {
+        let class = if ws.iter().any(|(_, r)| *r == Role::Spine) {
             Class::Spine
         } else {
             Class::Expert
         };
         let need: u64 = missing.iter().map(|k| k.1 as u64).sum();
         if need > 0 && !make_room(st, need, &keys, class) {
-            return Ok(false);
+            return None;
         }
-        for (j, s) in jobs.iter().zip(&segs) {
-            if j.role == Role::Expert {
+        for ((_, role), s) in ws.iter().zip(&segs) {
+            if *role == Role::Expert {
                 if s.iter().all(|s| missing.binary_search(&key(s)).is_err()) {
                     st.stats.vram_expert_hits += 1;
                 } else {
@@ -64,7 +94,20 @@ impl CudaBackend {
             }
         }
         self.score(st, &segs, hints);
-        let queued = self.queue(st, jobs, &segs, class);
+        Some((segs, class))
+    }
+
+    /// After the copies and launches (`queued`): the copies `hints` ask
+    /// for, the synchronisation, the copies' events retired, the kernels'
+    /// time counted. The results staged on the host.
+    pub(super) fn complete<'s>(
+        &self,
+        st: &'s mut State,
+        queued: Result<(), CudaError>,
+        segs: &[Vec<&[u8]>],
+        hints: &Hints<'_, '_>,
+    ) -> Result<&'s [f32], CudaError> {
+        let keys: Vec<Key> = segs.iter().flatten().map(|s| key(s)).collect();
         // Copies ahead are a hint: one that fails costs the batch nothing.
         if queued.is_ok() {
             self.copy_ahead_or_count(st, hints, &keys);
@@ -87,15 +130,9 @@ impl CudaBackend {
         if let Some((a, b)) = &st.clock {
             st.stats.kernel_ms += f64::from(a.elapsed_ms(b)?);
         }
-        let hy = st.hy.as_ref().expect("staged").as_slice()?;
-        let mut off = 0;
-        for j in jobs.iter_mut() {
-            j.y.copy_from_slice(&hy[off..off + j.y.len()]);
-            off += j.y.len();
-        }
         st.stats.weight_bytes_read += segs.iter().flatten().map(|s| s.len() as u64).sum::<u64>();
         st.stats.vram_weight_bytes = st.cache.bytes();
-        Ok(true)
+        Ok(st.hy.as_ref().expect("staged").as_slice()?)
     }
 
     /// Makes the timed events a call's kernels are clocked with, once.
@@ -217,23 +254,55 @@ impl CudaBackend {
         segs: &[Vec<&[u8]>],
         class: Class,
     ) -> Result<(), CudaError> {
-        let ctx = self.stream.context();
+        self.upload_missing(st, segs, class)?;
+        let xs: Vec<&[f32]> = jobs.iter().map(|j| j.x).collect();
+        let ny = jobs.iter().map(|j| j.y.len()).sum();
+        let (xp, yp) = self.stage(st, &xs, ny)?;
+        let (mut ox, mut oy) = (xp, yp);
+        let placed: Vec<Placed<'_>> = jobs
+            .iter()
+            .map(|j| {
+                let p = Placed {
+                    w: j.w,
+                    groups: j.groups,
+                    t: j.t,
+                    x: ox,
+                    y: oy,
+                };
+                ox += 4 * j.x.len() as u64;
+                oy += 4 * j.y.len() as u64;
+                p
+            })
+            .collect();
+        self.launch_phases(st, &placed, segs, &[jobs.len()], |_| Ok(()))?;
+        self.fetch(st, yp, ny)
+    }
+
+    /// Copies up the segments not yet in VRAM (room already made).
+    pub(super) fn upload_missing(
+        &self,
+        st: &mut State,
+        segs: &[Vec<&[u8]>],
+        class: Class,
+    ) -> Result<(), CudaError> {
         for seg in segs.iter().flatten() {
             if st.cache.touch(&key(seg)).is_none() {
                 self.upload(st, seg, class)?;
             }
         }
-        // A job waits for the segments whose copies may still be running.
-        let pending: Vec<bool> = segs
-            .iter()
-            .map(|s| {
-                s.iter()
-                    .any(|s| st.cache.get(&key(s)).is_some_and(|r| !r.is_ready()))
-            })
-            .collect();
-        let (nx, ny) = jobs
-            .iter()
-            .fold((0, 0), |(a, b), j| (a + j.x.len(), b + j.y.len()));
+        Ok(())
+    }
+
+    /// The inputs `xs` copied up one after another in one copy, and room
+    /// for `ny` results: their device addresses.
+    pub(super) fn stage(
+        &self,
+        st: &mut State,
+        xs: &[&[f32]],
+        ny: usize,
+    ) -> Result<(u64, u64), CudaError> {
+        let ctx = self.stream.context();
+        let nx: usize = xs.iter().map(|x| x.len()).sum();
         let hx = pinned(ctx, &mut st.hx, nx)?.as_mut_slice()?;
         pinned(ctx, &mut st.hy, ny)?;
         let xp = grow(&self.stream, &mut st.x, nx)?
@@ -243,23 +312,57 @@ impl CudaBackend {
             .device_ptr(&self.stream)
             .0;
         let mut off = 0;
-        for j in jobs {
-            hx[off..off + j.x.len()].copy_from_slice(j.x);
-            off += j.x.len();
+        for x in xs {
+            hx[off..off + x.len()].copy_from_slice(x);
+            off += x.len();
         }
-        let cu = self.stream.cu_stream();
         // SAFETY: the device buffer holds at least nx values; `hx` is
         // page-locked and not touched again before the synchronisation.
-        unsafe { result::memcpy_htod_async(xp, &hx[..nx], cu) }?;
+        unsafe { result::memcpy_htod_async(xp, &hx[..nx], self.stream.cu_stream()) }?;
         st.stats.h2d_bytes += 4 * nx as u64;
-        // Offsets of each job's input and output in the staging.
-        let mut offs = Vec::with_capacity(jobs.len());
-        let (mut ox, mut oy) = (0u64, 0u64);
-        for j in jobs {
-            offs.push((ox, oy));
-            ox += j.x.len() as u64;
-            oy += j.y.len() as u64;
-        }
+        Ok((xp, yp))
+    }
+
+    /// Queues the copy of `ny` results at `yp` into the host staging.
+    pub(super) fn fetch(&self, st: &mut State, yp: u64, ny: usize) -> Result<(), CudaError> {
+        let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
+        // SAFETY: the device buffer holds at least ny values written by the
+        // kernels on this stream; `hy` is page-locked and read only after
+        // the synchronisation.
+        unsafe { result::memcpy_dtoh_async(&mut hy[..ny], yp, self.stream.cu_stream()) }?;
+        st.stats.d2h_bytes += 4 * ny as u64;
+        Ok(())
+    }
+
+    /// Launches `placed` (their weights' segments `segs`, all resident or
+    /// on their way) phase by phase — phase `p` the products up to
+    /// `ends[p]` —, `between` queued after each phase but the last. Within a phase the products whose weights are
+    /// here go first, those of one kernel and shape in one launch; then
+    /// each other one after its own copies. The launches are clocked.
+    pub(super) fn launch_phases(
+        &self,
+        st: &mut State,
+        placed: &[Placed<'_>],
+        segs: &[Vec<&[u8]>],
+        ends: &[usize],
+        mut between: impl FnMut(&mut State) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let phases: Vec<std::ops::Range<usize>> = ends
+            .iter()
+            .scan(0, |start, &end| {
+                let r = *start..end;
+                *start = end;
+                Some(r)
+            })
+            .collect();
+        // A product waits for the segments whose copies may still be running.
+        let pending: Vec<bool> = segs
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .any(|s| st.cache.get(&key(s)).is_some_and(|r| !r.is_ready()))
+            })
+            .collect();
         let ptrs: Vec<Vec<u64>> = segs
             .iter()
             .map(|s| {
@@ -275,49 +378,51 @@ impl CudaBackend {
                     .collect()
             })
             .collect();
-        let at = |i: usize| (xp + 4 * offs[i].0, yp + 4 * offs[i].1);
-        // The jobs whose weights are here first, those of one kernel and
-        // shape in one launch; then each other job after its own copies.
-        let mut launches: Vec<Vec<usize>> = Vec::new();
-        for i in (0..jobs.len()).filter(|&i| !pending[i]) {
-            match launches
-                .iter_mut()
-                .find(|l| together(&jobs[l[0]], &jobs[i]))
-            {
-                Some(l) => l.push(i),
-                None => launches.push(vec![i]),
+        let mut launches: Vec<Vec<Vec<usize>>> = Vec::with_capacity(phases.len());
+        for ph in &phases {
+            let mut ls: Vec<Vec<usize>> = Vec::new();
+            for i in ph.clone().filter(|&i| !pending[i]) {
+                match ls.iter_mut().find(|l| together(&placed[l[0]], &placed[i])) {
+                    Some(l) => l.push(i),
+                    None => ls.push(vec![i]),
+                }
             }
+            launches.push(ls);
         }
-        let tables = self.stage_tables(st, &launches, &ptrs, &at)?;
+        let all: Vec<Vec<usize>> = launches.iter().flatten().cloned().collect();
+        let mut tables = self.stage_tables(st, &all, placed, &ptrs)?.into_iter();
         self.ensure_clock(st)?;
-        let (first, last) = st.clock.as_ref().expect("just made");
-        first.record(&self.stream)?;
-        for (l, tab) in launches.iter().zip(tables) {
-            match tab {
-                Some(tab) => self.launch_many(&jobs[l[0]], tab, l.len())?,
-                None => {
-                    let (x, y) = at(l[0]);
-                    let j = &jobs[l[0]];
-                    self.launch(&j.w, &ptrs[l[0]], x, y, j.groups, j.t)?
+        st.clock
+            .as_ref()
+            .expect("just made")
+            .0
+            .record(&self.stream)?;
+        for (p, (ph, ls)) in phases.iter().zip(&launches).enumerate() {
+            for l in ls {
+                let q = &placed[l[0]];
+                match tables.next().flatten() {
+                    Some(tab) => self.launch_many(q, tab, l.len())?,
+                    None => self.launch(&q.w, &ptrs[l[0]], q.x, q.y, q.groups, q.t)?,
                 }
             }
-        }
-        for i in (0..jobs.len()).filter(|&i| pending[i]) {
-            for seg in &segs[i] {
-                if let Some(ready) = st.cache.get(&key(seg)).and_then(|r| r.ready.as_ref()) {
-                    self.stream.wait(ready)?;
+            for i in ph.clone().filter(|&i| pending[i]) {
+                for seg in &segs[i] {
+                    if let Some(ready) = st.cache.get(&key(seg)).and_then(|r| r.ready.as_ref()) {
+                        self.stream.wait(ready)?;
+                    }
                 }
+                let q = &placed[i];
+                self.launch(&q.w, &ptrs[i], q.x, q.y, q.groups, q.t)?;
             }
-            let (x, y) = at(i);
-            self.launch(&jobs[i].w, &ptrs[i], x, y, jobs[i].groups, jobs[i].t)?;
+            if p + 1 < phases.len() {
+                between(st)?;
+            }
         }
-        last.record(&self.stream)?;
-        let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
-        // SAFETY: the device buffer holds at least ny values written by the
-        // kernels on this stream; `hy` is page-locked and read only after
-        // the synchronisation.
-        unsafe { result::memcpy_dtoh_async(&mut hy[..ny], yp, cu) }?;
-        st.stats.d2h_bytes += 4 * ny as u64;
+        st.clock
+            .as_ref()
+            .expect("just made")
+            .1
+            .record(&self.stream)?;
         Ok(())
     }
 
@@ -328,8 +433,8 @@ impl CudaBackend {
         &self,
         st: &mut State,
         launches: &[Vec<usize>],
+        placed: &[Placed<'_>],
         ptrs: &[Vec<u64>],
-        at: &dyn Fn(usize) -> (u64, u64),
     ) -> Result<Vec<Option<u64>>, CudaError> {
         let mut tab: Vec<u64> = Vec::new();
         let mut starts = Vec::with_capacity(launches.len());
@@ -340,8 +445,8 @@ impl CudaBackend {
             }
             starts.push(Some(tab.len()));
             for &i in l {
-                let (x, y) = at(i);
-                tab.extend([ptrs[i][0], ptrs[i].get(1).copied().unwrap_or(0), x, y]);
+                let q = &placed[i];
+                tab.extend([ptrs[i][0], ptrs[i].get(1).copied().unwrap_or(0), q.x, q.y]);
             }
         }
         if tab.is_empty() {
@@ -363,7 +468,7 @@ impl CudaBackend {
 
     /// Queues `n` products of `first`'s kernel and shape in one launch,
     /// their addresses in the device table at `tab`.
-    fn launch_many(&self, first: &Job<'_, '_>, tab: u64, n: usize) -> Result<(), CudaError> {
+    fn launch_many(&self, first: &Placed<'_>, tab: u64, n: usize) -> Result<(), CudaError> {
         let (rows, cols) = (first.w.rows(), first.w.cols());
         let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
         let cfg = LaunchConfig {
@@ -443,6 +548,17 @@ impl CudaBackend {
     }
 }
 
+/// A product as its kernels see it: the weights, `groups` row blocks (1
+/// for a plain product), `t` positions, and the device addresses of its
+/// input and output.
+pub(super) struct Placed<'w> {
+    pub(super) w: MatRef<'w>,
+    pub(super) groups: usize,
+    pub(super) t: usize,
+    pub(super) x: u64,
+    pub(super) y: u64,
+}
+
 /// One product on the device: `groups` row blocks (1 for a plain product).
 pub(super) struct Job<'w, 'b> {
     pub(super) w: MatRef<'w>,
@@ -487,8 +603,8 @@ pub(super) fn make_room(st: &mut State, need: u64, keep: &[Key], class: Class) -
 
 /// Whether two products can share one launch: plain products of one
 /// shape and position count in a format with a grouped kernel.
-fn together(a: &Job<'_, '_>, b: &Job<'_, '_>) -> bool {
-    let kind = |j: &Job<'_, '_>| match j.w {
+fn together(a: &Placed<'_>, b: &Placed<'_>) -> bool {
+    let kind = |j: &Placed<'_>| match j.w {
         MatRef::Bf16 { .. } => Some(0),
         MatRef::Mxfp4(_) => Some(1),
         _ => None,

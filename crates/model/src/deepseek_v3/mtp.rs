@@ -227,7 +227,7 @@ impl MtpDraft {
         let mut f = x.clone();
         rms_norm_rows(&mut f, d, &lw.post_attention_layernorm, eps);
         let ffn = match &lw.mlp {
-            FfnWeights::Dense(mw) => mw.forward(&f, m, fathom_kernels::ops::swiglu),
+            FfnWeights::Dense(mw) => mw.forward(&f, m, fathom_kernels::ops::GluAct::Swiglu),
             FfnWeights::Moe(mw) => spec.sparse_block().forward(
                 spec.num_layers,
                 mw,

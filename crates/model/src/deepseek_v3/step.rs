@@ -9,7 +9,7 @@
 //! prompt was chunked. Atomic: a failure truncates every cache back to its
 //! position before the step.
 
-use fathom_kernels::ops::{rms_norm_rows, swiglu};
+use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::DeepseekV3Model;
 use super::attention::attention;
@@ -103,7 +103,7 @@ fn ffn(
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
     match &w.layers[i].mlp {
-        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, swiglu)),
+        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         FfnWeights::Moe(mw) => {
             let next = w.layers.get(i + 1).and_then(|nl| match &nl.mlp {
                 FfnWeights::Moe(nw) => Some((i + 1, nw)),

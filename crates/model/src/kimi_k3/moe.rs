@@ -11,7 +11,7 @@
 //! expert runs on all its tokens at once; per-token sums are accumulated in
 //! the router's rank order, so the result does not depend on T.
 
-use fathom_kernels::ops::{rms_norm, situ_glu};
+use fathom_kernels::ops::{GluAct, rms_norm};
 
 use super::config::K3Spec;
 use super::tensors::ExpertMatrix;
@@ -27,9 +27,15 @@ pub use crate::moe::Route;
 
 /// `down(SiTU-GLU(gate(x), up(x)))` over `[T, D]`.
 pub fn mlp(spec: &K3Spec, w: &MlpWeights, x: &[f32], t: usize) -> Vec<f32> {
-    w.forward(x, t, |g, u| {
-        situ_glu(g, u, spec.situ_beta, spec.situ_linear_beta)
-    })
+    w.forward(x, t, situ(spec))
+}
+
+/// The SiTU-GLU of `spec`.
+fn situ(spec: &K3Spec) -> GluAct {
+    GluAct::Situ {
+        beta: spec.situ_beta,
+        beta_lin: spec.situ_linear_beta,
+    }
 }
 
 /// Routes every row of `x [T, D]`.
@@ -76,13 +82,12 @@ pub fn moe(
     let z = w.routed_expert_down_proj.forward(x, t);
     let shared = w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t));
     // One expert on `z [n, L]`: `W2(SiTU-GLU(W1 z, W3 z))` → `[n, L]`.
-    let act = |g: &mut [f32], u: &[f32]| situ_glu(g, u, spec.situ_beta, spec.situ_linear_beta);
     let expert = GluExpert {
         gate: ExpertMatrix::W1 as usize,
         up: ExpertMatrix::W3 as usize,
         down: ExpertMatrix::W2 as usize,
         inter: spec.moe_intermediate_size,
-        act: &act,
+        act: situ(spec),
     };
     let mut y = fetch.finish_glu(source, &routes, &z, l, &expert)?;
     if spec.latent_moe_use_norm {

@@ -9,7 +9,7 @@
 //! pass (KDA state and journal copied, MLA lengths noted) and put back if
 //! anything fails.
 
-use fathom_kernels::ops::{rms_norm_rows, swiglu};
+use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::KimiLinearModel;
 use super::attention::{kda, mla};
@@ -108,7 +108,7 @@ fn ffn(
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
     match &w.layers[i].ffn {
-        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, swiglu)),
+        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         FfnWeights::Moe(mw) => {
             let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {

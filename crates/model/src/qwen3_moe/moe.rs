@@ -10,7 +10,7 @@
 //! the union of a step's experts is fetched once and each row's sum runs
 //! in the router's rank order ([`crate::moe::ExpertFetch`]).
 
-use fathom_kernels::ops::{softmax, swiglu};
+use fathom_kernels::ops::{GluAct, softmax};
 
 use super::config::Qwen3MoeSpec;
 use super::weights::MoeWeights;
@@ -79,7 +79,7 @@ pub fn moe(
         up: 1,
         down: 2,
         inter: spec.moe_intermediate_size,
-        act: &swiglu,
+        act: GluAct::Swiglu,
     };
     let y = fetch.finish_glu(source, &routes, x, d, &expert)?;
     if let Some(ro) = routes_out {

@@ -11,7 +11,7 @@
 //! Atomic: a failure (expert read, bad token, non-finite logits) truncates
 //! every cache back to its position before the step.
 
-use fathom_kernels::ops::{rms_norm_rows, swiglu};
+use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::Qwen3MoeModel;
 use super::attention::attention;
@@ -91,7 +91,7 @@ fn ffn(
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
     match &w.layers[i].mlp {
-        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, swiglu)),
+        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         FfnWeights::Moe(mw) => {
             let hint = w.layers.get(i + 1).and_then(|nl| match &nl.mlp {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {

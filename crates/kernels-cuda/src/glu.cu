@@ -1,0 +1,45 @@
+
+// Gated activations between a gated MLP's products (fathom-kernels
+// `ops::GluAct`), with the CPU's operations one for one: every multiply,
+// add and divide rounded on its own, fused multiply-adds only where the
+// CPU calls mul_add, the hand-written exp (kda.cu) and tanh below.
+
+// fathom-kernels `ops::tanh_fixed`: the odd series x + x·s·P(s), s = x²,
+// below |x| = 0.5 (TANH_SERIES, the f32 bits of the CPU's constants:
+// −929569/638512875, 21844/6081075, −1382/155925, 62/2835, −17/315, 2/15,
+// −1/3), else (1 − e)/(1 + e), e = exp(−2|x|); x's sign either way.
+__device__ __forceinline__ float tanh_fixed(float x) {
+    const float a = fabsf(x);
+    if (a < 0.5f) {
+        const float s = __fmul_rn(x, x);
+        float p = __uint_as_float(0xbabed1b2u);
+        p = __fmaf_rn(p, s, __uint_as_float(0x3b6b69e8u));
+        p = __fmaf_rn(p, s, __uint_as_float(0xbc11371bu));
+        p = __fmaf_rn(p, s, __uint_as_float(0x3cb327a4u));
+        p = __fmaf_rn(p, s, __uint_as_float(0xbd5d0dd1u));
+        p = __fmaf_rn(p, s, __uint_as_float(0x3e088889u));
+        p = __fmaf_rn(p, s, __uint_as_float(0xbeaaaaabu));
+        return copysignf(__fmaf_rn(__fmul_rn(x, s), p, x), x);
+    }
+    const float e = exp_fixed(__fmul_rn(-2.0f, a));
+    return copysignf(__fdiv_rn(__fsub_rn(1.0f, e), __fadd_rn(1.0f, e)), x);
+}
+
+// g[i] = act(g[i], u[i]) for i < n. kind 0: SwiGLU, SiLU(g)·u; 1: SiTU-GLU
+// [β·tanh(g/β)·σ(g)]·[β_lin·tanh(u/β_lin)]; 2: SiTU-GLU without β_lin (·u).
+extern "C" __global__ void glu_act(float* __restrict__ g, const float* __restrict__ u,
+                                   long long n, int kind, float beta, float beta_lin) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float a = g[i], b = u[i];
+        if (kind == 0) {
+            g[i] = __fmul_rn(__fmul_rn(a, sigmoid_fixed(a)), b);
+        } else {
+            const float act =
+                __fmul_rn(__fmul_rn(beta, tanh_fixed(__fdiv_rn(a, beta))), sigmoid_fixed(a));
+            const float up =
+                kind == 1 ? __fmul_rn(beta_lin, tanh_fixed(__fdiv_rn(b, beta_lin))) : b;
+            g[i] = __fmul_rn(act, up);
+        }
+    }
+}

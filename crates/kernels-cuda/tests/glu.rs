@@ -1,0 +1,230 @@
+//! Gated MLPs in one device call (`Backend::glu_batch`: gate and up
+//! products, the activation on the device, the downs) against the seam's
+//! host path (the CPU kernels with the activation between them), bit for
+//! bit, for every activation, bf16 and MXFP4 weights, several position
+//! counts in one call and an activation wider than one launch's grid.
+//! Without a CUDA device the test prints why it skipped.
+
+use fathom_kernels::backend::{Backend, GluProduct, Hints, MatRef, Role, glu_batch_stable};
+use fathom_kernels::ops::GluAct;
+use fathom_kernels_cuda::CudaBackend;
+use fathom_weights::mxfp4::Mxfp4Ref;
+
+/// Deterministic values in ±`scale`, with zeros and subnormals.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    fn f32(&mut self, scale: f32) -> f32 {
+        match self.next() % 16 {
+            0 => 0.0,
+            1 => f32::from_bits(self.next() % 0x007F_FFFF + 1),
+            _ => (self.next() as f32 / u32::MAX as f32 - 0.5) * 2.0 * scale,
+        }
+    }
+    fn bf16(&mut self, n: usize, scale: f32) -> Vec<u16> {
+        (0..n)
+            .map(|_| (self.f32(scale).to_bits() >> 16) as u16)
+            .collect()
+    }
+}
+
+/// One gated MLP's weights: bf16 or MXFP4 (codes, scales) per matrix.
+enum Weights {
+    Bf16([Vec<u16>; 3]),
+    Mxfp4([(Vec<u8>, Vec<u8>); 3]),
+}
+
+/// A test MLP: `gate`/`up` `[f, cols]`, `down` `[out, f]`, `t` positions.
+struct Mlp {
+    w: Weights,
+    f: usize,
+    cols: usize,
+    out: usize,
+    t: usize,
+    x: Vec<f32>,
+}
+
+impl Mlp {
+    fn new(g: &mut Lcg, mxfp4: bool, (f, cols, out, t): (usize, usize, usize, usize)) -> Mlp {
+        let shapes = [(f, cols), (f, cols), (out, f)];
+        let w = if mxfp4 {
+            Weights::Mxfp4(shapes.map(|(r, c)| {
+                let packed = (0..r * c / 2).map(|_| g.next() as u8).collect();
+                let scales = (0..r * c / 32)
+                    .map(|_| 118 + (g.next() % 10) as u8)
+                    .collect();
+                (packed, scales)
+            }))
+        } else {
+            Weights::Bf16(shapes.map(|(r, c)| g.bf16(r * c, 1.0 / (c as f32).sqrt() * 3.0)))
+        };
+        let x = (0..t * cols).map(|_| g.f32(2.0)).collect();
+        Mlp {
+            w,
+            f,
+            cols,
+            out,
+            t,
+            x,
+        }
+    }
+
+    fn mats(&self) -> [MatRef<'_>; 3] {
+        let shapes = [(self.f, self.cols), (self.f, self.cols), (self.out, self.f)];
+        match &self.w {
+            Weights::Bf16(ws) => std::array::from_fn(|i| MatRef::Bf16 {
+                w: &ws[i],
+                rows: shapes[i].0,
+                cols: shapes[i].1,
+            }),
+            Weights::Mxfp4(ws) => std::array::from_fn(|i| {
+                MatRef::Mxfp4(Mxfp4Ref {
+                    rows: shapes[i].0,
+                    cols: shapes[i].1,
+                    packed: &ws[i].0,
+                    scales: &ws[i].1,
+                })
+            }),
+        }
+    }
+}
+
+/// The MLPs' outputs through `run` (a device call, or the host path).
+fn outputs(mlps: &[Mlp], role: Role, run: impl FnOnce(&mut [GluProduct<'_, '_>])) -> Vec<Vec<f32>> {
+    let mut ys: Vec<Vec<f32>> = mlps.iter().map(|m| vec![f32::NAN; m.t * m.out]).collect();
+    let mut jobs: Vec<GluProduct<'_, '_>> = mlps
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(m, y)| {
+            let [gate, up, down] = m.mats();
+            GluProduct {
+                gate,
+                up,
+                down,
+                role,
+                x: &m.x,
+                t: m.t,
+                y,
+            }
+        })
+        .collect();
+    run(&mut jobs);
+    drop(jobs);
+    ys
+}
+
+#[test]
+fn gated_mlps_in_one_call_give_the_host_paths_bits() {
+    let b = match CudaBackend::open(0, None) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("skipped: no CUDA backend here ({e})");
+            return;
+        }
+    };
+    let mut g = Lcg(7);
+    // (f, cols, out, t): widths off the warp's 32 and 256-column chunks.
+    let spine = vec![Mlp::new(&mut g, false, (300, 96, 80, 1))];
+    let spine_t = vec![
+        Mlp::new(&mut g, false, (300, 96, 80, 3)),
+        Mlp::new(&mut g, false, (4100, 64, 40, 260)),
+    ];
+    let experts: Vec<Mlp> = [1, 1, 2, 1]
+        .iter()
+        .map(|&t| Mlp::new(&mut g, true, (96, 128, 128, t)))
+        .collect();
+    let acts = [
+        GluAct::Swiglu,
+        GluAct::Situ {
+            beta: 4.0,
+            beta_lin: Some(25.0),
+        },
+        GluAct::Situ {
+            beta: 4.0,
+            beta_lin: None,
+        },
+    ];
+    for (mlps, role) in [
+        (&spine, Role::Spine),
+        (&spine_t, Role::Spine),
+        (&experts, Role::Expert),
+    ] {
+        for act in acts {
+            let host = outputs(mlps, role, |j| glu_batch_stable(j, act, &Hints::default()));
+            let before = b.stats();
+            let dev = outputs(mlps, role, |j| {
+                assert!(
+                    b.glu_batch(j, act, &Hints::default()),
+                    "declined: {:?}",
+                    b.stats().last_error
+                )
+            });
+            let after = b.stats();
+            assert_eq!(
+                after.device_calls - before.device_calls,
+                1,
+                "one round trip"
+            );
+            assert_eq!(
+                after.device_products - before.device_products,
+                3 * mlps.len() as u64
+            );
+            for (i, (d, h)) in dev.iter().zip(&host).enumerate() {
+                for (k, (p, q)) in d.iter().zip(h).enumerate() {
+                    assert!(
+                        p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
+                        "{act:?} {role:?} MLP {i} element {k}: device {p:e} vs host {q:e}"
+                    );
+                }
+            }
+        }
+    }
+    // Shapes the kernels do not take are declined, nothing written.
+    let m = &spine[0];
+    let [gate, _, down] = m.mats();
+    let mut y = vec![1.5f32; m.t * m.out];
+    let mut bad = [GluProduct {
+        gate,
+        up: down,
+        down,
+        role: Role::Spine,
+        x: &m.x,
+        t: m.t,
+        y: &mut y,
+    }];
+    assert!(!b.glu_batch(&mut bad, GluAct::Swiglu, &Hints::default()));
+    assert!(y.iter().all(|&v| v == 1.5));
+    for m in spine.iter().chain(&spine_t).chain(&experts) {
+        for w in m.mats() {
+            for s in fathom_kernels::backend::segments(&w) {
+                let a = s.as_ptr() as usize;
+                b.forget(a..a + s.len());
+            }
+        }
+    }
+}
+
+/// `glu.cu` spells the CPU's tanh series in hex: the same bits, in order
+/// (runs without a device).
+#[test]
+fn the_kernels_tanh_constants_are_the_cpus() {
+    let src = fathom_kernels_cuda::SOURCE;
+    let body = &src[src.find("float tanh_fixed(float x)").expect("tanh_fixed in glu.cu")..];
+    let body = &body[..body.find("\n}\n").expect("its end")];
+    let spelled: Vec<u32> = body
+        .split("__uint_as_float(0x")
+        .skip(1)
+        .map(|s| u32::from_str_radix(&s[..8], 16).expect("eight hex digits"))
+        .collect();
+    let cpu: Vec<u32> = fathom_kernels::ops::TANH_SERIES
+        .iter()
+        .map(|c| c.to_bits())
+        .collect();
+    assert_eq!(spelled, cpu);
+}
