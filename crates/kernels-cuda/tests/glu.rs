@@ -215,7 +215,9 @@ fn gated_mlps_in_one_call_give_the_host_paths_bits() {
 #[test]
 fn the_kernels_tanh_constants_are_the_cpus() {
     let src = fathom_kernels_cuda::SOURCE;
-    let body = &src[src.find("float tanh_fixed(float x)").expect("tanh_fixed in glu.cu")..];
+    let body = &src[src
+        .find("float tanh_fixed(float x)")
+        .expect("tanh_fixed in glu.cu")..];
     let body = &body[..body.find("\n}\n").expect("its end")];
     let spelled: Vec<u32> = body
         .split("__uint_as_float(0x")

@@ -235,7 +235,10 @@ fn k3_gated_mlps_in_one_call_keep_the_bits() {
     };
     assert!(glus.iter().all(|g| g.2 == situ), "{glus:?}");
     assert!(glus.contains(&(1, Role::Spine, situ)), "{glus:?}");
-    assert!(glus.contains(&(model.spec.top_k, Role::Expert, situ)), "{glus:?}");
+    assert!(
+        glus.contains(&(model.spec.top_k, Role::Expert, situ)),
+        "{glus:?}"
+    );
     // No gate/up pairs went as plain batches.
     let batches = rec.batches.lock().unwrap();
     assert!(!batches.iter().any(|b| b.1 == Role::Expert), "{batches:?}");
