@@ -116,6 +116,7 @@ fn every_format_matches_the_scalar_twin() {
         (1usize, 32usize),
         (37, 100),
         (300, 4096),
+        (40, 2400),
         (9, 7),
         (5, 300),
         (8, 300),
