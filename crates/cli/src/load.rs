@@ -108,6 +108,13 @@ pub struct MemoryArgs {
     /// are computed on the CPU.
     #[arg(long, value_parser = parse_size)]
     pub vram_budget: Option<u64>,
+    /// CUDA devices with --device cuda|auto: a count N (devices 0..N) or a
+    /// list such as 0,2. Routed experts are split over them (each keeps its
+    /// own VRAM cache and --vram-budget); the spine and the sequences'
+    /// states stay on the first. A device listed twice gets two caches
+    /// sharing its memory (for testing the split). Output is unchanged.
+    #[arg(long, value_parser = crate::device::parse_gpus)]
+    pub gpus: Option<crate::device::Gpus>,
     /// Expert heat recorded by earlier runs (--heat-out) of this model:
     /// streamed experts read the hottest into the cache before the first
     /// step and pin the hottest --heat-pin share of it. Output is unchanged.
@@ -425,7 +432,7 @@ pub fn load_model_with(
     check_model_dir(dir)?;
     fathom_model::registry::detect(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    let device = crate::device::select(mem.device, mem.vram_budget)?;
+    let device = crate::device::select(mem.device, mem.vram_budget, mem.gpus.as_ref())?;
     // The RAM ledger reads the family's memory facts (config.json only).
     let mut spec = fathom_model::memory::memory_facts(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;

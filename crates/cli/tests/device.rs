@@ -1,7 +1,9 @@
 //! `--device`: where CUDA is present, every family's fixture (and
 //! k3-code-small when it is beside the repository) gives the same ids and
 //! the same log-probabilities, bit for bit, on the GPU as on the CPU,
-//! resident and streamed through a small expert cache. Where it is not,
+//! resident and streamed through a small expert cache, and so does the
+//! GPU listed twice in `--gpus` (the routed experts split over two
+//! caches, each part of a batch on its own). Where it is not,
 //! `--device cuda` fails before loading with the missing piece named, and
 //! `--device auto` runs on the CPU.
 
@@ -33,6 +35,11 @@ fn answer(v: &Value) -> (Value, Value) {
 }
 
 fn both(dir: &str, extra: &[&str]) -> (Value, Value) {
+    both_with(dir, extra, &[])
+}
+
+/// [`both`] with `gpu_extra` given to the CUDA run only.
+fn both_with(dir: &str, extra: &[&str], gpu_extra: &[&str]) -> (Value, Value) {
     let mut base = vec![
         "run",
         "--model",
@@ -47,7 +54,7 @@ fn both(dir: &str, extra: &[&str]) -> (Value, Value) {
     ];
     base.extend_from_slice(extra);
     let cpu = run_json(&[&base[..], &["--device", "cpu"]].concat());
-    let gpu = run_json(&[&base[..], &["--device", "cuda"]].concat());
+    let gpu = run_json(&[&base[..], &["--device", "cuda"], gpu_extra].concat());
     (cpu, gpu)
 }
 
@@ -83,6 +90,14 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
             );
             eprintln!("{d} {extra:?}: same bits; {dev}");
         }
+        // The experts split over two caches on the one GPU.
+        let streamed = ["--experts", "stream", "--context", "256"];
+        let (cpu, two) = both_with(d, &streamed, &["--gpus", "0,0"]);
+        assert_eq!(answer(&cpu), answer(&two), "{d} --gpus 0,0");
+        let dev = &two["stats"]["gpu"];
+        assert_eq!(dev["device_errors"].as_u64(), Some(0), "{d}: {dev}");
+        let name = two["stats"]["device"].as_str().unwrap();
+        assert_eq!(name.matches("cuda:0").count(), 2, "{d}: {name}");
     }
 }
 
@@ -126,5 +141,18 @@ fn without_cuda_the_device_flag_says_what_is_missing() {
     fails_quietly(
         &[&base[..], &["--vram-budget", "1GB"]].concat(),
         "--vram-budget is for --device cuda|auto",
+    );
+    fails_quietly(
+        &[&base[..], &["--gpus", "2"]].concat(),
+        "--gpus is for --device cuda|auto",
+    );
+    let out = fails_quietly(
+        &[&base[..], &["--device", "cuda", "--gpus", "0,1"]].concat(),
+        "--device cuda",
+    );
+    assert!(out.stdout.is_empty());
+    fails_quietly(
+        &[&base[..], &["--gpus", "0,x"]].concat(),
+        "a list such as 0,2",
     );
 }

@@ -20,7 +20,7 @@ mod guess;
 mod pin;
 mod probe_bw;
 
-pub use device::{CudaBackend, DeviceInfo, probe};
+pub use device::{CudaBackend, DEFAULT_MARGIN, DeviceInfo, probe};
 pub use pin::CudaHostPin;
 
 /// Why the CUDA backend is not available.

@@ -197,6 +197,48 @@ impl BackendStats {
             last_error: self.last_error.clone(),
         }
     }
+
+    /// Several devices' figures as one: counts, times and memory added;
+    /// the bandwidths and the last error of the first (`self`) unless it
+    /// has none.
+    pub fn plus(&self, o: &BackendStats) -> BackendStats {
+        BackendStats {
+            device_products: self.device_products + o.device_products,
+            cpu_products: self.cpu_products + o.cpu_products,
+            vram_expert_hits: self.vram_expert_hits + o.vram_expert_hits,
+            vram_expert_misses: self.vram_expert_misses + o.vram_expert_misses,
+            h2d_bytes: self.h2d_bytes + o.h2d_bytes,
+            h2d_ahead_bytes: self.h2d_ahead_bytes + o.h2d_ahead_bytes,
+            guesses_scored: self.guesses_scored + o.guesses_scored,
+            guesses_right: self.guesses_right + o.guesses_right,
+            h2d_guessed_bytes: self.h2d_guessed_bytes + o.h2d_guessed_bytes,
+            cpu_expert_products: self.cpu_expert_products + o.cpu_expert_products,
+            cpu_expert_bytes: self.cpu_expert_bytes + o.cpu_expert_bytes,
+            h2d_pageable_bytes: self.h2d_pageable_bytes + o.h2d_pageable_bytes,
+            d2h_bytes: self.d2h_bytes + o.d2h_bytes,
+            device_calls: self.device_calls + o.device_calls,
+            gpu_ms: self.gpu_ms + o.gpu_ms,
+            expert_gpu_ms: self.expert_gpu_ms + o.expert_gpu_ms,
+            kernel_ms: self.kernel_ms + o.kernel_ms,
+            lock_wait_ms: self.lock_wait_ms + o.lock_wait_ms,
+            sync_wait_ms: self.sync_wait_ms + o.sync_wait_ms,
+            vram_weight_bytes: self.vram_weight_bytes + o.vram_weight_bytes,
+            vram_state_bytes: self.vram_state_bytes + o.vram_state_bytes,
+            device_errors: self.device_errors + o.device_errors,
+            weight_bytes_read: self.weight_bytes_read + o.weight_bytes_read,
+            hbm_bytes_per_s: if self.hbm_bytes_per_s > 0.0 {
+                self.hbm_bytes_per_s
+            } else {
+                o.hbm_bytes_per_s
+            },
+            h2d_bytes_per_s: if self.h2d_bytes_per_s > 0.0 {
+                self.h2d_bytes_per_s
+            } else {
+                o.h2d_bytes_per_s
+            },
+            last_error: self.last_error.clone().or_else(|| o.last_error.clone()),
+        }
+    }
 }
 
 /// A device that computes matrix products with the CPU kernels' order.
@@ -388,7 +430,14 @@ pub fn matmul_groups_stable(
 /// either way: grouping only saves round trips. With no products the
 /// `hints` still go to the backend ([`Backend::hint`]).
 pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], hints: &Hints<'_, '_>) {
-    if let Some(b) = installed() {
+    batch_on(installed().as_deref(), products, hints)
+}
+
+/// [`matmul_batch_stable`] on `b` rather than the installed backend: in
+/// one call when `b` takes the batch, else each product on `b` or, where
+/// it declines one, on the CPU (all on the CPU with none).
+pub fn batch_on(b: Option<&dyn Backend>, products: &mut [Product<'_, '_>], hints: &Hints<'_, '_>) {
+    if let Some(b) = b {
         if products.is_empty() {
             if !hints.is_empty() {
                 b.hint(hints);
@@ -400,25 +449,39 @@ pub fn matmul_batch_stable(products: &mut [Product<'_, '_>], hints: &Hints<'_, '
         }
     }
     for p in products {
-        matmul_stable(&p.w, p.role, p.x, p.t, p.y);
+        if !b.is_some_and(|b| b.matmul(&p.w, p.role, p.x, p.t, p.y)) {
+            p.w.cpu(p.x, p.t, p.y)
+        }
     }
 }
 
 /// Gated MLPs on the installed backend in one call when it takes them
-/// all ([`Backend::glu_batch`]); else the gate and up products of all in
-/// one batch (with `hints`, the routed experts' downs named next in place
-/// of `hints.next`), `act` on the host, the downs in a second batch. The
-/// same bits either way.
+/// all ([`Backend::glu_batch`]); else [`glu_steps_on`] it. The same bits
+/// either way.
 pub fn glu_batch_stable(jobs: &mut [GluProduct<'_, '_>], act: GluAct, hints: &Hints<'_, '_>) {
+    let b = installed();
     if jobs.is_empty() {
-        matmul_batch_stable(&mut [], hints);
+        batch_on(b.as_deref(), &mut [], hints);
         return;
     }
-    if let Some(b) = installed()
+    if let Some(b) = &b
         && b.glu_batch(jobs, act, hints)
     {
         return;
     }
+    glu_steps_on(b.as_deref(), jobs, act, hints)
+}
+
+/// Gated MLPs in steps through [`batch_on`] `b`: the gate and up products
+/// of all in one batch (with `hints`, the routed experts' downs named next
+/// in place of `hints.next`), `act` on the host, the downs in a second
+/// batch.
+pub fn glu_steps_on(
+    b: Option<&dyn Backend>,
+    jobs: &mut [GluProduct<'_, '_>],
+    act: GluAct,
+    hints: &Hints<'_, '_>,
+) {
     let mut g: Vec<Vec<f32>> = jobs
         .iter()
         .map(|j| vec![0f32; j.t * j.gate.rows()])
@@ -446,7 +509,7 @@ pub fn glu_batch_stable(jobs: &mut [GluProduct<'_, '_>], act: GluAct, hints: &Hi
         next: &downs,
         ..*hints
     };
-    matmul_batch_stable(&mut ps, &first);
+    batch_on(b, &mut ps, &first);
     drop(ps);
     {
         use rayon::prelude::*;
@@ -463,7 +526,7 @@ pub fn glu_batch_stable(jobs: &mut [GluProduct<'_, '_>], act: GluAct, hints: &Hi
             y: &mut *j.y,
         })
         .collect();
-    matmul_batch_stable(&mut ps, &Hints::default());
+    batch_on(b, &mut ps, &Hints::default());
 }
 
 /// A KDA layer's core on the installed backend when it takes it

@@ -45,6 +45,7 @@ pub mod fp8;
 pub mod gqa;
 pub mod kda;
 pub mod matmul;
+pub mod multi;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod ops;

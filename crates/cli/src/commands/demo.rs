@@ -154,6 +154,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         buffered_io: false,
         device: crate::device::DeviceArg::Cpu,
         vram_budget: None,
+        gpus: None,
         heat: None,
         heat_pin: 0.0,
         heat_out: None,

@@ -1,0 +1,302 @@
+//! Several devices behind one [`Backend`]: the routed experts are
+//! partitioned over them, everything else stays on the first.
+//!
+//! A routed-expert matrix belongs to one device, chosen when the matrix is
+//! first seen (in a product or a hint): the device whose owned matrices
+//! have been read the fewest bytes so far (bytes × uses), so hot experts
+//! spread over the devices as they appear; each device keeps its own VRAM
+//! cache of the experts it owns. A batch of expert products (or gated
+//! expert MLPs) is split by owner and the parts run on their devices at
+//! once; every result lands in its caller's buffer. Spine products, the
+//! KDA core and the sequences' states go to the first device.
+//!
+//! Activations travel through the host as for one device (each part
+//! copies its inputs up and its results back), so no device-to-device
+//! transport is needed yet. Every device computes a product with the CPU
+//! kernels' order and the caller combines the experts' outputs in its own
+//! fixed order, so the bits do not depend on how many devices there are or
+//! which one owns which expert.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{
+    Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role, batch_on, glu_steps_on,
+    segments,
+};
+use crate::kda::KdaJob;
+use crate::ops::GluAct;
+use crate::state_buf::StateKey;
+
+/// Devices with the routed experts partitioned over them (see the module).
+pub struct MultiBackend {
+    devices: Vec<Arc<dyn Backend>>,
+    place: Mutex<Placement>,
+}
+
+/// Which device owns each routed-expert matrix, by its first segment's
+/// address, and the weight bytes each device's owned matrices were read.
+#[derive(Default)]
+struct Placement {
+    owner: HashMap<usize, usize>,
+    load: Vec<f64>,
+}
+
+impl Placement {
+    /// `w`'s device (the least loaded when first seen); a use adds its bytes
+    /// to that device's load.
+    fn owner(&mut self, w: &MatRef<'_>, used: bool) -> usize {
+        let segs = segments(w);
+        let key = segs.first().map_or(0, |s| s.as_ptr() as usize);
+        let least = (0..self.load.len())
+            .min_by(|&a, &b| self.load[a].total_cmp(&self.load[b]))
+            .unwrap_or(0);
+        let d = *self.owner.entry(key).or_insert(least);
+        if used {
+            self.load[d] += segs.iter().map(|s| s.len()).sum::<usize>() as f64;
+        }
+        d
+    }
+}
+
+impl MultiBackend {
+    /// `devices` in order (the first holds the spine and the states);
+    /// `None` with none.
+    pub fn new(devices: Vec<Arc<dyn Backend>>) -> Option<Self> {
+        if devices.is_empty() {
+            return None;
+        }
+        let load = vec![0.0; devices.len()];
+        Some(MultiBackend {
+            devices,
+            place: Mutex::new(Placement {
+                owner: HashMap::new(),
+                load,
+            }),
+        })
+    }
+
+    fn place(&self) -> std::sync::MutexGuard<'_, Placement> {
+        self.place.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Per device, the indices of `ws` it owns (marked used when `used`).
+    fn split<'w>(&self, ws: impl Iterator<Item = MatRef<'w>>, used: bool) -> Vec<Vec<usize>> {
+        let mut parts = vec![Vec::new(); self.devices.len()];
+        let mut place = self.place();
+        for (i, w) in ws.enumerate() {
+            parts[place.owner(&w, used)].push(i);
+        }
+        parts
+    }
+
+    /// Per device, the hints' matrices it owns.
+    fn split_hints<'w>(&self, h: &Hints<'_, 'w>) -> Vec<[Vec<MatRef<'w>>; 3]> {
+        let mut out: Vec<[Vec<MatRef<'w>>; 3]> = (0..self.devices.len())
+            .map(|_| Default::default())
+            .collect();
+        let mut place = self.place();
+        for (k, list) in [h.next, h.elsewhere, h.guessed].into_iter().enumerate() {
+            for w in list {
+                out[place.owner(w, false)][k].push(*w);
+            }
+        }
+        out
+    }
+
+    /// Runs `work(device, part)` for every device with a part, at once.
+    fn each<T: Send>(&self, parts: Vec<T>, work: impl Fn(&dyn Backend, T) + Sync) {
+        rayon::scope(|s| {
+            for (d, part) in self.devices.iter().zip(parts) {
+                let work = &work;
+                s.spawn(move |_| work(&**d, part));
+            }
+        });
+    }
+}
+
+/// The hints of one device's part.
+fn hints_of<'a, 'w>(h: &'a [Vec<MatRef<'w>>; 3]) -> Hints<'a, 'w> {
+    Hints {
+        next: &h[0],
+        elsewhere: &h[1],
+        guessed: &h[2],
+    }
+}
+
+impl Backend for MultiBackend {
+    fn name(&self) -> String {
+        let names: Vec<String> = self.devices.iter().map(|d| d.name()).collect();
+        names.join(" + ")
+    }
+
+    fn matmul(&self, w: &MatRef<'_>, role: Role, x: &[f32], t: usize, y: &mut [f32]) -> bool {
+        let d = match role {
+            Role::Expert => self.place().owner(w, true),
+            Role::Spine => 0,
+        };
+        self.devices[d].matmul(w, role, x, t, y)
+    }
+
+    fn matmul_groups(
+        &self,
+        w: &MatRef<'_>,
+        role: Role,
+        groups: usize,
+        x: &[f32],
+        t: usize,
+        y: &mut [f32],
+    ) -> bool {
+        self.devices[0].matmul_groups(w, role, groups, x, t, y)
+    }
+
+    fn matmul_batch(&self, products: &mut [Product<'_, '_>], hints: &Hints<'_, '_>) -> bool {
+        if products.iter().any(|p| p.role == Role::Spine) {
+            return self.devices[0].matmul_batch(products, hints);
+        }
+        let parts = self.split(products.iter().map(|p| p.w), true);
+        let hs = self.split_hints(hints);
+        let mut slots: Vec<Option<&mut Product<'_, '_>>> = products.iter_mut().map(Some).collect();
+        let work: Vec<(Vec<Product<'_, '_>>, &[Vec<MatRef<'_>>; 3])> = parts
+            .iter()
+            .zip(&hs)
+            .map(|(idx, h)| {
+                let mine = idx.iter().map(|&i| {
+                    let p = slots[i].take().expect("each product in one part");
+                    Product {
+                        w: p.w,
+                        role: p.role,
+                        x: p.x,
+                        t: p.t,
+                        y: &mut *p.y,
+                    }
+                });
+                (mine.collect(), h)
+            })
+            .collect();
+        self.each(work, |d, (mut ps, h)| {
+            batch_on(Some(d), &mut ps, &hints_of(h))
+        });
+        true
+    }
+
+    fn glu_batch(
+        &self,
+        jobs: &mut [GluProduct<'_, '_>],
+        act: GluAct,
+        hints: &Hints<'_, '_>,
+    ) -> bool {
+        if jobs.iter().any(|j| j.role == Role::Spine) {
+            let d = &*self.devices[0];
+            if !d.glu_batch(jobs, act, hints) {
+                glu_steps_on(Some(d), jobs, act, hints);
+            }
+            return true;
+        }
+        let parts = self.split(jobs.iter().map(|j| j.gate), true);
+        let hs = self.split_hints(hints);
+        let mut slots: Vec<Option<&mut GluProduct<'_, '_>>> = jobs.iter_mut().map(Some).collect();
+        let work: Vec<(Vec<GluProduct<'_, '_>>, &[Vec<MatRef<'_>>; 3])> = parts
+            .iter()
+            .zip(&hs)
+            .map(|(idx, h)| {
+                let mine = idx.iter().map(|&i| {
+                    let j = slots[i].take().expect("each job in one part");
+                    GluProduct {
+                        gate: j.gate,
+                        up: j.up,
+                        down: j.down,
+                        role: j.role,
+                        x: j.x,
+                        t: j.t,
+                        y: &mut *j.y,
+                    }
+                });
+                (mine.collect(), h)
+            })
+            .collect();
+        self.each(work, |d, (mut js, h)| {
+            let h = hints_of(h);
+            if js.is_empty() {
+                batch_on(Some(d), &mut [], &h);
+            } else if !d.glu_batch(&mut js, act, &h) {
+                glu_steps_on(Some(d), &mut js, act, &h);
+            }
+        });
+        true
+    }
+
+    fn hint(&self, hints: &Hints<'_, '_>) {
+        for (d, h) in self.devices.iter().zip(self.split_hints(hints)) {
+            let h = hints_of(&h);
+            if !h.is_empty() {
+                d.hint(&h);
+            }
+        }
+    }
+
+    fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {
+        let mut out = vec![0; ws.len()];
+        for (d, idx) in self
+            .devices
+            .iter()
+            .zip(self.split(ws.iter().copied(), false))
+        {
+            let mine: Vec<MatRef<'_>> = idx.iter().map(|&i| ws[i]).collect();
+            for (i, m) in idx.iter().zip(d.missing_bytes(&mine)) {
+                out[*i] = m;
+            }
+        }
+        out
+    }
+
+    fn experts_crowded(&self) -> bool {
+        self.devices.iter().any(|d| d.experts_crowded())
+    }
+
+    fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
+        self.devices[0].kda_step(job)
+    }
+
+    fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String> {
+        self.devices[0].state_read(key, out)
+    }
+
+    fn state_copy(&self, src: StateKey, dst: StateKey) -> Result<(), String> {
+        self.devices[0].state_copy(src, dst)
+    }
+
+    fn state_forget(&self, key: StateKey) {
+        self.devices[0].state_forget(key)
+    }
+
+    fn forget(&self, range: Range<usize>) {
+        self.place().owner.retain(|k, _| !range.contains(k));
+        for d in &self.devices {
+            d.forget(range.clone());
+        }
+    }
+
+    fn stats(&self) -> BackendStats {
+        let mut all = self.devices.iter().map(|d| d.stats());
+        let first = all.next().unwrap_or_default();
+        all.fold(first, |a, s| a.plus(&s))
+    }
+}
+
+impl MultiBackend {
+    /// Weight bytes read so far from the matrices each device owns.
+    pub fn loads(&self) -> Vec<f64> {
+        self.place().load.clone()
+    }
+
+    /// How many routed-expert matrices each device owns now.
+    pub fn owned(&self) -> Vec<usize> {
+        let mut n = vec![0; self.devices.len()];
+        for &d in self.place().owner.values() {
+            n[d] += 1;
+        }
+        n
+    }
+}

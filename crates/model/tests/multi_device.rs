@@ -1,0 +1,191 @@
+//! Several devices behind one backend (`fathom_kernels::multi`): with
+//! three stand-in devices that compute on the CPU kernels — one taking
+//! gated MLPs whole, one taking only plain batches, one declining batches
+//! — a model gives the logits of no backend bit for bit; the spine and the
+//! states stay on the first device, every routed-expert matrix is
+//! computed on one device only, and the experts spread over all three.
+//!
+//! The backend is process-wide, so the tests of this binary take turns.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use fathom_kernels::backend::{
+    self, Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role,
+};
+use fathom_kernels::multi::MultiBackend;
+use fathom_kernels::ops::GluAct;
+use fathom_model::{CausalLm, K3Model, Logits, Qwen3MoeModel};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+/// How a stand-in device answers.
+#[derive(Clone, Copy, PartialEq)]
+enum Takes {
+    /// Gated MLPs whole and plain batches.
+    Glu,
+    /// Plain batches; gated MLPs in steps.
+    Batches,
+    /// Single products only.
+    Singles,
+}
+
+/// Computes on the CPU kernels; records the matrices (first byte's
+/// address) and roles it computed.
+struct Device {
+    takes: Takes,
+    seen: Mutex<Vec<(usize, Role)>>,
+}
+
+impl Device {
+    fn new(takes: Takes) -> Arc<Device> {
+        Arc::new(Device {
+            takes,
+            seen: Mutex::new(Vec::new()),
+        })
+    }
+    fn saw(&self, w: &MatRef<'_>, role: Role) {
+        let a = backend::segments(w)[0].as_ptr() as usize;
+        self.seen.lock().unwrap().push((a, role));
+    }
+}
+
+impl Backend for Device {
+    fn name(&self) -> String {
+        "stand-in".into()
+    }
+    fn matmul(&self, w: &MatRef<'_>, role: Role, x: &[f32], t: usize, y: &mut [f32]) -> bool {
+        self.saw(w, role);
+        w.cpu(x, t, y);
+        true
+    }
+    fn matmul_batch(&self, ps: &mut [Product<'_, '_>], _: &Hints<'_, '_>) -> bool {
+        if self.takes == Takes::Singles {
+            return false;
+        }
+        for p in ps {
+            self.saw(&p.w, p.role);
+            p.w.cpu(p.x, p.t, p.y);
+        }
+        true
+    }
+    fn glu_batch(&self, jobs: &mut [GluProduct<'_, '_>], act: GluAct, _: &Hints<'_, '_>) -> bool {
+        if self.takes != Takes::Glu {
+            return false;
+        }
+        for j in jobs {
+            let f = j.gate.rows();
+            let (mut g, mut u) = (vec![0f32; j.t * f], vec![0f32; j.t * f]);
+            for (w, y) in [(&j.gate, &mut g), (&j.up, &mut u)] {
+                self.saw(w, j.role);
+                w.cpu(j.x, j.t, y);
+            }
+            act.apply(&mut g, &u);
+            self.saw(&j.down, j.role);
+            j.down.cpu(&g, j.t, j.y);
+        }
+        true
+    }
+    fn forget(&self, _: Range<usize>) {}
+    fn stats(&self) -> BackendStats {
+        BackendStats {
+            device_products: self.seen.lock().unwrap().len() as u64,
+            ..BackendStats::default()
+        }
+    }
+}
+
+/// Prefill logits of every position, then three decode steps' logits, as bits.
+fn run(model: &dyn CausalLm, prompt: &[u32]) -> Vec<Vec<u32>> {
+    let mut st = model.new_state();
+    let mut out = vec![model.forward(st.as_mut(), prompt, Logits::All).unwrap()];
+    for tok in [3u32, 1, 4] {
+        out.push(model.forward(st.as_mut(), &[tok], Logits::Last).unwrap());
+    }
+    out.iter()
+        .map(|r| r.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// The run with no backend and with three stand-ins behind a
+/// `MultiBackend`; checks the bits, and returns the devices and the backend.
+fn split_three_ways(model: &dyn CausalLm, prompt: &[u32]) -> (Vec<Arc<Device>>, Arc<MultiBackend>) {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    backend::uninstall();
+    let plain = run(model, prompt);
+    let devs = vec![
+        Device::new(Takes::Glu),
+        Device::new(Takes::Batches),
+        Device::new(Takes::Singles),
+    ];
+    let as_backends: Vec<Arc<dyn Backend>> =
+        devs.iter().map(|d| d.clone() as Arc<dyn Backend>).collect();
+    let multi = Arc::new(MultiBackend::new(as_backends).expect("three devices"));
+    backend::install(multi.clone());
+    let split = run(model, prompt);
+    backend::uninstall();
+    assert!(
+        plain == split,
+        "the split over three devices changed the logits"
+    );
+    (devs, multi)
+}
+
+/// Every routed-expert matrix on one device only, the spine on the first,
+/// and experts on every device; returns the experts per device.
+fn check_partition(devs: &[Arc<Device>], multi: &MultiBackend) -> Vec<usize> {
+    let mut where_: HashMap<usize, HashSet<usize>> = HashMap::new();
+    let mut per = vec![HashSet::new(); devs.len()];
+    for (d, dev) in devs.iter().enumerate() {
+        for &(a, role) in dev.seen.lock().unwrap().iter() {
+            match role {
+                Role::Spine => assert_eq!(d, 0, "a spine product on device {d}"),
+                Role::Expert => {
+                    where_.entry(a).or_default().insert(d);
+                    per[d].insert(a);
+                }
+            }
+        }
+    }
+    assert!(
+        where_.values().all(|s| s.len() == 1),
+        "an expert matrix on two devices"
+    );
+    let counts: Vec<usize> = per.iter().map(|s| s.len()).collect();
+    assert!(
+        counts.iter().all(|&n| n > 0),
+        "a device without experts: {counts:?}"
+    );
+    assert_eq!(multi.loads().len(), devs.len());
+    counts
+}
+
+fn k3_tiny() -> K3Model {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
+    K3Model::load(&dir).expect("k3-tiny loads")
+}
+
+#[test]
+fn k3_experts_split_over_three_devices_keep_the_bits() {
+    let model = k3_tiny();
+    let (devs, multi) = split_three_ways(&model, &[1, 20, 300, 7, 42, 5]);
+    let counts = check_partition(&devs, &multi);
+    // The balance goes by bytes read: no device reads more than twice
+    // another's share of the experts' bytes.
+    let loads = multi.loads();
+    let (lo, hi) = loads
+        .iter()
+        .fold((f64::MAX, 0f64), |(a, b), &l| (a.min(l), b.max(l)));
+    assert!(hi <= 2.0 * lo, "loads {loads:?} (matrices {counts:?})");
+}
+
+#[test]
+fn qwen3_moe_experts_split_over_three_devices_keep_the_bits() {
+    let model = Qwen3MoeModel::load(&common::data("qwen3_moe-tiny")).expect("loads");
+    let (devs, multi) = split_three_ways(&model, &[1, 20, 300, 7, 42, 5]);
+    check_partition(&devs, &multi);
+}
