@@ -29,11 +29,18 @@ pub struct Gpus(pub Vec<usize>);
 /// The most devices `--gpus` may name.
 const MAX_GPUS: usize = 64;
 
-/// `--gpus`: a count `N` (devices 0..N) or a comma-separated list of ordinals.
+/// `--gpus`: a count `N` (devices 0..N) or a comma-separated list of
+/// ordinals (one device alone: `1,`).
 pub fn parse_gpus(s: &str) -> Result<Gpus, String> {
-    let bad = |why: &str| format!("{s:?}: {why}: give a count such as 2 or a list such as 0,2");
+    let bad = |why: &str| {
+        format!("{s:?}: {why}: give a count such as 2 or a list such as 0,2 (one device: 1,)")
+    };
     let s = s.trim();
     let list: Vec<usize> = if s.contains(',') {
+        let s = s
+            .strip_suffix(',')
+            .filter(|o| !o.contains(','))
+            .unwrap_or(s);
         s.split(',')
             .map(|p| {
                 p.trim()
@@ -72,6 +79,15 @@ pub fn select(device: DeviceArg, vram_budget: Option<u64>, gpus: Option<&Gpus>) 
         return Ok("cpu".into());
     }
     let ordinals = gpus.map_or(vec![0], |g| g.0.clone());
+    // Only a missing driver, NVRTC or device sends `auto` to the CPU; a
+    // budget or device number that does not fit is the user's to fix.
+    if let Err(e) = fathom_kernels_cuda::probe(0) {
+        if device == DeviceArg::Auto {
+            tracing::info!("device: cpu (--device auto: {e})");
+            return Ok("cpu".into());
+        }
+        bail!("--device cuda: {e}");
+    }
     match open_all(&ordinals, vram_budget) {
         Ok(devs) => {
             // Streamed experts' read buffers are page-locked (portable to
@@ -90,11 +106,14 @@ pub fn select(device: DeviceArg, vram_budget: Option<u64>, gpus: Option<&Gpus>) 
             backend::install(b);
             Ok(name)
         }
-        Err(e) if device == DeviceArg::Auto => {
-            tracing::info!("device: cpu (--device auto: {e})");
-            Ok("cpu".into())
+        Err(e) => {
+            let flag = if device == DeviceArg::Auto {
+                "auto"
+            } else {
+                "cuda"
+            };
+            bail!("--device {flag}: {e}")
         }
-        Err(e) => bail!("--device cuda: {e}"),
     }
 }
 
@@ -113,12 +132,16 @@ fn open_all(
         let budget =
             vram_budget.unwrap_or_else(|| info.free_bytes.saturating_sub(DEFAULT_MARGIN) / times);
         if budget.saturating_mul(times) > info.free_bytes {
+            let shared = if times > 1 {
+                format!(" times the {times} listings in --gpus")
+            } else {
+                String::new()
+            };
             bail!(
-                "--vram-budget {} on {} (listed {times} time(s) in --gpus) is more than its {} \
-                 free: lower it",
+                "--vram-budget {}{shared} is more than the {} free on device {o} ({}): lower it",
                 fathom_weights::units::format_bytes(budget),
-                info.name,
-                fathom_weights::units::format_bytes(info.free_bytes)
+                fathom_weights::units::format_bytes(info.free_bytes),
+                info.name
             );
         }
         let b = CudaBackend::open(o, Some(budget))?;
@@ -143,11 +166,14 @@ mod tests {
         assert_eq!(parse_gpus("3"), Ok(Gpus(vec![0, 1, 2])));
         assert_eq!(parse_gpus("0,2"), Ok(Gpus(vec![0, 2])));
         assert_eq!(parse_gpus(" 1, 1 "), Ok(Gpus(vec![1, 1])));
+        assert_eq!(parse_gpus("1,"), Ok(Gpus(vec![1])));
         for bad in [
             "0",
             "",
             "a",
             "1,,2",
+            "1,2,",
+            ",",
             "-1",
             "65",
             "0,64",

@@ -142,17 +142,32 @@ fn without_cuda_the_device_flag_says_what_is_missing() {
         &[&base[..], &["--vram-budget", "1GB"]].concat(),
         "--vram-budget is for --device cuda|auto",
     );
-    fails_quietly(
-        &[&base[..], &["--gpus", "2"]].concat(),
-        "--gpus is for --device cuda|auto",
-    );
     let out = fails_quietly(
         &[&base[..], &["--device", "cuda", "--gpus", "0,1"]].concat(),
         "--device cuda",
     );
     assert!(out.stdout.is_empty());
+}
+
+/// `--gpus` errors that need no device: with the CPU, and a bad list.
+#[test]
+fn gpus_flag_errors_name_the_fix() {
+    let d = fixture("qwen3_moe-tiny");
+    let base = [
+        "run",
+        "--model",
+        d.to_str().unwrap(),
+        "--prompt-ids",
+        "1,5,9",
+    ];
     fails_quietly(
-        &[&base[..], &["--gpus", "0,x"]].concat(),
-        "a list such as 0,2",
+        &[&base[..], &["--gpus", "2"]].concat(),
+        "--gpus is for --device cuda|auto",
     );
+    for bad in ["0,x", "1,,2", "0"] {
+        fails_quietly(
+            &[&base[..], &["--device", "cuda", "--gpus", bad]].concat(),
+            "a list such as 0,2",
+        );
+    }
 }

@@ -230,3 +230,77 @@ fn the_kernels_tanh_constants_are_the_cpus() {
         .collect();
     assert_eq!(spelled, cpu);
 }
+
+/// Special values through the activation on both sides: 1×1 matrices of
+/// ones pass each position's input straight to the gate and up (g = u =
+/// x), so the activation meets ±0, subnormals, values at and beside the
+/// series' cut (|x| = 0.5 for the gate's tanh(g/β) at g = ±2, for the up's
+/// at u = ±12.5), saturating values, ±∞ and NaN.
+#[test]
+fn special_values_take_the_same_paths_on_both_devices() {
+    let b = match CudaBackend::open(0, None) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("skipped: no CUDA backend here ({e})");
+            return;
+        }
+    };
+    let below = |v: f32| f32::from_bits(v.to_bits() - 1);
+    let above = |v: f32| f32::from_bits(v.to_bits() + 1);
+    let mut xs = vec![
+        0.0, 1e-30, 1e-40, 0.5, 2.0, 12.5, 3.0, 20.0, 88.0, 100.0, 1e30,
+    ];
+    xs.extend(
+        [0.5f32, 2.0, 12.5]
+            .iter()
+            .flat_map(|&v| [below(v), above(v)]),
+    );
+    let neg: Vec<f32> = xs.iter().map(|v| -v).collect();
+    xs.extend(neg);
+    xs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+    let one = [1.0f32];
+    let m = MatRef::F32 {
+        w: &one,
+        rows: 1,
+        cols: 1,
+    };
+    let t = xs.len();
+    for act in [
+        GluAct::Swiglu,
+        GluAct::Situ {
+            beta: 4.0,
+            beta_lin: Some(25.0),
+        },
+        GluAct::Situ {
+            beta: 4.0,
+            beta_lin: None,
+        },
+    ] {
+        let run = |on_device: bool| {
+            let mut y = vec![0f32; t];
+            let mut job = [GluProduct {
+                gate: m,
+                up: m,
+                down: m,
+                role: Role::Spine,
+                x: &xs,
+                t,
+                y: &mut y,
+            }];
+            if on_device {
+                assert!(b.glu_batch(&mut job, act, &Hints::default()), "declined");
+            } else {
+                glu_batch_stable(&mut job, act, &Hints::default());
+            }
+            y
+        };
+        let (host, dev) = (run(false), run(true));
+        for ((x, h), d) in xs.iter().zip(&host).zip(&dev) {
+            assert!(
+                h.to_bits() == d.to_bits() || (h.is_nan() && d.is_nan()),
+                "{act:?} at {x:e}: device {d:e} vs host {h:e}"
+            );
+        }
+    }
+    b.forget(one.as_ptr() as usize..one.as_ptr() as usize + 4);
+}

@@ -2,10 +2,11 @@
 //! partitioned over them, everything else stays on the first.
 //!
 //! A routed-expert matrix belongs to one device, chosen when the matrix is
-//! first seen (in a product or a hint): the device whose owned matrices
-//! have been read the fewest bytes so far (bytes × uses), so hot experts
-//! spread over the devices as they appear; each device keeps its own VRAM
-//! cache of the experts it owns. A batch of expert products (or gated
+//! first seen (in a product, a hint or a question about missing bytes):
+//! the device with the least load so far — its owned matrices' bytes, plus
+//! their bytes again at every use — so new and hot experts spread over the
+//! devices as they appear; a gated MLP's up and down follow its gate. Each
+//! device keeps its own VRAM cache of the experts it owns. A batch of expert products (or gated
 //! expert MLPs) is split by owner and the parts run on their devices at
 //! once; every result lands in its caller's buffer. Spine products, the
 //! KDA core and the sequences' states go to the first device.
@@ -19,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{
@@ -33,10 +35,14 @@ use crate::state_buf::StateKey;
 pub struct MultiBackend {
     devices: Vec<Arc<dyn Backend>>,
     place: Mutex<Placement>,
+    /// Expert batches split so far, and the devices they went to in all.
+    batches: AtomicU64,
+    parts: AtomicU64,
 }
 
 /// Which device owns each routed-expert matrix, by its first segment's
-/// address, and the weight bytes each device's owned matrices were read.
+/// address, and each device's load: its matrices' bytes when placed, plus
+/// their bytes at every use.
 #[derive(Default)]
 struct Placement {
     owner: HashMap<usize, usize>,
@@ -44,19 +50,31 @@ struct Placement {
 }
 
 impl Placement {
-    /// `w`'s device (the least loaded when first seen); a use adds its bytes
-    /// to that device's load.
+    /// `w`'s device (the least loaded when first seen, which adds its
+    /// bytes to that load, so the next new matrix goes elsewhere); a use
+    /// adds its bytes again.
     fn owner(&mut self, w: &MatRef<'_>, used: bool) -> usize {
-        let segs = segments(w);
-        let key = segs.first().map_or(0, |s| s.as_ptr() as usize);
-        let least = (0..self.load.len())
-            .min_by(|&a, &b| self.load[a].total_cmp(&self.load[b]))
-            .unwrap_or(0);
-        let d = *self.owner.entry(key).or_insert(least);
+        let (key, bytes) = key_bytes(w);
+        let d = match self.owner.get(&key) {
+            Some(&d) => d,
+            None => {
+                let least = (0..self.load.len())
+                    .min_by(|&a, &b| self.load[a].total_cmp(&self.load[b]))
+                    .unwrap_or(0);
+                self.owner.insert(key, least);
+                self.load[least] += bytes;
+                least
+            }
+        };
         if used {
-            self.load[d] += segs.iter().map(|s| s.len()).sum::<usize>() as f64;
+            self.load[d] += bytes;
         }
         d
+    }
+
+    /// Gives `w` to device `d` (a gated MLP's up and down follow its gate).
+    fn give(&mut self, w: &MatRef<'_>, d: usize) {
+        self.owner.insert(key_bytes(w).0, d);
     }
 }
 
@@ -74,6 +92,8 @@ impl MultiBackend {
                 owner: HashMap::new(),
                 load,
             }),
+            batches: AtomicU64::new(0),
+            parts: AtomicU64::new(0),
         })
     }
 
@@ -81,12 +101,18 @@ impl MultiBackend {
         self.place.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Per device, the indices of `ws` it owns (marked used when `used`).
+    /// Per device, the indices of `ws` it owns (marked used when `used`,
+    /// and then counted as one batch split over its devices).
     fn split<'w>(&self, ws: impl Iterator<Item = MatRef<'w>>, used: bool) -> Vec<Vec<usize>> {
         let mut parts = vec![Vec::new(); self.devices.len()];
         let mut place = self.place();
         for (i, w) in ws.enumerate() {
             parts[place.owner(&w, used)].push(i);
+        }
+        if used {
+            let n = parts.iter().filter(|p| !p.is_empty()).count();
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            self.parts.fetch_add(n as u64, Ordering::Relaxed);
         }
         parts
     }
@@ -114,6 +140,13 @@ impl MultiBackend {
             }
         });
     }
+}
+
+/// A matrix's key (its first segment's address) and its bytes.
+fn key_bytes(w: &MatRef<'_>) -> (usize, f64) {
+    let segs = segments(w);
+    let key = segs.first().map_or(0, |s| s.as_ptr() as usize);
+    (key, segs.iter().map(|s| s.len()).sum::<usize>() as f64)
 }
 
 /// The hints of one device's part.
@@ -195,6 +228,15 @@ impl Backend for MultiBackend {
             return true;
         }
         let parts = self.split(jobs.iter().map(|j| j.gate), true);
+        {
+            let mut place = self.place();
+            for (d, idx) in parts.iter().enumerate() {
+                for &i in idx {
+                    place.give(&jobs[i].up, d);
+                    place.give(&jobs[i].down, d);
+                }
+            }
+        }
         let hs = self.split_hints(hints);
         let mut slots: Vec<Option<&mut GluProduct<'_, '_>>> = jobs.iter_mut().map(Some).collect();
         let work: Vec<(Vec<GluProduct<'_, '_>>, &[Vec<MatRef<'_>>; 3])> = parts
@@ -289,6 +331,15 @@ impl MultiBackend {
     /// Weight bytes read so far from the matrices each device owns.
     pub fn loads(&self) -> Vec<f64> {
         self.place().load.clone()
+    }
+
+    /// Expert batches split so far and the devices they ran on in all
+    /// (parts ÷ batches: how many devices a batch kept busy on average).
+    pub fn spread(&self) -> (u64, u64) {
+        (
+            self.batches.load(Ordering::Relaxed),
+            self.parts.load(Ordering::Relaxed),
+        )
     }
 
     /// How many routed-expert matrices each device owns now.

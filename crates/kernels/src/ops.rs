@@ -33,13 +33,13 @@ pub fn silu(x: f32) -> f32 {
 
 /// `σ(x)` from [`crate::expf::exp_fixed`]: the sigmoid of the functions a
 /// device kernel repeats bit for bit (a library `expf` has no device twin).
-#[inline]
+#[inline(always)]
 pub fn sigmoid_fixed(x: f32) -> f32 {
     1.0 / (1.0 + crate::expf::exp_fixed(-x))
 }
 
 /// `x · σ(x)` with [`sigmoid_fixed`].
-#[inline]
+#[inline(always)]
 pub fn silu_fixed(x: f32) -> f32 {
     x * sigmoid_fixed(x)
 }

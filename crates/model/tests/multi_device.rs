@@ -2,8 +2,11 @@
 //! three stand-in devices that compute on the CPU kernels — one taking
 //! gated MLPs whole, one taking only plain batches, one declining batches
 //! — a model gives the logits of no backend bit for bit; the spine and the
-//! states stay on the first device, every routed-expert matrix is
+//! KDA core stay on the first device, every routed-expert matrix is
 //! computed on one device only, and the experts spread over all three.
+//! The stand-ins lack every matrix and report a fast host→device rate, so
+//! each layer first asks which bytes are missing (placing its new
+//! experts) before computing them.
 //!
 //! The backend is process-wide, so the tests of this binary take turns.
 
@@ -12,11 +15,13 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fathom_kernels::backend::{
     self, Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role,
 };
+use fathom_kernels::kda::KdaJob;
 use fathom_kernels::multi::MultiBackend;
 use fathom_kernels::ops::GluAct;
 use fathom_model::{CausalLm, K3Model, Logits, Qwen3MoeModel};
@@ -39,6 +44,8 @@ enum Takes {
 struct Device {
     takes: Takes,
     seen: Mutex<Vec<(usize, Role)>>,
+    /// KDA steps offered (declined: the CPU runs them).
+    kda: AtomicUsize,
 }
 
 impl Device {
@@ -46,6 +53,7 @@ impl Device {
         Arc::new(Device {
             takes,
             seen: Mutex::new(Vec::new()),
+            kda: AtomicUsize::new(0),
         })
     }
     fn saw(&self, w: &MatRef<'_>, role: Role) {
@@ -90,10 +98,21 @@ impl Backend for Device {
         }
         true
     }
+    fn kda_step(&self, _: &mut KdaJob<'_>) -> Result<bool, String> {
+        self.kda.fetch_add(1, Ordering::Relaxed);
+        Ok(false)
+    }
+    fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {
+        let all = |w: &MatRef<'_>| backend::segments(w).iter().map(|s| s.len()).sum();
+        ws.iter().map(all).collect()
+    }
     fn forget(&self, _: Range<usize>) {}
     fn stats(&self) -> BackendStats {
         BackendStats {
             device_products: self.seen.lock().unwrap().len() as u64,
+            // Fast enough that a missing expert is always copied, not
+            // computed on the CPU.
+            h2d_bytes_per_s: 1e18,
             ..BackendStats::default()
         }
     }
@@ -174,6 +193,18 @@ fn k3_experts_split_over_three_devices_keep_the_bits() {
     let model = k3_tiny();
     let (devs, multi) = split_three_ways(&model, &[1, 20, 300, 7, 42, 5]);
     let counts = check_partition(&devs, &multi);
+    assert!(
+        devs[0].kda.load(Ordering::Relaxed) > 0,
+        "KDA steps reach the first device"
+    );
+    assert!(devs[1..].iter().all(|d| d.kda.load(Ordering::Relaxed) == 0));
+    // A layer's experts run on several devices at once (not all the new
+    // experts of a layer placed on one device).
+    let (batches, parts) = multi.spread();
+    assert!(
+        parts as f64 >= 1.8 * batches as f64,
+        "{parts} parts in {batches} batches"
+    );
     // The balance goes by bytes read: no device reads more than twice
     // another's share of the experts' bytes.
     let loads = multi.loads();
