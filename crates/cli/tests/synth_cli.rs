@@ -201,6 +201,29 @@ fn inspect_json_matches_hand_computed_numbers() {
         u(&v["bf16"]["experts_elsewhere"]),
         256 - (6_000_000 - spine) / 9792
     );
+    // On three devices of 6 MB: the spine on the first, 86 experts each
+    // (256 = 86 + 85 + 85), the first caching what its rest holds.
+    let three = fathom(&[
+        "inspect",
+        dir.to_str().unwrap(),
+        "--json",
+        "--vram-budget",
+        "6MB",
+        "--gpus",
+        "3",
+    ]);
+    assert!(three.status.success(), "{}", text(&three));
+    let t: Value = serde_json::from_slice(&three.stdout).unwrap();
+    let first = ((6_000_000 - spine) / 9792).min(86);
+    let per: Vec<u64> = t["vram"]["bf16"]["experts_per_device"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(u)
+        .collect();
+    assert_eq!(per, vec![first, 85, 85]);
+    assert_eq!(u(&t["vram"]["bf16"]["experts_in_vram"]), first + 170);
+    assert_eq!(u(&t["vram"]["devices"]), 3);
     // Per decode token: the spine less the embedding table plus one bf16
     // row (the embedding is never quantised); 4 experts × 8 layers.
     assert_eq!(

@@ -52,6 +52,10 @@ pub struct InspectArgs {
     /// place the spine and the routed experts (e.g. 80GB).
     #[arg(long, value_parser = parse_size)]
     vram_budget: Option<u64>,
+    /// With --vram-budget: plan for these CUDA devices, as `run --gpus`
+    /// takes them (a count or a list), each with that budget.
+    #[arg(long, value_parser = crate::device::parse_gpus, requires = "vram_budget")]
+    gpus: Option<crate::device::Gpus>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -239,6 +243,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
             &fathom_model::memory::memory_facts(&a.dir)
                 .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?,
             v,
+            a.gpus.as_ref().map_or(1, |g| g.0.len()),
         )),
         None => None,
     };
