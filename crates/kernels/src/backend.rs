@@ -198,9 +198,10 @@ impl BackendStats {
         }
     }
 
-    /// Several devices' figures as one: counts, times and memory added;
-    /// the bandwidths and the last error of the first (`self`) unless it
-    /// has none.
+    /// Several devices' figures as one: counts, times and memory added
+    /// (devices that work at once add up to more than the wall time); the
+    /// bandwidths and the last error of the first (`self`) unless it has
+    /// none.
     pub fn plus(&self, o: &BackendStats) -> BackendStats {
         BackendStats {
             device_products: self.device_products + o.device_products,
@@ -275,7 +276,7 @@ pub trait Backend: Send + Sync {
     }
     /// Gated MLPs `y = down(act(gate x, up x))` in one call, each
     /// bit-identical to its three products with `act` on the host between
-    /// them ([`glu_batch_stable`]'s fallback): `act`'s operations are
+    /// them ([`glu_steps_on`]): `act`'s operations are
     /// defined one for one ([`GluAct`]). `false` when not taken as a whole
     /// (the caller runs the fallback). `hints` as for
     /// [`Backend::matmul_batch`]. Default: not taken.
