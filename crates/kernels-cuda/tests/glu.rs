@@ -7,19 +7,27 @@
 
 use fathom_kernels::backend::{Backend, GluProduct, Hints, MatRef, Role, glu_batch_stable};
 use fathom_kernels::ops::GluAct;
-use fathom_kernels_cuda::CudaBackend;
 use fathom_weights::mxfp4::Mxfp4Ref;
 
-/// Deterministic values in ±`scale`, with zeros and subnormals.
-struct Lcg(u64);
+mod common;
+
+use common::{Lcg, open};
+
+/// Every activation: SwiGLU, SiTU-GLU with and without β_lin.
+const ACTS: [GluAct; 3] = [
+    GluAct::Swiglu,
+    GluAct::Situ {
+        beta: 4.0,
+        beta_lin: Some(25.0),
+    },
+    GluAct::Situ {
+        beta: 4.0,
+        beta_lin: None,
+    },
+];
+
 impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
+    /// Deterministic values in ±`scale`, with zeros and subnormals.
     fn f32(&mut self, scale: f32) -> f32 {
         match self.next() % 16 {
             0 => 0.0,
@@ -121,13 +129,7 @@ fn outputs(mlps: &[Mlp], role: Role, run: impl FnOnce(&mut [GluProduct<'_, '_>])
 
 #[test]
 fn gated_mlps_in_one_call_give_the_host_paths_bits() {
-    let b = match CudaBackend::open(0, None) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("skipped: no CUDA backend here ({e})");
-            return;
-        }
-    };
+    let Some(b) = open(None) else { return };
     let mut g = Lcg(7);
     // (f, cols, out, t): widths off the warp's 32 and 256-column chunks.
     let spine = vec![Mlp::new(&mut g, false, (300, 96, 80, 1))];
@@ -139,23 +141,12 @@ fn gated_mlps_in_one_call_give_the_host_paths_bits() {
         .iter()
         .map(|&t| Mlp::new(&mut g, true, (96, 128, 128, t)))
         .collect();
-    let acts = [
-        GluAct::Swiglu,
-        GluAct::Situ {
-            beta: 4.0,
-            beta_lin: Some(25.0),
-        },
-        GluAct::Situ {
-            beta: 4.0,
-            beta_lin: None,
-        },
-    ];
     for (mlps, role) in [
         (&spine, Role::Spine),
         (&spine_t, Role::Spine),
         (&experts, Role::Expert),
     ] {
-        for act in acts {
+        for act in ACTS {
             let host = outputs(mlps, role, |j| glu_batch_stable(j, act, &Hints::default()));
             let before = b.stats();
             let dev = outputs(mlps, role, |j| {
@@ -238,13 +229,7 @@ fn the_kernels_tanh_constants_are_the_cpus() {
 /// at u = ±12.5), saturating values, ±∞ and NaN.
 #[test]
 fn special_values_take_the_same_paths_on_both_devices() {
-    let b = match CudaBackend::open(0, None) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("skipped: no CUDA backend here ({e})");
-            return;
-        }
-    };
+    let Some(b) = open(None) else { return };
     let below = |v: f32| f32::from_bits(v.to_bits() - 1);
     let above = |v: f32| f32::from_bits(v.to_bits() + 1);
     let mut xs = vec![
@@ -265,17 +250,7 @@ fn special_values_take_the_same_paths_on_both_devices() {
         cols: 1,
     };
     let t = xs.len();
-    for act in [
-        GluAct::Swiglu,
-        GluAct::Situ {
-            beta: 4.0,
-            beta_lin: Some(25.0),
-        },
-        GluAct::Situ {
-            beta: 4.0,
-            beta_lin: None,
-        },
-    ] {
+    for act in ACTS {
         let run = |on_device: bool| {
             let mut y = vec![0f32; t];
             let mut job = [GluProduct {

@@ -3,8 +3,6 @@
 //! and a budget too small to hold the weights. Without a CUDA device every
 //! test prints why it skipped.
 
-use std::sync::Arc;
-
 use fathom_kernels::backend::{Backend, BackendStats, Hints, MatRef, Product, Role};
 use fathom_kernels::formats::{
     Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows, block_scalar,
@@ -12,26 +10,12 @@ use fathom_kernels::formats::{
 use fathom_kernels_cuda::CudaBackend;
 use fathom_weights::mxfp4::Mxfp4Ref;
 
-fn open(budget: Option<u64>) -> Option<Arc<CudaBackend>> {
-    match CudaBackend::open(0, budget) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            eprintln!("skipped: no CUDA backend here ({e})");
-            None
-        }
-    }
-}
+mod common;
 
-/// Deterministic values with a spread of magnitudes, signs, zeros and subnormals.
-struct Lcg(u64);
+use common::{Lcg, open};
+
 impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
+    /// Deterministic values with a spread of magnitudes, signs, zeros and subnormals.
     fn f32(&mut self) -> f32 {
         match self.next() % 16 {
             0 => 0.0,

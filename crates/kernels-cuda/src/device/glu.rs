@@ -7,7 +7,7 @@ use fathom_kernels::backend::{GluProduct, Hints, MatRef, Role};
 use fathom_kernels::ops::GluAct;
 
 use super::CudaBackend;
-use super::queue::{Placed, grow};
+use super::queue::{Placed, grow, scatter};
 use crate::CudaError;
 
 /// Whether `j`'s shapes are what the kernels take: gate and up of one
@@ -48,11 +48,11 @@ impl CudaBackend {
         ws.extend(jobs.iter().map(|j| (j.down, j.role)));
         let mut st = self.lock_timed();
         let st = &mut *st;
-        let Some((segs, class)) = self.prepare(st, &ws, hints) else {
+        let Some(p) = self.prepare(st, &ws, hints) else {
             return Ok(false);
         };
         let queued = (|| {
-            self.upload_missing(st, &segs, class)?;
+            self.upload_missing(st, &p.segs, p.class)?;
             let xs: Vec<&[f32]> = jobs.iter().map(|j| j.x).collect();
             let ny = jobs.iter().map(|j| j.y.len()).sum();
             let (xp, yp) = self.stage(st, &xs, ny)?;
@@ -63,17 +63,13 @@ impl CudaBackend {
                 .0;
             let up = gp + 4 * half as u64;
             let placed = place(jobs, (xp, yp, gp, up));
-            self.launch_phases(st, &placed, &segs, &[2 * n, 3 * n], |_| {
+            self.launch_phases(st, &placed, &p.segs, &[2 * n, 3 * n], |_| {
                 self.launch_act(act, gp, up, half)
             })?;
             self.fetch(st, yp, ny)
         })();
-        let hy = self.complete(st, queued, &segs, hints)?;
-        let mut off = 0;
-        for j in jobs.iter_mut() {
-            j.y.copy_from_slice(&hy[off..off + j.y.len()]);
-            off += j.y.len();
-        }
+        let hy = self.complete(st, queued, &p, hints)?;
+        scatter(hy, jobs.iter_mut().map(|j| &mut *j.y));
         Ok(true)
     }
 

@@ -35,16 +35,12 @@ impl CudaBackend {
         let ws: Vec<(MatRef<'_>, Role)> = jobs.iter().map(|j| (j.w, j.role)).collect();
         let mut st = self.lock_timed();
         let st = &mut *st;
-        let Some((segs, class)) = self.prepare(st, &ws, hints) else {
+        let Some(p) = self.prepare(st, &ws, hints) else {
             return Ok(false);
         };
-        let queued = self.queue(st, jobs, &segs, class);
-        let hy = self.complete(st, queued, &segs, hints)?;
-        let mut off = 0;
-        for j in jobs.iter_mut() {
-            j.y.copy_from_slice(&hy[off..off + j.y.len()]);
-            off += j.y.len();
-        }
+        let queued = self.queue(st, jobs, &p.segs, p.class);
+        let hy = self.complete(st, queued, &p, hints)?;
+        scatter(hy, jobs.iter_mut().map(|j| &mut *j.y));
         Ok(true)
     }
 
@@ -57,15 +53,16 @@ impl CudaBackend {
     }
 
     /// Before a round trip's copies and launches: the products' segments
-    /// (`ws`, in order) and the cache class of their weights, room made for
-    /// the missing ones, expert hits counted, guesses scored. `None` when
-    /// they cannot all be in the budget at once (nothing changed).
+    /// (`ws`, in order), their keys and the cache class of their weights,
+    /// room made for the missing ones, expert hits counted, guesses scored.
+    /// `None` when they cannot all be in the budget at once (nothing
+    /// changed).
     pub(super) fn prepare<'w>(
         &self,
         st: &mut State,
         ws: &[(MatRef<'w>, Role)],
         hints: &Hints<'_, '_>,
-    ) -> Option<(Vec<Vec<&'w [u8]>>, Class)> {
+    ) -> Option<Prepared<'w>> {
         let segs: Vec<Vec<&[u8]>> = ws.iter().map(|(w, _)| segments(w)).collect();
         let keys: Vec<Key> = segs.iter().flatten().map(|s| key(s)).collect();
         let mut missing: Vec<Key> = keys
@@ -94,7 +91,7 @@ impl CudaBackend {
             }
         }
         self.score(st, &segs, hints);
-        Some((segs, class))
+        Some(Prepared { segs, keys, class })
     }
 
     /// After the copies and launches (`queued`): the copies `hints` ask
@@ -104,13 +101,12 @@ impl CudaBackend {
         &self,
         st: &'s mut State,
         queued: Result<(), CudaError>,
-        segs: &[Vec<&[u8]>],
+        p: &Prepared<'_>,
         hints: &Hints<'_, '_>,
     ) -> Result<&'s [f32], CudaError> {
-        let keys: Vec<Key> = segs.iter().flatten().map(|s| key(s)).collect();
         // Copies ahead are a hint: one that fails costs the batch nothing.
         if queued.is_ok() {
-            self.copy_ahead_or_count(st, hints, &keys);
+            self.copy_ahead_or_count(st, hints, &p.keys);
         }
         let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
@@ -122,7 +118,7 @@ impl CudaBackend {
             synced?;
         }
         // The kernels waited for every copy they read: those are done.
-        for k in &keys {
+        for k in &p.keys {
             if let Some(r) = st.cache.get_mut(k) {
                 r.ready = None;
             }
@@ -130,7 +126,7 @@ impl CudaBackend {
         if let Some((a, b)) = &st.clock {
             st.stats.kernel_ms += f64::from(a.elapsed_ms(b)?);
         }
-        st.stats.weight_bytes_read += segs.iter().flatten().map(|s| s.len() as u64).sum::<u64>();
+        st.stats.weight_bytes_read += p.segs.iter().flatten().map(|s| s.len() as u64).sum::<u64>();
         st.stats.vram_weight_bytes = st.cache.bytes();
         Ok(st.hy.as_ref().expect("staged").as_slice()?)
     }
@@ -545,6 +541,23 @@ impl CudaBackend {
         // (pointers to device copies of the segments, sized by the shapes the caller checked).
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+}
+
+/// What [`CudaBackend::prepare`] found: the products' weight segments
+/// (per product, in order), their keys (flattened) and the cache class.
+pub(super) struct Prepared<'w> {
+    pub(super) segs: Vec<Vec<&'w [u8]>>,
+    keys: Vec<Key>,
+    pub(super) class: Class,
+}
+
+/// Copies the staged results `hy` into `ys`, one after another.
+pub(super) fn scatter<'a>(hy: &[f32], ys: impl Iterator<Item = &'a mut [f32]>) {
+    let mut off = 0;
+    for y in ys {
+        y.copy_from_slice(&hy[off..off + y.len()]);
+        off += y.len();
     }
 }
 
