@@ -44,6 +44,11 @@ __device__ __forceinline__ float sum_sq(const float* v, int n) {
 
 #define KDA_MAX_KERNEL 8
 
+// The launch's dynamic shared memory (a host emulator defines its own).
+#ifndef DYNAMIC_SHARED
+#define DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 // One sequence's T positions (rows row0 … row0 + T − 1 of the step's
 // inputs) for one head per block (gridDim.x = heads), one thread per
 // channel of the head (blockDim.x = kd, keys and values kd wide).
@@ -60,7 +65,7 @@ extern "C" __global__ void kda_step(
     const float* a, const float* dt, const float* onorm, float* out,
     int row0, int t, int heads, int kd, int kernel,
     float q_scale, float l2_eps, float norm_eps, float lb, float* hin, int n_rows) {
-    extern __shared__ float sh[];
+    DYNAMIC_SHARED(float, sh);
     float* qs = sh;            // [kd] normalised, scaled q
     float* ks = sh + kd;       // [kd] normalised k
     float* alpha = sh + 2 * kd;  // [kd] decays

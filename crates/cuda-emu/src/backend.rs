@@ -1,0 +1,298 @@
+//! [`EmuBackend`]: the emulated kernels behind the backend seam, taking
+//! what the CUDA backend takes (products of every format, batches, gated
+//! MLPs, KDA steps) and computing it the way the CUDA backend's launches
+//! do, with host memory standing in for VRAM.
+
+use std::ops::Range;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fathom_kernels::backend::{Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role};
+use fathom_kernels::kda::{KDA_L2_EPS, KdaJob};
+use fathom_kernels::ops::GluAct;
+
+use crate::{KdaLaunch, glu_act, kda_launch, matmul, matmul_many, takes, takes_many};
+
+/// The CUDA kernels on the host; counts what it computed in
+/// [`BackendStats`] (`device_products`, `device_calls`).
+#[derive(Default)]
+pub struct EmuBackend {
+    stats: Mutex<BackendStats>,
+    glu_calls: AtomicU64,
+    kda_steps: AtomicU64,
+}
+
+impl EmuBackend {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Gated-MLP calls taken ([`Backend::glu_batch`]) and KDA steps taken.
+    pub fn glu_and_kda_calls(&self) -> (u64, u64) {
+        (
+            self.glu_calls.load(Ordering::Relaxed),
+            self.kda_steps.load(Ordering::Relaxed),
+        )
+    }
+
+    fn count(&self, products: usize) {
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.device_products += products as u64;
+        s.device_calls += 1;
+    }
+
+    /// The products of a batch in launches as the CUDA backend groups them:
+    /// bf16 and MXFP4 products of one shape and position count together,
+    /// the rest one launch each.
+    fn run_batch(ps: &mut [Product<'_, '_>]) {
+        let mut done = vec![false; ps.len()];
+        for i in 0..ps.len() {
+            if done[i] {
+                continue;
+            }
+            let same: Vec<usize> = (i..ps.len())
+                .filter(|&j| {
+                    !done[j] && ps[j].t == ps[i].t && takes_many(&[ps[i].w, ps[j].w], ps[i].t)
+                })
+                .collect();
+            if same.len() > 1 {
+                let ws: Vec<MatRef<'_>> = same.iter().map(|&j| ps[j].w).collect();
+                let xs: Vec<&[f32]> = same.iter().map(|&j| ps[j].x).collect();
+                let mut outs: Vec<Vec<f32>> =
+                    same.iter().map(|&j| vec![0f32; ps[j].y.len()]).collect();
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+                matmul_many(&ws, &xs, ps[i].t, &mut ys);
+                for (&j, o) in same.iter().zip(&outs) {
+                    ps[j].y.copy_from_slice(o);
+                    done[j] = true;
+                }
+            } else {
+                matmul(&ps[i].w, ps[i].x, ps[i].t, 1, ps[i].y);
+                done[i] = true;
+            }
+        }
+    }
+}
+
+/// Whether the emulator takes every product (and each output has its length).
+fn takes_all(ps: &[Product<'_, '_>]) -> bool {
+    ps.iter().all(|p| {
+        takes(&p.w, p.t, 1) && p.x.len() == p.t * p.w.cols() && p.y.len() == p.t * p.w.rows()
+    })
+}
+
+/// Whether `job` has the shapes `kda.cu` takes (as the CUDA backend's
+/// check): rows tiling `0..n` in order, lengths matching, sizes in range.
+fn kda_takes(job: &KdaJob<'_>) -> bool {
+    let d = job.dims;
+    let (h, kd, kernel) = (d.heads, d.head_dim, d.conv_kernel);
+    let p = h * kd;
+    let n = job.seqs.last().map_or(0, |s| s.rows.end);
+    let r = job.f_up.map_or(p, |m| m.cols());
+    let dout = job.o_proj.map_or(p, |m| m.rows());
+    let mut next = 0;
+    let tiled = job.seqs.iter().all(|s| {
+        let ok = s.rows.start == next && s.rows.end >= s.rows.start;
+        next = s.rows.end;
+        ok
+    });
+    let products = job.f_up.is_none_or(|m| m.rows() == p && takes(&m, n, 1))
+        && job.o_proj.is_none_or(|m| m.cols() == p && takes(&m, n, 1));
+    let sizes = (1..=1024).contains(&kd)
+        && (2..=8).contains(&kernel)
+        && h > 0
+        && n > 0
+        && n.checked_mul(4 * p + h + r + dout)
+            .is_some_and(|v| i32::try_from(v).is_ok());
+    let w = &job.w;
+    let lens = job.out.len() == n * dout
+        && job.x.f.len() == n * r
+        && job.x.pre.iter().chain([&job.x.g]).all(|v| v.len() == n * p)
+        && job.x.b.len() == n * h
+        && job
+            .inputs_out
+            .as_ref()
+            .is_none_or(|b| b.len() == KdaJob::inputs_len(d, n))
+        && w.conv.iter().all(|t| t.len() == p * kernel)
+        && w.a.len() == p
+        && w.dt_bias.len() == p
+        && w.o_norm.len() == kd
+        && job.seqs.iter().all(|s| {
+            s.s.len() == h * kd * kd && s.conv.iter().all(|c| c.len() == (kernel - 1) * p)
+        });
+    tiled && products && sizes && lens && d.gate_lower_bound.is_some() && crate::available()
+}
+
+impl Backend for EmuBackend {
+    fn name(&self) -> String {
+        "cuda-emu (the CUDA kernels on the host)".into()
+    }
+
+    fn matmul(&self, w: &MatRef<'_>, _role: Role, x: &[f32], t: usize, y: &mut [f32]) -> bool {
+        if !takes(w, t, 1) || x.len() != t * w.cols() || y.len() != t * w.rows() {
+            return false;
+        }
+        matmul(w, x, t, 1, y);
+        self.count(1);
+        true
+    }
+
+    fn matmul_groups(
+        &self,
+        w: &MatRef<'_>,
+        _role: Role,
+        groups: usize,
+        x: &[f32],
+        t: usize,
+        y: &mut [f32],
+    ) -> bool {
+        if !takes(w, t, groups) || x.len() != groups * t * w.cols() || y.len() != t * w.rows() {
+            return false;
+        }
+        matmul(w, x, t, groups, y);
+        self.count(groups);
+        true
+    }
+
+    fn matmul_batch(&self, ps: &mut [Product<'_, '_>], _hints: &Hints<'_, '_>) -> bool {
+        if !takes_all(ps) {
+            return false;
+        }
+        Self::run_batch(ps);
+        self.count(ps.len());
+        true
+    }
+
+    fn glu_batch(&self, jobs: &mut [GluProduct<'_, '_>], act: GluAct, _h: &Hints<'_, '_>) -> bool {
+        let shapes = jobs.iter().all(|j| {
+            let (f, cols) = (j.gate.rows(), j.gate.cols());
+            j.up.rows() == f
+                && j.up.cols() == cols
+                && j.down.cols() == f
+                && j.x.len() == j.t * cols
+                && j.y.len() == j.t * j.down.rows()
+                && [j.gate, j.up, j.down].iter().all(|w| takes(w, j.t, 1))
+        });
+        if !shapes {
+            return false;
+        }
+        // Gates and ups in one batch, the activation over all of them, the
+        // downs in a second batch: the CUDA backend's phases.
+        let mut g: Vec<Vec<f32>> = jobs
+            .iter()
+            .map(|j| vec![0f32; j.t * j.gate.rows()])
+            .collect();
+        let mut u = g.clone();
+        let mut ps: Vec<Product<'_, '_>> = Vec::with_capacity(2 * jobs.len());
+        for ((j, g), u) in jobs.iter().zip(&mut g).zip(&mut u) {
+            for (w, y) in [(j.gate, g), (j.up, u)] {
+                ps.push(Product {
+                    w,
+                    role: j.role,
+                    x: j.x,
+                    t: j.t,
+                    y,
+                });
+            }
+        }
+        Self::run_batch(&mut ps);
+        drop(ps);
+        let (mut ga, ua): (Vec<f32>, Vec<f32>) = (g.concat(), u.concat());
+        glu_act(act, &mut ga, &ua);
+        let mut off = 0;
+        let mut downs: Vec<Product<'_, '_>> = Vec::with_capacity(jobs.len());
+        for j in jobs.iter_mut() {
+            let len = j.t * j.gate.rows();
+            downs.push(Product {
+                w: j.down,
+                role: j.role,
+                x: &ga[off..off + len],
+                t: j.t,
+                y: &mut *j.y,
+            });
+            off += len;
+        }
+        Self::run_batch(&mut downs);
+        self.count(3 * jobs.len());
+        self.glu_calls.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
+        if !kda_takes(job) {
+            return Ok(false);
+        }
+        let d = job.dims;
+        let (h, kd, p) = (d.heads, d.head_dim, d.width());
+        let n = job.seqs.last().map_or(0, |s| s.rows.end);
+        let f_full: Vec<f32>;
+        let f = match job.f_up {
+            Some(m) => {
+                let mut y = vec![0f32; n * p];
+                matmul(&m, job.x.f, n, 1, &mut y);
+                f_full = y;
+                &f_full[..]
+            }
+            None => job.x.f,
+        };
+        let mut core = vec![0f32; if job.o_proj.is_some() { n * p } else { 0 }];
+        let out = if job.o_proj.is_some() {
+            core.as_mut_ptr()
+        } else {
+            job.out.as_mut_ptr()
+        };
+        let hin = job
+            .inputs_out
+            .as_deref_mut()
+            .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr());
+        let lb = d.gate_lower_bound.expect("checked by kda_takes");
+        for seq in job.seqs.iter_mut() {
+            let [cq, ck, cv] = &mut seq.conv;
+            let err = |e: fathom_kernels::state_buf::StateError| e.0;
+            let k = KdaLaunch {
+                state: seq.s.host_mut().map_err(err)?.as_mut_slice(),
+                wins: [
+                    cq.host_mut().map_err(err)?.as_mut_slice(),
+                    ck.host_mut().map_err(err)?.as_mut_slice(),
+                    cv.host_mut().map_err(err)?.as_mut_slice(),
+                ],
+                pre: job.x.pre,
+                f,
+                b: job.x.b,
+                g: job.x.g,
+                taps: job.w.conv,
+                a: job.w.a,
+                dt: job.w.dt_bias,
+                onorm: job.w.o_norm,
+                out,
+                hin,
+                ints: [
+                    seq.rows.start as i32,
+                    seq.rows.len() as i32,
+                    h as i32,
+                    kd as i32,
+                    d.conv_kernel as i32,
+                    n as i32,
+                ],
+                floats: [d.q_scale(), KDA_L2_EPS, d.norm_eps, lb],
+            };
+            // SAFETY: `kda_takes` checked every length for these sizes; `out`
+            // is `core` ([N, P]) or the job's output ([N, P] without o_proj),
+            // `hin` null or the job's inputs_out of inputs_len(n) values.
+            unsafe { kda_launch(k) };
+        }
+        if let Some(m) = job.o_proj {
+            matmul(&m, &core, n, 1, job.out);
+        }
+        let products = 1 + usize::from(job.f_up.is_some()) + usize::from(job.o_proj.is_some());
+        self.count(products);
+        self.kda_steps.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    fn forget(&self, _range: Range<usize>) {}
+
+    fn stats(&self) -> BackendStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}

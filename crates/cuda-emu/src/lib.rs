@@ -1,0 +1,427 @@
+//! fathom's CUDA kernels (`fathom-kernels-cuda/src/*.cu`) compiled for the
+//! host with a small emulator of the CUDA C they use (`emu/emu.h`: every
+//! CUDA thread a fiber, a block's threads switching at `__syncthreads` and
+//! warp shuffles), behind the backend seam as [`EmuBackend`]. It lets a
+//! machine without a GPU check the kernels' arithmetic — the bits of each
+//! product, activation and KDA step — against the CPU twins, and run whole
+//! models with every product on the kernels. It is slow (a fiber switch
+//! per thread at every shuffle) and not a device: copies, caches, streams
+//! and the VRAM budget are the CUDA backend's and are tested on a GPU
+//! (`fathom-kernels-cuda`'s tests); launches here use the same grid and
+//! block shapes as the CUDA backend's.
+
+mod backend;
+
+pub use backend::EmuBackend;
+
+use fathom_kernels::backend::{MatRef, segments};
+use fathom_kernels::ops::GluAct;
+
+/// Whether the emulator was built (the build needs a C++17 compiler).
+pub fn available() -> bool {
+    cfg!(emu_built)
+}
+
+/// Why [`available`] is false, for a test's skip line.
+pub const ABSENT: &str = "the CUDA kernels' host emulator was not built (no C++17 compiler when \
+     fathom-cuda-emu was compiled; install g++ and rebuild)";
+
+#[repr(C)]
+struct EmuLaunch {
+    grid_x: u32,
+    grid_y: u32,
+    block_x: u32,
+    shared: u32,
+}
+
+/// The CUDA backend's launch of a matrix product: 8 rows (warps) a block
+/// of 256 threads, `n` products along y.
+fn mm_launch(rows: usize, n: usize) -> EmuLaunch {
+    EmuLaunch {
+        grid_x: rows.div_ceil(8) as u32,
+        grid_y: n as u32,
+        block_x: 256,
+        shared: 0,
+    }
+}
+
+#[cfg(emu_built)]
+mod ffi {
+    use super::EmuLaunch;
+    type F = *const f32;
+    type M = *mut f32;
+    unsafe extern "C" {
+        pub fn emu_mm_f32(l: &EmuLaunch, w: F, x: F, y: M, r: i32, c: i32, t: i32, rg: i32);
+        pub fn emu_mm_bf16(
+            l: &EmuLaunch,
+            w: *const u16,
+            x: F,
+            y: M,
+            r: i32,
+            c: i32,
+            t: i32,
+            rg: i32,
+        );
+        pub fn emu_mm_int8(
+            l: &EmuLaunch,
+            q: *const i8,
+            s: F,
+            x: F,
+            y: M,
+            r: i32,
+            c: i32,
+            t: i32,
+            rg: i32,
+        );
+        pub fn emu_mm_mxfp4(
+            l: &EmuLaunch,
+            p: *const u8,
+            s: *const u8,
+            x: F,
+            y: M,
+            r: i32,
+            c: i32,
+            t: i32,
+            rg: i32,
+        );
+        pub fn emu_mm_fp8(
+            l: &EmuLaunch,
+            q: *const u8,
+            s: F,
+            e4m3: F,
+            row0: i32,
+            sh_r: i32,
+            sh_c: i32,
+            grid_cols: i32,
+            x: F,
+            y: M,
+            r: i32,
+            c: i32,
+            t: i32,
+            rg: i32,
+        );
+        pub fn emu_mm_int4(
+            l: &EmuLaunch,
+            p: *const u8,
+            s: *const u16,
+            sh_g: i32,
+            x: F,
+            y: M,
+            r: i32,
+            c: i32,
+            t: i32,
+            rg: i32,
+        );
+        pub fn emu_mm_bf16_many(l: &EmuLaunch, tab: *const u64, r: i32, c: i32, t: i32);
+        pub fn emu_mm_mxfp4_many(l: &EmuLaunch, tab: *const u64, r: i32, c: i32, t: i32);
+        pub fn emu_glu_act(l: &EmuLaunch, g: M, u: F, n: i64, kind: i32, beta: f32, bl: f32);
+        pub fn emu_kda_step(
+            l: &EmuLaunch,
+            s: M,
+            wq: M,
+            wk: M,
+            wv: M,
+            pq: F,
+            pk: F,
+            pv: F,
+            f: F,
+            b: F,
+            g: F,
+            tq: F,
+            tk: F,
+            tv: F,
+            a: F,
+            dt: F,
+            onorm: F,
+            out: M,
+            row0: i32,
+            t: i32,
+            heads: i32,
+            kd: i32,
+            kernel: i32,
+            q_scale: f32,
+            l2_eps: f32,
+            norm_eps: f32,
+            lb: f32,
+            hin: M,
+            n_rows: i32,
+        );
+    }
+}
+
+/// The emulator's state is one global: launches take turns.
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn small(v: usize) -> bool {
+    i32::try_from(v).is_ok()
+}
+
+/// Whether [`matmul`] takes `w` with `t` positions and `groups` blocks:
+/// sizes fit the kernels' `int`s, MXFP4 columns are whole blocks.
+pub fn takes(w: &MatRef<'_>, t: usize, groups: usize) -> bool {
+    let (rows, cols) = (w.rows(), w.cols());
+    available()
+        && t > 0
+        && groups > 0
+        && rows % groups == 0
+        && rows.checked_mul(cols).is_some_and(small)
+        && rows.checked_mul(t).is_some_and(small)
+        && cols.checked_mul(t).is_some_and(small)
+        && !matches!(w, MatRef::Mxfp4(m) if m.cols % 32 != 0)
+}
+
+/// `y[g] = x[g] · W[g]ᵀ` for `w`'s rows split into `groups` equal blocks
+/// (one block: `y[t, rows] = x[t, cols] Wᵀ`) on the emulated kernel of
+/// `w`'s format, launched as the CUDA backend launches it. Panics unless
+/// [`takes`] and the slices have the shapes' lengths.
+pub fn matmul(w: &MatRef<'_>, x: &[f32], t: usize, groups: usize, y: &mut [f32]) {
+    assert!(
+        takes(w, t, groups),
+        "the emulator does not take this product"
+    );
+    let (rows, cols) = (w.rows(), w.cols());
+    assert_eq!(x.len(), groups * t * cols, "input length");
+    assert_eq!(y.len(), t * rows, "output length");
+    let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
+    let l = mm_launch(rows, 1);
+    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    let _g = lock();
+    #[cfg(emu_built)]
+    // SAFETY: each kernel reads `w`'s segments, `x` and writes `y` within the
+    // lengths checked above (the formats' own lengths are MatRef's invariants).
+    unsafe {
+        match *w {
+            MatRef::F32 { w, .. } => ffi::emu_mm_f32(&l, w.as_ptr(), xp, yp, r, c, tt, rg),
+            MatRef::Bf16 { w, .. } => ffi::emu_mm_bf16(&l, w.as_ptr(), xp, yp, r, c, tt, rg),
+            MatRef::Int8 { q, scale, .. } => {
+                ffi::emu_mm_int8(&l, q.as_ptr(), scale.as_ptr(), xp, yp, r, c, tt, rg)
+            }
+            MatRef::Mxfp4(m) => ffi::emu_mm_mxfp4(
+                &l,
+                m.packed.as_ptr(),
+                m.scales.as_ptr(),
+                xp,
+                yp,
+                r,
+                c,
+                tt,
+                rg,
+            ),
+            MatRef::Fp8(m) => {
+                let e4 = fathom_kernels::fp8::E4M3;
+                ffi::emu_mm_fp8(
+                    &l,
+                    m.q.as_ptr(),
+                    m.scale.as_ptr(),
+                    e4.as_ptr(),
+                    m.row0 as i32,
+                    m.shift[0] as i32,
+                    m.shift[1] as i32,
+                    m.grid_cols as i32,
+                    xp,
+                    yp,
+                    r,
+                    c,
+                    tt,
+                    rg,
+                )
+            }
+            MatRef::Int4(m) => ffi::emu_mm_int4(
+                &l,
+                m.packed.as_ptr(),
+                m.scale.as_ptr(),
+                m.group_shift as i32,
+                xp,
+                yp,
+                r,
+                c,
+                tt,
+                rg,
+            ),
+        }
+    }
+    #[cfg(not(emu_built))]
+    let _ = (l, xp, yp, r, c, tt, rg);
+}
+
+/// Whether [`matmul_many`] takes these products together: all bf16 or all
+/// MXFP4, one shape, one position count (what the CUDA backend groups).
+pub fn takes_many(ws: &[MatRef<'_>], t: usize) -> bool {
+    let Some(first) = ws.first() else {
+        return false;
+    };
+    let kind = |w: &MatRef<'_>| match w {
+        MatRef::Bf16 { .. } => 1,
+        MatRef::Mxfp4(_) => 2,
+        _ => 0,
+    };
+    kind(first) != 0
+        && ws.iter().all(|w| {
+            kind(w) == kind(first)
+                && w.rows() == first.rows()
+                && w.cols() == first.cols()
+                && takes(w, t, 1)
+        })
+        && small(ws.len())
+}
+
+/// Several products of one format and shape in one launch (`mm_*_many`,
+/// their addresses in a table): `ys[i] = xs[i] · ws[i]ᵀ`. Panics unless
+/// [`takes_many`] and every slice has its shape's length.
+pub fn matmul_many(ws: &[MatRef<'_>], xs: &[&[f32]], t: usize, ys: &mut [&mut [f32]]) {
+    assert!(
+        takes_many(ws, t),
+        "the emulator does not group these products"
+    );
+    assert!(
+        xs.len() == ws.len() && ys.len() == ws.len(),
+        "one input and output a product"
+    );
+    let (rows, cols) = (ws[0].rows(), ws[0].cols());
+    let mut tab = Vec::with_capacity(4 * ws.len());
+    for ((w, x), y) in ws.iter().zip(xs).zip(ys.iter_mut()) {
+        assert!(
+            x.len() == t * cols && y.len() == t * rows,
+            "product lengths"
+        );
+        let s = segments(w);
+        tab.extend([
+            s[0].as_ptr() as u64,
+            s.get(1).map_or(0, |s| s.as_ptr() as u64),
+            x.as_ptr() as u64,
+            y.as_mut_ptr() as u64,
+        ]);
+    }
+    let l = mm_launch(rows, ws.len());
+    let (r, c, tt) = (rows as i32, cols as i32, t as i32);
+    let _g = lock();
+    #[cfg(emu_built)]
+    // SAFETY: the table holds, per product, its weight segments, input and
+    // output (host addresses, the emulator's "device" memory), all of the
+    // shapes checked above.
+    unsafe {
+        if matches!(ws[0], MatRef::Bf16 { .. }) {
+            ffi::emu_mm_bf16_many(&l, tab.as_ptr(), r, c, tt)
+        } else {
+            ffi::emu_mm_mxfp4_many(&l, tab.as_ptr(), r, c, tt)
+        }
+    }
+    #[cfg(not(emu_built))]
+    let _ = (l, r, c, tt, tab);
+}
+
+/// `g[i] = act(g[i], u[i])` by `glu.cu`'s `glu_act`, launched as the CUDA
+/// backend launches it. Panics unless `g` and `u` have one length.
+pub fn glu_act(act: GluAct, g: &mut [f32], u: &[f32]) {
+    assert!(available(), "{ABSENT}");
+    assert_eq!(g.len(), u.len(), "gate and up lengths");
+    let (kind, beta, bl) = match act {
+        GluAct::Swiglu => (0i32, 1f32, 1f32),
+        GluAct::Situ {
+            beta,
+            beta_lin: Some(bl),
+        } => (1, beta, bl),
+        GluAct::Situ {
+            beta,
+            beta_lin: None,
+        } => (2, beta, 1.0),
+    };
+    let n = g.len();
+    let l = EmuLaunch {
+        grid_x: n.div_ceil(256).clamp(1, 4096) as u32,
+        grid_y: 1,
+        block_x: 256,
+        shared: 0,
+    };
+    let _g = lock();
+    #[cfg(emu_built)]
+    // SAFETY: `g` and `u` hold n values each.
+    unsafe {
+        ffi::emu_glu_act(&l, g.as_mut_ptr(), u.as_ptr(), n as i64, kind, beta, bl)
+    }
+    #[cfg(not(emu_built))]
+    let _ = (l, kind, beta, bl, n);
+}
+
+/// One sequence's launch of `kda.cu`'s `kda_step` (grid: the heads; block:
+/// a thread per channel), as the CUDA backend's: the buffers and sizes it
+/// takes, checked by the caller ([`backend`]'s `kda_takes`).
+pub(crate) struct KdaLaunch<'a> {
+    pub state: &'a mut [f32],
+    pub wins: [&'a mut [f32]; 3],
+    pub pre: [&'a [f32]; 3],
+    pub f: &'a [f32],
+    pub b: &'a [f32],
+    pub g: &'a [f32],
+    pub taps: [&'a [f32]; 3],
+    pub a: &'a [f32],
+    pub dt: &'a [f32],
+    pub onorm: &'a [f32],
+    pub out: *mut f32,
+    pub hin: *mut f32,
+    pub ints: [i32; 6],
+    pub floats: [f32; 4],
+}
+
+/// Runs `k` (`ints`: row0, t, heads, kd, kernel, n_rows; `floats`:
+/// q_scale, l2_eps, norm_eps, lower bound).
+///
+/// # Safety
+/// `out` holds `n_rows · heads · kd` values and `hin` is null or holds
+/// `KdaJob::inputs_len` values for `n_rows`; every slice has the length
+/// `kda_step` reads for those sizes.
+pub(crate) unsafe fn kda_launch(k: KdaLaunch<'_>) {
+    let [row0, t, heads, kd, kernel, n_rows] = k.ints;
+    let [q_scale, l2, eps, lb] = k.floats;
+    let l = EmuLaunch {
+        grid_x: heads as u32,
+        grid_y: 1,
+        block_x: kd as u32,
+        shared: (4 * (4 * kd + 2)) as u32,
+    };
+    let [wq, wk, wv] = k.wins;
+    let _g = lock();
+    #[cfg(emu_built)]
+    // SAFETY: as the function's contract states.
+    unsafe {
+        ffi::emu_kda_step(
+            &l,
+            k.state.as_mut_ptr(),
+            wq.as_mut_ptr(),
+            wk.as_mut_ptr(),
+            wv.as_mut_ptr(),
+            k.pre[0].as_ptr(),
+            k.pre[1].as_ptr(),
+            k.pre[2].as_ptr(),
+            k.f.as_ptr(),
+            k.b.as_ptr(),
+            k.g.as_ptr(),
+            k.taps[0].as_ptr(),
+            k.taps[1].as_ptr(),
+            k.taps[2].as_ptr(),
+            k.a.as_ptr(),
+            k.dt.as_ptr(),
+            k.onorm.as_ptr(),
+            k.out,
+            row0,
+            t,
+            heads,
+            kd,
+            kernel,
+            q_scale,
+            l2,
+            eps,
+            lb,
+            k.hin,
+            n_rows,
+        )
+    }
+    #[cfg(not(emu_built))]
+    let _ = (
+        l, wq, wk, wv, row0, t, heads, kd, kernel, n_rows, q_scale, l2, eps, lb,
+    );
+}
