@@ -71,10 +71,11 @@ extern "C" void emu_kda_step(const EmuLaunch* l, float* S, float* win_q, float* 
                              const float* taps_q, const float* taps_k, const float* taps_v,
                              const float* a, const float* dt, const float* onorm, float* out,
                              int row0, int t, int heads, int kd, int kernel, float q_scale,
-                             float l2_eps, float norm_eps, float lb, float* hin, int n_rows) {
+                             float l2_eps, float norm_eps, int bounded, float lb, float* hin,
+                             int n_rows) {
     run(l, [&] {
         kda_step(S, win_q, win_k, win_v, pre_q, pre_k, pre_v, f, b, g, taps_q, taps_k, taps_v, a,
-                 dt, onorm, out, row0, t, heads, kd, kernel, q_scale, l2_eps, norm_eps, lb, hin,
+                 dt, onorm, out, row0, t, heads, kd, kernel, q_scale, l2_eps, norm_eps, bounded, lb, hin,
                  n_rows);
     });
 }

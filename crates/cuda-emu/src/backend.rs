@@ -120,7 +120,7 @@ fn kda_takes(job: &KdaJob<'_>) -> bool {
         && job.seqs.iter().all(|s| {
             s.s.len() == h * kd * kd && s.conv.iter().all(|c| c.len() == (kernel - 1) * p)
         });
-    tiled && products && sizes && lens && d.gate_lower_bound.is_some() && crate::available()
+    tiled && products && sizes && lens && crate::available()
 }
 
 impl Backend for EmuBackend {
@@ -245,7 +245,7 @@ impl Backend for EmuBackend {
             .inputs_out
             .as_deref_mut()
             .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr());
-        let lb = d.gate_lower_bound.expect("checked by kda_takes");
+        let (bounded, lb) = d.gate_lower_bound.map_or((0, 0.0), |lb| (1, lb));
         for seq in job.seqs.iter_mut() {
             let [cq, ck, cv] = &mut seq.conv;
             let err = |e: fathom_kernels::state_buf::StateError| e.0;
@@ -273,6 +273,7 @@ impl Backend for EmuBackend {
                     kd as i32,
                     d.conv_kernel as i32,
                     n as i32,
+                    bounded,
                 ],
                 floats: [d.q_scale(), KDA_L2_EPS, d.norm_eps, lb],
             };

@@ -142,6 +142,7 @@ mod ffi {
             q_scale: f32,
             l2_eps: f32,
             norm_eps: f32,
+            bounded: i32,
             lb: f32,
             hin: M,
             n_rows: i32,
@@ -363,19 +364,19 @@ pub(crate) struct KdaLaunch<'a> {
     pub onorm: &'a [f32],
     pub out: *mut f32,
     pub hin: *mut f32,
-    pub ints: [i32; 6],
+    pub ints: [i32; 7],
     pub floats: [f32; 4],
 }
 
-/// Runs `k` (`ints`: row0, t, heads, kd, kernel, n_rows; `floats`:
-/// q_scale, l2_eps, norm_eps, lower bound).
+/// Runs `k` (`ints`: row0, t, heads, kd, kernel, n_rows, whether the decay
+/// has a lower bound; `floats`: q_scale, l2_eps, norm_eps, lower bound).
 ///
 /// # Safety
 /// `out` holds `n_rows · heads · kd` values and `hin` is null or holds
 /// `KdaJob::inputs_len` values for `n_rows`; every slice has the length
 /// `kda_step` reads for those sizes.
 pub(crate) unsafe fn kda_launch(k: KdaLaunch<'_>) {
-    let [row0, t, heads, kd, kernel, n_rows] = k.ints;
+    let [row0, t, heads, kd, kernel, n_rows, bounded] = k.ints;
     let [q_scale, l2, eps, lb] = k.floats;
     let l = EmuLaunch {
         grid_x: heads as u32,
@@ -415,6 +416,7 @@ pub(crate) unsafe fn kda_launch(k: KdaLaunch<'_>) {
             q_scale,
             l2,
             eps,
+            bounded,
             lb,
             k.hin,
             n_rows,

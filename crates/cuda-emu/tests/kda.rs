@@ -2,7 +2,8 @@
 //! (`kda_step_cpu`) bit for bit: outputs, the journal's inputs and the
 //! states left behind, over steps of three sequences with 1..3 positions,
 //! head widths that are and are not a multiple of 32, inputs that drive
-//! the exponentials past both ends, with and without the forget gate's
+//! the exponentials past both ends, the decay with a lower bound (K3) and
+//! with softplus (Kimi-Linear), with and without the forget gate's
 //! up-projection and o_proj in the call. Where the emulator was not built
 //! the test prints why it skips.
 
@@ -57,14 +58,21 @@ struct Layer {
 }
 
 impl Layer {
-    fn new(g: &mut Lcg, heads: usize, kd: usize, kernel: usize, products: bool) -> Self {
+    fn new(
+        g: &mut Lcg,
+        heads: usize,
+        kd: usize,
+        kernel: usize,
+        products: bool,
+        lb: Option<f32>,
+    ) -> Self {
         let p = heads * kd;
         Layer {
             dims: KdaDims {
                 heads,
                 head_dim: kd,
                 conv_kernel: kernel,
-                gate_lower_bound: Some(-5.0),
+                gate_lower_bound: lb,
                 norm_eps: 1e-5,
             },
             conv: std::array::from_fn(|_| g.vec(p * kernel, 0.8)),
@@ -157,9 +165,15 @@ fn kda_core_matches_its_twin_bit_for_bit() {
         return;
     }
     let b = EmuBackend::new();
-    for (heads, kd, kernel, products) in [(2, 64, 4, false), (3, 48, 3, true), (2, 32, 2, true)] {
+    // The decay as K3's (a lower bound: lb·σ) and as Kimi-Linear's (−a·softplus).
+    for (heads, kd, kernel, products, lb) in [
+        (2, 64, 4, false, Some(-5.0)),
+        (3, 48, 3, true, Some(-5.0)),
+        (2, 32, 2, true, None),
+        (1, 40, 4, false, None),
+    ] {
         let mut g = Lcg(heads as u64 * 1000 + kd as u64);
-        let l = Layer::new(&mut g, heads, kd, kernel, products);
+        let l = Layer::new(&mut g, heads, kd, kernel, products, lb);
         let (p, kk) = (l.dims.width(), kernel - 1);
         let mut emu: Vec<[StateBuf; 4]> = (0..3)
             .map(|_| {
@@ -173,7 +187,8 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             })
             .collect();
         let mut cpu = emu.clone();
-        let case = format!("heads {heads}, kd {kd}, kernel {kernel}, products {products}");
+        let case =
+            format!("heads {heads}, kd {kd}, kernel {kernel}, products {products}, bound {lb:?}");
         for (i, lens) in [[1, 3, 2], [1, 1, 1], [2, 1, 1]].iter().enumerate() {
             let seed = g.0;
             let got = step(&l, &mut emu, lens, &mut Lcg(seed), Some(&b));
@@ -186,19 +201,23 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             );
         }
     }
-    // A decay without a lower bound (softplus has no device twin yet) is declined.
+    // Sequences whose rows do not tile the step's rows in order are declined.
     let mut g = Lcg(5);
-    let mut l = Layer::new(&mut g, 1, 32, 2, false);
-    l.dims.gate_lower_bound = None;
-    let mut s = vec![[
-        StateBuf::zeros(1024),
-        StateBuf::zeros(32),
-        StateBuf::zeros(32),
-        StateBuf::zeros(32),
-    ]];
-    let (pre, bb) = (g.vec(32, 1.0), g.vec(1, 1.0));
-    let mut out = vec![0f32; 32];
-    let [a, q, k, v] = &mut s[0];
+    let l = Layer::new(&mut g, 1, 32, 2, false, None);
+    let mut s: Vec<[StateBuf; 4]> = (0..2)
+        .map(|_| std::array::from_fn(|i| StateBuf::zeros(if i == 0 { 1024 } else { 32 })))
+        .collect();
+    let (pre, bb) = (g.vec(64, 1.0), g.vec(2, 1.0));
+    let mut out = vec![0f32; 64];
+    let seqs = s
+        .iter_mut()
+        .zip([1..2, 0..1])
+        .map(|([a, q, k, v], rows)| KdaSeq {
+            rows,
+            s: a,
+            conv: [q, k, v],
+        })
+        .collect();
     let mut job = KdaJob {
         dims: &l.dims,
         w: KdaParams {
@@ -213,11 +232,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             b: &bb,
             g: &pre,
         },
-        seqs: vec![KdaSeq {
-            rows: 0..1,
-            s: a,
-            conv: [q, k, v],
-        }],
+        seqs,
         out: &mut out,
         f_up: None,
         o_proj: None,
@@ -225,6 +240,6 @@ fn kda_core_matches_its_twin_bit_for_bit() {
     };
     assert!(
         !b.kda_step(&mut job).unwrap(),
-        "declined without a lower bound"
+        "rows out of order are declined"
     );
 }

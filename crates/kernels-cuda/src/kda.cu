@@ -35,6 +35,41 @@ __device__ __forceinline__ float sigmoid_fixed(float x) {
     return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_fixed(-x)));
 }
 
+// fathom-kernels `ops::ln_fixed` (x ≥ 1): x = m·2^k with m in [√½, √2)
+// from the bits, k·ln 2 + 2·atanh((m − 1)/(m + 1)), atanh by its odd
+// series (ATANH_SERIES: 1/15, 1/13, …, 1/3 as f32) in fused Horner steps.
+__device__ __forceinline__ float ln_fixed(float x) {
+    const unsigned bits = __float_as_uint(x);
+    int k = (int)((bits >> 23) & 0xFFu) - 127;
+    float m = __uint_as_float((bits & 0x007FFFFFu) | 0x3F800000u);
+    if (m > 1.41421356237309504880f) {
+        m = __fmul_rn(m, 0.5f);
+        k += 1;
+    }
+    const float s = __fdiv_rn(__fsub_rn(m, 1.0f), __fadd_rn(m, 1.0f));
+    const float z = __fmul_rn(s, s);
+    float p = 1.0f / 15.0f;
+    p = __fmaf_rn(p, z, 1.0f / 13.0f);
+    p = __fmaf_rn(p, z, 1.0f / 11.0f);
+    p = __fmaf_rn(p, z, 1.0f / 9.0f);
+    p = __fmaf_rn(p, z, 1.0f / 7.0f);
+    p = __fmaf_rn(p, z, 1.0f / 5.0f);
+    p = __fmaf_rn(p, z, 1.0f / 3.0f);
+    const float at = __fmaf_rn(__fmul_rn(s, z), p, s);
+    return __fmaf_rn((float)k, 0.693147180559945309417f, __fmul_rn(2.0f, at));
+}
+
+// fathom-kernels `ops::softplus_fixed`: x above 20 (and NaN), else
+// ln(1 + e) = ln_fixed(w)·e/(w − 1) with e = exp_fixed(x), w = 1 + e; e
+// itself where w rounds to 1.
+__device__ __forceinline__ float softplus_fixed(float x) {
+    if (!(x <= 20.0f)) return x;
+    const float e = exp_fixed(x);
+    const float w = __fadd_rn(1.0f, e);
+    if (w == 1.0f) return e;
+    return __fmul_rn(ln_fixed(w), __fdiv_rn(e, __fsub_rn(w, 1.0f)));
+}
+
 // Σ v[i]² over i = 0, 1, … in order, from zero.
 __device__ __forceinline__ float sum_sq(const float* v, int n) {
     float s = 0.0f;
@@ -64,7 +99,7 @@ extern "C" __global__ void kda_step(
     const float* taps_q, const float* taps_k, const float* taps_v,
     const float* a, const float* dt, const float* onorm, float* out,
     int row0, int t, int heads, int kd, int kernel,
-    float q_scale, float l2_eps, float norm_eps, float lb, float* hin, int n_rows) {
+    float q_scale, float l2_eps, float norm_eps, int bounded, float lb, float* hin, int n_rows) {
     DYNAMIC_SHARED(float, sh);
     float* qs = sh;            // [kd] normalised, scaled q
     float* ks = sh + kd;       // [kd] normalised k
@@ -94,7 +129,9 @@ extern "C" __global__ void kda_step(
         qs[j] = cv[0];
         ks[j] = cv[1];
         const float z = __fadd_rn(f[row * p + c], dt[c]);
-        const float la = __fmul_rn(lb, sigmoid_fixed(__fmul_rn(a[c], z)));
+        // log α: lb·σ(a·z) with a lower bound (K3), else −a·softplus(z).
+        const float la = bounded ? __fmul_rn(lb, sigmoid_fixed(__fmul_rn(a[c], z)))
+                                 : __fmul_rn(-a[c], softplus_fixed(z));
         alpha[j] = exp_fixed(la);
         __syncthreads();
         if (j == 0) {

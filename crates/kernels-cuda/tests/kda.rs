@@ -1,7 +1,8 @@
 //! The KDA core on the GPU against its CPU twin (`kda_step_cpu`), bit for
 //! bit: outputs and the states left behind, over batched steps of several
 //! sequences with 1..3 positions each, head widths that are and are not a
-//! multiple of 32, inputs that drive the exponentials past both ends, a
+//! multiple of 32, inputs that drive the exponentials past both ends, the
+//! decay with a lower bound (K3) and with softplus (Kimi-Linear), a
 //! state copied on the device (an undo mark) and stepped from, and a state
 //! copied back to the host and stepped again from there, with and without
 //! the forget gate's up-projection and o_proj in the call. Without a CUDA
@@ -190,10 +191,17 @@ fn kda_core_matches_its_twin_bit_for_bit() {
     backend::install(b.clone() as Arc<dyn Backend>);
     // The last two cases also run the forget gate's up-projection and
     // o_proj in the step's call.
-    for (heads, kd, kernel, products) in [(4, 128, 4, false), (3, 48, 3, true), (2, 64, 2, true)] {
+    // The last case has Kimi-Linear's decay (−a·softplus, no lower bound).
+    for (heads, kd, kernel, products, lb) in [
+        (4, 128, 4, false, Some(-5.0)),
+        (3, 48, 3, true, Some(-5.0)),
+        (2, 64, 2, true, Some(-5.0)),
+        (2, 40, 4, true, None),
+    ] {
         let mut rng = Lcg(heads as u64 * 1000 + kd as u64);
         let mut l = Layer::new(&mut rng, heads, kd, kernel);
         l.products = products;
+        l.dims.gate_lower_bound = lb;
         let mut dev: Vec<Seq> = (0..3).map(|_| Seq::new(&mut rng, &l)).collect();
         let mut cpu: Vec<Seq> = dev
             .iter()
@@ -202,7 +210,8 @@ fn kda_core_matches_its_twin_bit_for_bit() {
                 conv: s.conv.clone(),
             })
             .collect();
-        let case = format!("heads {heads}, kd {kd}, kernel {kernel}, products {products}");
+        let case =
+            format!("heads {heads}, kd {kd}, kernel {kernel}, products {products}, bound {lb:?}");
         for (i, lens) in [[1, 3, 2], [1, 1, 1], [2, 1, 1]].iter().enumerate() {
             let seed = rng.0;
             let got = step(&l, &mut dev, lens, &mut Lcg(seed), true);
@@ -252,20 +261,14 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             "{case}: dropped states leave the device"
         );
     }
-    // Declined, nothing changed: a decay without a lower bound (softplus
-    // has no device twin yet), and sequences whose rows do not tile the
+    // Declined, nothing changed: sequences whose rows do not tile the
     // step's rows in order.
     let mut rng = Lcg(1);
-    let mut l = Layer::new(&mut rng, 2, 32, 4);
+    let l = Layer::new(&mut rng, 2, 32, 4);
     let p = l.dims.width();
     let x = rng.vec(2 * p, 1.0);
     let bb = rng.vec(2 * 2, 1.0);
-    for (lower, rows) in [
-        (None, [0..1, 1..2]),
-        (Some(-5.0), [1..2, 0..1]),
-        (Some(-5.0), [0..2, 1..2]),
-    ] {
-        l.dims.gate_lower_bound = lower;
+    for rows in [[1..2, 0..1], [0..2, 1..2]] {
         let mut seqs: Vec<Seq> = (0..2).map(|_| Seq::new(&mut rng, &l)).collect();
         let before: Vec<Vec<u32>> = seqs.iter().map(Seq::bits).collect();
         let mut out = vec![0f32; 2 * p];
@@ -296,10 +299,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             o_proj: None,
             inputs_out: None,
         };
-        assert!(
-            !backend::kda_step(&mut job).unwrap(),
-            "declined: {lower:?} {rows:?}"
-        );
+        assert!(!backend::kda_step(&mut job).unwrap(), "declined: {rows:?}");
         let after: Vec<Vec<u32>> = seqs.iter().map(Seq::bits).collect();
         assert!(before == after && seqs.iter().all(|s| !s.s.on_device()));
     }

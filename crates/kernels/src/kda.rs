@@ -9,7 +9,7 @@
 //! as the baseline twin [`delta_rule_scalar`].
 
 use crate::expf::exp_fixed;
-use crate::ops::{sigmoid_fixed, silu_fixed};
+use crate::ops::{sigmoid_fixed, silu_fixed, softplus_fixed};
 
 /// Depthwise causal convolution + SiLU over `pre [T, P]`, using and updating
 /// `window` (`[kernel−1, P]`, the previous pre-convolution rows).
@@ -68,13 +68,8 @@ pub fn log_decay(f: f32, a: f32, dt: f32, lower_bound: Option<f32>) -> f32 {
     let z = f + dt;
     match lower_bound {
         Some(lb) => lb * sigmoid_fixed(a * z),
-        None => -a * softplus(z),
+        None => -a * softplus_fixed(z),
     }
-}
-
-#[inline]
-pub fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
 /// One head's inputs for `beta.len()` positions: `q`, `k`, `log_alpha`

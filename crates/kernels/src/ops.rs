@@ -90,6 +90,61 @@ pub const TANH_SERIES: [f32; 7] = [
     -1.0 / 3.0,
 ];
 
+/// `ln(x)` for finite `x ≥ 1` from operations a device kernel repeats one
+/// for one (`kda.cu`): `x = m·2ᵏ` with `m` in [√½, √2) from the bits, then
+/// `k·ln 2 + 2·atanh(s)`, `s = (m − 1)/(m + 1)` (|s| ≤ 0.172), atanh by its
+/// odd series to s¹⁵ in fused Horner steps ([`ATANH_SERIES`]). Within 2
+/// ulp of the exact value on [1, 2³⁰] (tested); other arguments are
+/// outside its use ([`softplus_fixed`]) and give unspecified values.
+#[inline(always)]
+pub fn ln_fixed(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let mut k = ((bits >> 23) & 0xFF) as i32 - 127;
+    let mut m = f32::from_bits((bits & 0x007F_FFFF) | 0x3F80_0000);
+    if m > std::f32::consts::SQRT_2 {
+        m *= 0.5;
+        k += 1;
+    }
+    let s = (m - 1.0) / (m + 1.0);
+    let z = s * s;
+    let mut p = ATANH_SERIES[0];
+    for c in &ATANH_SERIES[1..] {
+        p = p.mul_add(z, *c);
+    }
+    let at = (s * z).mul_add(p, s);
+    (k as f32).mul_add(std::f32::consts::LN_2, 2.0 * at)
+}
+
+/// atanh's odd series after the leading `s`, highest order first: 1/15,
+/// 1/13, 1/11, 1/9, 1/7, 1/5, 1/3 (the coefficients of s¹⁵ … s³).
+pub const ATANH_SERIES: [f32; 7] = [
+    1.0 / 15.0,
+    1.0 / 13.0,
+    1.0 / 11.0,
+    1.0 / 9.0,
+    1.0 / 7.0,
+    1.0 / 5.0,
+    1.0 / 3.0,
+];
+
+/// `softplus(x) = ln(1 + eˣ)` from operations a device repeats (`kda.cu`):
+/// `x` itself above 20 (and for NaN); else `e = exp_fixed(x)`, `w = 1 + e`,
+/// and `ln(1 + e) = ln_fixed(w)·e/(w − 1)` (exact to a few ulp even where
+/// `w` rounds: the rounding cancels in the ratio), `e` itself where `w`
+/// rounds to 1. Within 4 ulp of the library formula on [−87, 20] (tested).
+#[inline(always)]
+pub fn softplus_fixed(x: f32) -> f32 {
+    if !(x <= 20.0) {
+        return x;
+    }
+    let e = crate::expf::exp_fixed(x);
+    let w = 1.0 + e;
+    if w == 1.0 {
+        return e;
+    }
+    ln_fixed(w) * (e / (w - 1.0))
+}
+
 /// A gated activation `act(g, u)` (written into `g`) defined by
 /// operations a device repeats one for one: the hand-written `exp` and
 /// `tanh` ([`crate::expf::exp_fixed`], [`tanh_fixed`]), every multiply and
@@ -233,6 +288,35 @@ mod tests {
         assert_eq!(tanh_fixed(1e30), 1.0);
         assert_eq!(tanh_fixed(f32::NEG_INFINITY), -1.0);
         assert!(tanh_fixed(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn ln_and_softplus_fixed_are_within_a_few_ulp() {
+        let mut worst = (0u32, 0f32);
+        let mut x = 1.0f32;
+        while x < 1.1e9 {
+            let d = ulps(ln_fixed(x), (x as f64).ln() as f32);
+            if d > worst.0 {
+                worst = (d, x);
+            }
+            x = f32::from_bits(x.to_bits() + 997);
+        }
+        assert!(worst.0 <= 2, "ln: {} ulp at {}", worst.0, worst.1);
+        assert_eq!(ln_fixed(1.0), 0.0);
+        let mut worst = (0u32, 0f32);
+        let mut x = -87.0f32;
+        while x < 20.0 {
+            let want = (x as f64).exp().ln_1p() as f32;
+            let d = ulps(softplus_fixed(x), want);
+            if d > worst.0 {
+                worst = (d, x);
+            }
+            x += 0.000_37;
+        }
+        assert!(worst.0 <= 4, "softplus: {} ulp at {}", worst.0, worst.1);
+        assert_eq!(softplus_fixed(25.0), 25.0);
+        assert_eq!(softplus_fixed(-200.0), 0.0);
+        assert!(softplus_fixed(f32::NAN).is_nan());
     }
 
     #[test]

@@ -67,8 +67,9 @@ fn every_fixture_on_the_emulated_kernels_keeps_its_bits() {
                 "{name}: logits row {i} differ first at {first:?}"
             );
         }
-        if name.starts_with("k3") {
-            // K3: SiTU-GLU MLPs and KDA layers with a gate lower bound.
+        if name.starts_with("k3") || name.starts_with("kimi_linear") {
+            // K3: SiTU-GLU MLPs and KDA layers with a gate lower bound;
+            // Kimi-Linear: SwiGLU and KDA layers with the softplus decay.
             assert!(
                 glu > 0 && kda > 0,
                 "{name}: gated MLPs {glu}, KDA steps {kda}"

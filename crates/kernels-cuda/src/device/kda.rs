@@ -94,12 +94,8 @@ impl CudaBackend {
     /// states are copied up unless their newest copies are here already —
     /// all before the first launch —, then one launch per sequence (a
     /// block per head) and the outputs back with one synchronisation.
-    /// `Ok(false)` when declined: a shape the kernel does not take, or the
-    /// decay without a lower bound (its softplus has no device twin yet).
+    /// `Ok(false)` when declined: a shape the kernel does not take.
     pub(super) fn kda(&self, job: &mut KdaJob<'_>) -> Result<bool, KdaFailure> {
-        let Some(lb) = job.dims.gate_lower_bound else {
-            return Ok(false);
-        };
         if !takes(job) {
             return Ok(false);
         }
@@ -122,7 +118,7 @@ impl CudaBackend {
                 return Err(KdaFailure::Before(e));
             }
         };
-        let ran = self.kda_launch(st, job, &staged, lb);
+        let ran = self.kda_launch(st, job, &staged);
         let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
         st.stats.sync_wait_ms += waited.elapsed().as_secs_f64() * 1e3;
@@ -233,18 +229,17 @@ impl CudaBackend {
     }
 
     /// One launch per sequence, then the outputs' copy back.
-    fn kda_launch(
-        &self,
-        st: &mut State,
-        job: &KdaJob<'_>,
-        s: &Staged,
-        lb: f32,
-    ) -> Result<(), CudaError> {
+    fn kda_launch(&self, st: &mut State, job: &KdaJob<'_>, s: &Staged) -> Result<(), CudaError> {
         let d = job.dims;
         let (h, kd, kernel) = (d.heads as i32, d.head_dim as i32, d.conv_kernel as i32);
         let (q_scale, l2, eps) = (d.q_scale(), fathom_kernels::kda::KDA_L2_EPS, d.norm_eps);
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
         let n_rows = n as i32;
+        // The decay's form: lb·σ(a·z) with a lower bound, else −a·softplus(z).
+        let (bounded, lb) = match d.gate_lower_bound {
+            Some(lb) => (1i32, lb),
+            None => (0, 0.0f32),
+        };
         self.ensure_clock(st)?;
         st.clock
             .as_ref()
@@ -275,6 +270,7 @@ impl CudaBackend {
             b.arg(&q_scale)
                 .arg(&l2)
                 .arg(&eps)
+                .arg(&bounded)
                 .arg(&lb)
                 .arg(&s.hin)
                 .arg(&n_rows);
