@@ -77,6 +77,21 @@ __device__ __forceinline__ float sum_sq(const float* v, int n) {
     return s;
 }
 
+// Σ v[i]² in fathom-kernels `attention::dot_lanes`' order (what
+// `ops::rms_inv` sums): lane l accumulates fmaf(v[i], v[i], ·) over i ≡ l
+// (mod 8) through the full chunks of 8, the lanes fold as
+// ((0+4)+(2+6))+((1+5)+(3+7)), then the tail in order, fused.
+__device__ __forceinline__ float sum_sq_lanes(const float* v, int n) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int body = n / 8 * 8;
+    for (int i = 0; i < body; i += 8)
+        for (int l = 0; l < 8; ++l) acc[l] = __fmaf_rn(v[i + l], v[i + l], acc[l]);
+    float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[2], acc[6])),
+                        __fadd_rn(__fadd_rn(acc[1], acc[5]), __fadd_rn(acc[3], acc[7])));
+    for (int i = body; i < n; ++i) s = __fmaf_rn(v[i], v[i], s);
+    return s;
+}
+
 #define KDA_MAX_KERNEL 8
 
 // The launch's dynamic shared memory (a host emulator defines its own).
@@ -168,11 +183,11 @@ extern "C" __global__ void kda_step(
             s[(size_t)kk * kd + j] = sv;
             o = __fadd_rn(o, __fmul_rn(qs[kk], sv));
         }
-        // RMSNorm of the head output, gated by σ(g).
+        // RMSNorm of the head output (ops::rms_norm), gated by σ(g).
         os[j] = o;
         __syncthreads();
         if (j == 0) {
-            const float ms = __fdiv_rn(sum_sq(os, kd), (float)kd);
+            const float ms = __fdiv_rn(sum_sq_lanes(os, kd), (float)kd);
             rs[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, norm_eps)));
         }
         __syncthreads();

@@ -8,10 +8,35 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `1 / sqrt(mean(x²) + ε)`.
+/// `1 / sqrt(mean(x²) + ε)`, the sum of squares in
+/// [`crate::attention::dot_lanes`]' order (8 interleaved fused sums, folded
+/// pairwise, the tail in order): it vectorises, and a device repeats it
+/// (`kda.cu`'s `sum_sq_lanes`).
 pub fn rms_inv(x: &[f32], eps: f32) -> f32 {
-    let ss: f32 = x.iter().map(|v| v * v).sum();
-    1.0 / (ss / x.len() as f32 + eps).sqrt()
+    1.0 / (sum_sq_lanes(x) / x.len() as f32 + eps).sqrt()
+}
+
+/// `Σ aᵢbᵢ` in [`crate::attention::dot_lanes`]' order, built with FMA
+/// instructions where the CPU has them (the same bits either way).
+#[inline]
+pub fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    fma_build!(dot_lanes_impl(a: &[f32], b: &[f32]) -> f32)
+}
+
+#[inline(always)]
+fn dot_lanes_impl(a: &[f32], b: &[f32]) -> f32 {
+    crate::attention::dot_lanes(a, b)
+}
+
+/// `Σ x²` in [`crate::attention::dot_lanes`]' order.
+#[inline]
+pub fn sum_sq_lanes(x: &[f32]) -> f32 {
+    fma_build!(sum_sq_impl(x: &[f32]) -> f32)
+}
+
+#[inline(always)]
+fn sum_sq_impl(x: &[f32]) -> f32 {
+    crate::attention::dot_lanes(x, x)
 }
 
 /// RMSNorm of every `d`-wide row of `x`.

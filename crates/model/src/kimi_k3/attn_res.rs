@@ -1,11 +1,13 @@
 //! Block attention residuals: a softmax over depth (k3-model.md §3).
 //!
 //! `AttnRes(partial, blocks) = Σ_n p_n V_n` with `V = [blocks…, partial]`,
-//! `p = softmax_n(Σ_d RMS(V_n)[d] · query[d])`, where `query` already holds
+//! `p = softmax_n(Σ_d RMS(V_n)[d] · query[d])`, computed as
+//! `rms_inv(V_n) · (V_n · query)` (both sums in the 8-lane order of
+//! `dot_lanes`, which vectorises), where `query` already holds
 //! the site's norm weight times its pseudo-query projection. Per token: no
 //! mixing across positions, so decode needs no cache for it.
 
-use fathom_kernels::ops::{rms_inv, softmax};
+use fathom_kernels::ops::{dot_lanes, rms_inv, softmax};
 
 use super::weights::AttnResWeights;
 
@@ -32,8 +34,7 @@ pub fn attn_res(
         };
         for (j, pj) in p.iter_mut().enumerate() {
             let v = row(j);
-            let r = rms_inv(v, eps);
-            *pj = v.iter().zip(&w.query).map(|(x, q)| (x * r) * q).sum();
+            *pj = rms_inv(v, eps) * dot_lanes(v, &w.query);
         }
         softmax(&mut p);
         let o = &mut out[ti * d..(ti + 1) * d];
