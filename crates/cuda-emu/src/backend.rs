@@ -74,6 +74,68 @@ impl EmuBackend {
     }
 }
 
+impl EmuBackend {
+    /// The CUDA backend's phases: gates, ups and `plain` in one batch, the
+    /// activation over all gates, the downs in a second batch.
+    fn run_glu(plain: &mut [Product<'_, '_>], jobs: &mut [GluProduct<'_, '_>], act: GluAct) {
+        let mut g: Vec<Vec<f32>> = jobs
+            .iter()
+            .map(|j| vec![0f32; j.t * j.gate.rows()])
+            .collect();
+        let mut u = g.clone();
+        let mut ps: Vec<Product<'_, '_>> = Vec::with_capacity(2 * jobs.len() + plain.len());
+        for ((j, g), u) in jobs.iter().zip(&mut g).zip(&mut u) {
+            for (w, y) in [(j.gate, g), (j.up, u)] {
+                ps.push(Product {
+                    w,
+                    role: j.role,
+                    x: j.x,
+                    t: j.t,
+                    y,
+                });
+            }
+        }
+        ps.extend(plain.iter_mut().map(|p| Product {
+            w: p.w,
+            role: p.role,
+            x: p.x,
+            t: p.t,
+            y: &mut *p.y,
+        }));
+        Self::run_batch(&mut ps);
+        drop(ps);
+        let (mut ga, ua): (Vec<f32>, Vec<f32>) = (g.concat(), u.concat());
+        glu_act(act, &mut ga, &ua);
+        let mut off = 0;
+        let mut downs: Vec<Product<'_, '_>> = Vec::with_capacity(jobs.len());
+        for j in jobs.iter_mut() {
+            let len = j.t * j.gate.rows();
+            downs.push(Product {
+                w: j.down,
+                role: j.role,
+                x: &ga[off..off + len],
+                t: j.t,
+                y: &mut *j.y,
+            });
+            off += len;
+        }
+        Self::run_batch(&mut downs);
+    }
+}
+
+/// Whether the emulator takes every gated MLP (shapes and lengths).
+fn glu_takes(jobs: &[GluProduct<'_, '_>]) -> bool {
+    jobs.iter().all(|j| {
+        let (f, cols) = (j.gate.rows(), j.gate.cols());
+        j.up.rows() == f
+            && j.up.cols() == cols
+            && j.down.cols() == f
+            && j.x.len() == j.t * cols
+            && j.y.len() == j.t * j.down.rows()
+            && [j.gate, j.up, j.down].iter().all(|w| takes(w, j.t, 1))
+    })
+}
+
 /// Whether the emulator takes every product (and each output has its length).
 fn takes_all(ps: &[Product<'_, '_>]) -> bool {
     ps.iter().all(|p| {
@@ -163,56 +225,27 @@ impl Backend for EmuBackend {
         true
     }
 
-    fn glu_batch(&self, jobs: &mut [GluProduct<'_, '_>], act: GluAct, _h: &Hints<'_, '_>) -> bool {
-        let shapes = jobs.iter().all(|j| {
-            let (f, cols) = (j.gate.rows(), j.gate.cols());
-            j.up.rows() == f
-                && j.up.cols() == cols
-                && j.down.cols() == f
-                && j.x.len() == j.t * cols
-                && j.y.len() == j.t * j.down.rows()
-                && [j.gate, j.up, j.down].iter().all(|w| takes(w, j.t, 1))
-        });
-        if !shapes {
+    fn glu_mixed(
+        &self,
+        plain: &mut [Product<'_, '_>],
+        jobs: &mut [GluProduct<'_, '_>],
+        act: GluAct,
+        _h: &Hints<'_, '_>,
+    ) -> bool {
+        if !takes_all(plain) || !glu_takes(jobs) {
             return false;
         }
-        // Gates and ups in one batch, the activation over all of them, the
-        // downs in a second batch: the CUDA backend's phases.
-        let mut g: Vec<Vec<f32>> = jobs
-            .iter()
-            .map(|j| vec![0f32; j.t * j.gate.rows()])
-            .collect();
-        let mut u = g.clone();
-        let mut ps: Vec<Product<'_, '_>> = Vec::with_capacity(2 * jobs.len());
-        for ((j, g), u) in jobs.iter().zip(&mut g).zip(&mut u) {
-            for (w, y) in [(j.gate, g), (j.up, u)] {
-                ps.push(Product {
-                    w,
-                    role: j.role,
-                    x: j.x,
-                    t: j.t,
-                    y,
-                });
-            }
+        Self::run_glu(plain, jobs, act);
+        self.count(plain.len() + 3 * jobs.len());
+        self.glu_calls.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    fn glu_batch(&self, jobs: &mut [GluProduct<'_, '_>], act: GluAct, _h: &Hints<'_, '_>) -> bool {
+        if !glu_takes(jobs) {
+            return false;
         }
-        Self::run_batch(&mut ps);
-        drop(ps);
-        let (mut ga, ua): (Vec<f32>, Vec<f32>) = (g.concat(), u.concat());
-        glu_act(act, &mut ga, &ua);
-        let mut off = 0;
-        let mut downs: Vec<Product<'_, '_>> = Vec::with_capacity(jobs.len());
-        for j in jobs.iter_mut() {
-            let len = j.t * j.gate.rows();
-            downs.push(Product {
-                w: j.down,
-                role: j.role,
-                x: &ga[off..off + len],
-                t: j.t,
-                y: &mut *j.y,
-            });
-            off += len;
-        }
-        Self::run_batch(&mut downs);
+        Self::run_glu(&mut [], jobs, act);
         self.count(3 * jobs.len());
         self.glu_calls.fetch_add(1, Ordering::Relaxed);
         true

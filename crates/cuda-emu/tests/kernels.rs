@@ -5,7 +5,7 @@
 //! tests print why they skip.
 
 use fathom_cuda_emu::{EmuBackend, available, glu_act};
-use fathom_kernels::backend::{Backend, Hints, MatRef, Product, Role};
+use fathom_kernels::backend::{Backend, GluProduct, Hints, MatRef, Product, Role};
 use fathom_kernels::formats::{
     Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows, block_scalar,
 };
@@ -313,4 +313,78 @@ fn gated_activations_match_the_cpu_on_special_values() {
         glu_act(act, &mut got, &up);
         same(&got, &want, &format!("{act:?}"));
     }
+}
+
+/// Plain products beside a gated MLP in one call (`Backend::glu_mixed`, a
+/// MoE layer's router and latent projection with its shared experts):
+/// each output the CPU's bits.
+#[test]
+fn plain_products_beside_a_gated_mlp_keep_their_bits() {
+    if !built() {
+        return;
+    }
+    let b = EmuBackend::new();
+    let mut g = Lcg(4);
+    let (f, cols, out, t) = (72usize, 96usize, 40usize, 3usize);
+    let h: Vec<Vec<u16>> = [(f, cols), (f, cols), (out, f), (37, cols), (64, cols)]
+        .iter()
+        .map(|&(r, c)| {
+            (0..r * c)
+                .map(|_| (g.f32().to_bits() >> 16) as u16)
+                .collect()
+        })
+        .collect();
+    let m = |i: usize, rows, cols| MatRef::Bf16 {
+        w: &h[i],
+        rows,
+        cols,
+    };
+    let x = g.vec(t * cols);
+    let act = GluAct::Situ {
+        beta: 4.0,
+        beta_lin: Some(25.0),
+    };
+    // The CPU: products one by one, the activation between.
+    let (mut gate, mut up) = (vec![0f32; t * f], vec![0f32; t * f]);
+    m(0, f, cols).cpu(&x, t, &mut gate);
+    m(1, f, cols).cpu(&x, t, &mut up);
+    act.apply(&mut gate, &up);
+    let mut want_y = vec![0f32; t * out];
+    m(2, out, f).cpu(&gate, t, &mut want_y);
+    let want_plain: Vec<Vec<f32>> = [(3, 37), (4, 64)]
+        .iter()
+        .map(|&(i, r)| {
+            let mut y = vec![0f32; t * r];
+            m(i, r, cols).cpu(&x, t, &mut y);
+            y
+        })
+        .collect();
+    let mut y = vec![f32::NAN; t * out];
+    let mut ys: Vec<Vec<f32>> = [37, 64].iter().map(|r| vec![f32::NAN; t * r]).collect();
+    let mut plain: Vec<Product<'_, '_>> = [(3, 37), (4, 64)]
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(&(i, r), y)| Product {
+            w: m(i, r, cols),
+            role: Role::Spine,
+            x: &x,
+            t,
+            y,
+        })
+        .collect();
+    let mut jobs = [GluProduct {
+        gate: m(0, f, cols),
+        up: m(1, f, cols),
+        down: m(2, out, f),
+        role: Role::Spine,
+        x: &x,
+        t,
+        y: &mut y,
+    }];
+    assert!(b.glu_mixed(&mut plain, &mut jobs, act, &Hints::default()));
+    drop((plain, jobs));
+    assert_eq!(b.stats().device_calls, 1, "one call");
+    same(&y, &want_y, "the MLP");
+    same(&ys[0], &want_plain[0], "the router");
+    same(&ys[1], &want_plain[1], "the latent projection");
 }

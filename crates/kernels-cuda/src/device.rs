@@ -417,7 +417,19 @@ impl Backend for CudaBackend {
         hints: &Hints<'_, '_>,
     ) -> bool {
         let (n, role) = (3 * jobs.len(), jobs.first().map_or(Role::Spine, |j| j.role));
-        self.counted_with(n, role, true, || self.run_glu(jobs, act, hints))
+        self.counted_with(n, role, true, || self.run_glu(&mut [], jobs, act, hints))
+    }
+
+    fn glu_mixed(
+        &self,
+        plain: &mut [Product<'_, '_>],
+        jobs: &mut [GluProduct<'_, '_>],
+        act: GluAct,
+        hints: &Hints<'_, '_>,
+    ) -> bool {
+        let n = 3 * jobs.len() + plain.len();
+        let role = jobs.first().map_or(Role::Spine, |j| j.role);
+        self.counted_with(n, role, true, || self.run_glu(plain, jobs, act, hints))
     }
 
     fn hint(&self, hints: &Hints<'_, '_>) {

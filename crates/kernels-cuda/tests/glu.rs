@@ -2,10 +2,13 @@
 //! products, the activation on the device, the downs) against the seam's
 //! host path (the CPU kernels with the activation between them), bit for
 //! bit, for every activation, bf16 and MXFP4 weights, several position
-//! counts in one call and an activation wider than one launch's grid.
+//! counts in one call and an activation wider than one launch's grid;
+//! plain products beside the MLPs in the same call (`Backend::glu_mixed`).
 //! Without a CUDA device the test prints why it skipped.
 
-use fathom_kernels::backend::{Backend, GluProduct, Hints, MatRef, Role, glu_batch_stable};
+use fathom_kernels::backend::{
+    Backend, GluProduct, Hints, MatRef, Product, Role, glu_batch_stable,
+};
 use fathom_kernels::ops::GluAct;
 use fathom_weights::mxfp4::Mxfp4Ref;
 
@@ -197,6 +200,85 @@ fn gated_mlps_in_one_call_give_the_host_paths_bits() {
                 let a = s.as_ptr() as usize;
                 b.forget(a..a + s.len());
             }
+        }
+    }
+}
+
+/// Plain products beside gated MLPs (`Backend::glu_mixed`: a MoE layer's
+/// router and latent projection with its shared experts) in one round
+/// trip: each output the host path's bits.
+#[test]
+fn plain_products_beside_mlps_in_one_call_keep_their_bits() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(11);
+    let mlps = vec![Mlp::new(&mut g, false, (300, 96, 80, 3))];
+    let (router, latent) = (g.bf16(37 * 96, 0.3), g.bf16(64 * 96, 0.3));
+    let ws = [
+        MatRef::Bf16 {
+            w: &router,
+            rows: 37,
+            cols: 96,
+        },
+        MatRef::Bf16 {
+            w: &latent,
+            rows: 64,
+            cols: 96,
+        },
+    ];
+    let x = &mlps[0].x;
+    let act = ACTS[1];
+    let host = outputs(&mlps, Role::Spine, |j| {
+        glu_batch_stable(j, act, &Hints::default())
+    });
+    let host_plain: Vec<Vec<f32>> = ws
+        .iter()
+        .map(|w| {
+            let mut y = vec![0f32; 3 * w.rows()];
+            w.cpu(x, 3, &mut y);
+            y
+        })
+        .collect();
+    let mut dev_plain: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; 3 * w.rows()]).collect();
+    let before = b.stats();
+    let dev = outputs(&mlps, Role::Spine, |j| {
+        let mut plain: Vec<Product<'_, '_>> = ws
+            .iter()
+            .zip(dev_plain.iter_mut())
+            .map(|(&w, y)| Product {
+                w,
+                role: Role::Spine,
+                x,
+                t: 3,
+                y,
+            })
+            .collect();
+        assert!(
+            b.glu_mixed(&mut plain, j, act, &Hints::default()),
+            "declined: {:?}",
+            b.stats().last_error
+        );
+    });
+    let after = b.stats();
+    assert_eq!(
+        after.device_calls - before.device_calls,
+        1,
+        "one round trip"
+    );
+    assert_eq!(after.device_products - before.device_products, 5);
+    let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|r| r.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    assert!(bits(&dev) == bits(&host), "the MLP's outputs");
+    assert!(
+        bits(&dev_plain) == bits(&host_plain),
+        "the plain products' outputs"
+    );
+    for w in mlps[0].mats().iter().chain(&ws) {
+        for s in fathom_kernels::backend::segments(w) {
+            let a = s.as_ptr() as usize;
+            b.forget(a..a + s.len());
         }
     }
 }

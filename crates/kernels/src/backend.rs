@@ -288,6 +288,21 @@ pub trait Backend: Send + Sync {
     ) -> bool {
         false
     }
+    /// Plain products and gated MLPs of one step of the model in one call
+    /// (a MoE layer's router and latent projection beside its shared
+    /// experts), each result bit-identical to [`Backend::matmul`] of the
+    /// product or [`Backend::glu_batch`] of the MLP; `false` when not taken
+    /// as a whole (the caller runs them as a batch and a gated batch).
+    /// Default: not taken.
+    fn glu_mixed(
+        &self,
+        _plain: &mut [Product<'_, '_>],
+        _jobs: &mut [GluProduct<'_, '_>],
+        _act: GluAct,
+        _hints: &Hints<'_, '_>,
+    ) -> bool {
+        false
+    }
     /// [`Hints`] with no products to go with them (every expert of a layer
     /// computed elsewhere). Default: ignored.
     fn hint(&self, _hints: &Hints<'_, '_>) {}
@@ -471,6 +486,30 @@ pub fn glu_batch_stable(jobs: &mut [GluProduct<'_, '_>], act: GluAct, hints: &Hi
         return;
     }
     glu_steps_on(b.as_deref(), jobs, act, hints)
+}
+
+/// Plain products and gated MLPs on the installed backend in one call when
+/// it takes them all ([`Backend::glu_mixed`]); else the products as one
+/// batch ([`batch_on`]) and the MLPs through [`glu_batch_stable`]. The same
+/// bits either way; `hints` go with the MLPs.
+pub fn glu_mixed_stable(
+    plain: &mut [Product<'_, '_>],
+    jobs: &mut [GluProduct<'_, '_>],
+    act: GluAct,
+    hints: &Hints<'_, '_>,
+) {
+    let b = installed();
+    if let Some(b) = &b
+        && !plain.is_empty()
+        && !jobs.is_empty()
+        && b.glu_mixed(plain, jobs, act, hints)
+    {
+        return;
+    }
+    if !plain.is_empty() {
+        batch_on(b.as_deref(), plain, &Hints::default());
+    }
+    glu_batch_stable(jobs, act, hints)
 }
 
 /// Gated MLPs in steps through [`batch_on`] `b`: the gate and up products

@@ -214,6 +214,20 @@ impl Backend for MultiBackend {
         true
     }
 
+    /// Spine work only (a MoE layer's router, latent projection and shared
+    /// experts): on the first device, with the spine.
+    fn glu_mixed(
+        &self,
+        plain: &mut [Product<'_, '_>],
+        jobs: &mut [GluProduct<'_, '_>],
+        act: GluAct,
+        hints: &Hints<'_, '_>,
+    ) -> bool {
+        let spine = plain.iter().all(|p| p.role == Role::Spine)
+            && jobs.iter().all(|j| j.role == Role::Spine);
+        spine && self.devices[0].glu_mixed(plain, jobs, act, hints)
+    }
+
     fn glu_batch(
         &self,
         jobs: &mut [GluProduct<'_, '_>],

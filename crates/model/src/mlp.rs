@@ -19,17 +19,23 @@ impl MlpWeights {
     /// may keep the activation on its side; the same bits).
     pub fn forward(&self, x: &[f32], t: usize, act: GluAct) -> Vec<f32> {
         let mut y = vec![0f32; t * self.down_proj.rows];
-        let job = GluProduct {
+        let job = self.job(x, t, &mut y);
+        backend::glu_batch_stable(&mut [job], act, &backend::Hints::default());
+        y
+    }
+
+    /// The block over `x [T, D]` as one gated product of the seam, its
+    /// output `y [T, D]`.
+    pub fn job<'a, 'b>(&'a self, x: &'b [f32], t: usize, y: &'b mut [f32]) -> GluProduct<'a, 'b> {
+        GluProduct {
             gate: self.gate_proj.as_mat(),
             up: self.up_proj.as_mat(),
             down: self.down_proj.as_mat(),
             role: Role::Spine,
             x,
             t,
-            y: &mut y,
-        };
-        backend::glu_batch_stable(&mut [job], act, &backend::Hints::default());
-        y
+            y,
+        }
     }
 
     /// Quantises the three matrices to per-row int8.

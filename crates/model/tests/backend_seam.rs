@@ -46,6 +46,10 @@ struct Recorder {
     /// (MLPs, role, activation) of each it took.
     takes_glu: bool,
     glus: Mutex<Vec<(usize, Role, GluAct)>>,
+    /// Whether it takes plain products beside gated MLPs
+    /// ([`Backend::glu_mixed`]), and (products, MLPs) of each it took.
+    takes_mixed: bool,
+    mixed: Mutex<Vec<(usize, usize)>>,
 }
 
 /// An expert batch's matrices (first byte's address), those handed ahead
@@ -116,6 +120,23 @@ impl Backend for Recorder {
             act.apply(&mut g, &u);
             j.down.cpu(&g, j.t, j.y);
         }
+        true
+    }
+    fn glu_mixed(
+        &self,
+        plain: &mut [Product<'_, '_>],
+        jobs: &mut [GluProduct<'_, '_>],
+        act: GluAct,
+        _: &Hints<'_, '_>,
+    ) -> bool {
+        if !self.takes_mixed {
+            return false;
+        }
+        self.mixed.lock().unwrap().push((plain.len(), jobs.len()));
+        for p in plain {
+            p.w.cpu(p.x, p.t, p.y);
+        }
+        backend::glu_steps_on(None, jobs, act, &Hints::default());
         true
     }
     fn hint(&self, hints: &Hints<'_, '_>) {
@@ -242,6 +263,26 @@ fn k3_gated_mlps_in_one_call_keep_the_bits() {
     // No gate/up pairs went as plain batches.
     let batches = rec.batches.lock().unwrap();
     assert!(!batches.iter().any(|b| b.1 == Role::Expert), "{batches:?}");
+}
+
+/// A backend that takes plain products beside gated MLPs gets, per MoE
+/// layer and step, the router and the latent down-projection beside the
+/// shared experts in one call; the logits keep their bits.
+#[test]
+fn k3_router_latent_and_shared_experts_in_one_call_keep_the_bits() {
+    let model = k3_tiny();
+    let prompt = [1, 20, 300, 7, 42, 5];
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let plain = bits_with(&model, &prompt, None);
+    let rec = Arc::new(Recorder {
+        takes_mixed: true,
+        ..Recorder::default()
+    });
+    assert!(plain == bits_with(&model, &prompt, Some(rec.clone())));
+    let mixed = rec.mixed.lock().unwrap();
+    let moe_layers = model.spec.num_layers - model.spec.first_k_dense_replace;
+    // The prefill and three decode steps.
+    assert_eq!(*mixed, vec![(2, 1); 4 * moe_layers], "{mixed:?}");
 }
 
 #[test]

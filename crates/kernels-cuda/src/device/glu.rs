@@ -1,9 +1,10 @@
-//! Gated MLPs in one round trip: the gate and up products of every job,
-//! the activation (`glu.cu`) on the device, then the downs; only the
-//! inputs go up and the downs' results come back.
+//! Gated MLPs in one round trip: the gate and up products of every job
+//! (and any plain products beside them), the activation (`glu.cu`) on the
+//! device, then the downs; only the inputs go up and the downs' (and plain
+//! products') results come back.
 
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
-use fathom_kernels::backend::{GluProduct, Hints, MatRef, Role};
+use fathom_kernels::backend::{GluProduct, Hints, MatRef, Product, Role};
 use fathom_kernels::ops::GluAct;
 
 use super::CudaBackend;
@@ -28,23 +29,40 @@ fn takes(j: &GluProduct<'_, '_>) -> bool {
         && j.y.len() == j.t * out
 }
 
+/// Whether a plain product beside the MLPs has the shapes the kernels take.
+fn plain_fits(p: &Product<'_, '_>) -> bool {
+    let (rows, cols) = (p.w.rows(), p.w.cols());
+    let small = |n: usize| i32::try_from(n).is_ok();
+    small(rows)
+        && small(cols)
+        && small(p.t)
+        && rows > 0
+        && p.t > 0
+        && p.x.len() == p.t * cols
+        && p.y.len() == p.t * rows
+}
+
 impl CudaBackend {
-    /// Runs `jobs` in one round trip (see the module). `Ok(false)` when
-    /// declined: a shape out of range, or the weights do not all fit in
-    /// the budget at once.
+    /// Runs `jobs`, and the plain products `plain` beside their gates and
+    /// ups, in one round trip (see the module). `Ok(false)` when declined:
+    /// a shape out of range, or the weights do not all fit in the budget
+    /// at once.
     pub(super) fn run_glu(
         &self,
+        plain: &mut [Product<'_, '_>],
         jobs: &mut [GluProduct<'_, '_>],
         act: GluAct,
         hints: &Hints<'_, '_>,
     ) -> Result<bool, CudaError> {
-        if jobs.is_empty() || !jobs.iter().all(takes) {
+        if jobs.is_empty() || !jobs.iter().all(takes) || !plain.iter().all(plain_fits) {
             return Ok(false);
         }
-        let n = jobs.len();
-        // Products in order: gate and up of each job, then each job's down.
-        let mut ws: Vec<(MatRef<'_>, Role)> = Vec::with_capacity(3 * n);
+        let (n, np) = (jobs.len(), plain.len());
+        // Products in order: gate and up of each job, the plain products,
+        // then each job's down.
+        let mut ws: Vec<(MatRef<'_>, Role)> = Vec::with_capacity(3 * n + np);
         ws.extend(jobs.iter().flat_map(|j| [(j.gate, j.role), (j.up, j.role)]));
+        ws.extend(plain.iter().map(|p| (p.w, p.role)));
         ws.extend(jobs.iter().map(|j| (j.down, j.role)));
         let mut st = self.lock_timed();
         let st = &mut *st;
@@ -53,8 +71,16 @@ impl CudaBackend {
         };
         let queued = (|| {
             self.upload_missing(st, &p.segs, p.class)?;
-            let xs: Vec<&[f32]> = jobs.iter().map(|j| j.x).collect();
-            let ny = jobs.iter().map(|j| j.y.len()).sum();
+            let xs: Vec<&[f32]> = jobs
+                .iter()
+                .map(|j| j.x)
+                .chain(plain.iter().map(|p| p.x))
+                .collect();
+            let ny = jobs
+                .iter()
+                .map(|j| j.y.len())
+                .chain(plain.iter().map(|p| p.y.len()))
+                .sum();
             let (xp, yp) = self.stage(st, &xs, ny)?;
             // The gates' outputs, then the ups' at the same offsets.
             let half: usize = jobs.iter().map(|j| j.t * j.gate.rows()).sum();
@@ -62,14 +88,15 @@ impl CudaBackend {
                 .device_ptr(&self.stream)
                 .0;
             let up = gp + 4 * half as u64;
-            let placed = place(jobs, (xp, yp, gp, up));
-            self.launch_phases(st, &placed, &p.segs, &[2 * n, 3 * n], |_| {
+            let placed = place(jobs, plain, (xp, yp, gp, up));
+            self.launch_phases(st, &placed, &p.segs, &[2 * n + np, 3 * n + np], |_| {
                 self.launch_act(act, gp, up, half)
             })?;
             self.fetch(st, yp, ny)
         })();
         let hy = self.complete(st, queued, &p, hints)?;
-        scatter(hy, jobs.iter_mut().map(|j| &mut *j.y));
+        let ys = jobs.iter_mut().map(|j| &mut *j.y);
+        scatter(hy, ys.chain(plain.iter_mut().map(|p| &mut *p.y)));
         Ok(true)
     }
 
@@ -106,32 +133,39 @@ impl CudaBackend {
     }
 }
 
-/// The products of `jobs` at their device addresses: inputs from `xp`
-/// (one after another), gates' outputs from `gp` and ups' from `up` (the
-/// same offsets), the downs reading the activations at `gp` and writing
-/// from `yp`.
+/// The products at their device addresses: inputs from `xp` (the jobs',
+/// then the plain products', one after another), gates' outputs from `gp`
+/// and ups' from `up` (the same offsets), the downs reading the
+/// activations at `gp` and writing from `yp`, the plain products' outputs
+/// after the downs'. In order: gates and ups, plain products, downs.
 fn place<'w>(
     jobs: &[GluProduct<'w, '_>],
+    plain: &[Product<'w, '_>],
     (xp, yp, gp, up): (u64, u64, u64, u64),
 ) -> Vec<Placed<'w>> {
-    let mut first = Vec::with_capacity(2 * jobs.len());
+    let mut first = Vec::with_capacity(2 * jobs.len() + plain.len());
     let mut downs = Vec::with_capacity(jobs.len());
     let (mut ox, mut oh, mut oy) = (xp, 0u64, yp);
+    let one = |w, t, x, y| Placed {
+        w,
+        groups: 1,
+        t,
+        x,
+        y,
+    };
     for j in jobs {
         let t = j.t;
-        let one = |w, x, y| Placed {
-            w,
-            groups: 1,
-            t,
-            x,
-            y,
-        };
-        first.push(one(j.gate, ox, gp + oh));
-        first.push(one(j.up, ox, up + oh));
-        downs.push(one(j.down, gp + oh, oy));
+        first.push(one(j.gate, t, ox, gp + oh));
+        first.push(one(j.up, t, ox, up + oh));
+        downs.push(one(j.down, t, gp + oh, oy));
         ox += 4 * j.x.len() as u64;
         oh += 4 * (t * j.gate.rows()) as u64;
         oy += 4 * j.y.len() as u64;
+    }
+    for p in plain {
+        first.push(one(p.w, p.t, ox, oy));
+        ox += 4 * p.x.len() as u64;
+        oy += 4 * p.y.len() as u64;
     }
     first.extend(downs);
     first

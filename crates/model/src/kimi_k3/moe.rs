@@ -11,6 +11,7 @@
 //! expert runs on all its tokens at once; per-token sums are accumulated in
 //! the router's rank order, so the result does not depend on T.
 
+use fathom_kernels::backend::{self, Hints, Product, Role};
 use fathom_kernels::ops::{GluAct, rms_norm};
 
 use super::config::K3Spec;
@@ -40,6 +41,11 @@ fn situ(spec: &K3Spec) -> GluAct {
 
 /// Routes every row of `x [T, D]`.
 pub fn route(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
+    routes_of(spec, w, &w.gate.forward(x, t))
+}
+
+/// The routes of the router's logits `[T, E]`.
+fn routes_of(spec: &K3Spec, w: &MoeWeights, logits: &[f32]) -> Vec<Route> {
     let router = SigmoidRouter {
         top_k: spec.top_k,
         groups: 1,
@@ -47,11 +53,53 @@ pub fn route(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
         renormalize: spec.moe_renormalize,
         scaling: spec.routed_scaling_factor,
     };
-    let logits = w.gate.forward(x, t);
     logits
         .chunks_exact(spec.num_experts)
         .map(|row| router.route(row, &w.e_score_correction_bias))
         .collect()
+}
+
+/// What a MoE layer computes from its input before the routed experts:
+/// the router's logits, the latent down-projection `z`, the shared
+/// experts' output — with a device, in one call
+/// ([`backend::glu_mixed_stable`]; each the bits of its own call).
+fn spine_first(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> SpineFirst {
+    let mut logits = vec![0f32; t * w.gate.rows];
+    let mut z = vec![0f32; t * w.routed_expert_down_proj.rows];
+    let mut shared = w
+        .shared_experts
+        .as_ref()
+        .map(|sh| vec![0f32; t * sh.down_proj.rows]);
+    let mut plain = [
+        Product {
+            w: w.gate.as_mat(),
+            role: Role::Spine,
+            x,
+            t,
+            y: &mut logits,
+        },
+        Product {
+            w: w.routed_expert_down_proj.as_mat(),
+            role: Role::Spine,
+            x,
+            t,
+            y: &mut z,
+        },
+    ];
+    match (&w.shared_experts, shared.as_deref_mut()) {
+        (Some(sh), Some(y)) => {
+            let mut job = [sh.job(x, t, y)];
+            backend::glu_mixed_stable(&mut plain, &mut job, situ(spec), &Hints::default())
+        }
+        _ => backend::matmul_batch_stable(&mut plain, &Hints::default()),
+    }
+    SpineFirst { logits, z, shared }
+}
+
+struct SpineFirst {
+    logits: Vec<f32>,
+    z: Vec<f32>,
+    shared: Option<Vec<f32>>,
 }
 
 /// Optional guess for the next MoE layer, handed to the source before this
@@ -72,15 +120,28 @@ pub fn moe(
     hint: Option<NextLayerHint<'_>>,
     routes_out: Option<&mut Vec<Route>>,
 ) -> Result<Vec<f32>> {
-    let routes = route(spec, w, x, t);
+    // With a device, the router, the latent projection and the shared
+    // experts go in one call (a round trip each saved); on the CPU the
+    // routes come first, so the expert reads start before the CPU computes
+    // the rest while they arrive.
+    let early = backend::installed()
+        .is_some()
+        .then(|| spine_first(spec, w, x, t));
+    let routes = match &early {
+        Some(e) => routes_of(spec, w, &e.logits),
+        None => route(spec, w, x, t),
+    };
     let guess =
         hint.and_then(|h| guess_next(source, h.layer, spec.top_k, || route(spec, h.weights, x, t)));
-    // Start the reads, compute what does not need the experts while they
-    // arrive (latent projection, shared experts), then collect them.
     let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
     let l = spec.latent_size;
-    let z = w.routed_expert_down_proj.forward(x, t);
-    let shared = w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t));
+    let (z, shared) = match early {
+        Some(e) => (e.z, e.shared),
+        None => (
+            w.routed_expert_down_proj.forward(x, t),
+            w.shared_experts.as_ref().map(|sh| mlp(spec, sh, x, t)),
+        ),
+    };
     // One expert on `z [n, L]`: `W2(SiTU-GLU(W1 z, W3 z))` → `[n, L]`.
     let expert = GluExpert {
         gate: ExpertMatrix::W1 as usize,
