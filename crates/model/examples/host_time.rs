@@ -70,6 +70,17 @@ impl Backend for Zeros {
     }
     /// States stay "on the device", as the CUDA backend leaves them: the
     /// step's undo marks are then device copies, not host ones.
+    fn glu_mixed(
+        &self,
+        ps: &mut [Product<'_, '_>],
+        jobs: &mut [GluProduct<'_, '_>],
+        _: GluAct,
+        _: &Hints<'_, '_>,
+    ) -> bool {
+        ps.iter_mut().for_each(|p| p.y.fill(0.0));
+        jobs.iter_mut().for_each(|j| j.y.fill(0.0));
+        self.call()
+    }
     fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
         job.out.fill(0.0);
         if let Some(b) = job.inputs_out.as_deref_mut() {
