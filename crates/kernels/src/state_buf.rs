@@ -27,6 +27,10 @@ pub struct StateError(pub String);
 pub struct StateBuf {
     host: Vec<f32>,
     on_device: bool,
+    /// Why the values are unknown: a copy ([`Clone`]) made while the
+    /// device holding the newest values could not be reached. Reading it
+    /// fails with this; overwriting it whole makes it good again.
+    lost: Option<String>,
 }
 
 impl StateBuf {
@@ -34,6 +38,7 @@ impl StateBuf {
         StateBuf {
             host,
             on_device: false,
+            lost: None,
         }
     }
 
@@ -54,6 +59,15 @@ impl StateBuf {
         self.on_device
     }
 
+    /// `Err` when the values were lost (a copy made while the device
+    /// holding them could not be reached); no transfer either way.
+    pub fn check(&self) -> Result<(), StateError> {
+        match &self.lost {
+            Some(why) => Err(StateError(why.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// The name of the device copy.
     pub fn key(&self) -> StateKey {
         (
@@ -62,9 +76,11 @@ impl StateBuf {
         )
     }
 
-    /// The host copy, for a backend to copy up while the device holds none.
+    /// The host copy, for a backend to copy up while the device holds none
+    /// (`None` also when the values were lost: the device has no copy
+    /// under this name either, so a backend fails the step).
     pub fn host(&self) -> Option<&[f32]> {
-        (!self.on_device).then_some(&self.host[..])
+        (!self.on_device && self.lost.is_none()).then_some(&self.host[..])
     }
 
     /// For a backend: its device copy is now the newest (it has just
@@ -78,6 +94,9 @@ impl StateBuf {
     /// The values, copied back from the device when its copy is the newest
     /// (which stays the newest).
     pub fn read(&self) -> Result<Cow<'_, [f32]>, StateError> {
+        if let Some(why) = &self.lost {
+            return Err(StateError(why.clone()));
+        }
         if !self.on_device {
             return Ok(Cow::Borrowed(&self.host));
         }
@@ -90,6 +109,9 @@ impl StateBuf {
     /// first when it is the newest, and dropped (the host's becomes the
     /// only one).
     pub fn host_mut(&mut self) -> Result<&mut Vec<f32>, StateError> {
+        if let Some(why) = &self.lost {
+            return Err(StateError(why.clone()));
+        }
         if self.on_device {
             // The host vector is not resized here, so the name stays valid.
             let key = self.key();
@@ -103,6 +125,7 @@ impl StateBuf {
     /// device-to-device copy), else on the host.
     pub fn copy_from(&mut self, src: &StateBuf) -> Result<(), StateError> {
         if src.on_device
+            && src.lost.is_none()
             && self.host.len() == src.host.len()
             && let Some(b) = installed()
             && b.state_copy(src.key(), self.key()).is_ok()
@@ -119,6 +142,7 @@ impl StateBuf {
     /// dropped unread.
     pub fn overwrite(&mut self, values: &[f32]) {
         self.drop_device_copy();
+        self.lost = None;
         if self.host.len() == values.len() {
             copy_parallel(&mut self.host, values);
         } else {
@@ -154,15 +178,20 @@ fn copy_parallel(dst: &mut [f32], src: &[f32]) {
 
 impl Clone for StateBuf {
     /// A copy with its own device copy when the newest is on the device.
-    /// Panics only when the device can no longer be reached (then no
-    /// sequence it holds can continue).
+    /// When the device can no longer be reached the copy is marked lost
+    /// (no panic): reading it fails with the device's error, so the step
+    /// that needs it fails and names the cause.
     fn clone(&self) -> Self {
-        if !self.on_device {
-            return StateBuf::new(self.host.clone());
+        if !self.on_device || self.lost.is_some() {
+            return StateBuf {
+                host: self.host.clone(),
+                on_device: false,
+                lost: self.lost.clone(),
+            };
         }
         let mut c = StateBuf::zeros(self.host.len());
         if let Err(e) = c.copy_from(self) {
-            panic!("{e}");
+            c.lost = Some(e.0);
         }
         c
     }

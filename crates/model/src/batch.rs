@@ -12,11 +12,12 @@ use crate::lm::{Logits, SeqState, StepError, StepInput, state_mut};
 pub type Segment = Range<usize>;
 
 /// What the step driver needs of a family's state: a mark taken before
-/// the pass that puts everything back, journals included.
+/// the pass that puts everything back, journals included. Both fail only
+/// when a device holding the state's newest copy can no longer be reached.
 pub(crate) trait Undo: SeqState + Sized {
     type Mark;
-    fn mark(&mut self) -> Self::Mark;
-    fn undo(&mut self, mark: &Self::Mark);
+    fn mark(&mut self) -> Result<Self::Mark>;
+    fn undo(&mut self, mark: &Self::Mark) -> Result<()>;
     /// A mark the step did not need; a state may keep its buffers for the
     /// next mark.
     fn release(&mut self, _mark: Self::Mark) {}
@@ -62,11 +63,28 @@ pub(crate) fn atomic_step<S: Undo>(
     for (i, b) in batch.iter_mut().enumerate() {
         states.push(state_mut::<S>(&mut *b.state).map_err(|e| seq_err(i, e))?);
     }
-    let marks: Vec<S::Mark> = states.iter_mut().map(|s| s.mark()).collect();
-    let undo = |states: &mut [&mut S]| {
-        for (s, m) in states.iter_mut().zip(&marks) {
-            s.undo(m);
+    let mut marks: Vec<S::Mark> = Vec::with_capacity(states.len());
+    for (i, s) in states.iter_mut().enumerate() {
+        match s.mark() {
+            Ok(m) => marks.push(m),
+            Err(e) => {
+                for (s, m) in states.iter_mut().zip(marks) {
+                    s.release(m);
+                }
+                return Err(seq_err(i, e));
+            }
         }
+    }
+    // Puts every state back; a state that cannot be (its device is gone)
+    // turns the step's error into that one, naming the sequence.
+    let undo = |states: &mut [&mut S], error: StepError| -> StepError {
+        let mut out = error;
+        for (i, (s, m)) in states.iter_mut().zip(&marks).enumerate() {
+            if let Err(e) = s.undo(m) {
+                out = seq_err(i, ModelError::State(format!("{}; then {e}", out.error)));
+            }
+        }
+        out
     };
     let rows = Rows {
         segs,
@@ -75,15 +93,14 @@ pub(crate) fn atomic_step<S: Undo>(
     };
     let out = match forward(&mut states, &rows) {
         Ok(out) => out,
-        Err(error) => {
-            undo(&mut states);
-            return Err(StepError { seq: None, error });
-        }
+        Err(error) => return Err(undo(&mut states, StepError { seq: None, error })),
     };
     if let Some(i) = out.iter().position(|l| l.iter().any(|v| !v.is_finite())) {
-        undo(&mut states);
         let what = format!("sequence {i} of the step (at position {})", states[i].pos());
-        return Err(seq_err(i, ModelError::NonFinite { what }));
+        return Err(undo(
+            &mut states,
+            seq_err(i, ModelError::NonFinite { what }),
+        ));
     }
     for (s, m) in states.iter_mut().zip(marks) {
         s.release(m);

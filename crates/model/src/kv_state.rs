@@ -201,11 +201,12 @@ impl KvState {
 
 impl crate::batch::Undo for KvState {
     type Mark = usize;
-    fn mark(&mut self) -> usize {
-        self.pos
+    fn mark(&mut self) -> Result<usize> {
+        Ok(self.pos)
     }
-    fn undo(&mut self, mark: &usize) {
+    fn undo(&mut self, mark: &usize) -> Result<()> {
         self.truncate(*mark);
+        Ok(())
     }
 }
 

@@ -32,7 +32,11 @@ struct Mirror {
     /// When set, the next step changes the states and then fails (a device
     /// that failed after its launches).
     fail_after_change: std::sync::atomic::AtomicBool,
+    /// When set, the device is gone: every read, copy and step fails.
+    lost: std::sync::atomic::AtomicBool,
 }
+
+const LOST: &str = "the device was lost";
 
 impl Backend for Mirror {
     fn name(&self) -> String {
@@ -42,6 +46,9 @@ impl Backend for Mirror {
         false
     }
     fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(LOST.into());
+        }
         let mut map = self.states.lock().unwrap();
         // The copies here, made from the host's where those are the newest.
         let mut here: Vec<[StateBuf; 4]> = Vec::new();
@@ -96,6 +103,9 @@ impl Backend for Mirror {
         Ok(true)
     }
     fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(LOST.into());
+        }
         self.reads.fetch_add(1, Ordering::Relaxed);
         let map = self.states.lock().unwrap();
         let v = map.get(&key).ok_or("no copy")?;
@@ -103,6 +113,9 @@ impl Backend for Mirror {
         Ok(())
     }
     fn state_copy(&self, src: StateKey, dst: StateKey) -> Result<(), String> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(LOST.into());
+        }
         self.copies.fetch_add(1, Ordering::Relaxed);
         let mut map = self.states.lock().unwrap();
         let v = map.get(&src).ok_or("no copy")?.clone();
@@ -270,6 +283,37 @@ fn a_device_failing_after_changing_the_states_fails_the_step_and_changes_nothing
         got == want,
         "a failed device step left a trace in the state"
     );
+}
+
+/// A fork or snapshot of a state whose device is gone does not panic: its
+/// buffers are marked lost, and a step from it fails naming the cause,
+/// on the device or (with no backend left) on the CPU.
+#[test]
+fn copies_of_a_state_on_a_lost_device_fail_their_steps_without_a_panic() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let k3 = k3_tiny();
+    let model: &dyn CausalLm = &k3;
+    let mirror = Arc::new(Mirror::default());
+    backend::install(mirror.clone());
+    let mut s = model.new_state();
+    model
+        .forward(s.as_mut(), &[1, 20, 300], Logits::Last)
+        .unwrap();
+    mirror.lost.store(true, Ordering::Relaxed);
+    let mut fork = s.fork();
+    let snap = s.snapshot();
+    let err = model
+        .forward(fork.as_mut(), &[7], Logits::Last)
+        .unwrap_err();
+    assert!(err.to_string().contains(LOST), "{err}");
+    backend::uninstall();
+    let err = model
+        .forward(fork.as_mut(), &[7], Logits::Last)
+        .unwrap_err();
+    assert!(err.to_string().contains(LOST), "on the CPU: {err}");
+    // Putting the snapshot back fails the same way.
+    let err = s.restore(snap.as_ref()).unwrap_err();
+    assert!(err.to_string().contains(LOST), "from the snapshot: {err}");
 }
 
 #[test]

@@ -174,13 +174,21 @@ impl SequenceState {
     /// A mark to undo a step with (KDA state and journal copied, MLA lengths).
     /// Reuses the buffers of the last released mark when it has this
     /// state's layout.
-    pub(crate) fn undo_mark(&mut self) -> UndoMark {
+    pub(crate) fn undo_mark(&mut self) -> std::result::Result<UndoMark, StateError> {
         match self.spare.0.take() {
             Some(mut snap) if snap.kda.len() == self.layers.len() => {
-                self.snapshot_into(&mut snap);
-                UndoMark(snap)
+                self.snapshot_into(&mut snap)?;
+                Ok(UndoMark(snap))
             }
-            _ => UndoMark(self.snapshot()),
+            _ => {
+                let snap = self.snapshot();
+                // A copy made while the device was unreachable is lost.
+                for k in snap.kda.iter().flatten() {
+                    k.s.check()?;
+                    k.conv.iter().try_for_each(StateBuf::check)?;
+                }
+                Ok(UndoMark(snap))
+            }
         }
     }
 
@@ -196,14 +204,14 @@ impl SequenceState {
     }
 
     /// [`SequenceState::snapshot`] into `snap`'s buffers (same layer count).
-    fn snapshot_into(&self, snap: &mut Snapshot) {
+    fn snapshot_into(&self, snap: &mut Snapshot) -> std::result::Result<(), StateError> {
         snap.pos = self.pos;
         for (i, l) in self.layers.iter().enumerate() {
             match (l, &mut snap.kda[i]) {
                 (LayerState::Kda(k), Some(saved)) => {
-                    reachable(saved.s.copy_from(&k.s));
+                    saved.s.copy_from(&k.s)?;
                     for (c, src) in saved.conv.iter_mut().zip(&k.conv) {
-                        reachable(c.copy_from(src));
+                        c.copy_from(src)?;
                     }
                     saved.journal.clone_from(&k.journal);
                     snap.mla_len[i] = 0;
@@ -218,16 +226,18 @@ impl SequenceState {
                 }
             }
         }
+        Ok(())
     }
 
     /// Puts back what `mark` saw, journals included.
-    pub(crate) fn undo(&mut self, mark: &UndoMark) {
-        reachable(self.restore(&mark.0));
+    pub(crate) fn undo(&mut self, mark: &UndoMark) -> std::result::Result<(), StateError> {
+        self.restore(&mark.0)?;
         for (l, saved) in self.layers.iter_mut().zip(&mark.0.kda) {
             if let (LayerState::Kda(k), Some(s)) = (l, saved) {
                 k.journal.clone_from(&s.journal);
             }
         }
+        Ok(())
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -335,14 +345,15 @@ impl SequenceState {
 
 impl crate::batch::Undo for SequenceState {
     type Mark = UndoMark;
-    fn mark(&mut self) -> UndoMark {
+    fn mark(&mut self) -> Result<UndoMark> {
         self.undo_mark()
+            .map_err(|e| ModelError::State(e.to_string()))
     }
     fn release(&mut self, mark: UndoMark) {
         self.release_mark(mark)
     }
-    fn undo(&mut self, mark: &UndoMark) {
-        SequenceState::undo(self, mark)
+    fn undo(&mut self, mark: &UndoMark) -> Result<()> {
+        SequenceState::undo(self, mark).map_err(|e| ModelError::State(e.to_string()))
     }
 }
 
@@ -412,14 +423,5 @@ impl SeqState for SequenceState {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
-    }
-}
-
-/// A state copy in a step's bookkeeping (undo marks), which has no error
-/// path: the device holding the newest copy can no longer be reached, so
-/// no sequence it holds can continue.
-fn reachable(r: std::result::Result<(), StateError>) {
-    if let Err(e) = r {
-        panic!("{e}");
     }
 }
