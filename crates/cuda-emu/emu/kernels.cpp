@@ -6,6 +6,7 @@
 #include "../../kernels-cuda/src/matmul.cu"
 #include "../../kernels-cuda/src/kda.cu"
 #include "../../kernels-cuda/src/glu.cu"
+#include "../../kernels-cuda/src/mla.cu"
 
 struct EmuLaunch {
     unsigned grid_x, grid_y, block_x;
@@ -78,4 +79,19 @@ extern "C" void emu_kda_step(const EmuLaunch* l, float* S, float* win_q, float* 
                  dt, onorm, out, row0, t, heads, kd, kernel, q_scale, l2_eps, norm_eps, bounded, lb, hin,
                  n_rows);
     });
+}
+
+extern "C" void emu_mla_split(const EmuLaunch* l, const unsigned long long* blocks,
+                              const float* q_lat, const float* q_rope, const int* ns, int heads,
+                              int lora, int rope, float scale, int max_splits, float* ps,
+                              float* pm, float* pl, float* pc) {
+    run(l, [&] {
+        mla_split(blocks, q_lat, q_rope, ns, heads, lora, rope, scale, max_splits, ps, pm, pl, pc);
+    });
+}
+
+extern "C" void emu_mla_merge(const EmuLaunch* l, const int* ns, int heads, int lora,
+                              int max_splits, const float* pm, const float* pl, const float* pc,
+                              float* out) {
+    run(l, [&] { mla_merge(ns, heads, lora, max_splits, pm, pl, pc, out); });
 }

@@ -3,7 +3,8 @@
 // `kda`: short_conv, head_inputs, delta_rule, gated_norm), with the CPU's
 // operations one for one: every multiply and add rounded on its own
 // (__fmul_rn, __fadd_rn; the module is compiled with --fmad=false), the
-// fused multiply-adds only where the CPU calls mul_add (exp_fixed), the
+// fused multiply-adds only where the CPU calls mul_add (exp_fixed,
+// ln_fixed, dot_lanes), the
 // sequential sums in the CPU's order, and the same hand-written exp. The
 // bits are the CPU's for every non-NaN value; a NaN stays a NaN (its
 // payload may differ: the GPU's arithmetic returns the canonical NaN).
@@ -77,20 +78,23 @@ __device__ __forceinline__ float sum_sq(const float* v, int n) {
     return s;
 }
 
-// Σ v[i]² in fathom-kernels `attention::dot_lanes`' order (what
-// `ops::rms_inv` sums): lane l accumulates fmaf(v[i], v[i], ·) over i ≡ l
-// (mod 8) through the full chunks of 8, the lanes fold as
-// ((0+4)+(2+6))+((1+5)+(3+7)), then the tail in order, fused.
-__device__ __forceinline__ float sum_sq_lanes(const float* v, int n) {
+// Σ a[i]·b[i] in fathom-kernels `attention::dot_lanes`' order: lane l
+// accumulates fmaf(a[i], b[i], ·) over i ≡ l (mod 8) through the full
+// chunks of 8, the lanes fold as ((0+4)+(2+6))+((1+5)+(3+7)), then the
+// tail in order, fused.
+__device__ __forceinline__ float dot_lanes(const float* a, const float* b, int n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     const int body = n / 8 * 8;
     for (int i = 0; i < body; i += 8)
-        for (int l = 0; l < 8; ++l) acc[l] = __fmaf_rn(v[i + l], v[i + l], acc[l]);
+        for (int l = 0; l < 8; ++l) acc[l] = __fmaf_rn(a[i + l], b[i + l], acc[l]);
     float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[2], acc[6])),
                         __fadd_rn(__fadd_rn(acc[1], acc[5]), __fadd_rn(acc[3], acc[7])));
-    for (int i = body; i < n; ++i) s = __fmaf_rn(v[i], v[i], s);
+    for (int i = body; i < n; ++i) s = __fmaf_rn(a[i], b[i], s);
     return s;
 }
+
+// Σ v[i]² in the same order (what `ops::rms_inv` sums).
+__device__ __forceinline__ float sum_sq_lanes(const float* v, int n) { return dot_lanes(v, v, n); }
 
 #define KDA_MAX_KERNEL 8
 

@@ -23,7 +23,9 @@
 //!   `c = fma(p, lat, c)` (element-wise).
 //! * Splits are merged in order with the online-softmax rule
 //!   `M' = max(M, m)`, `L = L·e^(M−M') + l·e^(m−M')`,
-//!   `C = C·e^(M−M') + c·e^(m−M')`; finally `ctx = C / L`.
+//!   `C = C·e^(M−M') + c·e^(m−M')` (e^ by [`crate::expf::exp_fixed`], which a
+//!   device repeats; the first split's factor for the empty state is 0);
+//!   finally `ctx = C · (1/L)`.
 //!
 //! So a query's result depends only on its own inputs and `n`: not on how
 //! many queries share the call (prefill chunk, decode, draft verification),
@@ -35,7 +37,7 @@
 
 use rayon::prelude::*;
 
-use crate::expf::exp_softmax;
+use crate::expf::{exp_fixed, exp_softmax};
 
 /// Rows per split of the context (fixed: part of the reduction order).
 pub const SPLIT: usize = 256;
@@ -355,9 +357,9 @@ impl Merged {
             let a = if self.m[hh] == f32::NEG_INFINITY {
                 0.0
             } else {
-                (self.m[hh] - m).exp()
+                exp_fixed(self.m[hh] - m)
             };
-            let b = (p.m[hh] - m).exp();
+            let b = exp_fixed(p.m[hh] - m);
             self.l[hh] = self.l[hh] * a + p.l[hh] * b;
             let dst = &mut self.c[hh * dim..(hh + 1) * dim];
             for (cv, &x) in dst.iter_mut().zip(&p.c[hh * dim..(hh + 1) * dim]) {
@@ -384,9 +386,9 @@ impl Merged {
                     let a = if *m == f32::NEG_INFINITY {
                         0.0
                     } else {
-                        (*m - mn).exp()
+                        exp_fixed(*m - mn)
                     };
-                    let b = (p.m[hh] - mn).exp();
+                    let b = exp_fixed(p.m[hh] - mn);
                     *l = *l * a + p.l[hh] * b;
                     for (cv, &x) in c.iter_mut().zip(&p.c[hh * dim..(hh + 1) * dim]) {
                         *cv = *cv * a + x * b;

@@ -1,0 +1,90 @@
+
+// Absorbed MLA attention over a latent cache (fathom-kernels `attention`:
+// `mla_attend_scalar` defines the order). Per query and split of 256 rows
+// (`mla_split`): every head's score per row, (dot_lanes(lat, q_lat) +
+// dot_lanes(kr, q_rope)) · scale; the head's max; then in row order
+// p = exp(s − max) (exp_fixed), l += p, c = fmaf(p, lat, c) per latent
+// value. Then per query (`mla_merge`) the splits in order by the
+// online-softmax rule, e^ by exp_fixed, and ctx = C · (1/L). Every
+// operation rounded as on the CPU (--fmad=false), so the bits are the
+// CPU's.
+
+#define MLA_SPLIT 256
+
+// One (split, query) per block (grid: max splits × queries): `blocks` the
+// cache's row blocks (MLA_SPLIT rows of lora + rope values each, the last
+// may be shorter), q_lat [T, H, lora], q_rope [T, H, rope], ns[T] the rows
+// each query sees. Scratch per (query, split): ps [H, MLA_SPLIT] (scores,
+// then weights), pm, pl [H], pc [H, lora], at index qi·max_splits + k.
+extern "C" __global__ void mla_split(const unsigned long long* __restrict__ blocks,
+                                     const float* __restrict__ q_lat,
+                                     const float* __restrict__ q_rope,
+                                     const int* __restrict__ ns, int heads, int lora, int rope,
+                                     float scale, int max_splits, float* ps, float* pm,
+                                     float* pl, float* pc) {
+    const int k = blockIdx.x, qi = blockIdx.y;
+    const int n = ns[qi];
+    if (k * MLA_SPLIT >= n) return;  // the whole block leaves together
+    const int len = min(MLA_SPLIT, n - k * MLA_SPLIT);
+    const int w = lora + rope;
+    const float* rows = (const float*)blocks[k];
+    const size_t at = (size_t)qi * max_splits + k;
+    float* s = ps + at * heads * MLA_SPLIT;
+    const float* ql = q_lat + (size_t)qi * heads * lora;
+    const float* qr = q_rope + (size_t)qi * heads * rope;
+    for (int i = threadIdx.x; i < heads * len; i += blockDim.x) {
+        const int hh = i / len, j = i % len;
+        const float* r = rows + (size_t)j * w;
+        const float a = dot_lanes(r, ql + (size_t)hh * lora, lora);
+        const float b = dot_lanes(r + lora, qr + (size_t)hh * rope, rope);
+        s[hh * MLA_SPLIT + j] = __fmul_rn(__fadd_rn(a, b), scale);
+    }
+    __syncthreads();
+    for (int hh = threadIdx.x; hh < heads; hh += blockDim.x) {
+        float m = __uint_as_float(0xff800000u);  // −∞
+        for (int j = 0; j < len; ++j) m = fmaxf(m, s[hh * MLA_SPLIT + j]);
+        float l = 0.0f;
+        for (int j = 0; j < len; ++j) {
+            const float p = exp_fixed(__fsub_rn(s[hh * MLA_SPLIT + j], m));
+            s[hh * MLA_SPLIT + j] = p;
+            l = __fadd_rn(l, p);
+        }
+        pm[at * heads + hh] = m;
+        pl[at * heads + hh] = l;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < heads * lora; i += blockDim.x) {
+        const int hh = i / lora, e = i % lora;
+        float c = 0.0f;
+        for (int j = 0; j < len; ++j)
+            c = __fmaf_rn(s[hh * MLA_SPLIT + j], rows[(size_t)j * w + e], c);
+        pc[at * heads * lora + i] = c;
+    }
+}
+
+// Per query (grid: queries): the splits merged in order, one thread per
+// (head, latent value) — each head's L recomputed by its threads with the
+// same operations. out [T, H, lora].
+extern "C" __global__ void mla_merge(const int* __restrict__ ns, int heads, int lora,
+                                     int max_splits, const float* __restrict__ pm,
+                                     const float* __restrict__ pl,
+                                     const float* __restrict__ pc, float* __restrict__ out) {
+    const int qi = blockIdx.x;
+    const int splits = (ns[qi] + MLA_SPLIT - 1) / MLA_SPLIT;
+    const float ninf = __uint_as_float(0xff800000u);
+    for (int i = threadIdx.x; i < heads * lora; i += blockDim.x) {
+        const int hh = i / lora;
+        float M = ninf, L = 0.0f, C = 0.0f;
+        for (int k = 0; k < splits; ++k) {
+            const size_t at = (size_t)qi * max_splits + k;
+            const float m = pm[at * heads + hh];
+            const float mn = fmaxf(M, m);
+            const float a = M == ninf ? 0.0f : exp_fixed(__fsub_rn(M, mn));
+            const float b = exp_fixed(__fsub_rn(m, mn));
+            L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(pl[at * heads + hh], b));
+            C = __fadd_rn(__fmul_rn(C, a), __fmul_rn(pc[at * heads * lora + i], b));
+            M = mn;
+        }
+        out[(size_t)qi * heads * lora + i] = __fmul_rn(C, __fdiv_rn(1.0f, L));
+    }
+}
