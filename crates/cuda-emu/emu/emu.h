@@ -17,6 +17,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
 
@@ -119,8 +121,16 @@ inline void yield() {
 #endif
 }
 
+// Set whenever a thread reaches a barrier or exits: a pass of the
+// scheduler over the block without it is a deadlock.
+inline bool& progress() {
+    static bool p = false;
+    return p;
+}
+
 inline void wait(Group& g) {
     const unsigned gen = g.gen;
+    progress() = true;
     if (++g.count >= g.live) {
         g.count = 0;
         ++g.gen;
@@ -144,6 +154,7 @@ inline void trampoline() {
     f.done = true;
     leave(s.blockbar);
     leave(s.warps[f.linear / 32]);
+    progress() = true;
 #ifdef EMU_FAST_SWITCH
     emu_switch(&f.sp, s.sched_sp);  // never resumed
     __builtin_unreachable();
@@ -197,7 +208,9 @@ inline void launch(dim3 grid, dim3 block, size_t shared, const std::function<voi
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 s.block = uint3{bx, by, bz};
-                s.dyn.assign(shared, 0);
+                // Uninitialised on the device: NaN bytes here, so a kernel
+                // reading shared memory it did not write shows it.
+                s.dyn.assign(shared, 0xFF);
                 s.blockbar = Group{n, 0, 0};
                 s.warps.assign(nw, Group{});
                 for (int w = 0; w < nw; ++w) s.warps[w].live = (n - 32 * w < 32) ? n - 32 * w : 32;
@@ -211,10 +224,18 @@ inline void launch(dim3 grid, dim3 block, size_t shared, const std::function<voi
                 }
                 int left = n;
                 while (left > 0) {
+                    progress() = false;
                     for (int i = 0; i < n; ++i) {
                         if (s.fibers[i].done) continue;
                         resume(s, i);
                         if (s.fibers[i].done) --left;
+                    }
+                    if (left > 0 && !progress()) {
+                        fprintf(stderr,
+                                "cuda-emu: block (%u, %u, %u): %d threads wait at a barrier "
+                                "that can never complete\n",
+                                bx, by, bz, left);
+                        abort();
                     }
                 }
             }
@@ -287,3 +308,9 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return sqrtf(a); }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+// CUDA's integer min/max (floats go through fminf/fmaxf; a float call of
+// these would not compile here rather than truncate).
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+float min(float, float) = delete;
+float max(float, float) = delete;

@@ -27,7 +27,8 @@ impl EmuBackend {
         Self::default()
     }
 
-    /// Gated-MLP calls taken ([`Backend::glu_batch`]) and KDA steps taken.
+    /// Gated-MLP calls taken ([`Backend::glu_batch`], [`Backend::glu_mixed`])
+    /// and KDA steps taken.
     pub fn glu_and_kda_calls(&self) -> (u64, u64) {
         (
             self.glu_calls.load(Ordering::Relaxed),
@@ -181,7 +182,12 @@ fn kda_takes(job: &KdaJob<'_>) -> bool {
         && w.o_norm.len() == kd
         && job.seqs.iter().all(|s| {
             s.s.len() == h * kd * kd && s.conv.iter().all(|c| c.len() == (kernel - 1) * p)
-        });
+        })
+        // A lost state runs on the CPU, whose read names the cause.
+        && job
+            .seqs
+            .iter()
+            .all(|s| s.s.check().is_ok() && s.conv.iter().all(|c| c.check().is_ok()));
     tiled && products && sizes && lens && crate::available()
 }
 

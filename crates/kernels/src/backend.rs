@@ -488,28 +488,24 @@ pub fn glu_batch_stable(jobs: &mut [GluProduct<'_, '_>], act: GluAct, hints: &Hi
     glu_steps_on(b.as_deref(), jobs, act, hints)
 }
 
-/// Plain products and gated MLPs on the installed backend in one call when
-/// it takes them all ([`Backend::glu_mixed`]); else the products as one
-/// batch ([`batch_on`]) and the MLPs through [`glu_batch_stable`]. The same
-/// bits either way; `hints` go with the MLPs.
-pub fn glu_mixed_stable(
+/// Plain products and gated MLPs on the installed backend in one call
+/// ([`Backend::glu_mixed`]; with no MLPs, [`Backend::matmul_batch`]):
+/// `true` when it took them (every output written, each with the bits of
+/// its own call), `false` with nothing computed — no backend, or it
+/// declined — so the caller can order the work for the CPU instead.
+pub fn glu_mixed_taken(
     plain: &mut [Product<'_, '_>],
     jobs: &mut [GluProduct<'_, '_>],
     act: GluAct,
     hints: &Hints<'_, '_>,
-) {
-    let b = installed();
-    if let Some(b) = &b
-        && !plain.is_empty()
-        && !jobs.is_empty()
-        && b.glu_mixed(plain, jobs, act, hints)
-    {
-        return;
-    }
-    if !plain.is_empty() {
-        batch_on(b.as_deref(), plain, &Hints::default());
-    }
-    glu_batch_stable(jobs, act, hints)
+) -> bool {
+    installed().is_some_and(|b| {
+        if jobs.is_empty() {
+            !plain.is_empty() && b.matmul_batch(plain, hints)
+        } else {
+            b.glu_mixed(plain, jobs, act, hints)
+        }
+    })
 }
 
 /// Gated MLPs in steps through [`batch_on`] `b`: the gate and up products

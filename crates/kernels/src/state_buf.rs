@@ -68,6 +68,14 @@ impl StateBuf {
         }
     }
 
+    /// Marks the values unknown (a copy into this buffer failed part way):
+    /// reading fails with `why` until the buffer is overwritten whole. The
+    /// device copy, if any, is dropped.
+    pub fn mark_lost(&mut self, why: String) {
+        self.drop_device_copy();
+        self.lost = Some(why);
+    }
+
     /// The name of the device copy.
     pub fn key(&self) -> StateKey {
         (
@@ -131,6 +139,7 @@ impl StateBuf {
             && b.state_copy(src.key(), self.key()).is_ok()
         {
             self.on_device = true;
+            self.lost = None;
             return Ok(());
         }
         // Overwritten whole: the device copy need not come back first.

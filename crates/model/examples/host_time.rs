@@ -68,8 +68,6 @@ impl Backend for Zeros {
         jobs.iter_mut().for_each(|j| j.y.fill(0.0));
         self.call()
     }
-    /// States stay "on the device", as the CUDA backend leaves them: the
-    /// step's undo marks are then device copies, not host ones.
     fn glu_mixed(
         &self,
         ps: &mut [Product<'_, '_>],
@@ -81,6 +79,8 @@ impl Backend for Zeros {
         jobs.iter_mut().for_each(|j| j.y.fill(0.0));
         self.call()
     }
+    /// States stay "on the device", as the CUDA backend leaves them: the
+    /// step's undo marks are then device copies, not host ones.
     fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
         job.out.fill(0.0);
         if let Some(b) = job.inputs_out.as_deref_mut() {

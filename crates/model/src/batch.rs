@@ -75,16 +75,28 @@ pub(crate) fn atomic_step<S: Undo>(
             }
         }
     }
-    // Puts every state back; a state that cannot be (its device is gone)
-    // turns the step's error into that one, naming the sequence.
+    // Puts every state back. States that cannot be (their device is gone;
+    // their buffers are then marked lost) turn the step's error into one
+    // that says so: naming the sequence when it is one, else the step's.
     let undo = |states: &mut [&mut S], error: StepError| -> StepError {
-        let mut out = error;
-        for (i, (s, m)) in states.iter_mut().zip(&marks).enumerate() {
-            if let Err(e) = s.undo(m) {
-                out = seq_err(i, ModelError::State(format!("{}; then {e}", out.error)));
-            }
+        let failed: Vec<(usize, ModelError)> = states
+            .iter_mut()
+            .zip(&marks)
+            .enumerate()
+            .filter_map(|(i, (s, m))| s.undo(m).err().map(|e| (i, e)))
+            .collect();
+        match failed.as_slice() {
+            [] => error,
+            [(i, e)] => seq_err(*i, ModelError::State(format!("{}; then {e}", error.error))),
+            [(_, e), ..] => StepError {
+                seq: None,
+                error: ModelError::State(format!(
+                    "{}; then {} sequences could not be put back: {e}",
+                    error.error,
+                    failed.len()
+                )),
+            },
         }
-        out
     };
     let rows = Rows {
         segs,

@@ -101,9 +101,12 @@ pub struct StepInput<'a> {
     pub logits: Logits,
 }
 
-/// A failed step. Every state is exactly as it was before the call; `seq`
-/// names the batch entry at fault when the failure is one sequence's own
-/// (bad token, non-finite values), `None` when it is the step's (I/O).
+/// A failed step. Every state is exactly as it was before the call —
+/// except when a device holding a state's newest copy was lost: such a
+/// state cannot be put back, its buffers are marked lost and it fails
+/// every later step (the error says so). `seq` names the batch entry at
+/// fault when the failure is one sequence's own (bad token, non-finite
+/// values, its lost state), `None` when it is the step's (I/O).
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
 pub struct StepError {

@@ -96,7 +96,13 @@ impl CudaBackend {
     /// block per head) and the outputs back with one synchronisation.
     /// `Ok(false)` when declined: a shape the kernel does not take.
     pub(super) fn kda(&self, job: &mut KdaJob<'_>) -> Result<bool, KdaFailure> {
-        if !takes(job) {
+        // A state whose values were lost runs on the CPU, whose read names
+        // the cause.
+        let lost = job
+            .seqs
+            .iter()
+            .any(|s| s.s.check().is_err() || s.conv.iter().any(|c| c.check().is_err()));
+        if lost || !takes(job) {
             return Ok(false);
         }
         let out_len = job.out.len();

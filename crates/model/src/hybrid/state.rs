@@ -269,20 +269,32 @@ impl SequenceState {
             snap.pos <= self.pos,
             "snapshot is from the future of this sequence"
         );
+        // Every layer is put back even when a copy fails (its buffer is
+        // then marked lost, so the sequence cannot step on from a mix of
+        // old and new values); the first failure is returned.
+        let mut first = Ok(());
+        let mut put = |dst: &mut StateBuf, src: &StateBuf| {
+            if let Err(e) = dst.copy_from(src) {
+                dst.mark_lost(e.0.clone());
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        };
         for (i, l) in self.layers.iter_mut().enumerate() {
             match l {
                 LayerState::Kda(k) => {
                     let saved = snap.kda[i].as_ref().expect("layer kinds do not change");
-                    k.s.copy_from(&saved.s)?;
+                    put(&mut k.s, &saved.s);
                     for (c, sc) in k.conv.iter_mut().zip(&saved.conv) {
-                        c.copy_from(sc)?;
+                        put(c, sc);
                     }
                 }
                 LayerState::Mla(m) => m.truncate(snap.mla_len[i]),
             }
         }
         self.pos = snap.pos;
-        Ok(())
+        first
     }
 
     /// Starts a pass that [`SequenceState::keep`] may later cut short. KDA

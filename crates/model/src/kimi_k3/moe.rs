@@ -11,7 +11,7 @@
 //! expert runs on all its tokens at once; per-token sums are accumulated in
 //! the router's rank order, so the result does not depend on T.
 
-use fathom_kernels::backend::{self, Hints, Product, Role};
+use fathom_kernels::backend::{self, GluProduct, Hints, Product, Role};
 use fathom_kernels::ops::{GluAct, rms_norm};
 
 use super::config::K3Spec;
@@ -61,9 +61,9 @@ fn routes_of(spec: &K3Spec, w: &MoeWeights, logits: &[f32]) -> Vec<Route> {
 
 /// What a MoE layer computes from its input before the routed experts:
 /// the router's logits, the latent down-projection `z`, the shared
-/// experts' output — with a device, in one call
-/// ([`backend::glu_mixed_stable`]; each the bits of its own call).
-fn spine_first(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> SpineFirst {
+/// experts' output — in one device call ([`backend::glu_mixed_taken`];
+/// each the bits of its own call); `None` when no device takes it.
+fn spine_first(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Option<SpineFirst> {
     let mut logits = vec![0f32; t * w.gate.rows];
     let mut z = vec![0f32; t * w.routed_expert_down_proj.rows];
     let mut shared = w
@@ -86,14 +86,13 @@ fn spine_first(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> SpineFirst
             y: &mut z,
         },
     ];
-    match (&w.shared_experts, shared.as_deref_mut()) {
-        (Some(sh), Some(y)) => {
-            let mut job = [sh.job(x, t, y)];
-            backend::glu_mixed_stable(&mut plain, &mut job, situ(spec), &Hints::default())
-        }
-        _ => backend::matmul_batch_stable(&mut plain, &Hints::default()),
-    }
-    SpineFirst { logits, z, shared }
+    let mut job: Vec<GluProduct<'_, '_>> = match (&w.shared_experts, shared.as_deref_mut()) {
+        (Some(sh), Some(y)) => vec![sh.job(x, t, y)],
+        _ => Vec::new(),
+    };
+    let taken = backend::glu_mixed_taken(&mut plain, &mut job, situ(spec), &Hints::default());
+    drop((plain, job));
+    taken.then_some(SpineFirst { logits, z, shared })
 }
 
 struct SpineFirst {
@@ -120,13 +119,14 @@ pub fn moe(
     hint: Option<NextLayerHint<'_>>,
     routes_out: Option<&mut Vec<Route>>,
 ) -> Result<Vec<f32>> {
-    // With a device, the router, the latent projection and the shared
-    // experts go in one call (a round trip each saved); on the CPU the
-    // routes come first, so the expert reads start before the CPU computes
-    // the rest while they arrive.
+    // With a device that takes them, the router, the latent projection and
+    // the shared experts go in one call (two round trips saved); on the
+    // CPU the routes come first, so the expert reads start before the CPU
+    // computes the rest while they arrive.
     let early = backend::installed()
         .is_some()
-        .then(|| spine_first(spec, w, x, t));
+        .then(|| spine_first(spec, w, x, t))
+        .flatten();
     let routes = match &early {
         Some(e) => routes_of(spec, w, &e.logits),
         None => route(spec, w, x, t),
