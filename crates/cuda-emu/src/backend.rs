@@ -168,10 +168,25 @@ fn kda_takes(job: &KdaJob<'_>) -> bool {
         && n.checked_mul(4 * p + h + r + dout)
             .is_some_and(|v| i32::try_from(v).is_ok());
     let w = &job.w;
+    let inputs = match &job.proj {
+        Some(pj) => {
+            let dm = pj.mats[0].cols();
+            dm > 0
+                && pj.x.len() == n * dm
+                && pj
+                    .mats
+                    .iter()
+                    .zip([p, p, p, r, h, p])
+                    .all(|(m, rw)| m.rows() == rw && m.cols() == dm && takes(m, n, 1))
+        }
+        None => {
+            job.x.f.len() == n * r
+                && job.x.pre.iter().chain([&job.x.g]).all(|v| v.len() == n * p)
+                && job.x.b.len() == n * h
+        }
+    };
     let lens = job.out.len() == n * dout
-        && job.x.f.len() == n * r
-        && job.x.pre.iter().chain([&job.x.g]).all(|v| v.len() == n * p)
-        && job.x.b.len() == n * h
+        && inputs
         && job
             .inputs_out
             .as_ref()
@@ -264,15 +279,48 @@ impl Backend for EmuBackend {
         let d = job.dims;
         let (h, kd, p) = (d.heads, d.head_dim, d.width());
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
+        // The projections first when the job carries them (one batch, as
+        // the CUDA backend launches them in the step's call).
+        let x = match job.proj {
+            Some(pj) => {
+                let mut outs = pj.mats.map(|m| vec![0f32; n * m.rows()]);
+                {
+                    let mut ps: Vec<Product<'_, '_>> = pj
+                        .mats
+                        .iter()
+                        .zip(outs.iter_mut())
+                        .map(|(&w, y)| Product {
+                            w,
+                            role: Role::Spine,
+                            x: pj.x,
+                            t: n,
+                            y,
+                        })
+                        .collect();
+                    Self::run_batch(&mut ps);
+                }
+                outs
+            }
+            None => [
+                job.x.pre[0],
+                job.x.pre[1],
+                job.x.pre[2],
+                job.x.f,
+                job.x.b,
+                job.x.g,
+            ]
+            .map(<[f32]>::to_vec),
+        };
+        let [pq, pk, pv, xf, xb, xg] = &x;
         let f_full: Vec<f32>;
         let f = match job.f_up {
             Some(m) => {
                 let mut y = vec![0f32; n * p];
-                matmul(&m, job.x.f, n, 1, &mut y);
+                matmul(&m, xf, n, 1, &mut y);
                 f_full = y;
                 &f_full[..]
             }
-            None => job.x.f,
+            None => &xf[..],
         };
         let mut core = vec![0f32; if job.o_proj.is_some() { n * p } else { 0 }];
         let out = if job.o_proj.is_some() {
@@ -295,10 +343,10 @@ impl Backend for EmuBackend {
                     ck.host_mut().map_err(err)?.as_mut_slice(),
                     cv.host_mut().map_err(err)?.as_mut_slice(),
                 ],
-                pre: job.x.pre,
+                pre: [pq, pk, pv],
                 f,
-                b: job.x.b,
-                g: job.x.g,
+                b: xb,
+                g: xg,
                 taps: job.w.conv,
                 a: job.w.a,
                 dt: job.w.dt_bias,
@@ -324,7 +372,10 @@ impl Backend for EmuBackend {
         if let Some(m) = job.o_proj {
             matmul(&m, &core, n, 1, job.out);
         }
-        let products = 1 + usize::from(job.f_up.is_some()) + usize::from(job.o_proj.is_some());
+        let products = 1
+            + usize::from(job.f_up.is_some())
+            + usize::from(job.o_proj.is_some())
+            + if job.proj.is_some() { 6 } else { 0 };
         self.count(products);
         self.kda_steps.fetch_add(1, Ordering::Relaxed);
         Ok(true)

@@ -4,12 +4,13 @@
 //! head widths that are and are not a multiple of 32, inputs that drive
 //! the exponentials past both ends, the decay with a lower bound (K3) and
 //! with softplus (Kimi-Linear), with and without the forget gate's
-//! up-projection and o_proj in the call. Where the emulator was not built
+//! up-projection and o_proj in the call, and with the layer's six input
+//! projections in it (`KdaJob::proj`). Where the emulator was not built
 //! the test prints why it skips.
 
 use fathom_cuda_emu::{EmuBackend, available};
 use fathom_kernels::backend::{Backend, MatRef};
-use fathom_kernels::kda::{KdaDims, KdaInputs, KdaJob, KdaParams, KdaSeq, kda_step_cpu};
+use fathom_kernels::kda::{KdaDims, KdaInputs, KdaJob, KdaParams, KdaProj, KdaSeq, kda_step_cpu};
 use fathom_kernels::state_buf::StateBuf;
 
 struct Lcg(u64);
@@ -55,6 +56,29 @@ struct Layer {
     f_up: Vec<u16>,
     o_proj: Vec<u16>,
     products: bool,
+    /// The six input projections `[rows, DM]` (q, k, v, f_a, b, g) when the
+    /// step carries them (`KdaJob::proj`); empty otherwise.
+    proj: Vec<Vec<u16>>,
+}
+
+/// The projections' input width.
+const DM: usize = 24;
+
+impl Layer {
+    /// The step carries its six projections of `x [N, DM]`.
+    fn projected(mut self, g: &mut Lcg) -> Self {
+        let (p, h) = (self.dims.width(), self.dims.heads);
+        let r = if self.products { R } else { p };
+        self.proj = [p, p, p, r, h, p]
+            .iter()
+            .map(|&rows| g.bf16(rows * DM, 0.4))
+            .collect();
+        self
+    }
+    fn proj_rows(&self) -> [usize; 6] {
+        let (p, h) = (self.dims.width(), self.dims.heads);
+        [p, p, p, if self.products { R } else { p }, h, p]
+    }
 }
 
 impl Layer {
@@ -82,6 +106,7 @@ impl Layer {
             f_up: g.bf16(p * R, 0.5),
             o_proj: g.bf16(D * p, 0.1),
             products,
+            proj: Vec::new(),
         }
     }
 }
@@ -117,6 +142,30 @@ fn step(
         })
         .collect();
     let bf16 = |w, rows, cols| l.products.then_some(MatRef::Bf16 { w, rows, cols });
+    let xs = g.vec(n * DM, 1.0);
+    let proj = (!l.proj.is_empty()).then(|| KdaProj {
+        x: &xs,
+        mats: std::array::from_fn(|i| MatRef::Bf16 {
+            w: &l.proj[i],
+            rows: l.proj_rows()[i],
+            cols: DM,
+        }),
+    });
+    let none: &[f32] = &[];
+    let inputs_x = match proj {
+        Some(_) => KdaInputs {
+            pre: [none; 3],
+            f: none,
+            b: none,
+            g: none,
+        },
+        None => KdaInputs {
+            pre: [&pre[0], &pre[1], &pre[2]],
+            f: &f,
+            b: &bb,
+            g: &gg,
+        },
+    };
     let mut job = KdaJob {
         dims: &l.dims,
         w: KdaParams {
@@ -125,12 +174,8 @@ fn step(
             dt_bias: &l.dt,
             o_norm: &l.o_norm,
         },
-        x: KdaInputs {
-            pre: [&pre[0], &pre[1], &pre[2]],
-            f: &f,
-            b: &bb,
-            g: &gg,
-        },
+        x: inputs_x,
+        proj,
         seqs,
         out: &mut out,
         f_up: bf16(&l.f_up[..], p, R),
@@ -166,14 +211,20 @@ fn kda_core_matches_its_twin_bit_for_bit() {
     }
     let b = EmuBackend::new();
     // The decay as K3's (a lower bound: lb·σ) and as Kimi-Linear's (−a·softplus).
-    for (heads, kd, kernel, products, lb) in [
-        (2, 64, 4, false, Some(-5.0)),
-        (3, 48, 3, true, Some(-5.0)),
-        (2, 32, 2, true, None),
-        (1, 40, 4, false, None),
+    // The last two also carry their six input projections in the call.
+    for (heads, kd, kernel, products, lb, projected) in [
+        (2, 64, 4, false, Some(-5.0), false),
+        (3, 48, 3, true, Some(-5.0), false),
+        (2, 32, 2, true, None, false),
+        (1, 40, 4, false, None, false),
+        (2, 32, 4, true, Some(-5.0), true),
+        (1, 40, 3, false, None, true),
     ] {
         let mut g = Lcg(heads as u64 * 1000 + kd as u64);
-        let l = Layer::new(&mut g, heads, kd, kernel, products, lb);
+        let mut l = Layer::new(&mut g, heads, kd, kernel, products, lb);
+        if projected {
+            l = l.projected(&mut g);
+        }
         let (p, kk) = (l.dims.width(), kernel - 1);
         let mut emu: Vec<[StateBuf; 4]> = (0..3)
             .map(|_| {
@@ -187,8 +238,10 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             })
             .collect();
         let mut cpu = emu.clone();
-        let case =
-            format!("heads {heads}, kd {kd}, kernel {kernel}, products {products}, bound {lb:?}");
+        let case = format!(
+            "heads {heads}, kd {kd}, kernel {kernel}, products {products}, bound {lb:?}, \
+             projected {projected}"
+        );
         for (i, lens) in [[1, 3, 2], [1, 1, 1], [2, 1, 1]].iter().enumerate() {
             let seed = g.0;
             let got = step(&l, &mut emu, lens, &mut Lcg(seed), Some(&b));
@@ -232,6 +285,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             b: &bb,
             g: &pre,
         },
+        proj: None,
         seqs,
         out: &mut out,
         f_up: None,

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use fathom_kernels::backend::{self, Backend, MatRef};
-use fathom_kernels::kda::{KdaDims, KdaInputs, KdaJob, KdaParams, KdaSeq, kda_step_cpu};
+use fathom_kernels::kda::{KdaDims, KdaInputs, KdaJob, KdaParams, KdaProj, KdaSeq, kda_step_cpu};
 use fathom_kernels::state_buf::StateBuf;
 
 mod common;
@@ -45,7 +45,13 @@ struct Layer {
     f_up: Vec<u16>,
     o_proj: Vec<u16>,
     products: bool,
+    /// The six input projections `[rows, DM]` (q, k, v, f_a, b, g) when the
+    /// step carries them (`KdaJob::proj`); empty otherwise.
+    proj: Vec<Vec<u16>>,
 }
+
+/// The projections' input width.
+const DM: usize = 80;
 
 /// Low-rank width of the forget gate and model width in the products' cases.
 const R: usize = 16;
@@ -77,7 +83,13 @@ impl Layer {
                 .map(|v| (v.to_bits() >> 16) as u16)
                 .collect(),
             products: false,
+            proj: Vec::new(),
         }
+    }
+    /// The rows of the six projections.
+    fn proj_rows(&self) -> [usize; 6] {
+        let (p, h) = (self.dims.width(), self.dims.heads);
+        [p, p, p, if self.products { R } else { p }, h, p]
     }
     /// The forget gate's up-projection `[P, R]` and `o_proj` `[D, P]`, when
     /// the case runs them in the step.
@@ -102,7 +114,18 @@ impl Drop for Layer {
         self.params().forget();
         backend::forget(&self.f_up);
         backend::forget(&self.o_proj);
+        for m in &self.proj {
+            backend::forget(m);
+        }
     }
+}
+
+/// `n` bf16 values in ±`amp`.
+fn bf16(rng: &mut Lcg, n: usize, amp: f32) -> Vec<u16> {
+    rng.vec(n, amp)
+        .iter()
+        .map(|v| (v.to_bits() >> 16) as u16)
+        .collect()
 }
 
 /// One sequence's carried buffers.
@@ -145,6 +168,15 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
     );
     let mut out = vec![0f32; n * if l.products { D } else { p }];
     let mut inputs = vec![0f32; KdaJob::inputs_len(&l.dims, n)];
+    let xs = rng.vec(n * DM, 1.0);
+    let proj = (!l.proj.is_empty()).then(|| KdaProj {
+        x: &xs,
+        mats: std::array::from_fn(|i| MatRef::Bf16 {
+            w: &l.proj[i],
+            rows: l.proj_rows()[i],
+            cols: DM,
+        }),
+    });
     let mut at = 0;
     let job_seqs = seqs
         .iter_mut()
@@ -162,12 +194,14 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
     let mut job = KdaJob {
         dims: &l.dims,
         w: l.params(),
+        // With `proj` the inputs come from its products (these are unread).
         x: KdaInputs {
             pre: [&pre[0], &pre[1], &pre[2]],
             f: &f,
             b: &b,
             g: &g,
         },
+        proj,
         seqs: job_seqs,
         out: &mut out,
         f_up: l.products()[0],
@@ -191,17 +225,23 @@ fn kda_core_matches_its_twin_bit_for_bit() {
     backend::install(b.clone() as Arc<dyn Backend>);
     // The last two cases also run the forget gate's up-projection and
     // o_proj in the step's call.
-    // The last case has Kimi-Linear's decay (−a·softplus, no lower bound).
-    for (heads, kd, kernel, products, lb) in [
-        (4, 128, 4, false, Some(-5.0)),
-        (3, 48, 3, true, Some(-5.0)),
-        (2, 64, 2, true, Some(-5.0)),
-        (2, 40, 4, true, None),
+    // The fourth case has Kimi-Linear's decay (−a·softplus, no lower
+    // bound); the last carries the layer's six input projections.
+    for (heads, kd, kernel, products, lb, projected) in [
+        (4, 128, 4, false, Some(-5.0), false),
+        (3, 48, 3, true, Some(-5.0), false),
+        (2, 64, 2, true, Some(-5.0), false),
+        (2, 40, 4, true, None, false),
+        (2, 64, 4, true, Some(-5.0), true),
     ] {
         let mut rng = Lcg(heads as u64 * 1000 + kd as u64);
         let mut l = Layer::new(&mut rng, heads, kd, kernel);
         l.products = products;
         l.dims.gate_lower_bound = lb;
+        if projected {
+            let rows = l.proj_rows();
+            l.proj = rows.iter().map(|&r| bf16(&mut rng, r * DM, 0.4)).collect();
+        }
         let mut dev: Vec<Seq> = (0..3).map(|_| Seq::new(&mut rng, &l)).collect();
         let mut cpu: Vec<Seq> = dev
             .iter()
@@ -210,8 +250,10 @@ fn kda_core_matches_its_twin_bit_for_bit() {
                 conv: s.conv.clone(),
             })
             .collect();
-        let case =
-            format!("heads {heads}, kd {kd}, kernel {kernel}, products {products}, bound {lb:?}");
+        let case = format!(
+            "heads {heads}, kd {kd}, kernel {kernel}, products {products}, bound {lb:?}, \
+             projected {projected}"
+        );
         for (i, lens) in [[1, 3, 2], [1, 1, 1], [2, 1, 1]].iter().enumerate() {
             let seed = rng.0;
             let got = step(&l, &mut dev, lens, &mut Lcg(seed), true);
@@ -293,6 +335,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
                 b: &bb,
                 g: &x,
             },
+            proj: None,
             seqs: job_seqs,
             out: &mut out,
             f_up: None,

@@ -303,6 +303,36 @@ pub struct KdaInputs<'a> {
     pub g: &'a [f32],
 }
 
+/// A KDA layer's six input projections of the step's rows, for a backend
+/// to run inside the core's call (one round trip for the whole layer):
+/// `x [N, D]` (already normed) times q, k, v (`[P, D]` each), the forget
+/// gate's low-rank `f_a` (`[R, D]`, or `[P, D]` without an `f_up`), β
+/// (`[H, D]`) and the output gate (`[P, D]`) — what [`KdaInputs`] holds
+/// otherwise. The matrices' bytes are stable as for
+/// [`crate::backend::matmul_stable`].
+#[derive(Clone, Copy)]
+pub struct KdaProj<'a> {
+    pub x: &'a [f32],
+    pub mats: [crate::backend::MatRef<'a>; 6],
+}
+
+impl<'a> KdaProj<'a> {
+    /// The step's rows.
+    pub fn rows(&self) -> usize {
+        self.x.len() / self.mats[0].cols().max(1)
+    }
+
+    /// The six projections on the CPU kernels: pre q, k, v, f, b, g.
+    pub fn cpu(&self) -> [Vec<f32>; 6] {
+        let n = self.rows();
+        self.mats.map(|m| {
+            let mut y = vec![0f32; n * m.rows()];
+            m.cpu(self.x, n, &mut y);
+            y
+        })
+    }
+}
+
 /// One sequence of a step: its rows of the inputs and what it carries.
 pub struct KdaSeq<'a> {
     pub rows: std::ops::Range<usize>,
@@ -321,7 +351,11 @@ pub struct KdaSeq<'a> {
 pub struct KdaJob<'a> {
     pub dims: &'a KdaDims,
     pub w: KdaParams<'a>,
+    /// The projections; ignored (empty) when `proj` is set.
     pub x: KdaInputs<'a>,
+    /// When set, the projections are computed from it first (in the
+    /// backend's call) and `x` is not read.
+    pub proj: Option<KdaProj<'a>>,
     pub seqs: Vec<KdaSeq<'a>>,
     /// `[N, P]`, or `[N, D]` with `o_proj`.
     pub out: &'a mut [f32],
@@ -374,17 +408,31 @@ pub fn head_inputs_of(
 pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateError> {
     let d = job.dims;
     let (h, kd, p) = (d.heads, d.head_dim, d.width());
+    let projected: [Vec<f32>; 6];
+    let x = match job.proj {
+        Some(pj) => {
+            projected = pj.cpu();
+            let [q, k, v, f, b, g] = &projected;
+            KdaInputs {
+                pre: [q, k, v],
+                f,
+                b,
+                g,
+            }
+        }
+        None => job.x,
+    };
     // The step's rows (the sequences' rows lie among them).
-    let n = job.x.pre[0].len() / p;
+    let n = x.pre[0].len() / p;
     let f_full: Vec<f32>;
     let f = match job.f_up {
         Some(m) => {
             let mut y = vec![0f32; n * m.rows()];
-            m.cpu(job.x.f, n, &mut y);
+            m.cpu(x.f, n, &mut y);
             f_full = y;
             &f_full[..]
         }
-        None => job.x.f,
+        None => x.f,
     };
     let mut cat = vec![0f32; n * p];
     for seq in job.seqs.iter_mut() {
@@ -393,7 +441,7 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
         for c in 0..3 {
             let win = seq.conv[c].host_mut()?;
             conv.push(short_conv(
-                &job.x.pre[c][rows.clone()],
+                &x.pre[c][rows.clone()],
                 win,
                 job.w.conv[c],
                 p,
@@ -406,9 +454,9 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
             k: &conv[1],
             v: &conv[2],
             f: &f[rows.clone()],
-            b: &job.x.b[seq.rows.start * h..seq.rows.end * h],
+            b: &x.b[seq.rows.start * h..seq.rows.end * h],
         };
-        let g = &job.x.g[rows.clone()];
+        let g = &x.g[rows.clone()];
         let t = seq.rows.len();
         for hh in 0..h {
             let hi = head_inputs(d, &job.w, &r, hh);
@@ -576,6 +624,7 @@ mod tests {
                 dims: d,
                 w: *w,
                 x: *x,
+                proj: None,
                 seqs: vec![KdaSeq {
                     rows: rows.clone(),
                     s: &mut s,

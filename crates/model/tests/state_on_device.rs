@@ -27,6 +27,8 @@ static TURN: Mutex<()> = Mutex::new(());
 struct Mirror {
     states: Mutex<HashMap<StateKey, Vec<f32>>>,
     steps: AtomicUsize,
+    /// Steps that carried the layer's input projections (`KdaJob::proj`).
+    projected: AtomicUsize,
     reads: AtomicUsize,
     copies: AtomicUsize,
     /// When set, the next step changes the states and then fails (a device
@@ -77,6 +79,7 @@ impl Backend for Mirror {
                 dims: job.dims,
                 w: job.w,
                 x: job.x,
+                proj: job.proj,
                 seqs,
                 out: &mut out,
                 f_up: job.f_up,
@@ -97,6 +100,9 @@ impl Backend for Mirror {
             }
         }
         self.steps.fetch_add(1, Ordering::Relaxed);
+        if job.proj.is_some() {
+            self.projected.fetch_add(1, Ordering::Relaxed);
+        }
         if self.fail_after_change.swap(false, Ordering::Relaxed) {
             return Err("failed after the launches".into());
         }
@@ -240,8 +246,14 @@ fn states_kept_on_a_device_give_the_same_bits() {
         mirror.copies.load(Ordering::Relaxed),
     );
     // Every KDA step ran there, the speculative pass included (its journal
-    // gets the delta-rule inputs back).
+    // gets the delta-rule inputs back); those without a journal carried
+    // their input projections, the journaling ones did not.
     assert!(steps > 10, "{steps} steps on the device");
+    let projected = mirror.projected.load(Ordering::Relaxed);
+    assert!(
+        projected > 0 && projected < steps,
+        "{projected} of {steps} steps carried their projections"
+    );
     // Snapshots, undo marks and forks copied there; the journal, the
     // encoding and the dropped states read back.
     assert!(copies > 0 && reads > 0, "copies {copies}, reads {reads}");

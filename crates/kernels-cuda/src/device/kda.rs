@@ -38,6 +38,10 @@ struct Staged {
     out: u64,
     /// Where the journal's inputs go (0: none).
     hin: u64,
+    /// With `proj`: the staged rows `x`, each projection's segments and
+    /// where its output goes (the inputs' places above; the forget gate's
+    /// low-rank part where the up-projection reads it).
+    proj: Option<(u64, Vec<Vec<u64>>, [u64; 6])>,
     /// Per sequence: S and the q, k, v windows.
     states: Vec<[u64; 4]>,
     ny: usize,
@@ -68,10 +72,28 @@ fn takes(job: &KdaJob<'_>) -> bool {
         && h > 0
         && n > 0
         && n.checked_mul(4 * p + h + r + dout).is_some_and(small);
+    let projected = match &job.proj {
+        // Six products of x [N, D] giving the inputs' shapes.
+        Some(pj) => {
+            let dm = pj.mats[0].cols();
+            let rows = [p, p, p, r, h, p];
+            dm > 0
+                && pj.x.len() == n * dm
+                && n.checked_mul(dm).is_some_and(small)
+                && pj
+                    .mats
+                    .iter()
+                    .zip(rows)
+                    .all(|(m, rw)| m.rows() == rw && m.cols() == dm)
+        }
+        None => {
+            job.x.f.len() == n * r
+                && job.x.pre.iter().chain([&job.x.g]).all(|v| v.len() == n * p)
+                && job.x.b.len() == n * h
+        }
+    };
     let inputs = job.out.len() == n * dout
-        && job.x.f.len() == n * r
-        && job.x.pre.iter().chain([&job.x.g]).all(|v| v.len() == n * p)
-        && job.x.b.len() == n * h
+        && projected
         && job
             .inputs_out
             .as_ref()
@@ -150,7 +172,8 @@ impl CudaBackend {
             s.conv.iter_mut().for_each(|c| c.set_on_device());
         }
         // The products in the call count as the products they are.
-        for m in job.f_up.iter().chain(&job.o_proj) {
+        let projs = job.proj.as_ref().map_or(&[][..], |pj| &pj.mats[..]);
+        for m in job.f_up.iter().chain(&job.o_proj).chain(projs) {
             st.stats.device_products += 1;
             st.stats.weight_bytes_read += segments(m).iter().map(|s| s.len() as u64).sum::<u64>();
         }
@@ -163,7 +186,10 @@ impl CudaBackend {
         let p = job.dims.width();
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
         let x = &job.x;
-        let (segs, nf, no) = weight_segments(job);
+        let (mut segs, nf, no) = weight_segments(job);
+        let psegs = proj_segments(job);
+        let nw = segs.len();
+        segs.extend(psegs.iter().flatten());
         let (ptrs, keep) = self.weights_here(st, &segs)?;
         let mut states = Vec::with_capacity(job.seqs.len());
         for seq in &job.seqs {
@@ -174,21 +200,38 @@ impl CudaBackend {
             }
             states.push(ptrs);
         }
+        // The inputs' places (pre q, k, v, f, b, g); with `proj` they are
+        // filled by its products on the device and only `x` goes up,
+        // after them.
         let parts: [&[f32]; 6] = [x.pre[0], x.pre[1], x.pre[2], x.f, x.b, x.g];
-        let total: usize = parts.iter().map(|v| v.len()).sum();
+        let lens: [usize; 6] = match &job.proj {
+            Some(pj) => pj.mats.map(|m| n * m.rows()),
+            None => parts.map(|v| v.len()),
+        };
+        let total: usize = lens.iter().sum();
+        let up: Vec<&[f32]> = match &job.proj {
+            Some(pj) => vec![pj.x],
+            None => parts.to_vec(),
+        };
+        let sent: usize = up.iter().map(|v| v.len()).sum();
+        let skip = if job.proj.is_some() { total } else { 0 };
         let ctx = self.stream.context();
-        let hx = pinned(ctx, &mut st.hx, total)?.as_mut_slice()?;
+        let hx = pinned(ctx, &mut st.hx, sent)?.as_mut_slice()?;
         let mut at = [0u64; 12];
         let mut off = 0;
-        for (i, v) in parts.iter().enumerate() {
+        for (i, len) in lens.iter().enumerate() {
             at[i] = 4 * off as u64;
+            off += len;
+        }
+        let mut off = 0;
+        for v in &up {
             hx[off..off + v.len()].copy_from_slice(v);
             off += v.len();
         }
         let out_len = job.out.len();
         let ny = out_len + job.inputs_out.as_ref().map_or(0, |b| b.len());
         pinned(ctx, &mut st.hy, ny)?;
-        let xp = grow(&self.stream, &mut st.x, total)?
+        let xp = grow(&self.stream, &mut st.x, skip + sent)?
             .device_ptr(&self.stream)
             .0;
         let yp = grow(&self.stream, &mut st.y, ny)?
@@ -196,6 +239,7 @@ impl CudaBackend {
             .0;
         at.iter_mut().take(6).for_each(|a| *a += xp);
         at[6..].copy_from_slice(&ptrs[..6]);
+        let places: [u64; 6] = std::array::from_fn(|i| at[i]);
         let f_up = if nf == 0 {
             None
         } else {
@@ -211,13 +255,27 @@ impl CudaBackend {
             let ko = grow(&self.stream, &mut st.ko, n * p)?
                 .device_ptr(&self.stream)
                 .0;
-            Some((ko, ptrs[6 + nf..].to_vec()))
+            Some((ko, ptrs[6 + nf..6 + nf + no].to_vec()))
         };
+        let proj = job.proj.as_ref().map(|_| {
+            let mut at_seg = nw;
+            let per: Vec<Vec<u64>> = psegs
+                .iter()
+                .map(|m| {
+                    let v = ptrs[at_seg..at_seg + m.len()].to_vec();
+                    at_seg += m.len();
+                    v
+                })
+                .collect();
+            (xp + 4 * skip as u64, per, places)
+        });
         let hx = st.hx.as_ref().expect("staged").as_slice()?;
-        // SAFETY: the device buffer holds at least `total` values; `hx` is
-        // page-locked and not written again before the synchronisation.
-        unsafe { result::memcpy_htod_async(xp, &hx[..total], self.stream.cu_stream()) }?;
-        st.stats.h2d_bytes += 4 * total as u64;
+        // SAFETY: the device buffer holds at least `skip + sent` values;
+        // `hx` is page-locked and not written again before the
+        // synchronisation.
+        let dst = xp + 4 * skip as u64;
+        unsafe { result::memcpy_htod_async(dst, &hx[..sent], self.stream.cu_stream()) }?;
+        st.stats.h2d_bytes += 4 * sent as u64;
         let hin = if ny > out_len {
             yp + 4 * out_len as u64
         } else {
@@ -229,6 +287,7 @@ impl CudaBackend {
             o_proj,
             out: yp,
             hin,
+            proj,
             states,
             ny,
         })
@@ -252,6 +311,11 @@ impl CudaBackend {
             .expect("just made")
             .0
             .record(&self.stream)?;
+        if let (Some(pj), Some((xd, segs, places))) = (&job.proj, &s.proj) {
+            for ((m, sg), &y) in pj.mats.iter().zip(segs).zip(places) {
+                self.launch(m, sg, *xd, y, 1, n)?;
+            }
+        }
         if let (Some(m), Some((low, segs))) = (&job.f_up, &s.f_up) {
             self.launch(m, segs, *low, s.at[3], 1, n)?;
         }
@@ -440,6 +504,13 @@ fn weight_segments<'a>(job: &KdaJob<'a>) -> (Vec<&'a [u8]>, usize, usize) {
     segs.extend(f_segs);
     segs.extend(o_segs);
     (segs, nf, no)
+}
+
+/// The projections' weight segments of a job with `proj`, per matrix.
+fn proj_segments<'a>(job: &KdaJob<'a>) -> Vec<Vec<&'a [u8]>> {
+    job.proj
+        .as_ref()
+        .map_or_else(Vec::new, |pj| pj.mats.iter().map(segments).collect())
 }
 
 /// `st.state_bytes` (and the budget's share of it) after a change.

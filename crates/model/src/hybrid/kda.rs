@@ -17,8 +17,8 @@
 
 use fathom_kernels::backend;
 use fathom_kernels::kda::{
-    HeadRows, KdaInputs, KdaJob, KdaSeq, delta_rule, gated_norm, head_inputs, head_inputs_of,
-    short_conv,
+    HeadRows, KdaInputs, KdaJob, KdaProj, KdaSeq, delta_rule, gated_norm, head_inputs,
+    head_inputs_of, short_conv,
 };
 use fathom_kernels::state_buf::StateError;
 use rayon::prelude::*;
@@ -82,6 +82,65 @@ pub fn kda_heads(
     })
 }
 
+/// [`kda_heads`] with the layer's six projections of `x [N, D]` (q, k, v,
+/// the forget gate's `f_a`, β, the output gate) inside the device's call:
+/// one round trip for the layer. `None`, nothing changed, when no device
+/// takes it — no backend, it declines, or a sequence journals (its journal
+/// keeps the pre-convolution rows, which then stay on the device) —: the
+/// caller computes the projections and calls [`kda_heads`].
+pub fn kda_heads_projected(
+    d: &KdaDims,
+    w: &KdaParams<'_>,
+    states: &mut [&mut KdaState],
+    segs: &[Segment],
+    x: &[f32],
+    mats: [&Linear; 6],
+    lin: &KdaLinears<'_>,
+) -> Result<Option<Vec<f32>>> {
+    if backend::installed().is_none() || states.iter().any(|s| s.journal.is_some()) {
+        return Ok(None);
+    }
+    crate::phase::timed(crate::phase::Phase::LinearCore, || {
+        let n = segs.last().map_or(0, |s| s.end);
+        let mut out = vec![0f32; n * lin.o_proj.rows];
+        let seqs = states
+            .iter_mut()
+            .zip(segs)
+            .map(|(st, seg)| {
+                let [q, k, v] = &mut st.conv;
+                KdaSeq {
+                    rows: seg.start..seg.end,
+                    s: &mut st.s,
+                    conv: [q, k, v],
+                }
+            })
+            .collect();
+        let none: &[f32] = &[];
+        let mut job = KdaJob {
+            dims: d,
+            w: *w,
+            x: KdaInputs {
+                pre: [none; 3],
+                f: none,
+                b: none,
+                g: none,
+            },
+            proj: Some(KdaProj {
+                x,
+                mats: mats.map(Linear::as_mat),
+            }),
+            seqs,
+            out: &mut out,
+            f_up: Some(lin.f_up.as_mat()),
+            o_proj: Some(lin.o_proj.as_mat()),
+            inputs_out: None,
+        };
+        let taken = backend::kda_step(&mut job).map_err(ModelError::State)?;
+        drop(job);
+        Ok(taken.then_some(out))
+    })
+}
+
 /// What a device step gives: the outputs, and every row's delta-rule
 /// inputs when a sequence journals.
 type DeviceStep = (Vec<f32>, Option<Vec<f32>>);
@@ -124,6 +183,7 @@ fn on_device(
             b: &proj.b,
             g: &proj.g,
         },
+        proj: None,
         seqs,
         out: &mut out,
         f_up: Some(lin.f_up.as_mat()),

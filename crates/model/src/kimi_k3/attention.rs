@@ -8,7 +8,7 @@ use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
 use super::weights::{KdaWeights, MlaWeights};
 use crate::batch::Segment;
 use crate::error::Result;
-use crate::hybrid::kda::{KdaLinears, KdaParams, KdaProjections, kda_heads};
+use crate::hybrid::kda::{KdaLinears, KdaParams, KdaProjections, kda_heads, kda_heads_projected};
 use crate::hybrid::mla::mla_heads;
 use crate::hybrid::state::{KdaState, MlaCache};
 use crate::linear::Linear;
@@ -43,29 +43,31 @@ pub fn kda(
     x: &[f32],
 ) -> Result<Vec<f32>> {
     let n = x.len() / spec.hidden_size;
-    let [q, k, v, fa, b, g] = Linear::forward_many(
-        [
-            &w.q_proj,
-            &w.k_proj,
-            &w.v_proj,
-            &w.f_a_proj,
-            &w.b_proj,
-            &w.g_proj,
-        ],
-        x,
-        n,
-    );
+    let mats = [
+        &w.q_proj,
+        &w.k_proj,
+        &w.v_proj,
+        &w.f_a_proj,
+        &w.b_proj,
+        &w.g_proj,
+    ];
+    let lin = KdaLinears {
+        f_up: &w.f_b_proj,
+        o_proj: &w.o_proj,
+    };
+    let (d, params) = (spec.kda_dims(), w.params());
+    // With a device: the projections in the core's call (one round trip).
+    if let Some(out) = kda_heads_projected(&d, &params, states, segs, x, mats, &lin)? {
+        return Ok(out);
+    }
+    let [q, k, v, fa, b, g] = Linear::forward_many(mats, x, n);
     let proj = KdaProjections {
         pre: [q, k, v],
         f: fa,
         b,
         g,
     };
-    let lin = KdaLinears {
-        f_up: &w.f_b_proj,
-        o_proj: &w.o_proj,
-    };
-    kda_heads(&spec.kda_dims(), &w.params(), states, segs, proj, &lin)
+    kda_heads(&d, &params, states, segs, proj, &lin)
 }
 
 /// Gated MLA for the rows `x [N, D]` (already `input_layernorm`ed) of
