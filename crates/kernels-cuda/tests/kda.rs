@@ -226,13 +226,15 @@ fn kda_core_matches_its_twin_bit_for_bit() {
     // The last two cases also run the forget gate's up-projection and
     // o_proj in the step's call.
     // The fourth case has Kimi-Linear's decay (−a·softplus, no lower
-    // bound); the last carries the layer's six input projections.
+    // bound); the last two carry the layer's six input projections (with
+    // and without the forget gate's up-projection and o_proj).
     for (heads, kd, kernel, products, lb, projected) in [
         (4, 128, 4, false, Some(-5.0), false),
         (3, 48, 3, true, Some(-5.0), false),
         (2, 64, 2, true, Some(-5.0), false),
         (2, 40, 4, true, None, false),
         (2, 64, 4, true, Some(-5.0), true),
+        (1, 40, 3, false, None, true),
     ] {
         let mut rng = Lcg(heads as u64 * 1000 + kd as u64);
         let mut l = Layer::new(&mut rng, heads, kd, kernel);

@@ -132,6 +132,11 @@ impl CudaBackend {
         let mut st = self.lock();
         let st = &mut *st;
         st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
+        // Room for all the step's weights at once, or declined with nothing
+        // copied (not a device error: the CPU takes the step).
+        if !room_for_weights(st, job) {
+            return Ok(false);
+        }
         let staged = match self.kda_stage(st, job) {
             Ok(s) => s,
             Err(e) => {
@@ -504,6 +509,23 @@ fn weight_segments<'a>(job: &KdaJob<'a>) -> (Vec<&'a [u8]>, usize, usize) {
     segs.extend(f_segs);
     segs.extend(o_segs);
     (segs, nf, no)
+}
+
+/// Whether every weight segment of `job` is in the cache or fits with the
+/// others (room made for all the missing ones at once, never evicting the
+/// step's own).
+fn room_for_weights(st: &mut State, job: &KdaJob<'_>) -> bool {
+    let (mut segs, _, _) = weight_segments(job);
+    segs.extend(proj_segments(job).into_iter().flatten());
+    let keys: Vec<Key> = segs.iter().map(|s| key(s)).collect();
+    let mut seen = std::collections::HashSet::new();
+    let missing: u64 = segs
+        .iter()
+        .zip(&keys)
+        .filter(|(_, k)| !st.cache.contains(k) && seen.insert(**k))
+        .map(|(s, _)| s.len() as u64)
+        .sum();
+    missing == 0 || make_room(st, missing, &keys, Class::Spine)
 }
 
 /// The projections' weight segments of a job with `proj`, per matrix.
