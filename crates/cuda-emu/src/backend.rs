@@ -124,6 +124,32 @@ impl EmuBackend {
     }
 }
 
+/// A KDA step's inputs (pre q, k, v, f, b, g): the job's own, or its
+/// projections' products first when it carries them (one batch, as the
+/// CUDA backend launches them in the step's call).
+fn inputs(job: &KdaJob<'_>, n: usize) -> [Vec<f32>; 6] {
+    let Some(pj) = job.proj else {
+        let x = &job.x;
+        return [x.pre[0], x.pre[1], x.pre[2], x.f, x.b, x.g].map(<[f32]>::to_vec);
+    };
+    let mut outs = pj.mats.map(|m| vec![0f32; n * m.rows()]);
+    let mut ps: Vec<Product<'_, '_>> = pj
+        .mats
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(&w, y)| Product {
+            w,
+            role: Role::Spine,
+            x: pj.x,
+            t: n,
+            y,
+        })
+        .collect();
+    EmuBackend::run_batch(&mut ps);
+    drop(ps);
+    outs
+}
+
 /// Whether the emulator takes every gated MLP (shapes and lengths).
 fn glu_takes(jobs: &[GluProduct<'_, '_>]) -> bool {
     jobs.iter().all(|j| {
@@ -279,38 +305,7 @@ impl Backend for EmuBackend {
         let d = job.dims;
         let (h, kd, p) = (d.heads, d.head_dim, d.width());
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
-        // The projections first when the job carries them (one batch, as
-        // the CUDA backend launches them in the step's call).
-        let x = match job.proj {
-            Some(pj) => {
-                let mut outs = pj.mats.map(|m| vec![0f32; n * m.rows()]);
-                {
-                    let mut ps: Vec<Product<'_, '_>> = pj
-                        .mats
-                        .iter()
-                        .zip(outs.iter_mut())
-                        .map(|(&w, y)| Product {
-                            w,
-                            role: Role::Spine,
-                            x: pj.x,
-                            t: n,
-                            y,
-                        })
-                        .collect();
-                    Self::run_batch(&mut ps);
-                }
-                outs
-            }
-            None => [
-                job.x.pre[0],
-                job.x.pre[1],
-                job.x.pre[2],
-                job.x.f,
-                job.x.b,
-                job.x.g,
-            ]
-            .map(<[f32]>::to_vec),
-        };
+        let x = inputs(job, n);
         let [pq, pk, pv, xf, xb, xg] = &x;
         let f_full: Vec<f32>;
         let f = match job.f_up {

@@ -190,7 +190,6 @@ impl CudaBackend {
     fn kda_stage(&self, st: &mut State, job: &KdaJob<'_>) -> Result<Staged, CudaError> {
         let p = job.dims.width();
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
-        let x = &job.x;
         let (mut segs, nf, no) = weight_segments(job);
         let psegs = proj_segments(job);
         let nw = segs.len();
@@ -205,46 +204,16 @@ impl CudaBackend {
             }
             states.push(ptrs);
         }
-        // The inputs' places (pre q, k, v, f, b, g); with `proj` they are
-        // filled by its products on the device and only `x` goes up,
-        // after them.
-        let parts: [&[f32]; 6] = [x.pre[0], x.pre[1], x.pre[2], x.f, x.b, x.g];
-        let lens: [usize; 6] = match &job.proj {
-            Some(pj) => pj.mats.map(|m| n * m.rows()),
-            None => parts.map(|v| v.len()),
-        };
-        let total: usize = lens.iter().sum();
-        let up: Vec<&[f32]> = match &job.proj {
-            Some(pj) => vec![pj.x],
-            None => parts.to_vec(),
-        };
-        let sent: usize = up.iter().map(|v| v.len()).sum();
-        let skip = if job.proj.is_some() { total } else { 0 };
-        let ctx = self.stream.context();
-        let hx = pinned(ctx, &mut st.hx, sent)?.as_mut_slice()?;
-        let mut at = [0u64; 12];
-        let mut off = 0;
-        for (i, len) in lens.iter().enumerate() {
-            at[i] = 4 * off as u64;
-            off += len;
-        }
-        let mut off = 0;
-        for v in &up {
-            hx[off..off + v.len()].copy_from_slice(v);
-            off += v.len();
-        }
+        let (places, xd) = self.stage_inputs(st, job, n)?;
         let out_len = job.out.len();
         let ny = out_len + job.inputs_out.as_ref().map_or(0, |b| b.len());
-        pinned(ctx, &mut st.hy, ny)?;
-        let xp = grow(&self.stream, &mut st.x, skip + sent)?
-            .device_ptr(&self.stream)
-            .0;
+        pinned(self.stream.context(), &mut st.hy, ny)?;
         let yp = grow(&self.stream, &mut st.y, ny)?
             .device_ptr(&self.stream)
             .0;
-        at.iter_mut().take(6).for_each(|a| *a += xp);
+        let mut at = [0u64; 12];
+        at[..6].copy_from_slice(&places);
         at[6..].copy_from_slice(&ptrs[..6]);
-        let places: [u64; 6] = std::array::from_fn(|i| at[i]);
         let f_up = if nf == 0 {
             None
         } else {
@@ -272,15 +241,8 @@ impl CudaBackend {
                     v
                 })
                 .collect();
-            (xp + 4 * skip as u64, per, places)
+            (xd, per, places)
         });
-        let hx = st.hx.as_ref().expect("staged").as_slice()?;
-        // SAFETY: the device buffer holds at least `skip + sent` values;
-        // `hx` is page-locked and not written again before the
-        // synchronisation.
-        let dst = xp + 4 * skip as u64;
-        unsafe { result::memcpy_htod_async(dst, &hx[..sent], self.stream.cu_stream()) }?;
-        st.stats.h2d_bytes += 4 * sent as u64;
         let hin = if ny > out_len {
             yp + 4 * out_len as u64
         } else {
@@ -296,6 +258,53 @@ impl CudaBackend {
             states,
             ny,
         })
+    }
+
+    /// The step's inputs up in one copy: their six places on the device
+    /// (pre q, k, v, f, b, g, one after another) and where the copied rows
+    /// start — the inputs themselves, or with `proj` only its rows `x`,
+    /// after the places its products fill.
+    fn stage_inputs(
+        &self,
+        st: &mut State,
+        job: &KdaJob<'_>,
+        n: usize,
+    ) -> Result<([u64; 6], u64), CudaError> {
+        let x = &job.x;
+        let parts: [&[f32]; 6] = [x.pre[0], x.pre[1], x.pre[2], x.f, x.b, x.g];
+        let (lens, up): ([usize; 6], Vec<&[f32]>) = match &job.proj {
+            Some(pj) => (pj.mats.map(|m| n * m.rows()), vec![pj.x]),
+            None => (parts.map(|v| v.len()), parts.to_vec()),
+        };
+        let skip: usize = if job.proj.is_some() {
+            lens.iter().sum()
+        } else {
+            0
+        };
+        let sent: usize = up.iter().map(|v| v.len()).sum();
+        let hx = pinned(self.stream.context(), &mut st.hx, sent)?.as_mut_slice()?;
+        let mut off = 0;
+        for v in &up {
+            hx[off..off + v.len()].copy_from_slice(v);
+            off += v.len();
+        }
+        let xp = grow(&self.stream, &mut st.x, skip + sent)?
+            .device_ptr(&self.stream)
+            .0;
+        let mut places = [0u64; 6];
+        let mut off = 0;
+        for (place, len) in places.iter_mut().zip(lens) {
+            *place = xp + 4 * off as u64;
+            off += len;
+        }
+        let hx = st.hx.as_ref().expect("staged").as_slice()?;
+        let dst = xp + 4 * skip as u64;
+        // SAFETY: the device buffer holds `skip + sent` values from `xp`;
+        // `hx` is page-locked and not written again before the
+        // synchronisation.
+        unsafe { result::memcpy_htod_async(dst, &hx[..sent], self.stream.cu_stream()) }?;
+        st.stats.h2d_bytes += 4 * sent as u64;
+        Ok((places, dst))
     }
 
     /// One launch per sequence, then the outputs' copy back.
