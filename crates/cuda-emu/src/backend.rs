@@ -170,66 +170,19 @@ fn takes_all(ps: &[Product<'_, '_>]) -> bool {
     })
 }
 
-/// Whether `job` has the shapes `kda.cu` takes (as the CUDA backend's
-/// check): rows tiling `0..n` in order, lengths matching, sizes in range.
+/// Whether `job` is what `kda.cu` takes (as the CUDA backend checks it)
+/// and the emulator takes each of its products.
 fn kda_takes(job: &KdaJob<'_>) -> bool {
-    let d = job.dims;
-    let (h, kd, kernel) = (d.heads, d.head_dim, d.conv_kernel);
-    let p = h * kd;
     let n = job.seqs.last().map_or(0, |s| s.rows.end);
-    let r = job.f_up.map_or(p, |m| m.cols());
-    let dout = job.o_proj.map_or(p, |m| m.rows());
-    let mut next = 0;
-    let tiled = job.seqs.iter().all(|s| {
-        let ok = s.rows.start == next && s.rows.end >= s.rows.start;
-        next = s.rows.end;
-        ok
-    });
-    let products = job.f_up.is_none_or(|m| m.rows() == p && takes(&m, n, 1))
-        && job.o_proj.is_none_or(|m| m.cols() == p && takes(&m, n, 1));
-    let sizes = (1..=1024).contains(&kd)
-        && (2..=8).contains(&kernel)
-        && h > 0
-        && n > 0
-        && n.checked_mul(4 * p + h + r + dout)
-            .is_some_and(|v| i32::try_from(v).is_ok());
-    let w = &job.w;
-    let inputs = match &job.proj {
-        Some(pj) => {
-            let dm = pj.mats[0].cols();
-            dm > 0
-                && pj.x.len() == n * dm
-                && pj
-                    .mats
-                    .iter()
-                    .zip([p, p, p, r, h, p])
-                    .all(|(m, rw)| m.rows() == rw && m.cols() == dm && takes(m, n, 1))
-        }
-        None => {
-            job.x.f.len() == n * r
-                && job.x.pre.iter().chain([&job.x.g]).all(|v| v.len() == n * p)
-                && job.x.b.len() == n * h
-        }
-    };
-    let lens = job.out.len() == n * dout
-        && inputs
+    let projs = job.proj.as_ref().map_or(&[][..], |pj| &pj.mats[..]);
+    crate::available()
+        && job.fits_device_kernel()
         && job
-            .inputs_out
-            .as_ref()
-            .is_none_or(|b| b.len() == KdaJob::inputs_len(d, n))
-        && w.conv.iter().all(|t| t.len() == p * kernel)
-        && w.a.len() == p
-        && w.dt_bias.len() == p
-        && w.o_norm.len() == kd
-        && job.seqs.iter().all(|s| {
-            s.s.len() == h * kd * kd && s.conv.iter().all(|c| c.len() == (kernel - 1) * p)
-        })
-        // A lost state runs on the CPU, whose read names the cause.
-        && job
-            .seqs
+            .f_up
             .iter()
-            .all(|s| s.s.check().is_ok() && s.conv.iter().all(|c| c.check().is_ok()));
-    tiled && products && sizes && lens && crate::available()
+            .chain(&job.o_proj)
+            .chain(projs)
+            .all(|m| takes(m, n, 1))
 }
 
 impl Backend for EmuBackend {

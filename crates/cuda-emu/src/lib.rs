@@ -348,17 +348,7 @@ pub fn matmul_many(ws: &[MatRef<'_>], xs: &[&[f32]], t: usize, ys: &mut [&mut [f
 pub fn glu_act(act: GluAct, g: &mut [f32], u: &[f32]) {
     assert!(available(), "{ABSENT}");
     assert_eq!(g.len(), u.len(), "gate and up lengths");
-    let (kind, beta, bl) = match act {
-        GluAct::Swiglu => (0i32, 1f32, 1f32),
-        GluAct::Situ {
-            beta,
-            beta_lin: Some(bl),
-        } => (1, beta, bl),
-        GluAct::Situ {
-            beta,
-            beta_lin: None,
-        } => (2, beta, 1.0),
-    };
+    let (kind, beta, bl) = act.kernel_args();
     let n = g.len();
     let l = EmuLaunch {
         grid_x: n.div_ceil(256).clamp(1, 4096) as u32,

@@ -371,10 +371,86 @@ pub struct KdaJob<'a> {
     pub inputs_out: Option<&'a mut [f32]>,
 }
 
+/// The longest convolution a device's KDA kernel carries (`kda.cu`'s
+/// `KDA_MAX_KERNEL`).
+pub const DEVICE_MAX_KERNEL: usize = 8;
+
 impl KdaJob<'_> {
     /// The length of [`KdaJob::inputs_out`] for `n` rows.
     pub fn inputs_len(d: &KdaDims, n: usize) -> usize {
         n * (4 * d.width() + d.heads)
+    }
+
+    /// Whether the job is what a device's KDA kernel (`kda.cu`) takes:
+    /// the sequences' rows tile `0..n` in order, every buffer has the
+    /// length the dimensions ask for (the projections' shapes too when the
+    /// job carries them), a head fits one block (`kd` ≤ 1024 threads), the
+    /// convolution is at most [`DEVICE_MAX_KERNEL`] wide, sizes fit an
+    /// `i32`, and no state's values were lost (such a step runs on the
+    /// CPU, whose read names the cause).
+    pub fn fits_device_kernel(&self) -> bool {
+        let d = self.dims;
+        let (h, kd, kernel) = (d.heads, d.head_dim, d.conv_kernel);
+        let p = h * kd;
+        let n = self.seqs.last().map_or(0, |s| s.rows.end);
+        let small = |v: usize| i32::try_from(v).is_ok();
+        // The forget gate's input width, and the output's.
+        let r = self.f_up.map_or(p, |m| m.cols());
+        let dout = self.o_proj.map_or(p, |m| m.rows());
+        let products = self.f_up.is_none_or(|m| m.rows() == p && r > 0)
+            && self.o_proj.is_none_or(|m| m.cols() == p && dout > 0);
+        let mut next = 0;
+        let tiled = self.seqs.iter().all(|s| {
+            let ok = s.rows.start == next && s.rows.end >= s.rows.start;
+            next = s.rows.end;
+            ok
+        });
+        let sizes = (1..=1024).contains(&kd)
+            && (2..=DEVICE_MAX_KERNEL).contains(&kernel)
+            && h > 0
+            && n > 0
+            && n.checked_mul(4 * p + h + r + dout).is_some_and(small);
+        let inputs = match &self.proj {
+            // Six products of x [N, D] giving the inputs' shapes.
+            Some(pj) => {
+                let dm = pj.mats[0].cols();
+                dm > 0
+                    && pj.x.len() == n * dm
+                    && n.checked_mul(dm).is_some_and(small)
+                    && pj
+                        .mats
+                        .iter()
+                        .zip([p, p, p, r, h, p])
+                        .all(|(m, rw)| m.rows() == rw && m.cols() == dm)
+            }
+            None => {
+                self.x.f.len() == n * r
+                    && self
+                        .x
+                        .pre
+                        .iter()
+                        .chain([&self.x.g])
+                        .all(|v| v.len() == n * p)
+                    && self.x.b.len() == n * h
+            }
+        };
+        let outputs = self.out.len() == n * dout
+            && self
+                .inputs_out
+                .as_ref()
+                .is_none_or(|b| b.len() == KdaJob::inputs_len(d, n));
+        let w = &self.w;
+        let params = w.conv.iter().all(|t| t.len() == p * kernel)
+            && w.a.len() == p
+            && w.dt_bias.len() == p
+            && w.o_norm.len() == kd;
+        let states = self.seqs.iter().all(|s| {
+            s.s.len() == h * kd * kd
+                && s.conv.iter().all(|c| c.len() == (kernel - 1) * p)
+                && s.s.check().is_ok()
+                && s.conv.iter().all(|c| c.check().is_ok())
+        });
+        tiled && products && sizes && inputs && outputs && params && states
     }
 }
 

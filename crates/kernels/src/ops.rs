@@ -185,6 +185,23 @@ pub enum GluAct {
 }
 
 impl GluAct {
+    /// The activation as a device kernel's arguments (`glu.cu`'s
+    /// `glu_act`): `(kind, β, β_lin)`, kind 0 SwiGLU, 1 SiTU-GLU, 2
+    /// SiTU-GLU without β_lin (the up value itself).
+    pub fn kernel_args(self) -> (i32, f32, f32) {
+        match self {
+            GluAct::Swiglu => (0, 1.0, 1.0),
+            GluAct::Situ {
+                beta,
+                beta_lin: Some(bl),
+            } => (1, beta, bl),
+            GluAct::Situ {
+                beta,
+                beta_lin: None,
+            } => (2, beta, 1.0),
+        }
+    }
+
     /// `act(g, u)` into `g`, split over the pool for wide rows (each
     /// element's value does not depend on the split).
     pub fn apply(self, g: &mut [f32], u: &[f32]) {

@@ -8,7 +8,7 @@ use fathom_kernels::backend::{GluProduct, Hints, MatRef, Product, Role};
 use fathom_kernels::ops::GluAct;
 
 use super::CudaBackend;
-use super::queue::{Placed, grow, scatter};
+use super::queue::{Placed, fits, grow, scatter};
 use crate::CudaError;
 
 /// Whether `j`'s shapes are what the kernels take: gate and up of one
@@ -29,19 +29,6 @@ fn takes(j: &GluProduct<'_, '_>) -> bool {
         && j.y.len() == j.t * out
 }
 
-/// Whether a plain product beside the MLPs has the shapes the kernels take.
-fn plain_fits(p: &Product<'_, '_>) -> bool {
-    let (rows, cols) = (p.w.rows(), p.w.cols());
-    let small = |n: usize| i32::try_from(n).is_ok();
-    small(rows)
-        && small(cols)
-        && small(p.t)
-        && rows > 0
-        && p.t > 0
-        && p.x.len() == p.t * cols
-        && p.y.len() == p.t * rows
-}
-
 impl CudaBackend {
     /// Runs `jobs`, and the plain products `plain` beside their gates and
     /// ups, in one round trip (see the module). `Ok(false)` when declined:
@@ -54,7 +41,12 @@ impl CudaBackend {
         act: GluAct,
         hints: &Hints<'_, '_>,
     ) -> Result<bool, CudaError> {
-        if jobs.is_empty() || !jobs.iter().all(takes) || !plain.iter().all(plain_fits) {
+        if jobs.is_empty()
+            || !jobs.iter().all(takes)
+            || !plain
+                .iter()
+                .all(|p| fits(&p.w, 1, p.t, p.x.len(), p.y.len()))
+        {
             return Ok(false);
         }
         let (n, np) = (jobs.len(), plain.len());
@@ -102,17 +94,7 @@ impl CudaBackend {
 
     /// Queues `g[i] = act(g[i], u[i])` for `i < n` at the device addresses `g`, `u`.
     fn launch_act(&self, act: GluAct, g: u64, u: u64, n: usize) -> Result<(), CudaError> {
-        let (kind, beta, beta_lin) = match act {
-            GluAct::Swiglu => (0i32, 1f32, 1f32),
-            GluAct::Situ {
-                beta,
-                beta_lin: Some(bl),
-            } => (1, beta, bl),
-            GluAct::Situ {
-                beta,
-                beta_lin: None,
-            } => (2, beta, 1.0),
-        };
+        let (kind, beta, beta_lin) = act.kernel_args();
         let n64 = n as i64;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),

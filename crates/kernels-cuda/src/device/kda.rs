@@ -13,9 +13,6 @@ use super::{CudaBackend, Resident, State};
 use crate::CudaError;
 use crate::cache::{Class, Key};
 
-/// The longest convolution `kda.cu` carries (`KDA_MAX_KERNEL`).
-const MAX_KERNEL: usize = 8;
-
 /// How a KDA step failed: before anything ran (nothing changed: the
 /// caller may run it on the CPU) or after a launch (a state may have moved
 /// on: the step must fail).
@@ -47,68 +44,6 @@ struct Staged {
     ny: usize,
 }
 
-/// Whether `job`'s shapes are what `kda.cu` takes: the sequences' rows
-/// tile `0..n` in order, every buffer has its length, sizes fit an `i32`.
-fn takes(job: &KdaJob<'_>) -> bool {
-    let d = job.dims;
-    let (h, kd, kernel) = (d.heads, d.head_dim, d.conv_kernel);
-    let p = h * kd;
-    let n = job.seqs.last().map_or(0, |s| s.rows.end);
-    let small = |v: usize| i32::try_from(v).is_ok();
-    // The forget gate's input width, and the output's.
-    let r = job.f_up.map_or(p, |m| m.cols());
-    let dout = job.o_proj.map_or(p, |m| m.rows());
-    let products = job.f_up.is_none_or(|m| m.rows() == p && r > 0)
-        && job.o_proj.is_none_or(|m| m.cols() == p && dout > 0);
-    let mut next = 0;
-    let tiled = job.seqs.iter().all(|s| {
-        let ok = s.rows.start == next && s.rows.end >= s.rows.start;
-        next = s.rows.end;
-        ok
-    });
-    let w = &job.w;
-    let sizes = (1..=1024).contains(&kd)
-        && (2..=MAX_KERNEL).contains(&kernel)
-        && h > 0
-        && n > 0
-        && n.checked_mul(4 * p + h + r + dout).is_some_and(small);
-    let projected = match &job.proj {
-        // Six products of x [N, D] giving the inputs' shapes.
-        Some(pj) => {
-            let dm = pj.mats[0].cols();
-            let rows = [p, p, p, r, h, p];
-            dm > 0
-                && pj.x.len() == n * dm
-                && n.checked_mul(dm).is_some_and(small)
-                && pj
-                    .mats
-                    .iter()
-                    .zip(rows)
-                    .all(|(m, rw)| m.rows() == rw && m.cols() == dm)
-        }
-        None => {
-            job.x.f.len() == n * r
-                && job.x.pre.iter().chain([&job.x.g]).all(|v| v.len() == n * p)
-                && job.x.b.len() == n * h
-        }
-    };
-    let inputs = job.out.len() == n * dout
-        && projected
-        && job
-            .inputs_out
-            .as_ref()
-            .is_none_or(|b| b.len() == KdaJob::inputs_len(d, n));
-    let params = w.conv.iter().all(|t| t.len() == p * kernel)
-        && w.a.len() == p
-        && w.dt_bias.len() == p
-        && w.o_norm.len() == kd;
-    let states = job
-        .seqs
-        .iter()
-        .all(|s| s.s.len() == h * kd * kd && s.conv.iter().all(|c| c.len() == (kernel - 1) * p));
-    tiled && products && sizes && inputs && params && states
-}
-
 impl CudaBackend {
     /// Runs `job` in one round trip: its inputs go up in one copy, the
     /// layer's parameters are kept with the weights (copied up on first
@@ -118,13 +53,7 @@ impl CudaBackend {
     /// block per head) and the outputs back with one synchronisation.
     /// `Ok(false)` when declined: a shape the kernel does not take.
     pub(super) fn kda(&self, job: &mut KdaJob<'_>) -> Result<bool, KdaFailure> {
-        // A state whose values were lost runs on the CPU, whose read names
-        // the cause.
-        let lost = job
-            .seqs
-            .iter()
-            .any(|s| s.s.check().is_err() || s.conv.iter().any(|c| c.check().is_err()));
-        if lost || !takes(job) {
+        if !job.fits_device_kernel() {
             return Ok(false);
         }
         let out_len = job.out.len();
@@ -132,13 +61,11 @@ impl CudaBackend {
         let mut st = self.lock();
         let st = &mut *st;
         st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
-        // Room for all the step's weights at once, or declined with nothing
-        // copied (not a device error: the CPU takes the step).
-        if !room_for_weights(st, job) {
-            return Ok(false);
-        }
         let staged = match self.kda_stage(st, job) {
-            Ok(s) => s,
+            Ok(Some(s)) => s,
+            // No room for the step's weights: declined with nothing copied
+            // (not a device error: the CPU takes the step).
+            Ok(None) => return Ok(false),
             Err(e) => {
                 // Copies made for this job hold nothing its owners will ask for.
                 for s in &job.seqs {
@@ -186,15 +113,18 @@ impl CudaBackend {
     }
 
     /// Everything before the first launch: parameters and states here,
-    /// inputs copied up, output room. Nothing here changes a state.
-    fn kda_stage(&self, st: &mut State, job: &KdaJob<'_>) -> Result<Staged, CudaError> {
+    /// inputs copied up, output room; `None` (nothing copied) when the
+    /// weights do not fit the budget together. Nothing here changes a state.
+    fn kda_stage(&self, st: &mut State, job: &KdaJob<'_>) -> Result<Option<Staged>, CudaError> {
         let p = job.dims.width();
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
         let (mut segs, nf, no) = weight_segments(job);
         let psegs = proj_segments(job);
         let nw = segs.len();
         segs.extend(psegs.iter().flatten());
-        let (ptrs, keep) = self.weights_here(st, &segs)?;
+        let Some((ptrs, keep)) = self.weights_here(st, &segs)? else {
+            return Ok(None);
+        };
         let mut states = Vec::with_capacity(job.seqs.len());
         for seq in &job.seqs {
             let bufs: [&StateBuf; 4] = [&*seq.s, &*seq.conv[0], &*seq.conv[1], &*seq.conv[2]];
@@ -248,7 +178,7 @@ impl CudaBackend {
         } else {
             0
         };
-        Ok(Staged {
+        Ok(Some(Staged {
             at,
             f_up,
             o_proj,
@@ -257,7 +187,7 @@ impl CudaBackend {
             proj,
             states,
             ny,
-        })
+        }))
     }
 
     /// The step's inputs up in one copy: their six places on the device
@@ -360,7 +290,7 @@ impl CudaBackend {
                 .arg(&n_rows);
             // SAFETY: the arguments match `kda_step` in `kda.cu`: device
             // copies of the sequence's states, the staged inputs and the
-            // parameters, sized as `takes` checked (rows tiling 0..n_rows);
+            // parameters, sized as `fits_device_kernel` checked (rows tiling 0..n_rows);
             // `kd` ≤ 1024 threads, `kernel` ≤ KDA_MAX_KERNEL.
             unsafe { b.launch(cfg) }?;
         }
@@ -390,16 +320,23 @@ impl CudaBackend {
         &self,
         st: &mut State,
         segs: &[&[u8]],
-    ) -> Result<(Vec<u64>, Vec<Key>), CudaError> {
+    ) -> Result<Option<(Vec<u64>, Vec<Key>)>, CudaError> {
         let keys: Vec<Key> = segs.iter().map(|s| key(s)).collect();
+        // Room for all the missing ones at once (never evicting the step's
+        // own), or `None` before anything is copied.
+        let mut seen = std::collections::HashSet::new();
+        let missing: u64 = segs
+            .iter()
+            .zip(&keys)
+            .filter(|(_, k)| !st.cache.contains(k) && seen.insert(**k))
+            .map(|(s, _)| s.len() as u64)
+            .sum();
+        if missing > 0 && !make_room(st, missing, &keys, Class::Spine) {
+            return Ok(None);
+        }
         let mut ptrs = Vec::with_capacity(segs.len());
         for (seg, k) in segs.iter().zip(&keys) {
             if st.cache.touch(k).is_none() {
-                if !make_room(st, seg.len() as u64, &keys, Class::Spine) {
-                    return Err(CudaError::Driver(
-                        "no room in the VRAM budget for a KDA layer's weights".into(),
-                    ));
-                }
                 let buf = self.stream.clone_htod(*seg)?;
                 st.stats.h2d_bytes += seg.len() as u64;
                 st.cache
@@ -418,7 +355,7 @@ impl CudaBackend {
                     .0,
             );
         }
-        Ok((ptrs, keys))
+        Ok(Some((ptrs, keys)))
     }
 
     /// The device address of `buf`'s copy here, copied up first when its
@@ -518,23 +455,6 @@ fn weight_segments<'a>(job: &KdaJob<'a>) -> (Vec<&'a [u8]>, usize, usize) {
     segs.extend(f_segs);
     segs.extend(o_segs);
     (segs, nf, no)
-}
-
-/// Whether every weight segment of `job` is in the cache or fits with the
-/// others (room made for all the missing ones at once, never evicting the
-/// step's own).
-fn room_for_weights(st: &mut State, job: &KdaJob<'_>) -> bool {
-    let (mut segs, _, _) = weight_segments(job);
-    segs.extend(proj_segments(job).into_iter().flatten());
-    let keys: Vec<Key> = segs.iter().map(|s| key(s)).collect();
-    let mut seen = std::collections::HashSet::new();
-    let missing: u64 = segs
-        .iter()
-        .zip(&keys)
-        .filter(|(_, k)| !st.cache.contains(k) && seen.insert(**k))
-        .map(|(s, _)| s.len() as u64)
-        .sum();
-    missing == 0 || make_room(st, missing, &keys, Class::Spine)
 }
 
 /// The projections' weight segments of a job with `proj`, per matrix.

@@ -585,18 +585,25 @@ pub(super) struct Job<'w, 'b> {
 impl Job<'_, '_> {
     /// Shapes the kernels take (`i32` sizes, whole row blocks, matching buffers).
     fn fits(&self) -> bool {
-        let (rows, cols, g) = (self.w.rows(), self.w.cols(), self.groups);
-        let small = |n: usize| i32::try_from(n).is_ok();
-        small(rows)
-            && small(cols)
-            && small(self.t)
-            && rows > 0
-            && self.t > 0
-            && g > 0
-            && rows % g == 0
-            && self.x.len() == g * self.t * cols
-            && self.y.len() == self.t * rows
+        fits(&self.w, self.groups, self.t, self.x.len(), self.y.len())
     }
+}
+
+/// Whether the kernels take `w` in `groups` row blocks at `t` positions
+/// with input and output buffers of these lengths: `i32` sizes, whole row
+/// blocks, matching buffers.
+pub(super) fn fits(w: &MatRef<'_>, groups: usize, t: usize, x_len: usize, y_len: usize) -> bool {
+    let (rows, cols) = (w.rows(), w.cols());
+    let small = |n: usize| i32::try_from(n).is_ok();
+    small(rows)
+        && small(cols)
+        && small(t)
+        && rows > 0
+        && t > 0
+        && groups > 0
+        && rows % groups == 0
+        && x_len == groups * t * cols
+        && y_len == t * rows
 }
 
 /// [`crate::cache::Cache::make_room`], then waits for any evicted entry's

@@ -103,18 +103,7 @@ pub fn kda_heads_projected(
     crate::phase::timed(crate::phase::Phase::LinearCore, || {
         let n = segs.last().map_or(0, |s| s.end);
         let mut out = vec![0f32; n * lin.o_proj.rows];
-        let seqs = states
-            .iter_mut()
-            .zip(segs)
-            .map(|(st, seg)| {
-                let [q, k, v] = &mut st.conv;
-                KdaSeq {
-                    rows: seg.start..seg.end,
-                    s: &mut st.s,
-                    conv: [q, k, v],
-                }
-            })
-            .collect();
+        let seqs = job_seqs(states, segs);
         let none: &[f32] = &[];
         let mut job = KdaJob {
             dims: d,
@@ -162,18 +151,7 @@ fn on_device(
     let mut out = vec![0f32; n * lin.o_proj.rows];
     let journaling = states.iter().any(|s| s.journal.is_some());
     let mut inputs = journaling.then(|| vec![0f32; KdaJob::inputs_len(d, n)]);
-    let seqs = states
-        .iter_mut()
-        .zip(segs)
-        .map(|(st, seg)| {
-            let [q, k, v] = &mut st.conv;
-            KdaSeq {
-                rows: seg.start..seg.end,
-                s: &mut st.s,
-                conv: [q, k, v],
-            }
-        })
-        .collect();
+    let seqs = job_seqs(states, segs);
     let mut job = KdaJob {
         dims: d,
         w: *w,
@@ -194,6 +172,23 @@ fn on_device(
         return Ok(None);
     }
     Ok(Some((out, inputs)))
+}
+
+/// The sequences of a step as a [`KdaJob`] names them: their rows and
+/// carried buffers.
+fn job_seqs<'a>(states: &'a mut [&mut KdaState], segs: &[Segment]) -> Vec<KdaSeq<'a>> {
+    states
+        .iter_mut()
+        .zip(segs)
+        .map(|(st, seg)| {
+            let [q, k, v] = &mut st.conv;
+            KdaSeq {
+                rows: seg.start..seg.end,
+                s: &mut st.s,
+                conv: [q, k, v],
+            }
+        })
+        .collect()
 }
 
 /// Appends a device step's rows to the journals of the sequences that keep
