@@ -1,17 +1,20 @@
-//! `--device`: where CUDA is present, every family's fixture (and
-//! k3-code-small when it is beside the repository) gives the same ids and
-//! the same log-probabilities, bit for bit, on the GPU as on the CPU,
-//! resident and streamed through a small expert cache, and so does the
-//! GPU listed twice in `--gpus` (the routed experts split over two
-//! caches, each part of a batch on its own). Where it is not,
-//! `--device cuda` fails before loading with the missing piece named, and
-//! `--device auto` runs on the CPU.
+//! `--device`: every family's fixture (and k3-code-small when it is beside
+//! the repository) gives the same ids and the same log-probabilities, bit
+//! for bit, on the GPU as on the CPU, resident and streamed through a small
+//! expert cache, and so does the GPU listed twice in `--gpus` (the routed
+//! experts split over two caches, each part of a batch on its own) and,
+//! where there are two, two GPUs. Where the NVIDIA driver is absent the
+//! same test runs the whole CUDA backend on the emulated driver
+//! (`fathom-cuda-emu`: its `libcuda.so` and `libnvrtc.so` on the child's
+//! `LD_LIBRARY_PATH`, two emulated devices), and without it `--device
+//! cuda` fails before loading with the missing piece named and `--device
+//! auto` runs on the CPU.
 
 mod common;
 
 use std::path::PathBuf;
 
-use common::{code_small, fails_quietly, fixture, run_json};
+use common::{code_small, fails_quietly, fixture, run_json, run_json_env};
 use serde_json::Value;
 
 const FIXTURES: [&str; 6] = [
@@ -29,17 +32,44 @@ fn cuda() -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// How `--device cuda` runs here: the environment a child needs (none
+/// for the real driver; the emulated driver's folder on `LD_LIBRARY_PATH`
+/// and two emulated devices otherwise), and the devices there are; `Err`
+/// says why neither is here.
+fn cuda_env() -> Result<(Vec<(String, String)>, usize), String> {
+    let real = match fathom_kernels_cuda::probe(0) {
+        Ok(info) => return Ok((Vec::new(), info.devices)),
+        Err(e) => e,
+    };
+    if !matches!(real, fathom_kernels_cuda::CudaError::NoDriver) {
+        return Err(real.to_string());
+    }
+    let dir = fathom_cuda_emu::driver_dir()
+        .ok_or_else(|| format!("{real}; the emulated driver was not built either"))?;
+    let mut path = dir.as_os_str().to_owned();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    eprintln!("no CUDA driver here: --device cuda runs on the emulated driver ({dir:?})");
+    let env = vec![
+        (
+            "LD_LIBRARY_PATH".into(),
+            path.to_string_lossy().into_owned(),
+        ),
+        ("FATHOM_EMU_GPUS".into(), "2".into()),
+    ];
+    Ok((env, 2))
+}
+
 /// ids and log-probabilities of a greedy run (the parts that must not move).
 fn answer(v: &Value) -> (Value, Value) {
     (v["output_ids"].clone(), v["logprobs"].clone())
 }
 
-fn both(dir: &str, extra: &[&str]) -> (Value, Value) {
-    both_with(dir, extra, &[])
-}
-
-/// [`both`] with `gpu_extra` given to the CUDA run only.
-fn both_with(dir: &str, extra: &[&str], gpu_extra: &[&str]) -> (Value, Value) {
+/// ids and log-probabilities of `dir` on the CPU and with `--device
+/// cuda` (with `gpu_extra` and the environment `env`).
+fn both(dir: &str, extra: &[&str], gpu_extra: &[&str], env: &[(String, String)]) -> (Value, Value) {
     let mut base = vec![
         "run",
         "--model",
@@ -54,16 +84,19 @@ fn both_with(dir: &str, extra: &[&str], gpu_extra: &[&str]) -> (Value, Value) {
     ];
     base.extend_from_slice(extra);
     let cpu = run_json(&[&base[..], &["--device", "cpu"]].concat());
-    let gpu = run_json(&[&base[..], &["--device", "cuda"], gpu_extra].concat());
+    let gpu = run_json_env(&[&base[..], &["--device", "cuda"], gpu_extra].concat(), env);
     (cpu, gpu)
 }
 
 #[test]
 fn cuda_gives_the_cpu_bits_for_every_family() {
-    if let Err(why) = cuda() {
-        eprintln!("skipped: no CUDA here ({why})");
-        return;
-    }
+    let (env, gpus) = match cuda_env() {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("skipped: no CUDA here ({why})");
+            return;
+        }
+    };
     let mut dirs: Vec<PathBuf> = FIXTURES.iter().map(|n| fixture(n)).collect();
     match code_small() {
         Some(p) => dirs.push(p),
@@ -72,7 +105,7 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
     for dir in &dirs {
         let d = dir.to_str().unwrap();
         for extra in [&[][..], &["--experts", "stream", "--context", "256"][..]] {
-            let (cpu, gpu) = both(d, extra);
+            let (cpu, gpu) = both(d, extra, &[], &env);
             assert_eq!(answer(&cpu), answer(&gpu), "{d} {extra:?}");
             let dev = &gpu["stats"]["gpu"];
             assert!(
@@ -92,12 +125,26 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
         }
         // The experts split over two caches on the one GPU.
         let streamed = ["--experts", "stream", "--context", "256"];
-        let (cpu, two) = both_with(d, &streamed, &["--gpus", "0,0"]);
+        let (cpu, two) = both(d, &streamed, &["--gpus", "0,0"], &env);
         assert_eq!(answer(&cpu), answer(&two), "{d} --gpus 0,0");
         let dev = &two["stats"]["gpu"];
         assert_eq!(dev["device_errors"].as_u64(), Some(0), "{d}: {dev}");
         let name = two["stats"]["device"].as_str().unwrap();
         assert_eq!(name.matches("cuda:0").count(), 2, "{d}: {name}");
+        if gpus < 2 {
+            eprintln!("{d}: one device here: --gpus 0,1 not run");
+            continue;
+        }
+        // Two devices: each computes with its own copies only.
+        let (cpu, two) = both(d, &streamed, &["--gpus", "0,1"], &env);
+        assert_eq!(answer(&cpu), answer(&two), "{d} --gpus 0,1");
+        let dev = &two["stats"]["gpu"];
+        assert_eq!(dev["device_errors"].as_u64(), Some(0), "{d}: {dev}");
+        let name = two["stats"]["device"].as_str().unwrap();
+        assert!(
+            name.contains("cuda:0") && name.contains("cuda:1"),
+            "{d}: {name}"
+        );
     }
 }
 

@@ -42,6 +42,7 @@ extern "C" void emu_switch(void** save_sp, void* to_sp);
 asm(R"(
     .text
     .globl emu_switch
+    .hidden emu_switch
     .type emu_switch, @function
 emu_switch:
     pushq %rbp

@@ -6,9 +6,14 @@
 //! product, activation and KDA step — against the CPU twins, and run whole
 //! models with every product on the kernels. It is slow (a fiber switch
 //! per thread at every shuffle) and not a device: copies, caches, streams
-//! and the VRAM budget are the CUDA backend's and are tested on a GPU
-//! (`fathom-kernels-cuda`'s tests); launches here use the same grid and
-//! block shapes as the CUDA backend's.
+//! and the VRAM budget are the CUDA backend's; launches here use the same
+//! grid and block shapes as the CUDA backend's.
+//!
+//! The crate also builds an emulated NVIDIA driver and NVRTC
+//! ([`driver_dir`], [`install_driver`]; `emu/driver.cpp`, `emu/nvrtc.cpp`)
+//! that run the CUDA backend itself — copies, caches, streams, budgets —
+//! with its kernels on this emulator: `fathom-kernels-cuda`'s tests and
+//! `fathom --device cuda` use it where the real driver is absent.
 
 mod backend;
 
@@ -17,6 +22,7 @@ pub use backend::EmuBackend;
 use fathom_kernels::attention::{MlaQuery, MlaShape, SPLIT};
 use fathom_kernels::backend::{MatRef, segments};
 use fathom_kernels::ops::GluAct;
+use std::path::Path;
 
 /// Whether the emulator was built (the build needs a C++17 compiler).
 pub fn available() -> bool {
@@ -26,6 +32,42 @@ pub fn available() -> bool {
 /// Why [`available`] is false, for a test's skip line.
 pub const ABSENT: &str = "the CUDA kernels' host emulator was not built (no C++17 compiler when \
      fathom-cuda-emu was compiled; install g++ and rebuild)";
+
+/// The folder holding the emulated NVIDIA driver and NVRTC (`libcuda.so`,
+/// `libnvrtc.so`: `emu/driver.cpp`, `emu/nvrtc.cpp`), which run fathom's
+/// whole CUDA backend on this emulator; `None` where they were not built.
+/// A child process finds them through `LD_LIBRARY_PATH`.
+pub fn driver_dir() -> Option<&'static Path> {
+    #[cfg(emu_driver)]
+    return Some(Path::new(env!("FATHOM_EMU_DRIVER_DIR")));
+    #[cfg(not(emu_driver))]
+    None
+}
+
+/// Loads the emulated driver and NVRTC into this process, so that
+/// `cudarc` (which opens `libcuda.so` and `libnvrtc.so` by name, and gets
+/// an already loaded library of that soname) uses them. Call it before
+/// anything CUDA; it cannot be undone. An error says why they are absent.
+pub fn install_driver() -> Result<&'static Path, String> {
+    let dir = driver_dir().ok_or_else(|| {
+        "the emulated CUDA driver was not built (no C++17 compiler when fathom-cuda-emu was \
+         compiled)"
+            .to_string()
+    })?;
+    for lib in ["libcuda.so", "libnvrtc.so"] {
+        let path = dir.join(lib);
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|e| e.to_string())?;
+        // SAFETY: loads a library this crate's build script made; its
+        // initialisers only set up statics. The handle is kept for the
+        // process's life.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        if h.is_null() {
+            return Err(format!("{}: dlopen failed", path.display()));
+        }
+    }
+    Ok(dir)
+}
 
 #[repr(C)]
 struct EmuLaunch {

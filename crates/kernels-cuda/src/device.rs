@@ -32,6 +32,8 @@ use queue::Job;
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
     pub ordinal: usize,
+    /// Devices the driver shows.
+    pub devices: usize,
     pub name: String,
     pub compute_capability: (i32, i32),
     pub total_bytes: u64,
@@ -73,6 +75,7 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaError> {
     let (free, total) = ctx.mem_get_info()?;
     Ok(DeviceInfo {
         ordinal,
+        devices: count,
         name: ctx.name()?,
         compute_capability: ctx.compute_capability()?,
         total_bytes: total as u64,

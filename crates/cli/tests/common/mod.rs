@@ -24,7 +24,16 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// `args` succeed and print one JSON object.
 pub fn run_json(args: &[&str]) -> serde_json::Value {
-    let out = fathom(args);
+    run_json_env(args, &[])
+}
+
+/// [`run_json`] with `env` added to the process's environment.
+pub fn run_json_env(args: &[&str], env: &[(String, String)]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("fathom runs");
     assert!(
         out.status.success(),
         "{args:?}: {}",

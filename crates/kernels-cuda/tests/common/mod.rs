@@ -6,17 +6,31 @@
 
 use std::sync::Arc;
 
-use fathom_kernels_cuda::CudaBackend;
+use fathom_kernels_cuda::{CudaBackend, CudaError};
 
-/// Device 0 with `budget` bytes for weights; `None`, saying why, when
-/// there is no CUDA backend here.
+/// Device 0 with `budget` bytes for weights: a real one where the NVIDIA
+/// driver is installed, else the emulated driver (`fathom-cuda-emu`: the
+/// whole backend on the host emulator, with its checks of copies and
+/// launch arguments); `None`, saying why, when neither is here.
 pub fn open(budget: Option<u64>) -> Option<Arc<CudaBackend>> {
+    let first = match CudaBackend::open(0, budget) {
+        Ok(b) => return Some(b),
+        Err(e) => e,
+    };
+    if !matches!(first, CudaError::NoDriver) {
+        eprintln!("skipped: no CUDA backend here ({first})");
+        return None;
+    }
+    if let Err(why) = fathom_cuda_emu::install_driver() {
+        eprintln!("skipped: no CUDA driver here ({first}) and {why}");
+        return None;
+    }
     match CudaBackend::open(0, budget) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            eprintln!("skipped: no CUDA backend here ({e})");
-            None
+        Ok(b) => {
+            eprintln!("no CUDA driver here: running on the emulated driver (fathom-cuda-emu)");
+            Some(b)
         }
+        Err(e) => panic!("the emulated CUDA driver did not open: {e}"),
     }
 }
 

@@ -1,0 +1,555 @@
+// A stand-in for the NVIDIA driver library (libcuda.so): the subset of the
+// driver API fathom's CUDA backend calls through cudarc, with device
+// memory in host memory and every kernel run by the host emulator
+// (emu.h). It lets the whole backend — placement, caches, staging, grouped
+// launches, its error paths — run on a machine without a GPU; the GPU
+// tests on a real device stay the authority.
+//
+// Every operation runs when it is issued, in the order issued. That is one
+// schedule the streams and events allow, so a program correct on the
+// device gives the same results here; a missing wait between streams is not
+// found. What is checked, beyond the emulator's own checks: a copy stays
+// inside one device allocation, a kernel's pointer arguments lie in device
+// memory of the launching device (or are null), launch shapes and shared
+// memory are within the device's limits, freed and unknown pointers are
+// refused, and the allocations stay within the device's memory. Fresh
+// device memory is NaN bytes, as uninitialised memory might be.
+//
+// Set FATHOM_EMU_GPUS (devices, default 1) and FATHOM_EMU_VRAM_MIB (each
+// device's memory, default 16384) before the first call.
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "emu.h"
+
+#include "../../kernels-cuda/src/matmul.cu"
+#include "../../kernels-cuda/src/kda.cu"
+#include "../../kernels-cuda/src/glu.cu"
+#include "../../kernels-cuda/src/mla.cu"
+
+#include "emu_ptx.h"
+
+#define API extern "C" __attribute__((visibility("default")))
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+
+enum : int {
+    OK = 0,
+    INVALID_VALUE = 1,
+    OUT_OF_MEMORY = 2,
+    NOT_INITIALIZED = 3,
+    INVALID_DEVICE = 101,
+    INVALID_IMAGE = 200,
+    INVALID_CONTEXT = 201,
+    INVALID_HANDLE = 400,
+    NOT_FOUND = 500,
+    ILLEGAL_ADDRESS = 700,
+    LAUNCH_OUT_OF_RESOURCES = 701,
+    HOST_MEMORY_ALREADY_REGISTERED = 712,
+    HOST_MEMORY_NOT_REGISTERED = 713,
+    NOT_SUPPORTED = 801,
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t SHARED_LIMIT = 48 * 1024;  // without the opt-in attribute
+constexpr unsigned MAX_THREADS = 1024;
+
+struct Ctx {
+    int device;
+};
+struct Stream {
+    int device;
+};
+struct Event {
+    Clock::time_point at;
+    bool recorded = false;
+};
+struct Alloc {
+    size_t len;
+    int device;
+};
+
+struct Driver {
+    std::mutex mu;
+    bool init = false;
+    int gpus = 1;
+    size_t vram = 0;
+    std::vector<Ctx> ctxs;
+    std::vector<size_t> used;
+    std::map<uintptr_t, Alloc> dev;     // device allocations by start
+    std::map<uintptr_t, size_t> host;   // page-locked host ranges by start
+    std::map<uintptr_t, bool> host_alloc;  // which of them this library allocated
+};
+
+Driver& drv() {
+    static Driver d;
+    return d;
+}
+
+thread_local Ctx* current = nullptr;
+
+int fail(int code, const char* what) {
+    fprintf(stderr, "cuda-emu driver: %s\n", what);
+    return code;
+}
+
+int env_int(const char* name, long long dflt) {
+    const char* v = getenv(name);
+    return v ? (int)atoll(v) : (int)dflt;
+}
+
+// The allocation holding [p, p + len), if any.
+const std::pair<const uintptr_t, Alloc>* find_dev(uintptr_t p, size_t len) {
+    auto& d = drv().dev;
+    auto it = d.upper_bound(p);
+    if (it == d.begin()) return nullptr;
+    --it;
+    if (p + len > it->first + it->second.len) return nullptr;
+    return &*it;
+}
+
+int device_of_stream(void* s) {
+    if (s) return static_cast<Stream*>(s)->device;
+    return current ? current->device : -1;
+}
+
+bool checked() {
+    Driver& d = drv();
+    return d.init;
+}
+
+// A kernel's pointer argument: null, or inside a device allocation of
+// `device` (one past the end allowed).
+template <typename T>
+bool arg_ok(void* slot, int device, const char* kernel, size_t i) {
+    if constexpr (std::is_pointer_v<T>) {
+        const uintptr_t p = *static_cast<uintptr_t*>(slot);
+        if (p == 0) return true;
+        const auto* a = find_dev(p, 0);
+        if (a && a->second.device == device) return true;
+        fprintf(stderr, "cuda-emu driver: %s: argument %zu (%#llx) is not device memory of "
+                        "device %d\n", kernel, i, (unsigned long long)p, device);
+        return false;
+    } else {
+        return true;
+    }
+}
+
+template <typename... A, size_t... I>
+int run_kernel(const char* name, void (*k)(A...), dim3 g, dim3 b, unsigned sh, void** p,
+               int device, std::index_sequence<I...>) {
+    const bool ok[] = {true, arg_ok<A>(p[I], device, name, I)...};
+    for (bool o : ok)
+        if (!o) return ILLEGAL_ADDRESS;
+    emu::launch(g, b, sh, [&] { k(*static_cast<std::remove_reference_t<A>*>(p[I])...); });
+    return OK;
+}
+
+template <typename... A>
+int run(const char* name, void (*k)(A...), dim3 g, dim3 b, unsigned sh, void** p, int device) {
+    return run_kernel(name, k, g, b, sh, p, device, std::index_sequence_for<A...>{});
+}
+
+struct Kernel {
+    const char* name;
+    int (*launch)(dim3, dim3, unsigned, void**, int);
+};
+
+#define KERNEL(n) \
+    Kernel { #n, [](dim3 g, dim3 b, unsigned sh, void** p, int d) { return run(#n, n, g, b, sh, p, d); } }
+
+const Kernel KERNELS[] = {
+    KERNEL(mm_f32),    KERNEL(mm_bf16),       KERNEL(mm_int8),       KERNEL(mm_mxfp4),
+    KERNEL(mm_fp8),    KERNEL(mm_int4),       KERNEL(mm_bf16_many),  KERNEL(mm_mxfp4_many),
+    KERNEL(kda_step),  KERNEL(glu_act),       KERNEL(mla_split),     KERNEL(mla_merge),
+};
+
+int module_token;  // every module is the one set of kernels above
+
+}  // namespace
+
+#define LOCKED                                   \
+    std::lock_guard<std::mutex> guard(drv().mu); \
+    if (!checked()) return NOT_INITIALIZED
+
+// ---- initialisation, devices, contexts ----
+
+API CUresult cuInit(unsigned) {
+    Driver& d = drv();
+    std::lock_guard<std::mutex> guard(d.mu);
+    if (!d.init) {
+        d.gpus = env_int("FATHOM_EMU_GPUS", 1);
+        d.vram = (size_t)env_int("FATHOM_EMU_VRAM_MIB", 16384) << 20;
+        if (d.gpus < 0 || d.gpus > 64) d.gpus = 1;
+        d.ctxs.resize(d.gpus);
+        d.used.assign(d.gpus, 0);
+        for (int i = 0; i < d.gpus; ++i) d.ctxs[i].device = i;
+        d.init = true;
+    }
+    return OK;
+}
+
+API CUresult cuDriverGetVersion(int* v) {
+    *v = 12080;
+    return OK;
+}
+
+API CUresult cuDeviceGetCount(int* n) {
+    LOCKED;
+    *n = drv().gpus;
+    return OK;
+}
+
+API CUresult cuDeviceGet(CUdevice* dev, int ordinal) {
+    LOCKED;
+    if (ordinal < 0 || ordinal >= drv().gpus) return INVALID_DEVICE;
+    *dev = ordinal;
+    return OK;
+}
+
+API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+    LOCKED;
+    if (dev < 0 || dev >= drv().gpus) return INVALID_DEVICE;
+    snprintf(name, (size_t)len, "fathom host emulator");
+    return OK;
+}
+
+API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+    LOCKED;
+    if (dev < 0 || dev >= drv().gpus) return INVALID_DEVICE;
+    *bytes = drv().vram;
+    return OK;
+}
+
+API CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice dev) {
+    LOCKED;
+    if (dev < 0 || dev >= drv().gpus) return INVALID_DEVICE;
+    switch (attr) {
+        case 1: *v = (int)MAX_THREADS; break;      // max threads per block
+        case 8: *v = (int)SHARED_LIMIT; break;     // shared memory per block
+        case 16: *v = 132; break;                  // multiprocessors
+        case 75: *v = 9; break;                    // compute capability
+        case 76: *v = 0; break;
+        case 97: *v = (int)SHARED_LIMIT; break;    // no larger opt-in here
+        case 115: *v = 1; break;                   // memory pools
+        default: *v = 0;
+    }
+    return OK;
+}
+
+API CUresult cuDevicePrimaryCtxRetain(void** ctx, CUdevice dev) {
+    LOCKED;
+    if (dev < 0 || dev >= drv().gpus) return INVALID_DEVICE;
+    *ctx = &drv().ctxs[dev];
+    return OK;
+}
+
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return OK; }
+
+API CUresult cuCtxSetCurrent(void* ctx) {
+    current = static_cast<Ctx*>(ctx);
+    return OK;
+}
+
+API CUresult cuCtxGetCurrent(void** ctx) {
+    *ctx = current;
+    return OK;
+}
+
+API CUresult cuCtxPushCurrent_v2(void* ctx) { return cuCtxSetCurrent(ctx); }
+
+API CUresult cuCtxPopCurrent_v2(void** ctx) {
+    if (ctx) *ctx = current;
+    return OK;
+}
+
+API CUresult cuCtxGetDevice(CUdevice* dev) {
+    if (!current) return INVALID_CONTEXT;
+    *dev = current->device;
+    return OK;
+}
+
+API CUresult cuCtxSynchronize() { return OK; }
+
+API CUresult cuGetErrorString(CUresult e, const char** s) {
+    switch (e) {
+        case OK: *s = "no error"; break;
+        case OUT_OF_MEMORY: *s = "out of memory (emulated device)"; break;
+        case ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered (emulated)"; break;
+        default: *s = "error (emulated driver; see its message on stderr)";
+    }
+    return OK;
+}
+
+API CUresult cuGetErrorName(CUresult e, const char** s) {
+    static thread_local char buf[48];
+    snprintf(buf, sizeof buf, "CUDA_ERROR_%d", e);
+    *s = e == OK ? "CUDA_SUCCESS" : buf;
+    return OK;
+}
+
+API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+    LOCKED;
+    if (!current) return INVALID_CONTEXT;
+    *total = drv().vram;
+    *free = drv().vram - drv().used[current->device];
+    return OK;
+}
+
+// ---- streams and events: everything has run when it is issued ----
+
+API CUresult cuStreamCreate(void** s, unsigned) {
+    LOCKED;
+    if (!current) return INVALID_CONTEXT;
+    *s = new Stream{current->device};
+    return OK;
+}
+
+API CUresult cuStreamCreateWithPriority(void** s, unsigned f, int) { return cuStreamCreate(s, f); }
+
+API CUresult cuStreamDestroy_v2(void* s) {
+    delete static_cast<Stream*>(s);
+    return OK;
+}
+
+API CUresult cuStreamSynchronize(void*) { return OK; }
+API CUresult cuStreamQuery(void*) { return OK; }
+
+API CUresult cuStreamWaitEvent(void*, void* e, unsigned) {
+    return e ? OK : INVALID_HANDLE;
+}
+
+API CUresult cuEventCreate(void** e, unsigned) {
+    *e = new Event{};
+    return OK;
+}
+
+API CUresult cuEventRecord(void* e, void*) {
+    if (!e) return INVALID_HANDLE;
+    auto* ev = static_cast<Event*>(e);
+    ev->at = Clock::now();
+    ev->recorded = true;
+    return OK;
+}
+
+API CUresult cuEventRecordWithFlags(void* e, void* s, unsigned) { return cuEventRecord(e, s); }
+API CUresult cuEventQuery(void* e) { return e ? OK : INVALID_HANDLE; }
+API CUresult cuEventSynchronize(void* e) { return e ? OK : INVALID_HANDLE; }
+
+API CUresult cuEventDestroy_v2(void* e) {
+    delete static_cast<Event*>(e);
+    return OK;
+}
+
+API CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
+    auto *s = static_cast<Event*>(a), *e = static_cast<Event*>(b);
+    if (!s || !e) return INVALID_HANDLE;
+    if (!s->recorded || !e->recorded) return INVALID_HANDLE;
+    *ms = std::chrono::duration<float, std::milli>(e->at - s->at).count();
+    return OK;
+}
+
+API CUresult cuEventElapsedTime_v2(float* ms, void* a, void* b) {
+    return cuEventElapsedTime(ms, a, b);
+}
+
+// ---- device memory ----
+
+API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t len) {
+    LOCKED;
+    if (!current) return INVALID_CONTEXT;
+    Driver& d = drv();
+    const int dev = current->device;
+    if (len == 0) return INVALID_VALUE;
+    if (len > d.vram - d.used[dev]) return OUT_OF_MEMORY;
+    const size_t padded = (len + 255) & ~(size_t)255;
+    void* m = aligned_alloc(256, padded);
+    if (!m) return OUT_OF_MEMORY;
+    memset(m, 0xFF, padded);
+    d.dev[(uintptr_t)m] = Alloc{len, dev};
+    d.used[dev] += len;
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return OK;
+}
+
+API CUresult cuMemAllocAsync(CUdeviceptr* p, size_t len, void*) { return cuMemAlloc_v2(p, len); }
+
+API CUresult cuMemFree_v2(CUdeviceptr p) {
+    LOCKED;
+    Driver& d = drv();
+    auto it = d.dev.find((uintptr_t)p);
+    if (it == d.dev.end()) return fail(INVALID_VALUE, "cuMemFree: not the start of an allocation");
+    d.used[it->second.device] -= it->second.len;
+    free((void*)it->first);
+    d.dev.erase(it);
+    return OK;
+}
+
+API CUresult cuMemFreeAsync(CUdeviceptr p, void*) { return cuMemFree_v2(p); }
+
+static CUresult memset_dev(CUdeviceptr p, const void* v, size_t size, size_t n) {
+    LOCKED;
+    if (!find_dev((uintptr_t)p, size * n))
+        return fail(INVALID_VALUE, "cuMemset: outside every device allocation");
+    for (size_t i = 0; i < n; ++i) memcpy((char*)(uintptr_t)p + i * size, v, size);
+    return OK;
+}
+
+API CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
+    return memset_dev(p, &v, 1, n);
+}
+API CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void*) {
+    return memset_dev(p, &v, 1, n);
+}
+API CUresult cuMemsetD32_v2(CUdeviceptr p, unsigned v, size_t n) {
+    return memset_dev(p, &v, 4, n);
+}
+API CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, void*) {
+    return memset_dev(p, &v, 4, n);
+}
+
+static CUresult copy(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev) {
+    LOCKED;
+    if (dst_dev && !find_dev((uintptr_t)dst, n))
+        return fail(INVALID_VALUE, "a copy's destination runs outside its device allocation");
+    if (src_dev && !find_dev((uintptr_t)src, n))
+        return fail(INVALID_VALUE, "a copy's source runs outside its device allocation");
+    if (!dst_dev && find_dev((uintptr_t)dst, 0))
+        return fail(INVALID_VALUE, "a copy to the host names device memory");
+    if (!src_dev && find_dev((uintptr_t)src, 0))
+        return fail(INVALID_VALUE, "a copy from the host names device memory");
+    if (n) memmove(dst, src, n);
+    return OK;
+}
+
+#define DP(p) ((void*)(uintptr_t)(p))
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) {
+    return copy(DP(d), s, n, true, false);
+}
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) {
+    return copy(DP(d), s, n, true, false);
+}
+API CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
+    return copy(d, DP(s), n, false, true);
+}
+API CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) {
+    return copy(d, DP(s), n, false, true);
+}
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+    return copy(DP(d), DP(s), n, true, true);
+}
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) {
+    return copy(DP(d), DP(s), n, true, true);
+}
+
+// ---- page-locked host memory ----
+
+API CUresult cuMemHostAlloc(void** p, size_t len, unsigned) {
+    LOCKED;
+    void* m = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
+    if (!m) return OUT_OF_MEMORY;
+    drv().host[(uintptr_t)m] = len;
+    drv().host_alloc[(uintptr_t)m] = true;
+    *p = m;
+    return OK;
+}
+
+API CUresult cuMemAllocHost_v2(void** p, size_t len) { return cuMemHostAlloc(p, len, 0); }
+
+API CUresult cuMemFreeHost(void* p) {
+    LOCKED;
+    Driver& d = drv();
+    if (!d.host_alloc.count((uintptr_t)p)) return INVALID_VALUE;
+    d.host.erase((uintptr_t)p);
+    d.host_alloc.erase((uintptr_t)p);
+    free(p);
+    return OK;
+}
+
+API CUresult cuMemHostRegister_v2(void* p, size_t len, unsigned) {
+    LOCKED;
+    if (!p || !len) return INVALID_VALUE;
+    if (drv().host.count((uintptr_t)p)) return HOST_MEMORY_ALREADY_REGISTERED;
+    drv().host[(uintptr_t)p] = len;
+    return OK;
+}
+
+API CUresult cuMemHostUnregister(void* p) {
+    LOCKED;
+    Driver& d = drv();
+    if (!d.host.count((uintptr_t)p) || d.host_alloc.count((uintptr_t)p))
+        return HOST_MEMORY_NOT_REGISTERED;
+    d.host.erase((uintptr_t)p);
+    return OK;
+}
+
+API CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
+    LOCKED;
+    if (attr != 2) return fail(NOT_SUPPORTED, "cuPointerGetAttribute: only the memory type");
+    if (find_dev((uintptr_t)p, 0)) {
+        *static_cast<unsigned*>(data) = 2;
+        return OK;
+    }
+    auto& h = drv().host;
+    auto it = h.upper_bound((uintptr_t)p);
+    if (it != h.begin() && (uintptr_t)p < std::prev(it)->first + std::prev(it)->second) {
+        *static_cast<unsigned*>(data) = 1;
+        return OK;
+    }
+    return INVALID_VALUE;
+}
+
+// ---- modules and launches ----
+
+API CUresult cuModuleLoadData(void** m, const void* image) {
+    LOCKED;
+    if (strncmp(static_cast<const char*>(image), EMU_PTX_MARK, strlen(EMU_PTX_MARK)) != 0)
+        return fail(INVALID_IMAGE, "cuModuleLoadData: not the emulated NVRTC's output");
+    *m = &module_token;
+    return OK;
+}
+
+API CUresult cuModuleUnload(void* m) { return m == &module_token ? OK : INVALID_HANDLE; }
+
+API CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
+    if (m != &module_token) return INVALID_HANDLE;
+    for (const Kernel& k : KERNELS)
+        if (strcmp(k.name, name) == 0) {
+            *f = (void*)&k;
+            return OK;
+        }
+    return NOT_FOUND;
+}
+
+API CUresult cuFuncGetAttribute(int* v, int, void*) {
+    *v = 0;
+    return OK;
+}
+
+API CUresult cuFuncSetAttribute(void*, int, int) { return OK; }
+
+API CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                            unsigned by, unsigned bz, unsigned shared, void* stream,
+                            void** params, void** extra) {
+    LOCKED;
+    const Kernel* k = static_cast<const Kernel*>(f);
+    if (!k || extra) return INVALID_VALUE;
+    const int device = device_of_stream(stream);
+    if (device < 0) return INVALID_CONTEXT;
+    const unsigned long long threads = (unsigned long long)bx * by * bz;
+    if (!gx || !gy || !gz || !threads || threads > MAX_THREADS || gy > 65535 || gz > 65535)
+        return fail(INVALID_VALUE, "cuLaunchKernel: grid or block outside the device's limits");
+    if (shared > SHARED_LIMIT)
+        return fail(INVALID_VALUE, "cuLaunchKernel: more dynamic shared memory than 48 KiB");
+    return k->launch(dim3{gx, gy, gz}, dim3{bx, by, bz}, shared, params, device);
+}

@@ -1,0 +1,139 @@
+//! The emulated driver (`emu/driver.cpp`, `emu/nvrtc.cpp`) refuses what a
+//! device would refuse or what would be silently wrong there: a copy that
+//! leaves its allocation, a kernel reading host memory or another
+//! device's memory, memory beyond the device's, a program other than the
+//! kernels' source or compiled with FMA contraction; and it runs a kernel
+//! from the same launch the backend makes. One test, because the
+//! environment it sets (two devices, 1 MiB each) is read once per process.
+
+use std::ffi::{CString, c_void};
+
+use cudarc::driver::result;
+use cudarc::driver::sys::{CUdeviceptr, CUresult};
+use cudarc::nvrtc::result as nvrtc;
+
+fn code(e: result::DriverError) -> CUresult {
+    e.0
+}
+
+/// Compiles `src` with `opts` on the emulated NVRTC: its log on failure.
+fn compile(src: &str, opts: &[&str]) -> Result<Vec<i8>, String> {
+    let c = CString::new(src).unwrap();
+    let prog = nvrtc::create_program(&c, None).map_err(|e| e.to_string())?;
+    // SAFETY: a program just created; the options are plain strings.
+    let r = unsafe { nvrtc::compile_program(prog, opts) };
+    // SAFETY: as above.
+    let out = match r {
+        Ok(()) => Ok(unsafe { nvrtc::get_ptx(prog) }.unwrap()),
+        Err(_) => Err(unsafe { nvrtc::get_program_log(prog) }
+            .unwrap()
+            .iter()
+            .map(|&b| b as u8 as char)
+            .collect()),
+    };
+    // SAFETY: destroyed once.
+    unsafe { nvrtc::destroy_program(prog) }.unwrap();
+    out
+}
+
+const OPTS: [&str; 4] = [
+    "--fmad=false",
+    "--ftz=false",
+    "--prec-div=true",
+    "--prec-sqrt=true",
+];
+
+#[test]
+fn the_emulated_driver_refuses_what_a_device_would() {
+    if fathom_cuda_emu::driver_dir().is_none() {
+        eprintln!("skipped: {}", fathom_cuda_emu::ABSENT);
+        return;
+    }
+    // SAFETY: this binary's only test sets them before the driver starts.
+    unsafe {
+        std::env::set_var("FATHOM_EMU_GPUS", "2");
+        std::env::set_var("FATHOM_EMU_VRAM_MIB", "1");
+    }
+    fathom_cuda_emu::install_driver().unwrap();
+    result::init().unwrap();
+    // NVRTC: only the kernels' source, only without contraction.
+    let source = fathom_kernels_cuda_source();
+    let ptx = compile(&source, &OPTS).unwrap();
+    let log = compile("extern \"C\" __global__ void k() {}", &OPTS).unwrap_err();
+    assert!(log.contains("not the kernels' source"), "{log}");
+    let log = compile(&source, &OPTS[1..]).unwrap_err();
+    assert!(log.contains("--fmad=false"), "{log}");
+
+    let ctx = |i| {
+        let d = result::device::get(i).unwrap();
+        // SAFETY: a device the driver listed.
+        let c = unsafe { result::primary_ctx::retain(d) }.unwrap();
+        // SAFETY: its primary context.
+        unsafe { result::ctx::set_current(c) }.unwrap();
+    };
+    ctx(0);
+    // SAFETY: every pointer below is an allocation made here or a live host
+    // buffer; the refused calls touch nothing.
+    unsafe {
+        let a: CUdeviceptr = result::malloc_sync(16).unwrap();
+        let mut fresh = [0f32; 4];
+        result::memcpy_dtoh_sync(&mut fresh, a).unwrap();
+        assert!(fresh.iter().all(|v| v.is_nan()), "fresh memory: {fresh:?}");
+        let e = result::memcpy_htod_sync(a + 8, &[1f32; 4]).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_INVALID_VALUE);
+        let e = result::malloc_sync(2 << 20).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+
+        // y = w·x for a 1×4 f32 matrix, then the same with x on the host.
+        let module = result::module::load_data(ptx.as_ptr().cast()).unwrap();
+        let f = result::module::get_function(module, CString::new("mm_f32").unwrap()).unwrap();
+        let (w, x, y) = (
+            a,
+            result::malloc_sync(16).unwrap(),
+            result::malloc_sync(4).unwrap(),
+        );
+        result::memcpy_htod_sync(w, &[1f32, 2., 3., 4.]).unwrap();
+        result::memcpy_htod_sync(x, &[1f32, 1., 1., 0.5]).unwrap();
+        let host_x = [1f32; 4];
+        let launch = |x: CUdeviceptr| {
+            let (mut w, mut x, mut y) = (w, x, y);
+            let (mut rows, mut cols, mut t, mut rows_g) = (1i32, 4i32, 1i32, 1i32);
+            let mut params: Vec<*mut c_void> = vec![
+                (&raw mut w).cast(),
+                (&raw mut x).cast(),
+                (&raw mut y).cast(),
+                (&raw mut rows).cast(),
+                (&raw mut cols).cast(),
+                (&raw mut t).cast(),
+                (&raw mut rows_g).cast(),
+            ];
+            result::launch_kernel(
+                f,
+                (1, 1, 1),
+                (32, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        };
+        launch(x).unwrap();
+        let mut out = [0f32];
+        result::memcpy_dtoh_sync(&mut out, y).unwrap();
+        assert_eq!(out[0], 8.0);
+        let e = launch(host_x.as_ptr() as CUdeviceptr).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        // Device 1 cannot read device 0's memory.
+        ctx(1);
+        let e = launch(x).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    }
+}
+
+/// The `.cu` files in `fathom_kernels_cuda::SOURCE`'s order.
+fn fathom_kernels_cuda_source() -> String {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels-cuda/src");
+    ["matmul.cu", "kda.cu", "glu.cu", "mla.cu"]
+        .iter()
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
+        .collect()
+}
