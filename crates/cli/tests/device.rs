@@ -113,6 +113,10 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
                 "{d}: nothing ran on the device: {dev}"
             );
             assert_eq!(dev["device_errors"].as_u64(), Some(0), "{d}: {dev}");
+            if !d.contains("qwen3") && !d.contains("gpt_oss") {
+                let calls = dev["device_attention"].as_u64().unwrap();
+                assert!(calls > 0, "{d}: no MLA attention on the device: {dev}");
+            }
             assert!(cpu["stats"].get("gpu").is_none());
             assert_eq!(cpu["stats"]["device"], "cpu");
             assert!(
@@ -146,6 +150,42 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
             "{d}: {name}"
         );
     }
+}
+
+/// A prompt longer than a cache block: K3's MLA layers keep the full
+/// block on the device between steps and send only the partial one.
+#[test]
+fn a_long_prompt_keeps_the_cpu_bits_with_cache_blocks_on_the_device() {
+    let (env, _) = match cuda_env() {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("skipped: no CUDA here ({why})");
+            return;
+        }
+    };
+    let d = fixture("k3-tiny/checkpoint");
+    let ids: Vec<String> = (0..300)
+        .map(|i| ((i * 7 + 3) % 200 + 1).to_string())
+        .collect();
+    let ids = ids.join(",");
+    let base = [
+        "run",
+        "--model",
+        d.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--max-new",
+        "6",
+        "--logprobs",
+        "4",
+        "--json",
+    ];
+    let cpu = run_json(&[&base[..], &["--device", "cpu"]].concat());
+    let gpu = run_json_env(&[&base[..], &["--device", "cuda"]].concat(), &env);
+    assert_eq!(answer(&cpu), answer(&gpu));
+    let dev = &gpu["stats"]["gpu"];
+    assert_eq!(dev["device_errors"].as_u64(), Some(0), "{dev}");
+    assert!(dev["device_attention"].as_u64().unwrap() > 0, "{dev}");
 }
 
 #[test]

@@ -1,13 +1,15 @@
 //! [`EmuBackend`]: the emulated kernels behind the backend seam, taking
 //! what the CUDA backend takes (products of every format, batches, gated
-//! MLPs, KDA steps) and computing it the way the CUDA backend's launches
+//! MLPs, KDA steps, MLA attention) and computing it the way the CUDA backend's launches
 //! do, with host memory standing in for VRAM.
 
 use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use fathom_kernels::backend::{Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role};
+use fathom_kernels::backend::{
+    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, Product, Role,
+};
 use fathom_kernels::kda::{KDA_L2_EPS, KdaJob};
 use fathom_kernels::ops::GluAct;
 
@@ -248,6 +250,17 @@ impl Backend for EmuBackend {
         Self::run_glu(&mut [], jobs, act);
         self.count(3 * jobs.len());
         self.glu_calls.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    fn mla_attend(&self, work: &mut MlaWork<'_, '_>) -> bool {
+        if !crate::available() || !work.fits_device_kernel() {
+            return false;
+        }
+        crate::mla_attend(&work.shape, work.blocks, work.queries, work.out);
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.device_calls += 1;
+        s.device_attention += 1;
         true
     }
 

@@ -11,7 +11,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use fathom_kernels::backend::{
-    Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role, segments,
+    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, Product, Role, segments,
 };
 use fathom_kernels::fp8::E4M3;
 use fathom_kernels::kda::KdaJob;
@@ -24,6 +24,7 @@ use crate::{CudaError, SOURCE};
 
 mod glu;
 mod kda;
+mod mla;
 mod queue;
 
 use queue::Job;
@@ -95,6 +96,8 @@ struct Funcs {
     mxfp4_many: CudaFunction,
     kda: CudaFunction,
     glu_act: CudaFunction,
+    mla_split: CudaFunction,
+    mla_merge: CudaFunction,
 }
 
 struct State {
@@ -106,6 +109,8 @@ struct State {
     ko: Option<CudaSlice<f32>>,
     /// Gated MLPs' gate and up outputs between their products.
     glu: Option<CudaSlice<f32>>,
+    /// MLA attention's partial results (`device/mla.rs`).
+    mla: Option<CudaSlice<f32>>,
     /// Page-locked host staging for activations and results: their copies
     /// are asynchronous DMA, with one synchronisation per batch of products.
     hx: Option<PinnedHostSlice<f32>>,
@@ -148,6 +153,8 @@ pub struct CudaBackend {
     _module: Arc<CudaModule>,
     funcs: Funcs,
     e4m3: CudaSlice<f32>,
+    /// The most partial results an MLA launch pair keeps (`device/mla.rs`).
+    mla_scratch: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -246,6 +253,8 @@ impl CudaBackend {
             mxfp4_many: f("mm_mxfp4_many")?,
             kda: f("kda_step")?,
             glu_act: f("glu_act")?,
+            mla_split: f("mla_split")?,
+            mla_merge: f("mla_merge")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
@@ -263,6 +272,7 @@ impl CudaBackend {
             _module: module,
             funcs,
             e4m3,
+            mla_scratch: mla::SCRATCH_FLOATS.into(),
             state: Mutex::new(State {
                 cache: Cache::new(budget),
                 guesses: GuessLog::default(),
@@ -273,6 +283,7 @@ impl CudaBackend {
                 kf: None,
                 ko: None,
                 glu: None,
+                mla: None,
                 hx: None,
                 hy: None,
                 ht: None,
@@ -290,6 +301,14 @@ impl CudaBackend {
     /// A page-locker for host read buffers in this backend's context.
     pub fn host_pin(&self) -> crate::CudaHostPin {
         crate::CudaHostPin::new(self.stream.context().clone())
+    }
+
+    /// Caps the partial results one MLA launch pair keeps on the device
+    /// (values; default 2²⁶), so that tests can make a prefill run in
+    /// chunks of queries.
+    pub fn limit_mla_scratch(&self, floats: usize) {
+        self.mla_scratch
+            .store(floats, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The weight budget in bytes.
@@ -482,6 +501,10 @@ impl Backend for CudaBackend {
                 Err(format!("the device failed during a KDA step: {e}"))
             }
         }
+    }
+
+    fn mla_attend(&self, work: &mut MlaWork<'_, '_>) -> bool {
+        self.counted_with(0, Role::Spine, true, || self.mla(work))
     }
 
     fn state_forget(&self, key: StateKey) {

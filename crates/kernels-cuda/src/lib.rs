@@ -54,8 +54,7 @@ impl From<cudarc::driver::DriverError> for CudaError {
 }
 
 /// The kernels' CUDA C source: matrix products, the KDA core, gated
-/// activations, MLA attention over a latent cache (checked on the host
-/// emulator, `fathom-cuda-emu`; not yet called by the backend).
+/// activations, MLA attention over a latent cache.
 pub const SOURCE: &str = concat!(
     include_str!("matmul.cu"),
     include_str!("kda.cu"),

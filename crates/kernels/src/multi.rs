@@ -315,6 +315,10 @@ impl Backend for MultiBackend {
         self.devices[0].kda_step(job)
     }
 
+    fn mla_attend(&self, work: &mut crate::backend::MlaWork<'_, '_>) -> bool {
+        self.devices[0].mla_attend(work)
+    }
+
     fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String> {
         self.devices[0].state_read(key, out)
     }

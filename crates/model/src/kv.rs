@@ -188,6 +188,7 @@ impl RamBlock {
         }
     }
     fn truncate(&mut self, floats: usize) {
+        self.forget();
         match &mut self.data {
             Data::F32(v) => v.truncate(floats),
             Data::Bf16(v) => v.truncate(floats),
@@ -212,8 +213,21 @@ impl Clone for RamBlock {
     }
 }
 
+impl RamBlock {
+    /// A full fp32 block may have a device copy (`PagedRows::ram_blocks`
+    /// hands it out as stable): its bytes are about to change or go.
+    fn forget(&self) {
+        if let Data::F32(v) = &self.data
+            && v.len() as u64 * 4 == self.counted
+        {
+            fathom_kernels::backend::forget(v);
+        }
+    }
+}
+
 impl Drop for RamBlock {
     fn drop(&mut self) {
+        self.forget();
         self.pool.ram.fetch_sub(self.counted, Ordering::Relaxed);
     }
 }
@@ -480,6 +494,29 @@ impl PagedRows {
             })
             .collect();
         f(a, &slices);
+    }
+
+    /// The first `rows` rows as the blocks [`PagedRows::windows`] hands out,
+    /// all at once, and how many leading ones are full: those keep their
+    /// bytes at their address until the block is truncated or dropped,
+    /// which calls `fathom_kernels::backend::forget` on them (so a device
+    /// may keep copies). `None` unless every block is fp32 in RAM (a bf16
+    /// cache, or one with spilled blocks, goes through `windows`).
+    pub fn ram_blocks(&self, rows: usize) -> Option<(Vec<&[f32]>, usize)> {
+        assert!(rows <= self.len, "asked for rows the cache does not hold");
+        let full_len = BLOCK_ROWS * self.width;
+        let mut out = Vec::with_capacity(rows.div_ceil(BLOCK_ROWS));
+        let mut full = 0;
+        for (i, b) in self.blocks[..rows.div_ceil(BLOCK_ROWS)].iter().enumerate() {
+            let Block::Ram(r) = b else { return None };
+            let Data::F32(v) = &r.data else { return None };
+            let valid = (rows - i * BLOCK_ROWS).min(BLOCK_ROWS) * self.width;
+            if full == i && valid == full_len && v.len() == full_len {
+                full += 1;
+            }
+            out.push(&v[..valid]);
+        }
+        Some((out, full))
     }
 
     /// Every row, contiguous fp32 (for saving a state).

@@ -1,5 +1,5 @@
-//! Every family's fixture with every product, gated MLP and KDA step on
-//! the CUDA kernels (run on the host emulator, `fathom-cuda-emu`): the
+//! Every family's fixture with every product, gated MLP, KDA step and MLA
+//! attention on the CUDA kernels (run on the host emulator, `fathom-cuda-emu`): the
 //! logits of a prompt and three decode steps keep their bits — what
 //! `--device cuda` must give, checked on a machine without a GPU. Where the
 //! emulator was not built the test prints why it skips.
@@ -53,8 +53,9 @@ fn every_fixture_on_the_emulated_kernels_keeps_its_bits() {
         let st = emu.stats();
         let (glu, kda) = emu.glu_and_kda_calls();
         eprintln!(
-            "{name}: {} products in {} calls ({glu} gated-MLP calls, {kda} KDA steps)",
-            st.device_products, st.device_calls
+            "{name}: {} products in {} calls ({glu} gated-MLP calls, {kda} KDA steps, {} \
+             attention calls)",
+            st.device_products, st.device_calls, st.device_attention
         );
         assert!(
             st.device_products > 0,
@@ -66,6 +67,10 @@ fn every_fixture_on_the_emulated_kernels_keeps_its_bits() {
                 first.is_none(),
                 "{name}: logits row {i} differ first at {first:?}"
             );
+        }
+        if !name.starts_with("qwen3") && !name.starts_with("gpt_oss") {
+            // Every MLA family's attention on the emulated kernels.
+            assert!(st.device_attention > 0, "{name}: no MLA attention taken");
         }
         if name.starts_with("k3") || name.starts_with("kimi_linear") {
             // K3: SiTU-GLU MLPs and KDA layers with a gate lower bound;

@@ -316,7 +316,7 @@ impl CudaBackend {
     /// (copied up on the compute stream the first time, so the launches
     /// after it see it), and their keys (to keep them while the step makes
     /// room for states).
-    fn weights_here(
+    pub(super) fn weights_here(
         &self,
         st: &mut State,
         segs: &[&[u8]],

@@ -28,9 +28,12 @@
 //! The attention itself is `fathom_kernels::attention::mla_attend`: every
 //! head in one pass over the cache rows, in fixed 256-row splits merged in
 //! order, so a position's result is the same in a prefill chunk, a decode
-//! step or a verification pass, batched or not, at any thread count.
+//! step or a verification pass, batched or not, at any thread count. A
+//! backend that takes it (`Backend::mla_attend`, the same bits) gets a
+//! sequence's whole cache when every block is fp32 in RAM.
 
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
+use fathom_kernels::backend::{self, MlaWork};
 use fathom_kernels::ops::rms_norm_rows;
 use fathom_kernels::rope::Rope;
 
@@ -217,6 +220,18 @@ fn attend(
             })
             .collect();
         let out = &mut ctx[seg.start * h * lora..seg.end * h * lora];
+        if let Some((blocks, stable)) = cache.ram_blocks(p0 + seg.len()) {
+            let mut work = MlaWork {
+                shape,
+                blocks: &blocks,
+                stable,
+                queries: &queries,
+                out: &mut *out,
+            };
+            if backend::mla_attend_taken(&mut work) {
+                continue;
+            }
+        }
         let mut acc = MlaAccum::new(shape, &queries);
         cache.windows(p0 + seg.len(), |first, blocks| acc.add(first, blocks))?;
         acc.finish(out);
