@@ -72,6 +72,7 @@ struct Stream {
 struct Event {
     Clock::time_point at;
     bool recorded = false;
+    bool timed = true;  // not CU_EVENT_DISABLE_TIMING
 };
 struct Alloc {
     size_t len;
@@ -96,6 +97,7 @@ Driver& drv() {
 }
 
 thread_local Ctx* current = nullptr;
+thread_local std::vector<Ctx*> pushed;  // contexts under `current`
 
 int fail(int code, const char* what) {
     fprintf(stderr, "cuda-emu driver: %s\n", what);
@@ -113,7 +115,7 @@ const std::pair<const uintptr_t, Alloc>* find_dev(uintptr_t p, size_t len) {
     auto it = d.upper_bound(p);
     if (it == d.begin()) return nullptr;
     --it;
-    if (p + len > it->first + it->second.len) return nullptr;
+    if (len > it->second.len || p - it->first > it->second.len - len) return nullptr;
     return &*it;
 }
 
@@ -188,7 +190,9 @@ API CUresult cuInit(unsigned) {
     std::lock_guard<std::mutex> guard(d.mu);
     if (!d.init) {
         d.gpus = env_int("FATHOM_EMU_GPUS", 1);
-        d.vram = (size_t)env_int("FATHOM_EMU_VRAM_MIB", 16384) << 20;
+        int mib = env_int("FATHOM_EMU_VRAM_MIB", 16384);
+        if (mib < 1 || mib > (1 << 20)) mib = 16384;
+        d.vram = (size_t)mib << 20;
         if (d.gpus < 0 || d.gpus > 64) d.gpus = 1;
         d.ctxs.resize(d.gpus);
         d.used.assign(d.gpus, 0);
@@ -265,10 +269,17 @@ API CUresult cuCtxGetCurrent(void** ctx) {
     return OK;
 }
 
-API CUresult cuCtxPushCurrent_v2(void* ctx) { return cuCtxSetCurrent(ctx); }
+API CUresult cuCtxPushCurrent_v2(void* ctx) {
+    pushed.push_back(current);
+    current = static_cast<Ctx*>(ctx);
+    return OK;
+}
 
 API CUresult cuCtxPopCurrent_v2(void** ctx) {
+    if (!current) return INVALID_CONTEXT;
     if (ctx) *ctx = current;
+    current = pushed.empty() ? nullptr : pushed.back();
+    if (!pushed.empty()) pushed.pop_back();
     return OK;
 }
 
@@ -291,9 +302,23 @@ API CUresult cuGetErrorString(CUresult e, const char** s) {
 }
 
 API CUresult cuGetErrorName(CUresult e, const char** s) {
-    static thread_local char buf[48];
-    snprintf(buf, sizeof buf, "CUDA_ERROR_%d", e);
-    *s = e == OK ? "CUDA_SUCCESS" : buf;
+    switch (e) {
+        case OK: *s = "CUDA_SUCCESS"; break;
+        case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+        case OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+        case NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+        case INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+        case INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; break;
+        case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+        case INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+        case NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+        case ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+        case LAUNCH_OUT_OF_RESOURCES: *s = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; break;
+        case HOST_MEMORY_ALREADY_REGISTERED: *s = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"; break;
+        case HOST_MEMORY_NOT_REGISTERED: *s = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"; break;
+        case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+        default: return INVALID_VALUE;
+    }
     return OK;
 }
 
@@ -328,8 +353,10 @@ API CUresult cuStreamWaitEvent(void*, void* e, unsigned) {
     return e ? OK : INVALID_HANDLE;
 }
 
-API CUresult cuEventCreate(void** e, unsigned) {
-    *e = new Event{};
+API CUresult cuEventCreate(void** e, unsigned flags) {
+    auto* ev = new Event{};
+    ev->timed = (flags & 2u) == 0;
+    *e = ev;
     return OK;
 }
 
@@ -353,7 +380,8 @@ API CUresult cuEventDestroy_v2(void* e) {
 API CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
     auto *s = static_cast<Event*>(a), *e = static_cast<Event*>(b);
     if (!s || !e) return INVALID_HANDLE;
-    if (!s->recorded || !e->recorded) return INVALID_HANDLE;
+    if (!s->recorded || !e->recorded || !s->timed || !e->timed)
+        return fail(INVALID_HANDLE, "cuEventElapsedTime: an event unrecorded or without timing");
     *ms = std::chrono::duration<float, std::milli>(e->at - s->at).count();
     return OK;
 }
@@ -543,11 +571,14 @@ API CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsi
                             void** params, void** extra) {
     LOCKED;
     const Kernel* k = static_cast<const Kernel*>(f);
-    if (!k || extra) return INVALID_VALUE;
+    const Kernel* end = KERNELS + sizeof KERNELS / sizeof KERNELS[0];
+    if (k < KERNELS || k >= end) return fail(INVALID_HANDLE, "cuLaunchKernel: not a function");
+    if (extra || !params) return INVALID_VALUE;
     const int device = device_of_stream(stream);
     if (device < 0) return INVALID_CONTEXT;
     const unsigned long long threads = (unsigned long long)bx * by * bz;
-    if (!gx || !gy || !gz || !threads || threads > MAX_THREADS || gy > 65535 || gz > 65535)
+    if (!gx || !gy || !gz || !threads || threads > MAX_THREADS || bx > 1024 || by > 1024 ||
+        bz > 64 || gx > 0x7fffffffu || gy > 65535 || gz > 65535)
         return fail(INVALID_VALUE, "cuLaunchKernel: grid or block outside the device's limits");
     if (shared > SHARED_LIMIT)
         return fail(INVALID_VALUE, "cuLaunchKernel: more dynamic shared memory than 48 KiB");

@@ -82,16 +82,18 @@ extern "C" void emu_kda_step(const EmuLaunch* l, float* S, float* win_q, float* 
 }
 
 extern "C" void emu_mla_split(const EmuLaunch* l, const unsigned long long* blocks,
-                              const float* q_lat, const float* q_rope, const int* ns, int heads,
-                              int lora, int rope, float scale, int max_splits, float* ps,
-                              float* pm, float* pl, float* pc) {
+                              const int* boff, const float* q_lat, long long q_qs, long long q_hs,
+                              const float* q_rope, const int* ns, int heads, int lora, int rope,
+                              float scale, int max_splits, float* ps, float* pm, float* pl,
+                              float* pc) {
     run(l, [&] {
-        mla_split(blocks, q_lat, q_rope, ns, heads, lora, rope, scale, max_splits, ps, pm, pl, pc);
+        mla_split(blocks, boff, q_lat, q_qs, q_hs, q_rope, ns, heads, lora, rope, scale,
+                  max_splits, ps, pm, pl, pc);
     });
 }
 
 extern "C" void emu_mla_merge(const EmuLaunch* l, const int* ns, int heads, int lora,
                               int max_splits, const float* pm, const float* pl, const float* pc,
-                              float* out) {
-    run(l, [&] { mla_merge(ns, heads, lora, max_splits, pm, pl, pc, out); });
+                              float* out, long long o_qs, long long o_hs) {
+    run(l, [&] { mla_merge(ns, heads, lora, max_splits, pm, pl, pc, out, o_qs, o_hs); });
 }

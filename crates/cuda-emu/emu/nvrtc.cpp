@@ -68,16 +68,24 @@ API nvrtcResult nvrtcCompileProgram(void* prog, int n, const char* const* opts) 
                  "built from (fathom-kernels-cuda's .cu files in SOURCE's order)";
         return NVRTC_ERROR_COMPILATION;
     }
+    // The last setting of each option counts, as in NVRTC.
     const char* wanted[] = {"--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"};
     for (const char* w : wanted) {
-        bool found = false;
-        for (int i = 0; i < n; ++i) found = found || strcmp(opts[i], w) == 0;
-        if (!found) {
-            p->log = std::string("emulated NVRTC: the options lack ") + w +
+        const size_t key = strchr(w, '=') - w + 1;
+        const char* last = nullptr;
+        for (int i = 0; i < n; ++i)
+            if (strncmp(opts[i], w, key) == 0) last = opts[i];
+        if (!last || strcmp(last, w) != 0) {
+            p->log = std::string("emulated NVRTC: the options do not end with ") + w +
                      ", which the kernels' bit-exactness (and this emulator) assume";
             return NVRTC_ERROR_COMPILATION;
         }
     }
+    for (int i = 0; i < n; ++i)
+        if (strstr(opts[i], "fast_math") || strstr(opts[i], "fast-math")) {
+            p->log = std::string("emulated NVRTC: ") + opts[i] + " changes the kernels' rounding";
+            return NVRTC_ERROR_COMPILATION;
+        }
     p->compiled = true;
     return NVRTC_OK;
 }

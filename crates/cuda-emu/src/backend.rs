@@ -13,7 +13,9 @@ use fathom_kernels::backend::{
 use fathom_kernels::kda::{KDA_L2_EPS, KdaJob};
 use fathom_kernels::ops::GluAct;
 
-use crate::{KdaLaunch, glu_act, kda_launch, matmul, matmul_many, takes, takes_many};
+use crate::{
+    KdaLaunch, MlaLaunch, glu_act, kda_launch, matmul, matmul_many, mla_launch, takes, takes_many,
+};
 
 /// The CUDA kernels on the host; counts what it computed in
 /// [`BackendStats`] (`device_products`, `device_calls`).
@@ -152,6 +154,40 @@ fn inputs(job: &KdaJob<'_>, n: usize) -> [Vec<f32>; 6] {
     outs
 }
 
+/// `work` in the CUDA backend's launches: the latent queries `[H, T,
+/// lora]` by `uk_t`'s grouped product, the attention over every
+/// sequence's cache in one launch pair (strided to read and write `[H, T,
+/// lora]`), the values by `uv`'s grouped product.
+fn mla_work(work: &mut MlaWork<'_>) {
+    let sh = work.shape;
+    let (h, lora, t) = (sh.heads, sh.lora, work.ns.len());
+    let mut q_lat = vec![0f32; h * t * lora];
+    matmul(&work.uk_t, work.q_nope, t, h, &mut q_lat);
+    let mut table = Vec::new();
+    let mut boff = vec![0i32; t];
+    for s in work.seqs {
+        boff[s.queries.clone()].fill(table.len() as i32);
+        table.extend(s.blocks.iter().map(|b| b.as_ptr() as u64));
+    }
+    let ns: Vec<i32> = work.ns.iter().map(|&n| n as i32).collect();
+    let mut ctx = vec![0f32; h * t * lora];
+    let (qs, hs) = (lora as i64, (t * lora) as i64);
+    mla_launch(MlaLaunch {
+        shape: sh,
+        table: &table,
+        boff: &boff,
+        q_lat: &q_lat,
+        q_qs: qs,
+        q_hs: hs,
+        q_rope: work.q_rope,
+        ns: &ns,
+        out: &mut ctx,
+        o_qs: qs,
+        o_hs: hs,
+    });
+    matmul(&work.uv, &ctx, t, h, work.out);
+}
+
 /// Whether the emulator takes every gated MLP (shapes and lengths).
 fn glu_takes(jobs: &[GluProduct<'_, '_>]) -> bool {
     jobs.iter().all(|j| {
@@ -253,12 +289,18 @@ impl Backend for EmuBackend {
         true
     }
 
-    fn mla_attend(&self, work: &mut MlaWork<'_, '_>) -> bool {
-        if !crate::available() || !work.fits_device_kernel() {
+    fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
+        let (h, t) = (work.shape.heads, work.ns.len());
+        if !crate::available()
+            || !work.fits_device_kernel()
+            || !takes(&work.uk_t, t, h)
+            || !takes(&work.uv, t, h)
+        {
             return false;
         }
-        crate::mla_attend(&work.shape, work.blocks, work.queries, work.out);
+        mla_work(work);
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.device_products += 2;
         s.device_calls += 1;
         s.device_attention += 1;
         true

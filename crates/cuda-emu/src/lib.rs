@@ -16,10 +16,11 @@
 //! `fathom --device cuda` use it where the real driver is absent.
 
 mod backend;
+mod mla;
 
 pub use backend::EmuBackend;
+pub use mla::{MlaLaunch, mla_attend, mla_launch};
 
-use fathom_kernels::attention::{MlaQuery, MlaShape, SPLIT};
 use fathom_kernels::backend::{MatRef, segments};
 use fathom_kernels::ops::GluAct;
 use std::path::Path;
@@ -70,7 +71,7 @@ pub fn install_driver() -> Result<&'static Path, String> {
 }
 
 #[repr(C)]
-struct EmuLaunch {
+pub(crate) struct EmuLaunch {
     grid_x: u32,
     grid_y: u32,
     block_x: u32,
@@ -89,7 +90,7 @@ fn mm_launch(rows: usize, n: usize) -> EmuLaunch {
 }
 
 #[cfg(emu_built)]
-mod ffi {
+pub(crate) mod ffi {
     use super::EmuLaunch;
     type F = *const f32;
     type M = *mut f32;
@@ -161,7 +162,10 @@ mod ffi {
         pub fn emu_mla_split(
             l: &EmuLaunch,
             blocks: *const u64,
+            boff: *const i32,
             q_lat: F,
+            q_qs: i64,
+            q_hs: i64,
             q_rope: F,
             ns: *const i32,
             heads: i32,
@@ -184,6 +188,8 @@ mod ffi {
             pl: F,
             pc: F,
             out: M,
+            o_qs: i64,
+            o_hs: i64,
         );
         pub fn emu_kda_step(
             l: &EmuLaunch,
@@ -223,7 +229,7 @@ mod ffi {
 /// The emulator's state is one global: launches take turns.
 static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn lock() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn lock() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -485,111 +491,5 @@ pub(crate) unsafe fn kda_launch(k: KdaLaunch<'_>) {
     #[cfg(not(emu_built))]
     let _ = (
         l, wq, wk, wv, row0, t, heads, kd, kernel, n_rows, q_scale, l2, eps, lb,
-    );
-}
-
-/// Every query's context `[T, H, lora]` by `mla.cu` (`mla_split` over
-/// (split, query) blocks of 256 threads, then `mla_merge` per query), the
-/// cache `blocks` of [`SPLIT`] rows each as [`fathom_kernels::attention::mla_attend`]
-/// takes them. Panics on shapes that function refuses.
-pub fn mla_attend(sh: &MlaShape, blocks: &[&[f32]], queries: &[MlaQuery<'_>], out: &mut [f32]) {
-    assert!(available(), "{ABSENT}");
-    let (h, lora, rope, w) = (sh.heads, sh.lora, sh.rope, sh.width());
-    let t = queries.len();
-    assert_eq!(out.len(), t * h * lora, "out is [T, H, lora]");
-    let rows: usize = blocks.iter().map(|b| b.len()).sum::<usize>() / w.max(1);
-    assert!(
-        queries.iter().all(|q| q.n >= 1 && q.n <= rows),
-        "a query sees 1..=cached rows"
-    );
-    assert!(
-        blocks.iter().rev().skip(1).all(|b| b.len() == SPLIT * w),
-        "full blocks"
-    );
-    for q in queries {
-        assert_eq!(q.q_lat.len(), h * lora, "q_lat is [H, lora]");
-        assert_eq!(q.q_rope.len(), h * rope, "q_rope is [H, rope]");
-    }
-    let max_splits = queries
-        .iter()
-        .map(|q| q.n.div_ceil(SPLIT))
-        .max()
-        .unwrap_or(0);
-    assert!(max_splits <= blocks.len(), "every split's block is given");
-    let small = |v: usize| i32::try_from(v).is_ok();
-    assert!(
-        small(rows)
-            && t.checked_mul(max_splits * h * (SPLIT + lora))
-                .is_some_and(small),
-        "sizes fit the kernels' ints"
-    );
-    let ns: Vec<i32> = queries.iter().map(|q| q.n as i32).collect();
-    let table: Vec<u64> = blocks.iter().map(|b| b.as_ptr() as u64).collect();
-    let q_lat: Vec<f32> = queries
-        .iter()
-        .flat_map(|q| q.q_lat.iter().copied())
-        .collect();
-    let q_rope: Vec<f32> = queries
-        .iter()
-        .flat_map(|q| q.q_rope.iter().copied())
-        .collect();
-    let parts = t * max_splits * h;
-    let (mut ps, mut pm, mut pl) = (
-        vec![0f32; parts * SPLIT],
-        vec![0f32; parts],
-        vec![0f32; parts],
-    );
-    let mut pc = vec![0f32; parts * lora];
-    let split = EmuLaunch {
-        grid_x: max_splits as u32,
-        grid_y: t as u32,
-        block_x: 256,
-        shared: 0,
-    };
-    let merge = EmuLaunch {
-        grid_x: t as u32,
-        grid_y: 1,
-        block_x: 256,
-        shared: 0,
-    };
-    let (hh, lo, ro, ms) = (h as i32, lora as i32, rope as i32, max_splits as i32);
-    let _g = lock();
-    #[cfg(emu_built)]
-    // SAFETY: the table holds every block's address (each SPLIT rows of w
-    // values, the last shorter), the queries hold [T, H, lora] and
-    // [T, H, rope] values, every scratch buffer and `out` their sizes for
-    // T queries of at most max_splits splits.
-    unsafe {
-        ffi::emu_mla_split(
-            &split,
-            table.as_ptr(),
-            q_lat.as_ptr(),
-            q_rope.as_ptr(),
-            ns.as_ptr(),
-            hh,
-            lo,
-            ro,
-            sh.scale,
-            ms,
-            ps.as_mut_ptr(),
-            pm.as_mut_ptr(),
-            pl.as_mut_ptr(),
-            pc.as_mut_ptr(),
-        );
-        ffi::emu_mla_merge(
-            &merge,
-            ns.as_ptr(),
-            hh,
-            lo,
-            ms,
-            pm.as_ptr(),
-            pl.as_ptr(),
-            pc.as_ptr(),
-            out.as_mut_ptr(),
-        );
-    }
-    #[cfg(not(emu_built))]
-    let _ = (
-        split, merge, hh, lo, ro, ms, table, q_lat, q_rope, &mut ps, &mut pm, &mut pl, &mut pc,
     );
 }

@@ -161,7 +161,7 @@ pub struct CudaBackend {
 fn ptx_cache_path(arch: &str, nvrtc: (i32, i32)) -> Option<PathBuf> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (SOURCE, arch, nvrtc).hash(&mut h);
+    (SOURCE, arch, nvrtc, OPTIONS).hash(&mut h);
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
@@ -170,6 +170,11 @@ fn ptx_cache_path(arch: &str, nvrtc: (i32, i32)) -> Option<PathBuf> {
             .join(format!("{:016x}.ptx", h.finish())),
     )
 }
+
+/// The NVRTC options `kernels_ptx` passes, in the PTX cache's key (so a
+/// change of options never loads PTX compiled with the old ones): keep
+/// the two in step.
+const OPTIONS: &str = "ftz=false prec-div=true prec-sqrt=true fmad=false std=c++17";
 
 /// The kernels' PTX for `arch`: from the cache, else compiled by NVRTC and
 /// stored (a cache that cannot be written is skipped).
@@ -503,8 +508,9 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn mla_attend(&self, work: &mut MlaWork<'_, '_>) -> bool {
-        self.counted_with(0, Role::Spine, true, || self.mla(work))
+    fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
+        // Two products (the absorbing ones) beside the attention.
+        self.counted_with(2, Role::Spine, true, || self.mla(work))
     }
 
     fn state_forget(&self, key: StateKey) {

@@ -12,13 +12,17 @@
 #define MLA_SPLIT 256
 
 // One (split, query) per block (grid: max splits × queries): `blocks` the
-// cache's row blocks (MLA_SPLIT rows of lora + rope values each, the last
-// may be shorter), q_lat [T, H, lora], q_rope [T, H, rope], ns[T] the rows
-// each query sees. Scratch per (query, split): ps [H, MLA_SPLIT] (scores,
-// then weights), pm, pl [H], pc [H, lora], at index qi·max_splits + k.
+// caches' row blocks (MLA_SPLIT rows of lora + rope values each, the last
+// of each cache may be shorter), boff[T] where each query's cache starts
+// in `blocks`, q_lat with query qi's head hh at qi·q_qs + hh·q_hs ([T, H,
+// lora]: q_qs = H·lora, q_hs = lora; [H, T, lora]: q_qs = lora, q_hs =
+// T·lora), q_rope [T, H, rope], ns[T] the rows each query sees. Scratch
+// per (query, split): ps [H, MLA_SPLIT] (scores, then weights), pm, pl
+// [H], pc [H, lora], at index qi·max_splits + k.
 extern "C" __global__ void mla_split(const unsigned long long* __restrict__ blocks,
-                                     const float* __restrict__ q_lat,
-                                     const float* __restrict__ q_rope,
+                                     const int* __restrict__ boff,
+                                     const float* __restrict__ q_lat, long long q_qs,
+                                     long long q_hs, const float* __restrict__ q_rope,
                                      const int* __restrict__ ns, int heads, int lora, int rope,
                                      float scale, int max_splits, float* ps, float* pm,
                                      float* pl, float* pc) {
@@ -27,15 +31,15 @@ extern "C" __global__ void mla_split(const unsigned long long* __restrict__ bloc
     if (k * MLA_SPLIT >= n) return;  // the whole block leaves together
     const int len = min(MLA_SPLIT, n - k * MLA_SPLIT);
     const int w = lora + rope;
-    const float* rows = (const float*)blocks[k];
+    const float* rows = (const float*)blocks[boff[qi] + k];
     const size_t at = (size_t)qi * max_splits + k;
     float* s = ps + at * heads * MLA_SPLIT;
-    const float* ql = q_lat + (size_t)qi * heads * lora;
+    const float* ql = q_lat + qi * q_qs;
     const float* qr = q_rope + (size_t)qi * heads * rope;
     for (int i = threadIdx.x; i < heads * len; i += blockDim.x) {
         const int hh = i / len, j = i % len;
         const float* r = rows + (size_t)j * w;
-        const float a = dot_lanes(r, ql + (size_t)hh * lora, lora);
+        const float a = dot_lanes(r, ql + hh * q_hs, lora);
         const float b = dot_lanes(r + lora, qr + (size_t)hh * rope, rope);
         s[hh * MLA_SPLIT + j] = __fmul_rn(__fadd_rn(a, b), scale);
     }
@@ -64,11 +68,13 @@ extern "C" __global__ void mla_split(const unsigned long long* __restrict__ bloc
 
 // Per query (grid: queries): the splits merged in order, one thread per
 // (head, latent value) — each head's L recomputed by its threads with the
-// same operations. out [T, H, lora].
+// same operations. Query qi's head hh goes to out + qi·o_qs + hh·o_hs
+// (strides as q_lat's above).
 extern "C" __global__ void mla_merge(const int* __restrict__ ns, int heads, int lora,
                                      int max_splits, const float* __restrict__ pm,
                                      const float* __restrict__ pl,
-                                     const float* __restrict__ pc, float* __restrict__ out) {
+                                     const float* __restrict__ pc, float* __restrict__ out,
+                                     long long o_qs, long long o_hs) {
     const int qi = blockIdx.x;
     const int splits = (ns[qi] + MLA_SPLIT - 1) / MLA_SPLIT;
     const float ninf = __uint_as_float(0xff800000u);
@@ -85,6 +91,6 @@ extern "C" __global__ void mla_merge(const int* __restrict__ ns, int heads, int 
             C = __fadd_rn(__fmul_rn(C, a), __fmul_rn(pc[at * heads * lora + i], b));
             M = mn;
         }
-        out[(size_t)qi * heads * lora + i] = __fmul_rn(C, __fdiv_rn(1.0f, L));
+        out[qi * o_qs + hh * o_hs + i % lora] = __fmul_rn(C, __fdiv_rn(1.0f, L));
     }
 }

@@ -22,7 +22,6 @@ use std::sync::{Arc, RwLock};
 
 use fathom_weights::mxfp4::Mxfp4Ref;
 
-use crate::attention::{MlaQuery, MlaShape};
 use crate::formats::{Fp8Rows, Int4Rows, Rows};
 use crate::kda::KdaJob;
 use crate::ops::GluAct;
@@ -336,11 +335,11 @@ pub trait Backend: Send + Sync {
     fn kda_step(&self, _job: &mut KdaJob<'_>) -> Result<bool, String> {
         Ok(false)
     }
-    /// MLA attention over one sequence's latent cache, bit-identical to
-    /// [`crate::attention::mla_attend`] of the same arguments ([`MlaWork`]).
+    /// An MLA layer's absorbed attention for a step's sequences in one
+    /// call ([`MlaWork`]), each step bit-identical to its CPU kernel.
     /// `false` when not taken (nothing written: the caller runs it on the
     /// CPU). Default: not taken.
-    fn mla_attend(&self, _work: &mut MlaWork<'_, '_>) -> bool {
+    fn mla_attend(&self, _work: &mut MlaWork<'_>) -> bool {
         false
     }
     /// Copies the device copy named `key` ([`crate::state_buf::StateBuf::key`]) into `out`.
@@ -411,66 +410,14 @@ pub struct GluProduct<'w, 'b> {
     pub y: &'b mut [f32],
 }
 
-/// One sequence's MLA attention ([`Backend::mla_attend`]): `blocks` its
-/// cache's row blocks as [`crate::attention::mla_attend`] takes them (every
-/// block but the last [`crate::attention::SPLIT`] rows), of which the
-/// first `stable` keep their bytes at their address until their owner
-/// calls [`forget`] on them (a device may keep copies of those; the others
-/// change between calls), the queries, and `out [T, H, lora]`.
-pub struct MlaWork<'a, 'q> {
-    pub shape: MlaShape,
-    pub blocks: &'a [&'a [f32]],
-    pub stable: usize,
-    pub queries: &'a [MlaQuery<'q>],
-    pub out: &'a mut [f32],
-}
-
-impl MlaWork<'_, '_> {
-    /// The splits the longest query reads.
-    pub fn max_splits(&self) -> usize {
-        let n = self.queries.iter().map(|q| q.n).max().unwrap_or(0);
-        n.div_ceil(crate::attention::SPLIT)
-    }
-
-    /// Whether the work is what the device kernels (`mla.cu`) take: at
-    /// least one query, each seeing 1 to all of the blocks' rows, every
-    /// block but the last full, every length as the shape says, and every
-    /// size (scratch included) within the kernels' `int`s.
-    pub fn fits_device_kernel(&self) -> bool {
-        let sh = &self.shape;
-        let (h, w) = (sh.heads, sh.width());
-        let split = crate::attention::SPLIT;
-        if self.queries.is_empty() || h == 0 || sh.lora == 0 || self.blocks.is_empty() {
-            return false;
-        }
-        let (last, full) = self.blocks.split_last().expect("not empty");
-        let rows = full.len() * split + last.len() / w;
-        let small = |v: usize| i32::try_from(v).is_ok();
-        let scratch = self
-            .queries
-            .len()
-            .checked_mul(self.max_splits() * h * (split + sh.lora + 2));
-        full.iter().all(|b| b.len() == split * w)
-            && !last.is_empty()
-            && last.len() % w == 0
-            && last.len() <= split * w
-            && self.stable <= self.blocks.len()
-            && self.out.len() == self.queries.len() * h * sh.lora
-            && self.queries.iter().all(|q| {
-                (1..=rows).contains(&q.n)
-                    && q.q_lat.len() == h * sh.lora
-                    && q.q_rope.len() == h * sh.rope
-            })
-            && small(rows)
-            && scratch.is_some_and(small)
-    }
-}
-
 /// [`Backend::mla_attend`] on the installed backend: `true` when it took
 /// the work (`out` written), `false` with nothing written.
-pub fn mla_attend_taken(work: &mut MlaWork<'_, '_>) -> bool {
+pub fn mla_attend_taken(work: &mut MlaWork<'_>) -> bool {
     installed().is_some_and(|b| b.mla_attend(work))
 }
+
+mod mla;
+pub use mla::{MlaSeqWork, MlaWork, mla_work_cpu};
 
 static BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
 

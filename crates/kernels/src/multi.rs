@@ -315,7 +315,7 @@ impl Backend for MultiBackend {
         self.devices[0].kda_step(job)
     }
 
-    fn mla_attend(&self, work: &mut crate::backend::MlaWork<'_, '_>) -> bool {
+    fn mla_attend(&self, work: &mut crate::backend::MlaWork<'_>) -> bool {
         self.devices[0].mla_attend(work)
     }
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use fathom_kernels::backend::{
-    self, Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role,
+    self, Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, Product, Role,
 };
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::ops::GluAct;
@@ -81,6 +81,10 @@ impl Backend for Zeros {
     }
     /// States stay "on the device", as the CUDA backend leaves them: the
     /// step's undo marks are then device copies, not host ones.
+    fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
+        work.out.fill(0.0);
+        self.call()
+    }
     fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
         job.out.fill(0.0);
         if let Some(b) = job.inputs_out.as_deref_mut() {

@@ -158,6 +158,9 @@ struct RamBlock {
     data: Data,
     counted: u64,
     pool: Arc<KvPool>,
+    /// Handed out as stable (`PagedRows::ram_blocks`): a device may hold a
+    /// copy, forgotten before the bytes change or go.
+    lent: std::sync::atomic::AtomicBool,
 }
 
 impl RamBlock {
@@ -176,6 +179,7 @@ impl RamBlock {
             data,
             counted,
             pool: pool.clone(),
+            lent: false.into(),
         }
     }
     fn append(&mut self, rows: &[f32]) {
@@ -214,11 +218,11 @@ impl Clone for RamBlock {
 }
 
 impl RamBlock {
-    /// A full fp32 block may have a device copy (`PagedRows::ram_blocks`
-    /// hands it out as stable): its bytes are about to change or go.
+    /// Its bytes are about to change or go: a device copy made while it
+    /// was lent as stable is dropped.
     fn forget(&self) {
-        if let Data::F32(v) = &self.data
-            && v.len() as u64 * 4 == self.counted
+        if self.lent.swap(false, Ordering::Relaxed)
+            && let Data::F32(v) = &self.data
         {
             fathom_kernels::backend::forget(v);
         }
@@ -512,6 +516,7 @@ impl PagedRows {
             let Data::F32(v) = &r.data else { return None };
             let valid = (rows - i * BLOCK_ROWS).min(BLOCK_ROWS) * self.width;
             if full == i && valid == full_len && v.len() == full_len {
+                r.lent.store(true, Ordering::Relaxed);
                 full += 1;
             }
             out.push(&v[..valid]);

@@ -1,16 +1,17 @@
-//! MLA attention over one sequence's latent cache on the device
-//! (`mla.cu`): the cache's full blocks are kept with the weights (keyed by
-//! their host address; the cache forgets a block before it changes or goes),
-//! the partial last block goes up with the queries each call, then a
-//! launch per chunk of queries of `mla_split` (a block per split and query)
-//! and `mla_merge` (a block per query), and the context comes back with one
-//! synchronisation.
+//! An MLA layer's absorbed attention for a step's sequences in one round
+//! trip: the no-position queries go up, `uk_t`'s grouped product makes the
+//! latent queries, `mla.cu` attends over every sequence's cache (`mla_split`
+//! a block per split and query, `mla_merge` a block per query, in chunks of
+//! queries within a scratch cap), `uv`'s grouped product makes the values,
+//! and only those come back. The caches' full blocks are kept with the
+//! weights (keyed by their host address; the cache forgets a block before
+//! it changes or goes); partial blocks go up with the queries each call.
 
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg, result};
 use fathom_kernels::attention::SPLIT;
 use fathom_kernels::backend::{MatRef, MlaWork, segments};
 
-use super::queue::{grow, pinned};
+use super::queue::{fits, grow, pinned};
 use super::{CudaBackend, State};
 use crate::CudaError;
 
@@ -22,22 +23,32 @@ pub(super) const SCRATCH_FLOATS: usize = 1 << 26;
 
 /// Where a call's pieces are on the device.
 struct Placed {
+    /// `uk_t`'s and `uv`'s segments.
+    uk_t: Vec<u64>,
+    uv: Vec<u64>,
     table: u64,
-    q_lat: u64,
+    q_nope: u64,
     q_rope: u64,
     ns: u64,
+    boff: u64,
     out: u64,
 }
 
 impl CudaBackend {
     /// `work` on the device (see the module); `Ok(false)` when declined: a
-    /// shape the kernels do not take, or the full blocks do not fit in the
-    /// budget at once.
-    pub(super) fn mla(&self, work: &mut MlaWork<'_, '_>) -> Result<bool, CudaError> {
+    /// shape the kernels do not take, or the products' weights and the
+    /// full blocks do not fit in the budget at once.
+    pub(super) fn mla(&self, work: &mut MlaWork<'_>) -> Result<bool, CudaError> {
         let sh = work.shape;
-        let per_query = work.max_splits() * sh.heads * (SPLIT + sh.lora + 2);
+        let (h, t) = (sh.heads, work.ns.len());
+        let per_query = work.scratch_per_query().unwrap_or(usize::MAX);
         let limit = self.mla_scratch.load(std::sync::atomic::Ordering::Relaxed);
-        if !work.fits_device_kernel() || per_query > limit {
+        let (dn, dv) = (work.uk_t.cols(), work.uv.rows() / h.max(1));
+        if !work.fits_device_kernel()
+            || per_query > limit
+            || !fits(&work.uk_t, h, t, h * t * dn, h * t * sh.lora)
+            || !fits(&work.uv, h, t, h * t * sh.lora, h * t * dv)
+        {
             return Ok(false);
         }
         let mut st = self.lock_timed();
@@ -45,8 +56,8 @@ impl CudaBackend {
         let Some(placed) = self.mla_stage(st, work)? else {
             return Ok(false);
         };
-        let t = work.queries.len();
-        let chunk = (limit / per_query).clamp(1, t);
+        // At most 65535 queries a launch (the grid's y).
+        let chunk = (limit / per_query).clamp(1, t.min(65535));
         let queued = self.mla_launch(st, work, &placed, chunk);
         let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
@@ -59,59 +70,81 @@ impl CudaBackend {
         let hy = st.hy.as_ref().expect("staged").as_slice()?;
         work.out.copy_from_slice(&hy[..work.out.len()]);
         st.stats.device_attention += 1;
+        st.stats.weight_bytes_read += [work.uk_t, work.uv]
+            .iter()
+            .flat_map(segments)
+            .map(|s| s.len() as u64)
+            .sum::<u64>();
         st.stats.vram_weight_bytes = st.cache.bytes();
         Ok(true)
     }
 
-    /// The full blocks here (kept), the queries, the rows each sees and the
-    /// changing blocks up in one copy, the block table in another; `None`
-    /// (nothing copied) when the full blocks do not fit the budget at once.
-    fn mla_stage(
-        &self,
-        st: &mut State,
-        work: &MlaWork<'_, '_>,
-    ) -> Result<Option<Placed>, CudaError> {
-        let sh = work.shape;
-        let t = work.queries.len();
-        let segs: Vec<&[u8]> = work.blocks[..work.stable]
-            .iter()
-            .map(|b| {
+    /// The products' weights and the full blocks here (kept); the
+    /// no-position queries, the position parts, the rows each query sees,
+    /// where its cache starts in the table and the partial blocks up in one
+    /// copy, the block table in another; `None` (nothing copied) when the
+    /// weights and full blocks do not fit the budget at once.
+    fn mla_stage(&self, st: &mut State, work: &MlaWork<'_>) -> Result<Option<Placed>, CudaError> {
+        let t = work.ns.len();
+        let (uk, uv) = (segments(&work.uk_t), segments(&work.uv));
+        let mut segs: Vec<&[u8]> = uk.iter().chain(&uv).copied().collect();
+        for s in work.seqs {
+            for b in &s.blocks[..s.stable] {
                 let m = MatRef::F32 {
                     w: b,
                     rows: 1,
                     cols: b.len(),
                 };
-                segments(&m)[0]
-            })
-            .collect();
-        let Some((mut table, _)) = self.weights_here(st, &segs)? else {
+                segs.push(segments(&m)[0]);
+            }
+        }
+        let Some((ptrs, _)) = self.weights_here(st, &segs)? else {
             return Ok(None);
         };
-        let q_lat: Vec<f32> = work.queries.iter().flat_map(|q| q.q_lat).copied().collect();
-        let q_rope: Vec<f32> = work
-            .queries
-            .iter()
-            .flat_map(|q| q.q_rope)
-            .copied()
-            .collect();
-        // The rows each query sees, as the kernels' ints (bit patterns).
-        let ns: Vec<f32> = work
-            .queries
-            .iter()
-            .map(|q| f32::from_bits(q.n as u32))
-            .collect();
-        let changing = &work.blocks[work.stable..];
-        let mut xs: Vec<&[f32]> = vec![&q_lat, &q_rope, &ns];
-        xs.extend(changing.iter().copied());
-        let (xp, yp) = self.stage(st, &xs, t * sh.heads * sh.lora)?;
-        let at = |floats: usize| xp + 4 * floats as u64;
-        let mut off = q_lat.len() + q_rope.len() + t;
-        for b in changing {
-            table.push(at(off));
-            off += b.len();
+        let (nw, nu) = (uk.len(), uk.len() + uv.len());
+        // The kernels' ints travel as f32 bit patterns in the one staging copy.
+        let int = |v: usize| f32::from_bits(v as u32);
+        let ns: Vec<f32> = work.ns.iter().map(|&n| int(n)).collect();
+        let mut boff = vec![0f32; t];
+        let mut at_block = 0;
+        for s in work.seqs {
+            boff[s.queries.clone()].fill(int(at_block));
+            at_block += s.blocks.len();
         }
+        let mut xs: Vec<&[f32]> = vec![work.q_nope, work.q_rope, &ns, &boff];
+        for s in work.seqs {
+            xs.extend(s.blocks[s.stable..].iter().copied());
+        }
+        let (xp, yp) = self.stage(st, &xs, work.out.len())?;
+        let at = |floats: usize| xp + 4 * floats as u64;
+        let (nq, nr) = (work.q_nope.len(), work.q_rope.len());
+        let mut kept = ptrs[nu..].iter();
+        let mut off = nq + nr + 2 * t;
+        let mut table = Vec::with_capacity(at_block);
+        for s in work.seqs {
+            table.extend(kept.by_ref().take(s.stable).copied());
+            for b in &s.blocks[s.stable..] {
+                table.push(at(off));
+                off += b.len();
+            }
+        }
+        let dt = self.mla_table(st, &table)?;
+        Ok(Some(Placed {
+            uk_t: ptrs[..nw].to_vec(),
+            uv: ptrs[nw..nu].to_vec(),
+            table: dt,
+            q_nope: at(0),
+            q_rope: at(nq),
+            ns: at(nq + nr),
+            boff: at(nq + nr + t),
+            out: yp,
+        }))
+    }
+
+    /// The block table copied up: its device address.
+    fn mla_table(&self, st: &mut State, table: &[u64]) -> Result<u64, CudaError> {
         let ht = pinned(self.stream.context(), &mut st.ht, table.len())?.as_mut_slice()?;
-        ht[..table.len()].copy_from_slice(&table);
+        ht[..table.len()].copy_from_slice(table);
         let dt = grow(&self.stream, &mut st.dt, table.len())?
             .device_ptr(&self.stream)
             .0;
@@ -119,78 +152,87 @@ impl CudaBackend {
         // SAFETY: the device table holds at least table.len() values; `ht`
         // is page-locked and not touched again before the synchronisation.
         unsafe { result::memcpy_htod_async(dt, &ht[..table.len()], self.stream.cu_stream()) }?;
-        Ok(Some(Placed {
-            table: dt,
-            q_lat: at(0),
-            q_rope: at(q_lat.len()),
-            ns: at(q_lat.len() + q_rope.len()),
-            out: yp,
-        }))
+        Ok(dt)
     }
 
-    /// The launches, `chunk` queries at a time, clocked, and the context's
-    /// copy back into the host staging.
+    /// The launches, clocked: `uk_t`'s product, the attention `chunk`
+    /// queries at a time, `uv`'s product; then the values' copy back into
+    /// the host staging.
     fn mla_launch(
         &self,
         st: &mut State,
-        work: &MlaWork<'_, '_>,
+        work: &MlaWork<'_>,
         p: &Placed,
         chunk: usize,
     ) -> Result<(), CudaError> {
         let sh = work.shape;
-        let (h, lora, t, ms) = (sh.heads, sh.lora, work.queries.len(), work.max_splits());
+        let (h, lora, t, ms) = (sh.heads, sh.lora, work.ns.len(), work.max_splits());
         let parts = chunk * ms * h;
-        let scratch = grow(&self.stream, &mut st.mla, parts * (SPLIT + lora + 2))?
-            .device_ptr(&self.stream)
-            .0;
-        let ps = scratch;
+        let lat = h * t * lora;
+        let scratch = grow(
+            &self.stream,
+            &mut st.mla,
+            2 * lat + parts * (SPLIT + lora + 2),
+        )?
+        .device_ptr(&self.stream)
+        .0;
+        let q_lat = scratch;
+        let ctx = q_lat + 4 * lat as u64;
+        let ps = ctx + 4 * lat as u64;
         let pm = ps + 4 * (parts * SPLIT) as u64;
         let pl = pm + 4 * parts as u64;
         let pc = pl + 4 * parts as u64;
-        let (hh, lo, ro, msi) = (h as i32, lora as i32, sh.rope as i32, ms as i32);
         self.ensure_clock(st)?;
         st.clock
             .as_ref()
             .expect("just made")
             .0
             .record(&self.stream)?;
+        self.launch(&work.uk_t, &p.uk_t, p.q_nope, q_lat, h, t)?;
+        let (hh, lo, ro, msi) = (h as i32, lora as i32, sh.rope as i32, ms as i32);
+        // Latent queries and context are [H, T, lora].
+        let (qs, hs) = (lora as i64, (t * lora) as i64);
         for c0 in (0..t).step_by(chunk) {
-            let c = chunk.min(t - c0) as u64;
-            let q_lat = p.q_lat + 4 * (c0 * h * lora) as u64;
-            let q_rope = p.q_rope + 4 * (c0 * h * sh.rope) as u64;
-            let ns = p.ns + 4 * c0 as u64;
-            let out = p.out + 4 * (c0 * h * lora) as u64;
-            let split = LaunchConfig {
-                grid_dim: (ms as u32, c as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let c = chunk.min(t - c0) as u32;
+            let ql = q_lat + 4 * (c0 * lora) as u64;
+            let qr = p.q_rope + 4 * (c0 * h * sh.rope) as u64;
+            let (ns, boff) = (p.ns + 4 * c0 as u64, p.boff + 4 * c0 as u64);
+            let out = ctx + 4 * (c0 * lora) as u64;
             let mut b = self.stream.launch_builder(&self.funcs.mla_split);
-            b.arg(&p.table).arg(&q_lat).arg(&q_rope).arg(&ns);
+            b.arg(&p.table)
+                .arg(&boff)
+                .arg(&ql)
+                .arg(&qs)
+                .arg(&hs)
+                .arg(&qr)
+                .arg(&ns);
             b.arg(&hh).arg(&lo).arg(&ro).arg(&sh.scale).arg(&msi);
             b.arg(&ps).arg(&pm).arg(&pl).arg(&pc);
-            // SAFETY: the arguments match `mla_split` in `mla.cu`: the table
-            // holds every block's device address (all but the last SPLIT rows
-            // of lora + rope values), the queries and row counts hold `c`
-            // entries from `c0`, the scratch `c · ms · h` partials
-            // (`fits_device_kernel` checked the shapes).
-            unsafe { b.launch(split) }?;
-            let merge = LaunchConfig {
-                grid_dim: (c as u32, 1, 1),
+            let cfg = |grid| LaunchConfig {
+                grid_dim: grid,
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
+            // SAFETY: the arguments match `mla_split` in `mla.cu`: the table
+            // holds every block's device address (each cache's blocks but
+            // the last SPLIT rows of lora + rope values), the queries, row
+            // counts and offsets `c` entries from `c0` with strides inside
+            // [H, T, lora], the scratch `c · ms · h` partials
+            // (`fits_device_kernel` checked the shapes).
+            unsafe { b.launch(cfg((ms as u32, c, 1))) }?;
             let mut b = self.stream.launch_builder(&self.funcs.mla_merge);
             b.arg(&ns).arg(&hh).arg(&lo).arg(&msi);
-            b.arg(&pm).arg(&pl).arg(&pc).arg(&out);
-            // SAFETY: as above; `out` holds `c · h · lora` values from `c0`.
-            unsafe { b.launch(merge) }?;
+            b.arg(&pm).arg(&pl).arg(&pc).arg(&out).arg(&qs).arg(&hs);
+            // SAFETY: as above; the context is [H, T, lora] with `c`
+            // queries written from `c0`.
+            unsafe { b.launch(cfg((c, 1, 1))) }?;
         }
+        self.launch(&work.uv, &p.uv, ctx, p.out, h, t)?;
         st.clock
             .as_ref()
             .expect("made above")
             .1
             .record(&self.stream)?;
-        self.fetch(st, p.out, t * h * lora)
+        self.fetch(st, p.out, work.out.len())
     }
 }

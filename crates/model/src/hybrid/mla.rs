@@ -29,11 +29,12 @@
 //! head in one pass over the cache rows, in fixed 256-row splits merged in
 //! order, so a position's result is the same in a prefill chunk, a decode
 //! step or a verification pass, batched or not, at any thread count. A
-//! backend that takes it (`Backend::mla_attend`, the same bits) gets a
-//! sequence's whole cache when every block is fp32 in RAM.
+//! backend that takes it (`Backend::mla_attend`, the same bits) gets the
+//! whole absorbed step — `uk_t`, the attention over every sequence's
+//! cache, `uv` — in one call when every cache is fp32 in RAM.
 
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
-use fathom_kernels::backend::{self, MlaWork};
+use fathom_kernels::backend::{self, MlaSeqWork, MlaWork};
 use fathom_kernels::ops::rms_norm_rows;
 use fathom_kernels::rope::Rope;
 
@@ -148,45 +149,103 @@ fn heads(
         past.push(cache.len());
         cache.push_rows(&c[seg.start * width..seg.end * width])?;
     }
-    let (q_lat, mut q_rope) = absorbed_queries(d, kv_b, q, n);
+    let (qn, mut q_rope) = split_queries(d, q, n);
     if let Some(rope) = rope {
         for (r, row) in q_rope.chunks_exact_mut(d.heads * dr).enumerate() {
             rope.apply(r, row);
         }
     }
+    if let Some(vals) = on_device(d, kv_b, caches, segs, &past, &qn, &q_rope) {
+        return Ok(by_position(d, &vals, n));
+    }
+    let q_lat = latent_queries(d, kv_b, &qn, n);
     let ctx = attend(d, caches, segs, &past, &q_lat, &q_rope)?;
     Ok(values(d, kv_b, &ctx, n))
 }
 
-/// The absorbed queries of `q [N, H·dq]`: `q_lat [N, H, lora]` with
-/// `q_lat[t, h] = W_uk,hᵀ q_nope[t, h]`, and `q_rope [N, H, dr]` as is.
-fn absorbed_queries(d: &MlaDims, kv_b: &AbsorbedKvB, q: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
-    let (h, dn, dr, lora) = (
-        d.heads,
-        d.qk_nope_head_dim,
-        d.qk_rope_head_dim,
-        d.kv_lora_rank,
-    );
+/// `q [N, H·dq]` split into each head's no-position queries `[H, N, dn]`
+/// (one block per head) and the position parts `q_rope [N, H, dr]`.
+fn split_queries(d: &MlaDims, q: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
+    let (h, dn, dr) = (d.heads, d.qk_nope_head_dim, d.qk_rope_head_dim);
     let dq = dn + dr;
-    // [H, N, dn]: each head's no-position queries, one block per head.
     let mut qn = Vec::with_capacity(h * n * dn);
     for hh in 0..h {
         for ti in 0..n {
             qn.extend_from_slice(&q[ti * h * dq + hh * dq..][..dn]);
         }
     }
-    let lat = kv_b.uk_t.forward_groups(h, &qn, n);
-    let per_head: Vec<&[f32]> = lat.chunks(n * lora).collect();
-    let mut q_lat = vec![0f32; n * h * lora];
     let mut q_rope = vec![0f32; n * h * dr];
     for ti in 0..n {
-        for (hh, ql) in per_head.iter().enumerate() {
-            q_lat[(ti * h + hh) * lora..][..lora].copy_from_slice(&ql[ti * lora..(ti + 1) * lora]);
+        for hh in 0..h {
             let src = &q[ti * h * dq + hh * dq + dn..][..dr];
             q_rope[(ti * h + hh) * dr..][..dr].copy_from_slice(src);
         }
     }
-    (q_lat, q_rope)
+    (qn, q_rope)
+}
+
+/// The absorbed queries `q_lat [N, H, lora]`, `q_lat[t, h] = W_uk,hᵀ
+/// q_nope[t, h]`, of the no-position queries `qn [H, N, dn]`.
+fn latent_queries(d: &MlaDims, kv_b: &AbsorbedKvB, qn: &[f32], n: usize) -> Vec<f32> {
+    let (h, lora) = (d.heads, d.kv_lora_rank);
+    let lat = kv_b.uk_t.forward_groups(h, qn, n);
+    let mut q_lat = vec![0f32; n * h * lora];
+    for (hh, ql) in lat.chunks(n * lora).enumerate() {
+        for ti in 0..n {
+            q_lat[(ti * h + hh) * lora..][..lora].copy_from_slice(&ql[ti * lora..(ti + 1) * lora]);
+        }
+    }
+    q_lat
+}
+
+/// The per-head values `[H, N, dv]` from a backend that takes the whole
+/// absorbed attention in one call (`Backend::mla_attend`, the same bits as
+/// the steps below); `None` when none does or a cache is not all fp32 in
+/// RAM (each sequence's rows are already in its cache).
+fn on_device(
+    d: &MlaDims,
+    kv_b: &AbsorbedKvB,
+    caches: &[&mut MlaCache],
+    segs: &[Segment],
+    past: &[usize],
+    qn: &[f32],
+    q_rope: &[f32],
+) -> Option<Vec<f32>> {
+    backend::installed()?;
+    let mut seqs = Vec::with_capacity(caches.len());
+    let mut ns = Vec::new();
+    for ((cache, seg), &p0) in caches.iter().zip(segs).zip(past) {
+        let (blocks, stable) = cache.ram_blocks(p0 + seg.len())?;
+        seqs.push(MlaSeqWork {
+            blocks,
+            stable,
+            queries: seg.clone(),
+        });
+        // causal: each position sees itself and all before
+        ns.extend((0..seg.len()).map(|i| p0 + i + 1));
+    }
+    let n = ns.len();
+    let mut out = vec![0f32; d.heads * n * d.v_head_dim];
+    let mut work = MlaWork {
+        shape: shape(d),
+        seqs: &seqs,
+        ns: &ns,
+        q_nope: qn,
+        q_rope,
+        uk_t: kv_b.uk_t.as_mat(),
+        uv: kv_b.uv.as_mat(),
+        out: &mut out,
+    };
+    backend::mla_attend_taken(&mut work).then_some(out)
+}
+
+fn shape(d: &MlaDims) -> MlaShape {
+    MlaShape {
+        heads: d.heads,
+        lora: d.kv_lora_rank,
+        rope: d.qk_rope_head_dim,
+        scale: d.softmax_scale,
+    }
 }
 
 /// Context on the latent, `[N, H, lora]`: each sequence's rows attend to
@@ -201,12 +260,7 @@ fn attend(
 ) -> Result<Vec<f32>> {
     let (h, dr, lora) = (d.heads, d.qk_rope_head_dim, d.kv_lora_rank);
     let n = segs.last().map_or(0, |s| s.end);
-    let shape = MlaShape {
-        heads: h,
-        lora,
-        rope: dr,
-        scale: d.softmax_scale,
-    };
+    let shape = shape(d);
     let mut ctx = vec![0f32; n * h * lora];
     for ((cache, seg), &p0) in caches.iter().zip(segs).zip(past) {
         let queries: Vec<MlaQuery<'_>> = seg
@@ -220,18 +274,6 @@ fn attend(
             })
             .collect();
         let out = &mut ctx[seg.start * h * lora..seg.end * h * lora];
-        if let Some((blocks, stable)) = cache.ram_blocks(p0 + seg.len()) {
-            let mut work = MlaWork {
-                shape,
-                blocks: &blocks,
-                stable,
-                queries: &queries,
-                out: &mut *out,
-            };
-            if backend::mla_attend_taken(&mut work) {
-                continue;
-            }
-        }
         let mut acc = MlaAccum::new(shape, &queries);
         cache.windows(p0 + seg.len(), |first, blocks| acc.add(first, blocks))?;
         acc.finish(out);
@@ -241,7 +283,7 @@ fn attend(
 
 /// The per-head values `[N, H·dv]` of the latent context through `W_uv`.
 fn values(d: &MlaDims, kv_b: &AbsorbedKvB, ctx: &[f32], n: usize) -> Vec<f32> {
-    let (h, dv, lora) = (d.heads, d.v_head_dim, d.kv_lora_rank);
+    let (h, lora) = (d.heads, d.kv_lora_rank);
     // [H, N, lora]: each head's latent context, one block per head.
     let mut c = Vec::with_capacity(h * n * lora);
     for hh in 0..h {
@@ -249,7 +291,12 @@ fn values(d: &MlaDims, kv_b: &AbsorbedKvB, ctx: &[f32], n: usize) -> Vec<f32> {
             c.extend_from_slice(&ctx[(ti * h + hh) * lora..][..lora]);
         }
     }
-    let all = kv_b.uv.forward_groups(h, &c, n);
+    by_position(d, &kv_b.uv.forward_groups(h, &c, n), n)
+}
+
+/// Per-head values `[H, N, dv]` as `[N, H·dv]`.
+fn by_position(d: &MlaDims, all: &[f32], n: usize) -> Vec<f32> {
+    let (h, dv) = (d.heads, d.v_head_dim);
     let outs: Vec<&[f32]> = all.chunks(n * dv).collect();
     let mut cat = vec![0f32; n * h * dv];
     for ti in 0..n {

@@ -1,0 +1,173 @@
+//! One MLA layer's absorbed attention for a step's sequences as one
+//! backend call ([`super::Backend::mla_attend`]), its shape check, and its
+//! CPU twin.
+
+use std::ops::Range;
+
+use super::MatRef;
+use crate::attention::{MlaQuery, MlaShape, SPLIT, mla_attend};
+
+/// One sequence's cache in an [`MlaWork`]: its row blocks as
+/// [`crate::attention::mla_attend`] takes them (every block but the last
+/// [`SPLIT`] rows), of which the first `stable` keep their bytes at their
+/// address until their owner calls [`super::forget`] on them (a device may
+/// keep copies of those; the others change between calls), and its
+/// queries (a range of the work's).
+pub struct MlaSeqWork<'a> {
+    pub blocks: Vec<&'a [f32]>,
+    pub stable: usize,
+    pub queries: Range<usize>,
+}
+
+/// One MLA layer's attention for a step's sequences in absorbed form
+/// ([`super::Backend::mla_attend`]): the queries' no-position parts
+/// `q_nope [H, T, dn]` through `uk_t`'s H row blocks (as
+/// [`super::Backend::matmul_groups`]) give the latent queries `[H, T,
+/// lora]`; each query attends, with its position part `q_rope [T, H,
+/// rope]`, to the first `ns[i]` rows of its sequence's cache
+/// ([`crate::attention::mla_attend`]); the context `[H, T, lora]` through
+/// `uv`'s H row blocks gives `out [H, T, dv]`. Each step has the bits of
+/// its own CPU kernel ([`mla_work_cpu`]).
+pub struct MlaWork<'a> {
+    pub shape: MlaShape,
+    pub seqs: &'a [MlaSeqWork<'a>],
+    pub ns: &'a [usize],
+    pub q_nope: &'a [f32],
+    pub q_rope: &'a [f32],
+    pub uk_t: MatRef<'a>,
+    pub uv: MatRef<'a>,
+    pub out: &'a mut [f32],
+}
+
+impl MlaWork<'_> {
+    /// The splits the longest query reads.
+    pub fn max_splits(&self) -> usize {
+        let n = self.ns.iter().copied().max().unwrap_or(0);
+        n.div_ceil(SPLIT)
+    }
+
+    /// The partial-result values one query needs on a device (its
+    /// splits' scores, maxima, sums and contexts); `None` past `usize`.
+    pub fn scratch_per_query(&self) -> Option<usize> {
+        let per_split = self.shape.heads.checked_mul(SPLIT + self.shape.lora + 2)?;
+        self.max_splits().checked_mul(per_split)
+    }
+
+    /// Whether the work is what the device kernels (`mla.cu` and the
+    /// grouped products) take: queries covered by the sequences in order,
+    /// each seeing 1 to all of its cache's rows, every block but each
+    /// cache's last full, the products' shapes and every length as the
+    /// shape says, and every size (scratch included) within the kernels'
+    /// `int`s.
+    pub fn fits_device_kernel(&self) -> bool {
+        let sh = &self.shape;
+        let (h, w, t) = (sh.heads, sh.width(), self.ns.len());
+        let small = |v: usize| i32::try_from(v).is_ok();
+        let dn = self.uk_t.cols();
+        let dv = if h == 0 { 0 } else { self.uv.rows() / h };
+        let scratch = self.scratch_per_query().and_then(|q| q.checked_mul(t));
+        let widest = h
+            .checked_mul(t)
+            .and_then(|v| v.checked_mul(sh.lora.max(dn).max(dv)));
+        t > 0
+            && h > 0
+            && sh.lora > 0
+            && self.seqs_fit(w)
+            && self.uk_t.rows() == h * sh.lora
+            && self.uv.cols() == sh.lora
+            && dv > 0
+            && self.uv.rows() == h * dv
+            && self.q_nope.len() == h * t * dn
+            && self.q_rope.len() == t * h * sh.rope
+            && self.out.len() == h * t * dv
+            && widest.is_some_and(small)
+            && scratch.is_some_and(small)
+    }
+
+    /// The sequences cover the queries in order, each cache's blocks are
+    /// whole rows of width `w` (all but its last full), and each query sees
+    /// 1 to all of its cache's rows.
+    fn seqs_fit(&self, w: usize) -> bool {
+        let mut next = 0;
+        let all = self.seqs.iter().all(|s| {
+            let Some((last, full)) = s.blocks.split_last() else {
+                return false;
+            };
+            let rows = full.len() * SPLIT + last.len() / w.max(1);
+            let in_order = s.queries.start == next && s.queries.end <= self.ns.len();
+            next = s.queries.end;
+            in_order
+                && full.iter().all(|b| b.len() == SPLIT * w)
+                && !last.is_empty()
+                && last.len() % w == 0
+                && last.len() <= SPLIT * w
+                && s.stable <= s.blocks.len()
+                && i32::try_from(rows).is_ok()
+                && self.ns[s.queries.clone()]
+                    .iter()
+                    .all(|&n| (1..=rows).contains(&n))
+        });
+        all && next == self.ns.len()
+    }
+}
+
+/// `y [T, rows_g]` = row block `g` of `w` (of `groups`) applied to `x`:
+/// the whole matrix's product, keeping the block's rows (every row's
+/// result is its own on the CPU).
+fn block_product(w: &MatRef<'_>, groups: usize, g: usize, x: &[f32], t: usize, y: &mut [f32]) {
+    let (rows, rg) = (w.rows(), w.rows() / groups);
+    let mut all = vec![0f32; t * rows];
+    w.cpu(x, t, &mut all);
+    for ti in 0..t {
+        y[ti * rg..(ti + 1) * rg].copy_from_slice(&all[ti * rows + g * rg..][..rg]);
+    }
+}
+
+/// [`MlaWork`] on the CPU, step by step — the twin a device must match:
+/// `uk_t`'s row blocks each on its head's queries, each sequence's
+/// attention ([`crate::attention::mla_attend`]), `uv`'s row blocks each on
+/// its head's context. Writes `work.out`; the work must fit
+/// ([`MlaWork::fits_device_kernel`]).
+pub fn mla_work_cpu(work: &mut MlaWork<'_>) {
+    let sh = work.shape;
+    let (h, lora, rope, t) = (sh.heads, sh.lora, sh.rope, work.ns.len());
+    let (dn, dv) = (work.uk_t.cols(), work.uv.rows() / h);
+    let mut lat = vec![0f32; h * t * lora];
+    for (g, y) in lat.chunks_mut(t * lora).enumerate() {
+        block_product(&work.uk_t, h, g, &work.q_nope[g * t * dn..][..t * dn], t, y);
+    }
+    let mut ctx = vec![0f32; h * t * lora];
+    for s in work.seqs {
+        let by_query: Vec<Vec<f32>> = s
+            .queries
+            .clone()
+            .map(|i| {
+                (0..h)
+                    .flat_map(|hh| &lat[(hh * t + i) * lora..][..lora])
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        let queries: Vec<MlaQuery<'_>> = s
+            .queries
+            .clone()
+            .zip(&by_query)
+            .map(|(i, q_lat)| MlaQuery {
+                q_lat,
+                q_rope: &work.q_rope[i * h * rope..][..h * rope],
+                n: work.ns[i],
+            })
+            .collect();
+        let mut out = vec![0f32; queries.len() * h * lora];
+        mla_attend(&sh, &s.blocks, &queries, &mut out);
+        for (k, i) in s.queries.clone().enumerate() {
+            for hh in 0..h {
+                ctx[(hh * t + i) * lora..][..lora]
+                    .copy_from_slice(&out[(k * h + hh) * lora..][..lora]);
+            }
+        }
+    }
+    for (g, y) in work.out.chunks_mut(t * dv).enumerate() {
+        block_product(&work.uv, h, g, &ctx[g * t * lora..][..t * lora], t, y);
+    }
+}
