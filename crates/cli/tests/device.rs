@@ -188,6 +188,66 @@ fn a_long_prompt_keeps_the_cpu_bits_with_cache_blocks_on_the_device() {
     assert!(dev["device_attention"].as_u64().unwrap() > 0, "{dev}");
 }
 
+/// `fathom bench` with CUDA arms (resident, and streamed through a small
+/// VRAM budget) beside a CPU arm: every arm's ids equal the first's (the
+/// bench rejects an arm whose output differs) and the device arms report
+/// their device bounds.
+#[test]
+fn bench_accepts_cuda_arms_beside_the_cpu() {
+    let (env, _) = match cuda_env() {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("skipped: no CUDA here ({why})");
+            return;
+        }
+    };
+    let d = fixture("k3-tiny/checkpoint");
+    let json = std::env::temp_dir().join(format!("fathom-bench-cuda-{}.json", std::process::id()));
+    let args = [
+        "bench",
+        "--model",
+        d.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3,4,5,6,7,8",
+        "--max-new",
+        "4",
+        "--reps",
+        "1",
+        "--warmup",
+        "0",
+        "--arm",
+        "cpu=--experts resident --context 512",
+        "--arm",
+        "gpu=--experts resident --device cuda --context 512",
+        "--arm",
+        "stream=--experts stream --ram-budget 1GB --device cuda --vram-budget 2MB",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("fathom runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("device: memory") && text.contains("host→device"),
+        "{text}"
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let arms = r["arms"].as_array().unwrap();
+    assert_eq!(arms.len(), 3);
+    for a in arms {
+        assert_eq!(a["status"], "accepted", "{a}");
+    }
+}
+
 #[test]
 fn without_cuda_the_device_flag_says_what_is_missing() {
     let d = fixture("qwen3_moe-tiny");
