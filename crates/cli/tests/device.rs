@@ -188,6 +188,61 @@ fn a_long_prompt_keeps_the_cpu_bits_with_cache_blocks_on_the_device() {
     assert!(dev["device_attention"].as_u64().unwrap() > 0, "{dev}");
 }
 
+/// `fathom batch --device cuda`: three sequences of different lengths in
+/// one step (one longer than a cache block), their MLA layers' attention
+/// in one device call a step over every sequence's cache, give the CPU's
+/// ids, for K3 and DeepSeek-V3.
+#[test]
+fn a_batch_on_the_device_gives_the_cpus_ids() {
+    let (env, _) = match cuda_env() {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("skipped: no CUDA here ({why})");
+            return;
+        }
+    };
+    let long: Vec<u32> = (0..270).map(|i| (i * 7 + 3) % 200 + 1).collect();
+    let prompts = [vec![1u32, 5, 9, 2, 7], long, vec![3, 1, 4, 1, 5, 9, 2, 6]];
+    let lines: String = prompts
+        .iter()
+        .map(|p| serde_json::json!({"prompt_ids": p, "max_new": 6}).to_string() + "\n")
+        .collect();
+    let file = std::env::temp_dir().join(format!("fathom-dev-batch-{}.jsonl", std::process::id()));
+    std::fs::write(&file, lines).unwrap();
+    for name in ["k3-tiny/checkpoint", "deepseek_v3-tiny"] {
+        let d = fixture(name);
+        let base = [
+            "batch",
+            "--model",
+            d.to_str().unwrap(),
+            "--prompts",
+            file.to_str().unwrap(),
+            "--context",
+            "512",
+            "--json",
+        ];
+        let cpu = run_json(&base);
+        let gpu = run_json_env(&[&base[..], &["--device", "cuda"]].concat(), &env);
+        let ids = |v: &Value| -> Vec<Value> {
+            v["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["output_ids"].clone())
+                .collect()
+        };
+        assert_eq!(ids(&cpu), ids(&gpu), "{name}");
+        let dev = &gpu["stats"]["gpu"];
+        assert_eq!(dev["device_errors"].as_u64(), Some(0), "{name}: {dev}");
+        assert!(
+            dev["device_attention"].as_u64().unwrap() > 0,
+            "{name}: {dev}"
+        );
+        assert!(cpu["stats"].get("gpu").is_none());
+    }
+    let _ = std::fs::remove_file(file);
+}
+
 /// `fathom bench` with CUDA arms (resident, and streamed through a small
 /// VRAM budget) beside a CPU arm: every arm's ids equal the first's (the
 /// bench rejects an arm whose output differs) and the device arms report
@@ -220,7 +275,7 @@ fn bench_accepts_cuda_arms_beside_the_cpu() {
         "--arm",
         "gpu=--experts resident --device cuda --context 512",
         "--arm",
-        "stream=--experts stream --ram-budget 1GB --device cuda --vram-budget 2MB",
+        "stream=--experts stream --ram-budget 1GB --device cuda --vram-budget 2MB --context 512",
         "--json",
         json.to_str().unwrap(),
     ];

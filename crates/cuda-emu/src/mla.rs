@@ -128,7 +128,7 @@ pub fn mla_attend(sh: &MlaShape, blocks: &[&[f32]], queries: &[MlaQuery<'_>], ou
     let small = |v: usize| i32::try_from(v).is_ok();
     assert!(
         small(rows)
-            && t.checked_mul(splits * h * (SPLIT + lora))
+            && t.checked_mul(splits * h * (SPLIT + lora + 2))
                 .is_some_and(small),
         "sizes fit the kernels' ints"
     );

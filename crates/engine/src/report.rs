@@ -228,6 +228,10 @@ pub struct BatchStats {
     pub io: IoStats,
     #[serde(flatten)]
     pub setup: RunSetup,
+    /// What the device backend did over the steps (absent when products
+    /// run on the CPU; `device` names it), as in a run's stats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<BackendStats>,
 }
 
 /// `fathom batch --json`: exactly this object.

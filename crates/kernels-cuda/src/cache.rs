@@ -18,6 +18,9 @@ pub enum Class {
 
 pub struct Cache<B> {
     map: HashMap<Key, (B, u64, Class)>,
+    /// The keys by address, so `forget` finds a range's entries without a
+    /// scan (a dropped sequence forgets each of its cache blocks).
+    by_addr: std::collections::BTreeSet<Key>,
     tick: u64,
     bytes: u64,
     /// Bytes held outside the cache that count against the budget
@@ -32,6 +35,7 @@ impl<B> Cache<B> {
     pub fn new(budget: u64) -> Self {
         Cache {
             map: HashMap::new(),
+            by_addr: Default::default(),
             tick: 0,
             bytes: 0,
             outside: 0,
@@ -111,6 +115,7 @@ impl<B> Cache<B> {
                 .map(|(k, _)| *k);
             let k = victim.expect("the evictable bytes cover the need");
             if let Some((b, _, c)) = self.map.remove(&k) {
+                self.by_addr.remove(&k);
                 self.crowded |= c == Class::Expert;
                 gone.push(b);
             }
@@ -122,6 +127,7 @@ impl<B> Cache<B> {
     pub fn insert(&mut self, k: Key, b: B, class: Class) {
         self.tick += 1;
         if self.map.insert(k, (b, self.tick, class)).is_none() {
+            self.by_addr.insert(k);
             self.bytes += k.1 as u64;
         }
     }
@@ -129,13 +135,14 @@ impl<B> Cache<B> {
     /// Drops every entry whose host bytes lie inside `range`.
     pub fn forget(&mut self, range: Range<usize>) -> Vec<B> {
         let gone: Vec<Key> = self
-            .map
-            .keys()
-            .filter(|(a, n)| *a >= range.start && a + n <= range.end)
+            .by_addr
+            .range((range.start, 0)..(range.end, 0))
+            .filter(|(a, n)| a + n <= range.end)
             .copied()
             .collect();
         let mut out = Vec::with_capacity(gone.len());
         for k in gone {
+            self.by_addr.remove(&k);
             if let Some((b, _, _)) = self.map.remove(&k) {
                 self.bytes -= k.1 as u64;
                 out.push(b);

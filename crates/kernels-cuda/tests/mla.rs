@@ -1,8 +1,9 @@
 //! An MLA layer's absorbed attention on the device (`Backend::mla_attend`:
 //! `uk_t`'s grouped product, the attention over each sequence's cache,
 //! `uv`'s grouped product, in one call) against the CPU kernels step by
-//! step, bit for bit: two sequences, queries seeing one row to every row of
-//! a cache of full blocks and a partial one; the full blocks kept on the
+//! step, bit for bit: two sequences (their kept and sent blocks
+//! interleaved in one table), queries seeing one row to every row of a
+//! cache of full blocks and a partial one; the full blocks kept on the
 //! device between calls (only partial blocks and queries go up again); a
 //! block changed after `forget` copied anew; a prefill run in chunks of
 //! queries; full blocks beyond the budget declined with nothing written.
@@ -45,7 +46,7 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
     };
     let (h, w) = (SH.heads, SH.width());
     let mut g = Lcg(7);
-    let (rows_a, rows_b) = (3 * SPLIT + 41, 100);
+    let (rows_a, rows_b) = (3 * SPLIT + 41, SPLIT + 100);
     let mut cache_a = g.vec(rows_a * w, 2.0);
     let cache_b = g.vec(rows_b * w, 2.0);
     let ns = [
@@ -72,8 +73,8 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
                 queries: 0..6,
             },
             MlaSeqWork {
-                blocks: vec![&cache_b[..]],
-                stable: 0,
+                blocks: cache_b.chunks(SPLIT * w).collect(),
+                stable: stable.min(1),
                 queries: 6..8,
             },
         ];

@@ -200,6 +200,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
     }
     let before = model.expert_stats();
     let kv0 = model.kv_stats();
+    let device0 = fathom_kernels::backend::snapshot();
     let mut done: Vec<Option<Finished>> = (0..ids.len()).map(|_| None).collect();
     while !engine.is_idle() {
         for ev in engine.step() {
@@ -238,6 +239,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
         spine_bytes: model.info().spine_bytes,
         io,
         setup: setup(&info, spine),
+        gpu: fathom_kernels::backend::stats_since(&device0),
         ..Default::default()
     };
     if spine.lossy() {

@@ -94,7 +94,9 @@ impl MlaWork<'_> {
                 return false;
             };
             let rows = full.len() * SPLIT + last.len() / w.max(1);
-            let in_order = s.queries.start == next && s.queries.end <= self.ns.len();
+            let in_order = s.queries.start == next
+                && s.queries.start <= s.queries.end
+                && s.queries.end <= self.ns.len();
             next = s.queries.end;
             in_order
                 && full.iter().all(|b| b.len() == SPLIT * w)
