@@ -22,9 +22,10 @@ fn compile(src: &str, opts: &[&str]) -> Result<Vec<i8>, String> {
     let prog = nvrtc::create_program(&c, None).map_err(|e| e.to_string())?;
     // SAFETY: a program just created; the options are plain strings.
     let r = unsafe { nvrtc::compile_program(prog, opts) };
-    // SAFETY: as above.
     let out = match r {
+        // SAFETY: the program compiled; its PTX is read once.
         Ok(()) => Ok(unsafe { nvrtc::get_ptx(prog) }.unwrap()),
+        // SAFETY: the program exists; its log is read once.
         Err(_) => Err(unsafe { nvrtc::get_program_log(prog) }
             .unwrap()
             .iter()
@@ -56,14 +57,30 @@ fn the_emulated_driver_refuses_what_a_device_would() {
     }
     fathom_cuda_emu::install_driver().unwrap();
     result::init().unwrap();
-    // NVRTC: only the kernels' source, only without contraction.
+    let ptx = nvrtc_refuses_other_programs_and_options();
+    driver_refuses_bad_copies_and_launches(&ptx);
+}
+
+/// NVRTC takes only the kernels' source, only without contraction or
+/// fast math; the kernels' "PTX".
+fn nvrtc_refuses_other_programs_and_options() -> Vec<i8> {
     let source = fathom_kernels_cuda_source();
     let ptx = compile(&source, &OPTS).unwrap();
     let log = compile("extern \"C\" __global__ void k() {}", &OPTS).unwrap_err();
     assert!(log.contains("not the kernels' source"), "{log}");
     let log = compile(&source, &OPTS[1..]).unwrap_err();
     assert!(log.contains("--fmad=false"), "{log}");
+    let log = compile(&source, &[&OPTS[..], &["--fmad=true"]].concat()).unwrap_err();
+    assert!(log.contains("--fmad=false"), "{log}");
+    let log = compile(&source, &[&OPTS[..], &["--use_fast_math"]].concat()).unwrap_err();
+    assert!(log.contains("rounding"), "{log}");
+    ptx
+}
 
+/// Copies out of their allocation, memory beyond the device's, kernels
+/// reading host memory or another device's memory are refused; a good
+/// launch computes.
+fn driver_refuses_bad_copies_and_launches(ptx: &[i8]) {
     let ctx = |i| {
         let d = result::device::get(i).unwrap();
         // SAFETY: a device the driver listed.

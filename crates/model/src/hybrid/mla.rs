@@ -239,6 +239,7 @@ fn on_device(
     backend::mla_attend_taken(&mut work).then_some(out)
 }
 
+/// The attention kernels' shape for `d`.
 fn shape(d: &MlaDims) -> MlaShape {
     MlaShape {
         heads: d.heads,
