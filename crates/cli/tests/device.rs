@@ -14,7 +14,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{code_small, fails_quietly, fixture, run_json, run_json_env};
+use common::{code_small, fails_quietly, fathom_env, fixture, run_json, run_json_env};
 use serde_json::Value;
 
 const FIXTURES: [&str; 6] = [
@@ -62,6 +62,13 @@ fn cuda_env() -> Result<(Vec<(String, String)>, usize), String> {
     Ok((env, 2))
 }
 
+/// [`cuda_env`], or `None` after saying why the test skips.
+fn cuda_or_skip() -> Option<(Vec<(String, String)>, usize)> {
+    cuda_env()
+        .map_err(|why| eprintln!("skipped: no CUDA here ({why})"))
+        .ok()
+}
+
 /// ids and log-probabilities of a greedy run (the parts that must not move).
 fn answer(v: &Value) -> (Value, Value) {
     (v["output_ids"].clone(), v["logprobs"].clone())
@@ -90,12 +97,8 @@ fn both(dir: &str, extra: &[&str], gpu_extra: &[&str], env: &[(String, String)])
 
 #[test]
 fn cuda_gives_the_cpu_bits_for_every_family() {
-    let (env, gpus) = match cuda_env() {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("skipped: no CUDA here ({why})");
-            return;
-        }
+    let Some((env, gpus)) = cuda_or_skip() else {
+        return;
     };
     let mut dirs: Vec<PathBuf> = FIXTURES.iter().map(|n| fixture(n)).collect();
     match code_small() {
@@ -156,12 +159,8 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
 /// block on the device between steps and send only the partial one.
 #[test]
 fn a_long_prompt_keeps_the_cpu_bits_with_cache_blocks_on_the_device() {
-    let (env, _) = match cuda_env() {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("skipped: no CUDA here ({why})");
-            return;
-        }
+    let Some((env, _)) = cuda_or_skip() else {
+        return;
     };
     let d = fixture("k3-tiny/checkpoint");
     let ids: Vec<String> = (0..300)
@@ -194,12 +193,8 @@ fn a_long_prompt_keeps_the_cpu_bits_with_cache_blocks_on_the_device() {
 /// ids, for K3 and DeepSeek-V3.
 #[test]
 fn a_batch_on_the_device_gives_the_cpus_ids() {
-    let (env, _) = match cuda_env() {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("skipped: no CUDA here ({why})");
-            return;
-        }
+    let Some((env, _)) = cuda_or_skip() else {
+        return;
     };
     let long: Vec<u32> = (0..270).map(|i| (i * 7 + 3) % 200 + 1).collect();
     let prompts = [vec![1u32, 5, 9, 2, 7], long, vec![3, 1, 4, 1, 5, 9, 2, 6]];
@@ -249,12 +244,8 @@ fn a_batch_on_the_device_gives_the_cpus_ids() {
 /// their device bounds.
 #[test]
 fn bench_accepts_cuda_arms_beside_the_cpu() {
-    let (env, _) = match cuda_env() {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("skipped: no CUDA here ({why})");
-            return;
-        }
+    let Some((env, _)) = cuda_or_skip() else {
+        return;
     };
     let d = fixture("k3-tiny/checkpoint");
     let json = std::env::temp_dir().join(format!("fathom-bench-cuda-{}.json", std::process::id()));
@@ -279,11 +270,7 @@ fn bench_accepts_cuda_arms_beside_the_cpu() {
         "--json",
         json.to_str().unwrap(),
     ];
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"))
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("fathom runs");
+    let out = fathom_env(&args, &env);
     assert!(
         out.status.success(),
         "{}",

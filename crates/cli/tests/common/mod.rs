@@ -29,11 +29,7 @@ pub fn run_json(args: &[&str]) -> serde_json::Value {
 
 /// [`run_json`] with `env` added to the process's environment.
 pub fn run_json_env(args: &[&str], env: &[(String, String)]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_fathom"))
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("fathom runs");
+    let out = fathom_env(args, env);
     assert!(
         out.status.success(),
         "{args:?}: {}",
@@ -43,8 +39,14 @@ pub fn run_json_env(args: &[&str], env: &[(String, String)]) -> serde_json::Valu
 }
 
 pub fn fathom(args: &[&str]) -> Output {
+    fathom_env(args, &[])
+}
+
+/// [`fathom`] with `env` added to the process's environment.
+pub fn fathom_env(args: &[&str], env: &[(String, String)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fathom"))
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("fathom runs")
 }
