@@ -120,6 +120,12 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
                 let calls = dev["device_attention"].as_u64().unwrap();
                 assert!(calls > 0, "{d}: no MLA attention on the device: {dev}");
             }
+            // Resident gated experts: some layers' experts and their sums
+            // in one call.
+            if !d.contains("gpt_oss") && extra.is_empty() {
+                let tails = dev["device_moe_tails"].as_u64().unwrap();
+                assert!(tails > 0, "{d}: no MoE tail on the device: {dev}");
+            }
             assert!(cpu["stats"].get("gpu").is_none());
             assert_eq!(cpu["stats"]["device"], "cpu");
             assert!(

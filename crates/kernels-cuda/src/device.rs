@@ -11,7 +11,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use fathom_kernels::backend::{
-    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, Product, Role, segments,
+    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role, segments,
 };
 use fathom_kernels::fp8::E4M3;
 use fathom_kernels::kda::KdaJob;
@@ -26,6 +26,7 @@ mod glu;
 mod kda;
 mod mla;
 mod queue;
+mod tail;
 
 use queue::Job;
 
@@ -98,6 +99,7 @@ struct Funcs {
     glu_act: CudaFunction,
     mla_split: CudaFunction,
     mla_merge: CudaFunction,
+    moe_combine: CudaFunction,
 }
 
 struct State {
@@ -260,6 +262,7 @@ impl CudaBackend {
             glu_act: f("glu_act")?,
             mla_split: f("mla_split")?,
             mla_merge: f("mla_merge")?,
+            moe_combine: f("moe_combine")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
@@ -511,6 +514,11 @@ impl Backend for CudaBackend {
     fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
         // Two products (the absorbing ones) beside the attention.
         self.counted_with(2, Role::Spine, true, || self.mla(work))
+    }
+
+    fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, hints: &Hints<'_, '_>) -> bool {
+        let n = 3 * tail.experts.len() + usize::from(tail.up.is_some());
+        self.counted_with(n, Role::Expert, true, || self.run_tail(tail, hints))
     }
 
     fn state_forget(&self, key: StateKey) {

@@ -43,3 +43,33 @@ extern "C" __global__ void glu_act(float* __restrict__ g, const float* __restric
         }
     }
 }
+
+// Each row's routed experts summed in rank order (fathom-kernels
+// `backend::moe_tail_cpu`): s[r][c] = Σ_j w[r·k + j] · o[off[r·k + j] + c],
+// from zero, each product rounded and then added; with `norm`, the row's
+// RMSNorm (`ops::rms_norm`: its sum of squares in dot_lanes' order) scaled
+// by `nw`. One block a row.
+extern "C" __global__ void moe_combine(const float* __restrict__ o,
+                                       const unsigned* __restrict__ off,
+                                       const float* __restrict__ w, int k, int width, int norm,
+                                       const float* __restrict__ nw, float eps,
+                                       float* __restrict__ s) {
+    __shared__ float inv;
+    const size_t r = blockIdx.x;
+    float* sr = s + r * width;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+        float a = 0.0f;
+        for (int j = 0; j < k; ++j)
+            a = __fadd_rn(a, __fmul_rn(w[r * k + j], o[(size_t)off[r * k + j] + c]));
+        sr[c] = a;
+    }
+    if (!norm) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const float ms = __fdiv_rn(sum_sq_lanes(sr, width), (float)width);
+        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < width; c += blockDim.x)
+        sr[c] = __fmul_rn(__fmul_rn(sr[c], inv), nw[c]);
+}

@@ -3,11 +3,14 @@
 //! host path (the CPU kernels with the activation between them), bit for
 //! bit, for every activation, bf16 and MXFP4 weights, several position
 //! counts in one call and an activation wider than one launch's grid;
-//! plain products beside the MLPs in the same call (`Backend::glu_mixed`).
+//! plain products beside the MLPs in the same call (`Backend::glu_mixed`);
+//! a MoE layer's experts through their combine (`Backend::moe_tail`)
+//! against its twin.
 //! Without a CUDA device the test prints why it skipped.
 
 use fathom_kernels::backend::{
-    Backend, GluProduct, Hints, MatRef, Product, Role, glu_batch_stable,
+    Backend, GluProduct, Hints, MatRef, MoeTail, Product, Role, TailExpert, glu_batch_stable,
+    moe_tail_cpu,
 };
 use fathom_kernels::ops::GluAct;
 use fathom_weights::mxfp4::Mxfp4Ref;
@@ -360,4 +363,140 @@ fn special_values_take_the_same_paths_on_both_devices() {
         }
     }
     b.forget(one.as_ptr() as usize..one.as_ptr() as usize + 4);
+}
+
+/// A MoE layer's routed experts through their combine in one call
+/// (`Backend::moe_tail`: the experts, each row's rank-order sum, the
+/// latent norm, the up-projection) against its twin `moe_tail_cpu`, bit
+/// for bit: every activation, with and without the norm and the
+/// projection; then a pick naming a row that does not exist is declined
+/// with nothing written.
+#[test]
+fn a_moe_tail_in_one_call_gives_the_twins_bits() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(23);
+    // Five MXFP4 experts on a 128-wide latent, 9 rows; three output rows
+    // pick three each (the order of three sums shows in the bits; an
+    // expert twice for one row is allowed).
+    let experts: Vec<Mlp> = [2, 2, 1, 2, 2]
+        .iter()
+        .map(|&t| Mlp::new(&mut g, true, (96, 128, 128, t)))
+        .collect();
+    let picks: Vec<(u32, u32)> = vec![
+        (1, 0),
+        (3, 1),
+        (4, 0),
+        (0, 0),
+        (1, 1),
+        (2, 0),
+        (3, 0),
+        (0, 1),
+        (4, 1),
+    ];
+    let weights: Vec<f32> = (0..picks.len()).map(|_| g.f32(1.5)).collect();
+    let norm: Vec<f32> = (0..128).map(|_| g.f32(2.0)).collect();
+    let up_w = g.bf16(80 * 128, 0.2);
+    let up = MatRef::Bf16 {
+        w: &up_w,
+        rows: 80,
+        cols: 128,
+    };
+    let tails: Vec<TailExpert<'_, '_>> = experts
+        .iter()
+        .map(|m| {
+            let [gate, up, down] = m.mats();
+            TailExpert {
+                gate,
+                up,
+                down,
+                x: &m.x,
+                t: m.t,
+            }
+        })
+        .collect();
+    let run = |act, norm: Option<(&[f32], f32)>, up: Option<MatRef<'_>>, dev: bool| {
+        let mut y = vec![f32::NAN; 3 * up.map_or(128, |u| u.rows())];
+        let mut job = MoeTail {
+            experts: &tails,
+            act,
+            k: 3,
+            picks: &picks,
+            weights: &weights,
+            norm,
+            up,
+            y: &mut y,
+        };
+        if dev {
+            assert!(
+                b.moe_tail(&mut job, &Hints::default()),
+                "declined: {:?}",
+                b.stats().last_error
+            );
+        } else {
+            moe_tail_cpu(&mut job);
+        }
+        y
+    };
+    for act in ACTS {
+        for (norm, up) in [
+            (Some((&norm[..], 1e-6)), Some(up)),
+            (None, Some(up)),
+            (None, None),
+        ] {
+            let host = run(act, norm, up, false);
+            let before = b.stats();
+            let dev = run(act, norm, up, true);
+            let after = b.stats();
+            assert_eq!(
+                after.device_calls - before.device_calls,
+                1,
+                "one round trip"
+            );
+            assert_eq!(
+                after.device_products - before.device_products,
+                15 + u64::from(up.is_some())
+            );
+            assert_eq!(after.device_moe_tails - before.device_moe_tails, 1);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&dev) == bits(&host),
+                "{act:?}, norm {}, up {}: device {dev:?} vs twin {host:?}",
+                norm.is_some(),
+                up.is_some()
+            );
+            assert!(host.iter().all(|v| v.is_finite()), "a real test: {host:?}");
+        }
+    }
+    // Only the experts count as expert products: 15 hits a call once held.
+    let before = b.stats();
+    run(ACTS[0], None, Some(up), true);
+    let after = b.stats();
+    assert_eq!(after.vram_expert_hits - before.vram_expert_hits, 15);
+    let mut bad = picks.clone();
+    bad[4] = (2, 1);
+    let mut y = vec![1.5f32; 3 * 80];
+    let mut job = MoeTail {
+        experts: &tails,
+        act: ACTS[0],
+        k: 3,
+        picks: &bad,
+        weights: &weights,
+        norm: None,
+        up: Some(up),
+        y: &mut y,
+    };
+    assert!(
+        !b.moe_tail(&mut job, &Hints::default()),
+        "expert 2 has no row 1"
+    );
+    assert!(y.iter().all(|&v| v == 1.5));
+    for m in &experts {
+        for w in m.mats() {
+            for s in fathom_kernels::backend::segments(&w) {
+                let a = s.as_ptr() as usize;
+                b.forget(a..a + s.len());
+            }
+        }
+    }
+    b.forget(up_w.as_ptr() as usize..up_w.as_ptr() as usize + 2 * up_w.len());
 }

@@ -153,6 +153,9 @@ pub struct BackendStats {
     /// Sequences' MLA attention computed on the device
     /// ([`Backend::mla_attend`]), each also a device call.
     pub device_attention: u64,
+    /// MoE layers whose routed experts ran through their combine on the
+    /// device ([`Backend::moe_tail`]), each also a device call.
+    pub device_moe_tails: u64,
     /// Device calls that failed (their products ran on the CPU instead).
     pub device_errors: u64,
     /// Weight bytes the device's products read from device memory (each
@@ -194,6 +197,7 @@ impl BackendStats {
             vram_weight_bytes: self.vram_weight_bytes,
             vram_state_bytes: self.vram_state_bytes,
             device_attention: self.device_attention - start.device_attention,
+            device_moe_tails: self.device_moe_tails - start.device_moe_tails,
             device_errors: self.device_errors - start.device_errors,
             weight_bytes_read: self.weight_bytes_read - start.weight_bytes_read,
             hbm_bytes_per_s: self.hbm_bytes_per_s,
@@ -230,6 +234,7 @@ impl BackendStats {
             vram_weight_bytes: self.vram_weight_bytes + o.vram_weight_bytes,
             vram_state_bytes: self.vram_state_bytes + o.vram_state_bytes,
             device_attention: self.device_attention + o.device_attention,
+            device_moe_tails: self.device_moe_tails + o.device_moe_tails,
             device_errors: self.device_errors + o.device_errors,
             weight_bytes_read: self.weight_bytes_read + o.weight_bytes_read,
             hbm_bytes_per_s: if self.hbm_bytes_per_s > 0.0 {
@@ -342,6 +347,13 @@ pub trait Backend: Send + Sync {
     fn mla_attend(&self, _work: &mut MlaWork<'_>) -> bool {
         false
     }
+    /// A MoE layer's routed experts through their combine in one call
+    /// ([`MoeTail`]), `y` bit-identical to [`moe_tail_cpu`]. `false` when
+    /// not taken (nothing written: the caller runs the experts another
+    /// way). `hints` as for [`Backend::matmul_batch`]. Default: not taken.
+    fn moe_tail(&self, _tail: &mut MoeTail<'_, '_>, _hints: &Hints<'_, '_>) -> bool {
+        false
+    }
     /// Copies the device copy named `key` ([`crate::state_buf::StateBuf::key`]) into `out`.
     fn state_read(&self, _key: StateKey, _out: &mut [f32]) -> Result<(), String> {
         Err("this backend keeps no state".into())
@@ -418,6 +430,15 @@ pub fn mla_attend_taken(work: &mut MlaWork<'_>) -> bool {
 
 mod mla;
 pub use mla::{MlaSeqWork, MlaWork, mla_work_cpu};
+
+/// [`Backend::moe_tail`] on the installed backend: `true` when it took
+/// the work (`y` written), `false` with nothing written.
+pub fn moe_tail_taken(tail: &mut MoeTail<'_, '_>, hints: &Hints<'_, '_>) -> bool {
+    tail.is_consistent() && installed().is_some_and(|b| b.moe_tail(tail, hints))
+}
+
+mod tail;
+pub use tail::{MoeTail, TailExpert, moe_tail_cpu};
 
 static BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
 

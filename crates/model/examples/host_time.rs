@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use fathom_kernels::backend::{
-    self, Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, Product, Role,
+    self, Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role,
 };
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::ops::GluAct;
@@ -79,12 +79,16 @@ impl Backend for Zeros {
         jobs.iter_mut().for_each(|j| j.y.fill(0.0));
         self.call()
     }
-    /// States stay "on the device", as the CUDA backend leaves them: the
-    /// step's undo marks are then device copies, not host ones.
     fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
         work.out.fill(0.0);
         self.call()
     }
+    fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, _: &Hints<'_, '_>) -> bool {
+        tail.y.fill(0.0);
+        self.call()
+    }
+    /// States stay "on the device", as the CUDA backend leaves them: the
+    /// step's undo marks are then device copies, not host ones.
     fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
         job.out.fill(0.0);
         if let Some(b) = job.inputs_out.as_deref_mut() {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use fathom_kernels::backend::{self, GluProduct, Hints, MatRef, Role};
+use fathom_kernels::backend::{self, GluProduct, Hints, MatRef, MoeTail, Role, TailExpert};
 use fathom_kernels::ops::GluAct;
 use rayon::prelude::*;
 
@@ -24,6 +24,25 @@ pub struct GluExpert {
     pub down: usize,
     pub inter: usize,
     pub act: GluAct,
+}
+
+/// What follows a layer's experts, for [`GluExpert::grouped`] to hand a
+/// device in the same call ([`MoeTail`]): each output row's `k` picks
+/// (expert index, row of its output) with their combine weights, summed in
+/// rank order, then the norm and the projection, if any.
+pub struct TailAsk<'a> {
+    pub k: usize,
+    pub picks: Vec<(u32, u32)>,
+    pub weights: Vec<f32>,
+    pub norm: Option<(&'a [f32], f32)>,
+    pub up: Option<MatRef<'a>>,
+}
+
+/// What [`GluExpert::grouped`] computed: every expert's output, or (a
+/// device took the [`TailAsk`] too) the tail's output.
+pub enum Grouped {
+    Each(Vec<Vec<f32>>),
+    Tail(Vec<f32>),
 }
 
 /// One expert's three matrices as stable views.
@@ -103,15 +122,17 @@ impl GluExpert {
     /// it, one call; else the gate and up products of all, then the downs
     /// of all, the downs copied ahead of the first), and as guesses the
     /// gate and up matrices of `next` (the next layer's guessed experts, surest
-    /// first). `None` (nothing computed) when some matrix is not a stable
-    /// plain view.
+    /// first). With `tail` and no expert for the CPU, the device may take
+    /// the experts and the tail in one call ([`Grouped::Tail`]). `None`
+    /// (nothing computed) when some matrix is not a stable plain view.
     pub fn grouped(
         &self,
         experts: &[Arc<ExpertWeights>],
         inputs: &[Vec<f32>],
         out_w: usize,
         next: &[Arc<ExpertWeights>],
-    ) -> Option<Vec<Vec<f32>>> {
+        tail: Option<TailAsk<'_>>,
+    ) -> Option<Grouped> {
         let mats: Vec<Mats<'_>> = experts
             .iter()
             .map(|e| {
@@ -140,6 +161,11 @@ impl GluExpert {
             ns: &ns,
             out_w,
         };
+        if let Some(t) = tail.filter(|_| cpu.is_empty())
+            && let Some(y) = self.tail_on_device(&layer, &t, &guessed)
+        {
+            return Some(Grouped::Tail(y));
+        }
         let (dev_out, cpu_out) = rayon::join(
             || self.on_device(&layer, &dev, (&elsewhere, &guessed)),
             || self.on_cpu(&layer, &cpu),
@@ -152,7 +178,45 @@ impl GluExpert {
         {
             out[i] = y;
         }
-        Some(out)
+        Some(Grouped::Each(out))
+    }
+
+    /// Every expert of `layer` and `tail` through the seam in one call
+    /// ([`backend::moe_tail_taken`]); `None` (nothing computed) when the
+    /// device declines.
+    fn tail_on_device(
+        &self,
+        layer: &Layer<'_, '_>,
+        tail: &TailAsk<'_>,
+        guessed: &[MatRef<'_>],
+    ) -> Option<Vec<f32>> {
+        let experts: Vec<TailExpert<'_, '_>> = (layer.mats.iter().zip(layer.inputs))
+            .zip(layer.ns)
+            .map(|((m, x), &t)| TailExpert {
+                gate: m.gate,
+                up: m.up,
+                down: m.down,
+                x,
+                t,
+            })
+            .collect();
+        let rows = tail.picks.len() / tail.k.max(1);
+        let mut y = vec![0f32; rows * tail.up.map_or(layer.out_w, |u| u.rows())];
+        let mut job = MoeTail {
+            experts: &experts,
+            act: self.act,
+            k: tail.k,
+            picks: &tail.picks,
+            weights: &tail.weights,
+            norm: tail.norm,
+            up: tail.up,
+            y: &mut y,
+        };
+        let hints = Hints {
+            guessed,
+            ..Hints::default()
+        };
+        backend::moe_tail_taken(&mut job, &hints).then_some(y)
     }
 
     /// Experts `which` through the seam as one gated batch

@@ -9,12 +9,14 @@
 
 use std::sync::{Arc, OnceLock};
 
+use fathom_kernels::backend::MatRef;
 use fathom_kernels::ops::{GluAct, sigmoid};
 use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::experts::{ExpertSlot, ExpertSource, ExpertTicket, ExpertWeights};
 pub use crate::glu::GluExpert;
+use crate::glu::{Grouped, TailAsk};
 use crate::linear::Linear;
 use crate::mlp::MlpWeights;
 
@@ -227,13 +229,15 @@ impl ExpertFetch {
     ) -> Result<Vec<f32>> {
         crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
             self.collect_and_sum(source, routes, z, (out_w, work_each), None, expert)
+                .map(Finished::into_sums)
         })
     }
 
     /// [`ExpertFetch::finish`] for gated experts: with a device backend and
-    /// every expert in RAM, the layer's experts run as two grouped device
-    /// calls ([`GluExpert::grouped`]) instead of three calls each; the
-    /// products are the same, so are the bits.
+    /// every expert in RAM, the layer's experts and their sums run as one
+    /// device call ([`GluExpert::grouped`]; two when some go to the CPU)
+    /// instead of three calls each; the products and the sums' order are
+    /// the same, so are the bits.
     pub fn finish_glu(
         self,
         source: &dyn ExpertSource,
@@ -242,26 +246,80 @@ impl ExpertFetch {
         out_w: usize,
         glu: &GluExpert,
     ) -> Result<Vec<f32>> {
+        // With a device, the sums are made there too: one row a token
+        // comes back instead of one an expert.
+        let sums_only = fathom_kernels::backend::installed().map(|_| Tail::default());
+        self.finish_tail(source, routes, z, out_w, glu, sums_only)
+            .map(Finished::into_sums)
+    }
+
+    /// [`ExpertFetch::finish_glu`], and with `tail` a device may run the
+    /// experts, their sums and the tail in one call
+    /// ([`fathom_kernels::backend::MoeTail`]): then the tail's output comes
+    /// back ([`Finished::Tail`]), else the sums, for the caller to finish
+    /// with the same operations ([`moe_tail_cpu`]'s order; the same bits).
+    ///
+    /// [`moe_tail_cpu`]: fathom_kernels::backend::moe_tail_cpu
+    pub fn finish_tail(
+        self,
+        source: &dyn ExpertSource,
+        routes: &[Route],
+        z: &[f32],
+        out_w: usize,
+        glu: &GluExpert,
+        tail: Option<Tail<'_>>,
+    ) -> Result<Finished> {
         let in_w = z.len() / routes.len().max(1);
         let work = 3 * glu.inter * in_w;
+        let tail = tail.and_then(|tl| self.tail_ask(routes, tl));
         crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
-            self.collect_and_sum(source, routes, z, (out_w, work), Some(glu), |e, zin, n| {
+            let how = (out_w, work);
+            self.collect_and_sum(source, routes, z, how, Some((glu, tail)), |e, zin, n| {
                 glu.forward(e, zin, n, out_w)
             })
         })
     }
 
+    /// `tail` with every row's picks (expert of the union, row of its
+    /// output) and weights in rank order; `None` when the rows choose
+    /// different numbers of experts.
+    fn tail_ask<'a>(&self, routes: &[Route], tail: Tail<'a>) -> Option<TailAsk<'a>> {
+        let k = routes.first()?.ids.len();
+        if k == 0
+            || routes
+                .iter()
+                .any(|r| r.ids.len() != k || r.weights.len() != k)
+        {
+            return None;
+        }
+        let mut picks = vec![(0u32, 0u32); routes.len() * k];
+        for (u, us) in self.users.iter().enumerate() {
+            for (n, &(ti, j)) in us.iter().enumerate() {
+                picks[ti * k + j] = (u as u32, n as u32);
+            }
+        }
+        let weights = routes.iter().flat_map(|r| r.weights.iter().copied());
+        Some(TailAsk {
+            k,
+            picks,
+            weights: weights.collect(),
+            norm: tail.norm,
+            up: tail.up,
+        })
+    }
+
     /// `(out_w, work_each)` as for [`ExpertFetch::finish`]; `glu`, when
-    /// given, may run the experts as grouped device calls.
+    /// given, may run the experts as grouped device calls, with the tail
+    /// if asked.
     fn collect_and_sum(
         self,
         source: &dyn ExpertSource,
         routes: &[Route],
         z: &[f32],
         (out_w, work_each): (usize, usize),
-        glu: Option<&GluExpert>,
+        glu: Option<(&GluExpert, Option<TailAsk<'_>>)>,
         expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Finished> {
         let t = routes.len();
         let in_w = z.len() / t.max(1);
         let gather = |us: &[(usize, usize)]| -> Vec<f32> {
@@ -279,14 +337,18 @@ impl ExpertFetch {
         let outputs = if all_ready {
             let experts: Vec<Arc<ExpertWeights>> = source.collect(self.ticket)?;
             let n_union = self.union.len();
-            if let Some(out) = grouped.and_then(|g| {
+            let done = grouped.and_then(|(g, tail)| {
                 let inputs: Vec<Vec<f32>> = self.users.iter().map(|us| gather(us)).collect();
                 let next = self
                     .guess
                     .as_ref()
                     .map_or_else(Vec::new, |n| source.peek(n.layer, &n.ids));
-                g.grouped(&experts, &inputs, out_w, &next)
-            }) {
+                g.grouped(&experts, &inputs, out_w, &next, tail)
+            });
+            if let Some(Grouped::Tail(y)) = done {
+                return Ok(Finished::Tail(y));
+            }
+            if let Some(Grouped::Each(out)) = done {
                 out
             } else {
                 experts
@@ -320,7 +382,34 @@ impl ExpertFetch {
                 }
             }
         }
-        Ok(y)
+        Ok(Finished::Summed(y))
+    }
+}
+
+/// What follows a MoE layer's routed experts that a device may run in the
+/// same call as them ([`ExpertFetch::finish_tail`]): the sums' RMS norm
+/// (its weight and ε) and their projection, each optional.
+#[derive(Clone, Copy, Default)]
+pub struct Tail<'a> {
+    pub norm: Option<(&'a [f32], f32)>,
+    pub up: Option<MatRef<'a>>,
+}
+
+/// What [`ExpertFetch::finish_tail`] returns.
+pub enum Finished {
+    /// Each row's rank-order sum `[T, out_w]`: the caller runs the tail.
+    Summed(Vec<f32>),
+    /// The tail's output, computed with the experts in one device call.
+    Tail(Vec<f32>),
+}
+
+impl Finished {
+    /// The sums of a call that asked for no tail, or for one without a
+    /// norm or a projection (its output is the sums).
+    fn into_sums(self) -> Vec<f32> {
+        match self {
+            Finished::Summed(y) | Finished::Tail(y) => y,
+        }
     }
 }
 

@@ -62,7 +62,7 @@ impl CudaBackend {
             return Ok(false);
         };
         let queued = (|| {
-            self.upload_missing(st, &p.segs, p.class)?;
+            self.upload_missing(st, &p)?;
             let xs: Vec<&[f32]> = jobs
                 .iter()
                 .map(|j| j.x)
@@ -93,7 +93,13 @@ impl CudaBackend {
     }
 
     /// Queues `g[i] = act(g[i], u[i])` for `i < n` at the device addresses `g`, `u`.
-    fn launch_act(&self, act: GluAct, g: u64, u: u64, n: usize) -> Result<(), CudaError> {
+    pub(super) fn launch_act(
+        &self,
+        act: GluAct,
+        g: u64,
+        u: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
         let (kind, beta, beta_lin) = act.kernel_args();
         let n64 = n as i64;
         let cfg = LaunchConfig {

@@ -38,7 +38,7 @@ impl CudaBackend {
         let Some(p) = self.prepare(st, &ws, hints) else {
             return Ok(false);
         };
-        let queued = self.queue(st, jobs, &p.segs, p.class);
+        let queued = self.queue(st, jobs, &p);
         let hy = self.complete(st, queued, &p, hints)?;
         scatter(hy, jobs.iter_mut().map(|j| &mut *j.y));
         Ok(true)
@@ -72,6 +72,7 @@ impl CudaBackend {
             .collect();
         missing.sort_unstable();
         missing.dedup();
+        // Room for a spine matrix may push out experts; for experts alone, not spine.
         let class = if ws.iter().any(|(_, r)| *r == Role::Spine) {
             Class::Spine
         } else {
@@ -91,7 +92,12 @@ impl CudaBackend {
             }
         }
         self.score(st, &segs, hints);
-        Some(Prepared { segs, keys, class })
+        let classes = ws.iter().map(|(_, r)| class_of(*r)).collect();
+        Some(Prepared {
+            segs,
+            keys,
+            classes,
+        })
     }
 
     /// After the copies and launches (`queued`): the copies `hints` ask
@@ -247,10 +253,9 @@ impl CudaBackend {
         &self,
         st: &mut State,
         jobs: &[Job<'_, '_>],
-        segs: &[Vec<&[u8]>],
-        class: Class,
+        p: &Prepared<'_>,
     ) -> Result<(), CudaError> {
-        self.upload_missing(st, segs, class)?;
+        self.upload_missing(st, p)?;
         let xs: Vec<&[f32]> = jobs.iter().map(|j| j.x).collect();
         let ny = jobs.iter().map(|j| j.y.len()).sum();
         let (xp, yp) = self.stage(st, &xs, ny)?;
@@ -270,20 +275,18 @@ impl CudaBackend {
                 p
             })
             .collect();
-        self.launch_phases(st, &placed, segs, &[jobs.len()], |_| Ok(()))?;
+        self.launch_phases(st, &placed, &p.segs, &[jobs.len()], |_| Ok(()))?;
         self.fetch(st, yp, ny)
     }
 
-    /// Copies up the segments not yet in VRAM (room already made).
-    pub(super) fn upload_missing(
-        &self,
-        st: &mut State,
-        segs: &[Vec<&[u8]>],
-        class: Class,
-    ) -> Result<(), CudaError> {
-        for seg in segs.iter().flatten() {
-            if st.cache.touch(&key(seg)).is_none() {
-                self.upload(st, seg, class)?;
+    /// Copies up the segments of `p`'s products not yet in VRAM (room
+    /// already made), each in its product's class.
+    pub(super) fn upload_missing(&self, st: &mut State, p: &Prepared<'_>) -> Result<(), CudaError> {
+        for (segs, &class) in p.segs.iter().zip(&p.classes) {
+            for seg in segs {
+                if st.cache.touch(&key(seg)).is_none() {
+                    self.upload(st, seg, class)?;
+                }
             }
         }
         Ok(())
@@ -545,11 +548,20 @@ impl CudaBackend {
 }
 
 /// What [`CudaBackend::prepare`] found: the products' weight segments
-/// (per product, in order), their keys (flattened) and the cache class.
+/// (per product, in order), their keys (flattened) and per product the
+/// cache class its weights are held in.
 pub(super) struct Prepared<'w> {
     pub(super) segs: Vec<Vec<&'w [u8]>>,
     keys: Vec<Key>,
-    pub(super) class: Class,
+    classes: Vec<Class>,
+}
+
+/// The cache class of a product's weights.
+fn class_of(role: Role) -> Class {
+    match role {
+        Role::Spine => Class::Spine,
+        Role::Expert => Class::Expert,
+    }
 }
 
 /// Copies the staged results `hy` into `ys`, one after another.

@@ -19,7 +19,7 @@ use super::tensors::ExpertMatrix;
 use super::weights::{MlpWeights, MoeWeights};
 use crate::error::Result;
 use crate::experts::ExpertSource;
-use crate::moe::{ExpertFetch, GluExpert, SigmoidRouter, guess_next};
+use crate::moe::{ExpertFetch, Finished, GluExpert, SigmoidRouter, Tail, guess_next};
 
 /// The router's decision for one token: experts by best corrected score,
 /// combine weights from the uncorrected scores (renormalised and scaled),
@@ -150,13 +150,24 @@ pub fn moe(
         inter: spec.moe_intermediate_size,
         act: situ(spec),
     };
-    let mut y = fetch.finish_glu(source, &routes, &z, l, &expert)?;
-    if spec.latent_moe_use_norm {
-        for yr in y.chunks_exact_mut(l) {
-            rms_norm(yr, &w.routed_expert_norm, spec.rms_norm_eps);
+    // With a device, the experts, their sums, the norm and the
+    // up-projection may go in one call (the same operations either way).
+    let norm = spec.latent_moe_use_norm;
+    let tail = backend::installed().is_some().then(|| Tail {
+        norm: norm.then_some((&w.routed_expert_norm[..], spec.rms_norm_eps)),
+        up: Some(w.routed_expert_up_proj.as_mat()),
+    });
+    let mut out = match fetch.finish_tail(source, &routes, &z, l, &expert, tail)? {
+        Finished::Tail(out) => out,
+        Finished::Summed(mut y) => {
+            if norm {
+                for yr in y.chunks_exact_mut(l) {
+                    rms_norm(yr, &w.routed_expert_norm, spec.rms_norm_eps);
+                }
+            }
+            w.routed_expert_up_proj.forward(&y, t)
         }
-    }
-    let mut out = w.routed_expert_up_proj.forward(&y, t);
+    };
     if let Some(s) = shared {
         out.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
     }
