@@ -64,6 +64,11 @@ void emu_glu_act(const EmuLaunch* l, float* g, const float* u, long long n, int 
     run(l, [&] { glu_act(g, u, n, kind, beta, beta_lin); });
 }
 
+void emu_moe_combine(const EmuLaunch* l, const float* o, const unsigned* off, const float* w,
+                     int k, int width, int norm, const float* nw, float eps, float* s) {
+    run(l, [&] { moe_combine(o, off, w, k, width, norm, nw, eps, s); });
+}
+
 }  // extern "C"
 
 extern "C" void emu_kda_step(const EmuLaunch* l, float* S, float* win_q, float* win_k,

@@ -1,6 +1,6 @@
 //! [`EmuBackend`]: the emulated kernels behind the backend seam, taking
 //! what the CUDA backend takes (products of every format, batches, gated
-//! MLPs, KDA steps, MLA attention) and computing it the way the CUDA backend's launches
+//! MLPs, KDA steps, MLA attention, MoE tails) and computing it the way the CUDA backend's launches
 //! do, with host memory standing in for VRAM.
 
 use std::ops::Range;
@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fathom_kernels::backend::{
-    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, Product, Role,
+    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role, mla_out_cpu,
 };
 use fathom_kernels::kda::{KDA_L2_EPS, KdaJob};
 use fathom_kernels::ops::GluAct;
@@ -125,6 +125,43 @@ impl EmuBackend {
             off += len;
         }
         Self::run_batch(&mut downs);
+    }
+}
+
+impl EmuBackend {
+    /// The rest of [`Backend::moe_tail`] after the experts (`outs`, their
+    /// outputs one after another): `moe_combine`, then the projection.
+    fn combine_and_project(&self, tail: &mut MoeTail<'_, '_>, outs: &[f32]) {
+        let (rows, width) = (tail.rows(), tail.width());
+        let mut starts = Vec::with_capacity(tail.experts.len());
+        let mut at = 0usize;
+        for e in tail.experts {
+            starts.push(at);
+            at += e.t * width;
+        }
+        let off: Vec<u32> = tail
+            .picks
+            .iter()
+            .map(|&(e, r)| (starts[e as usize] + r as usize * width) as u32)
+            .collect();
+        let mut sums = vec![0f32; rows * width];
+        let picks = (&off[..], tail.weights, tail.k);
+        crate::moe_combine(outs, picks, tail.norm, width, &mut sums);
+        match tail.up {
+            Some(up) => Self::run_batch(&mut [Product {
+                w: up,
+                role: Role::Spine,
+                x: &sums,
+                t: rows,
+                y: &mut *tail.y,
+            }]),
+            None => tail.y.copy_from_slice(&sums),
+        }
+        self.count(3 * tail.experts.len() + usize::from(tail.up.is_some()));
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .device_moe_tails += 1;
     }
 }
 
@@ -295,14 +332,67 @@ impl Backend for EmuBackend {
             || !work.fits_device_kernel()
             || !takes(&work.uk_t, t, h)
             || !takes(&work.uv, t, h)
+            || work.o.is_some_and(|o| !takes(&o.o_proj, t, 1))
         {
             return false;
         }
-        mla_work(work);
+        match work.o {
+            None => mla_work(work),
+            Some(o) => {
+                // The values on the kernels; the gate and the projection
+                // by their twin (the driver emulator runs `mla_gate`).
+                let dv = work.uv.rows() / h;
+                let mut vals = vec![0f32; h * t * dv];
+                mla_work(&mut MlaWork {
+                    o: None,
+                    out: &mut vals,
+                    ..*work
+                });
+                mla_out_cpu(&o, &vals, (h, t, dv), work.out);
+            }
+        }
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        s.device_products += 2;
+        s.device_products += 2 + u64::from(work.o.is_some());
         s.device_calls += 1;
         s.device_attention += 1;
+        true
+    }
+
+    fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, _h: &Hints<'_, '_>) -> bool {
+        let rows = tail.rows();
+        if !crate::available()
+            || !tail.is_consistent()
+            || rows == 0
+            || tail.up.is_some_and(|u| !takes(&u, rows, 1))
+        {
+            return false;
+        }
+        let width = tail.width();
+        let mut outs: Vec<Vec<f32>> = tail
+            .experts
+            .iter()
+            .map(|e| vec![0f32; e.t * width])
+            .collect();
+        let mut jobs: Vec<GluProduct<'_, '_>> = tail
+            .experts
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(e, y)| GluProduct {
+                gate: e.gate,
+                up: e.up,
+                down: e.down,
+                role: Role::Expert,
+                x: e.x,
+                t: e.t,
+                y,
+            })
+            .collect();
+        if !glu_takes(&jobs) {
+            return false;
+        }
+        Self::run_glu(&mut [], &mut jobs, tail.act);
+        drop(jobs);
+        self.combine_and_project(tail, &outs.concat());
         true
     }
 

@@ -159,6 +159,18 @@ pub(crate) mod ffi {
         pub fn emu_mm_bf16_many(l: &EmuLaunch, tab: *const u64, r: i32, c: i32, t: i32);
         pub fn emu_mm_mxfp4_many(l: &EmuLaunch, tab: *const u64, r: i32, c: i32, t: i32);
         pub fn emu_glu_act(l: &EmuLaunch, g: M, u: F, n: i64, kind: i32, beta: f32, bl: f32);
+        pub fn emu_moe_combine(
+            l: &EmuLaunch,
+            o: F,
+            off: *const u32,
+            w: F,
+            k: i32,
+            width: i32,
+            norm: i32,
+            nw: F,
+            eps: f32,
+            s: M,
+        );
         pub fn emu_mla_split(
             l: &EmuLaunch,
             blocks: *const u64,
@@ -412,6 +424,59 @@ pub fn glu_act(act: GluAct, g: &mut [f32], u: &[f32]) {
     }
     #[cfg(not(emu_built))]
     let _ = (l, kind, beta, bl, n);
+}
+
+/// `glu.cu`'s `moe_combine` launched as the CUDA backend launches it (a
+/// block of 256 threads a row): `s [rows, width]` each row's sum of `o`'s
+/// rows at the offsets `off` (values) weighted by `w` (`rows·k` each, in
+/// rank order), RMS-normed with `norm`'s weight and ε when given.
+pub fn moe_combine(
+    o: &[f32],
+    (off, w, k): (&[u32], &[f32], usize),
+    norm: Option<(&[f32], f32)>,
+    width: usize,
+    s: &mut [f32],
+) {
+    assert!(available(), "{ABSENT}");
+    let rows = s.len() / width.max(1);
+    assert!(rows > 0 && s.len() == rows * width, "sums' length");
+    assert!(
+        off.len() == rows * k && w.len() == rows * k,
+        "picks' lengths"
+    );
+    assert!(
+        off.iter().all(|&a| a as usize + width <= o.len()),
+        "offsets inside the outputs"
+    );
+    assert!(norm.is_none_or(|(nw, _)| nw.len() == width), "norm width");
+    let l = EmuLaunch {
+        grid_x: rows as u32,
+        grid_y: 1,
+        block_x: 256,
+        shared: 0,
+    };
+    // Without a norm its weight is never read; any valid address does.
+    let (has, nw, eps) = norm.map_or((0, w, 0.0), |(nw, eps)| (1, nw, eps));
+    let _g = lock();
+    #[cfg(emu_built)]
+    // SAFETY: `o` holds every row the offsets name (checked), `off` and
+    // `w` rows·k values, `nw` and each row of `s` width values.
+    unsafe {
+        ffi::emu_moe_combine(
+            &l,
+            o.as_ptr(),
+            off.as_ptr(),
+            w.as_ptr(),
+            k as i32,
+            width as i32,
+            has,
+            nw.as_ptr(),
+            eps,
+            s.as_mut_ptr(),
+        )
+    }
+    #[cfg(not(emu_built))]
+    let _ = (l, has, nw, eps);
 }
 
 /// One sequence's launch of `kda.cu`'s `kda_step` (grid: the heads; block:

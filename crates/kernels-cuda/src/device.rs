@@ -100,6 +100,7 @@ struct Funcs {
     mla_split: CudaFunction,
     mla_merge: CudaFunction,
     moe_combine: CudaFunction,
+    mla_gate: CudaFunction,
 }
 
 struct State {
@@ -263,6 +264,7 @@ impl CudaBackend {
             mla_split: f("mla_split")?,
             mla_merge: f("mla_merge")?,
             moe_combine: f("moe_combine")?,
+            mla_gate: f("mla_gate")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
@@ -512,8 +514,10 @@ impl Backend for CudaBackend {
     }
 
     fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
-        // Two products (the absorbing ones) beside the attention.
-        self.counted_with(2, Role::Spine, true, || self.mla(work))
+        // Two products (the absorbing ones) beside the attention, and
+        // the output projection when it comes along.
+        let n = 2 + usize::from(work.o.is_some());
+        self.counted_with(n, Role::Spine, true, || self.mla(work))
     }
 
     fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, hints: &Hints<'_, '_>) -> bool {

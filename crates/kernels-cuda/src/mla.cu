@@ -94,3 +94,18 @@ extern "C" __global__ void mla_merge(const int* __restrict__ ns, int heads, int 
         out[qi * o_qs + hh * o_hs + i % lora] = __fmul_rn(C, __fdiv_rn(1.0f, L));
     }
 }
+
+// An MLA layer's values [H, T, dv] by position [T, H·dv], each times
+// σ(gate) (sigmoid_fixed, as fathom-kernels `backend::mla_out_cpu`) when
+// `gated`: the output projection's input.
+extern "C" __global__ void mla_gate(const float* __restrict__ vals,
+                                    const float* __restrict__ gate, int gated, int heads,
+                                    int t, int dv, float* __restrict__ cat) {
+    const long long hdv = (long long)heads * dv, n = hdv * t;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long long ti = i / hdv, hh = (i % hdv) / dv, c = i % dv;
+        const float v = vals[(hh * t + ti) * dv + c];
+        cat[i] = gated ? __fmul_rn(v, sigmoid_fixed(gate[i])) : v;
+    }
+}

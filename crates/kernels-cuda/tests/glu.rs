@@ -365,124 +365,188 @@ fn special_values_take_the_same_paths_on_both_devices() {
     b.forget(one.as_ptr() as usize..one.as_ptr() as usize + 4);
 }
 
+/// A MoE layer's routed experts for `Backend::moe_tail`: the experts
+/// (`t` rows each), each output row's picks and weights, a norm weight and
+/// a bf16 up-projection `[80, width]`.
+struct TailCase {
+    experts: Vec<Mlp>,
+    k: usize,
+    picks: Vec<(u32, u32)>,
+    weights: Vec<f32>,
+    norm: Vec<f32>,
+    up_w: Vec<u16>,
+    width: usize,
+}
+
+impl TailCase {
+    /// Experts of `f` hidden, `cols` in and `width` out, MXFP4 or bf16.
+    fn new(
+        g: &mut Lcg,
+        mxfp4: bool,
+        (f, cols, width): (usize, usize, usize),
+        ts: &[usize],
+    ) -> Self {
+        let experts: Vec<Mlp> = ts
+            .iter()
+            .map(|&t| Mlp::new(g, mxfp4, (f, cols, width, t)))
+            .collect();
+        // Three rows of three picks (the order of three sums shows in the
+        // bits; two would not, addition being commutative); row 1 picks
+        // expert 1 twice.
+        let picks = vec![
+            (1, 0),
+            (3, 1),
+            (4, 0),
+            (0, 0),
+            (1, 1),
+            (1, 0),
+            (3, 0),
+            (0, 1),
+            (4, 1),
+        ];
+        TailCase {
+            experts,
+            k: 3,
+            weights: (0..picks.len()).map(|_| g.f32(1.5)).collect(),
+            picks,
+            norm: (0..width).map(|_| g.f32(2.0)).collect(),
+            up_w: g.bf16(80 * width, 0.2),
+            width,
+        }
+    }
+
+    fn tails(&self) -> Vec<TailExpert<'_, '_>> {
+        self.experts
+            .iter()
+            .map(|m| {
+                let [gate, up, down] = m.mats();
+                TailExpert {
+                    gate,
+                    up,
+                    down,
+                    x: &m.x,
+                    t: m.t,
+                }
+            })
+            .collect()
+    }
+
+    fn up(&self) -> MatRef<'_> {
+        MatRef::Bf16 {
+            w: &self.up_w,
+            rows: 80,
+            cols: self.width,
+        }
+    }
+
+    /// The tail on `b`'s device (asserting it took it), or on its twin.
+    fn run(&self, b: Option<&dyn Backend>, act: GluAct, norm: bool, up: bool) -> Vec<f32> {
+        let tails = self.tails();
+        let up = up.then(|| self.up());
+        let mut y = vec![f32::NAN; 3 * up.map_or(self.width, |u| u.rows())];
+        let mut job = MoeTail {
+            experts: &tails,
+            act,
+            k: self.k,
+            picks: &self.picks,
+            weights: &self.weights,
+            norm: norm.then_some((&self.norm[..], 1e-6)),
+            up,
+            y: &mut y,
+        };
+        match b {
+            Some(b) => assert!(b.moe_tail(&mut job, &Hints::default()), "declined"),
+            None => moe_tail_cpu(&mut job),
+        }
+        y
+    }
+
+    fn forget(&self, b: &dyn Backend) {
+        let mats = self.experts.iter().flat_map(|m| m.mats());
+        for w in mats.chain([self.up()]) {
+            for s in fathom_kernels::backend::segments(&w) {
+                let a = s.as_ptr() as usize;
+                b.forget(a..a + s.len());
+            }
+        }
+    }
+}
+
 /// A MoE layer's routed experts through their combine in one call
 /// (`Backend::moe_tail`: the experts, each row's rank-order sum, the
 /// latent norm, the up-projection) against its twin `moe_tail_cpu`, bit
-/// for bit: every activation, with and without the norm and the
-/// projection; then a pick naming a row that does not exist is declined
-/// with nothing written.
+/// for bit: MXFP4 experts on a 128-wide latent and bf16 ones on a 300-wide
+/// one (past a block's 256 threads, not a multiple of the norm's 8
+/// lanes), every activation, with and without the norm and the projection.
 #[test]
 fn a_moe_tail_in_one_call_gives_the_twins_bits() {
     let Some(b) = open(None) else { return };
     let mut g = Lcg(23);
-    // Five MXFP4 experts on a 128-wide latent, 9 rows; three output rows
-    // pick three each (the order of three sums shows in the bits; an
-    // expert twice for one row is allowed).
-    let experts: Vec<Mlp> = [2, 2, 1, 2, 2]
-        .iter()
-        .map(|&t| Mlp::new(&mut g, true, (96, 128, 128, t)))
-        .collect();
-    let picks: Vec<(u32, u32)> = vec![
-        (1, 0),
-        (3, 1),
-        (4, 0),
-        (0, 0),
-        (1, 1),
-        (2, 0),
-        (3, 0),
-        (0, 1),
-        (4, 1),
+    let cases = [
+        TailCase::new(&mut g, true, (96, 128, 128), &[2, 2, 1, 2, 2]),
+        TailCase::new(&mut g, false, (40, 64, 300), &[2, 2, 1, 2, 2]),
     ];
-    let weights: Vec<f32> = (0..picks.len()).map(|_| g.f32(1.5)).collect();
-    let norm: Vec<f32> = (0..128).map(|_| g.f32(2.0)).collect();
-    let up_w = g.bf16(80 * 128, 0.2);
-    let up = MatRef::Bf16 {
-        w: &up_w,
-        rows: 80,
-        cols: 128,
-    };
-    let tails: Vec<TailExpert<'_, '_>> = experts
-        .iter()
-        .map(|m| {
-            let [gate, up, down] = m.mats();
-            TailExpert {
-                gate,
-                up,
-                down,
-                x: &m.x,
-                t: m.t,
+    for (c, case) in cases.iter().enumerate() {
+        for act in ACTS {
+            for (norm, up) in [(true, true), (false, true), (false, false), (true, false)] {
+                let host = case.run(None, act, norm, up);
+                let before = b.stats();
+                let dev = case.run(Some(&*b), act, norm, up);
+                let after = b.stats();
+                assert_eq!(
+                    after.device_calls - before.device_calls,
+                    1,
+                    "one round trip"
+                );
+                assert_eq!(after.device_moe_tails - before.device_moe_tails, 1);
+                assert_eq!(
+                    after.device_products - before.device_products,
+                    15 + u64::from(up)
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(
+                    bits(&dev) == bits(&host),
+                    "case {c} {act:?}, norm {norm}, up {up}: device {dev:?} vs twin {host:?}"
+                );
+                assert!(host.iter().all(|v| v.is_finite()), "a real test: {host:?}");
             }
-        })
-        .collect();
-    let run = |act, norm: Option<(&[f32], f32)>, up: Option<MatRef<'_>>, dev: bool| {
-        let mut y = vec![f32::NAN; 3 * up.map_or(128, |u| u.rows())];
-        let mut job = MoeTail {
-            experts: &tails,
-            act,
-            k: 3,
-            picks: &picks,
-            weights: &weights,
-            norm,
-            up,
-            y: &mut y,
-        };
-        if dev {
-            assert!(
-                b.moe_tail(&mut job, &Hints::default()),
-                "declined: {:?}",
-                b.stats().last_error
-            );
-        } else {
-            moe_tail_cpu(&mut job);
         }
-        y
-    };
-    for act in ACTS {
-        for (norm, up) in [
-            (Some((&norm[..], 1e-6)), Some(up)),
-            (None, Some(up)),
-            (None, None),
-        ] {
-            let host = run(act, norm, up, false);
-            let before = b.stats();
-            let dev = run(act, norm, up, true);
-            let after = b.stats();
-            assert_eq!(
-                after.device_calls - before.device_calls,
-                1,
-                "one round trip"
-            );
-            assert_eq!(
-                after.device_products - before.device_products,
-                15 + u64::from(up.is_some())
-            );
-            assert_eq!(after.device_moe_tails - before.device_moe_tails, 1);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert!(
-                bits(&dev) == bits(&host),
-                "{act:?}, norm {}, up {}: device {dev:?} vs twin {host:?}",
-                norm.is_some(),
-                up.is_some()
-            );
-            assert!(host.iter().all(|v| v.is_finite()), "a real test: {host:?}");
-        }
+        case.forget(&*b);
     }
-    // Only the experts count as expert products: 15 hits a call once held.
+}
+
+/// Only the experts of a tail count as expert products (15 hits a call
+/// once they are held, the projection not among them); a pick of a row
+/// that does not exist is declined with nothing written.
+#[test]
+fn a_moe_tail_counts_its_experts_and_declines_bad_picks() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(29);
+    let case = TailCase::new(&mut g, true, (96, 128, 128), &[2, 2, 1, 2, 2]);
+    case.run(Some(&*b), ACTS[0], true, true);
     let before = b.stats();
-    run(ACTS[0], None, Some(up), true);
+    case.run(Some(&*b), ACTS[0], true, true);
     let after = b.stats();
     assert_eq!(after.vram_expert_hits - before.vram_expert_hits, 15);
-    let mut bad = picks.clone();
-    bad[4] = (2, 1);
+    assert_eq!(after.vram_expert_misses, before.vram_expert_misses);
+    let bad = TailCase {
+        picks: {
+            let mut p = case.picks.clone();
+            p[4] = (2, 1);
+            p
+        },
+        ..TailCase::new(&mut g, true, (96, 128, 128), &[2, 2, 1, 2, 2])
+    };
+    let tails = bad.tails();
     let mut y = vec![1.5f32; 3 * 80];
     let mut job = MoeTail {
         experts: &tails,
         act: ACTS[0],
         k: 3,
-        picks: &bad,
-        weights: &weights,
+        picks: &bad.picks,
+        weights: &bad.weights,
         norm: None,
-        up: Some(up),
+        up: Some(bad.up()),
         y: &mut y,
     };
     assert!(
@@ -490,13 +554,5 @@ fn a_moe_tail_in_one_call_gives_the_twins_bits() {
         "expert 2 has no row 1"
     );
     assert!(y.iter().all(|&v| v == 1.5));
-    for m in &experts {
-        for w in m.mats() {
-            for s in fathom_kernels::backend::segments(&w) {
-                let a = s.as_ptr() as usize;
-                b.forget(a..a + s.len());
-            }
-        }
-    }
-    b.forget(up_w.as_ptr() as usize..up_w.as_ptr() as usize + 2 * up_w.len());
+    case.forget(&*b);
 }

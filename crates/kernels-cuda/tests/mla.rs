@@ -6,11 +6,13 @@
 //! cache of full blocks and a partial one; the full blocks kept on the
 //! device between calls (only partial blocks and queries go up again); a
 //! block changed after `forget` copied anew; a prefill run in chunks of
-//! queries; full blocks beyond the budget declined with nothing written.
+//! queries; the values gated and through an output projection in the
+//! same call (`MlaOut`); full blocks beyond the budget declined with
+//! nothing written.
 //! Without a CUDA device (real or emulated) the test prints why it skipped.
 
 use fathom_kernels::attention::{MlaShape, SPLIT};
-use fathom_kernels::backend::{Backend, MatRef, MlaSeqWork, MlaWork, mla_work_cpu};
+use fathom_kernels::backend::{Backend, MatRef, MlaOut, MlaSeqWork, MlaWork, mla_work_cpu};
 
 mod common;
 
@@ -64,8 +66,16 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
     let q_rope = g.vec(t * h * SH.rope, 1.5);
     let (uk, uv) = (g.bf16(h * SH.lora * DN), g.bf16(h * DV * SH.lora));
     let block_bytes = (4 * SPLIT * w) as u64;
-    // The device's values and the CPU's as bits; `None` when declined.
-    let both = |b: &dyn Backend, cache_a: &[f32], stable: usize| {
+    // An output projection [96, H·dv] and a gate [T, H·dv] after the values.
+    let (o_w, gate) = (g.bf16(96 * h * DV), g.vec(t * h * DV, 3.0));
+    let o_proj = MatRef::Bf16 {
+        w: &o_w,
+        rows: 96,
+        cols: h * DV,
+    };
+    // The device's values (with `o`, the gated values through `o_proj`)
+    // and the CPU's as bits; `None` when declined.
+    let both = |b: &dyn Backend, cache_a: &[f32], stable: usize, o: Option<MlaOut<'_>>| {
         let seqs = [
             MlaSeqWork {
                 blocks: cache_a.chunks(SPLIT * w).collect(),
@@ -78,7 +88,8 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
                 queries: 6..8,
             },
         ];
-        let mut out = vec![f32::NAN; h * t * DV];
+        let width = o.map_or(h * DV, |o| o.o_proj.rows());
+        let mut out = vec![f32::NAN; t * width];
         let mut work = MlaWork {
             shape: SH,
             seqs: &seqs,
@@ -95,10 +106,11 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
                 rows: h * DV,
                 cols: SH.lora,
             },
+            o,
             out: &mut out,
         };
         assert!(work.fits_device_kernel());
-        let mut want = vec![0f32; h * t * DV];
+        let mut want = vec![0f32; t * width];
         mla_work_cpu(&mut MlaWork {
             out: &mut want,
             ..work
@@ -113,12 +125,13 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         Some((bits(&out), bits(&want)))
     };
-    let run = |cache_a: &[f32], stable: usize| {
+    let run_o = |cache_a: &[f32], stable: usize, o: Option<MlaOut<'_>>| {
         let before = dev.stats();
-        let (d, c) = both(dev.as_ref(), cache_a, stable).expect("taken");
-        assert_eq!(d, c, "stable {stable}");
+        let (d, c) = both(dev.as_ref(), cache_a, stable, o).expect("taken");
+        assert_eq!(d, c, "stable {stable}, output projection {}", o.is_some());
         dev.stats().since(&before)
     };
+    let run = |cache_a: &[f32], stable: usize| run_o(cache_a, stable, None);
     // First call: the three full blocks go up and stay.
     let first = run(&cache_a, 3);
     assert_eq!((first.device_attention, first.device_calls), (1, 1));
@@ -138,16 +151,28 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
     }
     let changed = run(&cache_a, 3);
     assert!(changed.h2d_bytes >= block_bytes, "{changed:?}");
-    // A prefill in chunks of three queries.
+    // The values gated and through an output projection in the same call
+    // (and ungated): one call, one product more.
+    for gate in [Some(&gate[..]), None] {
+        let o = MlaOut { gate, o_proj };
+        let st = run_o(&cache_a, 3, Some(o));
+        assert_eq!((st.device_calls, st.device_products), (1, 3));
+    }
+    // A prefill in chunks of three queries, with and without the projection.
     dev.limit_mla_scratch(3 * 4 * h * (SPLIT + SH.lora + 2));
     run(&cache_a, 3);
+    let o = MlaOut {
+        gate: Some(&gate),
+        o_proj,
+    };
+    run_o(&cache_a, 3, Some(o));
     dev.limit_mla_scratch(usize::MAX);
     // Full blocks beyond the budget: declined, nothing written.
     let Some(small) = open(Some(block_bytes)) else {
         return;
     };
-    assert!(both(small.as_ref(), &cache_a, 3).is_none());
+    assert!(both(small.as_ref(), &cache_a, 3, None).is_none());
     // Without kept blocks the small device takes it.
-    let (d, c) = both(small.as_ref(), &cache_a, 0).expect("taken");
+    let (d, c) = both(small.as_ref(), &cache_a, 0, None).expect("taken");
     assert_eq!(d, c);
 }

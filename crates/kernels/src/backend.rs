@@ -429,7 +429,7 @@ pub fn mla_attend_taken(work: &mut MlaWork<'_>) -> bool {
 }
 
 mod mla;
-pub use mla::{MlaSeqWork, MlaWork, mla_work_cpu};
+pub use mla::{MlaOut, MlaSeqWork, MlaWork, mla_out_cpu, mla_work_cpu};
 
 /// [`Backend::moe_tail`] on the installed backend: `true` when it took
 /// the work (`y` written), `false` with nothing written.

@@ -12,10 +12,11 @@
 //! The outputs are garbage by construction (every product is zero); only
 //! the times mean anything.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fathom_kernels::backend::{
@@ -27,16 +28,28 @@ use fathom_kernels::state_buf::StateKey;
 use fathom_model::Logits;
 use fathom_model::phase::{self, PhaseMs};
 
-/// Takes everything and writes zeros; counts its calls.
+/// Takes everything and writes zeros; counts its calls, in all and by
+/// operation.
 #[derive(Default)]
 struct Zeros {
     calls: AtomicU64,
+    by_op: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Zeros {
-    fn call(&self) -> bool {
+    fn call(&self, op: &'static str) -> bool {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        *self
+            .by_op
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(op)
+            .or_default() += 1;
         true
+    }
+
+    fn by_op(&self) -> BTreeMap<&'static str, u64> {
+        self.by_op.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -46,7 +59,7 @@ impl Backend for Zeros {
     }
     fn matmul(&self, _: &MatRef<'_>, _: Role, _: &[f32], _: usize, y: &mut [f32]) -> bool {
         y.fill(0.0);
-        self.call()
+        self.call("matmul")
     }
     fn matmul_groups(
         &self,
@@ -58,15 +71,15 @@ impl Backend for Zeros {
         y: &mut [f32],
     ) -> bool {
         y.fill(0.0);
-        self.call()
+        self.call("matmul_groups")
     }
     fn matmul_batch(&self, ps: &mut [Product<'_, '_>], _: &Hints<'_, '_>) -> bool {
         ps.iter_mut().for_each(|p| p.y.fill(0.0));
-        self.call()
+        self.call("matmul_batch")
     }
     fn glu_batch(&self, jobs: &mut [GluProduct<'_, '_>], _: GluAct, _: &Hints<'_, '_>) -> bool {
         jobs.iter_mut().for_each(|j| j.y.fill(0.0));
-        self.call()
+        self.call("glu_batch")
     }
     fn glu_mixed(
         &self,
@@ -77,15 +90,15 @@ impl Backend for Zeros {
     ) -> bool {
         ps.iter_mut().for_each(|p| p.y.fill(0.0));
         jobs.iter_mut().for_each(|j| j.y.fill(0.0));
-        self.call()
+        self.call("glu_mixed")
     }
     fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
         work.out.fill(0.0);
-        self.call()
+        self.call("mla_attend")
     }
     fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, _: &Hints<'_, '_>) -> bool {
         tail.y.fill(0.0);
-        self.call()
+        self.call("moe_tail")
     }
     /// States stay "on the device", as the CUDA backend leaves them: the
     /// step's undo marks are then device copies, not host ones.
@@ -98,14 +111,14 @@ impl Backend for Zeros {
             s.s.set_on_device();
             s.conv.iter_mut().for_each(|c| c.set_on_device());
         }
-        Ok(self.call())
+        Ok(self.call("kda_step"))
     }
     fn state_read(&self, _: StateKey, out: &mut [f32]) -> Result<(), String> {
         out.fill(0.0);
         Ok(())
     }
     fn state_copy(&self, _: StateKey, _: StateKey) -> Result<(), String> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.call("state_copy");
         Ok(())
     }
     fn forget(&self, _: Range<usize>) {}
@@ -143,14 +156,16 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // bench's short context), prompts and warm-up steps not timed.
     const RUN: usize = 48;
     let (mut ph, mut calls, mut secs, mut done) = (PhaseMs::default(), 0u64, 0f64, 0usize);
+    let mut ops: BTreeMap<&'static str, u64> = BTreeMap::new();
     while done < tokens {
         let mut st = model.new_state();
         model.forward(st.as_mut(), &[1, 2, 3, 4, 5, 6, 7, 8], Logits::Last)?;
         model.forward(st.as_mut(), &[9], Logits::Last)?;
         let n = RUN.min(tokens - done);
-        let (p0, c0, t0) = (
+        let (p0, c0, o0, t0) = (
             phase::snapshot(),
             zeros.calls.load(Ordering::Relaxed),
+            zeros.by_op(),
             Instant::now(),
         );
         for i in 0..n {
@@ -158,6 +173,9 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }
         secs += t0.elapsed().as_secs_f64();
         calls += zeros.calls.load(Ordering::Relaxed) - c0;
+        for (op, c) in zeros.by_op() {
+            *ops.entry(op).or_default() += c - o0.get(op).copied().unwrap_or(0);
+        }
         ph = plus(&ph, &phase::snapshot().since(&p0));
         done += n;
     }
@@ -179,5 +197,10 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         per(ph.routed_experts),
         per(ph.mix_and_head)
     );
+    let ops: Vec<String> = ops
+        .iter()
+        .map(|(op, c)| format!("{op} {:.1}", *c as f64 / tokens as f64))
+        .collect();
+    println!("  calls a token by operation: {}", ops.join(", "));
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Every family's fixture with every product, gated MLP, KDA step and MLA
+//! Every family's fixture with every product, gated MLP, KDA step, MoE tail and MLA
 //! attention on the CUDA kernels (run on the host emulator, `fathom-cuda-emu`): the
 //! logits of a prompt and three decode steps keep their bits — what
 //! `--device cuda` must give, checked on a machine without a GPU. Where the
@@ -54,8 +54,8 @@ fn every_fixture_on_the_emulated_kernels_keeps_its_bits() {
         let (glu, kda) = emu.glu_and_kda_calls();
         eprintln!(
             "{name}: {} products in {} calls ({glu} gated-MLP calls, {kda} KDA steps, {} \
-             attention calls)",
-            st.device_products, st.device_calls, st.device_attention
+             attention calls, {} MoE tails)",
+            st.device_products, st.device_calls, st.device_attention, st.device_moe_tails
         );
         assert!(
             st.device_products > 0,
@@ -71,6 +71,10 @@ fn every_fixture_on_the_emulated_kernels_keeps_its_bits() {
         if !name.starts_with("qwen3") && !name.starts_with("gpt_oss") {
             // Every MLA family's attention on the emulated kernels.
             assert!(st.device_attention > 0, "{name}: no MLA attention taken");
+        }
+        if !name.starts_with("gpt_oss") {
+            // Every gated-expert family's experts and their sums in one call.
+            assert!(st.device_moe_tails > 0, "{name}: no MoE tail taken");
         }
         if name.starts_with("k3") || name.starts_with("kimi_linear") {
             // K3: SiTU-GLU MLPs and KDA layers with a gate lower bound;

@@ -83,6 +83,7 @@ fn check(b: &dyn Backend, cache: &PagedRows, rows: usize, g: &mut Rng, w: (&[u16
             rows: h * DV,
             cols: SH.lora,
         },
+        o: None,
         out: &mut got,
     };
     mla_work_cpu(&mut MlaWork {

@@ -23,9 +23,12 @@ pub(super) const SCRATCH_FLOATS: usize = 1 << 26;
 
 /// Where a call's pieces are on the device.
 struct Placed {
-    /// `uk_t`'s and `uv`'s segments.
+    /// `uk_t`'s, `uv`'s and `o_proj`'s segments.
     uk_t: Vec<u64>,
     uv: Vec<u64>,
+    o_proj: Vec<u64>,
+    /// The gate's values, if any.
+    gate: Option<u64>,
     table: u64,
     q_nope: u64,
     q_rope: u64,
@@ -48,6 +51,9 @@ impl CudaBackend {
             || per_query > limit
             || !fits(&work.uk_t, h, t, h * t * dn, h * t * sh.lora)
             || !fits(&work.uv, h, t, h * t * sh.lora, h * t * dv)
+            || work
+                .o
+                .is_some_and(|o| !fits(&o.o_proj, 1, t, t * h * dv, work.out.len()))
         {
             return Ok(false);
         }
@@ -70,8 +76,10 @@ impl CudaBackend {
         let hy = st.hy.as_ref().expect("staged").as_slice()?;
         work.out.copy_from_slice(&hy[..work.out.len()]);
         st.stats.device_attention += 1;
+        let o_proj = work.o.map(|o| o.o_proj);
         st.stats.weight_bytes_read += [work.uk_t, work.uv]
             .iter()
+            .chain(&o_proj)
             .flat_map(segments)
             .map(|s| s.len() as u64)
             .sum::<u64>();
@@ -87,7 +95,8 @@ impl CudaBackend {
     fn mla_stage(&self, st: &mut State, work: &MlaWork<'_>) -> Result<Option<Placed>, CudaError> {
         let t = work.ns.len();
         let (uk, uv) = (segments(&work.uk_t), segments(&work.uv));
-        let mut segs: Vec<&[u8]> = uk.iter().chain(&uv).copied().collect();
+        let op = work.o.map_or_else(Vec::new, |o| segments(&o.o_proj));
+        let mut segs: Vec<&[u8]> = uk.iter().chain(&uv).chain(&op).copied().collect();
         for s in work.seqs {
             for b in &s.blocks[..s.stable] {
                 let m = MatRef::F32 {
@@ -101,7 +110,11 @@ impl CudaBackend {
         let Some((ptrs, _)) = self.weights_here(st, &segs)? else {
             return Ok(None);
         };
-        let (nw, nu) = (uk.len(), uk.len() + uv.len());
+        let (nw, nu, no) = (
+            uk.len(),
+            uk.len() + uv.len(),
+            uk.len() + uv.len() + op.len(),
+        );
         // The kernels' ints travel as f32 bit patterns in the one staging copy.
         let int = |v: usize| f32::from_bits(v as u32);
         let ns: Vec<f32> = work.ns.iter().map(|&n| int(n)).collect();
@@ -111,15 +124,16 @@ impl CudaBackend {
             boff[s.queries.clone()].fill(int(at_block));
             at_block += s.blocks.len();
         }
-        let mut xs: Vec<&[f32]> = vec![work.q_nope, work.q_rope, &ns, &boff];
+        let gate = work.o.and_then(|o| o.gate).unwrap_or(&[]);
+        let mut xs: Vec<&[f32]> = vec![work.q_nope, work.q_rope, &ns, &boff, gate];
         for s in work.seqs {
             xs.extend(s.blocks[s.stable..].iter().copied());
         }
         let (xp, yp) = self.stage(st, &xs, work.out.len())?;
         let at = |floats: usize| xp + 4 * floats as u64;
         let (nq, nr) = (work.q_nope.len(), work.q_rope.len());
-        let mut kept = ptrs[nu..].iter();
-        let mut off = nq + nr + 2 * t;
+        let mut kept = ptrs[no..].iter();
+        let mut off = nq + nr + 2 * t + gate.len();
         let mut table = Vec::with_capacity(at_block);
         for s in work.seqs {
             table.extend(kept.by_ref().take(s.stable).copied());
@@ -132,6 +146,8 @@ impl CudaBackend {
         Ok(Some(Placed {
             uk_t: ptrs[..nw].to_vec(),
             uv: ptrs[nw..nu].to_vec(),
+            o_proj: ptrs[nu..no].to_vec(),
+            gate: (!gate.is_empty()).then(|| at(nq + nr + 2 * t)),
             table: dt,
             q_nope: at(0),
             q_rope: at(nq),
@@ -139,6 +155,38 @@ impl CudaBackend {
             boff: at(nq + nr + t),
             out: yp,
         }))
+    }
+
+    /// Queues `mla_gate` (`mla.cu`): the values at `vals` `[H, T, dv]` by
+    /// position into `cat` `[T, H·dv]`, each times σ(gate) with a gate.
+    fn launch_mla_gate(
+        &self,
+        gate: Option<u64>,
+        (vals, cat): (u64, u64),
+        (h, t, dv): (usize, usize, usize),
+    ) -> Result<(), CudaError> {
+        let n = h * t * dv;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Without a gate its pointer is never read; any device address does.
+        let (gated, g) = (i32::from(gate.is_some()), gate.unwrap_or(vals));
+        let (hh, tt, d) = (h as i32, t as i32, dv as i32);
+        let mut b = self.stream.launch_builder(&self.funcs.mla_gate);
+        b.arg(&vals)
+            .arg(&g)
+            .arg(&gated)
+            .arg(&hh)
+            .arg(&tt)
+            .arg(&d)
+            .arg(&cat);
+        // SAFETY: the arguments match `mla_gate` in `mla.cu`; `vals`, `cat`
+        // and (with a gate) `g` each hold H·T·dv values in the scratch or
+        // the staged inputs.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
     }
 
     /// The block table copied up: its device address.
@@ -169,10 +217,16 @@ impl CudaBackend {
         let (h, lora, t, ms) = (sh.heads, sh.lora, work.ns.len(), work.max_splits());
         let parts = chunk * ms * h;
         let lat = h * t * lora;
+        // With `o`: the values [H, T, dv] and by position [T, H·dv].
+        let vals = if work.o.is_some() {
+            h * t * (work.uv.rows() / h)
+        } else {
+            0
+        };
         let scratch = grow(
             &self.stream,
             &mut st.mla,
-            2 * lat + parts * (SPLIT + lora + 2),
+            2 * lat + parts * (SPLIT + lora + 2) + 2 * vals,
         )?
         .device_ptr(&self.stream)
         .0;
@@ -182,6 +236,7 @@ impl CudaBackend {
         let pm = ps + 4 * (parts * SPLIT) as u64;
         let pl = pm + 4 * parts as u64;
         let pc = pl + 4 * parts as u64;
+        let vp = pc + 4 * (parts * lora) as u64;
         self.ensure_clock(st)?;
         st.clock
             .as_ref()
@@ -227,7 +282,15 @@ impl CudaBackend {
             // queries written from `c0`.
             unsafe { b.launch(cfg((c, 1, 1))) }?;
         }
-        self.launch(&work.uv, &p.uv, ctx, p.out, h, t)?;
+        match work.o {
+            None => self.launch(&work.uv, &p.uv, ctx, p.out, h, t)?,
+            Some(o) => {
+                let cat = vp + 4 * vals as u64;
+                self.launch(&work.uv, &p.uv, ctx, vp, h, t)?;
+                self.launch_mla_gate(p.gate, (vp, cat), (h, t, work.uv.rows() / h))?;
+                self.launch(&o.o_proj, &p.o_proj, cat, p.out, 1, t)?;
+            }
+        }
         st.clock
             .as_ref()
             .expect("made above")

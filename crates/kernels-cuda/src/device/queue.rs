@@ -54,9 +54,10 @@ impl CudaBackend {
 
     /// Before a round trip's copies and launches: the products' segments
     /// (`ws`, in order), their keys and the cache class of their weights,
-    /// room made for the missing ones, expert hits counted, guesses scored.
-    /// `None` when they cannot all be in the budget at once (nothing
-    /// changed).
+    /// room made for the missing ones ([`room_by_class`]), expert hits
+    /// counted, guesses scored. `None` when they cannot all be in the
+    /// budget at once (nothing copied; experts evicted for room may stay
+    /// evicted).
     pub(super) fn prepare<'w>(
         &self,
         st: &mut State,
@@ -72,14 +73,7 @@ impl CudaBackend {
             .collect();
         missing.sort_unstable();
         missing.dedup();
-        // Room for a spine matrix may push out experts; for experts alone, not spine.
-        let class = if ws.iter().any(|(_, r)| *r == Role::Spine) {
-            Class::Spine
-        } else {
-            Class::Expert
-        };
-        let need: u64 = missing.iter().map(|k| k.1 as u64).sum();
-        if need > 0 && !make_room(st, need, &keys, class) {
+        if !room_by_class(st, ws, &segs, &missing, &keys) {
             return None;
         }
         for ((_, role), s) in ws.iter().zip(&segs) {
@@ -631,6 +625,34 @@ pub(super) fn make_room(st: &mut State, need: u64, keep: &[Key], class: Class) -
         }
     }
     true
+}
+
+/// Makes room for the `missing` segments of the products `ws` (their
+/// segments `segs`), never evicting one of `keys`: the experts' bytes by
+/// evicting experts only, then the spine's by evicting experts first,
+/// then spine ([`make_room`] for each class in turn), so an expert never
+/// pushes out a spine matrix. `false` when they cannot all fit; experts
+/// evicted for the first part stay evicted.
+fn room_by_class(
+    st: &mut State,
+    ws: &[(MatRef<'_>, Role)],
+    segs: &[Vec<&[u8]>],
+    missing: &[Key],
+    keys: &[Key],
+) -> bool {
+    let mut need = [0u64; 2];
+    let mut counted: Vec<Key> = Vec::new();
+    for ((_, role), ss) in ws.iter().zip(segs) {
+        for k in ss.iter().map(|s| key(s)) {
+            if missing.binary_search(&k).is_ok() && !counted.contains(&k) {
+                counted.push(k);
+                need[usize::from(*role == Role::Spine)] += k.1 as u64;
+            }
+        }
+    }
+    let [expert, spine] = need;
+    (expert == 0 || make_room(st, expert, keys, Class::Expert))
+        && (spine == 0 || make_room(st, expert + spine, keys, Class::Spine))
 }
 
 /// Whether two products can share one launch: plain products of one

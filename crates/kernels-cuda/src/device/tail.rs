@@ -12,7 +12,9 @@ use super::queue::{Placed, fits, grow, scatter};
 use crate::CudaError;
 
 /// Whether the kernels take `tail`: consistent lengths, every size an
-/// `i32`, the experts' outputs addressable by `u32` offsets.
+/// `i32`, the experts' outputs addressable by offsets below `f32`'s
+/// infinity bits (they travel as `f32` bit patterns: none is then a NaN
+/// that a float move could quieten).
 fn takes(tail: &MoeTail<'_, '_>) -> bool {
     let small = |n: usize| i32::try_from(n).is_ok();
     let width = tail.width();
@@ -22,7 +24,7 @@ fn takes(tail: &MoeTail<'_, '_>) -> bool {
         && small(width)
         && small(tail.k)
         && small(tail.rows())
-        && u32::try_from(outs).is_ok()
+        && outs < 0x7F80_0000
         && tail
             .experts
             .iter()
@@ -75,9 +77,9 @@ impl CudaBackend {
                 .device_ptr(&self.stream)
                 .0;
             let at = |floats: usize| gp + 4 * floats as u64;
-            let (up, dp, sp) = (at(half), at(2 * half), at(2 * half + outs));
+            let (upp, dp, sp) = (at(half), at(2 * half), at(2 * half + outs));
             let sp = if tail.up.is_some() { sp } else { yp };
-            let placed = place(tail, (xp, gp, up, dp), (sp, yp));
+            let placed = place(tail, (xp, gp, upp, dp), (sp, yp));
             // After the inputs: the weights, the offsets, the norm's weight.
             let nx: usize = tail.experts.iter().map(|e| e.x.len()).sum();
             let (wp, op) = (xp + 4 * nx as u64, xp + 4 * (nx + rows * k) as u64);
@@ -96,7 +98,7 @@ impl CudaBackend {
             self.launch_phases(st, &placed, &p.segs, &ends, |_| {
                 phase += 1;
                 match phase {
-                    1 => self.launch_act(tail.act, gp, up, half),
+                    1 => self.launch_act(tail.act, gp, upp, half),
                     _ => self.launch_combine(&combine),
                 }
             })?;
@@ -142,7 +144,7 @@ impl CudaBackend {
 
 /// The picks as offsets (in values) into the experts' outputs laid one
 /// after another, their bits carried as `f32`s so they ride in the inputs'
-/// copy (`takes` checked that they fit a `u32`).
+/// copy (`takes` checked that they stay below the NaN patterns).
 fn pick_offsets(tail: &MoeTail<'_, '_>) -> Vec<f32> {
     let width = tail.width();
     let starts: Vec<usize> = tail
@@ -174,12 +176,12 @@ struct Combine {
 
 /// The products at their device addresses: expert `i`'s input from `xp`
 /// (one after another), its gate's output from `gp` and its up's from
-/// `up` (the same offsets), its down reading the activation at `gp` and
+/// `upp` (the same offsets), its down reading the activation at `gp` and
 /// writing from `dp`; `up` (the projection) reading the sums at `sp` and
 /// writing `yp`. In order: gates and ups, downs, the projection.
 fn place<'w>(
     tail: &MoeTail<'w, '_>,
-    (xp, gp, up, dp): (u64, u64, u64, u64),
+    (xp, gp, upp, dp): (u64, u64, u64, u64),
     (sp, yp): (u64, u64),
 ) -> Vec<Placed<'w>> {
     let n = tail.experts.len();
@@ -195,7 +197,7 @@ fn place<'w>(
     };
     for e in tail.experts {
         first.push(one(e.gate, e.t, ox, gp + oh));
-        first.push(one(e.up, e.t, ox, up + oh));
+        first.push(one(e.up, e.t, ox, upp + oh));
         downs.push(one(e.down, e.t, gp + oh, od));
         ox += 4 * e.x.len() as u64;
         oh += 4 * (e.t * e.gate.rows()) as u64;

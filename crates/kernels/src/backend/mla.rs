@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use super::MatRef;
 use crate::attention::{MlaQuery, MlaShape, SPLIT, mla_attend};
+use crate::ops::sigmoid_fixed;
 
 /// One sequence's cache in an [`MlaWork`]: its row blocks as
 /// [`crate::attention::mla_attend`] takes them (every block but the last
@@ -26,8 +27,9 @@ pub struct MlaSeqWork<'a> {
 /// lora]`; each query attends, with its position part `q_rope [T, H,
 /// rope]`, to the first `ns[i]` rows of its sequence's cache
 /// ([`crate::attention::mla_attend`]); the context `[H, T, lora]` through
-/// `uv`'s H row blocks gives `out [H, T, dv]`. Each step has the bits of
-/// its own CPU kernel ([`mla_work_cpu`]).
+/// `uv`'s H row blocks gives `out [H, T, dv]` — or, with `o`, the values
+/// by position through [`MlaOut`] give `out [T, o_proj.rows]`. Each step
+/// has the bits of its own CPU kernel ([`mla_work_cpu`]).
 pub struct MlaWork<'a> {
     pub shape: MlaShape,
     pub seqs: &'a [MlaSeqWork<'a>],
@@ -36,7 +38,17 @@ pub struct MlaWork<'a> {
     pub q_rope: &'a [f32],
     pub uk_t: MatRef<'a>,
     pub uv: MatRef<'a>,
+    pub o: Option<MlaOut<'a>>,
     pub out: &'a mut [f32],
+}
+
+/// What follows an MLA layer's values in the same call: each position's
+/// values `[T, H·dv]` times `σ(gate)` ([`crate::ops::sigmoid_fixed`]; with
+/// `gate`, `[T, H·dv]`), then `o_proj` (`[D, H·dv]`).
+#[derive(Clone, Copy)]
+pub struct MlaOut<'a> {
+    pub gate: Option<&'a [f32]>,
+    pub o_proj: MatRef<'a>,
 }
 
 impl MlaWork<'_> {
@@ -79,9 +91,26 @@ impl MlaWork<'_> {
             && self.uv.rows() == h * dv
             && self.q_nope.len() == h * t * dn
             && self.q_rope.len() == t * h * sh.rope
-            && self.out.len() == h * t * dv
+            && self.o_fits(h * dv)
             && widest.is_some_and(small)
             && scratch.is_some_and(small)
+    }
+
+    /// `out`'s length, and with [`MlaOut`] its gate's and projection's
+    /// shapes, for values `hdv = H·dv` wide.
+    fn o_fits(&self, hdv: usize) -> bool {
+        let t = self.ns.len();
+        let small = |v: usize| i32::try_from(v).is_ok();
+        match &self.o {
+            None => self.out.len() == t * hdv,
+            Some(o) => {
+                let rows = o.o_proj.rows();
+                o.o_proj.cols() == hdv
+                    && o.gate.is_none_or(|g| g.len() == t * hdv)
+                    && self.out.len() == t * rows
+                    && rows.checked_mul(t).is_some_and(small)
+            }
+        }
     }
 
     /// The sequences cover the queries in order, each cache's blocks are
@@ -169,7 +198,34 @@ pub fn mla_work_cpu(work: &mut MlaWork<'_>) {
             }
         }
     }
-    for (g, y) in work.out.chunks_mut(t * dv).enumerate() {
+    let mut vals = vec![0f32; h * t * dv];
+    for (g, y) in vals.chunks_mut(t * dv).enumerate() {
         block_product(&work.uv, h, g, &ctx[g * t * lora..][..t * lora], t, y);
     }
+    match &work.o {
+        Some(o) => mla_out_cpu(o, &vals, (h, t, dv), work.out),
+        None => work.out.copy_from_slice(&vals),
+    }
+}
+
+/// [`MlaOut`] on the CPU: the values `vals [H, T, dv]` by position, each
+/// times `σ(gate)` (rounded once), through `o_proj` into `out`.
+pub fn mla_out_cpu(
+    o: &MlaOut<'_>,
+    vals: &[f32],
+    (h, t, dv): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let mut cat = vec![0f32; t * h * dv];
+    for ti in 0..t {
+        for hh in 0..h {
+            cat[(ti * h + hh) * dv..][..dv].copy_from_slice(&vals[(hh * t + ti) * dv..][..dv]);
+        }
+    }
+    if let Some(g) = o.gate {
+        for (v, &g) in cat.iter_mut().zip(g) {
+            *v *= sigmoid_fixed(g);
+        }
+    }
+    o.o_proj.cpu(&cat, t, out);
 }

@@ -50,15 +50,14 @@ pub fn attention(
     let q = queries(spec, &w.q, x, n);
     let c = w.kv_a_proj_with_mqa.forward(x, n);
     let d = spec.mla_dims();
-    let cat = mla_heads(
+    mla_heads(
         &d,
         &w.kv_a_layernorm,
         &w.kv_b_proj,
         Some(rope),
         caches,
         segs,
-        &q,
-        c,
-    )?;
-    Ok(w.o_proj.forward(&cat, n))
+        (&q, c),
+        (None, &w.o_proj),
+    )
 }

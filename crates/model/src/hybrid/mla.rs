@@ -34,8 +34,8 @@
 //! cache, `uv` — in one call when every cache is fp32 in RAM.
 
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
-use fathom_kernels::backend::{self, MlaSeqWork, MlaWork};
-use fathom_kernels::ops::rms_norm_rows;
+use fathom_kernels::backend::{self, MlaOut, MlaSeqWork, MlaWork};
+use fathom_kernels::ops::{rms_norm_rows, sigmoid_fixed};
 use fathom_kernels::rope::Rope;
 
 use crate::batch::Segment;
@@ -102,8 +102,14 @@ impl MlaRope<'_> {
 /// MLA for the rows of several sequences (`segs[i]` are sequence i's rows,
 /// `caches[i]` its cache, to which its rows are appended), from the queries
 /// `q [N, H·dq]` and the raw `kv_a_proj_with_mqa` output `c [N, lora + dr]`,
-/// with the rotary step if `rope` is given. Returns the per-head values
-/// `[N, H·dv]`. Its time is the decode profile's `full_core`.
+/// with the rotary step if `rope` is given; the per-head values `[N, H·dv]`,
+/// each times `σ(gate)` when a gate `[N, H·dv]` is given, through `o_proj`:
+/// the layer's output `[N, D]`. A device that takes the attention takes
+/// the gate and the projection in the same call ([`MlaOut`]; the same
+/// operations, [`mla_out_cpu`]). The attention's time is the decode
+/// profile's `full_core`.
+///
+/// [`mla_out_cpu`]: fathom_kernels::backend::mla_out_cpu
 #[allow(clippy::too_many_arguments)]
 pub fn mla_heads(
     d: &MlaDims,
@@ -112,12 +118,36 @@ pub fn mla_heads(
     rope: Option<&MlaRope<'_>>,
     caches: &mut [&mut MlaCache],
     segs: &[Segment],
-    q: &[f32],
-    c: Vec<f32>,
+    (q, c): (&[f32], Vec<f32>),
+    (gate, o_proj): (Option<&[f32]>, &Linear),
 ) -> Result<Vec<f32>> {
-    crate::phase::timed(crate::phase::Phase::FullCore, || {
-        heads(d, kv_a_layernorm, kv_b, rope, caches, segs, q, c)
+    let out = MlaOut {
+        gate,
+        o_proj: o_proj.as_mat(),
+    };
+    let v = crate::phase::timed(crate::phase::Phase::FullCore, || {
+        heads(d, kv_a_layernorm, kv_b, rope, caches, segs, (q, c), out)
+    })?;
+    Ok(match v {
+        MlaValues::Out(y) => y,
+        MlaValues::ByPosition(mut cat) => {
+            if let Some(g) = gate {
+                for (v, &g) in cat.iter_mut().zip(g) {
+                    *v *= sigmoid_fixed(g);
+                }
+            }
+            let n = segs.last().map_or(0, |s| s.end);
+            o_proj.forward(&cat, n)
+        }
     })
+}
+
+/// What [`heads`] computed.
+enum MlaValues {
+    /// The per-head values `[N, H·dv]`.
+    ByPosition(Vec<f32>),
+    /// The layer's output `[N, D]`, from the device.
+    Out(Vec<f32>),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -128,12 +158,12 @@ fn heads(
     rope: Option<&MlaRope<'_>>,
     caches: &mut [&mut MlaCache],
     segs: &[Segment],
-    q: &[f32],
-    mut c: Vec<f32>,
-) -> Result<Vec<f32>> {
+    (q, mut c): (&[f32], Vec<f32>),
+    out: MlaOut<'_>,
+) -> Result<MlaValues> {
     let n = segs.last().map_or(0, |s| s.end);
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(MlaValues::ByPosition(Vec::new()));
     }
     let (lora, dr) = (d.kv_lora_rank, d.qk_rope_head_dim);
     let width = lora + dr;
@@ -155,12 +185,13 @@ fn heads(
             rope.apply(r, row);
         }
     }
-    if let Some(vals) = on_device(d, kv_b, caches, segs, &past, &qn, &q_rope) {
-        return Ok(by_position(d, &vals, n));
+    let queries = (&qn[..], &q_rope[..]);
+    if let Some(v) = on_device(d, kv_b, (caches, segs, &past), queries, out) {
+        return Ok(v);
     }
     let q_lat = latent_queries(d, kv_b, &qn, n);
     let ctx = attend(d, caches, segs, &past, &q_lat, &q_rope)?;
-    Ok(values(d, kv_b, &ctx, n))
+    Ok(MlaValues::ByPosition(values(d, kv_b, &ctx, n)))
 }
 
 /// `q [N, H·dq]` split into each head's no-position queries `[H, N, dn]`
@@ -198,19 +229,17 @@ fn latent_queries(d: &MlaDims, kv_b: &AbsorbedKvB, qn: &[f32], n: usize) -> Vec<
     q_lat
 }
 
-/// The per-head values `[H, N, dv]` from a backend that takes the whole
-/// absorbed attention in one call (`Backend::mla_attend`, the same bits as
-/// the steps below); `None` when none does or a cache is not all fp32 in
-/// RAM (each sequence's rows are already in its cache).
+/// The layer's output (the values through `o`) from a backend that
+/// takes the whole absorbed attention in one call (`Backend::mla_attend`,
+/// the same bits as the steps below); `None` when none does or a cache is
+/// not all fp32 in RAM (each sequence's rows are already in its cache).
 fn on_device(
     d: &MlaDims,
     kv_b: &AbsorbedKvB,
-    caches: &[&mut MlaCache],
-    segs: &[Segment],
-    past: &[usize],
-    qn: &[f32],
-    q_rope: &[f32],
-) -> Option<Vec<f32>> {
+    (caches, segs, past): (&[&mut MlaCache], &[Segment], &[usize]),
+    (qn, q_rope): (&[f32], &[f32]),
+    o: MlaOut<'_>,
+) -> Option<MlaValues> {
     backend::installed()?;
     let mut seqs = Vec::with_capacity(caches.len());
     let mut ns = Vec::new();
@@ -225,7 +254,7 @@ fn on_device(
         ns.extend((0..seg.len()).map(|i| p0 + i + 1));
     }
     let n = ns.len();
-    let mut out = vec![0f32; d.heads * n * d.v_head_dim];
+    let mut out = vec![0f32; n * o.o_proj.rows()];
     let mut work = MlaWork {
         shape: shape(d),
         seqs: &seqs,
@@ -234,9 +263,10 @@ fn on_device(
         q_rope,
         uk_t: kv_b.uk_t.as_mat(),
         uv: kv_b.uv.as_mat(),
+        o: Some(o),
         out: &mut out,
     };
-    backend::mla_attend_taken(&mut work).then_some(out)
+    backend::mla_attend_taken(&mut work).then_some(MlaValues::Out(out))
 }
 
 /// The attention kernels' shape for `d`.

@@ -2,7 +2,7 @@
 //! ([`crate::hybrid`]): a full-rank KDA output gate, low-rank MLA queries
 //! and a sigmoid-gated MLA output (k3-model.md §4, §5).
 
-use fathom_kernels::ops::{rms_norm_rows, sigmoid};
+use fathom_kernels::ops::rms_norm_rows;
 
 use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
 use super::weights::{KdaWeights, MlaWeights};
@@ -89,18 +89,14 @@ pub fn mla(
         MLA_LOW_RANK_NORM_EPS,
     );
     let q = w.q_b_proj.forward(&qa, n); // [N, H·dq]
-    let mut cat = mla_heads(
+    mla_heads(
         &spec.mla_dims(),
         &w.kv_a_layernorm,
         &w.kv_b_proj,
         None,
         caches,
         segs,
-        &q,
-        c,
-    )?;
-    for (v, &g) in cat.iter_mut().zip(&gate) {
-        *v *= sigmoid(g);
-    }
-    Ok(w.o_proj.forward(&cat, n))
+        (&q, c),
+        (Some(&gate), &w.o_proj),
+    )
 }

@@ -64,15 +64,14 @@ pub fn mla(
     let n = x.len() / spec.hidden_size;
     let [q, c] = Linear::forward_many([&w.q_proj, &w.kv_a_proj_with_mqa], x, n);
     let d = spec.mla_dims();
-    let cat = mla_heads(
+    mla_heads(
         &d,
         &w.kv_a_layernorm,
         &w.kv_b_proj,
         None,
         caches,
         segs,
-        &q,
-        c,
-    )?;
-    Ok(w.o_proj.forward(&cat, n))
+        (&q, c),
+        (None, &w.o_proj),
+    )
 }
