@@ -102,3 +102,8 @@ extern "C" void emu_mla_merge(const EmuLaunch* l, const int* ns, int heads, int 
                               float* out, long long o_qs, long long o_hs) {
     run(l, [&] { mla_merge(ns, heads, lora, max_splits, pm, pl, pc, out, o_qs, o_hs); });
 }
+
+extern "C" void emu_mla_gate(const EmuLaunch* l, const float* vals, const float* gate, int gated,
+                             int heads, int t, int dv, float* cat) {
+    run(l, [&] { mla_gate(vals, gate, gated, heads, t, dv, cat); });
+}

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fathom_kernels::backend::{
-    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role, mla_out_cpu,
+    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role,
 };
 use fathom_kernels::kda::{KDA_L2_EPS, KdaJob};
 use fathom_kernels::ops::GluAct;
@@ -339,8 +339,8 @@ impl Backend for EmuBackend {
         match work.o {
             None => mla_work(work),
             Some(o) => {
-                // The values on the kernels; the gate and the projection
-                // by their twin (the driver emulator runs `mla_gate`).
+                // The values, then `mla_gate` and `o_proj`'s product, on
+                // the kernels as the CUDA backend launches them.
                 let dv = work.uv.rows() / h;
                 let mut vals = vec![0f32; h * t * dv];
                 mla_work(&mut MlaWork {
@@ -348,7 +348,9 @@ impl Backend for EmuBackend {
                     out: &mut vals,
                     ..*work
                 });
-                mla_out_cpu(&o, &vals, (h, t, dv), work.out);
+                let mut cat = vec![0f32; h * t * dv];
+                crate::mla::mla_gate(&vals, o.gate, (h, t, dv), &mut cat);
+                matmul(&o.o_proj, &cat, t, 1, work.out);
             }
         }
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -364,6 +366,12 @@ impl Backend for EmuBackend {
             || !tail.is_consistent()
             || rows == 0
             || tail.up.is_some_and(|u| !takes(&u, rows, 1))
+            || tail
+                .experts
+                .iter()
+                .map(|e| e.t * tail.width())
+                .sum::<usize>()
+                >= 0x7F80_0000
         {
             return false;
         }

@@ -159,6 +159,16 @@ pub(crate) mod ffi {
         pub fn emu_mm_bf16_many(l: &EmuLaunch, tab: *const u64, r: i32, c: i32, t: i32);
         pub fn emu_mm_mxfp4_many(l: &EmuLaunch, tab: *const u64, r: i32, c: i32, t: i32);
         pub fn emu_glu_act(l: &EmuLaunch, g: M, u: F, n: i64, kind: i32, beta: f32, bl: f32);
+        pub fn emu_mla_gate(
+            l: &EmuLaunch,
+            vals: F,
+            gate: F,
+            gated: i32,
+            heads: i32,
+            t: i32,
+            dv: i32,
+            cat: M,
+        );
         pub fn emu_moe_combine(
             l: &EmuLaunch,
             o: F,

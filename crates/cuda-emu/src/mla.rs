@@ -104,6 +104,47 @@ pub fn mla_launch(l: MlaLaunch<'_>) {
     );
 }
 
+/// `mla.cu`'s `mla_gate` launched as the CUDA backend launches it (blocks
+/// of 256 threads, at most 4096): the values `vals [H, T, dv]` by position
+/// into `cat [T, H·dv]`, each times σ(gate) when a gate `[T, H·dv]` is
+/// given.
+pub fn mla_gate(
+    vals: &[f32],
+    gate: Option<&[f32]>,
+    (h, t, dv): (usize, usize, usize),
+    cat: &mut [f32],
+) {
+    assert!(available(), "{ABSENT}");
+    let n = h * t * dv;
+    assert!(vals.len() == n && cat.len() == n, "values' lengths");
+    assert!(gate.is_none_or(|g| g.len() == n), "gate's length");
+    let l = EmuLaunch {
+        grid_x: n.div_ceil(256).clamp(1, 4096) as u32,
+        grid_y: 1,
+        block_x: 256,
+        shared: 0,
+    };
+    // Without a gate its pointer is never read; any valid address does.
+    let (gated, g) = (i32::from(gate.is_some()), gate.unwrap_or(vals));
+    let _g = lock();
+    #[cfg(emu_built)]
+    // SAFETY: `vals`, `cat` and `g` each hold H·T·dv values (checked).
+    unsafe {
+        crate::ffi::emu_mla_gate(
+            &l,
+            vals.as_ptr(),
+            g.as_ptr(),
+            gated,
+            h as i32,
+            t as i32,
+            dv as i32,
+            cat.as_mut_ptr(),
+        )
+    }
+    #[cfg(not(emu_built))]
+    let _ = (l, gated, g, cat);
+}
+
 /// Every query's context `[T, H, lora]` over one cache's `blocks` of
 /// [`SPLIT`] rows each, as [`fathom_kernels::attention::mla_attend`] takes
 /// them. Panics on shapes that function refuses.

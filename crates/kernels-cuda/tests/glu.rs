@@ -556,3 +556,50 @@ fn a_moe_tail_counts_its_experts_and_declines_bad_picks() {
     assert!(y.iter().all(|&v| v == 1.5));
     case.forget(&*b);
 }
+
+/// Room for a tail is made class by class: its experts may not push out a
+/// spine matrix (declined, the spine still held), while with room for both
+/// the same tail is taken.
+#[test]
+fn a_moe_tails_experts_never_push_out_the_spine() {
+    let mut g = Lcg(31);
+    // Five MXFP4 experts of 3 × 6.5 kB and a 20 kB projection; a 64 kB spine matrix.
+    let case = TailCase::new(&mut g, true, (96, 128, 128), &[2, 2, 1, 2, 2]);
+    let spine_w = g.bf16(256 * 128, 0.2);
+    let spine = MatRef::Bf16 {
+        w: &spine_w,
+        rows: 256,
+        cols: 128,
+    };
+    let x: Vec<f32> = (0..128).map(|_| g.f32(1.0)).collect();
+    for (budget, taken) in [(150_000u64, false), (200_000, true)] {
+        let Some(b) = open(Some(budget)) else { return };
+        let mut y = vec![0f32; 256];
+        assert!(
+            b.matmul(&spine, Role::Spine, &x, 1, &mut y),
+            "the spine fits"
+        );
+        assert_eq!(b.missing_bytes(&[spine]), [0]);
+        let tails = case.tails();
+        let mut out = vec![1.5f32; 3 * 80];
+        let mut job = MoeTail {
+            experts: &tails,
+            act: ACTS[0],
+            k: 3,
+            picks: &case.picks,
+            weights: &case.weights,
+            norm: None,
+            up: Some(case.up()),
+            y: &mut out,
+        };
+        assert_eq!(
+            b.moe_tail(&mut job, &Hints::default()),
+            taken,
+            "budget {budget}"
+        );
+        assert_eq!(b.missing_bytes(&[spine]), [0], "the spine is still held");
+        if !taken {
+            assert!(out.iter().all(|&v| v == 1.5), "declined: nothing written");
+        }
+    }
+}

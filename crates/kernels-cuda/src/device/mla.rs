@@ -3,7 +3,9 @@
 //! latent queries, `mla.cu` attends over every sequence's cache (`mla_split`
 //! a block per split and query, `mla_merge` a block per query, in chunks of
 //! queries within a scratch cap), `uv`'s grouped product makes the values,
-//! and only those come back. The caches' full blocks are kept with the
+//! and only those come back — or, with [`fathom_kernels::backend::MlaOut`],
+//! `mla_gate` puts them by position (times σ(gate)) and `o_proj` makes the
+//! layer's output, and only that comes back. The caches' full blocks are kept with the
 //! weights (keyed by their host address; the cache forgets a block before
 //! it changes or goes); partial blocks go up with the queries each call.
 
@@ -87,10 +89,10 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// The products' weights and the full blocks here (kept); the
-    /// no-position queries, the position parts, the rows each query sees,
-    /// where its cache starts in the table and the partial blocks up in one
-    /// copy, the block table in another; `None` (nothing copied) when the
+    /// The products' weights (`o_proj`'s too) and the full blocks here
+    /// (kept); the no-position queries, the position parts, the rows each
+    /// query sees, where its cache starts in the table, the gate and the
+    /// partial blocks up in one copy, the block table in another; `None` (nothing copied) when the
     /// weights and full blocks do not fit the budget at once.
     fn mla_stage(&self, st: &mut State, work: &MlaWork<'_>) -> Result<Option<Placed>, CudaError> {
         let t = work.ns.len();
@@ -157,6 +159,61 @@ impl CudaBackend {
         }))
     }
 
+    /// Queues the attention of queries `c0..c0 + c` (`mla_split` a block per
+    /// split and query, `mla_merge` a block per query): latent queries at
+    /// `q_lat`, context into `ctx` (both `[H, T, lora]`), the partials at
+    /// `ps`, `pm`, `pl`, `pc`.
+    fn launch_chunk(
+        &self,
+        work: &MlaWork<'_>,
+        p: &Placed,
+        (c0, c): (usize, usize),
+        (q_lat, ctx): (u64, u64),
+        (ps, pm, pl, pc): (u64, u64, u64, u64),
+    ) -> Result<(), CudaError> {
+        let sh = work.shape;
+        let (h, lora, t, ms) = (sh.heads, sh.lora, work.ns.len(), work.max_splits());
+        let (hh, lo, ro, msi) = (h as i32, lora as i32, sh.rope as i32, ms as i32);
+        // Latent queries and context are [H, T, lora].
+        let (qs, hs) = (lora as i64, (t * lora) as i64);
+        {
+            let c = c as u32;
+            let ql = q_lat + 4 * (c0 * lora) as u64;
+            let qr = p.q_rope + 4 * (c0 * h * sh.rope) as u64;
+            let (ns, boff) = (p.ns + 4 * c0 as u64, p.boff + 4 * c0 as u64);
+            let out = ctx + 4 * (c0 * lora) as u64;
+            let mut b = self.stream.launch_builder(&self.funcs.mla_split);
+            b.arg(&p.table)
+                .arg(&boff)
+                .arg(&ql)
+                .arg(&qs)
+                .arg(&hs)
+                .arg(&qr)
+                .arg(&ns);
+            b.arg(&hh).arg(&lo).arg(&ro).arg(&sh.scale).arg(&msi);
+            b.arg(&ps).arg(&pm).arg(&pl).arg(&pc);
+            let cfg = |grid| LaunchConfig {
+                grid_dim: grid,
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match `mla_split` in `mla.cu`: the table
+            // holds every block's device address (each cache's blocks but
+            // the last SPLIT rows of lora + rope values), the queries, row
+            // counts and offsets `c` entries from `c0` with strides inside
+            // [H, T, lora], the scratch `c · ms · h` partials
+            // (`fits_device_kernel` checked the shapes).
+            unsafe { b.launch(cfg((ms as u32, c, 1))) }?;
+            let mut b = self.stream.launch_builder(&self.funcs.mla_merge);
+            b.arg(&ns).arg(&hh).arg(&lo).arg(&msi);
+            b.arg(&pm).arg(&pl).arg(&pc).arg(&out).arg(&qs).arg(&hs);
+            // SAFETY: as above; the context is [H, T, lora] with `c`
+            // queries written from `c0`.
+            unsafe { b.launch(cfg((c, 1, 1))) }?;
+        }
+        Ok(())
+    }
+
     /// Queues `mla_gate` (`mla.cu`): the values at `vals` `[H, T, dv]` by
     /// position into `cat` `[T, H·dv]`, each times σ(gate) with a gate.
     fn launch_mla_gate(
@@ -204,8 +261,9 @@ impl CudaBackend {
     }
 
     /// The launches, clocked: `uk_t`'s product, the attention `chunk`
-    /// queries at a time, `uv`'s product; then the values' copy back into
-    /// the host staging.
+    /// queries at a time, `uv`'s product (with `o`, into the scratch, then
+    /// `mla_gate` and `o_proj`); then the result's copy back into the host
+    /// staging.
     fn mla_launch(
         &self,
         st: &mut State,
@@ -244,43 +302,9 @@ impl CudaBackend {
             .0
             .record(&self.stream)?;
         self.launch(&work.uk_t, &p.uk_t, p.q_nope, q_lat, h, t)?;
-        let (hh, lo, ro, msi) = (h as i32, lora as i32, sh.rope as i32, ms as i32);
-        // Latent queries and context are [H, T, lora].
-        let (qs, hs) = (lora as i64, (t * lora) as i64);
         for c0 in (0..t).step_by(chunk) {
-            let c = chunk.min(t - c0) as u32;
-            let ql = q_lat + 4 * (c0 * lora) as u64;
-            let qr = p.q_rope + 4 * (c0 * h * sh.rope) as u64;
-            let (ns, boff) = (p.ns + 4 * c0 as u64, p.boff + 4 * c0 as u64);
-            let out = ctx + 4 * (c0 * lora) as u64;
-            let mut b = self.stream.launch_builder(&self.funcs.mla_split);
-            b.arg(&p.table)
-                .arg(&boff)
-                .arg(&ql)
-                .arg(&qs)
-                .arg(&hs)
-                .arg(&qr)
-                .arg(&ns);
-            b.arg(&hh).arg(&lo).arg(&ro).arg(&sh.scale).arg(&msi);
-            b.arg(&ps).arg(&pm).arg(&pl).arg(&pc);
-            let cfg = |grid| LaunchConfig {
-                grid_dim: grid,
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the arguments match `mla_split` in `mla.cu`: the table
-            // holds every block's device address (each cache's blocks but
-            // the last SPLIT rows of lora + rope values), the queries, row
-            // counts and offsets `c` entries from `c0` with strides inside
-            // [H, T, lora], the scratch `c · ms · h` partials
-            // (`fits_device_kernel` checked the shapes).
-            unsafe { b.launch(cfg((ms as u32, c, 1))) }?;
-            let mut b = self.stream.launch_builder(&self.funcs.mla_merge);
-            b.arg(&ns).arg(&hh).arg(&lo).arg(&msi);
-            b.arg(&pm).arg(&pl).arg(&pc).arg(&out).arg(&qs).arg(&hs);
-            // SAFETY: as above; the context is [H, T, lora] with `c`
-            // queries written from `c0`.
-            unsafe { b.launch(cfg((c, 1, 1))) }?;
+            let c = chunk.min(t - c0);
+            self.launch_chunk(work, p, (c0, c), (q_lat, ctx), (ps, pm, pl, pc))?;
         }
         match work.o {
             None => self.launch(&work.uv, &p.uv, ctx, p.out, h, t)?,

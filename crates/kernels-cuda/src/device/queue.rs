@@ -641,11 +641,12 @@ fn room_by_class(
     keys: &[Key],
 ) -> bool {
     let mut need = [0u64; 2];
-    let mut counted: Vec<Key> = Vec::new();
+    let mut counted = vec![false; missing.len()];
     for ((_, role), ss) in ws.iter().zip(segs) {
         for k in ss.iter().map(|s| key(s)) {
-            if missing.binary_search(&k).is_ok() && !counted.contains(&k) {
-                counted.push(k);
+            if let Ok(i) = missing.binary_search(&k)
+                && !std::mem::replace(&mut counted[i], true)
+            {
                 need[usize::from(*role == Role::Spine)] += k.1 as u64;
             }
         }

@@ -1,7 +1,7 @@
 //! NoPE MLA over T new positions, attending through the compressed latent
 //! cache (k3-model.md §5), from the layer's query and `kv_a` projections to
-//! the per-head values (the family applies its output gate, if any, and
-//! `o_proj`).
+//! the layer's output: the per-head values by position, times σ(gate) when
+//! the family has an output gate, through `o_proj`.
 //!
 //! Computation order ("absorbed"): the cache holds, per token, the
 //! normalised latent `lat = RMSNorm(c[:kv_lora])` and the shared key part
@@ -31,7 +31,8 @@
 //! step or a verification pass, batched or not, at any thread count. A
 //! backend that takes it (`Backend::mla_attend`, the same bits) gets the
 //! whole absorbed step — `uk_t`, the attention over every sequence's
-//! cache, `uv` — in one call when every cache is fp32 in RAM.
+//! cache, `uv`, the gate and `o_proj` — in one call when every cache is
+//! fp32 in RAM.
 
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
 use fathom_kernels::backend::{self, MlaOut, MlaSeqWork, MlaWork};
