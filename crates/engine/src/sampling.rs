@@ -224,15 +224,7 @@ pub fn sample(
 /// NaN never replaces anything (it counts as `-inf`); an empty slice, or one
 /// of only NaN / `-inf`, gives 0.
 pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in x.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
-        }
-    }
-    best as u32
+    fathom_kernels::ops::argmax(x)
 }
 
 const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;

@@ -279,9 +279,101 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// Whether no value of `x` is infinite or NaN. The exponent bits of each
+/// value are OR-ed over fixed-width blocks (this vectorises, where `iter().
+/// any(..)` stops at every element); a block with an all-ones exponent stops
+/// the scan.
+pub fn all_finite(x: &[f32]) -> bool {
+    const EXP: u32 = 0x7F80_0000;
+    let max_exp = |c: &[f32]| c.iter().fold(0u32, |a, v| a.max(v.to_bits() & EXP));
+    let mut blocks = x.chunks_exact(1024);
+    blocks.all(|c| max_exp(c) != EXP) && max_exp(blocks.remainder()) != EXP
+}
+
+/// The index of the first largest value of `x` (NaN never wins; 0 when no
+/// value beats −∞): the scalar scan's answer, found a block of eight lanes
+/// at a time (each lane keeps its own maximum, which vectorises), then the
+/// first position holding the maximum.
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut blocks = x.chunks_exact(8);
+    for c in &mut blocks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let mut best = lanes
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a });
+    for &v in blocks.remainder() {
+        best = if v > best { v } else { best };
+    }
+    if best == f32::NEG_INFINITY {
+        return 0;
+    }
+    x.iter().position(|&v| v == best).unwrap_or(0) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_finite_finds_every_non_finite_value() {
+        let base: Vec<f32> = (0..2085).map(|i| (i as f32 - 1000.0) * 1e30).collect();
+        assert!(all_finite(&base));
+        assert!(all_finite(&[]));
+        assert!(all_finite(&[f32::MAX, f32::MIN, f32::from_bits(1), -0.0]));
+        for at in [0, 7, 1023, 1024, 2047, 2048, 2084] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::NAN] {
+                let mut x = base.clone();
+                x[at] = bad;
+                assert!(!all_finite(&x), "{bad} at {at}");
+                assert_eq!(all_finite(&x), !x.iter().any(|v| !v.is_finite()));
+            }
+        }
+    }
+
+    /// The scalar scan `argmax` must agree with.
+    fn argmax_scalar(x: &[f32]) -> u32 {
+        let (mut best, mut value) = (0, f32::NEG_INFINITY);
+        for (i, &v) in x.iter().enumerate() {
+            if v > value {
+                (best, value) = (i, v);
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_is_the_first_largest_as_the_scalar_scan_finds_it() {
+        let mut g = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            g ^= g << 13;
+            g ^= g >> 7;
+            g ^= g << 17;
+            ((g >> 40) % 97) as f32 - 48.0
+        };
+        for n in [0usize, 1, 5, 8, 9, 63, 1000, 163_840] {
+            let mut x: Vec<f32> = (0..n).map(|_| next()).collect();
+            assert_eq!(argmax(&x), argmax_scalar(&x), "n = {n}");
+            if n > 8 {
+                // Ties (first wins), NaN never wins, a lone maximum in the tail.
+                x[n / 2] = 1e9;
+                x[n - 1] = 1e9;
+                x[1] = f32::NAN;
+                assert_eq!(argmax(&x), (n / 2) as u32);
+                x[n - 1] = 2e9;
+                assert_eq!(argmax(&x), argmax_scalar(&x));
+                assert_eq!(argmax(&x), (n - 1) as u32);
+            }
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 20]), 0);
+        assert_eq!(argmax(&[f32::NAN; 20]), 0);
+        let mut masked = vec![f32::NEG_INFINITY; 20];
+        masked[13] = -1e30;
+        assert_eq!(argmax(&masked), 13);
+    }
 
     #[test]
     fn rms_norm_unit_rows() {

@@ -107,7 +107,7 @@ pub(crate) fn atomic_step<S: Undo>(
         Ok(out) => out,
         Err(error) => return Err(undo(&mut states, StepError { seq: None, error })),
     };
-    if let Some(i) = out.iter().position(|l| l.iter().any(|v| !v.is_finite())) {
+    if let Some(i) = out.iter().position(|l| !fathom_kernels::ops::all_finite(l)) {
         let what = format!("sequence {i} of the step (at position {})", states[i].pos());
         return Err(undo(
             &mut states,
@@ -135,13 +135,18 @@ pub(crate) fn gather(m: &[f32], rows: &[usize], d: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Splits the logits of [`logit_rows`] (`[rows, vocab]`) per sequence.
+/// Splits the logits of [`logit_rows`] (`[rows, vocab]`) per sequence (one
+/// sequence keeps the vector as it is).
 pub(crate) fn split_logits(
-    logits: &[f32],
+    logits: Vec<f32>,
     segs: &[Segment],
     which: &[Logits],
     vocab: usize,
 ) -> Vec<Vec<f32>> {
+    if let ([s], [wh]) = (segs, which) {
+        debug_assert_eq!(logits.len(), wh.rows(s.len()) * vocab);
+        return vec![logits];
+    }
     let mut out = Vec::with_capacity(segs.len());
     let mut at = 0;
     for (s, wh) in segs.iter().zip(which) {

@@ -147,5 +147,5 @@ fn head(
     } else {
         w.lm_head.forward(&hfin, rows.len())
     };
-    split_logits(&logits, segs, which, spec.vocab_size)
+    split_logits(logits, segs, which, spec.vocab_size)
 }

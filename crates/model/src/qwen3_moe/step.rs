@@ -130,5 +130,5 @@ fn head(
     } else {
         w.head().forward(&hfin, rows.len())
     };
-    split_logits(&logits, segs, which, spec.vocab_size)
+    split_logits(logits, segs, which, spec.vocab_size)
 }
