@@ -233,31 +233,15 @@ impl ExpertFetch {
         })
     }
 
-    /// [`ExpertFetch::finish`] for gated experts: with a device backend and
+    /// [`ExpertFetch::finish`] for gated experts. With a device backend and
     /// every expert in RAM, the layer's experts and their sums run as one
     /// device call ([`GluExpert::grouped`]; two when some go to the CPU)
-    /// instead of three calls each; the products and the sums' order are
-    /// the same, so are the bits.
-    pub fn finish_glu(
-        self,
-        source: &dyn ExpertSource,
-        routes: &[Route],
-        z: &[f32],
-        out_w: usize,
-        glu: &GluExpert,
-    ) -> Result<Vec<f32>> {
-        // With a device, the sums are made there too: one row a token
-        // comes back instead of one an expert.
-        let sums_only = fathom_kernels::backend::installed().map(|_| Tail::default());
-        self.finish_tail(source, routes, z, out_w, glu, sums_only)
-            .map(Finished::into_sums)
-    }
-
-    /// [`ExpertFetch::finish_glu`], and with `tail` a device may run the
-    /// experts, their sums and the tail in one call
+    /// instead of three calls each, and with them `tail`
     /// ([`fathom_kernels::backend::MoeTail`]): then the tail's output comes
-    /// back ([`Finished::Tail`]), else the sums, for the caller to finish
-    /// with the same operations ([`moe_tail_cpu`]'s order; the same bits).
+    /// back ([`Finished::Tail`]; only the sums for `Tail::default()`), else
+    /// the sums ([`Finished::Summed`]), for the caller to finish with the
+    /// same operations ([`moe_tail_cpu`]'s order). The products and the
+    /// sums' order are the same either way, so are the bits.
     ///
     /// [`moe_tail_cpu`]: fathom_kernels::backend::moe_tail_cpu
     pub fn finish_tail(
@@ -267,11 +251,10 @@ impl ExpertFetch {
         z: &[f32],
         out_w: usize,
         glu: &GluExpert,
-        tail: Option<Tail<'_>>,
+        tail: Tail<'_>,
     ) -> Result<Finished> {
         let in_w = z.len() / routes.len().max(1);
         let work = 3 * glu.inter * in_w;
-        let tail = tail.and_then(|tl| self.tail_ask(routes, tl));
         crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
             let how = (out_w, work);
             self.collect_and_sum(source, routes, z, how, Some((glu, tail)), |e, zin, n| {
@@ -281,9 +264,14 @@ impl ExpertFetch {
     }
 
     /// `tail` with every row's picks (expert of the union, row of its
-    /// output) and weights in rank order; `None` when the rows choose
-    /// different numbers of experts.
-    fn tail_ask<'a>(&self, routes: &[Route], tail: Tail<'a>) -> Option<TailAsk<'a>> {
+    /// output; from `users`, each union expert's `(row, rank)` pairs) and
+    /// weights in rank order; `None` when the rows choose different numbers
+    /// of experts.
+    fn tail_ask<'a>(
+        users: &[Vec<(usize, usize)>],
+        routes: &[Route],
+        tail: Tail<'a>,
+    ) -> Option<TailAsk<'a>> {
         let k = routes.first()?.ids.len();
         if k == 0
             || routes
@@ -293,7 +281,7 @@ impl ExpertFetch {
             return None;
         }
         let mut picks = vec![(0u32, 0u32); routes.len() * k];
-        for (u, us) in self.users.iter().enumerate() {
+        for (u, us) in users.iter().enumerate() {
             for (n, &(ti, j)) in us.iter().enumerate() {
                 picks[ti * k + j] = (u as u32, n as u32);
             }
@@ -317,7 +305,7 @@ impl ExpertFetch {
         routes: &[Route],
         z: &[f32],
         (out_w, work_each): (usize, usize),
-        glu: Option<(&GluExpert, Option<TailAsk<'_>>)>,
+        glu: Option<(&GluExpert, Tail<'_>)>,
         expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
     ) -> Result<Finished> {
         let t = routes.len();
@@ -338,6 +326,7 @@ impl ExpertFetch {
             let experts: Vec<Arc<ExpertWeights>> = source.collect(self.ticket)?;
             let n_union = self.union.len();
             let done = grouped.and_then(|(g, tail)| {
+                let tail = Self::tail_ask(&self.users, routes, tail);
                 let inputs: Vec<Vec<f32>> = self.users.iter().map(|us| gather(us)).collect();
                 let next = self
                     .guess
@@ -406,7 +395,7 @@ pub enum Finished {
 impl Finished {
     /// The sums of a call that asked for no tail, or for one without a
     /// norm or a projection (its output is the sums).
-    fn into_sums(self) -> Vec<f32> {
+    pub fn into_sums(self) -> Vec<f32> {
         match self {
             Finished::Summed(y) | Finished::Tail(y) => y,
         }
@@ -553,7 +542,10 @@ impl SigmoidMoe {
             .shared_experts
             .as_ref()
             .map(|sh| sh.forward(x, t, GluAct::Swiglu));
-        let mut y = fetch.finish_glu(source, &routes, x, d, &self.expert())?;
+        // With a device, the sums are made there too (one row a token).
+        let mut y = fetch
+            .finish_tail(source, &routes, x, d, &self.expert(), Tail::default())?
+            .into_sums();
         if let Some(s) = shared {
             y.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
         }

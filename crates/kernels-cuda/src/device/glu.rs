@@ -7,8 +7,8 @@ use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use fathom_kernels::backend::{GluProduct, Hints, MatRef, Product, Role};
 use fathom_kernels::ops::GluAct;
 
-use super::CudaBackend;
-use super::queue::{Placed, fits, grow, scatter};
+use super::queue::{Placed, Prepared, fits, grow, results, scatter};
+use super::{CudaBackend, State};
 use crate::CudaError;
 
 /// Whether `j`'s shapes are what the kernels take: gate and up of one
@@ -56,13 +56,7 @@ impl CudaBackend {
         ws.extend(jobs.iter().flat_map(|j| [(j.gate, j.role), (j.up, j.role)]));
         ws.extend(plain.iter().map(|p| (p.w, p.role)));
         ws.extend(jobs.iter().map(|j| (j.down, j.role)));
-        let mut st = self.lock_timed();
-        let st = &mut *st;
-        let Some(p) = self.prepare(st, &ws, hints) else {
-            return Ok(false);
-        };
-        let queued = (|| {
-            self.upload_missing(st, &p)?;
+        let queue = |st: &mut State, p: &Prepared<'_>| {
             let xs: Vec<&[f32]> = jobs
                 .iter()
                 .map(|j| j.x)
@@ -85,10 +79,12 @@ impl CudaBackend {
                 self.launch_act(act, gp, up, half)
             })?;
             self.fetch(st, yp, ny)
-        })();
-        let hy = self.complete(st, queued, &p, hints)?;
+        };
+        let Some(st) = self.round_trip(&ws, hints, queue)? else {
+            return Ok(false);
+        };
         let ys = jobs.iter_mut().map(|j| &mut *j.y);
-        scatter(hy, ys.chain(plain.iter_mut().map(|p| &mut *p.y)));
+        scatter(results(&st)?, ys.chain(plain.iter_mut().map(|p| &mut *p.y)));
         Ok(true)
     }
 

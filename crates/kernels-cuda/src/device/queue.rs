@@ -2,7 +2,7 @@
 //! stream, an event after each), its input copy, its kernels (products of
 //! one shape in one launch) and its result copy, with one synchronisation.
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
@@ -33,19 +33,37 @@ impl CudaBackend {
             return Ok(false);
         }
         let ws: Vec<(MatRef<'_>, Role)> = jobs.iter().map(|j| (j.w, j.role)).collect();
-        let mut st = self.lock_timed();
-        let st = &mut *st;
-        let Some(p) = self.prepare(st, &ws, hints) else {
+        let Some(st) = self.round_trip(&ws, hints, |st, p| self.queue(st, jobs, p))? else {
             return Ok(false);
         };
-        let queued = self.queue(st, jobs, &p);
-        let hy = self.complete(st, queued, &p, hints)?;
-        scatter(hy, jobs.iter_mut().map(|j| &mut *j.y));
+        scatter(results(&st)?, jobs.iter_mut().map(|j| &mut *j.y));
         Ok(true)
     }
 
+    /// One round trip over the products `ws` (their weights, in order):
+    /// the lock, [`Self::prepare`] (`None`, nothing queued, when they cannot
+    /// all be in the budget at once), the missing weights copied up,
+    /// `queue`'s staging and launches (ending with the results' copy down),
+    /// then [`Self::complete`]. The lock comes back held, the results
+    /// staged on the host ([`results`]).
+    pub(super) fn round_trip(
+        &self,
+        ws: &[(MatRef<'_>, Role)],
+        hints: &Hints<'_, '_>,
+        queue: impl FnOnce(&mut State, &Prepared<'_>) -> Result<(), CudaError>,
+    ) -> Result<Option<MutexGuard<'_, State>>, CudaError> {
+        let mut guard = self.lock_timed();
+        let st = &mut *guard;
+        let Some(p) = self.prepare(st, ws, hints) else {
+            return Ok(None);
+        };
+        let queued = self.upload_missing(st, &p).and_then(|()| queue(st, &p));
+        self.complete(st, queued, &p, hints)?;
+        Ok(Some(guard))
+    }
+
     /// The lock on the backend's state, its wait counted.
-    pub(super) fn lock_timed(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(super) fn lock_timed(&self) -> MutexGuard<'_, State> {
         let asked = std::time::Instant::now();
         let mut st = self.lock();
         st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
@@ -96,14 +114,14 @@ impl CudaBackend {
 
     /// After the copies and launches (`queued`): the copies `hints` ask
     /// for, the synchronisation, the copies' events retired, the kernels'
-    /// time counted. The results staged on the host.
-    pub(super) fn complete<'s>(
+    /// time counted.
+    fn complete(
         &self,
-        st: &'s mut State,
+        st: &mut State,
         queued: Result<(), CudaError>,
         p: &Prepared<'_>,
         hints: &Hints<'_, '_>,
-    ) -> Result<&'s [f32], CudaError> {
+    ) -> Result<(), CudaError> {
         // Copies ahead are a hint: one that fails costs the batch nothing.
         if queued.is_ok() {
             self.copy_ahead_or_count(st, hints, &p.keys);
@@ -128,7 +146,7 @@ impl CudaBackend {
         }
         st.stats.weight_bytes_read += p.segs.iter().flatten().map(|s| s.len() as u64).sum::<u64>();
         st.stats.vram_weight_bytes = st.cache.bytes();
-        Ok(st.hy.as_ref().expect("staged").as_slice()?)
+        Ok(())
     }
 
     /// Makes the timed events a call's kernels are clocked with, once.
@@ -241,15 +259,14 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Queues `jobs`' weight copies, input copy, kernels and result copy
-    /// (room for the missing weights already made).
+    /// Queues `jobs`' input copy, kernels and result copy (their weights
+    /// already here or on their way).
     fn queue(
         &self,
         st: &mut State,
         jobs: &[Job<'_, '_>],
         p: &Prepared<'_>,
     ) -> Result<(), CudaError> {
-        self.upload_missing(st, p)?;
         let xs: Vec<&[f32]> = jobs.iter().map(|j| j.x).collect();
         let ny = jobs.iter().map(|j| j.y.len()).sum();
         let (xp, yp) = self.stage(st, &xs, ny)?;
@@ -275,7 +292,7 @@ impl CudaBackend {
 
     /// Copies up the segments of `p`'s products not yet in VRAM (room
     /// already made), each in its product's class.
-    pub(super) fn upload_missing(&self, st: &mut State, p: &Prepared<'_>) -> Result<(), CudaError> {
+    fn upload_missing(&self, st: &mut State, p: &Prepared<'_>) -> Result<(), CudaError> {
         for (segs, &class) in p.segs.iter().zip(&p.classes) {
             for seg in segs {
                 if st.cache.touch(&key(seg)).is_none() {
@@ -559,6 +576,11 @@ fn class_of(role: Role) -> Class {
 }
 
 /// Copies the staged results `hy` into `ys`, one after another.
+/// The results of the last round trip, staged on the host.
+pub(super) fn results(st: &State) -> Result<&[f32], CudaError> {
+    Ok(st.hy.as_ref().expect("staged").as_slice()?)
+}
+
 pub(super) fn scatter<'a>(hy: &[f32], ys: impl Iterator<Item = &'a mut [f32]>) {
     let mut off = 0;
     for y in ys {

@@ -7,8 +7,8 @@
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use fathom_kernels::backend::{Hints, MatRef, MoeTail, Role};
 
-use super::CudaBackend;
-use super::queue::{Placed, fits, grow, scatter};
+use super::queue::{Placed, Prepared, fits, grow, results, scatter};
+use super::{CudaBackend, State};
 use crate::CudaError;
 
 /// Whether the kernels take `tail`: consistent lengths, every size an
@@ -57,13 +57,7 @@ impl CudaBackend {
         );
         ws.extend(tail.experts.iter().map(|e| (e.down, Role::Expert)));
         ws.extend(tail.up.map(|u| (u, Role::Spine)));
-        let mut st = self.lock_timed();
-        let st = &mut *st;
-        let Some(p) = self.prepare(st, &ws, hints) else {
-            return Ok(false);
-        };
-        let queued = (|| {
-            self.upload_missing(st, &p)?;
+        let queue = |st: &mut State, p: &Prepared<'_>| {
             let (rows, width, k) = (tail.rows(), tail.width(), tail.k);
             let offs = pick_offsets(tail);
             let mut xs: Vec<&[f32]> = tail.experts.iter().map(|e| e.x).collect();
@@ -103,9 +97,11 @@ impl CudaBackend {
                 }
             })?;
             self.fetch(st, yp, tail.y.len())
-        })();
-        let hy = self.complete(st, queued, &p, hints)?;
-        scatter(hy, std::iter::once(&mut *tail.y));
+        };
+        let Some(mut st) = self.round_trip(&ws, hints, queue)? else {
+            return Ok(false);
+        };
+        scatter(results(&st)?, std::iter::once(&mut *tail.y));
         st.stats.device_moe_tails += 1;
         Ok(true)
     }

@@ -153,10 +153,10 @@ pub fn moe(
     // With a device, the experts, their sums, the norm and the
     // up-projection may go in one call (the same operations either way).
     let norm = spec.latent_moe_use_norm;
-    let tail = backend::installed().is_some().then(|| Tail {
+    let tail = Tail {
         norm: norm.then_some((&w.routed_expert_norm[..], spec.rms_norm_eps)),
         up: Some(w.routed_expert_up_proj.as_mat()),
-    });
+    };
     let mut out = match fetch.finish_tail(source, &routes, &z, l, &expert, tail)? {
         Finished::Tail(out) => out,
         Finished::Summed(mut y) => {

@@ -16,7 +16,7 @@ use super::config::Qwen3MoeSpec;
 use super::weights::MoeWeights;
 use crate::error::Result;
 use crate::experts::ExpertSource;
-use crate::moe::{ExpertFetch, GluExpert, Route, guess_next};
+use crate::moe::{ExpertFetch, GluExpert, Route, Tail, guess_next};
 
 /// Routes every row of `x [T, D]`: experts by descending probability (ties
 /// to the lower index); the margin is on the router logits.
@@ -81,7 +81,11 @@ pub fn moe(
         inter: spec.moe_intermediate_size,
         act: GluAct::Swiglu,
     };
-    let y = fetch.finish_glu(source, &routes, x, d, &expert)?;
+    // With a device, the sums are made there too: one row a token comes
+    // back instead of one an expert.
+    let y = fetch
+        .finish_tail(source, &routes, x, d, &expert, Tail::default())?
+        .into_sums();
     if let Some(ro) = routes_out {
         ro.extend(routes);
     }
