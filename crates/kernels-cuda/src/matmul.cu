@@ -40,37 +40,77 @@ __device__ __forceinline__ float e8m0(unsigned char b) {
 #define CHUNK (UNROLL * 32)
 #define FULL 0xffffffffu
 
-// A chunk loader fills wv[u] = W[r][c + lane + 32u] for u < UNROLL (a full
-// chunk of CHUNK columns starting at c). `plain` reads each value with `at`;
-// a format may load its bytes more widely and hand them round the warp.
+// A chunk loader: `load(r, c, lane)` issues the loads of the full chunk of
+// CHUNK columns starting at c and returns them raw; `decode(raw, lane, wv)`
+// fills wv[u] = W[r][c + lane + 32u] for u < UNROLL. `plain` reads each
+// value with `at` (the load is the decode); a format may load its bytes more
+// widely and hand them round the warp. A pass issues the loads of G chunks
+// before it decodes and accumulates the first (G = 1: one chunk at a time).
 template <typename At>
-__device__ __forceinline__ auto plain(At at) {
-    return [=](int r, int c, int lane, float (&wv)[UNROLL]) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) wv[u] = at(r, c + u * 32 + lane);
+struct Plain {
+    At at;
+    struct Raw {
+        float v[UNROLL];
     };
+    __device__ __forceinline__ Raw load(int r, int c, int lane) const {
+        Raw raw;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) raw.v[u] = at(r, c + u * 32 + lane);
+        return raw;
+    }
+    __device__ __forceinline__ void decode(const Raw& raw, int, float (&wv)[UNROLL]) const {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) wv[u] = raw.v[u];
+    }
+};
+
+template <typename At>
+__device__ __forceinline__ Plain<At> plain(At at) {
+    return Plain<At>{at};
+}
+
+// P positions' sums over one decoded chunk at column c, in column order.
+template <int P>
+__device__ __forceinline__ void chunk_fma(const float* __restrict__ x, const float (&wv)[UNROLL],
+                                          int c, int lane, int cols, int j0, int t,
+                                          float (&acc)[P]) {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+        if (j0 + k < t) {
+            const float* xr = x + (size_t)(j0 + k) * cols + c + lane;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) acc[k] = fmaf(xr[u * 32], wv[u], acc[k]);
+        }
+    }
 }
 
 // One pass of P positions over row r: lane `lane`'s sums over the columns
-// lane, lane + 32, … in that order (full chunks first, their loads issued
-// together, then the tail one column per lane at a time).
-template <int P, typename Chunk, typename At>
-__device__ __forceinline__ void row_pass(Chunk chunk, At at, const float* __restrict__ x, int r,
-                                         int lane, int cols, int j0, int t, float (&acc)[P]) {
+// lane, lane + 32, … in that order (full chunks first, G chunks' loads
+// issued together, then the tail one column per lane at a time).
+template <int G, int P, typename Chunk, typename At>
+__device__ __forceinline__ void row_pass(const Chunk& chunk, At at, const float* __restrict__ x,
+                                         int r, int lane, int cols, int j0, int t,
+                                         float (&acc)[P]) {
+    using Raw = decltype(chunk.load(r, 0, lane));
     const int full = cols - cols % CHUNK;
-    for (int c = 0; c < full; c += CHUNK) {
-        float wv[UNROLL];
-        chunk(r, c, lane, wv);
+    int c = 0;
+    for (; c + G * CHUNK <= full; c += G * CHUNK) {
+        Raw raw[G];
 #pragma unroll
-        for (int k = 0; k < P; ++k) {
-            if (j0 + k < t) {
-                const float* xr = x + (size_t)(j0 + k) * cols + c + lane;
+        for (int g = 0; g < G; ++g) raw[g] = chunk.load(r, c + g * CHUNK, lane);
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u) acc[k] = fmaf(xr[u * 32], wv[u], acc[k]);
-            }
+        for (int g = 0; g < G; ++g) {
+            float wv[UNROLL];
+            chunk.decode(raw[g], lane, wv);
+            chunk_fma<P>(x, wv, c + g * CHUNK, lane, cols, j0, t, acc);
         }
     }
-    for (int c = full; c < cols; c += 32) {
+    for (; c < full; c += CHUNK) {
+        float wv[UNROLL];
+        chunk.decode(chunk.load(r, c, lane), lane, wv);
+        chunk_fma<P>(x, wv, c, lane, cols, j0, t, acc);
+    }
+    for (c = full; c < cols; c += 32) {
         const int i = c + lane;
         const bool in = i < cols;
         const float wv = in ? at(r, i) : 0.0f;
@@ -86,8 +126,8 @@ __device__ __forceinline__ void row_pass(Chunk chunk, At at, const float* __rest
 
 // Row r's results for every position, written at column `out` of y's
 // `[t, rows_out]` rows.
-template <int P, typename Chunk, typename At, typename Fin>
-__device__ __forceinline__ void rows_product_p(Chunk chunk, At at, Fin fin,
+template <int G, int P, typename Chunk, typename At, typename Fin>
+__device__ __forceinline__ void rows_product_p(const Chunk& chunk, At at, Fin fin,
                                                const float* __restrict__ x,
                                                float* __restrict__ y, int r, int out, int lane,
                                                int rows_out, int cols, int t) {
@@ -95,7 +135,7 @@ __device__ __forceinline__ void rows_product_p(Chunk chunk, At at, Fin fin,
         float acc[P];
 #pragma unroll
         for (int k = 0; k < P; ++k) acc[k] = 0.0f;
-        row_pass<P>(chunk, at, x, r, lane, cols, j0, t, acc);
+        row_pass<G, P>(chunk, at, x, r, lane, cols, j0, t, acc);
 #pragma unroll
         for (int k = 0; k < P; ++k) {
             const float s = fold32(acc[k]);
@@ -109,8 +149,8 @@ __device__ __forceinline__ void rows_product_p(Chunk chunk, At at, Fin fin,
 // Grouped products: the rows split into blocks of rows_g (rows_g == rows for
 // one product); block g reads its own x[g] = x + g·t·cols and writes
 // y[g] = y + g·t·rows_g. A row's sums are the same in either form.
-template <typename Chunk, typename At, typename Fin>
-__device__ __forceinline__ void rows_product(Chunk chunk, At at, Fin fin,
+template <int G, typename Chunk, typename At, typename Fin>
+__device__ __forceinline__ void rows_product(const Chunk& chunk, At at, Fin fin,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int t, int rows_g) {
     const int r = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
@@ -121,16 +161,16 @@ __device__ __forceinline__ void rows_product(Chunk chunk, At at, Fin fin,
     float* yg = y + (size_t)g * t * rows_g;
     const int out = r - g * rows_g;
     if (t == 1) {
-        rows_product_p<1>(chunk, at, fin, xg, yg, r, out, lane, rows_g, cols, t);
+        rows_product_p<G, 1>(chunk, at, fin, xg, yg, r, out, lane, rows_g, cols, t);
     } else {
-        rows_product_p<TP>(chunk, at, fin, xg, yg, r, out, lane, rows_g, cols, t);
+        rows_product_p<G, TP>(chunk, at, fin, xg, yg, r, out, lane, rows_g, cols, t);
     }
 }
 
 // Each kernel: `at(r, i)` decodes one weight as the CPU does, `fin` is the
 // format's finish; `plain(at)` loads full chunks with it unless the format
 // has a wider loader.
-#define PRODUCT(at, fin) rows_product(plain(at), at, fin, x, y, rows, cols, t, rows_g)
+#define PRODUCT(at, fin) rows_product<1>(plain(at), at, fin, x, y, rows, cols, t, rows_g)
 #define SAME [](int, float s) { return s; }
 
 extern "C" __global__ void mm_f32(const float* __restrict__ w, const float* __restrict__ x,
@@ -166,10 +206,39 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 // scales are loaded by lanes 0..7 (and copies) and handed round likewise.
 // The sixteen E2M1 values sit in shared memory (`e2m1_table`, filled by the
 // kernel before any warp leaves): one load instead of decoding the bits.
+// A warp's chunk is only 128 bytes, so MXG chunks' loads go out together
+// (more bytes in flight per warp; the sums still run chunk by chunk).
+#define MXG 4
+
 __device__ __forceinline__ void e2m1_table(float* lut) {
     if (threadIdx.x < 16) lut[threadIdx.x] = e2m1(threadIdx.x);
     __syncthreads();
 }
+
+struct Mxfp4Chunk {
+    const unsigned char* __restrict__ packed;
+    const unsigned char* __restrict__ scales;
+    const float* __restrict__ lut;
+    int cols;
+    struct Raw {
+        unsigned word;
+        float sv;
+    };
+    __device__ __forceinline__ Raw load(int r, int c, int lane) const {
+        const unsigned* row = reinterpret_cast<const unsigned*>(packed + (size_t)r * (cols >> 1));
+        return Raw{row[(c >> 3) + lane],
+                   e8m0(scales[(size_t)r * (cols >> 5) + (c >> 5) + (lane & 7)])};
+    }
+    __device__ __forceinline__ void decode(const Raw& raw, int lane,
+                                           float (&wv)[UNROLL]) const {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const unsigned wd = __shfl_sync(FULL, raw.word, (lane >> 3) + 4 * u);
+            const float s = __shfl_sync(FULL, raw.sv, u);
+            wv[u] = lut[(wd >> (4 * (lane & 7))) & 0x0Fu] * s;
+        }
+    }
+};
 
 __device__ __forceinline__ void mxfp4_product(const unsigned char* __restrict__ packed,
                                               const unsigned char* __restrict__ scales,
@@ -182,18 +251,8 @@ __device__ __forceinline__ void mxfp4_product(const unsigned char* __restrict__ 
         const unsigned code = (i & 1) ? (b >> 4) : (b & 0x0Fu);
         return e2m1(code) * e8m0(scales[e >> 5]);
     };
-    auto chunk = [=](int r, int c, int lane, float (&wv)[UNROLL]) {
-        const unsigned* row = reinterpret_cast<const unsigned*>(packed + (size_t)r * (cols >> 1));
-        const unsigned word = row[(c >> 3) + lane];
-        const float sv = e8m0(scales[(size_t)r * (cols >> 5) + (c >> 5) + (lane & 7)]);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const unsigned wd = __shfl_sync(FULL, word, (lane >> 3) + 4 * u);
-            const float s = __shfl_sync(FULL, sv, u);
-            wv[u] = lut[(wd >> (4 * (lane & 7))) & 0x0Fu] * s;
-        }
-    };
-    rows_product(chunk, at, SAME, x, y, rows, cols, t, rows_g);
+    const Mxfp4Chunk chunk{packed, scales, lut, cols};
+    rows_product<MXG>(chunk, at, SAME, x, y, rows, cols, t, rows_g);
 }
 
 extern "C" __global__ void mm_mxfp4(const unsigned char* __restrict__ packed,

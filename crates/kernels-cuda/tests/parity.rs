@@ -148,6 +148,7 @@ fn every_format_matches_the_scalar_twin() {
         (300, 2048),
         (12, 288),
         (8, 2080),
+        (9, 3584),
     ] {
         let packed = g.bytes(rows * cols / 2);
         // Scales near 127 (2^0) with the extremes 0 (subnormal 2^-127) and 254.
