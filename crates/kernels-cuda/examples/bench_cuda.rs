@@ -171,20 +171,24 @@ fn batch_cases(b: &CudaBackend, w: &Weights) {
         for _ in 0..ms.len() / n {
             go();
         }
+        let k0 = b.stats().kernel_ms;
         let start = Instant::now();
         for _ in 0..20 {
             go();
         }
         let s = start.elapsed().as_secs_f64() / 20.0;
+        let k = (b.stats().kernel_ms - k0) / 1e3 / 20.0;
         let bytes: usize = fathom_kernels::backend::segments(&m)
             .iter()
             .map(|s| s.len())
             .sum::<usize>()
             * n;
         println!(
-            "{what:<48} {:>9.1} µs  {:>7.0} GB/s of weights",
+            "{what:<48} {:>9.1} µs  {:>7.0} GB/s of weights; kernels {:>8.1} µs  {:>7.0} GB/s",
             s * 1e6,
-            bytes as f64 / s / 1e9
+            bytes as f64 / s / 1e9,
+            k * 1e6,
+            bytes as f64 / k / 1e9
         );
     }
 }
