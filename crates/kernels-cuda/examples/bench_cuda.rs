@@ -2,7 +2,8 @@
 //! the fixed cost of one product (a tiny matrix) and the weight bandwidth
 //! of decode-sized ones, beside the device-memory bandwidth measured when
 //! the backend opened. Expert-sized matrices rotate through copies that
-//! together outgrow the device's L2 cache, so their bytes come from HBM. `cargo run --release -p fathom-kernels-cuda --example bench_cuda`
+//! together outgrow the device's L2 cache, so their bytes come from HBM.
+//! `cargo run --release -p fathom-kernels-cuda --example bench_cuda`
 //! (prints why and exits 0 without a device).
 
 use std::time::Instant;

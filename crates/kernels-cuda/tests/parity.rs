@@ -149,6 +149,7 @@ fn every_format_matches_the_scalar_twin() {
         (12, 288),
         (8, 2080),
         (9, 3584),
+        (3, 3616),
     ] {
         let packed = g.bytes(rows * cols / 2);
         // Scales near 127 (2^0) with the extremes 0 (subnormal 2^-127) and 254.

@@ -279,10 +279,10 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// Whether no value of `x` is infinite or NaN. The exponent bits of each
-/// value are OR-ed over fixed-width blocks (this vectorises, where `iter().
-/// any(..)` stops at every element); a block with an all-ones exponent stops
-/// the scan.
+/// Whether no value of `x` is infinite or NaN: the largest exponent field
+/// of each fixed-width block (a maximum, not an OR — the OR of finite
+/// exponents can be all ones) is all ones only when the block holds one.
+/// This vectorises, where `iter().any(..)` stops at every element.
 pub fn all_finite(x: &[f32]) -> bool {
     const EXP: u32 = 0x7F80_0000;
     let max_exp = |c: &[f32]| c.iter().fold(0u32, |a, v| a.max(v.to_bits() & EXP));
@@ -324,6 +324,8 @@ mod tests {
         assert!(all_finite(&base));
         assert!(all_finite(&[]));
         assert!(all_finite(&[f32::MAX, f32::MIN, f32::from_bits(1), -0.0]));
+        // Exponent fields whose OR is all ones, each finite.
+        assert!(all_finite(&[2.0, 1.0, -2.0, 1.5]));
         for at in [0, 7, 1023, 1024, 2047, 2048, 2084] {
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::NAN] {
                 let mut x = base.clone();
@@ -369,6 +371,18 @@ mod tests {
             }
         }
         assert_eq!(argmax(&[f32::NEG_INFINITY; 20]), 0);
+        // +∞ wins; of equal zeros the first, whatever its sign.
+        let mut x = vec![1.0f32; 19];
+        x[11] = f32::INFINITY;
+        x[15] = f32::INFINITY;
+        assert_eq!(argmax(&x), 11);
+        for zeros in [[-0.0f32, 0.0], [0.0, -0.0]] {
+            let mut x = vec![-1.0f32; 19];
+            x[9] = zeros[0];
+            x[17] = zeros[1];
+            assert_eq!(argmax(&x), 9);
+            assert_eq!(argmax(&x), argmax_scalar(&x));
+        }
         assert_eq!(argmax(&[f32::NAN; 20]), 0);
         let mut masked = vec![f32::NEG_INFINITY; 20];
         masked[13] = -1e30;

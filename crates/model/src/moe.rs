@@ -393,9 +393,10 @@ pub enum Finished {
 }
 
 impl Finished {
-    /// The sums of a call that asked for no tail, or for one without a
-    /// norm or a projection (its output is the sums).
-    pub fn into_sums(self) -> Vec<f32> {
+    /// The sums of a call made with `Tail::default()` (no norm, no
+    /// projection: a device's output is then the sums). Never for a call
+    /// that asked for a norm or a projection: its `Tail` is not the sums.
+    pub(crate) fn into_sums(self) -> Vec<f32> {
         match self {
             Finished::Summed(y) | Finished::Tail(y) => y,
         }

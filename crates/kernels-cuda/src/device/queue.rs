@@ -575,12 +575,12 @@ fn class_of(role: Role) -> Class {
     }
 }
 
-/// Copies the staged results `hy` into `ys`, one after another.
 /// The results of the last round trip, staged on the host.
 pub(super) fn results(st: &State) -> Result<&[f32], CudaError> {
     Ok(st.hy.as_ref().expect("staged").as_slice()?)
 }
 
+/// Copies the staged results `hy` into `ys`, one after another.
 pub(super) fn scatter<'a>(hy: &[f32], ys: impl Iterator<Item = &'a mut [f32]>) {
     let mut off = 0;
     for y in ys {
