@@ -461,6 +461,25 @@ impl TailCase {
         y
     }
 
+    /// The tail (first activation, projection, no norm) offered to `b`:
+    /// whether it took it, and the output, filled with 1.5 beforehand.
+    fn offer(&self, b: &dyn Backend) -> (bool, Vec<f32>) {
+        let tails = self.tails();
+        let mut y = vec![1.5f32; 3 * 80];
+        let mut job = MoeTail {
+            experts: &tails,
+            act: ACTS[0],
+            k: self.k,
+            picks: &self.picks,
+            weights: &self.weights,
+            norm: None,
+            up: Some(self.up()),
+            y: &mut y,
+        };
+        let taken = b.moe_tail(&mut job, &Hints::default());
+        (taken, y)
+    }
+
     fn forget(&self, b: &dyn Backend) {
         let mats = self.experts.iter().flat_map(|m| m.mats());
         for w in mats.chain([self.up()]) {
@@ -537,22 +556,8 @@ fn a_moe_tail_counts_its_experts_and_declines_bad_picks() {
         },
         ..TailCase::new(&mut g, true, (96, 128, 128), &[2, 2, 1, 2, 2])
     };
-    let tails = bad.tails();
-    let mut y = vec![1.5f32; 3 * 80];
-    let mut job = MoeTail {
-        experts: &tails,
-        act: ACTS[0],
-        k: 3,
-        picks: &bad.picks,
-        weights: &bad.weights,
-        norm: None,
-        up: Some(bad.up()),
-        y: &mut y,
-    };
-    assert!(
-        !b.moe_tail(&mut job, &Hints::default()),
-        "expert 2 has no row 1"
-    );
+    let (taken, y) = bad.offer(&*b);
+    assert!(!taken, "expert 2 has no row 1");
     assert!(y.iter().all(|&v| v == 1.5));
     case.forget(&*b);
 }
@@ -580,23 +585,8 @@ fn a_moe_tails_experts_never_push_out_the_spine() {
             "the spine fits"
         );
         assert_eq!(b.missing_bytes(&[spine]), [0]);
-        let tails = case.tails();
-        let mut out = vec![1.5f32; 3 * 80];
-        let mut job = MoeTail {
-            experts: &tails,
-            act: ACTS[0],
-            k: 3,
-            picks: &case.picks,
-            weights: &case.weights,
-            norm: None,
-            up: Some(case.up()),
-            y: &mut out,
-        };
-        assert_eq!(
-            b.moe_tail(&mut job, &Hints::default()),
-            taken,
-            "budget {budget}"
-        );
+        let (took, out) = case.offer(&*b);
+        assert_eq!(took, taken, "budget {budget}");
         assert_eq!(b.missing_bytes(&[spine]), [0], "the spine is still held");
         if !taken {
             assert!(out.iter().all(|&v| v == 1.5), "declined: nothing written");

@@ -176,41 +176,39 @@ impl CudaBackend {
         let (hh, lo, ro, msi) = (h as i32, lora as i32, sh.rope as i32, ms as i32);
         // Latent queries and context are [H, T, lora].
         let (qs, hs) = (lora as i64, (t * lora) as i64);
-        {
-            let c = c as u32;
-            let ql = q_lat + 4 * (c0 * lora) as u64;
-            let qr = p.q_rope + 4 * (c0 * h * sh.rope) as u64;
-            let (ns, boff) = (p.ns + 4 * c0 as u64, p.boff + 4 * c0 as u64);
-            let out = ctx + 4 * (c0 * lora) as u64;
-            let mut b = self.stream.launch_builder(&self.funcs.mla_split);
-            b.arg(&p.table)
-                .arg(&boff)
-                .arg(&ql)
-                .arg(&qs)
-                .arg(&hs)
-                .arg(&qr)
-                .arg(&ns);
-            b.arg(&hh).arg(&lo).arg(&ro).arg(&sh.scale).arg(&msi);
-            b.arg(&ps).arg(&pm).arg(&pl).arg(&pc);
-            let cfg = |grid| LaunchConfig {
-                grid_dim: grid,
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the arguments match `mla_split` in `mla.cu`: the table
-            // holds every block's device address (each cache's blocks but
-            // the last SPLIT rows of lora + rope values), the queries, row
-            // counts and offsets `c` entries from `c0` with strides inside
-            // [H, T, lora], the scratch `c · ms · h` partials
-            // (`fits_device_kernel` checked the shapes).
-            unsafe { b.launch(cfg((ms as u32, c, 1))) }?;
-            let mut b = self.stream.launch_builder(&self.funcs.mla_merge);
-            b.arg(&ns).arg(&hh).arg(&lo).arg(&msi);
-            b.arg(&pm).arg(&pl).arg(&pc).arg(&out).arg(&qs).arg(&hs);
-            // SAFETY: as above; the context is [H, T, lora] with `c`
-            // queries written from `c0`.
-            unsafe { b.launch(cfg((c, 1, 1))) }?;
-        }
+        let c = c as u32;
+        let ql = q_lat + 4 * (c0 * lora) as u64;
+        let qr = p.q_rope + 4 * (c0 * h * sh.rope) as u64;
+        let (ns, boff) = (p.ns + 4 * c0 as u64, p.boff + 4 * c0 as u64);
+        let out = ctx + 4 * (c0 * lora) as u64;
+        let mut b = self.stream.launch_builder(&self.funcs.mla_split);
+        b.arg(&p.table)
+            .arg(&boff)
+            .arg(&ql)
+            .arg(&qs)
+            .arg(&hs)
+            .arg(&qr)
+            .arg(&ns);
+        b.arg(&hh).arg(&lo).arg(&ro).arg(&sh.scale).arg(&msi);
+        b.arg(&ps).arg(&pm).arg(&pl).arg(&pc);
+        let cfg = |grid| LaunchConfig {
+            grid_dim: grid,
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match `mla_split` in `mla.cu`: the table
+        // holds every block's device address (each cache's blocks but
+        // the last SPLIT rows of lora + rope values), the queries, row
+        // counts and offsets `c` entries from `c0` with strides inside
+        // [H, T, lora], the scratch `c · ms · h` partials
+        // (`fits_device_kernel` checked the shapes).
+        unsafe { b.launch(cfg((ms as u32, c, 1))) }?;
+        let mut b = self.stream.launch_builder(&self.funcs.mla_merge);
+        b.arg(&ns).arg(&hh).arg(&lo).arg(&msi);
+        b.arg(&pm).arg(&pl).arg(&pc).arg(&out).arg(&qs).arg(&hs);
+        // SAFETY: as above; the context is [H, T, lora] with `c`
+        // queries written from `c0`.
+        unsafe { b.launch(cfg((c, 1, 1))) }?;
         Ok(())
     }
 
