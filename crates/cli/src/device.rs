@@ -65,13 +65,22 @@ pub fn parse_gpus(s: &str) -> Result<Gpus, String> {
 
 /// Installs the backend `device` asks for (or none, for the CPU) and
 /// returns its name: one CUDA device, or several behind
-/// [`fathom_kernels::multi::MultiBackend`] (`gpus`). The same bits either
-/// way: every backend reproduces the CPU kernels' reduction order.
-pub fn select(device: DeviceArg, vram_budget: Option<u64>, gpus: Option<&Gpus>) -> Result<String> {
+/// [`fathom_kernels::multi::MultiBackend`] (`gpus`), each replaying
+/// repeated calls as CUDA graphs unless `graphs` is false. The same bits
+/// either way: every backend reproduces the CPU kernels' reduction order.
+pub fn select(
+    device: DeviceArg,
+    vram_budget: Option<u64>,
+    gpus: Option<&Gpus>,
+    graphs: bool,
+) -> Result<String> {
     backend::uninstall();
     if device == DeviceArg::Cpu {
         if vram_budget.is_some() {
             bail!("--vram-budget is for --device cuda|auto: drop it or add --device cuda");
+        }
+        if !graphs {
+            bail!("--no-cuda-graphs is for --device cuda|auto: drop it or add --device cuda");
         }
         if gpus.is_some() {
             bail!("--gpus is for --device cuda|auto: drop it or add --device cuda");
@@ -90,6 +99,7 @@ pub fn select(device: DeviceArg, vram_budget: Option<u64>, gpus: Option<&Gpus>) 
     }
     match open_all(&ordinals, vram_budget) {
         Ok(devs) => {
+            devs.iter().for_each(|d| d.set_graphs(graphs));
             // Streamed experts' read buffers are page-locked (portable to
             // every device's context): a VRAM miss copies them by direct DMA.
             fathom_weights::pool::install_host_pin(Arc::new(devs[0].host_pin()));

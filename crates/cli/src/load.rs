@@ -115,6 +115,11 @@ pub struct MemoryArgs {
     /// sharing its memory (for testing the split). Output is unchanged.
     #[arg(long, value_parser = crate::device::parse_gpus)]
     pub gpus: Option<crate::device::Gpus>,
+    /// With --device cuda|auto: issue every device call's copies and
+    /// kernels one by one instead of replaying a call that repeats (as a
+    /// decode step's calls do) as one CUDA graph. Output is unchanged.
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
     /// Expert heat recorded by earlier runs (--heat-out) of this model:
     /// streamed experts read the hottest into the cache before the first
     /// step and pin the hottest --heat-pin share of it. Output is unchanged.
@@ -432,7 +437,12 @@ pub fn load_model_with(
     check_model_dir(dir)?;
     fathom_model::registry::detect(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    let device = crate::device::select(mem.device, mem.vram_budget, mem.gpus.as_ref())?;
+    let device = crate::device::select(
+        mem.device,
+        mem.vram_budget,
+        mem.gpus.as_ref(),
+        !mem.no_cuda_graphs,
+    )?;
     // The RAM ledger reads the family's memory facts (config.json only).
     let mut spec = fathom_model::memory::memory_facts(dir)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;

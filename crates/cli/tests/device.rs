@@ -126,6 +126,12 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
                 let tails = dev["device_moe_tails"].as_u64().unwrap();
                 assert!(tails > 0, "{d}: no MoE tail on the device: {dev}");
             }
+            // Resident, a decode step's calls repeat: replayed as graphs.
+            if extra.is_empty() {
+                let graphs = dev["graph_launches"].as_u64().unwrap();
+                assert!(graphs > 0, "{d}: no call replayed as a graph: {dev}");
+            }
+            assert_eq!(dev["graph_failures"].as_u64(), Some(0), "{d}: {dev}");
             assert!(cpu["stats"].get("gpu").is_none());
             assert_eq!(cpu["stats"]["device"], "cpu");
             assert!(
@@ -158,6 +164,35 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
             name.contains("cuda:0") && name.contains("cuda:1"),
             "{d}: {name}"
         );
+    }
+}
+
+/// `--no-cuda-graphs`: every call's operations issued one by one give the
+/// bits of the calls replayed as graphs (and of the CPU), every kind of
+/// call included (products, gated MLPs, MoE tails, KDA, MLA).
+#[test]
+fn calls_replayed_as_graphs_give_the_bits_of_calls_issued_one_by_one() {
+    let Some((env, _)) = cuda_or_skip() else {
+        return;
+    };
+    for name in ["k3-tiny/checkpoint", "deepseek_v3-tiny"] {
+        let d = fixture(name);
+        let d = d.to_str().unwrap();
+        let (cpu, graphs) = both(d, &[], &[], &env);
+        let (_, plain) = both(d, &[], &["--no-cuda-graphs"], &env);
+        assert_eq!(answer(&cpu), answer(&graphs), "{name}");
+        assert_eq!(answer(&graphs), answer(&plain), "{name}");
+        let (g, p) = (&graphs["stats"]["gpu"], &plain["stats"]["gpu"]);
+        assert!(g["graph_launches"].as_u64().unwrap() > 0, "{name}: {g}");
+        assert_eq!(p["graph_launches"].as_u64(), Some(0), "{name}: {p}");
+        assert_eq!(p["graph_builds"].as_u64(), Some(0), "{name}: {p}");
+        for dev in [g, p] {
+            assert_eq!(dev["device_errors"].as_u64(), Some(0), "{name}: {dev}");
+            assert!(
+                dev["device_attention"].as_u64().unwrap() > 0,
+                "{name}: {dev}"
+            );
+        }
     }
 }
 
@@ -344,7 +379,8 @@ fn without_cuda_the_device_flag_says_what_is_missing() {
     assert!(out.stdout.is_empty());
 }
 
-/// `--gpus` errors that need no device: with the CPU, and a bad list.
+/// `--gpus` and `--no-cuda-graphs` errors that need no device: with the
+/// CPU, and a bad list.
 #[test]
 fn gpus_flag_errors_name_the_fix() {
     let d = fixture("qwen3_moe-tiny");
@@ -358,6 +394,10 @@ fn gpus_flag_errors_name_the_fix() {
     fails_quietly(
         &[&base[..], &["--gpus", "2"]].concat(),
         "--gpus is for --device cuda|auto",
+    );
+    fails_quietly(
+        &[&base[..], &["--no-cuda-graphs"]].concat(),
+        "--no-cuda-graphs is for --device cuda|auto",
     );
     for bad in ["0,x", "1,,2", "0"] {
         fails_quietly(

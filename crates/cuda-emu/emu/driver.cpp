@@ -15,9 +15,17 @@
 // refused, and the allocations stay within the device's memory. Fresh
 // device memory is NaN bytes, as uninitialised memory might be.
 //
+// Stream capture (CUDA graphs) records a capturing stream's kernels and
+// copies instead of running them; a graph launch runs them in order. As
+// the driver does in thread-local mode, a capturing thread may not
+// allocate, free or synchronise, and a captured copy must name page-locked
+// host memory; an event recorded or waited for on a capturing stream ends
+// the capture as invalid (fathom's graphs hold neither).
+//
 // Set FATHOM_EMU_GPUS (devices, default 1) and FATHOM_EMU_VRAM_MIB (each
 // device's memory, default 16384) before the first call.
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -54,6 +62,8 @@ enum : int {
     HOST_MEMORY_ALREADY_REGISTERED = 712,
     HOST_MEMORY_NOT_REGISTERED = 713,
     NOT_SUPPORTED = 801,
+    CAPTURE_UNSUPPORTED = 900,
+    CAPTURE_INVALIDATED = 901,
 };
 
 namespace {
@@ -66,8 +76,16 @@ constexpr unsigned MAX_THREADS = 1024;
 struct Ctx {
     int device;
 };
+// A recorded operation: it runs (checked again) when its graph is launched.
+using Op = std::function<int()>;
+
 struct Stream {
     int device;
+    std::vector<Op>* rec = nullptr;  // while capturing
+    bool broken = false;             // an operation the capture cannot hold
+};
+struct Graph {
+    std::vector<Op> ops;
 };
 struct Event {
     Clock::time_point at;
@@ -98,6 +116,20 @@ Driver& drv() {
 
 thread_local Ctx* current = nullptr;
 thread_local std::vector<Ctx*> pushed;  // contexts under `current`
+thread_local int capturing = 0;         // this thread's captures under way
+
+// A capturing stream, or null.
+Stream* recording(void* s) {
+    auto* st = static_cast<Stream*>(s);
+    return st && st->rec ? st : nullptr;
+}
+
+// An allocation, free or synchronisation from a thread that is capturing.
+bool forbidden(const char* what) {
+    if (!capturing) return false;
+    fprintf(stderr, "cuda-emu driver: %s while this thread captures a stream\n", what);
+    return true;
+}
 
 int fail(int code, const char* what) {
     fprintf(stderr, "cuda-emu driver: %s\n", what);
@@ -161,13 +193,33 @@ int run(const char* name, void (*k)(A...), dim3 g, dim3 b, unsigned sh, void** p
     return run_kernel(name, k, g, b, sh, p, device, std::index_sequence_for<A...>{});
 }
 
+// The launch with its arguments' values copied, to run later.
+template <typename... A, size_t... I>
+Op bind_kernel(const char* name, void (*k)(A...), dim3 g, dim3 b, unsigned sh, void** p,
+               int device, std::index_sequence<I...>) {
+    std::tuple<std::remove_reference_t<A>...> v{*static_cast<std::remove_reference_t<A>*>(p[I])...};
+    return [=]() mutable {
+        void* q[] = {static_cast<void*>(&std::get<I>(v))..., nullptr};
+        return run_kernel(name, k, g, b, sh, q, device, std::index_sequence<I...>{});
+    };
+}
+
+template <typename... A>
+Op bind(const char* name, void (*k)(A...), dim3 g, dim3 b, unsigned sh, void** p, int device) {
+    return bind_kernel(name, k, g, b, sh, p, device, std::index_sequence_for<A...>{});
+}
+
 struct Kernel {
     const char* name;
     int (*launch)(dim3, dim3, unsigned, void**, int);
+    Op (*bind)(dim3, dim3, unsigned, void**, int);
 };
 
-#define KERNEL(n) \
-    Kernel { #n, [](dim3 g, dim3 b, unsigned sh, void** p, int d) { return run(#n, n, g, b, sh, p, d); } }
+#define KERNEL(n)                                                                              \
+    Kernel {                                                                                   \
+        #n, [](dim3 g, dim3 b, unsigned sh, void** p, int d) { return run(#n, n, g, b, sh, p, d); }, \
+            [](dim3 g, dim3 b, unsigned sh, void** p, int d) { return bind(#n, n, g, b, sh, p, d); } \
+    }
 
 const Kernel KERNELS[] = {
     KERNEL(mm_f32),    KERNEL(mm_bf16),       KERNEL(mm_int8),       KERNEL(mm_mxfp4),
@@ -290,7 +342,9 @@ API CUresult cuCtxGetDevice(CUdevice* dev) {
     return OK;
 }
 
-API CUresult cuCtxSynchronize() { return OK; }
+API CUresult cuCtxSynchronize() {
+    return forbidden("cuCtxSynchronize") ? CAPTURE_UNSUPPORTED : OK;
+}
 
 API CUresult cuGetErrorString(CUresult e, const char** s) {
     switch (e) {
@@ -318,6 +372,8 @@ API CUresult cuGetErrorName(CUresult e, const char** s) {
         case HOST_MEMORY_ALREADY_REGISTERED: *s = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"; break;
         case HOST_MEMORY_NOT_REGISTERED: *s = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"; break;
         case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+        case CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+        case CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
         default: return INVALID_VALUE;
     }
     return OK;
@@ -347,11 +403,25 @@ API CUresult cuStreamDestroy_v2(void* s) {
     return OK;
 }
 
-API CUresult cuStreamSynchronize(void*) { return OK; }
+API CUresult cuStreamSynchronize(void* s) {
+    if (recording(s) || forbidden("cuStreamSynchronize")) return CAPTURE_UNSUPPORTED;
+    return OK;
+}
 API CUresult cuStreamQuery(void*) { return OK; }
 
-API CUresult cuStreamWaitEvent(void*, void* e, unsigned) {
-    return e ? OK : INVALID_HANDLE;
+// An event recorded or waited for on a capturing stream ends its capture
+// as invalid.
+static CUresult not_in_capture(void* s, const char* what) {
+    Stream* st = recording(s);
+    if (!st) return OK;
+    st->broken = true;
+    fprintf(stderr, "cuda-emu driver: %s on a capturing stream\n", what);
+    return CAPTURE_INVALIDATED;
+}
+
+API CUresult cuStreamWaitEvent(void* s, void* e, unsigned) {
+    if (!e) return INVALID_HANDLE;
+    return not_in_capture(s, "cuStreamWaitEvent");
 }
 
 API CUresult cuEventCreate(void** e, unsigned flags) {
@@ -361,8 +431,9 @@ API CUresult cuEventCreate(void** e, unsigned flags) {
     return OK;
 }
 
-API CUresult cuEventRecord(void* e, void*) {
+API CUresult cuEventRecord(void* e, void* s) {
     if (!e) return INVALID_HANDLE;
+    if (CUresult r = not_in_capture(s, "cuEventRecord")) return r;
     auto* ev = static_cast<Event*>(e);
     ev->at = Clock::now();
     ev->recorded = true;
@@ -371,7 +442,10 @@ API CUresult cuEventRecord(void* e, void*) {
 
 API CUresult cuEventRecordWithFlags(void* e, void* s, unsigned) { return cuEventRecord(e, s); }
 API CUresult cuEventQuery(void* e) { return e ? OK : INVALID_HANDLE; }
-API CUresult cuEventSynchronize(void* e) { return e ? OK : INVALID_HANDLE; }
+API CUresult cuEventSynchronize(void* e) {
+    if (forbidden("cuEventSynchronize")) return CAPTURE_UNSUPPORTED;
+    return e ? OK : INVALID_HANDLE;
+}
 
 API CUresult cuEventDestroy_v2(void* e) {
     delete static_cast<Event*>(e);
@@ -395,6 +469,7 @@ API CUresult cuEventElapsedTime_v2(float* ms, void* a, void* b) {
 
 API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t len) {
     LOCKED;
+    if (forbidden("cuMemAlloc")) return CAPTURE_UNSUPPORTED;
     if (!current) return INVALID_CONTEXT;
     Driver& d = drv();
     const int dev = current->device;
@@ -414,6 +489,7 @@ API CUresult cuMemAllocAsync(CUdeviceptr* p, size_t len, void*) { return cuMemAl
 
 API CUresult cuMemFree_v2(CUdeviceptr p) {
     LOCKED;
+    if (forbidden("cuMemFree")) return CAPTURE_UNSUPPORTED;
     Driver& d = drv();
     auto it = d.dev.find((uintptr_t)p);
     if (it == d.dev.end()) return fail(INVALID_VALUE, "cuMemFree: not the start of an allocation");
@@ -427,6 +503,7 @@ API CUresult cuMemFreeAsync(CUdeviceptr p, void*) { return cuMemFree_v2(p); }
 
 static CUresult memset_dev(CUdeviceptr p, const void* v, size_t size, size_t n) {
     LOCKED;
+    if (forbidden("cuMemset")) return CAPTURE_UNSUPPORTED;
     if (!find_dev((uintptr_t)p, size * n))
         return fail(INVALID_VALUE, "cuMemset: outside every device allocation");
     for (size_t i = 0; i < n; ++i) memcpy((char*)(uintptr_t)p + i * size, v, size);
@@ -446,8 +523,16 @@ API CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, void*) {
     return memset_dev(p, &v, 4, n);
 }
 
-static CUresult copy(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev) {
-    LOCKED;
+// Whether [p, p + n) lies in page-locked host memory.
+static bool host_locked(const void* p, size_t n) {
+    auto& h = drv().host;
+    auto it = h.upper_bound((uintptr_t)p);
+    if (it == h.begin()) return false;
+    --it;
+    return n <= it->second && (uintptr_t)p - it->first <= it->second - n;
+}
+
+static CUresult copy_unlocked(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev) {
     if (dst_dev && !find_dev((uintptr_t)dst, n))
         return fail(INVALID_VALUE, "a copy's destination runs outside its device allocation");
     if (src_dev && !find_dev((uintptr_t)src, n))
@@ -460,31 +545,54 @@ static CUresult copy(void* dst, const void* src, size_t n, bool dst_dev, bool sr
     return OK;
 }
 
+static CUresult copy(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev) {
+    LOCKED;
+    if (forbidden("a synchronous copy")) return CAPTURE_UNSUPPORTED;
+    return copy_unlocked(dst, src, n, dst_dev, src_dev);
+}
+
+// An asynchronous copy on `s`: run now, or recorded while `s` captures
+// (its host side page-locked).
+static CUresult copy_on(void* s, void* dst, const void* src, size_t n, bool dst_dev,
+                        bool src_dev) {
+    LOCKED;
+    Stream* st = recording(s);
+    if (!st) return copy_unlocked(dst, src, n, dst_dev, src_dev);
+    const void* host = dst_dev ? (src_dev ? nullptr : src) : dst;
+    if (host && !host_locked(host, n)) {
+        st->broken = true;
+        return fail(CAPTURE_UNSUPPORTED, "a captured copy names pageable host memory");
+    }
+    st->rec->push_back([=] { return copy_unlocked(dst, src, n, dst_dev, src_dev); });
+    return OK;
+}
+
 #define DP(p) ((void*)(uintptr_t)(p))
 
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) {
     return copy(DP(d), s, n, true, false);
 }
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) {
-    return copy(DP(d), s, n, true, false);
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void* st) {
+    return copy_on(st, DP(d), s, n, true, false);
 }
 API CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
     return copy(d, DP(s), n, false, true);
 }
-API CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) {
-    return copy(d, DP(s), n, false, true);
+API CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void* st) {
+    return copy_on(st, d, DP(s), n, false, true);
 }
 API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
     return copy(DP(d), DP(s), n, true, true);
 }
-API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) {
-    return copy(DP(d), DP(s), n, true, true);
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void* st) {
+    return copy_on(st, DP(d), DP(s), n, true, true);
 }
 
 // ---- page-locked host memory ----
 
 API CUresult cuMemHostAlloc(void** p, size_t len, unsigned) {
     LOCKED;
+    if (forbidden("cuMemHostAlloc")) return CAPTURE_UNSUPPORTED;
     void* m = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
     if (!m) return OUT_OF_MEMORY;
     drv().host[(uintptr_t)m] = len;
@@ -497,6 +605,7 @@ API CUresult cuMemAllocHost_v2(void** p, size_t len) { return cuMemHostAlloc(p, 
 
 API CUresult cuMemFreeHost(void* p) {
     LOCKED;
+    if (forbidden("cuMemFreeHost")) return CAPTURE_UNSUPPORTED;
     Driver& d = drv();
     if (!d.host_alloc.count((uintptr_t)p)) return INVALID_VALUE;
     d.host.erase((uintptr_t)p);
@@ -583,5 +692,71 @@ API CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsi
         return fail(INVALID_VALUE, "cuLaunchKernel: grid or block outside the device's limits");
     if (shared > SHARED_LIMIT)
         return fail(INVALID_VALUE, "cuLaunchKernel: more dynamic shared memory than 48 KiB");
-    return k->launch(dim3{gx, gy, gz}, dim3{bx, by, bz}, shared, params, device);
+    const dim3 g{gx, gy, gz}, b{bx, by, bz};
+    if (Stream* st = recording(stream)) {
+        st->rec->push_back(k->bind(g, b, shared, params, device));
+        return OK;
+    }
+    return k->launch(g, b, shared, params, device);
+}
+
+// ---- stream capture and graphs ----
+
+API CUresult cuStreamBeginCapture_v2(void* s, int mode) {
+    LOCKED;
+    auto* st = static_cast<Stream*>(s);
+    if (!st || st->rec) return fail(INVALID_VALUE, "cuStreamBeginCapture: no stream, or capturing");
+    st->rec = new std::vector<Op>;
+    st->broken = false;
+    if (mode != 2) ++capturing;  // not CU_STREAM_CAPTURE_MODE_RELAXED
+    return OK;
+}
+
+API CUresult cuStreamIsCapturing(void* s, int* status) {
+    *status = recording(s) ? 1 : 0;
+    return OK;
+}
+
+API CUresult cuStreamEndCapture(void* s, void** graph) {
+    LOCKED;
+    Stream* st = recording(s);
+    if (!st) return fail(INVALID_VALUE, "cuStreamEndCapture: the stream is not capturing");
+    std::vector<Op>* ops = st->rec;
+    st->rec = nullptr;
+    if (capturing) --capturing;
+    if (st->broken) {
+        delete ops;
+        *graph = nullptr;
+        return CAPTURE_INVALIDATED;
+    }
+    *graph = new Graph{std::move(*ops)};
+    delete ops;
+    return OK;
+}
+
+API CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+    if (!graph) return INVALID_VALUE;
+    *exec = new Graph{static_cast<Graph*>(graph)->ops};
+    return OK;
+}
+
+API CUresult cuGraphLaunch(void* exec, void* s) {
+    LOCKED;
+    if (!exec) return INVALID_HANDLE;
+    if (recording(s)) return fail(CAPTURE_UNSUPPORTED, "cuGraphLaunch on a capturing stream");
+    for (Op& op : static_cast<Graph*>(exec)->ops)
+        if (CUresult r = op()) return r;
+    return OK;
+}
+
+API CUresult cuGraphUpload(void* exec, void*) { return exec ? OK : INVALID_HANDLE; }
+
+API CUresult cuGraphExecDestroy(void* exec) {
+    delete static_cast<Graph*>(exec);
+    return OK;
+}
+
+API CUresult cuGraphDestroy(void* graph) {
+    delete static_cast<Graph*>(graph);
+    return OK;
 }

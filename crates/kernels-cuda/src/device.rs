@@ -27,6 +27,7 @@ mod kda;
 mod mla;
 mod queue;
 mod tail;
+mod tape;
 
 use queue::Job;
 
@@ -130,6 +131,9 @@ struct State {
     guesses: GuessLog,
     /// Timed events before the first kernel of a call and after its last.
     clock: Option<(CudaEvent, CudaEvent)>,
+    /// The call's operations on the compute stream, issued together (as a
+    /// graph when the call repeats one: `device/tape.rs`).
+    tape: tape::Tape,
     stats: BackendStats,
 }
 
@@ -299,6 +303,7 @@ impl CudaBackend {
                 ht: None,
                 dt: None,
                 clock: None,
+                tape: tape::Tape::new(),
                 stats,
             }),
         }))
@@ -319,6 +324,12 @@ impl CudaBackend {
     pub fn limit_mla_scratch(&self, floats: usize) {
         self.mla_scratch
             .store(floats, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Lets calls that repeat run as CUDA graphs (the default), or issues
+    /// every call's operations one by one; the bits are the same either way.
+    pub fn set_graphs(&self, on: bool) {
+        self.lock().tape.set_graphs(on);
     }
 
     /// The weight budget in bytes.

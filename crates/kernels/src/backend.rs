@@ -158,6 +158,13 @@ pub struct BackendStats {
     pub device_moe_tails: u64,
     /// Device calls that failed (their products ran on the CPU instead).
     pub device_errors: u64,
+    /// Device calls whose operations ran as one CUDA graph launch (a
+    /// call repeated exactly; `fathom-kernels-cuda`'s `device/tape.rs`),
+    /// the graphs captured for them, and captures the driver refused
+    /// (graphs are then off, the reason in `last_error`).
+    pub graph_launches: u64,
+    pub graph_builds: u64,
+    pub graph_failures: u64,
     /// Weight bytes the device's products read from device memory (each
     /// product reads its matrix once, whatever the number of positions).
     pub weight_bytes_read: u64,
@@ -199,6 +206,9 @@ impl BackendStats {
             device_attention: self.device_attention - start.device_attention,
             device_moe_tails: self.device_moe_tails - start.device_moe_tails,
             device_errors: self.device_errors - start.device_errors,
+            graph_launches: self.graph_launches - start.graph_launches,
+            graph_builds: self.graph_builds - start.graph_builds,
+            graph_failures: self.graph_failures - start.graph_failures,
             weight_bytes_read: self.weight_bytes_read - start.weight_bytes_read,
             hbm_bytes_per_s: self.hbm_bytes_per_s,
             h2d_bytes_per_s: self.h2d_bytes_per_s,
@@ -236,6 +246,9 @@ impl BackendStats {
             device_attention: self.device_attention + o.device_attention,
             device_moe_tails: self.device_moe_tails + o.device_moe_tails,
             device_errors: self.device_errors + o.device_errors,
+            graph_launches: self.graph_launches + o.graph_launches,
+            graph_builds: self.graph_builds + o.graph_builds,
+            graph_failures: self.graph_failures + o.graph_failures,
             weight_bytes_read: self.weight_bytes_read + o.weight_bytes_read,
             hbm_bytes_per_s: if self.hbm_bytes_per_s > 0.0 {
                 self.hbm_bytes_per_s

@@ -155,6 +155,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         device: crate::device::DeviceArg::Cpu,
         vram_budget: None,
         gpus: None,
+        no_cuda_graphs: false,
         heat: None,
         heat_pin: 0.0,
         heat_out: None,

@@ -3,11 +3,12 @@
 //! device, then the downs; only the inputs go up and the downs' (and plain
 //! products') results come back.
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::backend::{GluProduct, Hints, MatRef, Product, Role};
 use fathom_kernels::ops::GluAct;
 
 use super::queue::{Placed, Prepared, fits, grow, results, scatter};
+use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
 use crate::CudaError;
 
@@ -75,8 +76,9 @@ impl CudaBackend {
                 .0;
             let up = gp + 4 * half as u64;
             let placed = place(jobs, plain, (xp, yp, gp, up));
-            self.launch_phases(st, &placed, &p.segs, &[2 * n + np, 3 * n + np], |_| {
-                self.launch_act(act, gp, up, half)
+            self.launch_phases(st, &placed, &p.segs, &[2 * n + np, 3 * n + np], |st| {
+                self.launch_act(&mut st.tape, act, gp, up, half);
+                Ok(())
             })?;
             self.fetch(st, yp, ny)
         };
@@ -88,14 +90,8 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// Queues `g[i] = act(g[i], u[i])` for `i < n` at the device addresses `g`, `u`.
-    pub(super) fn launch_act(
-        &self,
-        act: GluAct,
-        g: u64,
-        u: u64,
-        n: usize,
-    ) -> Result<(), CudaError> {
+    /// Writes `g[i] = act(g[i], u[i])` for `i < n` at the device addresses `g`, `u`.
+    pub(super) fn launch_act(&self, tape: &mut Tape, act: GluAct, g: u64, u: u64, n: usize) {
         let (kind, beta, beta_lin) = act.kernel_args();
         let n64 = n as i64;
         let cfg = LaunchConfig {
@@ -103,17 +99,10 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.funcs.glu_act);
-        b.arg(&g)
-            .arg(&u)
-            .arg(&n64)
-            .arg(&kind)
-            .arg(&beta)
-            .arg(&beta_lin);
-        // SAFETY: `g` and `u` each hold n values on the device (the gates'
-        // and ups' outputs); the arguments match `glu_act` in `glu.cu`.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // `g` and `u` each hold n values on the device (the gates' and
+        // ups' outputs); the arguments match `glu_act` in `glu.cu`.
+        let args = [g, u, n64.slot(), kind.slot(), beta.slot(), beta_lin.slot()];
+        tape.kernel(&self.funcs.glu_act, cfg, &args);
     }
 }
 

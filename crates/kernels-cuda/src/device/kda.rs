@@ -3,12 +3,13 @@
 //! counted against the VRAM budget, copied back or copied on the device
 //! when the owner asks, dropped with their owners.
 
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, result};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use fathom_kernels::backend::{MatRef, segments};
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::state_buf::{StateBuf, StateKey};
 
 use super::queue::{grow, key, make_room, pinned};
+use super::tape::Arg;
 use super::{CudaBackend, Resident, State};
 use crate::CudaError;
 use crate::cache::{Class, Key};
@@ -61,6 +62,7 @@ impl CudaBackend {
         let mut st = self.lock();
         let st = &mut *st;
         st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
+        st.tape.begin();
         let staged = match self.kda_stage(st, job) {
             Ok(Some(s)) => s,
             // No room for the step's weights: declined with nothing copied
@@ -78,7 +80,9 @@ impl CudaBackend {
                 return Err(KdaFailure::Before(e));
             }
         };
-        let ran = self.kda_launch(st, job, &staged);
+        let ran = self
+            .kda_launch(st, job, &staged)
+            .and_then(|()| self.flush(st));
         let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
         st.stats.sync_wait_ms += waited.elapsed().as_secs_f64() * 1e3;
@@ -229,15 +233,14 @@ impl CudaBackend {
         }
         let hx = st.hx.as_ref().expect("staged").as_slice()?;
         let dst = xp + 4 * skip as u64;
-        // SAFETY: the device buffer holds `skip + sent` values from `xp`;
-        // `hx` is page-locked and not written again before the
-        // synchronisation.
-        unsafe { result::memcpy_htod_async(dst, &hx[..sent], self.stream.cu_stream()) }?;
+        // The device buffer holds `skip + sent` values from `xp`; `hx` is
+        // page-locked and not written again before the synchronisation.
+        st.tape.up(dst, &hx[..sent]);
         st.stats.h2d_bytes += 4 * sent as u64;
         Ok((places, dst))
     }
 
-    /// One launch per sequence, then the outputs' copy back.
+    /// Writes the products, one launch per sequence, then the outputs' copy back.
     fn kda_launch(&self, st: &mut State, job: &KdaJob<'_>, s: &Staged) -> Result<(), CudaError> {
         let d = job.dims;
         let (h, kd, kernel) = (d.heads as i32, d.head_dim as i32, d.conv_kernel as i32);
@@ -250,18 +253,15 @@ impl CudaBackend {
             None => (0, 0.0f32),
         };
         self.ensure_clock(st)?;
-        st.clock
-            .as_ref()
-            .expect("just made")
-            .0
-            .record(&self.stream)?;
+        let tape = &mut st.tape;
+        tape.clock(false);
         if let (Some(pj), Some((xd, segs, places))) = (&job.proj, &s.proj) {
             for ((m, sg), &y) in pj.mats.iter().zip(segs).zip(places) {
-                self.launch(m, sg, *xd, y, 1, n)?;
+                self.launch(tape, m, sg, *xd, y, 1, n);
             }
         }
         if let (Some(m), Some((low, segs))) = (&job.f_up, &s.f_up) {
-            self.launch(m, segs, *low, s.at[3], 1, n)?;
+            self.launch(tape, m, segs, *low, s.at[3], 1, n);
         }
         let core = s.o_proj.as_ref().map_or(s.out, |(ko, _)| *ko);
         let cfg = LaunchConfig {
@@ -271,42 +271,38 @@ impl CudaBackend {
         };
         for (seq, ptrs) in job.seqs.iter().zip(&s.states) {
             let (row0, t) = (seq.rows.start as i32, seq.rows.len() as i32);
-            let mut b = self.stream.launch_builder(&self.funcs.kda);
-            for a in ptrs.iter().chain(&s.at) {
-                b.arg(a);
-            }
-            b.arg(&core)
-                .arg(&row0)
-                .arg(&t)
-                .arg(&h)
-                .arg(&kd)
-                .arg(&kernel);
-            b.arg(&q_scale)
-                .arg(&l2)
-                .arg(&eps)
-                .arg(&bounded)
-                .arg(&lb)
-                .arg(&s.hin)
-                .arg(&n_rows);
-            // SAFETY: the arguments match `kda_step` in `kda.cu`: device
-            // copies of the sequence's states, the staged inputs and the
-            // parameters, sized as `fits_device_kernel` checked (rows tiling 0..n_rows);
-            // `kd` ≤ 1024 threads, `kernel` ≤ KDA_MAX_KERNEL.
-            unsafe { b.launch(cfg) }?;
+            let mut args: Vec<u64> = ptrs.iter().chain(&s.at).copied().collect();
+            args.extend([
+                core,
+                row0.slot(),
+                t.slot(),
+                h.slot(),
+                kd.slot(),
+                kernel.slot(),
+            ]);
+            args.extend([
+                q_scale.slot(),
+                l2.slot(),
+                eps.slot(),
+                bounded.slot(),
+                lb.slot(),
+            ]);
+            args.extend([s.hin, n_rows.slot()]);
+            // The arguments match `kda_step` in `kda.cu`: device copies of
+            // the sequence's states, the staged inputs and the parameters,
+            // sized as `fits_device_kernel` checked (rows tiling
+            // 0..n_rows); `kd` ≤ 1024 threads, `kernel` ≤ KDA_MAX_KERNEL.
+            tape.kernel(&self.funcs.kda, cfg, &args);
         }
         if let (Some(m), Some((ko, segs))) = (&job.o_proj, &s.o_proj) {
-            self.launch(m, segs, *ko, s.out, 1, n)?;
+            self.launch(tape, m, segs, *ko, s.out, 1, n);
         }
-        st.clock
-            .as_ref()
-            .expect("made above")
-            .1
-            .record(&self.stream)?;
+        tape.clock(true);
         st.stats.device_calls += 1;
         let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
-        // SAFETY: the device buffer holds `ny` values written by the kernels
-        // on this stream; `hy` is page-locked and read after the synchronisation.
-        unsafe { result::memcpy_dtoh_async(&mut hy[..s.ny], s.out, self.stream.cu_stream()) }?;
+        // The device buffer holds `ny` values written by the kernels before
+        // it; `hy` is page-locked and read after the synchronisation.
+        st.tape.down(&mut hy[..s.ny], s.out);
         st.stats.d2h_bytes += 4 * s.ny as u64;
         Ok(())
     }

@@ -9,11 +9,12 @@
 //! weights (keyed by their host address; the cache forgets a block before
 //! it changes or goes); partial blocks go up with the queries each call.
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg, result};
+use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::attention::SPLIT;
 use fathom_kernels::backend::{MatRef, MlaWork, segments};
 
 use super::queue::{fits, grow, pinned};
+use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
 use crate::CudaError;
 
@@ -61,12 +62,15 @@ impl CudaBackend {
         }
         let mut st = self.lock_timed();
         let st = &mut *st;
+        st.tape.begin();
         let Some(placed) = self.mla_stage(st, work)? else {
             return Ok(false);
         };
         // At most 65535 queries a launch (the grid's y).
         let chunk = (limit / per_query).clamp(1, t.min(65535));
-        let queued = self.mla_launch(st, work, &placed, chunk);
+        let queued = self
+            .mla_launch(st, work, &placed, chunk)
+            .and_then(|()| self.flush(st));
         let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
         st.stats.sync_wait_ms += waited.elapsed().as_secs_f64() * 1e3;
@@ -159,18 +163,19 @@ impl CudaBackend {
         }))
     }
 
-    /// Queues the attention of queries `c0..c0 + c` (`mla_split` a block per
+    /// Writes the attention of queries `c0..c0 + c` (`mla_split` a block per
     /// split and query, `mla_merge` a block per query): latent queries at
     /// `q_lat`, context into `ctx` (both `[H, T, lora]`), the partials at
     /// `ps`, `pm`, `pl`, `pc`.
     fn launch_chunk(
         &self,
+        tape: &mut Tape,
         work: &MlaWork<'_>,
         p: &Placed,
         (c0, c): (usize, usize),
         (q_lat, ctx): (u64, u64),
         (ps, pm, pl, pc): (u64, u64, u64, u64),
-    ) -> Result<(), CudaError> {
+    ) {
         let sh = work.shape;
         let (h, lora, t, ms) = (sh.heads, sh.lora, work.ns.len(), work.max_splits());
         let (hh, lo, ro, msi) = (h as i32, lora as i32, sh.rope as i32, ms as i32);
@@ -181,45 +186,62 @@ impl CudaBackend {
         let qr = p.q_rope + 4 * (c0 * h * sh.rope) as u64;
         let (ns, boff) = (p.ns + 4 * c0 as u64, p.boff + 4 * c0 as u64);
         let out = ctx + 4 * (c0 * lora) as u64;
-        let mut b = self.stream.launch_builder(&self.funcs.mla_split);
-        b.arg(&p.table)
-            .arg(&boff)
-            .arg(&ql)
-            .arg(&qs)
-            .arg(&hs)
-            .arg(&qr)
-            .arg(&ns);
-        b.arg(&hh).arg(&lo).arg(&ro).arg(&sh.scale).arg(&msi);
-        b.arg(&ps).arg(&pm).arg(&pl).arg(&pc);
         let cfg = |grid| LaunchConfig {
             grid_dim: grid,
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the arguments match `mla_split` in `mla.cu`: the table
-        // holds every block's device address (each cache's blocks but
-        // the last SPLIT rows of lora + rope values), the queries, row
-        // counts and offsets `c` entries from `c0` with strides inside
-        // [H, T, lora], the scratch `c · ms · h` partials
-        // (`fits_device_kernel` checked the shapes).
-        unsafe { b.launch(cfg((ms as u32, c, 1))) }?;
-        let mut b = self.stream.launch_builder(&self.funcs.mla_merge);
-        b.arg(&ns).arg(&hh).arg(&lo).arg(&msi);
-        b.arg(&pm).arg(&pl).arg(&pc).arg(&out).arg(&qs).arg(&hs);
-        // SAFETY: as above; the context is [H, T, lora] with `c`
-        // queries written from `c0`.
-        unsafe { b.launch(cfg((c, 1, 1))) }?;
-        Ok(())
+        // The arguments match `mla_split` in `mla.cu`: the table holds
+        // every block's device address (each cache's blocks but the last
+        // SPLIT rows of lora + rope values), the queries, row counts and
+        // offsets `c` entries from `c0` with strides inside [H, T, lora],
+        // the scratch `c · ms · h` partials (`fits_device_kernel` checked
+        // the shapes).
+        let split = [
+            p.table,
+            boff,
+            ql,
+            qs.slot(),
+            hs.slot(),
+            qr,
+            ns,
+            hh.slot(),
+            lo.slot(),
+            ro.slot(),
+            sh.scale.slot(),
+            msi.slot(),
+            ps,
+            pm,
+            pl,
+            pc,
+        ];
+        tape.kernel(&self.funcs.mla_split, cfg((ms as u32, c, 1)), &split);
+        // As above; the context is [H, T, lora] with `c` queries written
+        // from `c0`.
+        let merge = [
+            ns,
+            hh.slot(),
+            lo.slot(),
+            msi.slot(),
+            pm,
+            pl,
+            pc,
+            out,
+            qs.slot(),
+            hs.slot(),
+        ];
+        tape.kernel(&self.funcs.mla_merge, cfg((c, 1, 1)), &merge);
     }
 
-    /// Queues `mla_gate` (`mla.cu`): the values at `vals` `[H, T, dv]` by
+    /// Writes `mla_gate` (`mla.cu`): the values at `vals` `[H, T, dv]` by
     /// position into `cat` `[T, H·dv]`, each times σ(gate) with a gate.
     fn launch_mla_gate(
         &self,
+        tape: &mut Tape,
         gate: Option<u64>,
         (vals, cat): (u64, u64),
         (h, t, dv): (usize, usize, usize),
-    ) -> Result<(), CudaError> {
+    ) {
         let n = h * t * dv;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
@@ -229,22 +251,14 @@ impl CudaBackend {
         // Without a gate its pointer is never read; any device address does.
         let (gated, g) = (i32::from(gate.is_some()), gate.unwrap_or(vals));
         let (hh, tt, d) = (h as i32, t as i32, dv as i32);
-        let mut b = self.stream.launch_builder(&self.funcs.mla_gate);
-        b.arg(&vals)
-            .arg(&g)
-            .arg(&gated)
-            .arg(&hh)
-            .arg(&tt)
-            .arg(&d)
-            .arg(&cat);
-        // SAFETY: the arguments match `mla_gate` in `mla.cu`; `vals`, `cat`
-        // and (with a gate) `g` each hold H·T·dv values in the scratch or
-        // the staged inputs.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // The arguments match `mla_gate` in `mla.cu`; `vals`, `cat` and
+        // (with a gate) `g` each hold H·T·dv values in the scratch or the
+        // staged inputs.
+        let args = [vals, g, gated.slot(), hh.slot(), tt.slot(), d.slot(), cat];
+        tape.kernel(&self.funcs.mla_gate, cfg, &args);
     }
 
-    /// The block table copied up: its device address.
+    /// The block table staged and its copy up written: its device address.
     fn mla_table(&self, st: &mut State, table: &[u64]) -> Result<u64, CudaError> {
         let ht = pinned(self.stream.context(), &mut st.ht, table.len())?.as_mut_slice()?;
         ht[..table.len()].copy_from_slice(table);
@@ -252,13 +266,13 @@ impl CudaBackend {
             .device_ptr(&self.stream)
             .0;
         let ht = st.ht.as_ref().expect("staged").as_slice()?;
-        // SAFETY: the device table holds at least table.len() values; `ht`
-        // is page-locked and not touched again before the synchronisation.
-        unsafe { result::memcpy_htod_async(dt, &ht[..table.len()], self.stream.cu_stream()) }?;
+        // The device table holds at least table.len() values; `ht` is
+        // page-locked and not touched again before the synchronisation.
+        st.tape.up(dt, &ht[..table.len()]);
         Ok(dt)
     }
 
-    /// The launches, clocked: `uk_t`'s product, the attention `chunk`
+    /// The launches written, clocked: `uk_t`'s product, the attention `chunk`
     /// queries at a time, `uv`'s product (with `o`, into the scratch, then
     /// `mla_gate` and `o_proj`); then the result's copy back into the host
     /// staging.
@@ -294,30 +308,23 @@ impl CudaBackend {
         let pc = pl + 4 * parts as u64;
         let vp = pc + 4 * (parts * lora) as u64;
         self.ensure_clock(st)?;
-        st.clock
-            .as_ref()
-            .expect("just made")
-            .0
-            .record(&self.stream)?;
-        self.launch(&work.uk_t, &p.uk_t, p.q_nope, q_lat, h, t)?;
+        let tape = &mut st.tape;
+        tape.clock(false);
+        self.launch(tape, &work.uk_t, &p.uk_t, p.q_nope, q_lat, h, t);
         for c0 in (0..t).step_by(chunk) {
             let c = chunk.min(t - c0);
-            self.launch_chunk(work, p, (c0, c), (q_lat, ctx), (ps, pm, pl, pc))?;
+            self.launch_chunk(tape, work, p, (c0, c), (q_lat, ctx), (ps, pm, pl, pc));
         }
         match work.o {
-            None => self.launch(&work.uv, &p.uv, ctx, p.out, h, t)?,
+            None => self.launch(tape, &work.uv, &p.uv, ctx, p.out, h, t),
             Some(o) => {
                 let cat = vp + 4 * vals as u64;
-                self.launch(&work.uv, &p.uv, ctx, vp, h, t)?;
-                self.launch_mla_gate(p.gate, (vp, cat), (h, t, work.uv.rows() / h))?;
-                self.launch(&o.o_proj, &p.o_proj, cat, p.out, 1, t)?;
+                self.launch(tape, &work.uv, &p.uv, ctx, vp, h, t);
+                self.launch_mla_gate(tape, p.gate, (vp, cat), (h, t, work.uv.rows() / h));
+                self.launch(tape, &o.o_proj, &p.o_proj, cat, p.out, 1, t);
             }
         }
-        st.clock
-            .as_ref()
-            .expect("made above")
-            .1
-            .record(&self.stream)?;
+        tape.clock(true);
         self.fetch(st, p.out, work.out.len())
     }
 }

@@ -5,11 +5,11 @@
 use std::sync::{Arc, MutexGuard};
 
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
-    result,
+    CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
 };
 use fathom_kernels::backend::{Hints, MatRef, Role, segments};
 
+use super::tape::{Arg, Tape};
 use super::{CudaBackend, Resident, State};
 use crate::CudaError;
 use crate::cache::{Class, Key};
@@ -43,8 +43,9 @@ impl CudaBackend {
     /// One round trip over the products `ws` (their weights, in order):
     /// the lock, [`Self::prepare`] (`None`, nothing queued, when they cannot
     /// all be in the budget at once), the missing weights copied up,
-    /// `queue`'s staging and launches (ending with the results' copy down),
-    /// then [`Self::complete`]. The lock comes back held, the results
+    /// `queue`'s staging and launches (ending with the results' copy down)
+    /// written on the tape and issued ([`Self::flush`]), then
+    /// [`Self::complete`]. The lock comes back held, the results
     /// staged on the host ([`results`]).
     pub(super) fn round_trip(
         &self,
@@ -54,12 +55,23 @@ impl CudaBackend {
     ) -> Result<Option<MutexGuard<'_, State>>, CudaError> {
         let mut guard = self.lock_timed();
         let st = &mut *guard;
+        st.tape.begin();
         let Some(p) = self.prepare(st, ws, hints) else {
             return Ok(None);
         };
-        let queued = self.upload_missing(st, &p).and_then(|()| queue(st, &p));
+        let queued = self
+            .upload_missing(st, &p)
+            .and_then(|()| queue(st, &p))
+            .and_then(|()| self.flush(st));
         self.complete(st, queued, &p, hints)?;
         Ok(Some(guard))
+    }
+
+    /// Issues the operations the call wrote on the tape (one graph launch
+    /// when the call repeats one seen before: `tape.rs`).
+    pub(super) fn flush(&self, st: &mut State) -> Result<(), CudaError> {
+        st.tape
+            .flush(&self.stream, st.clock.as_ref(), &mut st.stats)
     }
 
     /// The lock on the backend's state, its wait counted.
@@ -259,7 +271,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Queues `jobs`' input copy, kernels and result copy (their weights
+    /// Writes `jobs`' input copy, kernels and result copy (their weights
     /// already here or on their way).
     fn queue(
         &self,
@@ -303,8 +315,8 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The inputs `xs` copied up one after another in one copy, and room
-    /// for `ny` results: their device addresses.
+    /// The inputs `xs` staged one after another and their copy up written
+    /// on the tape, and room for `ny` results: their device addresses.
     pub(super) fn stage(
         &self,
         st: &mut State,
@@ -326,26 +338,26 @@ impl CudaBackend {
             hx[off..off + x.len()].copy_from_slice(x);
             off += x.len();
         }
-        // SAFETY: the device buffer holds at least nx values; `hx` is
-        // page-locked and not touched again before the synchronisation.
-        unsafe { result::memcpy_htod_async(xp, &hx[..nx], self.stream.cu_stream()) }?;
+        // The device buffer holds at least nx values; `hx` is page-locked
+        // and not touched again before the synchronisation.
+        st.tape.up(xp, &hx[..nx]);
         st.stats.h2d_bytes += 4 * nx as u64;
         Ok((xp, yp))
     }
 
-    /// Queues the copy of `ny` results at `yp` into the host staging.
+    /// Writes the copy of `ny` results at `yp` into the host staging.
     pub(super) fn fetch(&self, st: &mut State, yp: u64, ny: usize) -> Result<(), CudaError> {
         let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
-        // SAFETY: the device buffer holds at least ny values written by the
-        // kernels on this stream; `hy` is page-locked and read only after
-        // the synchronisation.
-        unsafe { result::memcpy_dtoh_async(&mut hy[..ny], yp, self.stream.cu_stream()) }?;
+        // The device buffer holds at least ny values written by the
+        // kernels before it; `hy` is page-locked and read only after the
+        // synchronisation.
+        st.tape.down(&mut hy[..ny], yp);
         st.stats.d2h_bytes += 4 * ny as u64;
         Ok(())
     }
 
-    /// Launches `placed` (their weights' segments `segs`, all resident or
-    /// on their way) phase by phase — phase `p` the products up to
+    /// Writes the launches of `placed` (their weights' segments `segs`, all
+    /// resident or on their way) phase by phase — phase `p` the products up to
     /// `ends[p]` —, `between` queued after each phase but the last. Within a phase the products whose weights are
     /// here go first, those of one kernel and shape in one launch; then
     /// each other one after its own copies. The launches are clocked.
@@ -402,43 +414,35 @@ impl CudaBackend {
         let all: Vec<Vec<usize>> = launches.iter().flatten().cloned().collect();
         let mut tables = self.stage_tables(st, &all, placed, &ptrs)?.into_iter();
         self.ensure_clock(st)?;
-        st.clock
-            .as_ref()
-            .expect("just made")
-            .0
-            .record(&self.stream)?;
+        st.tape.clock(false);
         for (p, (ph, ls)) in phases.iter().zip(&launches).enumerate() {
             for l in ls {
                 let q = &placed[l[0]];
                 match tables.next().flatten() {
-                    Some(tab) => self.launch_many(q, tab, l.len())?,
-                    None => self.launch(&q.w, &ptrs[l[0]], q.x, q.y, q.groups, q.t)?,
+                    Some(tab) => self.launch_many(&mut st.tape, q, tab, l.len()),
+                    None => self.launch(&mut st.tape, &q.w, &ptrs[l[0]], q.x, q.y, q.groups, q.t),
                 }
             }
             for i in ph.clone().filter(|&i| pending[i]) {
                 for seg in &segs[i] {
                     if let Some(ready) = st.cache.get(&key(seg)).and_then(|r| r.ready.as_ref()) {
-                        self.stream.wait(ready)?;
+                        st.tape.wait(ready);
                     }
                 }
                 let q = &placed[i];
-                self.launch(&q.w, &ptrs[i], q.x, q.y, q.groups, q.t)?;
+                self.launch(&mut st.tape, &q.w, &ptrs[i], q.x, q.y, q.groups, q.t);
             }
             if p + 1 < phases.len() {
                 between(st)?;
             }
         }
-        st.clock
-            .as_ref()
-            .expect("just made")
-            .1
-            .record(&self.stream)?;
+        st.tape.clock(true);
         Ok(())
     }
 
     /// Device address tables (`[data, scales or 0, x, y]` per product) of
-    /// the launches of several products, copied up in one copy; `None` for
-    /// a launch of one.
+    /// the launches of several products, their copy up (one) written on
+    /// the tape; `None` for a launch of one.
     fn stage_tables(
         &self,
         st: &mut State,
@@ -467,18 +471,18 @@ impl CudaBackend {
         let dt = grow(&self.stream, &mut st.dt, tab.len())?
             .device_ptr(&self.stream)
             .0;
-        // SAFETY: the device table holds at least tab.len() values; `ht` is
+        // The device table holds at least tab.len() values; `ht` is
         // page-locked and not touched again before the synchronisation.
-        unsafe { result::memcpy_htod_async(dt, &ht[..tab.len()], self.stream.cu_stream()) }?;
+        st.tape.up(dt, &ht[..tab.len()]);
         Ok(starts
             .iter()
             .map(|s| s.map(|s| dt + 8 * s as u64))
             .collect())
     }
 
-    /// Queues `n` products of `first`'s kernel and shape in one launch,
+    /// Writes `n` products of `first`'s kernel and shape in one launch,
     /// their addresses in the device table at `tab`.
-    fn launch_many(&self, first: &Placed<'_>, tab: u64, n: usize) -> Result<(), CudaError> {
+    fn launch_many(&self, tape: &mut Tape, first: &Placed<'_>, tab: u64, n: usize) {
         let (rows, cols) = (first.w.rows(), first.w.cols());
         let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
         let cfg = LaunchConfig {
@@ -491,25 +495,24 @@ impl CudaBackend {
             MatRef::Mxfp4(_) => &self.funcs.mxfp4_many,
             _ => unreachable!("`together` groups only bf16 and MXFP4 products"),
         };
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&tab).arg(&r).arg(&c).arg(&t);
-        // SAFETY: the table holds n entries of device addresses of each
-        // product's segments, input and output, all of the checked shape.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // The table holds n entries of device addresses of each product's
+        // segments, input and output, all of the checked shape.
+        tape.kernel(f, cfg, &[tab.slot(), r.slot(), c.slot(), t.slot()]);
     }
 
-    /// Queues `w`'s kernel on the stream: weights at the device pointers
-    /// `p` (its segments), input at `xp`, output at `yp`.
+    /// Writes `w`'s kernel: weights at the device pointers `p` (its
+    /// segments), input at `xp`, output at `yp`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch(
         &self,
+        tape: &mut Tape,
         w: &MatRef<'_>,
         p: &[u64],
         xp: u64,
         yp: u64,
         groups: usize,
         t: usize,
-    ) -> Result<(), CudaError> {
+    ) {
         let (rows, cols) = (w.rows(), w.cols());
         let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
         let cfg = LaunchConfig {
@@ -526,35 +529,26 @@ impl CudaBackend {
             MatRef::Fp8(_) => &self.funcs.fp8,
             MatRef::Int4(_) => &self.funcs.int4,
         };
-        let mut b = self.stream.launch_builder(f);
-        for ptr in p {
-            b.arg(ptr);
-        }
-        let (fp8_ints, int4_shift);
+        let mut args: Vec<u64> = p.to_vec();
         match w {
             MatRef::Fp8(m) => {
-                fp8_ints = [
+                args.push(e4);
+                let ints = [
                     m.row0 as i32,
                     m.shift[0] as i32,
                     m.shift[1] as i32,
                     m.grid_cols as i32,
                 ];
-                b.arg(&e4);
-                for v in &fp8_ints {
-                    b.arg(v);
-                }
+                args.extend(ints.map(|v| v.slot()));
             }
-            MatRef::Int4(m) => {
-                int4_shift = m.group_shift as i32;
-                b.arg(&int4_shift);
-            }
+            MatRef::Int4(m) => args.push((m.group_shift as i32).slot()),
             _ => {}
         }
-        b.arg(&xp).arg(&yp).arg(&r).arg(&c).arg(&tt).arg(&rg);
-        // SAFETY: the arguments match the kernel's parameters in `matmul.cu`
-        // (pointers to device copies of the segments, sized by the shapes the caller checked).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        args.extend([xp, yp, r.slot(), c.slot(), tt.slot(), rg.slot()]);
+        // The arguments match the kernel's parameters in `matmul.cu`
+        // (pointers to device copies of the segments, sized by the shapes
+        // the caller checked).
+        tape.kernel(f, cfg, &args);
     }
 }
 

@@ -4,10 +4,11 @@
 //! in `glu.cu`), then the optional projection. The experts' outputs and
 //! the sums stay on the device; only the layer's output comes back.
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::backend::{Hints, MatRef, MoeTail, Role};
 
 use super::queue::{Placed, Prepared, fits, grow, results, scatter};
+use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
 use crate::CudaError;
 
@@ -89,12 +90,13 @@ impl CudaBackend {
             };
             let ends = [2 * n, 3 * n, 3 * n + usize::from(tail.up.is_some())];
             let mut phase = 0;
-            self.launch_phases(st, &placed, &p.segs, &ends, |_| {
+            self.launch_phases(st, &placed, &p.segs, &ends, |st| {
                 phase += 1;
                 match phase {
-                    1 => self.launch_act(tail.act, gp, upp, half),
-                    _ => self.launch_combine(&combine),
+                    1 => self.launch_act(&mut st.tape, tail.act, gp, upp, half),
+                    _ => self.launch_combine(&mut st.tape, &combine),
                 }
+                Ok(())
             })?;
             self.fetch(st, yp, tail.y.len())
         };
@@ -106,8 +108,8 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// Queues `moe_combine` (`glu.cu`): one block a row.
-    fn launch_combine(&self, c: &Combine) -> Result<(), CudaError> {
+    /// Writes `moe_combine` (`glu.cu`): one block a row.
+    fn launch_combine(&self, tape: &mut Tape, c: &Combine) {
         let cfg = LaunchConfig {
             grid_dim: (c.rows as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -119,22 +121,22 @@ impl CudaBackend {
             // Without a norm its weight is never read; any device address does.
             None => (0, (c.weights, 0.0f32)),
         };
-        let mut b = self.stream.launch_builder(&self.funcs.moe_combine);
-        b.arg(&c.outs)
-            .arg(&c.offs)
-            .arg(&c.weights)
-            .arg(&k)
-            .arg(&width)
-            .arg(&norm)
-            .arg(&nw)
-            .arg(&eps)
-            .arg(&c.sums);
-        // SAFETY: the arguments match `moe_combine` in `glu.cu`; `outs`
-        // holds every expert's output rows the offsets name (checked
-        // against the pick rows), `offs` and `weights` rows·k values, the
-        // norm's weight and each row of `sums` `width` values.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // The arguments match `moe_combine` in `glu.cu`; `outs` holds
+        // every expert's output rows the offsets name (checked against the
+        // pick rows), `offs` and `weights` rows·k values, the norm's weight
+        // and each row of `sums` `width` values.
+        let args = [
+            c.outs,
+            c.offs,
+            c.weights,
+            k.slot(),
+            width.slot(),
+            norm.slot(),
+            nw,
+            eps.slot(),
+            c.sums,
+        ];
+        tape.kernel(&self.funcs.moe_combine, cfg, &args);
     }
 }
 
