@@ -17,15 +17,20 @@
 //
 // Stream capture (CUDA graphs) records a capturing stream's kernels and
 // copies instead of running them; a graph launch runs them in order. As
-// the driver does in thread-local mode, a capturing thread may not
-// allocate, free or synchronise, and a captured copy must name page-locked
-// host memory; an event recorded or waited for on a capturing stream ends
-// the capture as invalid (fathom's graphs hold neither).
+// the driver does in global and thread-local mode, a capturing thread may
+// not allocate, free or synchronise (the call fails and its captures end
+// as invalid). Stricter than the driver, so that fathom's graphs hold only
+// page-locked copies and kernels: a captured copy must name page-locked
+// host memory, and an event recorded or waited for, or a memset or an
+// asynchronous allocation, on a capturing stream ends its capture as
+// invalid.
 //
 // Set FATHOM_EMU_GPUS (devices, default 1) and FATHOM_EMU_VRAM_MIB (each
 // device's memory, default 16384) before the first call.
+#include <algorithm>
 #include <chrono>
 #include <functional>
+#include <thread>
 #include <map>
 #include <mutex>
 #include <string>
@@ -64,6 +69,7 @@ enum : int {
     NOT_SUPPORTED = 801,
     CAPTURE_UNSUPPORTED = 900,
     CAPTURE_INVALIDATED = 901,
+    WRONG_THREAD = 908,
 };
 
 namespace {
@@ -83,6 +89,8 @@ struct Stream {
     int device;
     std::vector<Op>* rec = nullptr;  // while capturing
     bool broken = false;             // an operation the capture cannot hold
+    bool counted = false;            // global or thread-local mode
+    std::thread::id by;              // the thread that began the capture
 };
 struct Graph {
     std::vector<Op> ops;
@@ -116,7 +124,7 @@ Driver& drv() {
 
 thread_local Ctx* current = nullptr;
 thread_local std::vector<Ctx*> pushed;  // contexts under `current`
-thread_local int capturing = 0;         // this thread's captures under way
+thread_local std::vector<Stream*> capturing;  // this thread's counted captures
 
 // A capturing stream, or null.
 Stream* recording(void* s) {
@@ -124,11 +132,23 @@ Stream* recording(void* s) {
     return st && st->rec ? st : nullptr;
 }
 
-// An allocation, free or synchronisation from a thread that is capturing.
+// An allocation, free or synchronisation from a thread that is capturing:
+// refused, and the thread's captures end as invalid.
 bool forbidden(const char* what) {
-    if (!capturing) return false;
+    if (capturing.empty()) return false;
+    for (Stream* st : capturing) st->broken = true;
     fprintf(stderr, "cuda-emu driver: %s while this thread captures a stream\n", what);
     return true;
+}
+
+// Ends `st`'s capture: its recording dropped, its count undone.
+void stop_capture(Stream* st) {
+    delete st->rec;
+    st->rec = nullptr;
+    if (st->counted) {
+        auto it = std::find(capturing.begin(), capturing.end(), st);
+        if (it != capturing.end()) capturing.erase(it);
+    }
 }
 
 int fail(int code, const char* what) {
@@ -351,6 +371,8 @@ API CUresult cuGetErrorString(CUresult e, const char** s) {
         case OK: *s = "no error"; break;
         case OUT_OF_MEMORY: *s = "out of memory (emulated device)"; break;
         case ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered (emulated)"; break;
+        case CAPTURE_UNSUPPORTED: *s = "operation not permitted when stream is capturing (emulated)"; break;
+        case CAPTURE_INVALIDATED: *s = "operation failed due to a previous error during capture (emulated)"; break;
         default: *s = "error (emulated driver; see its message on stderr)";
     }
     return OK;
@@ -374,6 +396,7 @@ API CUresult cuGetErrorName(CUresult e, const char** s) {
         case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
         case CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
         case CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
+        case WRONG_THREAD: *s = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; break;
         default: return INVALID_VALUE;
     }
     return OK;
@@ -399,11 +422,13 @@ API CUresult cuStreamCreate(void** s, unsigned) {
 API CUresult cuStreamCreateWithPriority(void** s, unsigned f, int) { return cuStreamCreate(s, f); }
 
 API CUresult cuStreamDestroy_v2(void* s) {
+    if (Stream* st = recording(s)) stop_capture(st);
     delete static_cast<Stream*>(s);
     return OK;
 }
 
 API CUresult cuStreamSynchronize(void* s) {
+    if (Stream* st = recording(s)) st->broken = true;
     if (recording(s) || forbidden("cuStreamSynchronize")) return CAPTURE_UNSUPPORTED;
     return OK;
 }
@@ -485,7 +510,10 @@ API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t len) {
     return OK;
 }
 
-API CUresult cuMemAllocAsync(CUdeviceptr* p, size_t len, void*) { return cuMemAlloc_v2(p, len); }
+API CUresult cuMemAllocAsync(CUdeviceptr* p, size_t len, void* s) {
+    if (CUresult r = not_in_capture(s, "cuMemAllocAsync")) return r;
+    return cuMemAlloc_v2(p, len);
+}
 
 API CUresult cuMemFree_v2(CUdeviceptr p) {
     LOCKED;
@@ -499,7 +527,10 @@ API CUresult cuMemFree_v2(CUdeviceptr p) {
     return OK;
 }
 
-API CUresult cuMemFreeAsync(CUdeviceptr p, void*) { return cuMemFree_v2(p); }
+API CUresult cuMemFreeAsync(CUdeviceptr p, void* s) {
+    if (CUresult r = not_in_capture(s, "cuMemFreeAsync")) return r;
+    return cuMemFree_v2(p);
+}
 
 static CUresult memset_dev(CUdeviceptr p, const void* v, size_t size, size_t n) {
     LOCKED;
@@ -513,13 +544,15 @@ static CUresult memset_dev(CUdeviceptr p, const void* v, size_t size, size_t n) 
 API CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
     return memset_dev(p, &v, 1, n);
 }
-API CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void*) {
+API CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void* s) {
+    if (CUresult r = not_in_capture(s, "cuMemsetD8Async")) return r;
     return memset_dev(p, &v, 1, n);
 }
 API CUresult cuMemsetD32_v2(CUdeviceptr p, unsigned v, size_t n) {
     return memset_dev(p, &v, 4, n);
 }
-API CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, void*) {
+API CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, void* s) {
+    if (CUresult r = not_in_capture(s, "cuMemsetD32Async")) return r;
     return memset_dev(p, &v, 4, n);
 }
 
@@ -708,12 +741,17 @@ API CUresult cuStreamBeginCapture_v2(void* s, int mode) {
     if (!st || st->rec) return fail(INVALID_VALUE, "cuStreamBeginCapture: no stream, or capturing");
     st->rec = new std::vector<Op>;
     st->broken = false;
-    if (mode != 2) ++capturing;  // not CU_STREAM_CAPTURE_MODE_RELAXED
+    st->counted = mode != 2;  // not CU_STREAM_CAPTURE_MODE_RELAXED
+    st->by = std::this_thread::get_id();
+    if (st->counted) capturing.push_back(st);
     return OK;
 }
 
+// 0: not capturing, 1: capturing, 2: capturing but invalidated.
 API CUresult cuStreamIsCapturing(void* s, int* status) {
-    *status = recording(s) ? 1 : 0;
+    LOCKED;
+    Stream* st = recording(s);
+    *status = !st ? 0 : st->broken ? 2 : 1;
     return OK;
 }
 
@@ -721,16 +759,16 @@ API CUresult cuStreamEndCapture(void* s, void** graph) {
     LOCKED;
     Stream* st = recording(s);
     if (!st) return fail(INVALID_VALUE, "cuStreamEndCapture: the stream is not capturing");
-    std::vector<Op>* ops = st->rec;
-    st->rec = nullptr;
-    if (capturing) --capturing;
-    if (st->broken) {
-        delete ops;
+    if (st->counted && st->by != std::this_thread::get_id())
+        return fail(WRONG_THREAD, "cuStreamEndCapture: not the thread that began the capture");
+    std::vector<Op> ops = std::move(*st->rec);
+    const bool broken = st->broken;
+    stop_capture(st);
+    if (broken) {
         *graph = nullptr;
         return CAPTURE_INVALIDATED;
     }
-    *graph = new Graph{std::move(*ops)};
-    delete ops;
+    *graph = new Graph{std::move(ops)};
     return OK;
 }
 

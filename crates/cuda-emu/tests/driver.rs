@@ -3,13 +3,14 @@
 //! leaves its allocation, a kernel reading host memory or another
 //! device's memory, memory beyond the device's, a program other than the
 //! kernels' source or compiled with FMA contraction; and it runs a kernel
-//! from the same launch the backend makes. One test, because the
+//! from the same launch the backend makes, and a captured graph's kernels
+//! and copies at each launch, refusing what stream capture refuses. One test, because the
 //! environment it sets (two devices, 1 MiB each) is read once per process.
 
 use std::ffi::{CString, c_void};
 
 use cudarc::driver::result;
-use cudarc::driver::sys::{CUdeviceptr, CUresult};
+use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use cudarc::nvrtc::result as nvrtc;
 
 fn code(e: result::DriverError) -> CUresult {
@@ -112,7 +113,7 @@ fn driver_refuses_bad_copies_and_launches(ptx: &[i8]) {
         result::memcpy_htod_sync(w, &[1f32, 2., 3., 4.]).unwrap();
         result::memcpy_htod_sync(x, &[1f32, 1., 1., 0.5]).unwrap();
         let host_x = [1f32; 4];
-        let launch = |x: CUdeviceptr| {
+        let launch_on = |x: CUdeviceptr, s: sys::CUstream| {
             let (mut w, mut x, mut y) = (w, x, y);
             let (mut rows, mut cols, mut t, mut rows_g) = (1i32, 4i32, 1i32, 1i32);
             let mut params: Vec<*mut c_void> = vec![
@@ -124,15 +125,9 @@ fn driver_refuses_bad_copies_and_launches(ptx: &[i8]) {
                 (&raw mut t).cast(),
                 (&raw mut rows_g).cast(),
             ];
-            result::launch_kernel(
-                f,
-                (1, 1, 1),
-                (32, 1, 1),
-                0,
-                std::ptr::null_mut(),
-                &mut params,
-            )
+            result::launch_kernel(f, (1, 1, 1), (32, 1, 1), 0, s, &mut params)
         };
+        let launch = |x: CUdeviceptr| launch_on(x, std::ptr::null_mut());
         launch(x).unwrap();
         let mut out = [0f32];
         result::memcpy_dtoh_sync(&mut out, y).unwrap();
@@ -143,6 +138,46 @@ fn driver_refuses_bad_copies_and_launches(ptx: &[i8]) {
         ctx(1);
         let e = launch(x).unwrap_err();
         assert_eq!(code(e), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+
+        // Stream capture: the capturing thread may not allocate (the
+        // capture ends invalid); a copy from page-locked memory and a launch
+        // are recorded, not run, and run at each launch of the graph,
+        // reading the staging as it is then.
+        ctx(0);
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        let pinned = result::malloc_host(16, 0).unwrap().cast::<f32>();
+        let staged = std::slice::from_raw_parts_mut(pinned, 4);
+        staged.copy_from_slice(&[2., 2., 2., 2.]);
+        result::memcpy_htod_sync(y, &[0f32]).unwrap();
+        result::stream::begin_capture(s, mode).unwrap();
+        let e = result::malloc_sync(16).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        let e = result::stream::end_capture(s).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        result::stream::begin_capture(s, mode).unwrap();
+        result::memcpy_htod_async(x, &*staged, s).unwrap();
+        launch_on(x, s).unwrap();
+        let graph = result::stream::end_capture(s).unwrap();
+        result::memcpy_dtoh_sync(&mut out, y).unwrap();
+        assert_eq!(out[0], 0.0, "a captured launch does not run");
+        let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)).unwrap();
+        result::graph::launch(exec, s).unwrap();
+        result::memcpy_dtoh_sync(&mut out, y).unwrap();
+        assert_eq!(out[0], 20.0);
+        staged.copy_from_slice(&[1., 0., 0., 1.]);
+        result::graph::launch(exec, s).unwrap();
+        result::memcpy_dtoh_sync(&mut out, y).unwrap();
+        assert_eq!(out[0], 5.0, "a replay reads the staging as it is now");
+        // A captured copy from pageable memory ends the capture as invalid.
+        result::stream::begin_capture(s, mode).unwrap();
+        let e = result::memcpy_htod_async(x, &host_x, s).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        let e = result::stream::end_capture(s).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        result::graph::exec_destroy(exec).unwrap();
+        result::graph::destroy(graph).unwrap();
+        result::free_host(pinned.cast()).unwrap();
     }
 }
 

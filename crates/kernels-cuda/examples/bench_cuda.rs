@@ -3,6 +3,8 @@
 //! of decode-sized ones, beside the device-memory bandwidth measured when
 //! the backend opened. Expert-sized matrices rotate through copies that
 //! together outgrow the device's L2 cache, so their bytes come from HBM.
+//! The single products run twice: replayed as CUDA graphs (the default;
+//! a repeated call is one graph launch) and issued one by one.
 //! `cargo run --release -p fathom-kernels-cuda --example bench_cuda`
 //! (prints why and exits 0 without a device).
 
@@ -53,19 +55,23 @@ fn main() {
     );
     let w = Weights::new();
     batch_cases(&b, &w);
-    for (what, ms, groups, t) in w.cases() {
-        let bytes: usize = fathom_kernels::backend::segments(&ms[0])
-            .iter()
-            .map(|s| s.len())
-            .sum();
-        let (s, k) = time(&b, &ms, groups, t, 24);
-        println!(
-            "{what:<36} {:>9.1} µs  {:>7.0} GB/s of weights; kernels {:>8.1} µs  {:>7.0} GB/s",
-            s * 1e6,
-            bytes as f64 / s / 1e9,
-            k * 1e6,
-            bytes as f64 / k / 1e9
-        );
+    for graphs in [true, false] {
+        b.set_graphs(graphs);
+        println!("graphs {}:", if graphs { "on" } else { "off" });
+        for (what, ms, groups, t) in w.cases() {
+            let bytes: usize = fathom_kernels::backend::segments(&ms[0])
+                .iter()
+                .map(|s| s.len())
+                .sum();
+            let (s, k) = time(&b, &ms, groups, t, 24);
+            println!(
+                "{what:<36} {:>9.1} µs  {:>7.0} GB/s of weights; kernels {:>8.1} µs  {:>7.0} GB/s",
+                s * 1e6,
+                bytes as f64 / s / 1e9,
+                k * 1e6,
+                bytes as f64 / k / 1e9
+            );
+        }
     }
 }
 

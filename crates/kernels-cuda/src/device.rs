@@ -388,6 +388,8 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        // Graphs go before the module their kernels come from.
+        self.lock().tape.clear();
         // Copies ahead may still read host bytes their owners free next.
         let _ = self.copies.synchronize();
     }

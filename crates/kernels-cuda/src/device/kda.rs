@@ -63,11 +63,16 @@ impl CudaBackend {
         let st = &mut *st;
         st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
         st.tape.begin();
-        let staged = match self.kda_stage(st, job) {
-            Ok(Some(s)) => s,
+        // Staged and written, nothing launched yet.
+        let written = self.kda_stage(st, job).and_then(|staged| match staged {
+            Some(s) => self.kda_launch(st, job, &s).map(|()| true),
+            None => Ok(false),
+        });
+        match written {
+            Ok(true) => {}
             // No room for the step's weights: declined with nothing copied
             // (not a device error: the CPU takes the step).
-            Ok(None) => return Ok(false),
+            Ok(false) => return Ok(false),
             Err(e) => {
                 // Copies made for this job hold nothing its owners will ask for.
                 for s in &job.seqs {
@@ -79,10 +84,8 @@ impl CudaBackend {
                 let _ = self.stream.synchronize();
                 return Err(KdaFailure::Before(e));
             }
-        };
-        let ran = self
-            .kda_launch(st, job, &staged)
-            .and_then(|()| self.flush(st));
+        }
+        let ran = self.flush(st);
         let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
         st.stats.sync_wait_ms += waited.elapsed().as_secs_f64() * 1e3;

@@ -24,6 +24,11 @@ use crate::CudaError;
 /// do not move.
 pub(super) const SCRATCH_FLOATS: usize = 1 << 26;
 
+/// A partial block goes up padded with zeros to a multiple of this many
+/// rows (the kernels read only the rows each query sees), so a decode
+/// step's call repeats for this many tokens and replays as a graph.
+const PAD_ROWS: usize = 16;
+
 /// Where a call's pieces are on the device.
 struct Placed {
     /// `uk_t`'s, `uv`'s and `o_proj`'s segments.
@@ -96,7 +101,7 @@ impl CudaBackend {
     /// The products' weights (`o_proj`'s too) and the full blocks here
     /// (kept); the no-position queries, the position parts, the rows each
     /// query sees, where its cache starts in the table, the gate and the
-    /// partial blocks up in one copy, the block table in another; `None` (nothing copied) when the
+    /// partial blocks (padded to [`PAD_ROWS`]) up in one copy, the block table in another; `None` (nothing copied) when the
     /// weights and full blocks do not fit the budget at once.
     fn mla_stage(&self, st: &mut State, work: &MlaWork<'_>) -> Result<Option<Placed>, CudaError> {
         let t = work.ns.len();
@@ -132,8 +137,16 @@ impl CudaBackend {
         }
         let gate = work.o.and_then(|o| o.gate).unwrap_or(&[]);
         let mut xs: Vec<&[f32]> = vec![work.q_nope, work.q_rope, &ns, &boff, gate];
+        let w = work.shape.width();
+        let pad = |b: &[f32]| {
+            let rows = b.len().div_ceil(w.max(1));
+            (rows.next_multiple_of(PAD_ROWS) * w).saturating_sub(b.len())
+        };
+        let zeros = vec![0f32; PAD_ROWS * w];
         for s in work.seqs {
-            xs.extend(s.blocks[s.stable..].iter().copied());
+            for b in &s.blocks[s.stable..] {
+                xs.extend([*b, &zeros[..pad(b)]]);
+            }
         }
         let (xp, yp) = self.stage(st, &xs, work.out.len())?;
         let at = |floats: usize| xp + 4 * floats as u64;
@@ -145,7 +158,7 @@ impl CudaBackend {
             table.extend(kept.by_ref().take(s.stable).copied());
             for b in &s.blocks[s.stable..] {
                 table.push(at(off));
-                off += b.len();
+                off += b.len() + pad(b);
             }
         }
         let dt = self.mla_table(st, &table)?;

@@ -717,6 +717,7 @@ pub(super) fn pinned<'a, T: cudarc::driver::DeviceRepr>(
 ) -> Result<&'a mut PinnedHostSlice<T>, CudaError> {
     if slot.as_ref().is_none_or(|s| s.len() < n) {
         *slot = None;
+        super::tape::REALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Plain page-locked memory (not write-combined: the host reads results back).
         // SAFETY: the values are written before any is read (x copied in, y copied back).
         *slot =
@@ -733,6 +734,7 @@ pub(super) fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZe
 ) -> Result<&'a mut CudaSlice<T>, CudaError> {
     if slot.as_ref().is_none_or(|s| s.len() < n) {
         *slot = None;
+        super::tape::REALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *slot = Some(stream.alloc_zeros::<T>(n.next_power_of_two().max(1024))?);
     }
     Ok(slot.as_mut().expect("just made"))

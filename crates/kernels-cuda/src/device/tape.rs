@@ -17,15 +17,19 @@
 //! turned off for the backend (counted, with the reason) and the call is
 //! issued one by one.
 //!
-//! Between a call's first written operation and its flush nothing else is
-//! issued on the compute stream, and no buffer a written operation names
-//! is freed or moved (a call grows each staging buffer before its first
-//! use); the copy stream's work is ordered by events as before.
+//! What a call issues directly on the compute stream before its flush
+//! (weights and states copied up, a scratch buffer grown) runs before the
+//! written operations, so it touches only what they come after or do not
+//! name: a call grows each staging and scratch buffer before anything is
+//! written that names it. The copy stream's work is ordered by events as
+//! before. When a staging or scratch buffer is reallocated every kept
+//! graph is dropped, so a graph never names memory that was freed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream, LaunchConfig, result, sys};
 use fathom_kernels::backend::BackendStats;
@@ -35,8 +39,10 @@ use crate::CudaError;
 #[cfg(target_endian = "big")]
 compile_error!("kernel arguments are kept in the low bytes of 64-bit slots (little-endian)");
 
-/// The most graphs kept (the least recently used goes first).
-const GRAPHS: usize = 256;
+/// The most graphs kept (the least recently used goes first): well above
+/// one decode step's distinct calls on a full-depth model (a few hundred),
+/// so a step's graphs are never evicted by its own later calls.
+const GRAPHS: usize = 4096;
 /// The most operation lists remembered as seen once (then forgotten together).
 const SEEN: usize = 4096;
 
@@ -102,6 +108,11 @@ impl Arg for f32 {
     }
 }
 
+/// Reallocations of staging and scratch buffers so far (any backend's):
+/// kept graphs may name the old buffers, so each tape drops its graphs
+/// when this moves.
+pub(super) static REALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
 /// A graph kept between calls.
 struct Kept(CudaGraph);
 
@@ -116,9 +127,11 @@ pub(super) struct Tape {
     graphs_on: bool,
     /// Graphs by the operations they run, each with its last use.
     built: HashMap<Vec<Op>, (Kept, u64)>,
-    /// Hashes of operation lists seen once, by last sight.
-    seen: HashMap<u64, u64>,
+    /// Hashes of operation lists seen once.
+    seen: HashSet<u64>,
     tick: u64,
+    /// [`REALLOCATIONS`] when the kept graphs were made.
+    generation: u64,
 }
 
 impl Tape {
@@ -127,9 +140,16 @@ impl Tape {
             ops: Vec::new(),
             graphs_on: true,
             built: HashMap::new(),
-            seen: HashMap::new(),
+            seen: HashSet::new(),
             tick: 0,
+            generation: REALLOCATIONS.load(Ordering::Relaxed),
         }
+    }
+
+    /// Drops the kept graphs (and the lists seen once).
+    pub(super) fn clear(&mut self) {
+        self.built.clear();
+        self.seen.clear();
     }
 
     /// Lets calls run as graphs, or makes every call issue its operations
@@ -137,8 +157,7 @@ impl Tape {
     pub(super) fn set_graphs(&mut self, on: bool) {
         self.graphs_on = on;
         if !on {
-            self.built.clear();
-            self.seen.clear();
+            self.clear();
         }
     }
 
@@ -148,8 +167,12 @@ impl Tape {
         self.ops.clear();
     }
 
-    /// Writes a copy of `src` (page-locked host memory) to `dst`.
+    /// Writes a copy of `src` (page-locked host memory) to `dst`; nothing
+    /// for an empty `src`.
     pub(super) fn up<T>(&mut self, dst: u64, src: &[T]) {
+        if src.is_empty() {
+            return;
+        }
         self.ops.push(Op::Up {
             dst,
             src: src.as_ptr() as usize,
@@ -158,8 +181,12 @@ impl Tape {
     }
 
     /// Writes a copy of `src` into `dst` (page-locked host memory), which
-    /// must stay put and unread until the call's synchronisation.
+    /// must stay put and unread until the call's synchronisation; nothing
+    /// for an empty `dst`.
     pub(super) fn down<T>(&mut self, dst: &mut [T], src: u64) {
+        if dst.is_empty() {
+            return;
+        }
         self.ops.push(Op::Down {
             dst: dst.as_mut_ptr() as usize,
             src,
@@ -198,6 +225,13 @@ impl Tape {
         stats: &mut BackendStats,
     ) -> Result<(), CudaError> {
         let ops = std::mem::take(&mut self.ops);
+        // The raw driver calls below act on this thread's current context.
+        stream.context().bind_to_thread()?;
+        let generation = REALLOCATIONS.load(Ordering::Relaxed);
+        if generation != self.generation {
+            self.clear();
+            self.generation = generation;
+        }
         if self.graphs_on && graphable(&ops) {
             self.tick += 1;
             let tick = self.tick;
@@ -207,7 +241,7 @@ impl Tape {
                 return launch_graph(&g.0, stream, &ops, clock);
             }
             let h = hash_of(&ops);
-            if self.seen.remove(&h).is_some() {
+            if self.seen.remove(&h) {
                 match capture(stream, &ops) {
                     Ok(g) => {
                         stats.graph_builds += 1;
@@ -229,7 +263,7 @@ impl Tape {
                 if self.seen.len() >= SEEN {
                     self.seen.clear();
                 }
-                self.seen.insert(h, tick);
+                self.seen.insert(h);
             }
         }
         ops.iter().try_for_each(|op| issue(stream, op, clock))
