@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Packs what a GPU session runs, for a device machine that has no Rust
+# toolchain: builds fathom, the GPU test binaries (kernels-cuda's parity,
+# glu, graphs, mla, kda; the CLI's device tests), bench_cuda and
+# host_time, strips them and compresses them into target/gpu/gpu.tar.xz
+# (target/ is ignored: carry target/gpu). It also writes target/gpu/run.sh,
+# which runs there from the repository root:
+#
+#   bash target/gpu/run.sh [tests|graphs|bench]...   (default: all three)
+#
+# tests:  the GPU tests in order of importance, each under a time limit;
+# graphs: a K3-dimension synth made there, decoded resident on the GPU
+#         with and without --no-cuda-graphs, interleaved, three pairs;
+# bench:  bench_cuda (kernel times, graphs on and off).
+# Logs go to $OUT when it is set. The CLI's device tests look for the
+# fixtures at the path they were built at: run.sh links that path to the
+# repository there when they differ.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+out=target/gpu
+mkdir -p "$out/bin"
+
+cargo build --release -p fathom-cli
+cargo build --release -p fathom-kernels-cuda --example bench_cuda
+cargo build --release -p fathom-model --example host_time
+tests=$(cargo test --release --no-run --message-format=json \
+  -p fathom-kernels-cuda -p fathom-cli \
+  --test parity --test glu --test graphs --test mla --test kda --test device |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+')
+while read -r name exe; do
+  cp "$exe" "$out/bin/$name"
+done <<<"$tests"
+cp target/release/fathom target/release/examples/bench_cuda target/release/examples/host_time "$out/bin/"
+strip "$out"/bin/*
+tar -C "$out/bin" -cJf "$out/gpu.tar.xz" .
+rm -rf "$out/bin"
+
+cat >"$out/run.sh" <<EOF
+#!/usr/bin/env bash
+# Written by scripts/gpu-pack.sh; run from the repository root on the device.
+set -uo pipefail
+log=\${OUT:-target/gpu}/log
+exec > >(tee -a "\$log") 2>&1
+bin=target/gpu/bin
+mkdir -p "\$bin" target/release
+tar -C "\$bin" -xJf target/gpu/gpu.tar.xz
+cp "\$bin/fathom" target/release/fathom
+built="$root"
+if [ "\$(pwd)" != "\$built" ] && [ ! -e "\$built" ]; then
+  mkdir -p "\$(dirname "\$built")" && ln -s "\$(pwd)" "\$built"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+steps=("\$@"); [ \${#steps[@]} -eq 0 ] && steps=(tests graphs bench)
+for step in "\${steps[@]}"; do
+  case "\$step" in
+  tests)
+    for t in parity glu graphs mla kda; do
+      echo "== \$t"; timeout 300 "\$bin/\$t" 2>&1 | grep -E "^test |FAIL|panicked|test result|skipped"
+    done
+    echo "== device"; timeout 900 "\$bin/device" --test-threads 2 2>&1 | grep -E "^test |FAIL|panicked|test result|skipped|same bits"
+    ;;
+  graphs)
+    m=/tmp/fathom-k3dim
+    [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 4 --experts 16 --top-k 4 --out "\$m" >/dev/null
+    for i in 1 2 3; do
+      for g in "" "--no-cuda-graphs"; do
+        target/release/fathom run --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 32 --ignore-eos \\
+          --experts resident --device cuda --context 4096 --json \$g 2>/dev/null |
+          python3 -c 'import json,sys; d=json.load(sys.stdin); s=d["stats"]; g=s["gpu_decode"]; n=max(1,s["generated_tokens"]-1)
+print(sys.argv[1] or "graphs", round(s["decode_tok_s"],1), "tok/s; kernel ms/token", round(g["kernel_ms"]/n,3), "; calls", g["device_calls"], "replayed", g["graph_launches"], "built", g["graph_builds"], "failed", g["graph_failures"], g.get("last_error"))' "\$g"
+      done
+    done
+    ;;
+  bench)
+    timeout 300 "\$bin/bench_cuda"
+    ;;
+  esac
+done
+EOF
+echo "packed: $(du -h "$out/gpu.tar.xz" | cut -f1) in $out/gpu.tar.xz; run there: bash $out/run.sh"
