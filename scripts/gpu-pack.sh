@@ -12,7 +12,9 @@
 # graphs: a K3-dimension synth made there, decoded resident on the GPU
 #         with and without --no-cuda-graphs, interleaved, three pairs;
 # bench:  bench_cuda (kernel times, graphs on and off).
-# Logs go to $OUT when it is set. The CLI's device tests look for the
+# A summary goes to the output and $OUT/log, every line of the tests and
+# runs to $OUT/full.log ($OUT or target/gpu); the exit status is 1 when a
+# test binary failed. The CLI's device tests look for the
 # fixtures at the path they were built at: run.sh links that path to the
 # repository there when they differ.
 set -euo pipefail
@@ -42,17 +44,29 @@ strip "$out"/bin/*
 tar -C "$out/bin" -cJf "$out/gpu.tar.xz" .
 rm -rf "$out/bin"
 
-cat >"$out/run.sh" <<EOF
-#!/usr/bin/env bash
-# Written by scripts/gpu-pack.sh; run from the repository root on the device.
+{
+  echo '#!/usr/bin/env bash'
+  echo '# Written by scripts/gpu-pack.sh; run from the repository root on the device.'
+  printf 'built=%q\n' "$root"
+} >"$out/run.sh"
+cat >>"$out/run.sh" <<EOF
 set -uo pipefail
-log=\${OUT:-target/gpu}/log
-exec > >(tee -a "\$log") 2>&1
+dir=\${OUT:-target/gpu}
+full="\$dir/full.log"
+exec > >(tee -a "\$dir/log") 2>&1
 bin=target/gpu/bin
 mkdir -p "\$bin" target/release
 tar -C "\$bin" -xJf target/gpu/gpu.tar.xz
 cp "\$bin/fathom" target/release/fathom
-built="$root"
+failed=0
+# Runs a test binary: every line to the full log, the results and any
+# panic with its message here; a failure is remembered.
+check() {
+  local name=\$1; shift
+  echo "== \$name"
+  "\$@" 2>&1 | tee -a "\$full" | grep -E -A4 "^test |FAIL|panicked|test result|skipped" | grep -v "^--"
+  [ "\${PIPESTATUS[0]}" -eq 0 ] || failed=1
+}
 if [ "\$(pwd)" != "\$built" ] && [ ! -e "\$built" ]; then
   mkdir -p "\$(dirname "\$built")" && ln -s "\$(pwd)" "\$built"
 fi
@@ -62,9 +76,9 @@ for step in "\${steps[@]}"; do
   case "\$step" in
   tests)
     for t in parity glu graphs mla kda; do
-      echo "== \$t"; timeout 300 "\$bin/\$t" 2>&1 | grep -E "^test |FAIL|panicked|test result|skipped"
+      check "\$t" timeout 300 "\$bin/\$t"
     done
-    echo "== device"; timeout 900 "\$bin/device" --test-threads 2 2>&1 | grep -E "^test |FAIL|panicked|test result|skipped|same bits"
+    check device timeout 900 "\$bin/device" --test-threads 2
     ;;
   graphs)
     m=/tmp/fathom-k3dim
@@ -72,16 +86,17 @@ for step in "\${steps[@]}"; do
     for i in 1 2 3; do
       for g in "" "--no-cuda-graphs"; do
         target/release/fathom run --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 32 --ignore-eos \\
-          --experts resident --device cuda --context 4096 --json \$g 2>/dev/null |
+          --experts resident --device cuda --context 4096 --json \$g 2>>"\$full" |
           python3 -c 'import json,sys; d=json.load(sys.stdin); s=d["stats"]; g=s["gpu_decode"]; n=max(1,s["generated_tokens"]-1)
 print(sys.argv[1] or "graphs", round(s["decode_tok_s"],1), "tok/s; kernel ms/token", round(g["kernel_ms"]/n,3), "; calls", g["device_calls"], "replayed", g["graph_launches"], "built", g["graph_builds"], "failed", g["graph_failures"], g.get("last_error"))' "\$g"
       done
     done
     ;;
   bench)
-    timeout 300 "\$bin/bench_cuda"
+    timeout 300 "\$bin/bench_cuda" || failed=1
     ;;
   esac
 done
+exit \$failed
 EOF
 echo "packed: $(du -h "$out/gpu.tar.xz" | cut -f1) in $out/gpu.tar.xz; run there: bash $out/run.sh"

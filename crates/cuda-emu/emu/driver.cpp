@@ -422,7 +422,8 @@ API CUresult cuStreamCreate(void** s, unsigned) {
 API CUresult cuStreamCreateWithPriority(void** s, unsigned f, int) { return cuStreamCreate(s, f); }
 
 API CUresult cuStreamDestroy_v2(void* s) {
-    if (Stream* st = recording(s)) stop_capture(st);
+    LOCKED;
+    if (recording(s)) return fail(CAPTURE_UNSUPPORTED, "cuStreamDestroy: the stream is capturing");
     delete static_cast<Stream*>(s);
     return OK;
 }

@@ -175,6 +175,26 @@ fn driver_refuses_bad_copies_and_launches(ptx: &[i8]) {
         assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         let e = result::stream::end_capture(s).unwrap_err();
         assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        // So does a memset on the capturing stream.
+        result::stream::begin_capture(s, mode).unwrap();
+        let e = result::memset_d8_async(y, 0, 4, s).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        let e = result::stream::end_capture(s).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        // Only the thread that began a thread-local capture ends it, and a
+        // capturing stream is not destroyed.
+        result::stream::begin_capture(s, mode).unwrap();
+        let e = result::stream::destroy(s).unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        let other = s as usize;
+        // The stream lives until after the thread is joined.
+        let ended = std::thread::spawn(move || {
+            result::stream::end_capture(other as sys::CUstream).map(|_| ())
+        });
+        let e = ended.join().unwrap().unwrap_err();
+        assert_eq!(code(e), CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+        result::graph::destroy(result::stream::end_capture(s).unwrap()).unwrap();
+        result::stream::destroy(s).unwrap();
         result::graph::exec_destroy(exec).unwrap();
         result::graph::destroy(graph).unwrap();
         result::free_host(pinned.cast()).unwrap();

@@ -86,6 +86,7 @@ impl CudaBackend {
             }
         }
         let ran = self.flush(st);
+        st.stats.device_calls += 1;
         let waited = std::time::Instant::now();
         let synced = self.stream.synchronize();
         st.stats.sync_wait_ms += waited.elapsed().as_secs_f64() * 1e3;
@@ -301,7 +302,6 @@ impl CudaBackend {
             self.launch(tape, m, segs, *ko, s.out, 1, n);
         }
         tape.clock(true);
-        st.stats.device_calls += 1;
         let hy = st.hy.as_mut().expect("staged").as_mut_slice()?;
         // The device buffer holds `ny` values written by the kernels before
         // it; `hy` is page-locked and read after the synchronisation.
