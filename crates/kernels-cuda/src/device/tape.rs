@@ -22,8 +22,10 @@
 //! written operations, so it touches only what they come after or do not
 //! name: a call grows each staging and scratch buffer before anything is
 //! written that names it. The copy stream's work is ordered by events as
-//! before. When a staging or scratch buffer is reallocated every kept
-//! graph is dropped, so a graph never names memory that was freed.
+//! before. A kept graph is launched only when its operations, every
+//! address included, equal the current call's, which names only live
+//! memory; all are also dropped when a staging or scratch buffer is
+//! reallocated.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
