@@ -102,7 +102,7 @@ impl CudaBackend {
         // `g` and `u` each hold n values on the device (the gates' and
         // ups' outputs); the arguments match `glu_act` in `glu.cu`.
         let args = [g, u, n64.slot(), kind.slot(), beta.slot(), beta_lin.slot()];
-        tape.kernel(&self.funcs.glu_act, cfg, &args);
+        tape.kernel(&self.funcs.glu_act, cfg, args);
     }
 }
 

@@ -296,7 +296,7 @@ impl CudaBackend {
             // the sequence's states, the staged inputs and the parameters,
             // sized as `fits_device_kernel` checked (rows tiling
             // 0..n_rows); `kd` ≤ 1024 threads, `kernel` ≤ KDA_MAX_KERNEL.
-            tape.kernel(&self.funcs.kda, cfg, &args);
+            tape.kernel(&self.funcs.kda, cfg, args);
         }
         if let (Some(m), Some((ko, segs))) = (&job.o_proj, &s.o_proj) {
             self.launch(tape, m, segs, *ko, s.out, 1, n);

@@ -228,7 +228,7 @@ impl CudaBackend {
             pl,
             pc,
         ];
-        tape.kernel(&self.funcs.mla_split, cfg((ms as u32, c, 1)), &split);
+        tape.kernel(&self.funcs.mla_split, cfg((ms as u32, c, 1)), split);
         // As above; the context is [H, T, lora] with `c` queries written
         // from `c0`.
         let merge = [
@@ -243,7 +243,7 @@ impl CudaBackend {
             qs.slot(),
             hs.slot(),
         ];
-        tape.kernel(&self.funcs.mla_merge, cfg((c, 1, 1)), &merge);
+        tape.kernel(&self.funcs.mla_merge, cfg((c, 1, 1)), merge);
     }
 
     /// Writes `mla_gate` (`mla.cu`): the values at `vals` `[H, T, dv]` by
@@ -268,7 +268,7 @@ impl CudaBackend {
         // (with a gate) `g` each hold H·T·dv values in the scratch or the
         // staged inputs.
         let args = [vals, g, gated.slot(), hh.slot(), tt.slot(), d.slot(), cat];
-        tape.kernel(&self.funcs.mla_gate, cfg, &args);
+        tape.kernel(&self.funcs.mla_gate, cfg, args);
     }
 
     /// The block table staged and its copy up written: its device address.

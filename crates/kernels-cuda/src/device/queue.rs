@@ -497,7 +497,7 @@ impl CudaBackend {
         };
         // The table holds n entries of device addresses of each product's
         // segments, input and output, all of the checked shape.
-        tape.kernel(f, cfg, &[tab.slot(), r.slot(), c.slot(), t.slot()]);
+        tape.kernel(f, cfg, [tab.slot(), r.slot(), c.slot(), t.slot()]);
     }
 
     /// Writes `w`'s kernel: weights at the device pointers `p` (its
@@ -548,7 +548,7 @@ impl CudaBackend {
         // The arguments match the kernel's parameters in `matmul.cu`
         // (pointers to device copies of the segments, sized by the shapes
         // the caller checked).
-        tape.kernel(f, cfg, &args);
+        tape.kernel(f, cfg, args);
     }
 }
 

@@ -136,7 +136,7 @@ impl CudaBackend {
             eps.slot(),
             c.sums,
         ];
-        tape.kernel(&self.funcs.moe_combine, cfg, &args);
+        tape.kernel(&self.funcs.moe_combine, cfg, args);
     }
 }
 

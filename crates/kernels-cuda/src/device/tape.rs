@@ -196,14 +196,20 @@ impl Tape {
         });
     }
 
-    /// Writes a launch of `f` with `args` (each as [`Arg::slot`] gives it).
-    pub(super) fn kernel(&mut self, f: &CudaFunction, cfg: LaunchConfig, args: &[u64]) {
+    /// Writes a launch of `f` with `args` (each as [`Arg::slot`] gives it;
+    /// a caller's own `Vec` is kept as it is).
+    pub(super) fn kernel(
+        &mut self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: impl Into<Vec<u64>>,
+    ) {
         self.ops.push(Op::Kernel(Launch {
             f: f.cu_function() as usize,
             grid: cfg.grid_dim,
             block: cfg.block_dim,
             shared: cfg.shared_mem_bytes,
-            args: args.to_vec(),
+            args: args.into(),
         }));
     }
 
@@ -347,9 +353,12 @@ fn issue(
             sys::cuMemcpyDtoHAsync_v2(*dst as *mut c_void, *src, *bytes, cu).result()?
         },
         Op::Kernel(l) => {
-            let mut slots = l.args.clone();
-            let mut params: Vec<*mut c_void> =
-                slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
+            // The driver only reads the slots (it copies them before returning).
+            let mut params: Vec<*mut c_void> = l
+                .args
+                .iter()
+                .map(|s| (s as *const u64).cast_mut().cast())
+                .collect();
             // SAFETY: each launch site checked that its arguments match the
             // kernel's parameters (each read from the low bytes of its
             // slot) and name device buffers of the shapes it launches; the
