@@ -9,12 +9,12 @@
 #include "../../kernels-cuda/src/mla.cu"
 
 struct EmuLaunch {
-    unsigned grid_x, grid_y, block_x;
+    unsigned grid_x, grid_y, grid_z, block_x;
     unsigned shared;
 };
 
 static void run(const EmuLaunch* l, const std::function<void()>& body) {
-    emu::launch(dim3{l->grid_x, l->grid_y, 1}, dim3{l->block_x, 1, 1}, l->shared, body);
+    emu::launch(dim3{l->grid_x, l->grid_y, l->grid_z}, dim3{l->block_x, 1, 1}, l->shared, body);
 }
 
 #define MM_TAIL const float *x, float *y, int rows, int cols, int t, int rows_g

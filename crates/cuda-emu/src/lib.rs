@@ -74,6 +74,7 @@ pub fn install_driver() -> Result<&'static Path, String> {
 pub(crate) struct EmuLaunch {
     grid_x: u32,
     grid_y: u32,
+    grid_z: u32,
     block_x: u32,
     shared: u32,
 }
@@ -84,6 +85,7 @@ fn mm_launch(rows: usize, n: usize) -> EmuLaunch {
     EmuLaunch {
         grid_x: rows.div_ceil(8) as u32,
         grid_y: n as u32,
+        grid_z: 1,
         block_x: 256,
         shared: 0,
     }
@@ -423,6 +425,7 @@ pub fn glu_act(act: GluAct, g: &mut [f32], u: &[f32]) {
     let l = EmuLaunch {
         grid_x: n.div_ceil(256).clamp(1, 4096) as u32,
         grid_y: 1,
+        grid_z: 1,
         block_x: 256,
         shared: 0,
     };
@@ -462,6 +465,7 @@ pub fn moe_combine(
     let l = EmuLaunch {
         grid_x: rows as u32,
         grid_y: 1,
+        grid_z: 1,
         block_x: 256,
         shared: 0,
     };
@@ -522,6 +526,7 @@ pub(crate) unsafe fn kda_launch(k: KdaLaunch<'_>) {
     let l = EmuLaunch {
         grid_x: heads as u32,
         grid_y: 1,
+        grid_z: 1,
         block_x: kd as u32,
         shared: (4 * (4 * kd + 2)) as u32,
     };

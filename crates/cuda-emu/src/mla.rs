@@ -24,8 +24,8 @@ pub struct MlaLaunch<'a> {
     pub o_hs: i64,
 }
 
-/// Runs `mla_split` over (split, query) blocks of 256 threads, then
-/// `mla_merge` per query. The caller has checked the shapes (as
+/// Runs `mla_split` over (split, query, head) blocks of 256 threads, then
+/// `mla_merge` per query and head. The caller has checked the shapes (as
 /// `MlaWork::fits_device_kernel` does): every address in `table` holds its
 /// block, the strides stay inside `q_lat` and `out`.
 pub fn mla_launch(l: MlaLaunch<'_>) {
@@ -48,12 +48,14 @@ pub fn mla_launch(l: MlaLaunch<'_>) {
     let split = EmuLaunch {
         grid_x: max_splits as u32,
         grid_y: t as u32,
+        grid_z: h as u32,
         block_x: 256,
         shared: 0,
     };
     let merge = EmuLaunch {
         grid_x: t as u32,
-        grid_y: 1,
+        grid_y: h as u32,
+        grid_z: 1,
         block_x: 256,
         shared: 0,
     };
@@ -121,6 +123,7 @@ pub fn mla_gate(
     let l = EmuLaunch {
         grid_x: n.div_ceil(256).clamp(1, 4096) as u32,
         grid_y: 1,
+        grid_z: 1,
         block_x: 256,
         shared: 0,
     };

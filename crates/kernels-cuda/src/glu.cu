@@ -54,7 +54,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ o,
                                        const float* __restrict__ w, int k, int width, int norm,
                                        const float* __restrict__ nw, float eps,
                                        float* __restrict__ s) {
-    __shared__ float inv;
+    __shared__ float inv, lanes[8];
     const size_t r = blockIdx.x;
     float* sr = s + r * width;
     for (int c = threadIdx.x; c < width; c += blockDim.x) {
@@ -65,8 +65,16 @@ extern "C" __global__ void moe_combine(const float* __restrict__ o,
     }
     if (!norm) return;
     __syncthreads();
+    // sum_sq_lanes(sr, width) with its eight lanes on eight threads.
+    const int body = width / 8 * 8;
+    if (threadIdx.x < 8) {
+        float a = 0.0f;
+        for (int i = threadIdx.x; i < body; i += 8) a = __fmaf_rn(sr[i], sr[i], a);
+        lanes[threadIdx.x] = a;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
-        const float ms = __fdiv_rn(sum_sq_lanes(sr, width), (float)width);
+        const float ms = __fdiv_rn(fold_lanes(lanes, sr, sr, body, width), (float)width);
         inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
     }
     __syncthreads();

@@ -82,15 +82,21 @@ __device__ __forceinline__ float sum_sq(const float* v, int n) {
 // accumulates fmaf(a[i], b[i], ·) over i ≡ l (mod 8) through the full
 // chunks of 8, the lanes fold as ((0+4)+(2+6))+((1+5)+(3+7)), then the
 // tail in order, fused.
+// Its end: the eight lanes' sums folded, then the tail from `body` fused.
+__device__ __forceinline__ float fold_lanes(const float (&acc)[8], const float* a,
+                                            const float* b, int body, int n) {
+    float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[2], acc[6])),
+                        __fadd_rn(__fadd_rn(acc[1], acc[5]), __fadd_rn(acc[3], acc[7])));
+    for (int i = body; i < n; ++i) s = __fmaf_rn(a[i], b[i], s);
+    return s;
+}
+
 __device__ __forceinline__ float dot_lanes(const float* a, const float* b, int n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     const int body = n / 8 * 8;
     for (int i = 0; i < body; i += 8)
         for (int l = 0; l < 8; ++l) acc[l] = __fmaf_rn(a[i + l], b[i + l], acc[l]);
-    float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[2], acc[6])),
-                        __fadd_rn(__fadd_rn(acc[1], acc[5]), __fadd_rn(acc[3], acc[7])));
-    for (int i = body; i < n; ++i) s = __fmaf_rn(a[i], b[i], s);
-    return s;
+    return fold_lanes(acc, a, b, body, n);
 }
 
 // Σ v[i]² in the same order (what `ops::rms_inv` sums).

@@ -208,7 +208,7 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 // kernel before any warp leaves): one load instead of decoding the bits.
 // A warp's chunk is only 128 bytes, so MXG chunks' loads go out together
 // (more bytes in flight per warp; the sums still run chunk by chunk).
-#define MXG 4
+#define MXG 2
 
 __device__ __forceinline__ void e2m1_table(float* lut) {
     if (threadIdx.x < 16) lut[threadIdx.x] = e2m1(threadIdx.x);

@@ -1,7 +1,8 @@
 //! An MLA layer's absorbed attention for a step's sequences in one round
 //! trip: the no-position queries go up, `uk_t`'s grouped product makes the
 //! latent queries, `mla.cu` attends over every sequence's cache (`mla_split`
-//! a block per split and query, `mla_merge` a block per query, in chunks of
+//! a block per split, query and head, `mla_merge` a block per query and
+//! head, in chunks of
 //! queries within a scratch cap), `uv`'s grouped product makes the values,
 //! and only those come back — or, with [`fathom_kernels::backend::MlaOut`],
 //! `mla_gate` puts them by position (times σ(gate)) and `o_proj` makes the
@@ -177,7 +178,7 @@ impl CudaBackend {
     }
 
     /// Writes the attention of queries `c0..c0 + c` (`mla_split` a block per
-    /// split and query, `mla_merge` a block per query): latent queries at
+    /// split, query and head, `mla_merge` a block per query and head): latent queries at
     /// `q_lat`, context into `ctx` (both `[H, T, lora]`), the partials at
     /// `ps`, `pm`, `pl`, `pc`.
     fn launch_chunk(
@@ -228,7 +229,7 @@ impl CudaBackend {
             pl,
             pc,
         ];
-        tape.kernel(&self.funcs.mla_split, cfg((ms as u32, c, 1)), split);
+        tape.kernel(&self.funcs.mla_split, cfg((ms as u32, c, h as u32)), split);
         // As above; the context is [H, T, lora] with `c` queries written
         // from `c0`.
         let merge = [
@@ -243,7 +244,7 @@ impl CudaBackend {
             qs.slot(),
             hs.slot(),
         ];
-        tape.kernel(&self.funcs.mla_merge, cfg((c, 1, 1)), merge);
+        tape.kernel(&self.funcs.mla_merge, cfg((c, h as u32, 1)), merge);
     }
 
     /// Writes `mla_gate` (`mla.cu`): the values at `vals` `[H, T, dv]` by
