@@ -79,11 +79,17 @@ pub(crate) struct EmuLaunch {
     shared: u32,
 }
 
-/// The CUDA backend's launch of a matrix product: 8 rows (warps) a block
-/// of 256 threads, `n` products along y.
-fn mm_launch(rows: usize, n: usize) -> EmuLaunch {
+/// The CUDA backend's launch of a matrix product: 8 warps a block of 256
+/// threads, each a row (two for bf16 with one position, as `matmul.cu`
+/// takes them), `n` products along y.
+fn mm_launch(w: &MatRef<'_>, t: usize, n: usize) -> EmuLaunch {
+    let per_block = if matches!(w, MatRef::Bf16 { .. }) && t == 1 {
+        16
+    } else {
+        8
+    };
     EmuLaunch {
-        grid_x: rows.div_ceil(8) as u32,
+        grid_x: w.rows().div_ceil(per_block) as u32,
         grid_y: n as u32,
         grid_z: 1,
         block_x: 256,
@@ -288,7 +294,7 @@ pub fn matmul(w: &MatRef<'_>, x: &[f32], t: usize, groups: usize, y: &mut [f32])
     assert_eq!(x.len(), groups * t * cols, "input length");
     assert_eq!(y.len(), t * rows, "output length");
     let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
-    let l = mm_launch(rows, 1);
+    let l = mm_launch(w, t, 1);
     let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
     let _g = lock();
     #[cfg(emu_built)]
@@ -397,7 +403,7 @@ pub fn matmul_many(ws: &[MatRef<'_>], xs: &[&[f32]], t: usize, ys: &mut [&mut [f
             y.as_mut_ptr() as u64,
         ]);
     }
-    let l = mm_launch(rows, ws.len());
+    let l = mm_launch(&ws[0], t, ws.len());
     let (r, c, tt) = (rows as i32, cols as i32, t as i32);
     let _g = lock();
     #[cfg(emu_built)]

@@ -179,11 +179,59 @@ extern "C" __global__ void mm_f32(const float* __restrict__ w, const float* __re
     PRODUCT(at, SAME);
 }
 
+// One position (t == 1), two rows a warp (`rows_product`'s sums for each:
+// its own accumulator, the same column order and fold) with both rows'
+// loads in flight together; the launch has 16 rows a block. Row r reads
+// x + (r / rows_g)·cols and writes y[r].
+template <typename At>
+__device__ __forceinline__ void rows2_product1(At at, const float* __restrict__ x,
+                                               float* __restrict__ y, int rows, int cols,
+                                               int rows_g) {
+    const int r0 = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2;
+    const int lane = threadIdx.x & 31;
+    if (r0 >= rows) return;  // whole warps leave together
+    const bool two = r0 + 1 < rows;
+    const int r1 = two ? r0 + 1 : r0;
+    const float* x0 = x + (size_t)(r0 / rows_g) * cols;
+    const float* x1 = x + (size_t)(r1 / rows_g) * cols;
+    float a0 = 0.0f, a1 = 0.0f;
+    const int full = cols - cols % CHUNK;
+    for (int c = 0; c < full; c += CHUNK) {
+        float w0[UNROLL], w1[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            w0[u] = at(r0, c + u * 32 + lane);
+            w1[u] = at(r1, c + u * 32 + lane);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) a0 = fmaf(x0[c + u * 32 + lane], w0[u], a0);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) a1 = fmaf(x1[c + u * 32 + lane], w1[u], a1);
+    }
+    for (int c = full; c < cols; c += 32) {
+        const int i = c + lane;
+        const bool in = i < cols;
+        a0 = fmaf(in ? x0[i] : 0.0f, in ? at(r0, i) : 0.0f, a0);
+        a1 = fmaf(in ? x1[i] : 0.0f, in ? at(r1, i) : 0.0f, a1);
+    }
+    const float s0 = fold32(a0), s1 = fold32(a1);
+    if (lane == 0) {
+        y[r0] = s0;
+        if (two) y[r1] = s1;
+    }
+}
+
+// bf16 products: with one position two rows a warp (16 rows a block),
+// else `rows_product` (8 rows a block).
 __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ w,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int t, int rows_g) {
     auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
-    PRODUCT(at, SAME);
+    if (t == 1) {
+        rows2_product1(at, x, y, rows, cols, rows_g);
+    } else {
+        PRODUCT(at, SAME);
+    }
 }
 
 extern "C" __global__ void mm_bf16(const unsigned short* __restrict__ w,

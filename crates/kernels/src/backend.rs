@@ -145,6 +145,11 @@ pub struct BackendStats {
     /// outside the kernels (copies, launch gaps, waking the host).
     pub lock_wait_ms: f64,
     pub sync_wait_ms: f64,
+    /// The part of `gpu_ms` spent issuing the calls' copies and launches
+    /// (driver calls, or one graph launch); the rest of the host's work in
+    /// the calls (`gpu_ms − lock − sync − issue`) prepares and stages the
+    /// inputs and hands the results back.
+    pub issue_ms: f64,
     /// Device memory holding weights now.
     pub vram_weight_bytes: u64,
     /// Device memory holding sequences' states now (KDA states and
@@ -201,6 +206,7 @@ impl BackendStats {
             kernel_ms: self.kernel_ms - start.kernel_ms,
             lock_wait_ms: self.lock_wait_ms - start.lock_wait_ms,
             sync_wait_ms: self.sync_wait_ms - start.sync_wait_ms,
+            issue_ms: self.issue_ms - start.issue_ms,
             vram_weight_bytes: self.vram_weight_bytes,
             vram_state_bytes: self.vram_state_bytes,
             device_attention: self.device_attention - start.device_attention,
@@ -241,6 +247,7 @@ impl BackendStats {
             kernel_ms: self.kernel_ms + o.kernel_ms,
             lock_wait_ms: self.lock_wait_ms + o.lock_wait_ms,
             sync_wait_ms: self.sync_wait_ms + o.sync_wait_ms,
+            issue_ms: self.issue_ms + o.issue_ms,
             vram_weight_bytes: self.vram_weight_bytes + o.vram_weight_bytes,
             vram_state_bytes: self.vram_state_bytes + o.vram_state_bytes,
             device_attention: self.device_attention + o.device_attention,

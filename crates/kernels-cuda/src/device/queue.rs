@@ -486,7 +486,11 @@ impl CudaBackend {
         let (rows, cols) = (first.w.rows(), first.w.cols());
         let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(8) as u32, n as u32, 1),
+            grid_dim: (
+                rows.div_ceil(rows_a_block(&first.w, first.t)) as u32,
+                n as u32,
+                1,
+            ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -516,7 +520,7 @@ impl CudaBackend {
         let (rows, cols) = (w.rows(), w.cols());
         let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            grid_dim: (rows.div_ceil(rows_a_block(w, t)) as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -738,4 +742,14 @@ pub(super) fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZe
         *slot = Some(stream.alloc_zeros::<T>(n.next_power_of_two().max(1024))?);
     }
     Ok(slot.as_mut().expect("just made"))
+}
+
+/// Weight rows a block of a product's launch (`matmul.cu`): bf16 with one
+/// position takes two rows a warp, every other product one; 8 warps a block.
+pub(super) fn rows_a_block(w: &MatRef<'_>, t: usize) -> usize {
+    if matches!(w, MatRef::Bf16 { .. }) && t == 1 {
+        16
+    } else {
+        8
+    }
 }

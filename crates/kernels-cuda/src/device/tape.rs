@@ -232,6 +232,19 @@ impl Tape {
         clock: Option<&(CudaEvent, CudaEvent)>,
         stats: &mut BackendStats,
     ) -> Result<(), CudaError> {
+        let started = std::time::Instant::now();
+        let issued = self.issue(stream, clock, stats);
+        stats.issue_ms += started.elapsed().as_secs_f64() * 1e3;
+        issued
+    }
+
+    /// [`Tape::flush`]'s work.
+    fn issue(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        clock: Option<&(CudaEvent, CudaEvent)>,
+        stats: &mut BackendStats,
+    ) -> Result<(), CudaError> {
         let ops = std::mem::take(&mut self.ops);
         // The raw driver calls below act on this thread's current context.
         stream.context().bind_to_thread()?;
