@@ -109,6 +109,17 @@ __device__ __forceinline__ float sum_sq_lanes(const float* v, int n) { return do
 #define DYNAMIC_SHARED(T, name) extern __shared__ T name[]
 #endif
 
+// Rows k0 … k0 + KDA_CHUNK − 1 (those below kd) of column j of a head's
+// state, loaded together: each row's update must wait for its load, and
+// one load at a time would make the state's 2·kd rows 2·kd round trips.
+#define KDA_CHUNK 32
+__device__ __forceinline__ void load_rows(const float* s, int k0, int kd, int j,
+                                          float (&v)[KDA_CHUNK]) {
+#pragma unroll
+    for (int i = 0; i < KDA_CHUNK; ++i)
+        v[i] = k0 + i < kd ? s[(size_t)(k0 + i) * kd + j] : 0.0f;
+}
+
 // One sequence's T positions (rows row0 … row0 + T − 1 of the step's
 // inputs) for one head per block (gridDim.x = heads), one thread per
 // channel of the head (blockDim.x = kd, keys and values kd wide).
@@ -179,19 +190,34 @@ extern "C" __global__ void kda_step(
             if (j == 0) hin[4 * np + row * heads + hh] = beta;
         }
         __syncthreads();
-        // Gated delta rule, column j of the state.
+        // Gated delta rule, column j of the state, KDA_CHUNK rows' loads
+        // issued before their updates (the sums still run row by row).
         float pred = 0.0f;
-        for (int kk = 0; kk < kd; ++kk) {
-            const float sv = __fmul_rn(s[(size_t)kk * kd + j], alpha[kk]);
-            s[(size_t)kk * kd + j] = sv;
-            pred = __fadd_rn(pred, __fmul_rn(ks[kk], sv));
+        for (int k0 = 0; k0 < kd; k0 += KDA_CHUNK) {
+            float v[KDA_CHUNK];
+            load_rows(s, k0, kd, j, v);
+#pragma unroll
+            for (int i = 0; i < KDA_CHUNK; ++i) {
+                if (k0 + i < kd) {
+                    const float sv = __fmul_rn(v[i], alpha[k0 + i]);
+                    s[(size_t)(k0 + i) * kd + j] = sv;
+                    pred = __fadd_rn(pred, __fmul_rn(ks[k0 + i], sv));
+                }
+            }
         }
         const float u = __fmul_rn(beta, __fsub_rn(cv[2], pred));
         float o = 0.0f;
-        for (int kk = 0; kk < kd; ++kk) {
-            const float sv = __fadd_rn(s[(size_t)kk * kd + j], __fmul_rn(ks[kk], u));
-            s[(size_t)kk * kd + j] = sv;
-            o = __fadd_rn(o, __fmul_rn(qs[kk], sv));
+        for (int k0 = 0; k0 < kd; k0 += KDA_CHUNK) {
+            float v[KDA_CHUNK];
+            load_rows(s, k0, kd, j, v);
+#pragma unroll
+            for (int i = 0; i < KDA_CHUNK; ++i) {
+                if (k0 + i < kd) {
+                    const float sv = __fadd_rn(v[i], __fmul_rn(ks[k0 + i], u));
+                    s[(size_t)(k0 + i) * kd + j] = sv;
+                    o = __fadd_rn(o, __fmul_rn(qs[k0 + i], sv));
+                }
+            }
         }
         // RMSNorm of the head output (ops::rms_norm), gated by σ(g).
         os[j] = o;
