@@ -268,6 +268,7 @@ inline unsigned lane() { return (unsigned)me().linear % 32; }
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __shared__ static
 #define DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(emu::st().dyn.data())
 #define threadIdx (emu::me().tid)

@@ -78,11 +78,8 @@ __device__ __forceinline__ float sum_sq(const float* v, int n) {
     return s;
 }
 
-// Σ a[i]·b[i] in fathom-kernels `attention::dot_lanes`' order: lane l
-// accumulates fmaf(a[i], b[i], ·) over i ≡ l (mod 8) through the full
-// chunks of 8, the lanes fold as ((0+4)+(2+6))+((1+5)+(3+7)), then the
-// tail in order, fused.
-// Its end: the eight lanes' sums folded, then the tail from `body` fused.
+// dot_lanes' end (below): the eight lanes' sums folded, then the tail
+// from `body` fused.
 __device__ __forceinline__ float fold_lanes(const float (&acc)[8], const float* a,
                                             const float* b, int body, int n) {
     float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[2], acc[6])),
@@ -91,6 +88,10 @@ __device__ __forceinline__ float fold_lanes(const float (&acc)[8], const float* 
     return s;
 }
 
+// Σ a[i]·b[i] in fathom-kernels `attention::dot_lanes`' order: lane l
+// accumulates fmaf(a[i], b[i], ·) over i ≡ l (mod 8) through the full
+// chunks of 8, the lanes fold as ((0+4)+(2+6))+((1+5)+(3+7)), then the
+// tail in order, fused.
 __device__ __forceinline__ float dot_lanes(const float* a, const float* b, int n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     const int body = n / 8 * 8;
@@ -112,7 +113,10 @@ __device__ __forceinline__ float sum_sq_lanes(const float* v, int n) { return do
 // Rows k0 … k0 + KDA_CHUNK − 1 (those below kd) of column j of a head's
 // state, loaded together: each row's update must wait for its load, and
 // one load at a time would make the state's 2·kd rows 2·kd round trips.
-#define KDA_CHUNK 32
+// Sixteen keep a thread within the 64 registers a block of 1024 (the
+// widest head `fits_device_kernel` takes) allows: `kda_step` is launched
+// with that bound.
+#define KDA_CHUNK 16
 __device__ __forceinline__ void load_rows(const float* s, int k0, int kd, int j,
                                           float (&v)[KDA_CHUNK]) {
 #pragma unroll
@@ -128,7 +132,7 @@ __device__ __forceinline__ void load_rows(const float* s, int k0, int kd, int j,
 // Positions run in order, so T positions give the bits of T single steps.
 // hin, when not null, receives each position's delta-rule inputs (what a
 // journal keeps): q, k, v, log α as [4, n_rows, P], then β as [n_rows, H].
-extern "C" __global__ void kda_step(
+extern "C" __global__ void __launch_bounds__(1024) kda_step(
     float* S, float* win_q, float* win_k, float* win_v,
     const float* pre_q, const float* pre_k, const float* pre_v,
     const float* f, const float* b, const float* g,

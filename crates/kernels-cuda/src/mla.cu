@@ -1,10 +1,10 @@
 
 // Absorbed MLA attention over a latent cache (fathom-kernels `attention`:
-// `mla_attend_scalar` defines the order). Per query and split of 256 rows
-// (`mla_split`): every head's score per row, (dot_lanes(lat, q_lat) +
-// dot_lanes(kr, q_rope)) · scale; the head's max; then in row order
+// `mla_attend_scalar` defines the order). Per query, split of 256 rows
+// and head (`mla_split`): the head's score per row, (dot_lanes(lat, q_lat)
+// + dot_lanes(kr, q_rope)) · scale; the head's max; then in row order
 // p = exp(s − max) (exp_fixed), l += p, c = fmaf(p, lat, c) per latent
-// value. Then per query (`mla_merge`) the splits in order by the
+// value. Then per query and head (`mla_merge`) the splits in order by the
 // online-softmax rule, e^ by exp_fixed, and ctx = C · (1/L). Every
 // operation rounded as on the CPU (--fmad=false), so the bits are the
 // CPU's.

@@ -69,8 +69,8 @@ impl MlaWork<'_> {
     /// grouped products) take: queries covered by the sequences in order,
     /// each seeing 1 to all of its cache's rows, every block but each
     /// cache's last full, the products' shapes and every length as the
-    /// shape says, and every size (scratch included) within the kernels'
-    /// `int`s.
+    /// shape says, at most 65535 heads, and every size (scratch included)
+    /// within the kernels' `int`s.
     pub fn fits_device_kernel(&self) -> bool {
         let sh = &self.shape;
         let (h, w, t) = (sh.heads, sh.width(), self.ns.len());
@@ -81,8 +81,10 @@ impl MlaWork<'_> {
         let widest = h
             .checked_mul(t)
             .and_then(|v| v.checked_mul(sh.lora.max(dn).max(dv)));
+        // Heads are a launch's grid y or z (at most 65535).
         t > 0
             && h > 0
+            && h <= 65535
             && sh.lora > 0
             && self.seqs_fit(w)
             && self.uk_t.rows() == h * sh.lora
