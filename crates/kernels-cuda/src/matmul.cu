@@ -179,9 +179,16 @@ extern "C" __global__ void mm_f32(const float* __restrict__ w, const float* __re
     PRODUCT(at, SAME);
 }
 
+// A lane's sums over one chunk of a row (columns c + lane + 32u, in order).
+__device__ __forceinline__ void sum_chunk(const float* __restrict__ x, const float (&w)[UNROLL],
+                                          int c, int lane, float& a) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) a = fmaf(x[c + u * 32 + lane], w[u], a);
+}
+
 // One position (t == 1), two rows a warp (`rows_product`'s sums for each:
-// its own accumulator, the same column order and fold) with both rows'
-// loads in flight together; the launch has 16 rows a block. Row r reads
+// its own accumulator, the same column order and fold) with two chunks of
+// both rows' loads in flight together; the launch has 16 rows a block. Row r reads
 // x + (r / rows_g)·cols and writes y[r].
 template <typename At>
 __device__ __forceinline__ void rows2_product1(At at, const float* __restrict__ x,
@@ -196,17 +203,31 @@ __device__ __forceinline__ void rows2_product1(At at, const float* __restrict__ 
     const float* x1 = x + (size_t)(r1 / rows_g) * cols;
     float a0 = 0.0f, a1 = 0.0f;
     const int full = cols - cols % CHUNK;
-    for (int c = 0; c < full; c += CHUNK) {
+    int c = 0;
+    // Two chunks of both rows loaded, then summed chunk by chunk.
+    for (; c + 2 * CHUNK <= full; c += 2 * CHUNK) {
+        float w[4][UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            w[0][u] = at(r0, c + u * 32 + lane);
+            w[1][u] = at(r1, c + u * 32 + lane);
+            w[2][u] = at(r0, c + CHUNK + u * 32 + lane);
+            w[3][u] = at(r1, c + CHUNK + u * 32 + lane);
+        }
+        sum_chunk(x0, w[0], c, lane, a0);
+        sum_chunk(x1, w[1], c, lane, a1);
+        sum_chunk(x0, w[2], c + CHUNK, lane, a0);
+        sum_chunk(x1, w[3], c + CHUNK, lane, a1);
+    }
+    for (; c < full; c += CHUNK) {
         float w0[UNROLL], w1[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             w0[u] = at(r0, c + u * 32 + lane);
             w1[u] = at(r1, c + u * 32 + lane);
         }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) a0 = fmaf(x0[c + u * 32 + lane], w0[u], a0);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) a1 = fmaf(x1[c + u * 32 + lane], w1[u], a1);
+        sum_chunk(x0, w0, c, lane, a0);
+        sum_chunk(x1, w1, c, lane, a1);
     }
     for (int c = full; c < cols; c += 32) {
         const int i = c + lane;
