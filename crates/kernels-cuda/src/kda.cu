@@ -124,6 +124,28 @@ __device__ __forceinline__ void load_rows(const float* s, int k0, int kd, int j,
         v[i] = k0 + i < kd ? s[(size_t)(k0 + i) * kd + j] : 0.0f;
 }
 
+// One pass over column j of a head's state: each row k becomes
+// update(S[k][j], k), and Σ_k w[k]·S'[k][j] runs in row order; KDA_CHUNK
+// rows' loads are issued before their updates.
+template <typename Update>
+__device__ __forceinline__ float column_pass(float* s, int kd, int j, const float* w,
+                                             Update update) {
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < kd; k0 += KDA_CHUNK) {
+        float v[KDA_CHUNK];
+        load_rows(s, k0, kd, j, v);
+#pragma unroll
+        for (int i = 0; i < KDA_CHUNK; ++i) {
+            if (k0 + i < kd) {
+                const float sv = update(v[i], k0 + i);
+                s[(size_t)(k0 + i) * kd + j] = sv;
+                acc = __fadd_rn(acc, __fmul_rn(w[k0 + i], sv));
+            }
+        }
+    }
+    return acc;
+}
+
 // One sequence's T positions (rows row0 … row0 + T − 1 of the step's
 // inputs) for one head per block (gridDim.x = heads), one thread per
 // channel of the head (blockDim.x = kd, keys and values kd wide).
@@ -194,35 +216,14 @@ extern "C" __global__ void __launch_bounds__(1024) kda_step(
             if (j == 0) hin[4 * np + row * heads + hh] = beta;
         }
         __syncthreads();
-        // Gated delta rule, column j of the state, KDA_CHUNK rows' loads
-        // issued before their updates (the sums still run row by row).
-        float pred = 0.0f;
-        for (int k0 = 0; k0 < kd; k0 += KDA_CHUNK) {
-            float v[KDA_CHUNK];
-            load_rows(s, k0, kd, j, v);
-#pragma unroll
-            for (int i = 0; i < KDA_CHUNK; ++i) {
-                if (k0 + i < kd) {
-                    const float sv = __fmul_rn(v[i], alpha[k0 + i]);
-                    s[(size_t)(k0 + i) * kd + j] = sv;
-                    pred = __fadd_rn(pred, __fmul_rn(ks[k0 + i], sv));
-                }
-            }
-        }
+        // Gated delta rule, column j of the state.
+        const float pred = column_pass(s, kd, j, ks, [&](float v, int k) {
+            return __fmul_rn(v, alpha[k]);
+        });
         const float u = __fmul_rn(beta, __fsub_rn(cv[2], pred));
-        float o = 0.0f;
-        for (int k0 = 0; k0 < kd; k0 += KDA_CHUNK) {
-            float v[KDA_CHUNK];
-            load_rows(s, k0, kd, j, v);
-#pragma unroll
-            for (int i = 0; i < KDA_CHUNK; ++i) {
-                if (k0 + i < kd) {
-                    const float sv = __fadd_rn(v[i], __fmul_rn(ks[k0 + i], u));
-                    s[(size_t)(k0 + i) * kd + j] = sv;
-                    o = __fadd_rn(o, __fmul_rn(qs[k0 + i], sv));
-                }
-            }
-        }
+        const float o = column_pass(s, kd, j, qs, [&](float v, int k) {
+            return __fadd_rn(v, __fmul_rn(ks[k], u));
+        });
         // RMSNorm of the head output (ops::rms_norm), gated by σ(g).
         os[j] = o;
         __syncthreads();

@@ -229,7 +229,7 @@ __device__ __forceinline__ void rows2_product1(At at, const float* __restrict__ 
         sum_chunk(x0, w0, c, lane, a0);
         sum_chunk(x1, w1, c, lane, a1);
     }
-    for (int c = full; c < cols; c += 32) {
+    for (c = full; c < cols; c += 32) {
         const int i = c + lane;
         const bool in = i < cols;
         a0 = fmaf(in ? x0[i] : 0.0f, in ? at(r0, i) : 0.0f, a0);
