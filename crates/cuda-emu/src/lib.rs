@@ -80,14 +80,10 @@ pub(crate) struct EmuLaunch {
 }
 
 /// The CUDA backend's launch of a matrix product: 8 warps a block of 256
-/// threads, each a row (two for bf16 with one position, as `matmul.cu`
-/// takes them), `n` products along y.
+/// threads, [`MatRef::device_rows_a_block`] rows a block, `n` products
+/// along y.
 fn mm_launch(w: &MatRef<'_>, t: usize, n: usize) -> EmuLaunch {
-    let per_block = if matches!(w, MatRef::Bf16 { .. }) && t == 1 {
-        16
-    } else {
-        8
-    };
+    let per_block = w.device_rows_a_block(t);
     EmuLaunch {
         grid_x: w.rows().div_ceil(per_block) as u32,
         grid_y: n as u32,

@@ -48,36 +48,52 @@ extern "C" __global__ void glu_act(float* __restrict__ g, const float* __restric
 // `backend::moe_tail_cpu`): s[r][c] = Σ_j w[r·k + j] · o[off[r·k + j] + c],
 // from zero, each product rounded and then added; with `norm`, the row's
 // RMSNorm (`ops::rms_norm`: its sum of squares in dot_lanes' order) scaled
-// by `nw`. One block a row.
+// by `nw`. One block a row. A column's k loads go out four at a time
+// before they are summed in order; a row of up to COMBINE_SHARED values is
+// also kept in shared memory, where the norm's eight lane threads read it
+// (from global memory each of their loads was a round trip).
+#define COMBINE_SHARED 4096
 extern "C" __global__ void moe_combine(const float* __restrict__ o,
                                        const unsigned* __restrict__ off,
                                        const float* __restrict__ w, int k, int width, int norm,
                                        const float* __restrict__ nw, float eps,
                                        float* __restrict__ s) {
-    __shared__ float inv, lanes[8];
+    __shared__ float inv, lanes[8], row[COMBINE_SHARED];
     const size_t r = blockIdx.x;
+    const unsigned* offr = off + r * k;
+    const float* wr = w + r * k;
     float* sr = s + r * width;
+    const bool kept = width <= COMBINE_SHARED;
     for (int c = threadIdx.x; c < width; c += blockDim.x) {
         float a = 0.0f;
-        for (int j = 0; j < k; ++j)
-            a = __fadd_rn(a, __fmul_rn(w[r * k + j], o[(size_t)off[r * k + j] + c]));
+        int j = 0;
+        for (; j + 4 <= k; j += 4) {
+            float v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) v[q] = o[(size_t)offr[j + q] + c];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) a = __fadd_rn(a, __fmul_rn(wr[j + q], v[q]));
+        }
+        for (; j < k; ++j) a = __fadd_rn(a, __fmul_rn(wr[j], o[(size_t)offr[j] + c]));
         sr[c] = a;
+        if (kept) row[c] = a;
     }
     if (!norm) return;
     __syncthreads();
-    // sum_sq_lanes(sr, width) with its eight lanes on eight threads.
+    const float* v = kept ? row : sr;
+    // sum_sq_lanes(v, width) with its eight lanes on eight threads.
     const int body = width / 8 * 8;
     if (threadIdx.x < 8) {
         float a = 0.0f;
-        for (int i = threadIdx.x; i < body; i += 8) a = __fmaf_rn(sr[i], sr[i], a);
+        for (int i = threadIdx.x; i < body; i += 8) a = __fmaf_rn(v[i], v[i], a);
         lanes[threadIdx.x] = a;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        const float ms = __fdiv_rn(fold_lanes(lanes, sr, sr, body, width), (float)width);
+        const float ms = __fdiv_rn(fold_lanes(lanes, v, v, body, width), (float)width);
         inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
     }
     __syncthreads();
     for (int c = threadIdx.x; c < width; c += blockDim.x)
-        sr[c] = __fmul_rn(__fmul_rn(sr[c], inv), nw[c]);
+        sr[c] = __fmul_rn(__fmul_rn(v[c], inv), nw[c]);
 }

@@ -187,13 +187,16 @@ __device__ __forceinline__ void sum_chunk(const float* __restrict__ x, const flo
 }
 
 // One position (t == 1), two rows a warp (`rows_product`'s sums for each:
-// its own accumulator, the same column order and fold) with two chunks of
-// both rows' loads in flight together; the launch has 16 rows a block. Row r reads
-// x + (r / rows_g)·cols and writes y[r].
-template <typename At>
-__device__ __forceinline__ void rows2_product1(At at, const float* __restrict__ x,
+// its own accumulator, the same column order and fold) with G chunks of
+// both rows' loads in flight together (`chunk`'s loader, so a format may
+// load its bytes widely and hand them round the warp); the launch has 16
+// rows a block. Row r reads x + (r / rows_g)·cols and writes y[r].
+template <int G, typename Chunk, typename At>
+__device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
+                                               const float* __restrict__ x,
                                                float* __restrict__ y, int rows, int cols,
                                                int rows_g) {
+    using Raw = decltype(chunk.load(0, 0, 0));
     const int r0 = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2;
     const int lane = threadIdx.x & 31;
     if (r0 >= rows) return;  // whole warps leave together
@@ -204,30 +207,30 @@ __device__ __forceinline__ void rows2_product1(At at, const float* __restrict__ 
     float a0 = 0.0f, a1 = 0.0f;
     const int full = cols - cols % CHUNK;
     int c = 0;
-    // Two chunks of both rows loaded, then summed chunk by chunk.
-    for (; c + 2 * CHUNK <= full; c += 2 * CHUNK) {
-        float w[4][UNROLL];
+    // G chunks of both rows loaded, then summed chunk by chunk.
+    for (; c + G * CHUNK <= full; c += G * CHUNK) {
+        Raw raw[2 * G];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            w[0][u] = at(r0, c + u * 32 + lane);
-            w[1][u] = at(r1, c + u * 32 + lane);
-            w[2][u] = at(r0, c + CHUNK + u * 32 + lane);
-            w[3][u] = at(r1, c + CHUNK + u * 32 + lane);
+        for (int g = 0; g < G; ++g) {
+            raw[2 * g] = chunk.load(r0, c + g * CHUNK, lane);
+            raw[2 * g + 1] = chunk.load(r1, c + g * CHUNK, lane);
         }
-        sum_chunk(x0, w[0], c, lane, a0);
-        sum_chunk(x1, w[1], c, lane, a1);
-        sum_chunk(x0, w[2], c + CHUNK, lane, a0);
-        sum_chunk(x1, w[3], c + CHUNK, lane, a1);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float w[UNROLL];
+            chunk.decode(raw[2 * g], lane, w);
+            sum_chunk(x0, w, c + g * CHUNK, lane, a0);
+            chunk.decode(raw[2 * g + 1], lane, w);
+            sum_chunk(x1, w, c + g * CHUNK, lane, a1);
+        }
     }
     for (; c < full; c += CHUNK) {
-        float w0[UNROLL], w1[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            w0[u] = at(r0, c + u * 32 + lane);
-            w1[u] = at(r1, c + u * 32 + lane);
-        }
-        sum_chunk(x0, w0, c, lane, a0);
-        sum_chunk(x1, w1, c, lane, a1);
+        const Raw raw0 = chunk.load(r0, c, lane), raw1 = chunk.load(r1, c, lane);
+        float w[UNROLL];
+        chunk.decode(raw0, lane, w);
+        sum_chunk(x0, w, c, lane, a0);
+        chunk.decode(raw1, lane, w);
+        sum_chunk(x1, w, c, lane, a1);
     }
     for (c = full; c < cols; c += 32) {
         const int i = c + lane;
@@ -242,14 +245,14 @@ __device__ __forceinline__ void rows2_product1(At at, const float* __restrict__ 
     }
 }
 
-// bf16 products: with one position two rows a warp (16 rows a block),
-// else `rows_product` (8 rows a block).
+// bf16 products: with one position two rows a warp (16 rows a block,
+// two chunks of both rows in flight), else `rows_product` (8 rows a block).
 __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ w,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int t, int rows_g) {
     auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
     if (t == 1) {
-        rows2_product1(at, x, y, rows, cols, rows_g);
+        rows2_product1<2>(plain(at), at, x, y, rows, cols, rows_g);
     } else {
         PRODUCT(at, SAME);
     }
@@ -276,7 +279,9 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 // The sixteen E2M1 values sit in shared memory (`e2m1_table`, filled by the
 // kernel before any warp leaves): one load instead of decoding the bits.
 // A warp's chunk is only 128 bytes, so MXG chunks' loads go out together
-// (more bytes in flight per warp; the sums still run chunk by chunk).
+// (more bytes in flight per warp; the sums still run chunk by chunk), and
+// with one position a warp takes two rows (`rows2_product1`: both rows'
+// MXG chunks in flight, 16 rows a block) as bf16 does.
 #define MXG 2
 
 __device__ __forceinline__ void e2m1_table(float* lut) {
@@ -321,7 +326,11 @@ __device__ __forceinline__ void mxfp4_product(const unsigned char* __restrict__ 
         return e2m1(code) * e8m0(scales[e >> 5]);
     };
     const Mxfp4Chunk chunk{packed, scales, lut, cols};
-    rows_product<MXG>(chunk, at, SAME, x, y, rows, cols, t, rows_g);
+    if (t == 1) {
+        rows2_product1<MXG>(chunk, at, x, y, rows, cols, rows_g);
+    } else {
+        rows_product<MXG>(chunk, at, SAME, x, y, rows, cols, t, rows_g);
+    }
 }
 
 extern "C" __global__ void mm_mxfp4(const unsigned char* __restrict__ packed,

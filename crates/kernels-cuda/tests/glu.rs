@@ -415,6 +415,28 @@ impl TailCase {
         }
     }
 
+    /// As [`TailCase::new`] with `k` picks a row (the device's combine
+    /// loads a column's picks four at a time: k = 6 takes a group of four
+    /// and a remainder of two).
+    fn with_k(
+        g: &mut Lcg,
+        mxfp4: bool,
+        dims: (usize, usize, usize),
+        ts: &[usize],
+        k: usize,
+    ) -> Self {
+        let mut case = Self::new(g, mxfp4, dims, ts);
+        case.picks = (0..3 * k)
+            .map(|i| {
+                let e = (3 * i + 1) % ts.len();
+                (e as u32, (i % ts[e]) as u32)
+            })
+            .collect();
+        case.weights = (0..3 * k).map(|_| g.f32(1.5)).collect();
+        case.k = k;
+        case
+    }
+
     fn tails(&self) -> Vec<TailExpert<'_, '_>> {
         self.experts
             .iter()
@@ -496,7 +518,9 @@ impl TailCase {
 /// latent norm, the up-projection) against its twin `moe_tail_cpu`, bit
 /// for bit: MXFP4 experts on a 128-wide latent and bf16 ones on a 300-wide
 /// one (past a block's 256 threads, not a multiple of the norm's 8
-/// lanes), every activation, with and without the norm and the projection.
+/// lanes), five picks a row, and bf16 experts with six picks a row on a
+/// 4100-wide latent (wider than the combine keeps in shared memory), every activation, with and
+/// without the norm and the projection.
 #[test]
 fn a_moe_tail_in_one_call_gives_the_twins_bits() {
     let Some(b) = open(None) else { return };
@@ -504,6 +528,8 @@ fn a_moe_tail_in_one_call_gives_the_twins_bits() {
     let cases = [
         TailCase::new(&mut g, true, (96, 128, 128), &[2, 2, 1, 2, 2]),
         TailCase::new(&mut g, false, (40, 64, 300), &[2, 2, 1, 2, 2]),
+        TailCase::with_k(&mut g, true, (96, 128, 128), &[2, 2, 1, 2, 2], 5),
+        TailCase::with_k(&mut g, false, (8, 64, 4100), &[2, 2, 1, 2, 2], 6),
     ];
     for (c, case) in cases.iter().enumerate() {
         for act in ACTS {

@@ -73,6 +73,19 @@ impl MatRef<'_> {
         }
     }
 
+    /// Weight rows a block of 256 threads takes in the launches of the
+    /// device kernels (`fathom-kernels-cuda`'s `matmul.cu`, on a GPU or on
+    /// its host emulator): with one position bf16 and MXFP4 take two rows
+    /// a warp (16 a block), every other product one (8). The grid is
+    /// `rows.div_ceil(this)` blocks.
+    pub fn device_rows_a_block(&self, t: usize) -> usize {
+        if matches!(self, MatRef::Bf16 { .. } | MatRef::Mxfp4(_)) && t == 1 {
+            16
+        } else {
+            8
+        }
+    }
+
     /// `y[T, rows] = x[T, cols] Wᵀ` on the CPU kernels.
     pub fn cpu(&self, x: &[f32], t: usize, y: &mut [f32]) {
         let k = crate::kernels();

@@ -744,12 +744,8 @@ pub(super) fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZe
     Ok(slot.as_mut().expect("just made"))
 }
 
-/// Weight rows a block of a product's launch (`matmul.cu`): bf16 with one
-/// position takes two rows a warp, every other product one; 8 warps a block.
+/// Weight rows a block of a product's launch (`matmul.cu`; the rule is
+/// [`MatRef::device_rows_a_block`], shared with the host emulator).
 pub(super) fn rows_a_block(w: &MatRef<'_>, t: usize) -> usize {
-    if matches!(w, MatRef::Bf16 { .. }) && t == 1 {
-        16
-    } else {
-        8
-    }
+    w.device_rows_a_block(t)
 }
