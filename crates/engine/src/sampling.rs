@@ -29,8 +29,12 @@
 //!    total).
 //!
 //! Steps 1–2 work in f32 on a copy of the logits (no copy when no penalty
-//! applies); everything from step 4 on is f64, single-threaded and in this
-//! fixed order, so results are bit-reproducible.
+//! applies); everything from step 4 on is f64 in this fixed order, so
+//! results are bit-reproducible. On a vocabulary of [`PARALLEL_FROM`]
+//! logits or more the element-wise passes (scaling, `exp`, the division,
+//! the sort, the best-n scan) run on rayon's pool, while every sum still
+//! runs on one thread in rank or index order and the sort is on a total
+//! order of unique keys: the thread count never changes a bit.
 //!
 //! # Non-finite logits
 //!
@@ -51,12 +55,24 @@
 //!
 //! With `top_k > 0` only the `k` best candidates are sorted (selection, then
 //! a sort of `k`); with `top_k == 0` the vocabulary is sorted once. The
-//! log-sum-exp for the reported log-probability is one more pass.
+//! log-sum-exp for the reported log-probability is one more pass. On a
+//! 163,840-token vocabulary these cost milliseconds on one thread — more
+//! than a GPU's decode step — hence the parallel passes.
 
 use std::borrow::Cow;
 use std::fmt;
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+/// Logits from which the sampler's element-wise passes run on rayon's
+/// pool (below it a pool's fixed cost outweighs the work).
+pub const PARALLEL_FROM: usize = 1 << 15;
+
+/// Whether a pass over `n` values runs on the pool.
+fn parallel(n: usize) -> bool {
+    n >= PARALLEL_FROM
+}
 
 /// Highest accepted temperature.
 pub const MAX_TEMPERATURE: f32 = 100.0;
@@ -342,11 +358,17 @@ fn order_key(v: f64) -> f64 {
 
 /// Steps 4–9 for a positive temperature.
 fn draw(params: &SamplingParams, logits: &[f32], u: f64) -> u32 {
-    let ranked = ranked_candidates(logits, f64::from(params.temperature), params.top_k);
+    draw_in(params, logits, u, parallel(logits.len()))
+}
+
+/// [`draw`] with its element-wise passes on the pool or not (`par`): the
+/// same token either way.
+fn draw_in(params: &SamplingParams, logits: &[f32], u: f64, par: bool) -> u32 {
+    let ranked = ranked_candidates(logits, f64::from(params.temperature), params.top_k, par);
     if ranked.is_empty() {
         return 0; // every logit is NaN or -inf
     }
-    let probs = softmax_sorted(&ranked);
+    let probs = softmax_sorted(&ranked, par);
     let keep = nucleus_len(&probs, params.top_p)
         .min(min_p_len(&probs, params.min_p))
         .min(positive_len(&probs))
@@ -363,33 +385,45 @@ fn draw(params: &SamplingParams, logits: &[f32], u: f64) -> u32 {
 }
 
 /// Steps 4–5: scaled logits of the finite-or-`+inf` tokens, top-k applied,
-/// sorted best first.
-fn ranked_candidates(logits: &[f32], temperature: f64, top_k: usize) -> Vec<Ranked> {
-    let mut ranked: Vec<Ranked> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (order_key(f64::from(l) / temperature), i as u32))
-        .filter(|&(v, _)| v > f64::NEG_INFINITY)
-        .map(|(v, i)| (rank_key(v), i))
-        .collect();
+/// sorted best first (keys are unique, so an unstable sort, parallel or
+/// not, gives one order).
+fn ranked_candidates(logits: &[f32], temperature: f64, top_k: usize, par: bool) -> Vec<Ranked> {
+    let key = |(i, &l): (usize, &f32)| {
+        let v = order_key(f64::from(l) / temperature);
+        (v > f64::NEG_INFINITY).then(|| (rank_key(v), i as u32))
+    };
+    let mut ranked: Vec<Ranked> = if par {
+        logits.par_iter().enumerate().filter_map(key).collect()
+    } else {
+        logits.iter().enumerate().filter_map(key).collect()
+    };
     if top_k > 0 && top_k < ranked.len() {
         ranked.select_nth_unstable(top_k - 1);
         ranked.truncate(top_k);
     }
-    ranked.sort_unstable();
+    if par {
+        ranked.par_sort_unstable();
+    } else {
+        ranked.sort_unstable();
+    }
     ranked
 }
 
-/// Step 6: probabilities of candidates already sorted best first.
-fn softmax_sorted(ranked: &[Ranked]) -> Vec<f64> {
+/// Step 6: probabilities of candidates already sorted best first (the sum
+/// on one thread in rank order).
+fn softmax_sorted(ranked: &[Ranked], par: bool) -> Vec<f64> {
     let max = rank_value(ranked[0].0);
-    let mut probs: Vec<f64> = ranked
-        .iter()
-        .map(|&(key, _)| (rank_value(key) - max).exp())
-        .collect();
+    let term = |&(key, _): &Ranked| (rank_value(key) - max).exp();
+    let mut probs: Vec<f64> = if par {
+        ranked.par_iter().map(term).collect()
+    } else {
+        ranked.iter().map(term).collect()
+    };
     let sum: f64 = probs.iter().sum();
-    for p in &mut probs {
-        *p /= sum;
+    if par {
+        probs.par_iter_mut().for_each(|p| *p /= sum);
+    } else {
+        probs.iter_mut().for_each(|p| *p /= sum);
     }
     probs
 }
@@ -428,11 +462,16 @@ fn positive_len(probs: &[f64]) -> usize {
 
 /// The raw log-softmax at `token` and at the `top_n` best tokens.
 fn report(logits: &[f32], token: u32, top_n: usize) -> Sampled {
-    let lsm = LogSoftmax::new(logits);
+    report_in(logits, token, top_n, parallel(logits.len()))
+}
+
+/// [`report`] with its passes on the pool or not (`par`): the same bits.
+fn report_in(logits: &[f32], token: u32, top_n: usize, par: bool) -> Sampled {
+    let lsm = LogSoftmax::new(logits, par);
     let logprob = logits
         .get(token as usize)
         .map_or(f32::NEG_INFINITY, |&l| lsm.at(l));
-    let top = top_tokens(logits, top_n)
+    let top = top_tokens(logits, top_n, par)
         .into_iter()
         .map(|t| (t, lsm.at(logits[t as usize])))
         .collect();
@@ -443,25 +482,36 @@ fn report(logits: &[f32], token: u32, top_n: usize) -> Sampled {
     }
 }
 
-/// `log_softmax(x) = (x - max) - ln Σ exp(x_j - max)`, in f64.
+/// `log_softmax(x) = (x - max) - ln Σ exp(x_j - max)`, in f64 (the sum on
+/// one thread in index order).
 struct LogSoftmax {
     max: f64,
     log_sum: f64,
 }
 
 impl LogSoftmax {
-    fn new(logits: &[f32]) -> Self {
-        let max = logits
-            .iter()
-            .map(|&l| order_key(f64::from(l)))
-            .fold(f64::NEG_INFINITY, f64::max);
+    fn new(logits: &[f32], par: bool) -> Self {
+        let key = |&l: &f32| order_key(f64::from(l));
+        // Exact whatever the grouping (no NaN after `order_key`; a zero's
+        // sign cannot change `at` or a term).
+        let max = if par {
+            logits
+                .par_iter()
+                .map(key)
+                .reduce(|| f64::NEG_INFINITY, f64::max)
+        } else {
+            logits.iter().map(key).fold(f64::NEG_INFINITY, f64::max)
+        };
         if max == f64::NEG_INFINITY {
             return Self { max, log_sum: 0.0 };
         }
-        let sum: f64 = logits
-            .iter()
-            .map(|&l| (order_key(f64::from(l)) - max).exp())
-            .sum();
+        let term = |l: &f32| (key(l) - max).exp();
+        let sum: f64 = if par {
+            let terms: Vec<f64> = logits.par_iter().map(term).collect();
+            terms.iter().sum()
+        } else {
+            logits.iter().map(term).sum()
+        };
         Self {
             max,
             log_sum: sum.ln(),
@@ -477,15 +527,35 @@ impl LogSoftmax {
     }
 }
 
-/// The `n` best raw logits' ids in [`Ranked`] order, in one pass with a
-/// small sorted buffer (n is at most [`MAX_LOGPROBS`] after validation).
-fn top_tokens(logits: &[f32], n: usize) -> Vec<u32> {
+/// The `n` best raw logits' ids in [`Ranked`] order (n is at most
+/// [`MAX_LOGPROBS`] after validation); with `par`, the best `n` of each
+/// slice of [`PARALLEL_FROM`] on the pool, then the best `n` of those (a
+/// total order: the same ids).
+fn top_tokens(logits: &[f32], n: usize, par: bool) -> Vec<u32> {
     if n == 0 {
         return Vec::new();
     }
+    let best = if par {
+        let mut all: Vec<Ranked> = logits
+            .par_chunks(PARALLEL_FROM)
+            .enumerate()
+            .flat_map_iter(|(c, part)| best_of(part, c * PARALLEL_FROM, n))
+            .collect();
+        all.sort_unstable();
+        all.truncate(n);
+        all
+    } else {
+        best_of(logits, 0, n)
+    };
+    best.into_iter().map(|(_, t)| t).collect()
+}
+
+/// The `n` best of `logits` (ids from `base`) in [`Ranked`] order, in one
+/// pass with a small sorted buffer.
+fn best_of(logits: &[f32], base: usize, n: usize) -> Vec<Ranked> {
     let mut best: Vec<Ranked> = Vec::with_capacity(n + 1);
     for (i, &l) in logits.iter().enumerate() {
-        let c = (rank_key(order_key(f64::from(l))), i as u32);
+        let c = (rank_key(order_key(f64::from(l))), (base + i) as u32);
         if best.len() == n && c >= best[n - 1] {
             continue;
         }
@@ -493,7 +563,7 @@ fn top_tokens(logits: &[f32], n: usize) -> Vec<u32> {
         best.insert(at, c);
         best.truncate(n);
     }
-    best.into_iter().map(|(_, t)| t).collect()
+    best
 }
 
 #[cfg(test)]

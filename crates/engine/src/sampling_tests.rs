@@ -472,3 +472,62 @@ fn large_vocabulary_with_top_k() {
         assert!(best[..40].contains(&token));
     }
 }
+
+/// On a vocabulary past `PARALLEL_FROM` the element-wise passes run on the
+/// pool: every draw, log-probability and top list has the bits of the
+/// passes on one thread, in pools of one and of three threads (ties, NaN,
+/// `-inf` and `+inf`-free logits; top-k off, on, top-p and min-p).
+#[test]
+fn a_large_vocabulary_gives_the_same_bits_on_the_pool_and_off_it() {
+    let mut rng = Lcg(17);
+    let mut logits = rng.logits(PARALLEL_FROM * 5 + 123);
+    for i in (0..logits.len()).step_by(997) {
+        logits[i] = [f32::NAN, f32::NEG_INFINITY, 4.75, 4.75][i % 4];
+    }
+    // A peaked distribution, so top-p and min-p keep a short prefix.
+    for l in logits.iter_mut().step_by(50_001) {
+        *l = 12.0;
+    }
+    let params = [
+        temp(0.8),
+        SamplingParams {
+            top_k: 40,
+            ..temp(1.3)
+        },
+        SamplingParams {
+            top_p: 0.9,
+            ..temp(1.0)
+        },
+        SamplingParams {
+            min_p: 0.01,
+            ..temp(0.6)
+        },
+    ];
+    let bits = |s: &Sampled| {
+        let top: Vec<(u32, u32)> = s.top.iter().map(|&(t, l)| (t, l.to_bits())).collect();
+        (s.token, s.logprob.map(f32::to_bits), top)
+    };
+    let one = |par: bool| -> Vec<(u32, Option<u32>, Vec<(u32, u32)>)> {
+        let mut out = Vec::new();
+        for p in &params {
+            for k in 0..24u64 {
+                let u = uniform(p.seed, 0, k);
+                let token = draw_in(p, &logits, u, par);
+                out.push(bits(&report_in(&logits, token, 7, par)));
+            }
+        }
+        out
+    };
+    let serial = one(false);
+    assert!(
+        serial.iter().any(|s| s.0 != serial[0].0),
+        "the draws differ: a real test"
+    );
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a pool");
+        assert_eq!(pool.install(|| one(true)), serial, "{threads} threads");
+    }
+}
