@@ -90,6 +90,8 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaError> {
 struct Funcs {
     f32: CudaFunction,
     bf16: CudaFunction,
+    /// bf16, one position, at most `queue::NARROW_ROWS` rows.
+    bf16_narrow: CudaFunction,
     int8: CudaFunction,
     mxfp4: CudaFunction,
     fp8: CudaFunction,
@@ -257,6 +259,7 @@ impl CudaBackend {
         let funcs = Funcs {
             f32: f("mm_f32")?,
             bf16: f("mm_bf16")?,
+            bf16_narrow: f("mm_bf16_narrow")?,
             int8: f("mm_int8")?,
             mxfp4: f("mm_mxfp4")?,
             fp8: f("mm_fp8")?,

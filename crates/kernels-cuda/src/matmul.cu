@@ -264,6 +264,18 @@ extern "C" __global__ void mm_bf16(const unsigned short* __restrict__ w,
     bf16_product(w, x, y, rows, cols, t, rows_g);
 }
 
+// A bf16 product of one position and few rows (`NARROW_ROWS` or fewer: less
+// than a wave of blocks, so each warp's chain of round trips is the whole
+// launch's time): four chunks of both rows in flight instead of two. Its
+// own kernel, so the wide products keep their register count. The same
+// sums in the same order as `mm_bf16`.
+extern "C" __global__ void mm_bf16_narrow(const unsigned short* __restrict__ w,
+                                          const float* __restrict__ x, float* __restrict__ y,
+                                          int rows, int cols, int rows_g) {
+    auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
+    rows2_product1<4>(plain(at), at, x, y, rows, cols, rows_g);
+}
+
 extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
                                    const float* __restrict__ scale, const float* __restrict__ x,
                                    float* __restrict__ y, int rows, int cols, int t, int rows_g) {

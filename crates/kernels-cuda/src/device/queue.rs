@@ -525,6 +525,13 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let e4 = self.e4m3.device_ptr(&self.stream).0;
+        if matches!(w, MatRef::Bf16 { .. }) && t == 1 && rows <= NARROW_ROWS {
+            // The arguments match `mm_bf16_narrow` in `matmul.cu` (the
+            // weights' one segment, sized by the shapes the caller checked).
+            let args = [p[0], xp, yp, r.slot(), c.slot(), rg.slot()];
+            tape.kernel(&self.funcs.bf16_narrow, cfg, args);
+            return;
+        }
         let f = match w {
             MatRef::F32 { .. } => &self.funcs.f32,
             MatRef::Bf16 { .. } => &self.funcs.bf16,
@@ -743,6 +750,11 @@ pub(super) fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZe
     }
     Ok(slot.as_mut().expect("just made"))
 }
+
+/// bf16 products of one position with at most this many rows launch
+/// `mm_bf16_narrow` (four chunks of a warp's two rows in flight; its 128
+/// blocks are under a wave on the GPUs measured).
+pub(super) const NARROW_ROWS: usize = 2048;
 
 /// Weight rows a block of a product's launch (`matmul.cu`; the rule is
 /// [`MatRef::device_rows_a_block`], shared with the host emulator).
