@@ -67,7 +67,7 @@ use serde::{Deserialize, Serialize};
 
 /// Logits from which the sampler's element-wise passes run on rayon's
 /// pool (below it a pool's fixed cost outweighs the work).
-pub const PARALLEL_FROM: usize = 1 << 15;
+pub(crate) const PARALLEL_FROM: usize = 1 << 15;
 
 /// Whether a pass over `n` values runs on the pool.
 fn parallel(n: usize) -> bool {
@@ -368,7 +368,8 @@ fn draw_in(params: &SamplingParams, logits: &[f32], u: f64, par: bool) -> u32 {
     if ranked.is_empty() {
         return 0; // every logit is NaN or -inf
     }
-    let probs = softmax_sorted(&ranked, par);
+    // After top-k the candidates may be few: the pool only for many.
+    let probs = softmax_sorted(&ranked, par && parallel(ranked.len()));
     let keep = nucleus_len(&probs, params.top_p)
         .min(min_p_len(&probs, params.min_p))
         .min(positive_len(&probs))
@@ -401,7 +402,7 @@ fn ranked_candidates(logits: &[f32], temperature: f64, top_k: usize, par: bool) 
         ranked.select_nth_unstable(top_k - 1);
         ranked.truncate(top_k);
     }
-    if par {
+    if par && parallel(ranked.len()) {
         ranked.par_sort_unstable();
     } else {
         ranked.sort_unstable();

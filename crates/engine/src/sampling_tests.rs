@@ -475,8 +475,9 @@ fn large_vocabulary_with_top_k() {
 
 /// On a vocabulary past `PARALLEL_FROM` the element-wise passes run on the
 /// pool: every draw, log-probability and top list has the bits of the
-/// passes on one thread, in pools of one and of three threads (ties, NaN,
-/// `-inf` and `+inf`-free logits; top-k off, on, top-p and min-p).
+/// passes on one thread, in pools of one and of three threads (logits with
+/// ties, NaN and `-inf`, four of them far above the rest; top-k off and
+/// on, top-p, min-p).
 #[test]
 fn a_large_vocabulary_gives_the_same_bits_on_the_pool_and_off_it() {
     let mut rng = Lcg(17);
@@ -484,7 +485,7 @@ fn a_large_vocabulary_gives_the_same_bits_on_the_pool_and_off_it() {
     for i in (0..logits.len()).step_by(997) {
         logits[i] = [f32::NAN, f32::NEG_INFINITY, 4.75, 4.75][i % 4];
     }
-    // A peaked distribution, so top-p and min-p keep a short prefix.
+    // Four logits far above the rest: min-p keeps only them.
     for l in logits.iter_mut().step_by(50_001) {
         *l = 12.0;
     }

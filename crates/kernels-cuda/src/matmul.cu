@@ -1,6 +1,7 @@
 // Matrix products y[T, rows] = x[T, cols] · Wᵀ on the GPU, with the reduction
 // order of fathom's CPU kernels (fathom-kernels `formats::block_scalar`):
-// one warp per weight row; lane l accumulates fmaf(x[i], w[i], acc) over the
+// a warp per weight row (two rows with their own sums for bf16 and MXFP4 with
+// one position); lane l accumulates fmaf(x[i], w[i], acc) over the
 // columns i = l, l + 32, l + 64, … (a lane past the end adds fmaf(0, 0, acc)),
 // then the 32 partial sums fold in halves, acc[i] += acc[i + h] for
 // h = 16, 8, 4, 2, 1, which is a shuffle-down reduction; then the format's

@@ -300,6 +300,47 @@ fn grouped_products_give_each_blocks_bits() {
     }
 }
 
+/// bf16 decode products (one position) with finite weights, so every row's
+/// sum shows its order (random bf16 bits are mostly NaN or infinite): the
+/// narrow kernel (2048 rows or fewer: four chunks of a warp's two rows in
+/// flight) and the wide one (two chunks), an odd row count (a warp's lone
+/// last row), grouped blocks whose rows split across a warp, against the
+/// scalar twin bit for bit.
+#[test]
+fn bf16_decode_products_keep_the_twins_order() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(41);
+    for (groups, rg, cols) in [
+        (1usize, 2051usize, 1100usize),
+        (1, 2048, 1100),
+        (1, 33, 7168),
+        (3, 683, 600),
+    ] {
+        let rows = groups * rg;
+        let h: Vec<u16> = (0..rows * cols)
+            .map(|_| (g.f32().to_bits() >> 16) as u16)
+            .collect();
+        let m = MatRef::Bf16 { w: &h, rows, cols };
+        let x: Vec<f32> = (0..groups * cols).map(|_| g.f32()).collect();
+        let mut y = vec![f32::NAN; rows];
+        assert!(b.matmul_groups(&m, Role::Spine, groups, &x, 1, &mut y));
+        for k in 0..groups {
+            let block = Bf16Rows {
+                w: &h[k * rg * cols..(k + 1) * rg * cols],
+                cols,
+            };
+            let want = twin(&block, &x[k * cols..(k + 1) * cols], 1);
+            assert!(want.iter().all(|v| v.is_finite()), "a real test");
+            same(
+                &y[k * rg..(k + 1) * rg],
+                &want,
+                &format!("bf16 {groups}×{rg}x{cols}, block {k}"),
+            );
+        }
+        drop_all(&b, &m);
+    }
+}
+
 /// Grouped FP8 (block scales indexed by the row in the whole matrix) and
 /// int8 (a scale per row): each block against the scalar twin over that
 /// block's own row selection.

@@ -524,7 +524,6 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let e4 = self.e4m3.device_ptr(&self.stream).0;
         if matches!(w, MatRef::Bf16 { .. }) && t == 1 && rows <= NARROW_ROWS {
             // The arguments match `mm_bf16_narrow` in `matmul.cu` (the
             // weights' one segment, sized by the shapes the caller checked).
@@ -532,6 +531,7 @@ impl CudaBackend {
             tape.kernel(&self.funcs.bf16_narrow, cfg, args);
             return;
         }
+        let e4 = self.e4m3.device_ptr(&self.stream).0;
         let f = match w {
             MatRef::F32 { .. } => &self.funcs.f32,
             MatRef::Bf16 { .. } => &self.funcs.bf16,
@@ -751,7 +751,8 @@ pub(super) fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZe
     Ok(slot.as_mut().expect("just made"))
 }
 
-/// bf16 products of one position with at most this many rows launch
+/// bf16 products of one position with at most this many rows, launched
+/// one by one (not a grouped batch's `mm_bf16_many`), launch
 /// `mm_bf16_narrow` (four chunks of a warp's two rows in flight; its 128
 /// blocks are under a wave on the GPUs measured).
 pub(super) const NARROW_ROWS: usize = 2048;
