@@ -7,8 +7,7 @@
 //! models with every product on the kernels. It is slow (a fiber switch
 //! per thread at every shuffle) and not a device: copies, caches, streams
 //! and the VRAM budget are the CUDA backend's; launches here use the same
-//! grid and block shapes as the CUDA backend's (a small bf16 product runs
-//! `mm_bf16` here where the backend picks `mm_bf16_narrow`: the same sums).
+//! grid and block shapes as the CUDA backend's.
 //!
 //! The crate also builds an emulated NVIDIA driver and NVRTC
 //! ([`driver_dir`], [`install_driver`]; `emu/driver.cpp`, `emu/nvrtc.cpp`)

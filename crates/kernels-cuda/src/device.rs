@@ -90,8 +90,6 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaError> {
 struct Funcs {
     f32: CudaFunction,
     bf16: CudaFunction,
-    /// bf16, one position, at most `queue::NARROW_ROWS` rows.
-    bf16_narrow: CudaFunction,
     int8: CudaFunction,
     mxfp4: CudaFunction,
     fp8: CudaFunction,
@@ -136,6 +134,9 @@ struct State {
     /// The call's operations on the compute stream, issued together (as a
     /// graph when the call repeats one: `device/tape.rs`).
     tape: tape::Tape,
+    /// Staging and scratch buffers reallocated so far (`queue::pinned`,
+    /// `queue::grow`): the tape drops its graphs when this moves.
+    reallocs: u64,
     stats: BackendStats,
 }
 
@@ -259,7 +260,6 @@ impl CudaBackend {
         let funcs = Funcs {
             f32: f("mm_f32")?,
             bf16: f("mm_bf16")?,
-            bf16_narrow: f("mm_bf16_narrow")?,
             int8: f("mm_int8")?,
             mxfp4: f("mm_mxfp4")?,
             fp8: f("mm_fp8")?,
@@ -307,6 +307,7 @@ impl CudaBackend {
                 dt: None,
                 clock: None,
                 tape: tape::Tape::new(),
+                reallocs: 0,
                 stats,
             }),
         }))

@@ -187,11 +187,40 @@ __device__ __forceinline__ void sum_chunk(const float* __restrict__ x, const flo
     for (int u = 0; u < UNROLL; ++u) a = fmaf(x[c + u * 32 + lane], w[u], a);
 }
 
+// Two rows' sums over one chunk each (columns c + lane + 32u, in order) when
+// the rows read the same input: each input value loaded once for both.
+__device__ __forceinline__ void sum_chunk2(const float* __restrict__ x,
+                                           const float (&w0)[UNROLL],
+                                           const float (&w1)[UNROLL], int c, int lane,
+                                           float& a0, float& a1) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const float xv = x[c + u * 32 + lane];
+        a0 = fmaf(xv, w0[u], a0);
+        a1 = fmaf(xv, w1[u], a1);
+    }
+}
+
+// Both rows' sums over the chunk at c: the input loaded once when the rows
+// share it (`same`), else each row's own.
+__device__ __forceinline__ void sum_pair(const float* __restrict__ x0,
+                                         const float* __restrict__ x1, bool same,
+                                         const float (&w0)[UNROLL], const float (&w1)[UNROLL],
+                                         int c, int lane, float& a0, float& a1) {
+    if (same) {
+        sum_chunk2(x0, w0, w1, c, lane, a0, a1);
+    } else {
+        sum_chunk(x0, w0, c, lane, a0);
+        sum_chunk(x1, w1, c, lane, a1);
+    }
+}
+
 // One position (t == 1), two rows a warp (`rows_product`'s sums for each:
 // its own accumulator, the same column order and fold) with G chunks of
 // both rows' loads in flight together (`chunk`'s loader, so a format may
-// load its bytes widely and hand them round the warp); the launch has 16
-// rows a block. Row r reads x + (r / rows_g)·cols and writes y[r].
+// load its bytes widely and hand them round the warp) and the input loaded
+// once for both rows when they share it; the launch has 16 rows a block.
+// Row r reads x + (r / rows_g)·cols and writes y[r].
 template <int G, typename Chunk, typename At>
 __device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
                                                const float* __restrict__ x,
@@ -205,6 +234,7 @@ __device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
     const int r1 = two ? r0 + 1 : r0;
     const float* x0 = x + (size_t)(r0 / rows_g) * cols;
     const float* x1 = x + (size_t)(r1 / rows_g) * cols;
+    const bool same = x0 == x1;  // the same for the whole warp
     float a0 = 0.0f, a1 = 0.0f;
     const int full = cols - cols % CHUNK;
     int c = 0;
@@ -218,20 +248,18 @@ __device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
         }
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            float w[UNROLL];
-            chunk.decode(raw[2 * g], lane, w);
-            sum_chunk(x0, w, c + g * CHUNK, lane, a0);
-            chunk.decode(raw[2 * g + 1], lane, w);
-            sum_chunk(x1, w, c + g * CHUNK, lane, a1);
+            float w0[UNROLL], w1[UNROLL];
+            chunk.decode(raw[2 * g], lane, w0);
+            chunk.decode(raw[2 * g + 1], lane, w1);
+            sum_pair(x0, x1, same, w0, w1, c + g * CHUNK, lane, a0, a1);
         }
     }
     for (; c < full; c += CHUNK) {
         const Raw raw0 = chunk.load(r0, c, lane), raw1 = chunk.load(r1, c, lane);
-        float w[UNROLL];
-        chunk.decode(raw0, lane, w);
-        sum_chunk(x0, w, c, lane, a0);
-        chunk.decode(raw1, lane, w);
-        sum_chunk(x1, w, c, lane, a1);
+        float w0[UNROLL], w1[UNROLL];
+        chunk.decode(raw0, lane, w0);
+        chunk.decode(raw1, lane, w1);
+        sum_pair(x0, x1, same, w0, w1, c, lane, a0, a1);
     }
     for (c = full; c < cols; c += 32) {
         const int i = c + lane;
@@ -263,18 +291,6 @@ extern "C" __global__ void mm_bf16(const unsigned short* __restrict__ w,
                                    const float* __restrict__ x, float* __restrict__ y, int rows,
                                    int cols, int t, int rows_g) {
     bf16_product(w, x, y, rows, cols, t, rows_g);
-}
-
-// A bf16 product of one position and few rows (`NARROW_ROWS` or fewer: less
-// than a wave of blocks, so each warp's chain of round trips is the whole
-// launch's time): four chunks of both rows in flight instead of two. Its
-// own kernel, so the wide products keep their register count. The same
-// sums in the same order as `mm_bf16`.
-extern "C" __global__ void mm_bf16_narrow(const unsigned short* __restrict__ w,
-                                          const float* __restrict__ x, float* __restrict__ y,
-                                          int rows, int cols, int rows_g) {
-    auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
-    rows2_product1<4>(plain(at), at, x, y, rows, cols, rows_g);
 }
 
 extern "C" __global__ void mm_int8(const signed char* __restrict__ q,

@@ -301,11 +301,10 @@ fn grouped_products_give_each_blocks_bits() {
 }
 
 /// bf16 decode products (one position) with finite weights, so every row's
-/// sum shows its order (random bf16 bits are mostly NaN or infinite): the
-/// narrow kernel (2048 rows or fewer: four chunks of a warp's two rows in
-/// flight) and the wide one (two chunks), an odd row count (a warp's lone
-/// last row), grouped blocks whose rows split across a warp, against the
-/// scalar twin bit for bit.
+/// sum shows its order (random bf16 bits are mostly NaN or infinite): two
+/// rows a warp over several two-chunk passes, an odd row count (a warp's
+/// lone last row), a single block of rows, grouped blocks whose rows split
+/// across a warp, against the scalar twin bit for bit.
 #[test]
 fn bf16_decode_products_keep_the_twins_order() {
     let Some(b) = open(None) else { return };

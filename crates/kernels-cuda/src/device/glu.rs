@@ -71,7 +71,7 @@ impl CudaBackend {
             let (xp, yp) = self.stage(st, &xs, ny)?;
             // The gates' outputs, then the ups' at the same offsets.
             let half: usize = jobs.iter().map(|j| j.t * j.gate.rows()).sum();
-            let gp = grow(&self.stream, &mut st.glu, 2 * half)?
+            let gp = grow(&self.stream, &mut st.glu, 2 * half, &mut st.reallocs)?
                 .device_ptr(&self.stream)
                 .0;
             let up = gp + 4 * half as u64;

@@ -145,8 +145,8 @@ impl CudaBackend {
         let (places, xd) = self.stage_inputs(st, job, n)?;
         let out_len = job.out.len();
         let ny = out_len + job.inputs_out.as_ref().map_or(0, |b| b.len());
-        pinned(self.stream.context(), &mut st.hy, ny)?;
-        let yp = grow(&self.stream, &mut st.y, ny)?
+        pinned(self.stream.context(), &mut st.hy, ny, &mut st.reallocs)?;
+        let yp = grow(&self.stream, &mut st.y, ny, &mut st.reallocs)?
             .device_ptr(&self.stream)
             .0;
         let mut at = [0u64; 12];
@@ -155,7 +155,7 @@ impl CudaBackend {
         let f_up = if nf == 0 {
             None
         } else {
-            let kf = grow(&self.stream, &mut st.kf, n * p)?
+            let kf = grow(&self.stream, &mut st.kf, n * p, &mut st.reallocs)?
                 .device_ptr(&self.stream)
                 .0;
             let low = std::mem::replace(&mut at[3], kf);
@@ -164,7 +164,7 @@ impl CudaBackend {
         let o_proj = if no == 0 {
             None
         } else {
-            let ko = grow(&self.stream, &mut st.ko, n * p)?
+            let ko = grow(&self.stream, &mut st.ko, n * p, &mut st.reallocs)?
                 .device_ptr(&self.stream)
                 .0;
             Some((ko, ptrs[6 + nf..6 + nf + no].to_vec()))
@@ -220,13 +220,14 @@ impl CudaBackend {
             0
         };
         let sent: usize = up.iter().map(|v| v.len()).sum();
-        let hx = pinned(self.stream.context(), &mut st.hx, sent)?.as_mut_slice()?;
+        let hx =
+            pinned(self.stream.context(), &mut st.hx, sent, &mut st.reallocs)?.as_mut_slice()?;
         let mut off = 0;
         for v in &up {
             hx[off..off + v.len()].copy_from_slice(v);
             off += v.len();
         }
-        let xp = grow(&self.stream, &mut st.x, skip + sent)?
+        let xp = grow(&self.stream, &mut st.x, skip + sent, &mut st.reallocs)?
             .device_ptr(&self.stream)
             .0;
         let mut places = [0u64; 6];

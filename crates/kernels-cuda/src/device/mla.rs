@@ -274,9 +274,15 @@ impl CudaBackend {
 
     /// The block table staged and its copy up written: its device address.
     fn mla_table(&self, st: &mut State, table: &[u64]) -> Result<u64, CudaError> {
-        let ht = pinned(self.stream.context(), &mut st.ht, table.len())?.as_mut_slice()?;
+        let ht = pinned(
+            self.stream.context(),
+            &mut st.ht,
+            table.len(),
+            &mut st.reallocs,
+        )?
+        .as_mut_slice()?;
         ht[..table.len()].copy_from_slice(table);
-        let dt = grow(&self.stream, &mut st.dt, table.len())?
+        let dt = grow(&self.stream, &mut st.dt, table.len(), &mut st.reallocs)?
             .device_ptr(&self.stream)
             .0;
         let ht = st.ht.as_ref().expect("staged").as_slice()?;
@@ -311,6 +317,7 @@ impl CudaBackend {
             &self.stream,
             &mut st.mla,
             2 * lat + parts * (SPLIT + lora + 2) + 2 * vals,
+            &mut st.reallocs,
         )?
         .device_ptr(&self.stream)
         .0;

@@ -71,7 +71,7 @@ impl CudaBackend {
     /// when the call repeats one seen before: `tape.rs`).
     pub(super) fn flush(&self, st: &mut State) -> Result<(), CudaError> {
         st.tape
-            .flush(&self.stream, st.clock.as_ref(), &mut st.stats)
+            .flush(&self.stream, st.clock.as_ref(), &mut st.stats, st.reallocs)
     }
 
     /// The lock on the backend's state, its wait counted.
@@ -325,12 +325,12 @@ impl CudaBackend {
     ) -> Result<(u64, u64), CudaError> {
         let ctx = self.stream.context();
         let nx: usize = xs.iter().map(|x| x.len()).sum();
-        let hx = pinned(ctx, &mut st.hx, nx)?.as_mut_slice()?;
-        pinned(ctx, &mut st.hy, ny)?;
-        let xp = grow(&self.stream, &mut st.x, nx)?
+        let hx = pinned(ctx, &mut st.hx, nx, &mut st.reallocs)?.as_mut_slice()?;
+        pinned(ctx, &mut st.hy, ny, &mut st.reallocs)?;
+        let xp = grow(&self.stream, &mut st.x, nx, &mut st.reallocs)?
             .device_ptr(&self.stream)
             .0;
-        let yp = grow(&self.stream, &mut st.y, ny)?
+        let yp = grow(&self.stream, &mut st.y, ny, &mut st.reallocs)?
             .device_ptr(&self.stream)
             .0;
         let mut off = 0;
@@ -466,9 +466,15 @@ impl CudaBackend {
         if tab.is_empty() {
             return Ok(starts.iter().map(|_| None).collect());
         }
-        let ht = pinned(self.stream.context(), &mut st.ht, tab.len())?.as_mut_slice()?;
+        let ht = pinned(
+            self.stream.context(),
+            &mut st.ht,
+            tab.len(),
+            &mut st.reallocs,
+        )?
+        .as_mut_slice()?;
         ht[..tab.len()].copy_from_slice(&tab);
-        let dt = grow(&self.stream, &mut st.dt, tab.len())?
+        let dt = grow(&self.stream, &mut st.dt, tab.len(), &mut st.reallocs)?
             .device_ptr(&self.stream)
             .0;
         // The device table holds at least tab.len() values; `ht` is
@@ -524,13 +530,6 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        if matches!(w, MatRef::Bf16 { .. }) && t == 1 && rows <= NARROW_ROWS {
-            // The arguments match `mm_bf16_narrow` in `matmul.cu` (the
-            // weights' one segment, sized by the shapes the caller checked).
-            let args = [p[0], xp, yp, r.slot(), c.slot(), rg.slot()];
-            tape.kernel(&self.funcs.bf16_narrow, cfg, args);
-            return;
-        }
         let e4 = self.e4m3.device_ptr(&self.stream).0;
         let f = match w {
             MatRef::F32 { .. } => &self.funcs.f32,
@@ -720,15 +719,18 @@ pub(super) fn key(s: &[u8]) -> Key {
     (s.as_ptr() as usize, s.len())
 }
 
-/// Page-locked host staging of at least `n` values.
+/// Page-locked host staging of at least `n` values; `reallocs` (the
+/// backend's count, which tells its tape to drop graphs that may name the
+/// old buffer) counts a new allocation.
 pub(super) fn pinned<'a, T: cudarc::driver::DeviceRepr>(
     ctx: &Arc<CudaContext>,
     slot: &'a mut Option<PinnedHostSlice<T>>,
     n: usize,
+    reallocs: &mut u64,
 ) -> Result<&'a mut PinnedHostSlice<T>, CudaError> {
     if slot.as_ref().is_none_or(|s| s.len() < n) {
         *slot = None;
-        super::tape::REALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *reallocs += 1;
         // Plain page-locked memory (not write-combined: the host reads results back).
         // SAFETY: the values are written before any is read (x copied in, y copied back).
         *slot =
@@ -737,25 +739,20 @@ pub(super) fn pinned<'a, T: cudarc::driver::DeviceRepr>(
     Ok(slot.as_mut().expect("just made"))
 }
 
-/// A scratch buffer of at least `n` values.
+/// A scratch buffer of at least `n` values; `reallocs` as in [`pinned`].
 pub(super) fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
     slot: &'a mut Option<CudaSlice<T>>,
     n: usize,
+    reallocs: &mut u64,
 ) -> Result<&'a mut CudaSlice<T>, CudaError> {
     if slot.as_ref().is_none_or(|s| s.len() < n) {
         *slot = None;
-        super::tape::REALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *reallocs += 1;
         *slot = Some(stream.alloc_zeros::<T>(n.next_power_of_two().max(1024))?);
     }
     Ok(slot.as_mut().expect("just made"))
 }
-
-/// bf16 products of one position with at most this many rows, launched
-/// one by one (not a grouped batch's `mm_bf16_many`), launch
-/// `mm_bf16_narrow` (four chunks of a warp's two rows in flight; its 128
-/// blocks are under a wave on the GPUs measured).
-pub(super) const NARROW_ROWS: usize = 2048;
 
 /// Weight rows a block of a product's launch (`matmul.cu`; the rule is
 /// [`MatRef::device_rows_a_block`], shared with the host emulator).

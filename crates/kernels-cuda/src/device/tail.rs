@@ -68,9 +68,14 @@ impl CudaBackend {
             let half: usize = tail.experts.iter().map(|e| e.t * e.gate.rows()).sum();
             let outs: usize = tail.experts.iter().map(|e| e.t * width).sum();
             let sums = if tail.up.is_some() { rows * width } else { 0 };
-            let gp = grow(&self.stream, &mut st.glu, 2 * half + outs + sums)?
-                .device_ptr(&self.stream)
-                .0;
+            let gp = grow(
+                &self.stream,
+                &mut st.glu,
+                2 * half + outs + sums,
+                &mut st.reallocs,
+            )?
+            .device_ptr(&self.stream)
+            .0;
             let at = |floats: usize| gp + 4 * floats as u64;
             let (upp, dp, sp) = (at(half), at(2 * half), at(2 * half + outs));
             let sp = if tail.up.is_some() { sp } else { yp };

@@ -24,14 +24,13 @@
 //! written that names it. The copy stream's work is ordered by events as
 //! before. A kept graph is launched only when its operations, every
 //! address included, equal the current call's, which names only live
-//! memory; all are also dropped when a staging or scratch buffer is
-//! reallocated.
+//! memory; all are also dropped when one of the backend's staging or
+//! scratch buffers is reallocated.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream, LaunchConfig, result, sys};
 use fathom_kernels::backend::BackendStats;
@@ -110,11 +109,6 @@ impl Arg for f32 {
     }
 }
 
-/// Reallocations of staging and scratch buffers so far (any backend's):
-/// kept graphs may name the old buffers, so each tape drops its graphs
-/// when this moves.
-pub(super) static REALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
 /// A graph kept between calls.
 struct Kept(CudaGraph);
 
@@ -132,7 +126,10 @@ pub(super) struct Tape {
     /// Hashes of operation lists seen once.
     seen: HashSet<u64>,
     tick: u64,
-    /// [`REALLOCATIONS`] when the kept graphs were made.
+    /// The backend's count of staging and scratch reallocations when the
+    /// kept graphs were made (they may name the old buffers: a new count
+    /// drops them). Each backend counts its own, so another backend's
+    /// buffers never drop this one's graphs.
     generation: u64,
 }
 
@@ -144,7 +141,7 @@ impl Tape {
             built: HashMap::new(),
             seen: HashSet::new(),
             tick: 0,
-            generation: REALLOCATIONS.load(Ordering::Relaxed),
+            generation: 0,
         }
     }
 
@@ -231,9 +228,10 @@ impl Tape {
         stream: &Arc<CudaStream>,
         clock: Option<&(CudaEvent, CudaEvent)>,
         stats: &mut BackendStats,
+        reallocs: u64,
     ) -> Result<(), CudaError> {
         let started = std::time::Instant::now();
-        let issued = self.issue(stream, clock, stats);
+        let issued = self.issue(stream, clock, stats, reallocs);
         stats.issue_ms += started.elapsed().as_secs_f64() * 1e3;
         issued
     }
@@ -244,14 +242,14 @@ impl Tape {
         stream: &Arc<CudaStream>,
         clock: Option<&(CudaEvent, CudaEvent)>,
         stats: &mut BackendStats,
+        reallocs: u64,
     ) -> Result<(), CudaError> {
         let ops = std::mem::take(&mut self.ops);
         // The raw driver calls below act on this thread's current context.
         stream.context().bind_to_thread()?;
-        let generation = REALLOCATIONS.load(Ordering::Relaxed);
-        if generation != self.generation {
+        if reallocs != self.generation {
             self.clear();
-            self.generation = generation;
+            self.generation = reallocs;
         }
         if self.graphs_on && graphable(&ops) {
             self.tick += 1;
