@@ -14,7 +14,7 @@ use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::attention::SPLIT;
 use fathom_kernels::backend::{MatRef, MlaWork, segments};
 
-use super::queue::{fits, grow, pinned};
+use super::queue::{fits, grow};
 use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
 use crate::CudaError;
@@ -162,7 +162,7 @@ impl CudaBackend {
                 off += b.len() + pad(b);
             }
         }
-        let dt = self.mla_table(st, &table)?;
+        let dt = self.stage_table(st, &table)?;
         Ok(Some(Placed {
             uk_t: ptrs[..nw].to_vec(),
             uv: ptrs[nw..nu].to_vec(),
@@ -270,26 +270,6 @@ impl CudaBackend {
         // staged inputs.
         let args = [vals, g, gated.slot(), hh.slot(), tt.slot(), d.slot(), cat];
         tape.kernel(&self.funcs.mla_gate, cfg, args);
-    }
-
-    /// The block table staged and its copy up written: its device address.
-    fn mla_table(&self, st: &mut State, table: &[u64]) -> Result<u64, CudaError> {
-        let ht = pinned(
-            self.stream.context(),
-            &mut st.ht,
-            table.len(),
-            &mut st.reallocs,
-        )?
-        .as_mut_slice()?;
-        ht[..table.len()].copy_from_slice(table);
-        let dt = grow(&self.stream, &mut st.dt, table.len(), &mut st.reallocs)?
-            .device_ptr(&self.stream)
-            .0;
-        let ht = st.ht.as_ref().expect("staged").as_slice()?;
-        // The device table holds at least table.len() values; `ht` is
-        // page-locked and not touched again before the synchronisation.
-        st.tape.up(dt, &ht[..table.len()]);
-        Ok(dt)
     }
 
     /// The launches written, clocked: `uk_t`'s product, the attention `chunk`

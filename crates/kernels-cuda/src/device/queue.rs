@@ -466,24 +466,27 @@ impl CudaBackend {
         if tab.is_empty() {
             return Ok(starts.iter().map(|_| None).collect());
         }
-        let ht = pinned(
-            self.stream.context(),
-            &mut st.ht,
-            tab.len(),
-            &mut st.reallocs,
-        )?
-        .as_mut_slice()?;
-        ht[..tab.len()].copy_from_slice(&tab);
-        let dt = grow(&self.stream, &mut st.dt, tab.len(), &mut st.reallocs)?
-            .device_ptr(&self.stream)
-            .0;
-        // The device table holds at least tab.len() values; `ht` is
-        // page-locked and not touched again before the synchronisation.
-        st.tape.up(dt, &ht[..tab.len()]);
+        let dt = self.stage_table(st, &tab)?;
         Ok(starts
             .iter()
             .map(|s| s.map(|s| dt + 8 * s as u64))
             .collect())
+    }
+
+    /// A table of device addresses staged (`State`'s `ht`) and its copy up
+    /// (to `dt`) written on the tape: its device address.
+    pub(super) fn stage_table(&self, st: &mut State, table: &[u64]) -> Result<u64, CudaError> {
+        let ctx = self.stream.context();
+        let ht = pinned(ctx, &mut st.ht, table.len(), &mut st.reallocs)?.as_mut_slice()?;
+        ht[..table.len()].copy_from_slice(table);
+        let dt = grow(&self.stream, &mut st.dt, table.len(), &mut st.reallocs)?
+            .device_ptr(&self.stream)
+            .0;
+        let ht = st.ht.as_ref().expect("staged").as_slice()?;
+        // The device table holds at least table.len() values; `ht` is
+        // page-locked and not touched again before the synchronisation.
+        st.tape.up(dt, &ht[..table.len()]);
+        Ok(dt)
     }
 
     /// Writes `n` products of `first`'s kernel and shape in one launch,
@@ -493,7 +496,7 @@ impl CudaBackend {
         let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
         let cfg = LaunchConfig {
             grid_dim: (
-                rows.div_ceil(rows_a_block(&first.w, first.t)) as u32,
+                rows.div_ceil(first.w.device_rows_a_block(first.t)) as u32,
                 n as u32,
                 1,
             ),
@@ -526,7 +529,7 @@ impl CudaBackend {
         let (rows, cols) = (w.rows(), w.cols());
         let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(rows_a_block(w, t)) as u32, 1, 1),
+            grid_dim: (rows.div_ceil(w.device_rows_a_block(t)) as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -752,10 +755,4 @@ pub(super) fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZe
         *slot = Some(stream.alloc_zeros::<T>(n.next_power_of_two().max(1024))?);
     }
     Ok(slot.as_mut().expect("just made"))
-}
-
-/// Weight rows a block of a product's launch (`matmul.cu`; the rule is
-/// [`MatRef::device_rows_a_block`], shared with the host emulator).
-pub(super) fn rows_a_block(w: &MatRef<'_>, t: usize) -> usize {
-    w.device_rows_a_block(t)
 }
