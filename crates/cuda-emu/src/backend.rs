@@ -346,6 +346,7 @@ impl Backend for EmuBackend {
                 mla_work(&mut MlaWork {
                     o: None,
                     out: &mut vals,
+                    then: None,
                     ..*work
                 });
                 let mut cat = vec![0f32; h * t * dv];

@@ -181,6 +181,7 @@ fn step(
         f_up: bf16(&l.f_up[..], p, R),
         o_proj: bf16(&l.o_proj[..], D, p),
         inputs_out: Some(&mut inputs),
+        then: None,
     };
     match b {
         Some(b) => assert!(b.kda_step(&mut job).unwrap(), "the emulator took the step"),
@@ -291,6 +292,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
         f_up: None,
         o_proj: None,
         inputs_out: None,
+        then: None,
     };
     assert!(
         !b.kda_step(&mut job).unwrap(),

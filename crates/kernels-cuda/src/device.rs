@@ -28,6 +28,7 @@ mod mla;
 mod queue;
 mod tail;
 mod tape;
+mod then;
 
 use queue::Job;
 
@@ -102,6 +103,19 @@ struct Funcs {
     mla_merge: CudaFunction,
     moe_combine: CudaFunction,
     mla_gate: CudaFunction,
+    res_mix: CudaFunction,
+}
+
+/// A second set of staging buffers (see `State`'s), for the part of a
+/// call that follows its first ([`then`]).
+#[derive(Default)]
+struct Staging {
+    x: Option<CudaSlice<f32>>,
+    y: Option<CudaSlice<f32>>,
+    hx: Option<PinnedHostSlice<f32>>,
+    hy: Option<PinnedHostSlice<f32>>,
+    ht: Option<PinnedHostSlice<u64>>,
+    dt: Option<CudaSlice<u64>>,
 }
 
 struct State {
@@ -122,6 +136,8 @@ struct State {
     /// Address tables of grouped launches, staged and on the device.
     ht: Option<PinnedHostSlice<u64>>,
     dt: Option<CudaSlice<u64>>,
+    /// The staging of a layer's rest after its attention in one call.
+    then: Staging,
     /// Sequences' states whose newest copies are here, by their host
     /// copies' names (`fathom_kernels::state_buf`).
     states: HashMap<StateKey, CudaSlice<f32>>,
@@ -272,6 +288,7 @@ impl CudaBackend {
             mla_merge: f("mla_merge")?,
             moe_combine: f("moe_combine")?,
             mla_gate: f("mla_gate")?,
+            res_mix: f("res_mix")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
@@ -305,6 +322,7 @@ impl CudaBackend {
                 hy: None,
                 ht: None,
                 dt: None,
+                then: Staging::default(),
                 clock: None,
                 tape: tape::Tape::new(),
                 reallocs: 0,

@@ -97,3 +97,86 @@ extern "C" __global__ void moe_combine(const float* __restrict__ o,
     for (int c = threadIdx.x; c < width; c += blockDim.x)
         sr[c] = __fmul_rn(__fmul_rn(v[c], inv), nw[c]);
 }
+
+// The rest of a layer before its experts are chosen, its first part
+// (fathom-kernels `backend::then_mix`): per row, p = partial + a (written
+// over the residual in `v`), the block attention residuals' softmax over
+// depth (`backend::depth_mix`: each source's rms_inv and dot_lanes with
+// the query, on eight lane threads each, folded as dot_lanes folds; the
+// softmax with exp_fixed on one thread; the weighted sum from zero in
+// source order) when `query` is not null, else p itself; then the
+// RMSNorm scaled by `nw`, into `x`. `v` holds nb earlier blocks then the
+// residual, each [n, d]. One block a row.
+#define MIX_MAX_SOURCES 64
+extern "C" __global__ void res_mix(float* __restrict__ v, const float* __restrict__ a, int nb,
+                                   int n, int d, const float* __restrict__ query,
+                                   const float* __restrict__ nw, float eps,
+                                   float* __restrict__ x) {
+    __shared__ float lanes[16 * MIX_MAX_SOURCES], p[MIX_MAX_SOURCES], inv;
+    const size_t r = blockIdx.x, nd = (size_t)n * d;
+    float* pr = v + (size_t)nb * nd + r * (size_t)d;
+    const float* ar = a + r * (size_t)d;
+    float* xr = x + r * (size_t)d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) pr[c] = __fadd_rn(pr[c], ar[c]);
+    __syncthreads();
+    const int body = d / 8 * 8, ns = nb + 1;
+    if (query != nullptr) {
+        // Source j's lane l: task 16j + l sums with the query, 16j + 8 + l its squares.
+        for (int task = threadIdx.x; task < 16 * ns; task += blockDim.x) {
+            const int j = task / 16, sq = (task / 8) % 2, l = task % 8;
+            const float* vj = v + (size_t)j * nd + r * (size_t)d;
+            const float* b = sq ? vj : query;
+            float acc = 0.0f;
+            for (int i = l; i < body; i += 8) acc = __fmaf_rn(vj[i], b[i], acc);
+            lanes[task] = acc;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float m = __uint_as_float(0xFF800000u);
+            for (int j = 0; j < ns; ++j) {
+                const float* vj = v + (size_t)j * nd + r * (size_t)d;
+                float lq[8], ls[8];
+                for (int l = 0; l < 8; ++l) {
+                    lq[l] = lanes[16 * j + l];
+                    ls[l] = lanes[16 * j + 8 + l];
+                }
+                const float dq = fold_lanes(lq, vj, query, body, d);
+                const float ms = __fdiv_rn(fold_lanes(ls, vj, vj, body, d), (float)d);
+                const float ri = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+                p[j] = __fmul_rn(ri, dq);
+                m = fmaxf(m, p[j]);
+            }
+            float s = 0.0f;
+            for (int j = 0; j < ns; ++j) {
+                p[j] = exp_fixed(__fsub_rn(p[j], m));
+                s = __fadd_rn(s, p[j]);
+            }
+            for (int j = 0; j < ns; ++j) p[j] = __fdiv_rn(p[j], s);
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            float o = 0.0f;
+            for (int j = 0; j < ns; ++j)
+                o = __fadd_rn(o, __fmul_rn(p[j], v[(size_t)j * nd + r * (size_t)d + c]));
+            xr[c] = o;
+        }
+    } else {
+        for (int c = threadIdx.x; c < d; c += blockDim.x) xr[c] = pr[c];
+    }
+    __syncthreads();
+    // RMSNorm (ops::rms_norm): sum_sq_lanes on eight threads.
+    if (threadIdx.x < 8) {
+        float acc = 0.0f;
+        for (int i = threadIdx.x; i < body; i += 8) acc = __fmaf_rn(xr[i], xr[i], acc);
+        lanes[threadIdx.x] = acc;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float ls[8];
+        for (int l = 0; l < 8; ++l) ls[l] = lanes[l];
+        const float ms = __fdiv_rn(fold_lanes(ls, xr, xr, body, d), (float)d);
+        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += blockDim.x) xr[c] = __fmul_rn(__fmul_rn(xr[c], inv), nw[c]);
+}

@@ -10,8 +10,9 @@
 
 use std::sync::Arc;
 
-use fathom_kernels::backend::{self, Backend, MatRef};
+use fathom_kernels::backend::{self, Backend, MatRef, Then, ThenGlu, ThenProduct, then_cpu};
 use fathom_kernels::kda::{KdaDims, KdaInputs, KdaJob, KdaParams, KdaProj, KdaSeq, kda_step_cpu};
+use fathom_kernels::ops::GluAct;
 use fathom_kernels::state_buf::StateBuf;
 
 mod common;
@@ -157,6 +158,20 @@ impl Seq {
 /// backend when `device`, else the twin. Returns the bits of the outputs
 /// and of the delta-rule inputs handed back for a journal.
 fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool) -> Vec<u32> {
+    step_then(l, seqs, lens, rng, device, None)
+}
+
+/// [`step`] with a [`Then`] of `blocks` earlier blocks (and a query when
+/// `Some((blocks, true))`) behind the step's output, whose rows and
+/// products' bits follow the step's.
+fn step_then(
+    l: &Layer,
+    seqs: &mut [Seq],
+    lens: &[usize],
+    rng: &mut Lcg,
+    device: bool,
+    then: Option<(usize, bool)>,
+) -> Vec<u32> {
     let (p, h) = (l.dims.width(), l.dims.heads);
     let n: usize = lens.iter().sum();
     let pre: [Vec<f32>; 3] = std::array::from_fn(|_| rng.vec(n * p, 2.0));
@@ -207,7 +222,10 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
         f_up: l.products()[0],
         o_proj: l.products()[1],
         inputs_out: Some(&mut inputs),
+        then: None,
     };
+    let mut rest = then.map(|(nb, q)| Rest::new(rng, n, nb, q));
+    job.then = rest.as_mut().map(Rest::then);
     if device {
         assert!(
             backend::kda_step(&mut job).unwrap(),
@@ -216,11 +234,160 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
     } else {
         kda_step_cpu(&mut job).unwrap();
     }
-    out.iter().chain(&inputs).map(|x| x.to_bits()).collect()
+    let a = job.out.to_vec();
+    if let Some(t) = job.then.as_mut() {
+        if device {
+            assert!(t.done, "the device took the step's rest");
+        } else {
+            then_cpu(t, &a);
+        }
+    }
+    drop(job);
+    let mut bits: Vec<u32> = out.iter().chain(&inputs).map(|x| x.to_bits()).collect();
+    if let Some(r) = &rest {
+        bits.extend(r.bits());
+    }
+    bits
+}
+
+/// The buffers of a [`Then`] over `n` rows of width [`D`]: a gated MLP
+/// and two plain products (bf16) of the normed rows.
+struct Rest {
+    partial: Vec<f32>,
+    blocks: Vec<Vec<f32>>,
+    query: Option<Vec<f32>>,
+    norm: Vec<f32>,
+    w: [Vec<u16>; 5],
+    x: Vec<f32>,
+    ys: [Vec<f32>; 3],
+}
+
+/// The rest's products: plain `[24, D]` and `[8, D]`, gate and up `[40, D]`, down `[D, 40]`.
+const REST_ROWS: [usize; 5] = [24, 8, 40, 40, D];
+
+impl Rest {
+    fn new(rng: &mut Lcg, n: usize, nb: usize, query: bool) -> Self {
+        let w = std::array::from_fn(|i| {
+            let cols = if i == 4 { REST_ROWS[2] } else { D };
+            bf16(rng, REST_ROWS[i] * cols, 0.3)
+        });
+        Rest {
+            partial: rng.vec(n * D, 2.0),
+            blocks: (0..nb).map(|_| rng.vec(n * D, 2.0)).collect(),
+            query: query.then(|| rng.vec(D, 1.0)),
+            norm: rng.vec(D, 1.5),
+            w,
+            x: vec![0f32; n * D],
+            ys: [n * 24, n * 8, n * D].map(|len| vec![f32::NAN; len]),
+        }
+    }
+
+    fn then(&mut self) -> Then<'_> {
+        fn m(w: &[u16], i: usize) -> MatRef<'_> {
+            MatRef::Bf16 {
+                w,
+                rows: REST_ROWS[i],
+                cols: if i == 4 { REST_ROWS[2] } else { D },
+            }
+        }
+        let [y0, y1, y2] = &mut self.ys;
+        Then {
+            d: D,
+            partial: &self.partial,
+            blocks: &self.blocks,
+            query: self.query.as_deref(),
+            eps: 1e-5,
+            norm: &self.norm,
+            x: &mut self.x,
+            plain: vec![
+                ThenProduct {
+                    w: m(&self.w[0], 0),
+                    y: y0,
+                },
+                ThenProduct {
+                    w: m(&self.w[1], 1),
+                    y: y1,
+                },
+            ],
+            glu: vec![ThenGlu {
+                gate: m(&self.w[2], 2),
+                up: m(&self.w[3], 3),
+                down: m(&self.w[4], 4),
+                y: y2,
+            }],
+            act: GluAct::Situ {
+                beta: 4.0,
+                beta_lin: Some(25.0),
+            },
+            done: false,
+        }
+    }
+
+    fn bits(&self) -> impl Iterator<Item = u32> + '_ {
+        self.x
+            .iter()
+            .chain(self.ys.iter().flatten())
+            .map(|v| v.to_bits())
+    }
+}
+
+impl Drop for Rest {
+    /// The backend keeps device copies of the weights by address.
+    fn drop(&mut self) {
+        for w in &self.w {
+            backend::forget(w);
+        }
+        backend::forget(&self.norm);
+        if let Some(q) = &self.query {
+            backend::forget(q);
+        }
+    }
+}
+
+/// The tests here install their backend for the process (a state's own
+/// methods call the installed one): one at a time.
+static INSTALLED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn a_step_with_its_layers_rest_gives_the_twins_bits() {
+    let _one = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = open(None) else { return };
+    backend::install(b.clone() as Arc<dyn Backend>);
+    let calls0 = b.stats().device_calls;
+    for (nb, query) in [(0, false), (0, true), (1, true), (3, true)] {
+        let mut rng = Lcg(31 + nb as u64);
+        let mut l = Layer::new(&mut rng, 2, 64, 4);
+        l.products = true;
+        let rows = l.proj_rows();
+        l.proj = rows.iter().map(|&r| bf16(&mut rng, r * DM, 0.4)).collect();
+        let mut dev: Vec<Seq> = (0..2).map(|_| Seq::new(&mut rng, &l)).collect();
+        let mut cpu: Vec<Seq> = dev
+            .iter()
+            .map(|s| Seq {
+                s: s.s.clone(),
+                conv: s.conv.clone(),
+            })
+            .collect();
+        for (i, lens) in [[1, 2], [1, 1], [1, 1]].iter().enumerate() {
+            let seed = rng.0;
+            let then = Some((nb, query));
+            let got = step_then(&l, &mut dev, lens, &mut Lcg(seed), true, then);
+            let want = step_then(&l, &mut cpu, lens, &mut Lcg(seed), false, then);
+            rng.next();
+            assert!(
+                got == want,
+                "{nb} blocks, query {query}: outputs of step {i} differ"
+            );
+        }
+    }
+    // One round trip a step, the rest included.
+    assert_eq!(b.stats().device_calls - calls0, 12);
+    backend::uninstall();
 }
 
 #[test]
 fn kda_core_matches_its_twin_bit_for_bit() {
+    let _one = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
     let Some(b) = open(None) else { return };
     backend::install(b.clone() as Arc<dyn Backend>);
     // The last two cases also run the forget gate's up-projection and
@@ -343,6 +510,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             f_up: None,
             o_proj: None,
             inputs_out: None,
+            then: None,
         };
         assert!(!backend::kda_step(&mut job).unwrap(), "declined: {rows:?}");
         let after: Vec<Vec<u32>> = seqs.iter().map(Seq::bits).collect();

@@ -108,11 +108,13 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
             },
             o,
             out: &mut out,
+            then: None,
         };
         assert!(work.fits_device_kernel());
         let mut want = vec![0f32; t * width];
         mla_work_cpu(&mut MlaWork {
             out: &mut want,
+            then: None,
             ..work
         });
         if !b.mla_attend(&mut work) {

@@ -473,6 +473,11 @@ pub fn moe_tail_taken(tail: &mut MoeTail<'_, '_>, hints: &Hints<'_, '_>) -> bool
 mod tail;
 pub use tail::{MoeTail, TailExpert, moe_tail_cpu};
 
+mod then;
+pub use then::{
+    DEVICE_MAX_SOURCES, Then, ThenGlu, ThenProduct, depth_mix, softmax_fixed, then_cpu, then_mix,
+};
+
 static BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
 
 /// Makes `b` the process's backend (replacing any earlier one).

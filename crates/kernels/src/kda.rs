@@ -369,6 +369,10 @@ pub struct KdaJob<'a> {
     /// [`HeadInputs`]' values): q, k, v, log α as `[4, N, P]`, then β as
     /// `[N, H]` ([`KdaJob::inputs_len`] values).
     pub inputs_out: Option<&'a mut [f32]>,
+    /// With `o_proj`: the rest of the layer up to its experts' choice,
+    /// from `out` ([`crate::backend::Then`]); a backend that takes it sets
+    /// its `done`.
+    pub then: Option<crate::backend::Then<'a>>,
 }
 
 /// The longest convolution a device's KDA kernel carries (`kda.cu`'s
@@ -710,6 +714,7 @@ mod tests {
                 f_up: None,
                 o_proj: None,
                 inputs_out: None,
+                then: None,
             };
             kda_step_cpu(&mut job).unwrap();
             outs.extend(bits(&out[rows.start * p..rows.end * p]));

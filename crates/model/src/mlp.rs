@@ -38,6 +38,16 @@ impl MlpWeights {
         }
     }
 
+    /// The block as a gated MLP of a [`fathom_kernels::backend::Then`], its output `y`.
+    pub fn then_glu<'a>(&'a self, y: &'a mut [f32]) -> fathom_kernels::backend::ThenGlu<'a> {
+        fathom_kernels::backend::ThenGlu {
+            gate: self.gate_proj.as_mat(),
+            up: self.up_proj.as_mat(),
+            down: self.down_proj.as_mat(),
+            y,
+        }
+    }
+
     /// Quantises the three matrices to per-row int8.
     pub fn quantize_int8(&mut self) {
         for l in [&mut self.gate_proj, &mut self.up_proj, &mut self.down_proj] {

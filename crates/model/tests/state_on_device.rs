@@ -85,6 +85,7 @@ impl Backend for Mirror {
                 f_up: job.f_up,
                 o_proj: job.o_proj,
                 inputs_out: job.inputs_out.as_deref_mut(),
+                then: None,
             };
             kda_step_cpu(&mut twin).expect("host copies");
         }

@@ -10,6 +10,7 @@ use fathom_kernels::state_buf::{StateBuf, StateKey};
 
 use super::queue::{grow, key, make_room, pinned};
 use super::tape::Arg;
+use super::then;
 use super::{CudaBackend, Resident, State};
 use crate::CudaError;
 use crate::cache::{Class, Key};
@@ -43,6 +44,8 @@ struct Staged {
     /// Per sequence: S and the q, k, v windows.
     states: Vec<[u64; 4]>,
     ny: usize,
+    /// With the job's `then`: its norm's and query's device addresses.
+    then: Option<(u64, u64)>,
 }
 
 impl CudaBackend {
@@ -63,16 +66,28 @@ impl CudaBackend {
         let st = &mut *st;
         st.stats.lock_wait_ms += asked.elapsed().as_secs_f64() * 1e3;
         st.tape.begin();
+        let with_then = job.o_proj.is_some()
+            && job
+                .then
+                .as_ref()
+                .is_some_and(|t| then::then_fits(t, out_len));
+        // Without room for `then`'s weights too, the step alone.
+        let mut staged = self.kda_stage(st, job, with_then);
+        if with_then && matches!(staged, Ok(None)) {
+            staged = self.kda_stage(st, job, false);
+        }
         // Staged and written, nothing launched yet.
-        let written = self.kda_stage(st, job).and_then(|staged| match staged {
-            Some(s) => self.kda_launch(st, job, &s).map(|()| true),
-            None => Ok(false),
+        let written = staged.and_then(|staged| match staged {
+            Some(s) => self
+                .kda_launch(st, job, &s)
+                .map(|()| Some(s.then.is_some())),
+            None => Ok(None),
         });
-        match written {
-            Ok(true) => {}
+        let then_on = match written {
+            Ok(Some(then_on)) => then_on,
             // No room for the step's weights: declined with nothing copied
             // (not a device error: the CPU takes the step).
-            Ok(false) => return Ok(false),
+            Ok(None) => return Ok(false),
             Err(e) => {
                 // Copies made for this job hold nothing its owners will ask for.
                 for s in &job.seqs {
@@ -84,7 +99,7 @@ impl CudaBackend {
                 let _ = self.stream.synchronize();
                 return Err(KdaFailure::Before(e));
             }
-        }
+        };
         let ran = self.flush(st);
         st.stats.device_calls += 1;
         let waited = std::time::Instant::now();
@@ -111,6 +126,9 @@ impl CudaBackend {
             s.s.set_on_device();
             s.conv.iter_mut().for_each(|c| c.set_on_device());
         }
+        if let Some(t) = job.then.as_mut().filter(|_| then_on) {
+            self.then_finish(st, t).map_err(KdaFailure::After)?;
+        }
         // The products in the call count as the products they are.
         let projs = job.proj.as_ref().map_or(&[][..], |pj| &pj.mats[..]);
         for m in job.f_up.iter().chain(&job.o_proj).chain(projs) {
@@ -123,13 +141,23 @@ impl CudaBackend {
     /// Everything before the first launch: parameters and states here,
     /// inputs copied up, output room; `None` (nothing copied) when the
     /// weights do not fit the budget together. Nothing here changes a state.
-    fn kda_stage(&self, st: &mut State, job: &KdaJob<'_>) -> Result<Option<Staged>, CudaError> {
+    fn kda_stage(
+        &self,
+        st: &mut State,
+        job: &KdaJob<'_>,
+        with_then: bool,
+    ) -> Result<Option<Staged>, CudaError> {
         let p = job.dims.width();
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
         let (mut segs, nf, no) = weight_segments(job);
         let psegs = proj_segments(job);
         let nw = segs.len();
         segs.extend(psegs.iter().flatten());
+        let at_then = segs.len();
+        let then = job.then.as_ref().filter(|_| with_then);
+        if let Some(t) = then {
+            segs.extend(then::then_segments(t));
+        }
         let Some((ptrs, keep)) = self.weights_here(st, &segs)? else {
             return Ok(None);
         };
@@ -195,6 +223,14 @@ impl CudaBackend {
             proj,
             states,
             ny,
+            then: then.map(|t| {
+                let query = if t.query.is_some() {
+                    ptrs[at_then + 1]
+                } else {
+                    0
+                };
+                (ptrs[at_then], query)
+            }),
         }))
     }
 
@@ -308,7 +344,10 @@ impl CudaBackend {
         // it; `hy` is page-locked and read after the synchronisation.
         st.tape.down(&mut hy[..s.ny], s.out);
         st.stats.d2h_bytes += 4 * s.ny as u64;
-        Ok(())
+        match (&job.then, s.then) {
+            (Some(t), Some(at)) => self.then_launch(st, t, s.out, at),
+            _ => Ok(()),
+        }
     }
 
     /// The device addresses of a step's weight segments (the layer's

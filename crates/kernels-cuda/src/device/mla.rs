@@ -44,6 +44,8 @@ struct Placed {
     ns: u64,
     boff: u64,
     out: u64,
+    /// With the work's `then`: its norm's and query's device addresses.
+    then: Option<(u64, u64)>,
 }
 
 impl CudaBackend {
@@ -69,7 +71,17 @@ impl CudaBackend {
         let mut st = self.lock_timed();
         let st = &mut *st;
         st.tape.begin();
-        let Some(placed) = self.mla_stage(st, work)? else {
+        let with_then = work.o.is_some()
+            && work
+                .then
+                .as_ref()
+                .is_some_and(|w| super::then::then_fits(w, work.out.len()));
+        // Without room for `then`'s weights too, the attention alone.
+        let mut placed = self.mla_stage(st, work, with_then)?;
+        if placed.is_none() && with_then {
+            placed = self.mla_stage(st, work, false)?;
+        }
+        let Some(placed) = placed else {
             return Ok(false);
         };
         // At most 65535 queries a launch (the grid's y).
@@ -87,6 +99,9 @@ impl CudaBackend {
         }
         let hy = st.hy.as_ref().expect("staged").as_slice()?;
         work.out.copy_from_slice(&hy[..work.out.len()]);
+        if let Some(t) = work.then.as_mut().filter(|_| placed.then.is_some()) {
+            self.then_finish(st, t)?;
+        }
         st.stats.device_attention += 1;
         let o_proj = work.o.map(|o| o.o_proj);
         st.stats.weight_bytes_read += [work.uk_t, work.uv]
@@ -104,7 +119,12 @@ impl CudaBackend {
     /// query sees, where its cache starts in the table, the gate and the
     /// partial blocks (padded to [`PAD_ROWS`]) up in one copy, the block table in another; `None` (nothing copied) when the
     /// weights and full blocks do not fit the budget at once.
-    fn mla_stage(&self, st: &mut State, work: &MlaWork<'_>) -> Result<Option<Placed>, CudaError> {
+    fn mla_stage(
+        &self,
+        st: &mut State,
+        work: &MlaWork<'_>,
+        with_then: bool,
+    ) -> Result<Option<Placed>, CudaError> {
         let t = work.ns.len();
         let (uk, uv) = (segments(&work.uk_t), segments(&work.uv));
         let op = work.o.map_or_else(Vec::new, |o| segments(&o.o_proj));
@@ -119,9 +139,22 @@ impl CudaBackend {
                 segs.push(segments(&m)[0]);
             }
         }
+        let at_then = segs.len();
+        let then = work.then.as_ref().filter(|_| with_then);
+        if let Some(t) = then {
+            segs.extend(super::then::then_segments(t));
+        }
         let Some((ptrs, _)) = self.weights_here(st, &segs)? else {
             return Ok(None);
         };
+        let then = then.map(|t| {
+            let query = if t.query.is_some() {
+                ptrs[at_then + 1]
+            } else {
+                0
+            };
+            (ptrs[at_then], query)
+        });
         let (nw, nu, no) = (
             uk.len(),
             uk.len() + uv.len(),
@@ -174,6 +207,7 @@ impl CudaBackend {
             ns: at(nq + nr),
             boff: at(nq + nr + t),
             out: yp,
+            then,
         }))
     }
 
@@ -326,6 +360,10 @@ impl CudaBackend {
             }
         }
         tape.clock(true);
-        self.fetch(st, p.out, work.out.len())
+        self.fetch(st, p.out, work.out.len())?;
+        match (&work.then, p.then) {
+            (Some(t), Some(at)) => self.then_launch(st, t, p.out, at),
+            _ => Ok(()),
+        }
     }
 }

@@ -215,8 +215,14 @@ impl Tape {
         self.ops.push(Op::Wait(e.cu_event() as usize));
     }
 
-    /// Writes the recording of the call's clock: its start or its end.
+    /// Writes the recording of the call's clock: its start (once: a call
+    /// made of parts starts at its first) or its end (once: at its last).
     pub(super) fn clock(&mut self, end: bool) {
+        if end {
+            self.ops.retain(|o| *o != Op::Clock(true));
+        } else if self.ops.contains(&Op::Clock(false)) {
+            return;
+        }
         self.ops.push(Op::Clock(end));
     }
 

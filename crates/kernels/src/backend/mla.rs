@@ -40,6 +40,9 @@ pub struct MlaWork<'a> {
     pub uv: MatRef<'a>,
     pub o: Option<MlaOut<'a>>,
     pub out: &'a mut [f32],
+    /// With `o`: the rest of the layer up to its experts' choice, from
+    /// `out` ([`super::Then`]); a backend that takes it sets its `done`.
+    pub then: Option<super::Then<'a>>,
 }
 
 /// What follows an MLA layer's values in the same call: each position's

@@ -59,5 +59,7 @@ pub fn attention(
         segs,
         (&q, c),
         (None, &w.o_proj),
+        None,
     )
+    .map(|(y, _)| y)
 }

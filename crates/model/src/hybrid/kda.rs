@@ -15,7 +15,7 @@
 //! loop is sequential, which makes a T-token pass bit-identical to T
 //! single-token passes.
 
-use fathom_kernels::backend;
+use fathom_kernels::backend::{self, Then};
 use fathom_kernels::kda::{
     HeadRows, KdaInputs, KdaJob, KdaProj, KdaSeq, delta_rule, gated_norm, head_inputs,
     head_inputs_of, short_conv,
@@ -87,7 +87,10 @@ pub fn kda_heads(
 /// one round trip for the layer. `None`, nothing changed, when no device
 /// takes it — no backend, it declines, or a sequence journals (its journal
 /// keeps the pre-convolution rows, which then stay on the device) —: the
-/// caller computes the projections and calls [`kda_heads`].
+/// caller computes the projections and calls [`kda_heads`]. With
+/// `then`, the device may also compute the rest of the layer up to its
+/// experts' choice in the same call: the flag says whether it did.
+#[allow(clippy::too_many_arguments)]
 pub fn kda_heads_projected(
     d: &KdaDims,
     w: &KdaParams<'_>,
@@ -96,7 +99,8 @@ pub fn kda_heads_projected(
     x: &[f32],
     mats: [&Linear; 6],
     lin: &KdaLinears<'_>,
-) -> Result<Option<Vec<f32>>> {
+    then: Option<Then<'_>>,
+) -> Result<Option<(Vec<f32>, bool)>> {
     if backend::installed().is_none() || states.iter().any(|s| s.journal.is_some()) {
         return Ok(None);
     }
@@ -123,10 +127,12 @@ pub fn kda_heads_projected(
             f_up: Some(lin.f_up.as_mat()),
             o_proj: Some(lin.o_proj.as_mat()),
             inputs_out: None,
+            then,
         };
         let taken = backend::kda_step(&mut job).map_err(ModelError::State)?;
+        let done = job.then.as_ref().is_some_and(|t| t.done);
         drop(job);
-        Ok(taken.then_some(out))
+        Ok(taken.then_some((out, done)))
     })
 }
 
@@ -167,6 +173,7 @@ fn on_device(
         f_up: Some(lin.f_up.as_mat()),
         o_proj: Some(lin.o_proj.as_mat()),
         inputs_out: inputs.as_deref_mut(),
+        then: None,
     };
     if !backend::kda_step(&mut job).map_err(ModelError::State)? {
         return Ok(None);

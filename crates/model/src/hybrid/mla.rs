@@ -35,7 +35,7 @@
 //! fp32 in RAM.
 
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
-use fathom_kernels::backend::{self, MlaOut, MlaSeqWork, MlaWork};
+use fathom_kernels::backend::{self, MlaOut, MlaSeqWork, MlaWork, Then};
 use fathom_kernels::ops::{rms_norm_rows, sigmoid_fixed};
 use fathom_kernels::rope::Rope;
 
@@ -107,7 +107,9 @@ impl MlaRope<'_> {
 /// each times `σ(gate)` when a gate `[N, H·dv]` is given, through `o_proj`:
 /// the layer's output `[N, D]`. A device that takes the attention takes
 /// the gate and the projection in the same call ([`MlaOut`]; the same
-/// operations, [`mla_out_cpu`]). The attention's time is the decode
+/// operations, [`mla_out_cpu`]). With `then`, that device may also
+/// compute the rest of the layer up to its experts' choice in the same
+/// call: the flag says whether it did. The attention's time is the decode
 /// profile's `full_core`.
 ///
 /// [`mla_out_cpu`]: fathom_kernels::backend::mla_out_cpu
@@ -121,16 +123,26 @@ pub fn mla_heads(
     segs: &[Segment],
     (q, c): (&[f32], Vec<f32>),
     (gate, o_proj): (Option<&[f32]>, &Linear),
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let out = MlaOut {
         gate,
         o_proj: o_proj.as_mat(),
     };
     let v = crate::phase::timed(crate::phase::Phase::FullCore, || {
-        heads(d, kv_a_layernorm, kv_b, rope, caches, segs, (q, c), out)
+        heads(
+            d,
+            kv_a_layernorm,
+            kv_b,
+            rope,
+            caches,
+            segs,
+            (q, c),
+            (out, then),
+        )
     })?;
     Ok(match v {
-        MlaValues::Out(y) => y,
+        MlaValues::Out(y, done) => (y, done),
         MlaValues::ByPosition(mut cat) => {
             if let Some(g) = gate {
                 for (v, &g) in cat.iter_mut().zip(g) {
@@ -138,7 +150,7 @@ pub fn mla_heads(
                 }
             }
             let n = segs.last().map_or(0, |s| s.end);
-            o_proj.forward(&cat, n)
+            (o_proj.forward(&cat, n), false)
         }
     })
 }
@@ -147,8 +159,9 @@ pub fn mla_heads(
 enum MlaValues {
     /// The per-head values `[N, H·dv]`.
     ByPosition(Vec<f32>),
-    /// The layer's output `[N, D]`, from the device.
-    Out(Vec<f32>),
+    /// The layer's output `[N, D]`, from the device, and whether it did
+    /// the call's `then` too.
+    Out(Vec<f32>, bool),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -160,7 +173,7 @@ fn heads(
     caches: &mut [&mut MlaCache],
     segs: &[Segment],
     (q, mut c): (&[f32], Vec<f32>),
-    out: MlaOut<'_>,
+    (out, then): (MlaOut<'_>, Option<Then<'_>>),
 ) -> Result<MlaValues> {
     let n = segs.last().map_or(0, |s| s.end);
     if n == 0 {
@@ -187,7 +200,7 @@ fn heads(
         }
     }
     let queries = (&qn[..], &q_rope[..]);
-    if let Some(v) = on_device(d, kv_b, (caches, segs, &past), queries, out) {
+    if let Some(v) = on_device(d, kv_b, (caches, segs, &past), queries, (out, then)) {
         return Ok(v);
     }
     let q_lat = latent_queries(d, kv_b, &qn, n);
@@ -239,7 +252,7 @@ fn on_device(
     kv_b: &AbsorbedKvB,
     (caches, segs, past): (&[&mut MlaCache], &[Segment], &[usize]),
     (qn, q_rope): (&[f32], &[f32]),
-    o: MlaOut<'_>,
+    (o, then): (MlaOut<'_>, Option<Then<'_>>),
 ) -> Option<MlaValues> {
     backend::installed()?;
     let mut seqs = Vec::with_capacity(caches.len());
@@ -266,8 +279,12 @@ fn on_device(
         uv: kv_b.uv.as_mat(),
         o: Some(o),
         out: &mut out,
+        then,
     };
-    backend::mla_attend_taken(&mut work).then_some(MlaValues::Out(out))
+    let taken = backend::mla_attend_taken(&mut work);
+    let done = work.then.as_ref().is_some_and(|t| t.done);
+    drop(work);
+    taken.then_some(MlaValues::Out(out, done))
 }
 
 /// The attention kernels' shape for `d`.

@@ -2,6 +2,7 @@
 //! ([`crate::hybrid`]): a full-rank KDA output gate, low-rank MLA queries
 //! and a sigmoid-gated MLA output (k3-model.md §4, §5).
 
+use fathom_kernels::backend::Then;
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
@@ -34,14 +35,16 @@ impl Drop for KdaWeights {
 
 /// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
-/// state. Projections run once over all N rows. Returns `[N, D]`.
+/// state. Projections run once over all N rows. Returns `[N, D]`, and
+/// whether a device also did `then` in the same call.
 pub fn kda(
     spec: &K3Spec,
     w: &KdaWeights,
     states: &mut [&mut KdaState],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
     let mats = [
         &w.q_proj,
@@ -57,8 +60,8 @@ pub fn kda(
     };
     let (d, params) = (spec.kda_dims(), w.params());
     // With a device: the projections in the core's call (one round trip).
-    if let Some(out) = kda_heads_projected(&d, &params, states, segs, x, mats, &lin)? {
-        return Ok(out);
+    if let Some(done) = kda_heads_projected(&d, &params, states, segs, x, mats, &lin, then)? {
+        return Ok(done);
     }
     let [q, k, v, fa, b, g] = Linear::forward_many(mats, x, n);
     let proj = KdaProjections {
@@ -67,18 +70,20 @@ pub fn kda(
         b,
         g,
     };
-    kda_heads(&d, &params, states, segs, proj, &lin)
+    Ok((kda_heads(&d, &params, states, segs, proj, &lin)?, false))
 }
 
 /// Gated MLA for the rows `x [N, D]` (already `input_layernorm`ed) of
-/// several sequences, each attending to its own latent cache. Returns `[N, D]`.
+/// several sequences, each attending to its own latent cache. Returns
+/// `[N, D]`, and whether a device also did `then` in the same call.
 pub fn mla(
     spec: &K3Spec,
     w: &MlaWeights,
     caches: &mut [&mut MlaCache],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
     let [mut qa, c, gate] =
         Linear::forward_many([&w.q_a_proj, &w.kv_a_proj_with_mqa, &w.g_proj], x, n);
@@ -98,5 +103,6 @@ pub fn mla(
         segs,
         (&q, c),
         (Some(&gate), &w.o_proj),
+        then,
     )
 }

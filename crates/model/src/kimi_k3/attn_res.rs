@@ -5,9 +5,11 @@
 //! `rms_inv(V_n) · (V_n · query)` (both sums in the 8-lane order of
 //! `dot_lanes`, which vectorises), where `query` already holds
 //! the site's norm weight times its pseudo-query projection. Per token: no
-//! mixing across positions, so decode needs no cache for it.
+//! mixing across positions, so decode needs no cache for it. The softmax
+//! uses the hand-written `exp_fixed`, so a device repeats it bit for bit
+//! ([`fathom_kernels::backend::depth_mix`]).
 
-use fathom_kernels::ops::{dot_lanes, rms_inv, softmax};
+use fathom_kernels::backend::depth_mix;
 
 use super::weights::AttnResWeights;
 
@@ -19,30 +21,5 @@ pub fn attn_res(
     d: usize,
     eps: f32,
 ) -> Vec<f32> {
-    let t = partial.len() / d;
-    let n = blocks.len() + 1;
-    let mut out = vec![0f32; t * d];
-    let mut p = vec![0f32; n];
-    for ti in 0..t {
-        let row = |j: usize| -> &[f32] {
-            let src = if j < blocks.len() {
-                &blocks[j]
-            } else {
-                partial
-            };
-            &src[ti * d..(ti + 1) * d]
-        };
-        for (j, pj) in p.iter_mut().enumerate() {
-            let v = row(j);
-            *pj = rms_inv(v, eps) * dot_lanes(v, &w.query);
-        }
-        softmax(&mut p);
-        let o = &mut out[ti * d..(ti + 1) * d];
-        for (j, &pj) in p.iter().enumerate() {
-            for (a, &x) in o.iter_mut().zip(row(j)) {
-                *a += pj * x;
-            }
-        }
-    }
-    out
+    depth_mix(partial, blocks, &w.query, d, eps)
 }

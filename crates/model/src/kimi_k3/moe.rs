@@ -11,7 +11,7 @@
 //! expert runs on all its tokens at once; per-token sums are accumulated in
 //! the router's rank order, so the result does not depend on T.
 
-use fathom_kernels::backend::{self, GluProduct, Hints, Product, Role};
+use fathom_kernels::backend::{self, GluProduct, Hints, Product, Role, ThenGlu, ThenProduct};
 use fathom_kernels::ops::{GluAct, rms_norm};
 
 use super::config::K3Spec;
@@ -95,10 +95,54 @@ fn spine_first(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Option<Spi
     taken.then_some(SpineFirst { logits, z, shared })
 }
 
-struct SpineFirst {
-    logits: Vec<f32>,
-    z: Vec<f32>,
-    shared: Option<Vec<f32>>,
+/// The router's logits `[T, E]`, the latent projection `z [T, L]` and the
+/// shared experts' output `[T, D]`, computed before the routed experts.
+pub(super) struct SpineFirst {
+    pub(super) logits: Vec<f32>,
+    pub(super) z: Vec<f32>,
+    pub(super) shared: Option<Vec<f32>>,
+}
+
+impl SpineFirst {
+    /// Room for `t` rows of `w`'s.
+    pub(super) fn room(w: &MoeWeights, t: usize) -> Self {
+        SpineFirst {
+            logits: vec![0f32; t * w.gate.rows],
+            z: vec![0f32; t * w.routed_expert_down_proj.rows],
+            shared: w
+                .shared_experts
+                .as_ref()
+                .map(|sh| vec![0f32; t * sh.down_proj.rows]),
+        }
+    }
+
+    /// Its products as a [`fathom_kernels::backend::Then`]'s (the
+    /// router, the latent projection; the shared experts gated).
+    pub(super) fn then_parts<'a>(
+        &'a mut self,
+        w: &'a MoeWeights,
+    ) -> (Vec<ThenProduct<'a>>, Vec<ThenGlu<'a>>) {
+        let plain = vec![
+            ThenProduct {
+                w: w.gate.as_mat(),
+                y: &mut self.logits,
+            },
+            ThenProduct {
+                w: w.routed_expert_down_proj.as_mat(),
+                y: &mut self.z,
+            },
+        ];
+        let glu = match (&w.shared_experts, self.shared.as_deref_mut()) {
+            (Some(sh), Some(y)) => vec![sh.then_glu(y)],
+            _ => Vec::new(),
+        };
+        (plain, glu)
+    }
+}
+
+/// The SiTU-GLU of `spec`, for a [`fathom_kernels::backend::Then`].
+pub(super) fn act(spec: &K3Spec) -> GluAct {
+    situ(spec)
 }
 
 /// Optional guess for the next MoE layer, handed to the source before this
@@ -108,8 +152,11 @@ pub struct NextLayerHint<'a> {
     pub weights: &'a MoeWeights,
 }
 
-/// LatentMoE over `x [T, D]` (already `post_attention_layernorm`ed).
-pub fn moe(
+/// LatentMoE over `x [T, D]` (already `post_attention_layernorm`ed);
+/// `early`, when a device already computed them, the layer's first
+/// products of `x`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn moe(
     spec: &K3Spec,
     layer: usize,
     w: &MoeWeights,
@@ -118,15 +165,18 @@ pub fn moe(
     source: &dyn ExpertSource,
     hint: Option<NextLayerHint<'_>>,
     routes_out: Option<&mut Vec<Route>>,
+    early: Option<SpineFirst>,
 ) -> Result<Vec<f32>> {
     // With a device that takes them, the router, the latent projection and
     // the shared experts go in one call (two round trips saved); on the
     // CPU the routes come first, so the expert reads start before the CPU
     // computes the rest while they arrive.
-    let early = backend::installed()
-        .is_some()
-        .then(|| spine_first(spec, w, x, t))
-        .flatten();
+    let early = early.or_else(|| {
+        backend::installed()
+            .is_some()
+            .then(|| spine_first(spec, w, x, t))
+            .flatten()
+    });
     let routes = match &early {
         Some(e) => routes_of(spec, w, &e.logits),
         None => route(spec, w, x, t),

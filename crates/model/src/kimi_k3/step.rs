@@ -15,11 +15,12 @@
 
 use std::time::Instant;
 
+use fathom_kernels::backend::{self, Then};
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::attention::{kda, mla};
 use super::attn_res::attn_res;
-use super::moe::{self, NextLayerHint};
+use super::moe::{self, NextLayerHint, SpineFirst};
 use super::state::{KdaState, LayerState, MlaCache, SequenceState};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use super::{K3Model, Tracer};
@@ -77,21 +78,32 @@ fn forward_rows(
             AttnWeights::Kda(_) => Phase::LinearAttention,
             AttnWeights::Mla(_) => Phase::FullAttention,
         };
-        let a = timed(kind, || attention(model, lw, i, states, segs, &x))?;
+        // With a device and no tracer, the MLP side's mix, norm and first
+        // products may go in the attention's call (the same operations).
+        let mut early = (tracer.is_none() && backend::installed().is_some())
+            .then(|| Early::room(&lw.ffn, n, d));
+        let then = early.as_mut().map(|e| e.then(model, lw, &partial, &blocks));
+        let (a, done) = timed(kind, || attention(model, lw, i, states, segs, &x, then))?;
         trace(&mut tracer, i, "attn_out", &a);
 
         // MLP side.
         let mix = Instant::now();
         add(&mut partial, &a);
-        let mut x = attn_res(&partial, &blocks, &lw.mlp_res, d, eps);
-        trace(&mut tracer, i, "mlp_in", &x);
-        rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
+        let (x, early) = match early.filter(|_| done) {
+            Some(mut e) => (std::mem::take(&mut e.x), Some(e)),
+            None => {
+                let mut x = attn_res(&partial, &blocks, &lw.mlp_res, d, eps);
+                trace(&mut tracer, i, "mlp_in", &x);
+                rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
+                (x, None)
+            }
+        };
         phase::add(Phase::MixAndHead, mix);
         let kind = match w.layers[i].ffn {
             FfnWeights::Dense(_) => Phase::Mlp,
             FfnWeights::Moe(_) => Phase::Moe,
         };
-        let m = timed(kind, || ffn(model, i, &x, n, &mut tracer))?;
+        let m = timed(kind, || ffn(model, i, &x, n, early, &mut tracer))?;
         trace(&mut tracer, i, "mlp_out", &m);
         timed(Phase::MixAndHead, || add(&mut partial, &m));
     }
@@ -110,7 +122,8 @@ fn attention(
     states: &mut [&mut SequenceState],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let spec = &*model.spec;
     match &lw.attn {
         AttnWeights::Kda(aw) => {
@@ -121,7 +134,7 @@ fn attention(
                     LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            kda(spec, aw, &mut st, segs, x)
+            kda(spec, aw, &mut st, segs, x, then)
         }
         AttnWeights::Mla(aw) => {
             let mut st: Vec<&mut MlaCache> = states
@@ -131,7 +144,7 @@ fn attention(
                     LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            mla(spec, aw, &mut st, segs, x)
+            mla(spec, aw, &mut st, segs, x, then)
         }
     }
 }
@@ -141,12 +154,23 @@ fn ffn(
     i: usize,
     x: &[f32],
     n: usize,
+    early: Option<Early>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match &w.layers[i].ffn {
-        FfnWeights::Dense(mw) => Ok(moe::mlp(spec, mw, x, n)),
-        FfnWeights::Moe(mw) => {
+    match (&w.layers[i].ffn, early) {
+        (
+            FfnWeights::Dense(_),
+            Some(Early {
+                ffn: Ahead::Mlp(y), ..
+            }),
+        ) => Ok(y),
+        (FfnWeights::Dense(mw), _) => Ok(moe::mlp(spec, mw, x, n)),
+        (FfnWeights::Moe(mw), early) => {
+            let first = early.and_then(|e| match e.ffn {
+                Ahead::Moe(f) => Some(f),
+                Ahead::Mlp(_) => None,
+            });
             let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
@@ -156,11 +180,69 @@ fn ffn(
             });
             let mut routes = tracer.as_ref().map(|_| Vec::new());
             let src = model.experts.as_ref();
-            let out = moe::moe(spec, i, mw, x, n, src, hint, routes.as_mut())?;
+            let out = moe::moe(spec, i, mw, x, n, src, hint, routes.as_mut(), first)?;
             if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
                 tr.routes(i, &r);
             }
             Ok(out)
+        }
+    }
+}
+
+/// What a device computed of a layer's MLP side in its attention's call
+/// ([`Then`]): the normed rows `x`, and the MLP's output or the MoE's
+/// products before its experts.
+struct Early {
+    x: Vec<f32>,
+    ffn: Ahead,
+}
+
+enum Ahead {
+    Mlp(Vec<f32>),
+    Moe(SpineFirst),
+}
+
+impl Early {
+    /// Room for `n` rows of the layer's MLP side `ffn`.
+    fn room(ffn: &FfnWeights, n: usize, d: usize) -> Self {
+        let ffn = match ffn {
+            FfnWeights::Dense(mw) => Ahead::Mlp(vec![0f32; n * mw.down_proj.rows]),
+            FfnWeights::Moe(mw) => Ahead::Moe(SpineFirst::room(mw, n)),
+        };
+        Early {
+            x: vec![0f32; n * d],
+            ffn,
+        }
+    }
+
+    /// The MLP side of layer `lw` up to its experts' choice as a [`Then`]
+    /// writing here: `partial + a` mixed with `blocks` by `mlp_res`,
+    /// `post_attention_layernorm`, then the products.
+    fn then<'a>(
+        &'a mut self,
+        model: &'a K3Model,
+        lw: &'a LayerWeights,
+        partial: &'a [f32],
+        blocks: &'a [Vec<f32>],
+    ) -> Then<'a> {
+        let spec = &*model.spec;
+        let (plain, glu) = match (&mut self.ffn, &lw.ffn) {
+            (Ahead::Mlp(y), FfnWeights::Dense(mw)) => (Vec::new(), vec![mw.then_glu(y)]),
+            (Ahead::Moe(f), FfnWeights::Moe(mw)) => f.then_parts(mw),
+            _ => unreachable!("room is made for the layer's own MLP side"),
+        };
+        Then {
+            d: spec.hidden_size,
+            partial,
+            blocks,
+            query: Some(&lw.mlp_res.query),
+            eps: spec.rms_norm_eps,
+            norm: &lw.post_attention_layernorm,
+            x: &mut self.x,
+            plain,
+            glu,
+            act: moe::act(spec),
+            done: false,
         }
     }
 }

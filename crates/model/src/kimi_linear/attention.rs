@@ -73,5 +73,7 @@ pub fn mla(
         segs,
         (&q, c),
         (None, &w.o_proj),
+        None,
     )
+    .map(|(y, _)| y)
 }

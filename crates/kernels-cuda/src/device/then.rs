@@ -1,0 +1,220 @@
+//! The rest of a layer up to its experts' choice ([`Then`]) in its
+//! attention's call: after the attention's launches, `res_mix` (`glu.cu`)
+//! adds the attention's output (still on the device) to the residual,
+//! mixes the earlier blocks in and norms the rows; then the products of
+//! the normed rows run as a gated batch does (`glu.rs`: gates and ups with
+//! the plain products, the activation, the downs). So a layer makes one
+//! round trip up to the point where the host chooses its experts.
+//!
+//! The call's own staging (`x`, `y`, `hx`, `hy`, the address tables) holds
+//! the attention's inputs and output until the synchronisation, so this
+//! part stages through a second set ([`swap_sets`]).
+
+use cudarc::driver::{DevicePtr, LaunchConfig};
+use fathom_kernels::backend::{DEVICE_MAX_SOURCES, MatRef, Then, segments};
+
+use super::queue::{Placed, fits, grow, scatter};
+use super::tape::Arg;
+use super::{CudaBackend, State};
+use crate::CudaError;
+
+/// Whether the kernels take `then` after an attention output of `out_len`
+/// values: consistent shapes, the output `[N, D]`, at most
+/// [`DEVICE_MAX_SOURCES`] sources, `i32` sizes, products the kernels take.
+pub(super) fn then_fits(then: &Then<'_>, out_len: usize) -> bool {
+    let (n, d) = (then.rows(), then.d);
+    let small = |v: usize| i32::try_from(v).is_ok();
+    then.is_consistent()
+        && n > 0
+        && out_len == n * d
+        && then.blocks.len() < DEVICE_MAX_SOURCES
+        && small(n)
+        && small(d)
+        && then
+            .plain
+            .iter()
+            .all(|p| fits(&p.w, 1, n, n * d, p.y.len()))
+        && then.glu.iter().all(|g| {
+            let f = g.gate.rows();
+            fits(&g.gate, 1, n, n * d, n * f) && fits(&g.down, 1, n, n * f, g.y.len())
+        })
+}
+
+/// `then`'s weight segments: the norm's, the query's (when it has one),
+/// then its products' ([`products`]' order).
+pub(super) fn then_segments<'a>(then: &Then<'a>) -> Vec<&'a [u8]> {
+    let vec = |v: &'a [f32]| {
+        segments(&MatRef::F32 {
+            w: v,
+            rows: 1,
+            cols: v.len(),
+        })[0]
+    };
+    let mut segs = vec![vec(then.norm)];
+    segs.extend(then.query.map(vec));
+    segs.extend(products(then).iter().flat_map(segments));
+    segs
+}
+
+/// The products in launch order: each gated MLP's gate and up, the plain
+/// products, each gated MLP's down.
+fn products<'a>(then: &Then<'a>) -> Vec<MatRef<'a>> {
+    let mut ws: Vec<MatRef<'a>> = then.glu.iter().flat_map(|g| [g.gate, g.up]).collect();
+    ws.extend(then.plain.iter().map(|p| p.w));
+    ws.extend(then.glu.iter().map(|g| g.down));
+    ws
+}
+
+/// Swaps the call's staging with the second set (see the module).
+fn swap_sets(st: &mut State) {
+    let t = &mut st.then;
+    std::mem::swap(&mut st.x, &mut t.x);
+    std::mem::swap(&mut st.y, &mut t.y);
+    std::mem::swap(&mut st.hx, &mut t.hx);
+    std::mem::swap(&mut st.hy, &mut t.hy);
+    std::mem::swap(&mut st.ht, &mut t.ht);
+    std::mem::swap(&mut st.dt, &mut t.dt);
+}
+
+impl CudaBackend {
+    /// Writes `then` after the attention's launches, which leave its
+    /// output at the device address `a`; `norm` and `query` are the device
+    /// addresses of the first segments of [`then_segments`] (`query` 0
+    /// without one), every other one resident.
+    pub(super) fn then_launch(
+        &self,
+        st: &mut State,
+        then: &Then<'_>,
+        a: u64,
+        (norm, query): (u64, u64),
+    ) -> Result<(), CudaError> {
+        swap_sets(st);
+        let written = self.then_write(st, then, a, (norm, query));
+        swap_sets(st);
+        written
+    }
+
+    fn then_write(
+        &self,
+        st: &mut State,
+        then: &Then<'_>,
+        a: u64,
+        (norm, query): (u64, u64),
+    ) -> Result<(), CudaError> {
+        let (n, d) = (then.rows(), then.d);
+        let nd = n * d;
+        let mut xs: Vec<&[f32]> = then.blocks.iter().map(|b| &b[..]).collect();
+        xs.push(then.partial);
+        let ys = then.glu.iter().map(|g| g.y.len());
+        let ny = nd
+            + ys.chain(then.plain.iter().map(|p| p.y.len()))
+                .sum::<usize>();
+        let (vp, yp) = self.stage(st, &xs, ny)?;
+        let half: usize = then.glu.iter().map(|g| n * g.gate.rows()).sum();
+        let gp = grow(&self.stream, &mut st.glu, 2 * half.max(1), &mut st.reallocs)?
+            .device_ptr(&self.stream)
+            .0;
+        self.ensure_clock(st)?;
+        st.tape.clock(false);
+        self.launch_mix(st, then, (vp, a, yp), (norm, query));
+        let placed = place(then, n, (yp, gp, gp + 4 * half as u64));
+        let segs: Vec<Vec<&[u8]>> = products(then).iter().map(segments).collect();
+        let (ng, np) = (then.glu.len(), then.plain.len());
+        let ends: Vec<usize> = if ng == 0 {
+            vec![np]
+        } else {
+            vec![2 * ng + np, 3 * ng + np]
+        };
+        let act = then.act;
+        self.launch_phases(st, &placed, &segs, &ends, |st| {
+            self.launch_act(&mut st.tape, act, gp, gp + 4 * half as u64, half);
+            Ok(())
+        })?;
+        self.fetch(st, yp, ny)
+    }
+
+    /// Writes `res_mix`: the sources at `vp` (blocks, then the residual),
+    /// the attention's output at `a`, the normed rows into `xp`.
+    fn launch_mix(
+        &self,
+        st: &mut State,
+        then: &Then<'_>,
+        (vp, a, xp): (u64, u64, u64),
+        (norm, query): (u64, u64),
+    ) {
+        let (n, d, nb) = (then.rows() as i32, then.d as i32, then.blocks.len() as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (then.rows() as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let q = if then.query.is_some() { query } else { 0 };
+        // The arguments match `res_mix` in `glu.cu`: `vp` holds nb + 1
+        // sources of n·d values, `a` and `xp` n·d each, `norm` and `q`
+        // (or null) d (`then_fits` checked the shapes).
+        let args = [
+            vp,
+            a,
+            nb.slot(),
+            n.slot(),
+            d.slot(),
+            q,
+            norm,
+            then.eps.slot(),
+            xp,
+        ];
+        st.tape.kernel(&self.funcs.res_mix, cfg, args);
+    }
+
+    /// After the call's synchronisation: `then`'s rows and products from
+    /// the second staging set, `done` set, the products counted.
+    pub(super) fn then_finish(&self, st: &mut State, then: &mut Then<'_>) -> Result<(), CudaError> {
+        let hy = st.then.hy.as_ref().expect("staged").as_slice()?;
+        let nd = then.x.len();
+        then.x.copy_from_slice(&hy[..nd]);
+        let ys = then.glu.iter_mut().map(|g| &mut *g.y);
+        scatter(
+            &hy[nd..],
+            ys.chain(then.plain.iter_mut().map(|p| &mut *p.y)),
+        );
+        then.done = true;
+        let ws = products(then);
+        st.stats.device_products += ws.len() as u64;
+        st.stats.weight_bytes_read += ws
+            .iter()
+            .flat_map(segments)
+            .map(|s| s.len() as u64)
+            .sum::<u64>();
+        Ok(())
+    }
+}
+
+/// [`products`] at their device addresses: every input the normed rows at
+/// `xp`; the gates' outputs from `gp` and the ups' from `up` (the same
+/// offsets), the downs reading the activations there; outputs after the
+/// rows at `xp`, the gated MLPs' then the plain products'.
+fn place<'w>(then: &Then<'w>, n: usize, (xp, gp, up): (u64, u64, u64)) -> Vec<Placed<'w>> {
+    let one = |w, x, y| Placed {
+        w,
+        groups: 1,
+        t: n,
+        x,
+        y,
+    };
+    let mut first = Vec::new();
+    let mut downs = Vec::new();
+    let (mut oh, mut oy) = (0u64, xp + 4 * (n * then.d) as u64);
+    for g in &then.glu {
+        first.push(one(g.gate, xp, gp + oh));
+        first.push(one(g.up, xp, up + oh));
+        downs.push(one(g.down, gp + oh, oy));
+        oh += 4 * (n * g.gate.rows()) as u64;
+        oy += 4 * g.y.len() as u64;
+    }
+    for p in &then.plain {
+        first.push(one(p.w, xp, oy));
+        oy += 4 * p.y.len() as u64;
+    }
+    first.extend(downs);
+    first
+}
