@@ -103,7 +103,8 @@ struct Funcs {
     mla_merge: CudaFunction,
     moe_combine: CudaFunction,
     mla_gate: CudaFunction,
-    res_mix: CudaFunction,
+    res_mix_lanes: CudaFunction,
+    res_mix_norm: CudaFunction,
 }
 
 /// A second set of staging buffers (see `State`'s), for the part of a
@@ -116,6 +117,8 @@ struct Staging {
     hy: Option<PinnedHostSlice<f32>>,
     ht: Option<PinnedHostSlice<u64>>,
     dt: Option<CudaSlice<u64>>,
+    /// The depth mix's lane sums (`then.rs`; never swapped).
+    lanes: Option<CudaSlice<f32>>,
 }
 
 struct State {
@@ -288,7 +291,8 @@ impl CudaBackend {
             mla_merge: f("mla_merge")?,
             moe_combine: f("moe_combine")?,
             mla_gate: f("mla_gate")?,
-            res_mix: f("res_mix")?,
+            res_mix_lanes: f("res_mix_lanes")?,
+            res_mix_norm: f("res_mix_norm")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));

@@ -99,46 +99,88 @@ extern "C" __global__ void moe_combine(const float* __restrict__ o,
 }
 
 // The rest of a layer before its experts are chosen, its first part
-// (fathom-kernels `backend::then_mix`): per row, p = partial + a (written
-// over the residual in `v`), the block attention residuals' softmax over
-// depth (`backend::depth_mix`: each source's rms_inv and dot_lanes with
-// the query, on eight lane threads each, folded as dot_lanes folds; the
-// softmax with exp_fixed on one thread; the weighted sum from zero in
-// source order) when `query` is not null, else p itself; then the
-// RMSNorm scaled by `nw`, into `x`. `v` holds nb earlier blocks then the
-// residual, each [n, d]. One block a row.
+// (fathom-kernels `backend::then_mix`), in two launches. `v` holds nb
+// earlier blocks then the residual, each [n, d]; MIX_ROW bounds d.
+//
+// `res_mix_lanes`, a block per source j and row r (grid (sources, n)):
+// the source's row staged in shared memory (for the residual, j = nb,
+// p = partial + a, also written back over it); then, with a query, the
+// eight lanes of dot_lanes(V_j, query) and of sum_sq_lanes(V_j) on
+// sixteen threads, each lane's fused sum in column order, into
+// `lanes[(r·sources + j)·16 + …]`. Without a query the grid has one
+// source, the residual.
+#define MIX_ROW 8192
 #define MIX_MAX_SOURCES 64
-extern "C" __global__ void res_mix(float* __restrict__ v, const float* __restrict__ a, int nb,
-                                   int n, int d, const float* __restrict__ query,
-                                   const float* __restrict__ nw, float eps,
-                                   float* __restrict__ x) {
-    __shared__ float lanes[16 * MIX_MAX_SOURCES], p[MIX_MAX_SOURCES], inv;
-    const size_t r = blockIdx.x, nd = (size_t)n * d;
-    float* pr = v + (size_t)nb * nd + r * (size_t)d;
-    const float* ar = a + r * (size_t)d;
-    float* xr = x + r * (size_t)d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) pr[c] = __fadd_rn(pr[c], ar[c]);
-    __syncthreads();
-    const int body = d / 8 * 8, ns = nb + 1;
-    if (query != nullptr) {
-        // Source j's lane l: task 16j + l sums with the query, 16j + 8 + l its squares.
-        for (int task = threadIdx.x; task < 16 * ns; task += blockDim.x) {
-            const int j = task / 16, sq = (task / 8) % 2, l = task % 8;
-            const float* vj = v + (size_t)j * nd + r * (size_t)d;
-            const float* b = sq ? vj : query;
-            float acc = 0.0f;
-            for (int i = l; i < body; i += 8) acc = __fmaf_rn(vj[i], b[i], acc);
-            lanes[task] = acc;
+extern "C" __global__ void res_mix_lanes(float* __restrict__ v, const float* __restrict__ a,
+                                         int nb, int n, int d,
+                                         const float* __restrict__ query,
+                                         float* __restrict__ lanes) {
+    __shared__ float row[MIX_ROW];
+    const int j = query != nullptr ? (int)blockIdx.x : nb, sources = gridDim.x;
+    const size_t r = blockIdx.y, nd = (size_t)n * d;
+    float* vj = v + (size_t)j * nd + r * (size_t)d;
+    if (j == nb) {
+        const float* ar = a + r * (size_t)d;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            const float p = __fadd_rn(vj[c], ar[c]);
+            vj[c] = p;
+            row[c] = p;
         }
-        __syncthreads();
+    } else {
+        for (int c = threadIdx.x; c < d; c += blockDim.x) row[c] = vj[c];
+    }
+    if (query == nullptr) return;
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        const int l = threadIdx.x % 8;
+        const bool sq = threadIdx.x >= 8;
+        const int body = d / 8 * 8;
+        const float* b = sq ? row : query;
+        float acc = 0.0f;
+        int i = l;
+        // Eight of the lane's loads in flight before they are summed in order.
+        for (; i + 56 < body; i += 64) {
+            float xs[8], ys[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                xs[q] = row[i + 8 * q];
+                ys[q] = b[i + 8 * q];
+            }
+#pragma unroll
+            for (int q = 0; q < 8; ++q) acc = __fmaf_rn(xs[q], ys[q], acc);
+        }
+        for (; i < body; i += 8) acc = __fmaf_rn(row[i], b[i], acc);
+        lanes[(r * sources + j) * 16 + threadIdx.x] = acc;
+    }
+}
+
+// `res_mix_norm`, a block per row: with a query, each source's score
+// rms_inv(V_j) · dot_lanes(V_j, query) from its lanes (folded as
+// dot_lanes folds, the tail fused in order), the softmax with exp_fixed
+// (the maximum by fmaxf from −∞, the sum in order), then the weighted
+// sum from zero in source order, each product rounded and then added
+// (`backend::depth_mix`); without one, p itself. Then the RMSNorm
+// (`ops::rms_norm`: sum_sq_lanes on eight threads) scaled by `nw`, into
+// `x`.
+extern "C" __global__ void res_mix_norm(const float* __restrict__ v,
+                                        const float* __restrict__ lanes, int nb, int n, int d,
+                                        const float* __restrict__ query,
+                                        const float* __restrict__ nw, float eps,
+                                        float* __restrict__ x) {
+    __shared__ float row[MIX_ROW], p[MIX_MAX_SOURCES], ln8[8], inv;
+    const size_t r = blockIdx.x, nd = (size_t)n * d;
+    const int ns = nb + 1, body = d / 8 * 8;
+    float* xr = x + r * (size_t)d;
+    if (query != nullptr) {
         if (threadIdx.x == 0) {
             float m = __uint_as_float(0xFF800000u);
             for (int j = 0; j < ns; ++j) {
                 const float* vj = v + (size_t)j * nd + r * (size_t)d;
+                const float* lj = lanes + (r * ns + j) * 16;
                 float lq[8], ls[8];
                 for (int l = 0; l < 8; ++l) {
-                    lq[l] = lanes[16 * j + l];
-                    ls[l] = lanes[16 * j + 8 + l];
+                    lq[l] = lj[l];
+                    ls[l] = lj[8 + l];
                 }
                 const float dq = fold_lanes(lq, vj, query, body, d);
                 const float ms = __fdiv_rn(fold_lanes(ls, vj, vj, body, d), (float)d);
@@ -158,25 +200,26 @@ extern "C" __global__ void res_mix(float* __restrict__ v, const float* __restric
             float o = 0.0f;
             for (int j = 0; j < ns; ++j)
                 o = __fadd_rn(o, __fmul_rn(p[j], v[(size_t)j * nd + r * (size_t)d + c]));
-            xr[c] = o;
+            row[c] = o;
         }
     } else {
-        for (int c = threadIdx.x; c < d; c += blockDim.x) xr[c] = pr[c];
+        const float* pr = v + (size_t)nb * nd + r * (size_t)d;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) row[c] = pr[c];
     }
     __syncthreads();
-    // RMSNorm (ops::rms_norm): sum_sq_lanes on eight threads.
     if (threadIdx.x < 8) {
         float acc = 0.0f;
-        for (int i = threadIdx.x; i < body; i += 8) acc = __fmaf_rn(xr[i], xr[i], acc);
-        lanes[threadIdx.x] = acc;
+        for (int i = threadIdx.x; i < body; i += 8) acc = __fmaf_rn(row[i], row[i], acc);
+        ln8[threadIdx.x] = acc;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         float ls[8];
-        for (int l = 0; l < 8; ++l) ls[l] = lanes[l];
-        const float ms = __fdiv_rn(fold_lanes(ls, xr, xr, body, d), (float)d);
+        for (int l = 0; l < 8; ++l) ls[l] = ln8[l];
+        const float ms = __fdiv_rn(fold_lanes(ls, row, row, body, d), (float)d);
         inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < d; c += blockDim.x) xr[c] = __fmul_rn(__fmul_rn(xr[c], inv), nw[c]);
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        xr[c] = __fmul_rn(__fmul_rn(row[c], inv), nw[c]);
 }

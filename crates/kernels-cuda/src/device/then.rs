@@ -18,15 +18,21 @@ use super::tape::Arg;
 use super::{CudaBackend, State};
 use crate::CudaError;
 
+/// The widest row the mix kernels take (`glu.cu`'s `MIX_ROW`).
+const MIX_ROW: usize = 8192;
+
 /// Whether the kernels take `then` after an attention output of `out_len`
-/// values: consistent shapes, the output `[N, D]`, at most
-/// [`DEVICE_MAX_SOURCES`] sources, `i32` sizes, products the kernels take.
+/// values: consistent shapes, the output `[N, D]` with `D` at most
+/// [`MIX_ROW`], at most [`DEVICE_MAX_SOURCES`] sources, `i32` sizes,
+/// products the kernels take.
 pub(super) fn then_fits(then: &Then<'_>, out_len: usize) -> bool {
     let (n, d) = (then.rows(), then.d);
     let small = |v: usize| i32::try_from(v).is_ok();
     then.is_consistent()
         && n > 0
         && out_len == n * d
+        && d <= MIX_ROW
+        && n <= 65535
         && then.blocks.len() < DEVICE_MAX_SOURCES
         && small(n)
         && small(d)
@@ -110,13 +116,22 @@ impl CudaBackend {
             + ys.chain(then.plain.iter().map(|p| p.y.len()))
                 .sum::<usize>();
         let (vp, yp) = self.stage(st, &xs, ny)?;
+        let sources = then.blocks.len() + 1;
+        let lanes = grow(
+            &self.stream,
+            &mut st.then.lanes,
+            16 * n * sources,
+            &mut st.reallocs,
+        )?
+        .device_ptr(&self.stream)
+        .0;
         let half: usize = then.glu.iter().map(|g| n * g.gate.rows()).sum();
         let gp = grow(&self.stream, &mut st.glu, 2 * half.max(1), &mut st.reallocs)?
             .device_ptr(&self.stream)
             .0;
         self.ensure_clock(st)?;
         st.tape.clock(false);
-        self.launch_mix(st, then, (vp, a, yp), (norm, query));
+        self.launch_mix(st, then, (vp, a, lanes, yp), (norm, query));
         let placed = place(then, n, (yp, gp, gp + 4 * half as u64));
         let segs: Vec<Vec<&[u8]>> = products(then).iter().map(segments).collect();
         let (ng, np) = (then.glu.len(), then.plain.len());
@@ -133,37 +148,38 @@ impl CudaBackend {
         self.fetch(st, yp, ny)
     }
 
-    /// Writes `res_mix`: the sources at `vp` (blocks, then the residual),
-    /// the attention's output at `a`, the normed rows into `xp`.
+    /// Writes `res_mix_lanes` and `res_mix_norm`: the sources at `vp`
+    /// (blocks, then the residual), the attention's output at `a`, the
+    /// lane sums at `lanes`, the normed rows into `xp`.
     fn launch_mix(
         &self,
         st: &mut State,
         then: &Then<'_>,
-        (vp, a, xp): (u64, u64, u64),
+        (vp, a, lanes, xp): (u64, u64, u64, u64),
         (norm, query): (u64, u64),
     ) {
-        let (n, d, nb) = (then.rows() as i32, then.d as i32, then.blocks.len() as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (then.rows() as u32, 1, 1),
+        let rows = then.rows() as u32;
+        let (n, d, nb) = (rows as i32, then.d as i32, then.blocks.len() as i32);
+        let cfg = |grid| LaunchConfig {
+            grid_dim: grid,
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let q = if then.query.is_some() { query } else { 0 };
-        // The arguments match `res_mix` in `glu.cu`: `vp` holds nb + 1
-        // sources of n·d values, `a` and `xp` n·d each, `norm` and `q`
-        // (or null) d (`then_fits` checked the shapes).
-        let args = [
-            vp,
-            a,
-            nb.slot(),
-            n.slot(),
-            d.slot(),
-            q,
-            norm,
-            then.eps.slot(),
-            xp,
-        ];
-        st.tape.kernel(&self.funcs.res_mix, cfg, args);
+        let (q, sources) = match then.query {
+            Some(_) => (query, nb as u32 + 1),
+            None => (0, 1),
+        };
+        // The arguments match `res_mix_lanes` and `res_mix_norm` in
+        // `glu.cu`: `vp` holds nb + 1 sources of n·d values, `a` and `xp`
+        // n·d each, `lanes` 16·n·(nb + 1), `norm` and `q` (or null) d
+        // (`then_fits` checked the shapes: d ≤ MIX_ROW, n ≤ 65535).
+        let first = [vp, a, nb.slot(), n.slot(), d.slot(), q, lanes];
+        st.tape
+            .kernel(&self.funcs.res_mix_lanes, cfg((sources, rows, 1)), first);
+        let eps = then.eps.slot();
+        let second = [vp, lanes, nb.slot(), n.slot(), d.slot(), q, norm, eps, xp];
+        st.tape
+            .kernel(&self.funcs.res_mix_norm, cfg((rows, 1, 1)), second);
     }
 
     /// After the call's synchronisation: `then`'s rows and products from
