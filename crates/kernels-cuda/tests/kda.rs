@@ -10,14 +10,15 @@
 
 use std::sync::Arc;
 
-use fathom_kernels::backend::{self, Backend, MatRef, Then, ThenGlu, ThenProduct, then_cpu};
+use fathom_kernels::backend::{self, Backend, MatRef, then_cpu};
 use fathom_kernels::kda::{KdaDims, KdaInputs, KdaJob, KdaParams, KdaProj, KdaSeq, kda_step_cpu};
-use fathom_kernels::ops::GluAct;
 use fathom_kernels::state_buf::StateBuf;
+
+use fathom_kernels_cuda::CudaBackend;
 
 mod common;
 
-use common::{Lcg, open};
+use common::{Lcg, Rest, open};
 
 impl Lcg {
     /// Mostly moderate values, some large enough to saturate a sigmoid or
@@ -162,7 +163,7 @@ fn step(l: &Layer, seqs: &mut [Seq], lens: &[usize], rng: &mut Lcg, device: bool
 }
 
 /// [`step`] with a [`Then`] of `blocks` earlier blocks (and a query when
-/// `Some((blocks, true))`) behind the step's output, whose rows and
+/// `Some((_, blocks, true))`) behind the step's output, whose rows and
 /// products' bits follow the step's.
 fn step_then(
     l: &Layer,
@@ -170,7 +171,7 @@ fn step_then(
     lens: &[usize],
     rng: &mut Lcg,
     device: bool,
-    then: Option<(usize, bool)>,
+    then: Option<(&Arc<CudaBackend>, usize, bool)>,
 ) -> Vec<u32> {
     let (p, h) = (l.dims.width(), l.dims.heads);
     let n: usize = lens.iter().sum();
@@ -224,7 +225,7 @@ fn step_then(
         inputs_out: Some(&mut inputs),
         then: None,
     };
-    let mut rest = then.map(|(nb, q)| Rest::new(rng, n, nb, q));
+    let mut rest = then.map(|(dev, nb, q)| Rest::new(dev, rng, n, D, nb, q));
     job.then = rest.as_mut().map(Rest::then);
     if device {
         assert!(
@@ -248,100 +249,6 @@ fn step_then(
         bits.extend(r.bits());
     }
     bits
-}
-
-/// The buffers of a [`Then`] over `n` rows of width [`D`]: a gated MLP
-/// and two plain products (bf16) of the normed rows.
-struct Rest {
-    partial: Vec<f32>,
-    blocks: Vec<Vec<f32>>,
-    query: Option<Vec<f32>>,
-    norm: Vec<f32>,
-    w: [Vec<u16>; 5],
-    x: Vec<f32>,
-    ys: [Vec<f32>; 3],
-}
-
-/// The rest's products: plain `[24, D]` and `[8, D]`, gate and up `[40, D]`, down `[D, 40]`.
-const REST_ROWS: [usize; 5] = [24, 8, 40, 40, D];
-
-impl Rest {
-    fn new(rng: &mut Lcg, n: usize, nb: usize, query: bool) -> Self {
-        let w = std::array::from_fn(|i| {
-            let cols = if i == 4 { REST_ROWS[2] } else { D };
-            bf16(rng, REST_ROWS[i] * cols, 0.3)
-        });
-        Rest {
-            partial: rng.vec(n * D, 2.0),
-            blocks: (0..nb).map(|_| rng.vec(n * D, 2.0)).collect(),
-            query: query.then(|| rng.vec(D, 1.0)),
-            norm: rng.vec(D, 1.5),
-            w,
-            x: vec![0f32; n * D],
-            ys: [n * 24, n * 8, n * D].map(|len| vec![f32::NAN; len]),
-        }
-    }
-
-    fn then(&mut self) -> Then<'_> {
-        fn m(w: &[u16], i: usize) -> MatRef<'_> {
-            MatRef::Bf16 {
-                w,
-                rows: REST_ROWS[i],
-                cols: if i == 4 { REST_ROWS[2] } else { D },
-            }
-        }
-        let [y0, y1, y2] = &mut self.ys;
-        Then {
-            d: D,
-            partial: &self.partial,
-            blocks: &self.blocks,
-            query: self.query.as_deref(),
-            eps: 1e-5,
-            norm: &self.norm,
-            x: &mut self.x,
-            plain: vec![
-                ThenProduct {
-                    w: m(&self.w[0], 0),
-                    y: y0,
-                },
-                ThenProduct {
-                    w: m(&self.w[1], 1),
-                    y: y1,
-                },
-            ],
-            glu: vec![ThenGlu {
-                gate: m(&self.w[2], 2),
-                up: m(&self.w[3], 3),
-                down: m(&self.w[4], 4),
-                y: y2,
-            }],
-            act: GluAct::Situ {
-                beta: 4.0,
-                beta_lin: Some(25.0),
-            },
-            done: false,
-        }
-    }
-
-    fn bits(&self) -> impl Iterator<Item = u32> + '_ {
-        self.x
-            .iter()
-            .chain(self.ys.iter().flatten())
-            .map(|v| v.to_bits())
-    }
-}
-
-impl Drop for Rest {
-    /// The backend keeps device copies of the weights by address.
-    fn drop(&mut self) {
-        for w in &self.w {
-            backend::forget(w);
-        }
-        backend::forget(&self.norm);
-        if let Some(q) = &self.query {
-            backend::forget(q);
-        }
-    }
 }
 
 /// The tests here install their backend for the process (a state's own
@@ -370,7 +277,7 @@ fn a_step_with_its_layers_rest_gives_the_twins_bits() {
             .collect();
         for (i, lens) in [[1, 2], [1, 1], [1, 1]].iter().enumerate() {
             let seed = rng.0;
-            let then = Some((nb, query));
+            let then = Some((&b, nb, query));
             let got = step_then(&l, &mut dev, lens, &mut Lcg(seed), true, then);
             let want = step_then(&l, &mut cpu, lens, &mut Lcg(seed), false, then);
             rng.next();

@@ -12,11 +12,13 @@
 //! Without a CUDA device (real or emulated) the test prints why it skipped.
 
 use fathom_kernels::attention::{MlaShape, SPLIT};
-use fathom_kernels::backend::{Backend, MatRef, MlaOut, MlaSeqWork, MlaWork, mla_work_cpu};
+use fathom_kernels::backend::{
+    Backend, MatRef, MlaOut, MlaSeqWork, MlaWork, mla_work_cpu, then_cpu,
+};
 
 mod common;
 
-use common::{Lcg, open};
+use common::{Lcg, Rest, open};
 
 impl Lcg {
     fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
@@ -177,4 +179,88 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
     // Without kept blocks the small device takes it.
     let (d, c) = both(small.as_ref(), &cache_a, 0, None).expect("taken");
     assert_eq!(d, c);
+}
+
+/// The rest of the layer up to its experts' choice ([`Then`]) in the
+/// attention's call, bit for bit against the CPU's steps: rows wider than
+/// one of the mix kernels' tiles (4096) with a tail past the last full
+/// chunk of 8, with and without earlier blocks and a query; then one
+/// call a step, the rest's products counted.
+#[test]
+fn an_mla_step_with_its_layers_rest_gives_the_twins_bits() {
+    let Some(dev) = open(None) else {
+        return;
+    };
+    const D: usize = 4107;
+    let (h, w) = (SH.heads, SH.width());
+    let mut g = Lcg(11);
+    let cache = g.vec(40 * w, 2.0);
+    let ns = [38usize, 39, 40];
+    let t = ns.len();
+    let q_nope = g.vec(h * t * DN, 1.5);
+    let q_rope = g.vec(t * h * SH.rope, 1.5);
+    let (uk, uv) = (g.bf16(h * SH.lora * DN), g.bf16(h * DV * SH.lora));
+    let (o_w, gate) = (g.bf16(D * h * DV), g.vec(t * h * DV, 3.0));
+    for (nb, query) in [(0, false), (2, true), (1, true)] {
+        let seqs = [MlaSeqWork {
+            blocks: vec![&cache[..]],
+            stable: 0,
+            queries: 0..t,
+        }];
+        let o = MlaOut {
+            gate: Some(&gate),
+            o_proj: MatRef::Bf16 {
+                w: &o_w,
+                rows: D,
+                cols: h * DV,
+            },
+        };
+        let run = |device: bool| {
+            let mut rest = Rest::new(&dev, &mut Lcg(5 + nb as u64), t, D, nb, query);
+            let mut out = vec![f32::NAN; t * D];
+            let mut work = MlaWork {
+                shape: SH,
+                seqs: &seqs,
+                ns: &ns,
+                q_nope: &q_nope,
+                q_rope: &q_rope,
+                uk_t: MatRef::Bf16 {
+                    w: &uk,
+                    rows: h * SH.lora,
+                    cols: DN,
+                },
+                uv: MatRef::Bf16 {
+                    w: &uv,
+                    rows: h * DV,
+                    cols: SH.lora,
+                },
+                o: Some(o),
+                out: &mut out,
+                then: Some(rest.then()),
+            };
+            let before = dev.stats();
+            if device {
+                assert!(dev.mla_attend(&mut work), "the device takes it");
+                assert!(work.then.as_ref().is_some_and(|t| t.done));
+            } else {
+                mla_work_cpu(&mut work);
+                let a = work.out.to_vec();
+                then_cpu(work.then.as_mut().expect("given"), &a);
+            }
+            drop(work);
+            let st = dev.stats().since(&before);
+            let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).chain(rest.bits()).collect();
+            (bits, st)
+        };
+        let (got, st) = run(true);
+        let (want, _) = run(false);
+        let first = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert!(
+            got == want,
+            "{nb} blocks, query {query}: the bits differ from value {first:?} of {}",
+            got.len()
+        );
+        // uk_t, uv, o_proj and the rest's five products, in one call.
+        assert_eq!((st.device_calls, st.device_products), (1, 8));
+    }
 }

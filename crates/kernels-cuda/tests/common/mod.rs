@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use fathom_kernels::backend::{MatRef, Then, ThenGlu, ThenProduct};
+use fathom_kernels::ops::GluAct;
 use fathom_kernels_cuda::{CudaBackend, CudaError};
 
 /// Device 0 with `budget` bytes for weights: a real one where the NVIDIA
@@ -44,5 +46,138 @@ impl Lcg {
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         (self.0 >> 33) as u32
+    }
+}
+
+impl Lcg {
+    /// `n` values uniform in `[-amp, amp)`.
+    pub fn uniform(&mut self, n: usize, amp: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| (self.next() as f32 / u32::MAX as f32 - 0.5) * 2.0 * amp)
+            .collect()
+    }
+
+    /// `n` bf16 values (as bits) uniform in `[-amp, amp)`.
+    pub fn bf16_bits(&mut self, n: usize, amp: f32) -> Vec<u16> {
+        self.uniform(n, amp)
+            .iter()
+            .map(|v| (v.to_bits() >> 16) as u16)
+            .collect()
+    }
+}
+
+/// The buffers of a [`Then`] over `n` rows of width `d`: a gated MLP
+/// and two plain products (bf16) of the normed rows; the weights
+/// forgotten on drop.
+pub struct Rest {
+    /// The backend that keeps device copies of the weights (by address).
+    dev: Arc<CudaBackend>,
+    d: usize,
+    partial: Vec<f32>,
+    blocks: Vec<Vec<f32>>,
+    query: Option<Vec<f32>>,
+    norm: Vec<f32>,
+    w: [Vec<u16>; 5],
+    x: Vec<f32>,
+    ys: [Vec<f32>; 3],
+}
+
+/// The rest's products' rows: plain 24 and 8, gate and up 40 (all `d`
+/// wide), then the down (`d` rows, 40 wide).
+const REST_ROWS: [usize; 4] = [24, 8, 40, 40];
+
+impl Rest {
+    pub fn new(
+        dev: &Arc<CudaBackend>,
+        rng: &mut Lcg,
+        n: usize,
+        d: usize,
+        nb: usize,
+        query: bool,
+    ) -> Self {
+        let w = std::array::from_fn(|i| {
+            let size = if i == 4 {
+                d * REST_ROWS[2]
+            } else {
+                REST_ROWS[i] * d
+            };
+            rng.bf16_bits(size, 0.3)
+        });
+        Rest {
+            dev: dev.clone(),
+            d,
+            partial: rng.uniform(n * d, 2.0),
+            blocks: (0..nb).map(|_| rng.uniform(n * d, 2.0)).collect(),
+            query: query.then(|| rng.uniform(d, 1.0)),
+            norm: rng.uniform(d, 1.5),
+            w,
+            x: vec![0f32; n * d],
+            ys: [n * 24, n * 8, n * d].map(|len| vec![f32::NAN; len]),
+        }
+    }
+
+    pub fn then(&mut self) -> Then<'_> {
+        let d = self.d;
+        let m = |w, i: usize| {
+            let (rows, cols) = if i == 4 {
+                (d, REST_ROWS[2])
+            } else {
+                (REST_ROWS[i], d)
+            };
+            MatRef::Bf16 { w, rows, cols }
+        };
+        let [y0, y1, y2] = &mut self.ys;
+        Then {
+            d,
+            partial: &self.partial,
+            blocks: &self.blocks,
+            query: self.query.as_deref(),
+            eps: 1e-5,
+            norm: &self.norm,
+            x: &mut self.x,
+            plain: vec![
+                ThenProduct {
+                    w: m(&self.w[0], 0),
+                    y: y0,
+                },
+                ThenProduct {
+                    w: m(&self.w[1], 1),
+                    y: y1,
+                },
+            ],
+            glu: vec![ThenGlu {
+                gate: m(&self.w[2], 2),
+                up: m(&self.w[3], 3),
+                down: m(&self.w[4], 4),
+                y: y2,
+            }],
+            act: GluAct::Situ {
+                beta: 4.0,
+                beta_lin: Some(25.0),
+            },
+            done: false,
+        }
+    }
+
+    pub fn bits(&self) -> impl Iterator<Item = u32> + '_ {
+        self.x
+            .iter()
+            .chain(self.ys.iter().flatten())
+            .map(|v| v.to_bits())
+    }
+}
+
+impl Drop for Rest {
+    /// The weights' device copies go with them.
+    fn drop(&mut self) {
+        use fathom_kernels::backend::Backend;
+        let forget = |p: *const u8, bytes: usize| self.dev.forget(p as usize..p as usize + bytes);
+        for w in &self.w {
+            forget(w.as_ptr().cast(), 2 * w.len());
+        }
+        forget(self.norm.as_ptr().cast(), 4 * self.norm.len());
+        if let Some(q) = &self.query {
+            forget(q.as_ptr().cast(), 4 * q.len());
+        }
     }
 }
