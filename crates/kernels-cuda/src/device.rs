@@ -103,8 +103,7 @@ struct Funcs {
     mla_merge: CudaFunction,
     moe_combine: CudaFunction,
     mla_gate: CudaFunction,
-    res_mix_lanes: CudaFunction,
-    res_mix_sum: CudaFunction,
+    res_mix_dots: CudaFunction,
     res_mix_norm: CudaFunction,
 }
 
@@ -118,8 +117,8 @@ struct Staging {
     hy: Option<PinnedHostSlice<f32>>,
     ht: Option<PinnedHostSlice<u64>>,
     dt: Option<CudaSlice<u64>>,
-    /// The depth mix's lane sums (`then.rs`; never swapped).
-    lanes: Option<CudaSlice<f32>>,
+    /// The depth mix's sums (`then.rs`; never swapped).
+    dots: Option<CudaSlice<f32>>,
 }
 
 struct State {
@@ -292,8 +291,7 @@ impl CudaBackend {
             mla_merge: f("mla_merge")?,
             moe_combine: f("moe_combine")?,
             mla_gate: f("mla_gate")?,
-            res_mix_lanes: f("res_mix_lanes")?,
-            res_mix_sum: f("res_mix_sum")?,
+            res_mix_dots: f("res_mix_dots")?,
             res_mix_norm: f("res_mix_norm")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;

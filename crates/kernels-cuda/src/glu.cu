@@ -99,45 +99,51 @@ extern "C" __global__ void moe_combine(const float* __restrict__ o,
 }
 
 // The rest of a layer before its experts are chosen, its first part
-// (fathom-kernels `backend::then_mix`), in three launches. `v` holds nb
-// earlier blocks then the residual, each [n, d]. A lane's sum is one
-// chain of fused multiply-adds in column order, so each runs on one
-// thread; its operands come from shared memory in tiles of MIX_TILE
-// columns (a multiple of 8: the chains go on across tiles), loaded by the
-// whole block; the sums that do not chain spread over many threads.
+// (fathom-kernels `backend::then_mix`), in two launches. `v` holds nb
+// earlier blocks then the residual, each [n, d]. Its sums are `dot32`s,
+// the matrix products' order (`formats::block_scalar`): lane l of a warp
+// sums fmaf over the columns l, l + 32, … (past the end fmaf(0, 0, ·)),
+// the 32 sums fold in halves (fold32, matmul.cu). Their operands come
+// from shared memory, staged by the whole block in tiles of MIX_TILE
+// columns (a multiple of 32: a lane's chain goes on across tiles).
 #define MIX_TILE 4096
+#define MIX_ROW 8192
 #define MIX_MAX_SOURCES 64
 
-// The eight lanes of dot_lanes(a, b) (b = a: of sum_sq_lanes) over a
-// tile's columns [0, cols), on threads 0–7, going on from `acc`; the
-// tile's operands in shared memory.
-__device__ __forceinline__ float mix_lane(float acc, const float* a, const float* b, int l,
-                                          int cols) {
-    int i = l;
-    for (; i + 56 < cols; i += 64) {
+// A lane's part of dot32(a, b) over a tile's columns [0, cols), going on
+// from `acc` (eight chunks' loads in flight before they are summed in
+// order); `last`: the row ends in this tile (its partial chunk padded
+// with zeros).
+__device__ __forceinline__ float mix_chunks(float acc, const float* a, const float* b, int lane,
+                                            int cols, bool last) {
+    const int full = cols / 32 * 32;
+    int c = 0;
+    for (; c + 256 <= full; c += 256) {
         float xs[8], ys[8];
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
-            xs[q] = a[i + 8 * q];
-            ys[q] = b[i + 8 * q];
+            xs[q] = a[c + 32 * q + lane];
+            ys[q] = b[c + 32 * q + lane];
         }
 #pragma unroll
-        for (int q = 0; q < 8; ++q) acc = __fmaf_rn(xs[q], ys[q], acc);
+        for (int q = 0; q < 8; ++q) acc = fmaf(xs[q], ys[q], acc);
     }
-    for (; i < cols; i += 8) acc = __fmaf_rn(a[i], b[i], acc);
+    for (; c < full; c += 32) acc = fmaf(a[c + lane], b[c + lane], acc);
+    if (last && full < cols) {
+        const int i = full + lane;
+        acc = i < cols ? fmaf(a[i], b[i], acc) : fmaf(0.0f, 0.0f, acc);
+    }
     return acc;
 }
 
-// `res_mix_lanes`, a block per source j and row r (grid (sources, n)):
-// for the residual (j = nb) p = partial + a, written over it; then, with
-// a query, the eight lanes of dot_lanes(V_j, query) (threads 0–7) and of
-// sum_sq_lanes(V_j) (threads 8–15) over the full chunks of 8, into
-// `lanes[(r·sources + j)·16 + …]`. Without a query the grid has one
+// `res_mix_dots`, a block per source j and row r (grid (sources, n)): for
+// the residual (j = nb) p = partial + a, written over it; then, with a
+// query, warp 0 finds dot32(V_j, query) and warp 1 dot32(V_j, V_j), into
+// `dots[(r·sources + j)·2 + …]`. Without a query the grid has one
 // source, the residual.
-extern "C" __global__ void res_mix_lanes(float* __restrict__ v, const float* __restrict__ a,
-                                         int nb, int n, int d,
-                                         const float* __restrict__ query,
-                                         float* __restrict__ lanes) {
+extern "C" __global__ void res_mix_dots(float* __restrict__ v, const float* __restrict__ a,
+                                        int nb, int n, int d, const float* __restrict__ query,
+                                        float* __restrict__ dots) {
     __shared__ float tv[MIX_TILE], tq[MIX_TILE];
     const int j = query != nullptr ? (int)blockIdx.x : nb, sources = gridDim.x;
     const size_t r = blockIdx.y, nd = (size_t)n * d;
@@ -148,102 +154,75 @@ extern "C" __global__ void res_mix_lanes(float* __restrict__ v, const float* __r
         __syncthreads();
     }
     if (query == nullptr) return;
-    const int body = d / 8 * 8, l = threadIdx.x % 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float acc = 0.0f;
-    for (int c0 = 0; c0 < body; c0 += MIX_TILE) {
-        const int cols = min(MIX_TILE, body - c0);
+    for (int c0 = 0; c0 < d; c0 += MIX_TILE) {
+        const int cols = min(MIX_TILE, d - c0);
         for (int c = threadIdx.x; c < cols; c += blockDim.x) {
             tv[c] = vj[c0 + c];
             tq[c] = query[c0 + c];
         }
         __syncthreads();
-        if (threadIdx.x < 8) acc = mix_lane(acc, tv, tq, l, cols);
-        else if (threadIdx.x < 16) acc = mix_lane(acc, tv, tv, l, cols);
+        if (warp < 2) acc = mix_chunks(acc, tv, warp == 0 ? tq : tv, lane, cols, c0 + cols == d);
         __syncthreads();
     }
-    if (threadIdx.x < 16) lanes[(r * sources + j) * 16 + threadIdx.x] = acc;
+    if (warp < 2) {
+        acc = fold32(acc);
+        if (lane == 0) dots[(r * sources + j) * 2 + warp] = acc;
+    }
 }
 
-// Source weights from the lanes (thread 0): each source's score
-// rms_inv(V_j) · dot_lanes(V_j, query) (the lanes folded as dot_lanes
-// folds, the tail fused in order), then the softmax with exp_fixed (the
-// maximum by fmaxf from −∞, the sum in order); `backend::depth_mix`.
-__device__ void mix_weights(const float* v, const float* lanes, int ns, size_t r, size_t nd,
-                            int d, const float* query, float eps, float* p) {
-    const int body = d / 8 * 8;
-    float m = __uint_as_float(0xFF800000u);
-    for (int j = 0; j < ns; ++j) {
-        const float* vj = v + (size_t)j * nd + r * (size_t)d;
-        const float* lj = lanes + (r * ns + j) * 16;
-        float lq[8], ls[8];
-        for (int l = 0; l < 8; ++l) {
-            lq[l] = lj[l];
-            ls[l] = lj[8 + l];
+// `res_mix_norm`, a block per row (d ≤ MIX_ROW): with a query, the
+// sources' weights — each score rms_inv32(V_j) · dot32(V_j, query) from
+// its dots, then the softmax with exp_fixed (the maximum by fmaxf from
+// −∞, the sum in order) — and the weighted sum from zero in source
+// order, each product rounded and then added (`backend::depth_mix`);
+// without one, p itself. Then the RMSNorm with rms_inv32 (warp 0's
+// dot32 of the row with itself) scaled by `nw`, into `x`.
+extern "C" __global__ void res_mix_norm(const float* __restrict__ v,
+                                        const float* __restrict__ dots, int nb, int n, int d,
+                                        const float* __restrict__ query,
+                                        const float* __restrict__ nw, float eps,
+                                        float* __restrict__ x) {
+    __shared__ float row[MIX_ROW], p[MIX_MAX_SOURCES], inv;
+    const size_t r = blockIdx.x, nd = (size_t)n * d;
+    const int ns = nb + 1;
+    if (query != nullptr) {
+        if (threadIdx.x == 0) {
+            float m = __uint_as_float(0xFF800000u);
+            for (int j = 0; j < ns; ++j) {
+                const float* dj = dots + (r * ns + j) * 2;
+                const float ri =
+                    __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dj[1], (float)d), eps)));
+                p[j] = __fmul_rn(ri, dj[0]);
+                m = fmaxf(m, p[j]);
+            }
+            float s = 0.0f;
+            for (int j = 0; j < ns; ++j) {
+                p[j] = exp_fixed(__fsub_rn(p[j], m));
+                s = __fadd_rn(s, p[j]);
+            }
+            for (int j = 0; j < ns; ++j) p[j] = __fdiv_rn(p[j], s);
         }
-        const float dq = fold_lanes(lq, vj, query, body, d);
-        const float ms = __fdiv_rn(fold_lanes(ls, vj, vj, body, d), (float)d);
-        const float ri = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
-        p[j] = __fmul_rn(ri, dq);
-        m = fmaxf(m, p[j]);
-    }
-    float s = 0.0f;
-    for (int j = 0; j < ns; ++j) {
-        p[j] = exp_fixed(__fsub_rn(p[j], m));
-        s = __fadd_rn(s, p[j]);
-    }
-    for (int j = 0; j < ns; ++j) p[j] = __fdiv_rn(p[j], s);
-}
-
-// `res_mix_sum`, a thread per column (grid (column blocks, n)): with a
-// query, the weighted sum of the sources from zero in source order, each
-// product rounded and then added (each block finds the weights itself);
-// without one, p itself; into `x`.
-extern "C" __global__ void res_mix_sum(const float* __restrict__ v,
-                                       const float* __restrict__ lanes, int nb, int n, int d,
-                                       const float* __restrict__ query, float eps,
-                                       float* __restrict__ x) {
-    __shared__ float p[MIX_MAX_SOURCES];
-    const size_t r = blockIdx.y, nd = (size_t)n * d;
-    const int ns = nb + 1, c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (query == nullptr) {
-        if (c < d) x[r * (size_t)d + c] = v[(size_t)nb * nd + r * (size_t)d + c];
-        return;
-    }
-    if (threadIdx.x == 0) mix_weights(v, lanes, ns, r, nd, d, query, eps, p);
-    __syncthreads();
-    if (c >= d) return;
-    float o = 0.0f;
-    for (int j = 0; j < ns; ++j)
-        o = __fadd_rn(o, __fmul_rn(p[j], v[(size_t)j * nd + r * (size_t)d + c]));
-    x[r * (size_t)d + c] = o;
-}
-
-// `res_mix_norm`, a block per row: the RMSNorm (`ops::rms_norm`:
-// sum_sq_lanes on eight threads over tiles in shared memory) of `x`'s
-// row, scaled by `nw`, in place.
-extern "C" __global__ void res_mix_norm(float* __restrict__ x, int d,
-                                        const float* __restrict__ nw, float eps) {
-    __shared__ float tile[MIX_TILE], inv;
-    float* xr = x + (size_t)blockIdx.x * d;
-    const int body = d / 8 * 8;
-    float acc = 0.0f;
-    for (int c0 = 0; c0 < body; c0 += MIX_TILE) {
-        const int cols = min(MIX_TILE, body - c0);
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) tile[c] = xr[c0 + c];
         __syncthreads();
-        if (threadIdx.x < 8) acc = mix_lane(acc, tile, tile, threadIdx.x, cols);
-        __syncthreads();
-    }
-    __shared__ float ln8[8];
-    if (threadIdx.x < 8) ln8[threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float ls[8];
-        for (int l = 0; l < 8; ++l) ls[l] = ln8[l];
-        const float ms = __fdiv_rn(fold_lanes(ls, xr, xr, body, d), (float)d);
-        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            float o = 0.0f;
+            for (int j = 0; j < ns; ++j)
+                o = __fadd_rn(o, __fmul_rn(p[j], v[(size_t)j * nd + r * (size_t)d + c]));
+            row[c] = o;
+        }
+    } else {
+        const float* pr = v + (size_t)nb * nd + r * (size_t)d;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) row[c] = pr[c];
     }
     __syncthreads();
+    if (threadIdx.x < 32) {
+        const float ss = fold32(mix_chunks(0.0f, row, row, threadIdx.x, d, true));
+        if (threadIdx.x == 0)
+            inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
+    }
+    __syncthreads();
+    float* xr = x + r * (size_t)d;
     for (int c = threadIdx.x; c < d; c += blockDim.x)
-        xr[c] = __fmul_rn(__fmul_rn(xr[c], inv), nw[c]);
+        xr[c] = __fmul_rn(__fmul_rn(row[c], inv), nw[c]);
 }

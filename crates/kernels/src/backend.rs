@@ -475,7 +475,8 @@ pub use tail::{MoeTail, TailExpert, moe_tail_cpu};
 
 mod then;
 pub use then::{
-    DEVICE_MAX_SOURCES, Then, ThenGlu, ThenProduct, depth_mix, softmax_fixed, then_cpu, then_mix,
+    DEVICE_MAX_SOURCES, Then, ThenGlu, ThenProduct, depth_mix, dot32, rms_inv32, rms_norm32_rows,
+    softmax_fixed, then_cpu, then_mix,
 };
 
 static BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);

@@ -18,16 +18,20 @@ use super::tape::Arg;
 use super::{CudaBackend, State};
 use crate::CudaError;
 
+/// The widest row the mix kernels take (`glu.cu`'s `MIX_ROW`).
+const MIX_ROW: usize = 8192;
+
 /// Whether the kernels take `then` after an attention output of `out_len`
-/// values: consistent shapes, the output `[N, D]`, at most
-/// [`DEVICE_MAX_SOURCES`] sources, `i32` sizes and at most 65535 rows (a
-/// grid's y), products the kernels take.
+/// values: consistent shapes, the output `[N, D]` with `D` at most
+/// [`MIX_ROW`], at most [`DEVICE_MAX_SOURCES`] sources, `i32` sizes and
+/// at most 65535 rows (a grid's y), products the kernels take.
 pub(super) fn then_fits(then: &Then<'_>, out_len: usize) -> bool {
     let (n, d) = (then.rows(), then.d);
     let small = |v: usize| i32::try_from(v).is_ok();
     then.is_consistent()
         && n > 0
         && out_len == n * d
+        && d <= MIX_ROW
         && n <= 65535
         && then.blocks.len() < DEVICE_MAX_SOURCES
         && small(n)
@@ -113,10 +117,10 @@ impl CudaBackend {
                 .sum::<usize>();
         let (vp, yp) = self.stage(st, &xs, ny)?;
         let sources = then.blocks.len() + 1;
-        let lanes = grow(
+        let dots = grow(
             &self.stream,
-            &mut st.then.lanes,
-            16 * n * sources,
+            &mut st.then.dots,
+            2 * n * sources,
             &mut st.reallocs,
         )?
         .device_ptr(&self.stream)
@@ -127,7 +131,7 @@ impl CudaBackend {
             .0;
         self.ensure_clock(st)?;
         st.tape.clock(false);
-        self.launch_mix(st, then, (vp, a, lanes, yp), (norm, query));
+        self.launch_mix(st, then, (vp, a, dots, yp), (norm, query));
         let placed = place(then, n, (yp, gp, gp + 4 * half as u64));
         let segs: Vec<Vec<&[u8]>> = products(then).iter().map(segments).collect();
         let (ng, np) = (then.glu.len(), then.plain.len());
@@ -144,14 +148,14 @@ impl CudaBackend {
         self.fetch(st, yp, ny)
     }
 
-    /// Writes `res_mix_lanes`, `res_mix_sum` and `res_mix_norm`: the sources at `vp`
+    /// Writes `res_mix_dots` and `res_mix_norm`: the sources at `vp`
     /// (blocks, then the residual), the attention's output at `a`, the
-    /// lane sums at `lanes`, the normed rows into `xp`.
+    /// sums at `dots`, the normed rows into `xp`.
     fn launch_mix(
         &self,
         st: &mut State,
         then: &Then<'_>,
-        (vp, a, lanes, xp): (u64, u64, u64, u64),
+        (vp, a, dots, xp): (u64, u64, u64, u64),
         (norm, query): (u64, u64),
     ) {
         let rows = then.rows() as u32;
@@ -165,21 +169,17 @@ impl CudaBackend {
             Some(_) => (query, nb as u32 + 1),
             None => (0, 1),
         };
-        // The arguments match `res_mix_lanes`, `res_mix_sum` and
-        // `res_mix_norm` in `glu.cu`: `vp` holds nb + 1 sources of n·d
-        // values, `a` and `xp` n·d each, `lanes` 16·n·(nb + 1), `norm` and
-        // `q` (or null) d (`then_fits` checked the shapes: n ≤ 65535).
-        let first = [vp, a, nb.slot(), n.slot(), d.slot(), q, lanes];
+        // The arguments match `res_mix_dots` and `res_mix_norm` in
+        // `glu.cu`: `vp` holds nb + 1 sources of n·d values, `a` and `xp`
+        // n·d each, `dots` 2·n·(nb + 1), `norm` and `q` (or null) d
+        // (`then_fits` checked the shapes: d ≤ MIX_ROW, n ≤ 65535).
+        let first = [vp, a, nb.slot(), n.slot(), d.slot(), q, dots];
         st.tape
-            .kernel(&self.funcs.res_mix_lanes, cfg((sources, rows, 1)), first);
+            .kernel(&self.funcs.res_mix_dots, cfg((sources, rows, 1)), first);
         let eps = then.eps.slot();
-        let second = [vp, lanes, nb.slot(), n.slot(), d.slot(), q, eps, xp];
-        let cols = then.d.div_ceil(256) as u32;
+        let second = [vp, dots, nb.slot(), n.slot(), d.slot(), q, norm, eps, xp];
         st.tape
-            .kernel(&self.funcs.res_mix_sum, cfg((cols, rows, 1)), second);
-        let third = [xp, d.slot(), norm, eps];
-        st.tape
-            .kernel(&self.funcs.res_mix_norm, cfg((rows, 1, 1)), third);
+            .kernel(&self.funcs.res_mix_norm, cfg((rows, 1, 1)), second);
     }
 
     /// After the call's synchronisation: `then`'s rows and products from

@@ -10,7 +10,6 @@
 use super::{GluProduct, Hints, MatRef, Role, glu_steps_on};
 use crate::expf::exp_fixed;
 use crate::ops::GluAct;
-use crate::ops::{dot_lanes, rms_inv, rms_norm_rows};
 
 /// The most sources (earlier blocks and the residual) a device's mix
 /// kernel takes (`glu.cu`'s `MIX_MAX_SOURCES`).
@@ -35,7 +34,7 @@ pub struct ThenGlu<'a> {
 ///
 /// ```text
 /// p = partial + a;   h = depth_mix(blocks…, p) if query, else p
-/// x = RMSNorm(h) · norm;   y_i = x W_iᵀ;   y_j = glu_j(x)
+/// x = rms_norm32(h) · norm;   y_i = x W_iᵀ;   y_j = glu_j(x)
 /// ```
 ///
 /// A backend that computes all of it in the attention's call sets
@@ -106,9 +105,39 @@ pub fn softmax_fixed(x: &mut [f32]) {
     }
 }
 
+/// `Σ aᵢbᵢ` in the matrix products' order (`formats::block_scalar`: 32
+/// lanes of fused sums over the columns `l, l + 32, …`, folded in halves),
+/// which a device's warp repeats with short chains: a row of 7168 is 224
+/// steps a lane (the 8-lane `dot_lanes` would be 896).
+pub fn dot32(a: &[f32], b: &[f32]) -> f32 {
+    let mut y = [0f32];
+    MatRef::F32 {
+        w: b,
+        rows: 1,
+        cols: b.len(),
+    }
+    .cpu(&a[..b.len()], 1, &mut y);
+    y[0]
+}
+
+/// `1 / sqrt(dot32(x, x) / len + ε)`.
+pub fn rms_inv32(x: &[f32], eps: f32) -> f32 {
+    1.0 / (dot32(x, x) / x.len() as f32 + eps).sqrt()
+}
+
+/// RMSNorm of every `d`-wide row of `x` with [`rms_inv32`]: `v · r · w`.
+pub fn rms_norm32_rows(x: &mut [f32], d: usize, w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(d) {
+        let r = rms_inv32(row, eps);
+        for (v, g) in row.iter_mut().zip(w) {
+            *v = *v * r * g;
+        }
+    }
+}
+
 /// Block attention residuals' softmax over depth: per row,
 /// `Σ_n p_n V_n` with `V = [blocks…, partial]`, `p = softmax_fixed_n(
-/// rms_inv(V_n) · dot_lanes(V_n, query))`, the weighted sum from zero in
+/// rms_inv32(V_n) · dot32(V_n, query))`, the weighted sum from zero in
 /// source order, each product rounded and then added.
 pub fn depth_mix(
     partial: &[f32],
@@ -132,7 +161,7 @@ pub fn depth_mix(
         };
         for (j, pj) in p.iter_mut().enumerate() {
             let v = row(j);
-            *pj = rms_inv(v, eps) * dot_lanes(v, query);
+            *pj = rms_inv32(v, eps) * dot32(v, query);
         }
         softmax_fixed(&mut p);
         let o = &mut out[ti * d..(ti + 1) * d];
@@ -154,7 +183,7 @@ pub fn then_mix(then: &Then<'_>, a: &[f32]) -> (Vec<f32>, Vec<f32>) {
         Some(q) => depth_mix(&p, then.blocks, q, then.d, then.eps),
         None => p.clone(),
     };
-    rms_norm_rows(&mut x, then.d, then.norm, then.eps);
+    rms_norm32_rows(&mut x, then.d, then.norm, then.eps);
     (p, x)
 }
 

@@ -2,12 +2,13 @@
 //!
 //! `AttnRes(partial, blocks) = Σ_n p_n V_n` with `V = [blocks…, partial]`,
 //! `p = softmax_n(Σ_d RMS(V_n)[d] · query[d])`, computed as
-//! `rms_inv(V_n) · (V_n · query)` (both sums in the 8-lane order of
-//! `dot_lanes`, which vectorises), where `query` already holds
-//! the site's norm weight times its pseudo-query projection. Per token: no
-//! mixing across positions, so decode needs no cache for it. The softmax
-//! uses the hand-written `exp_fixed`, so a device repeats it bit for bit
-//! ([`fathom_kernels::backend::depth_mix`]).
+//! `rms_inv(V_n) · (V_n · query)` (both sums in the matrix products'
+//! 32-lane order, `dot32`), where `query` already holds the site's norm
+//! weight times its pseudo-query projection. Per token: no mixing across
+//! positions, so decode needs no cache for it. The softmax uses the
+//! hand-written `exp_fixed`, so a device repeats it bit for bit
+//! ([`fathom_kernels::backend::depth_mix`]); the RMSNorm after the MLP
+//! side's mix uses the same 32-lane sum (`rms_norm32_rows`).
 
 use fathom_kernels::backend::depth_mix;
 

@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use fathom_kernels::backend::{self, Then};
+use fathom_kernels::backend::{self, Then, rms_norm32_rows};
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::attention::{kda, mla};
@@ -94,7 +94,7 @@ fn forward_rows(
             None => {
                 let mut x = attn_res(&partial, &blocks, &lw.mlp_res, d, eps);
                 trace(&mut tracer, i, "mlp_in", &x);
-                rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
+                rms_norm32_rows(&mut x, d, &lw.post_attention_layernorm, eps);
                 (x, None)
             }
         };
