@@ -184,7 +184,7 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
 /// The rest of the layer up to its experts' choice ([`Then`]) in the
 /// attention's call, bit for bit against the CPU's steps: rows wider than
 /// one of the mix kernels' tiles (4096) with a tail past the last full
-/// chunk of 8, with and without earlier blocks and a query; then one
+/// chunk of 32, with and without earlier blocks and a query; then one
 /// call a step, the rest's products counted.
 #[test]
 fn an_mla_step_with_its_layers_rest_gives_the_twins_bits() {

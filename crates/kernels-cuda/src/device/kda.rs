@@ -44,8 +44,8 @@ struct Staged {
     /// Per sequence: S and the q, k, v windows.
     states: Vec<[u64; 4]>,
     ny: usize,
-    /// With the job's `then`: its norm's and query's device addresses.
-    then: Option<(u64, u64)>,
+    /// Whether the job's `then` comes along (its weights are here).
+    then: bool,
 }
 
 impl CudaBackend {
@@ -78,9 +78,7 @@ impl CudaBackend {
         }
         // Staged and written, nothing launched yet.
         let written = staged.and_then(|staged| match staged {
-            Some(s) => self
-                .kda_launch(st, job, &s)
-                .map(|()| Some(s.then.is_some())),
+            Some(s) => self.kda_launch(st, job, &s).map(|()| Some(s.then)),
             None => Ok(None),
         });
         let then_on = match written {
@@ -153,11 +151,8 @@ impl CudaBackend {
         let psegs = proj_segments(job);
         let nw = segs.len();
         segs.extend(psegs.iter().flatten());
-        let at_then = segs.len();
         let then = job.then.as_ref().filter(|_| with_then);
-        if let Some(t) = then {
-            segs.extend(then::then_segments(t));
-        }
+        segs.extend(then.map(then::then_segments).unwrap_or_default());
         let Some((ptrs, keep)) = self.weights_here(st, &segs)? else {
             return Ok(None);
         };
@@ -223,14 +218,7 @@ impl CudaBackend {
             proj,
             states,
             ny,
-            then: then.map(|t| {
-                let query = if t.query.is_some() {
-                    ptrs[at_then + 1]
-                } else {
-                    0
-                };
-                (ptrs[at_then], query)
-            }),
+            then: then.is_some(),
         }))
     }
 
@@ -344,9 +332,9 @@ impl CudaBackend {
         // it; `hy` is page-locked and read after the synchronisation.
         st.tape.down(&mut hy[..s.ny], s.out);
         st.stats.d2h_bytes += 4 * s.ny as u64;
-        match (&job.then, s.then) {
-            (Some(t), Some(at)) => self.then_launch(st, t, s.out, at),
-            _ => Ok(()),
+        match job.then.as_ref().filter(|_| s.then) {
+            Some(t) => self.then_launch(st, t, s.out),
+            None => Ok(()),
         }
     }
 

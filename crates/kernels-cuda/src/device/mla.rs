@@ -44,8 +44,8 @@ struct Placed {
     ns: u64,
     boff: u64,
     out: u64,
-    /// With the work's `then`: its norm's and query's device addresses.
-    then: Option<(u64, u64)>,
+    /// Whether the work's `then` comes along (its weights are here).
+    then: bool,
 }
 
 impl CudaBackend {
@@ -99,7 +99,7 @@ impl CudaBackend {
         }
         let hy = st.hy.as_ref().expect("staged").as_slice()?;
         work.out.copy_from_slice(&hy[..work.out.len()]);
-        if let Some(t) = work.then.as_mut().filter(|_| placed.then.is_some()) {
+        if let Some(t) = work.then.as_mut().filter(|_| placed.then) {
             self.then_finish(st, t)?;
         }
         st.stats.device_attention += 1;
@@ -139,22 +139,11 @@ impl CudaBackend {
                 segs.push(segments(&m)[0]);
             }
         }
-        let at_then = segs.len();
         let then = work.then.as_ref().filter(|_| with_then);
-        if let Some(t) = then {
-            segs.extend(super::then::then_segments(t));
-        }
+        segs.extend(then.map(super::then::then_segments).unwrap_or_default());
         let Some((ptrs, _)) = self.weights_here(st, &segs)? else {
             return Ok(None);
         };
-        let then = then.map(|t| {
-            let query = if t.query.is_some() {
-                ptrs[at_then + 1]
-            } else {
-                0
-            };
-            (ptrs[at_then], query)
-        });
         let (nw, nu, no) = (
             uk.len(),
             uk.len() + uv.len(),
@@ -207,7 +196,7 @@ impl CudaBackend {
             ns: at(nq + nr),
             boff: at(nq + nr + t),
             out: yp,
-            then,
+            then: then.is_some(),
         }))
     }
 
@@ -361,9 +350,9 @@ impl CudaBackend {
         }
         tape.clock(true);
         self.fetch(st, p.out, work.out.len())?;
-        match (&work.then, p.then) {
-            (Some(t), Some(at)) => self.then_launch(st, t, p.out, at),
-            _ => Ok(()),
+        match work.then.as_ref().filter(|_| p.then) {
+            Some(t) => self.then_launch(st, t, p.out),
+            None => Ok(()),
         }
     }
 }

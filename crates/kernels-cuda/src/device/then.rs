@@ -1,14 +1,17 @@
 //! The rest of a layer up to its experts' choice ([`Then`]) in its
-//! attention's call: after the attention's launches, `res_mix` (`glu.cu`)
-//! adds the attention's output (still on the device) to the residual,
-//! mixes the earlier blocks in and norms the rows; then the products of
+//! attention's call: after the attention's launches, `res_mix_dots` and
+//! `res_mix_norm` (`glu.cu`) add the attention's output (still on the
+//! device) to the residual, mix the earlier blocks in and norm the rows; then the products of
 //! the normed rows run as a gated batch does (`glu.rs`: gates and ups with
 //! the plain products, the activation, the downs). So a layer makes one
 //! round trip up to the point where the host chooses its experts.
 //!
 //! The call's own staging (`x`, `y`, `hx`, `hy`, the address tables) holds
 //! the attention's inputs and output until the synchronisation, so this
-//! part stages through a second set ([`swap_sets`]).
+//! part stages through a second set ([`swap_sets`]). The residual, the
+//! earlier blocks and the norm's and query's vectors go up with each call
+//! (the vectors are not kept with the weights: their owners do not
+//! `forget` them).
 
 use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::backend::{DEVICE_MAX_SOURCES, MatRef, Then, segments};
@@ -21,10 +24,17 @@ use crate::CudaError;
 /// The widest row the mix kernels take (`glu.cu`'s `MIX_ROW`).
 const MIX_ROW: usize = 8192;
 
+/// The most values a call's rest stages (the sources it sends up, and
+/// as many again for its results): 64 MiB of page-locked and device
+/// memory each, outside the VRAM budget. A longer prefill step leaves the
+/// rest to the host.
+const MAX_STAGED: usize = 1 << 24;
+
 /// Whether the kernels take `then` after an attention output of `out_len`
 /// values: consistent shapes, the output `[N, D]` with `D` at most
-/// [`MIX_ROW`], at most [`DEVICE_MAX_SOURCES`] sources, `i32` sizes and
-/// at most 65535 rows (a grid's y), products the kernels take.
+/// [`MIX_ROW`], at most [`DEVICE_MAX_SOURCES`] sources and
+/// [`MAX_STAGED`] values staged, `i32` sizes and at most 65535 rows (a
+/// grid's y), products the kernels take.
 pub(super) fn then_fits(then: &Then<'_>, out_len: usize) -> bool {
     let (n, d) = (then.rows(), then.d);
     let small = |v: usize| i32::try_from(v).is_ok();
@@ -34,6 +44,8 @@ pub(super) fn then_fits(then: &Then<'_>, out_len: usize) -> bool {
         && d <= MIX_ROW
         && n <= 65535
         && then.blocks.len() < DEVICE_MAX_SOURCES
+        && (sources(then).len() + 1) * n * d + 2 * d <= MAX_STAGED
+        && staged_results(then) <= MAX_STAGED
         && small(n)
         && small(d)
         && then
@@ -46,20 +58,27 @@ pub(super) fn then_fits(then: &Then<'_>, out_len: usize) -> bool {
         })
 }
 
-/// `then`'s weight segments: the norm's, the query's (when it has one),
-/// then its products' ([`products`]' order).
+/// `then`'s weight segments, its products' ([`products`]' order).
 pub(super) fn then_segments<'a>(then: &Then<'a>) -> Vec<&'a [u8]> {
-    let vec = |v: &'a [f32]| {
-        segments(&MatRef::F32 {
-            w: v,
-            rows: 1,
-            cols: v.len(),
-        })[0]
-    };
-    let mut segs = vec![vec(then.norm)];
-    segs.extend(then.query.map(vec));
-    segs.extend(products(then).iter().flat_map(segments));
-    segs
+    products(then).iter().flat_map(segments).collect()
+}
+
+/// The earlier blocks the kernels read: none without a query.
+fn sources<'a>(then: &Then<'a>) -> &'a [Vec<f32>] {
+    if then.query.is_some() {
+        then.blocks
+    } else {
+        &[]
+    }
+}
+
+/// The values a call's rest brings back: the normed rows, then the
+/// products' outputs.
+fn staged_results(then: &Then<'_>) -> usize {
+    let ys = then.glu.iter().map(|g| g.y.len());
+    then.x.len()
+        + ys.chain(then.plain.iter().map(|p| p.y.len()))
+            .sum::<usize>()
 }
 
 /// The products in launch order: each gated MLP's gate and up, the plain
@@ -84,39 +103,32 @@ fn swap_sets(st: &mut State) {
 
 impl CudaBackend {
     /// Writes `then` after the attention's launches, which leave its
-    /// output at the device address `a`; `norm` and `query` are the device
-    /// addresses of the first segments of [`then_segments`] (`query` 0
-    /// without one), every other one resident.
+    /// output at the device address `a` (the products' weights resident:
+    /// [`then_segments`]).
     pub(super) fn then_launch(
         &self,
         st: &mut State,
         then: &Then<'_>,
         a: u64,
-        (norm, query): (u64, u64),
     ) -> Result<(), CudaError> {
         swap_sets(st);
-        let written = self.then_write(st, then, a, (norm, query));
+        let written = self.then_write(st, then, a);
         swap_sets(st);
         written
     }
 
-    fn then_write(
-        &self,
-        st: &mut State,
-        then: &Then<'_>,
-        a: u64,
-        (norm, query): (u64, u64),
-    ) -> Result<(), CudaError> {
+    fn then_write(&self, st: &mut State, then: &Then<'_>, a: u64) -> Result<(), CudaError> {
         let (n, d) = (then.rows(), then.d);
-        let nd = n * d;
-        let mut xs: Vec<&[f32]> = then.blocks.iter().map(|b| &b[..]).collect();
-        xs.push(then.partial);
-        let ys = then.glu.iter().map(|g| g.y.len());
-        let ny = nd
-            + ys.chain(then.plain.iter().map(|p| p.y.len()))
-                .sum::<usize>();
+        let blocks = sources(then);
+        let mut xs: Vec<&[f32]> = blocks.iter().map(|b| &b[..]).collect();
+        xs.extend([then.partial, then.norm]);
+        xs.extend(then.query);
+        let ny = staged_results(then);
         let (vp, yp) = self.stage(st, &xs, ny)?;
-        let sources = then.blocks.len() + 1;
+        // The norm's and the query's vectors after the sources.
+        let norm = vp + 4 * ((blocks.len() + 1) * n * d) as u64;
+        let query = then.query.map_or(0, |_| norm + 4 * d as u64);
+        let sources = blocks.len() + 1;
         let dots = grow(
             &self.stream,
             &mut st.then.dots,
@@ -159,7 +171,7 @@ impl CudaBackend {
         (norm, query): (u64, u64),
     ) {
         let rows = then.rows() as u32;
-        let (n, d, nb) = (rows as i32, then.d as i32, then.blocks.len() as i32);
+        let (n, d, nb) = (rows as i32, then.d as i32, sources(then).len() as i32);
         let cfg = |grid| LaunchConfig {
             grid_dim: grid,
             block_dim: (256, 1, 1),
