@@ -10,6 +10,7 @@
 //! The cache holds `[latent | rotated k_rope]` per token; attention runs in
 //! the absorbed form over it.
 
+use fathom_kernels::backend::Then;
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::config::{DeepseekV3Spec, MLA_NORM_EPS};
@@ -37,7 +38,8 @@ fn queries(spec: &DeepseekV3Spec, q: &QueryProj, x: &[f32], n: usize) -> Vec<f32
 }
 
 /// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several
-/// sequences, each attending to its own latent cache. Returns `[N, D]`.
+/// sequences, each attending to its own latent cache. Returns `[N, D]`,
+/// and whether a device also did `then` in the same call.
 pub fn attention(
     spec: &DeepseekV3Spec,
     w: &AttnWeights,
@@ -45,7 +47,8 @@ pub fn attention(
     caches: &mut [&mut PagedRows],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
     let q = queries(spec, &w.q, x, n);
     let c = w.kv_a_proj_with_mqa.forward(x, n);
@@ -59,7 +62,6 @@ pub fn attention(
         segs,
         (&q, c),
         (None, &w.o_proj),
-        None,
+        then,
     )
-    .map(|(y, _)| y)
 }

@@ -222,7 +222,9 @@ impl MtpDraft {
             &mut [&mut self.cache],
             &segs,
             &a,
-        )?;
+            None,
+        )?
+        .0;
         add(&mut x, &att);
         let mut f = x.clone();
         rms_norm_rows(&mut f, d, &lw.post_attention_layernorm, eps);
@@ -233,6 +235,7 @@ impl MtpDraft {
                 mw,
                 &f,
                 model.experts.as_ref(),
+                None,
                 None,
                 None,
             )?,

@@ -36,5 +36,5 @@ pub fn moe(
 ) -> Result<Vec<f32>> {
     let next = hint.map(|h| (h.layer, h.weights));
     spec.sparse_block()
-        .forward(layer, w, x, source, next, routes_out)
+        .forward(layer, w, x, source, next, routes_out, None)
 }
