@@ -16,8 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fathom_kernels::backend::{
-    self, Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role,
+    self, Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, Product, Role, Then,
+    mla_work_cpu, then_cpu,
 };
+use fathom_kernels::kda::{KdaJob, kda_step_cpu};
 use fathom_kernels::ops::GluAct;
 use fathom_model::{CausalLm, K3Model, Logits, Qwen3MoeModel};
 
@@ -50,6 +52,26 @@ struct Recorder {
     /// ([`Backend::glu_mixed`]), and (products, MLPs) of each it took.
     takes_mixed: bool,
     mixed: Mutex<Vec<(usize, usize)>>,
+    /// Whether it takes KDA steps and MLA attention with the layer's rest
+    /// (`Then`), and (rows, earlier blocks, query?, plain products, gated
+    /// MLPs) of each rest it did.
+    takes_rest: bool,
+    rests: Mutex<Vec<(usize, usize, bool, usize, usize)>>,
+}
+
+impl Recorder {
+    /// Does `then` on the CPU from the attention's output `a`, recorded.
+    fn rest(&self, then: Option<&mut Then<'_>>, a: &[f32]) {
+        if let Some(t) = then {
+            let seen = (t.rows(), t.blocks.len(), t.query.is_some());
+            self.rests
+                .lock()
+                .unwrap()
+                .push((seen.0, seen.1, seen.2, t.plain.len(), t.glu.len()));
+            then_cpu(t, a);
+            t.done = true;
+        }
+    }
 }
 
 /// An expert batch's matrices (first byte's address), those handed ahead
@@ -152,6 +174,24 @@ impl Backend for Recorder {
         ws.iter()
             .map(|w| if self.cold { all(w) } else { 0 })
             .collect()
+    }
+    fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String> {
+        if !self.takes_rest {
+            return Ok(false);
+        }
+        kda_step_cpu(job).map_err(|e| e.to_string())?;
+        let a = job.out.to_vec();
+        self.rest(job.then.as_mut(), &a);
+        Ok(true)
+    }
+    fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
+        if !self.takes_rest {
+            return false;
+        }
+        mla_work_cpu(work);
+        let a = work.out.to_vec();
+        self.rest(work.then.as_mut(), &a);
+        true
     }
     fn forget(&self, _: Range<usize>) {}
     fn stats(&self) -> BackendStats {
@@ -283,6 +323,53 @@ fn k3_router_latent_and_shared_experts_in_one_call_keep_the_bits() {
     let moe_layers = model.spec.num_layers - model.spec.first_k_dense_replace;
     // The prefill and three decode steps.
     assert_eq!(*mixed, vec![(2, 1); 4 * moe_layers], "{mixed:?}");
+}
+
+/// A backend that takes a layer's attention with the rest of the layer up
+/// to its experts' choice (`Then`) gets it on every K3 layer (the depth
+/// mix's blocks and query; a MoE layer's router and latent projection
+/// beside its shared experts, a dense layer's MLP) and on every DeepSeek-V3
+/// layer (no blocks or query; the router and shared experts), and the
+/// logits keep their bits.
+#[test]
+fn a_layers_rest_in_its_attentions_call_keeps_the_bits() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let prompt = [1, 20, 300, 7, 42, 5];
+    let k3 = k3_tiny();
+    let deepseek =
+        fathom_model::registry::load(&common::data("deepseek_v3-tiny"), Default::default())
+            .expect("loads");
+    for (name, model) in [
+        ("k3", &k3 as &dyn CausalLm),
+        ("deepseek_v3", deepseek.as_ref()),
+    ] {
+        let plain = bits_with(model, &prompt, None);
+        let rec = Arc::new(Recorder {
+            takes_rest: true,
+            ..Recorder::default()
+        });
+        assert!(
+            plain == bits_with(model, &prompt, Some(rec.clone())),
+            "{name}: the rest in the attention's call changed the logits"
+        );
+        let rests = rec.rests.lock().unwrap();
+        let layers = model.info().num_layers;
+        // Every layer of the prefill (6 rows) and three decode steps.
+        assert_eq!(rests.len(), 4 * layers, "{name}: {rests:?}");
+        assert!(
+            rests[..layers].iter().all(|r| r.0 == 6),
+            "{name}: {rests:?}"
+        );
+        if name == "k3" {
+            assert!(rests.iter().all(|r| r.1 >= 1 && r.2), "{rests:?}");
+            // Dense: one gated MLP; MoE: router and latent beside the shared experts.
+            assert!(rests.contains(&(1, 1, true, 0, 1)), "{rests:?}");
+            assert!(rests.iter().any(|r| (r.3, r.4) == (2, 1)), "{rests:?}");
+        } else {
+            assert!(rests.iter().all(|r| r.1 == 0 && !r.2), "{rests:?}");
+            assert!(rests.iter().any(|r| (r.3, r.4) == (1, 1)), "{rests:?}");
+        }
+    }
 }
 
 #[test]
