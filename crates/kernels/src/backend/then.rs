@@ -174,23 +174,23 @@ pub fn depth_mix(
     out
 }
 
-/// The normed rows of [`Then`] from the attention's output `a`, on the
-/// CPU: `(p, x)`.
-pub fn then_mix(then: &Then<'_>, a: &[f32]) -> (Vec<f32>, Vec<f32>) {
+/// The normed rows `x` of [`Then`] from the attention's output `a`, on
+/// the CPU.
+pub fn then_mix(then: &Then<'_>, a: &[f32]) -> Vec<f32> {
     let mut p = then.partial.to_vec();
     p.iter_mut().zip(a).for_each(|(v, b)| *v += b);
     let mut x = match then.query {
         Some(q) => depth_mix(&p, then.blocks, q, then.d, then.eps),
-        None => p.clone(),
+        None => p,
     };
     rms_norm32_rows(&mut x, then.d, then.norm, then.eps);
-    (p, x)
+    x
 }
 
 /// All of [`Then`] on the CPU kernels (what a device's call must equal),
 /// `x` and every `y` written; `done` is left as it is.
 pub fn then_cpu(then: &mut Then<'_>, a: &[f32]) {
-    let (_, x) = then_mix(then, a);
+    let x = then_mix(then, a);
     let n = then.rows();
     for p in then.plain.iter_mut() {
         p.w.cpu(&x, n, p.y);

@@ -32,7 +32,7 @@ pub fn mlp(spec: &K3Spec, w: &MlpWeights, x: &[f32], t: usize) -> Vec<f32> {
 }
 
 /// The SiTU-GLU of `spec`.
-fn situ(spec: &K3Spec) -> GluAct {
+pub(super) fn situ(spec: &K3Spec) -> GluAct {
     GluAct::Situ {
         beta: spec.situ_beta,
         beta_lin: spec.situ_linear_beta,
@@ -138,11 +138,6 @@ impl SpineFirst {
         };
         (plain, glu)
     }
-}
-
-/// The SiTU-GLU of `spec`, for a [`fathom_kernels::backend::Then`].
-pub(super) fn act(spec: &K3Spec) -> GluAct {
-    situ(spec)
 }
 
 /// Optional guess for the next MoE layer, handed to the source before this

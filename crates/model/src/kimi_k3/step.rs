@@ -241,7 +241,7 @@ impl Early {
             x: &mut self.x,
             plain,
             glu,
-            act: moe::act(spec),
+            act: moe::situ(spec),
             done: false,
         }
     }
