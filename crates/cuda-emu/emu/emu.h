@@ -292,6 +292,11 @@ inline T __shfl_xor_sync(unsigned, T v, int m) {
     return emu::exchange(v, (int)(emu::lane() ^ (unsigned)m) & 31);
 }
 
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+
 inline float __uint_as_float(unsigned u) {
     float f;
     memcpy(&f, &u, 4);

@@ -54,6 +54,14 @@ void emu_mm_bf16_many(const EmuLaunch* l, const unsigned long long* tab, int row
     run(l, [&] { mm_bf16_many(tab, rows, cols, t); });
 }
 
+void emu_bf16_lanes(const EmuLaunch* l, unsigned short* w, int rows, int cols) {
+    run(l, [&] { bf16_lanes(w, rows, cols); });
+}
+
+void emu_mxfp4_lanes(const EmuLaunch* l, unsigned* packed, int rows, int cols) {
+    run(l, [&] { mxfp4_lanes(packed, rows, cols); });
+}
+
 void emu_mm_mxfp4_many(const EmuLaunch* l, const unsigned long long* tab, int rows, int cols,
                        int t) {
     run(l, [&] { mm_mxfp4_many(tab, rows, cols, t); });

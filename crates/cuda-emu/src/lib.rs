@@ -121,6 +121,8 @@ pub(crate) mod ffi {
             t: i32,
             rg: i32,
         );
+        pub fn emu_mxfp4_lanes(l: &EmuLaunch, p: *mut u32, r: i32, c: i32);
+        pub fn emu_bf16_lanes(l: &EmuLaunch, w: *mut u16, r: i32, c: i32);
         pub fn emu_mm_mxfp4(
             l: &EmuLaunch,
             p: *const u8,
@@ -277,6 +279,88 @@ pub fn takes(w: &MatRef<'_>, t: usize, groups: usize) -> bool {
         && !matches!(w, MatRef::Mxfp4(m) if m.cols % 32 != 0)
 }
 
+/// A bf16 or MXFP4 matrix's bytes as the CUDA backend holds them in VRAM:
+/// its segments in 8-byte aligned memory, the first rearranged by
+/// `matmul.cu`'s `bf16_lanes` or `mxfp4_lanes`, launched as the backend
+/// launches it behind the copy up (bf16 only when its width is a multiple
+/// of 8). `None` for the other formats (their bytes go up as they are).
+struct Uploaded {
+    segs: Vec<Vec<u64>>,
+}
+
+impl Uploaded {
+    fn of(w: &MatRef<'_>) -> Option<Self> {
+        let (rows, cols) = match *w {
+            MatRef::Bf16 { rows, cols, .. } if cols % 8 == 0 => (rows, cols),
+            MatRef::Mxfp4(m) => (m.rows, m.cols),
+            _ => return None,
+        };
+        let copy = |b: &[u8]| {
+            let mut v = vec![0u64; b.len().div_ceil(8)];
+            bytes_mut(&mut v)[..b.len()].copy_from_slice(b);
+            v
+        };
+        let mut up = Self {
+            segs: segments(w).into_iter().map(copy).collect(),
+        };
+        let warps = rows * (cols / 256);
+        let l = EmuLaunch {
+            grid_x: warps.div_ceil(8) as u32,
+            grid_y: 1,
+            grid_z: 1,
+            block_x: 256,
+            shared: 0,
+        };
+        let (r, c, first) = (rows as i32, cols as i32, up.segs[0].as_mut_ptr());
+        let _g = lock();
+        #[cfg(emu_built)]
+        if warps > 0 {
+            // SAFETY: the kernel rewrites the full 256-column chunks of the
+            // `rows` rows of `cols` values in place, inside the first
+            // segment's copy (its length is the format's for the shape).
+            unsafe {
+                if matches!(w, MatRef::Mxfp4(_)) {
+                    ffi::emu_mxfp4_lanes(&l, first.cast(), r, c)
+                } else {
+                    ffi::emu_bf16_lanes(&l, first.cast(), r, c)
+                }
+            }
+        }
+        #[cfg(not(emu_built))]
+        let _ = (l, r, c, first);
+        Some(up)
+    }
+
+    /// `w` (the matrix this was made of) reading these bytes.
+    fn mat<'s>(&'s self, w: &MatRef<'_>) -> MatRef<'s> {
+        let seg = |i: usize, len: usize| &bytes(&self.segs[i])[..len];
+        match *w {
+            MatRef::Bf16 { w: v, rows, cols } => {
+                let b = seg(0, 2 * v.len());
+                // SAFETY: the copy is 8-byte aligned and holds v.len() u16s.
+                let w = unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u16>(), v.len()) };
+                MatRef::Bf16 { w, rows, cols }
+            }
+            MatRef::Mxfp4(m) => MatRef::Mxfp4(fathom_weights::mxfp4::Mxfp4Ref {
+                packed: seg(0, m.packed.len()),
+                scales: seg(1, m.scales.len()),
+                ..m
+            }),
+            _ => unreachable!("only bf16 and MXFP4 matrices are uploaded"),
+        }
+    }
+}
+
+fn bytes(v: &[u64]) -> &[u8] {
+    // SAFETY: any initialised u64 slice may be viewed as its bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+fn bytes_mut(v: &mut [u64]) -> &mut [u8] {
+    // SAFETY: as `bytes`; every byte pattern is a valid u64.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
 /// `y[g] = x[g] · W[g]ᵀ` for `w`'s rows split into `groups` equal blocks
 /// (one block: `y[t, rows] = x[t, cols] Wᵀ`) on the emulated kernel of
 /// `w`'s format, launched as the CUDA backend launches it. Panics unless
@@ -286,6 +370,8 @@ pub fn matmul(w: &MatRef<'_>, x: &[f32], t: usize, groups: usize, y: &mut [f32])
         takes(w, t, groups),
         "the emulator does not take this product"
     );
+    let up = Uploaded::of(w);
+    let w = &up.as_ref().map_or(*w, |u| u.mat(w));
     let (rows, cols) = (w.rows(), w.cols());
     assert_eq!(x.len(), groups * t * cols, "input length");
     assert_eq!(y.len(), t * rows, "output length");
@@ -385,6 +471,12 @@ pub fn matmul_many(ws: &[MatRef<'_>], xs: &[&[f32]], t: usize, ys: &mut [&mut [f
         "one input and output a product"
     );
     let (rows, cols) = (ws[0].rows(), ws[0].cols());
+    let ups: Vec<Option<Uploaded>> = ws.iter().map(Uploaded::of).collect();
+    let ws: Vec<MatRef<'_>> = ws
+        .iter()
+        .zip(&ups)
+        .map(|(w, u)| u.as_ref().map_or(*w, |u| u.mat(w)))
+        .collect();
     let mut tab = Vec::with_capacity(4 * ws.len());
     for ((w, x), y) in ws.iter().zip(xs).zip(ys.iter_mut()) {
         assert!(

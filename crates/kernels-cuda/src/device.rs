@@ -97,6 +97,10 @@ struct Funcs {
     int4: CudaFunction,
     bf16_many: CudaFunction,
     mxfp4_many: CudaFunction,
+    /// bf16 values and MXFP4 codes rearranged for the products once in
+    /// VRAM (`matmul.cu`).
+    bf16_lanes: CudaFunction,
+    mxfp4_lanes: CudaFunction,
     kda: CudaFunction,
     glu_act: CudaFunction,
     mla_split: CudaFunction,
@@ -285,6 +289,8 @@ impl CudaBackend {
             int4: f("mm_int4")?,
             bf16_many: f("mm_bf16_many")?,
             mxfp4_many: f("mm_mxfp4_many")?,
+            bf16_lanes: f("bf16_lanes")?,
+            mxfp4_lanes: f("mxfp4_lanes")?,
             kda: f("kda_step")?,
             glu_act: f("glu_act")?,
             mla_split: f("mla_split")?,

@@ -274,13 +274,74 @@ __device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
     }
 }
 
-// bf16 products: with one position two rows a warp (16 rows a block,
-// two chunks of both rows in flight), else `rows_product` (8 rows a block).
+// bf16 in VRAM when cols is a multiple of 8 (each row then starts 16-byte
+// aligned): each full chunk of 256 columns of a row (512 bytes) rearranged
+// once, when its copy up lands (`bf16_lanes`), so that lane l's eight
+// values — columns c + l + 32u, u = 0..7 — are 16 contiguous bytes, value u
+// at half u. A warp's chunk is then one 512-byte load, a 16-byte load a
+// lane. Columns past the last full chunk keep the host's layout (`at`).
+struct Bf16Lanes {
+    const unsigned short* __restrict__ w;
+    int cols;
+    struct Raw {
+        uint4 v;
+    };
+    __device__ __forceinline__ Raw load(int r, int c, int lane) const {
+        return Raw{reinterpret_cast<const uint4*>(w + (size_t)r * cols + c)[lane]};
+    }
+    __device__ __forceinline__ void decode(const Raw& raw, int, float (&wv)[UNROLL]) const {
+        const unsigned q[4] = {raw.v.x, raw.v.y, raw.v.z, raw.v.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            wv[2 * u] = __uint_as_float(q[u] << 16);
+            wv[2 * u + 1] = __uint_as_float(q[u] & 0xFFFF0000u);
+        }
+    }
+};
+
+// The rearrangement above, in place: a warp per full chunk (rows · cols/256
+// warps), through shared memory. Every thread of the block reaches the
+// barrier; a warp past the last chunk only waits.
+extern "C" __global__ void bf16_lanes(unsigned short* __restrict__ w, int rows, int cols) {
+    __shared__ unsigned short tile[8][CHUNK];
+    const int per_row = cols >> 8;
+    const long long k = (long long)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 7;
+    const bool in = per_row > 0 && k < (long long)rows * per_row;
+    uint4* chunk = nullptr;
+    if (in) {
+        const long long r = k / per_row, j = k % per_row;
+        chunk = reinterpret_cast<uint4*>(w + (size_t)r * cols + (size_t)j * CHUNK);
+        reinterpret_cast<uint4*>(tile[warp])[lane] = chunk[lane];
+    }
+    __syncthreads();
+    if (in) {
+        unsigned q[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            q[u] = (unsigned)tile[warp][lane + 64 * u] |
+                   ((unsigned)tile[warp][lane + 64 * u + 32] << 16);
+        chunk[lane] = make_uint4(q[0], q[1], q[2], q[3]);
+    }
+}
+
+// bf16 products: with one position two rows a warp (16 rows a block, G
+// chunks of both rows in flight), else `rows_product` (8 rows a block);
+// full chunks from the rearranged layout when cols is a multiple of 8.
+#define BF16G 4
+
 __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ w,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int t, int rows_g) {
     auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
-    if (t == 1) {
+    if (cols % 8 == 0) {
+        const Bf16Lanes chunk{w, cols};
+        if (t == 1) {
+            rows2_product1<BF16G>(chunk, at, x, y, rows, cols, rows_g);
+        } else {
+            rows_product<1>(chunk, at, SAME, x, y, rows, cols, t, rows_g);
+        }
+    } else if (t == 1) {
         rows2_product1<2>(plain(at), at, x, y, rows, cols, rows_g);
     } else {
         PRODUCT(at, SAME);
@@ -301,21 +362,46 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 }
 
 // MXFP4: cols is a multiple of 32 (one E8M0 scale per 32 columns, two E2M1
-// codes per byte, the even column in the low nibble). A full chunk of a row
-// is 128 bytes: lane m loads word m (columns 8m..8m+7) and lane l takes
-// column c + l + 32u from word l/8 + 4u, nibble l mod 8; the chunk's eight
-// scales are loaded by lanes 0..7 (and copies) and handed round likewise.
-// The sixteen E2M1 values sit in shared memory (`e2m1_table`, filled by the
-// kernel before any warp leaves): one load instead of decoding the bits.
-// A warp's chunk is only 128 bytes, so MXG chunks' loads go out together
-// (more bytes in flight per warp; the sums still run chunk by chunk), and
-// with one position a warp takes two rows (`rows2_product1`: both rows'
-// MXG chunks in flight, 16 rows a block) as bf16 does.
+// codes per byte, the even column in the low nibble, as on the host). In
+// VRAM each full chunk of 256 columns of a row (128 bytes) is rearranged
+// once, when its copy up lands (`mxfp4_lanes`): word l of the chunk holds
+// the eight codes lane l sums, columns c + l + 32u in nibble u. A warp's
+// chunk is then one 128-byte load with nothing handed round; the columns
+// past the last full chunk keep the host's layout and are read by `at`.
+// The chunk's eight scales are one 8-byte load when cols is a multiple of
+// 256 (every lane the same address), else lanes 0..7 load one each and
+// hand them round. The sixteen E2M1 values sit in shared memory
+// (`e2m1_table`, filled by the kernel before any warp leaves): one load
+// instead of decoding the bits. MXG chunks' loads go out together (the sums
+// still run chunk by chunk), and with one position a warp takes two rows
+// (`rows2_product1`, 16 rows a block) as bf16 does.
 #define MXG 2
 
 __device__ __forceinline__ void e2m1_table(float* lut) {
     if (threadIdx.x < 16) lut[threadIdx.x] = e2m1(threadIdx.x);
     __syncthreads();
+}
+
+// The rearrangement above, in place: a warp per full chunk (rows · cols/256
+// warps). Lane l reads word l (columns 8l..8l+7 in the host's order), then
+// gathers nibble l mod 8 of words l/8 + 4u into nibble u of its new word;
+// every lane has read its word before any writes (the shuffles wait for the
+// whole warp).
+extern "C" __global__ void mxfp4_lanes(unsigned* __restrict__ packed, int rows, int cols) {
+    const int per_row = cols >> 8;
+    const long long w = (long long)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    if (per_row == 0 || w >= (long long)rows * per_row) return;  // whole warps leave together
+    const long long r = w / per_row, k = w % per_row;
+    unsigned* chunk = packed + ((size_t)r * (size_t)(cols >> 1) + (size_t)k * 128) / 4;
+    const unsigned word = chunk[lane];
+    unsigned out = 0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned wd = __shfl_sync(FULL, word, (lane >> 3) + 4 * u);
+        out |= ((wd >> (4 * (lane & 7))) & 0x0Fu) << (4 * u);
+    }
+    chunk[lane] = out;
 }
 
 struct Mxfp4Chunk {
@@ -325,20 +411,30 @@ struct Mxfp4Chunk {
     int cols;
     struct Raw {
         unsigned word;
-        float sv;
+        // The chunk's eight scale bytes (cols a multiple of 256), else
+        // lane mod 8's.
+        unsigned long long sc;
     };
     __device__ __forceinline__ Raw load(int r, int c, int lane) const {
         const unsigned* row = reinterpret_cast<const unsigned*>(packed + (size_t)r * (cols >> 1));
-        return Raw{row[(c >> 3) + lane],
-                   e8m0(scales[(size_t)r * (cols >> 5) + (c >> 5) + (lane & 7)])};
+        const unsigned char* s = scales + (size_t)r * (cols >> 5) + (c >> 5);
+        const unsigned long long sc =
+            (cols & 255) == 0 ? *reinterpret_cast<const unsigned long long*>(s) : s[lane & 7];
+        return Raw{row[(c >> 3) + lane], sc};
     }
-    __device__ __forceinline__ void decode(const Raw& raw, int lane,
-                                           float (&wv)[UNROLL]) const {
+    __device__ __forceinline__ void decode(const Raw& raw, int, float (&wv)[UNROLL]) const {
+        if ((cols & 255) == 0) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const unsigned wd = __shfl_sync(FULL, raw.word, (lane >> 3) + 4 * u);
-            const float s = __shfl_sync(FULL, raw.sv, u);
-            wv[u] = lut[(wd >> (4 * (lane & 7))) & 0x0Fu] * s;
+            for (int u = 0; u < UNROLL; ++u) {
+                const float s = e8m0((unsigned char)(raw.sc >> (8 * u)));
+                wv[u] = lut[(raw.word >> (4 * u)) & 0x0Fu] * s;
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const float s = e8m0((unsigned char)__shfl_sync(FULL, (unsigned)raw.sc, u));
+                wv[u] = lut[(raw.word >> (4 * u)) & 0x0Fu] * s;
+            }
         }
     }
 };

@@ -153,7 +153,10 @@ impl CudaBackend {
         segs.extend(psegs.iter().flatten());
         let then = job.then.as_ref().filter(|_| with_then);
         segs.extend(then.map(then::then_segments).unwrap_or_default());
-        let Some((ptrs, keep)) = self.weights_here(st, &segs)? else {
+        let mut mats: Vec<MatRef<'_>> = job.f_up.iter().chain(&job.o_proj).copied().collect();
+        mats.extend(job.proj.iter().flat_map(|pj| pj.mats.iter().copied()));
+        mats.extend(then.map(then::products).unwrap_or_default());
+        let Some((ptrs, keep)) = self.weights_here(st, &segs, &mats)? else {
             return Ok(None);
         };
         let mut states = Vec::with_capacity(job.seqs.len());
@@ -347,8 +350,15 @@ impl CudaBackend {
         &self,
         st: &mut State,
         segs: &[&[u8]],
+        mats: &[MatRef<'_>],
     ) -> Result<Option<(Vec<u64>, Vec<Key>)>, CudaError> {
         let keys: Vec<Key> = segs.iter().map(|s| key(s)).collect();
+        // The matrices by their first segment, whose layout in VRAM may
+        // differ from the host's ([`Self::lanes`]).
+        let firsts: std::collections::HashMap<Key, &MatRef<'_>> = mats
+            .iter()
+            .filter_map(|m| segments(m).first().map(|s| (key(s), m)))
+            .collect();
         // Room for all the missing ones at once (never evicting the step's
         // own), or `None` before anything is copied.
         let mut seen = std::collections::HashSet::new();
@@ -365,6 +375,9 @@ impl CudaBackend {
         for (seg, k) in segs.iter().zip(&keys) {
             if st.cache.touch(k).is_none() {
                 let buf = self.stream.clone_htod(*seg)?;
+                if let Some(m) = firsts.get(k) {
+                    self.lanes(&self.stream, m, &buf)?;
+                }
                 st.stats.h2d_bytes += seg.len() as u64;
                 st.cache
                     .insert(*k, Resident { buf, ready: None }, Class::Spine);

@@ -141,7 +141,10 @@ impl CudaBackend {
         }
         let then = work.then.as_ref().filter(|_| with_then);
         segs.extend(then.map(super::then::then_segments).unwrap_or_default());
-        let Some((ptrs, _)) = self.weights_here(st, &segs)? else {
+        let mut mats = vec![work.uk_t, work.uv];
+        mats.extend(work.o.map(|o| o.o_proj));
+        mats.extend(then.map(super::then::products).unwrap_or_default());
+        let Some((ptrs, _)) = self.weights_here(st, &segs, &mats)? else {
             return Ok(None);
         };
         let (nw, nu, no) = (

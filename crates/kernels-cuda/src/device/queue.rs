@@ -60,7 +60,7 @@ impl CudaBackend {
             return Ok(None);
         };
         let queued = self
-            .upload_missing(st, &p)
+            .upload_missing(st, ws, &p)
             .and_then(|()| queue(st, &p))
             .and_then(|()| self.flush(st));
         self.complete(st, queued, &p, hints)?;
@@ -172,12 +172,23 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Copies `seg` up on the copy stream, an event after it.
-    fn upload(&self, st: &mut State, seg: &[u8], class: Class) -> Result<(), CudaError> {
+    /// Copies segment `i` of `w` up on the copy stream, rearranged for
+    /// the products there ([`Self::lanes`]), an event after it.
+    fn upload(
+        &self,
+        st: &mut State,
+        w: &MatRef<'_>,
+        i: usize,
+        class: Class,
+    ) -> Result<(), CudaError> {
+        let seg = segments(w)[i];
         if !page_locked(self.stream.context(), seg) {
             st.stats.h2d_pageable_bytes += seg.len() as u64;
         }
         let buf = self.copies.clone_htod(seg)?;
+        if i == 0 {
+            self.lanes(&self.copies, w, &buf)?;
+        }
         let ready = Some(self.copies.record_event(None)?);
         st.stats.h2d_bytes += seg.len() as u64;
         st.cache.insert(key(seg), Resident { buf, ready }, class);
@@ -249,19 +260,20 @@ impl CudaBackend {
             .iter()
             .flat_map(|(l, g)| l.iter().map(move |m| (m, *g)))
         {
-            let missing: Vec<&[u8]> = segments(m)
+            let missing: Vec<(usize, &[u8])> = segments(m)
                 .into_iter()
-                .filter(|s| !st.cache.contains(&key(s)))
+                .enumerate()
+                .filter(|(_, s)| !st.cache.contains(&key(s)))
                 .collect();
-            let need: u64 = missing.iter().map(|s| s.len() as u64).sum();
+            let need: u64 = missing.iter().map(|(_, s)| s.len() as u64).sum();
             if need == 0 {
                 continue;
             }
             if !make_room(st, need, &keep, Class::Expert) {
                 break;
             }
-            for seg in missing {
-                self.upload(st, seg, Class::Expert)?;
+            for (i, seg) in missing {
+                self.upload(st, m, i, Class::Expert)?;
                 st.stats.h2d_ahead_bytes += seg.len() as u64;
                 if guess {
                     st.stats.h2d_guessed_bytes += seg.len() as u64;
@@ -302,17 +314,57 @@ impl CudaBackend {
         self.fetch(st, yp, ny)
     }
 
-    /// Copies up the segments of `p`'s products not yet in VRAM (room
-    /// already made), each in its product's class.
-    fn upload_missing(&self, st: &mut State, p: &Prepared<'_>) -> Result<(), CudaError> {
-        for (segs, &class) in p.segs.iter().zip(&p.classes) {
-            for seg in segs {
+    /// Copies up the segments of the products `ws` (`p` prepared them)
+    /// not yet in VRAM (room already made), each in its product's class.
+    fn upload_missing(
+        &self,
+        st: &mut State,
+        ws: &[(MatRef<'_>, Role)],
+        p: &Prepared<'_>,
+    ) -> Result<(), CudaError> {
+        for (((w, _), segs), &class) in ws.iter().zip(&p.segs).zip(&p.classes) {
+            for (i, seg) in segs.iter().enumerate() {
                 if st.cache.touch(&key(seg)).is_none() {
-                    self.upload(st, seg, class)?;
+                    self.upload(st, w, i, class)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Rearranges the values of `w` just copied into `buf` (its first
+    /// segment), on `stream` behind the copy, as the products read
+    /// them: each full chunk of 256 columns so that lane l's eight values
+    /// are together (`bf16_lanes`, `mxfp4_lanes` in `matmul.cu`). bf16
+    /// rows whose width is not a multiple of 8, narrower matrices and the
+    /// other formats keep the host's layout.
+    pub(super) fn lanes(
+        &self,
+        stream: &Arc<CudaStream>,
+        w: &MatRef<'_>,
+        buf: &CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        let (f, rows, cols) = match *w {
+            MatRef::Bf16 { rows, cols, .. } if cols % 8 == 0 => {
+                (&self.funcs.bf16_lanes, rows, cols)
+            }
+            MatRef::Mxfp4(m) => (&self.funcs.mxfp4_lanes, m.rows, m.cols),
+            _ => return Ok(()),
+        };
+        let warps = rows * (cols / 256);
+        if warps == 0 {
+            return Ok(());
+        }
+        let (r, c) = (rows as i32, cols as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (warps.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let dst = buf.device_ptr(stream).0;
+        // The arguments match `*_lanes(T*, int, int)`: `buf` holds the
+        // `rows` rows of `cols` values of `w`'s format.
+        super::tape::launch_now(stream, f, cfg, vec![dst, r.slot(), c.slot()])
     }
 
     /// The inputs `xs` staged one after another and their copy up written

@@ -352,6 +352,26 @@ fn launch_graph(
     Ok(())
 }
 
+/// Launches `f` with `args` (each as [`Arg::slot`] gives it) on `stream`
+/// at once, outside any tape: work a copy needs before its event (the
+/// caller checks the arguments as for [`Tape::kernel`]).
+pub(super) fn launch_now(
+    stream: &Arc<CudaStream>,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: Vec<u64>,
+) -> Result<(), CudaError> {
+    stream.context().bind_to_thread()?;
+    let op = Op::Kernel(Launch {
+        f: f.cu_function() as usize,
+        grid: cfg.grid_dim,
+        block: cfg.block_dim,
+        shared: cfg.shared_mem_bytes,
+        args,
+    });
+    issue(stream, &op, None)
+}
+
 /// Issues one operation on `stream`.
 fn issue(
     stream: &Arc<CudaStream>,

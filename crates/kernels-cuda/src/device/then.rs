@@ -83,7 +83,7 @@ fn staged_results(then: &Then<'_>) -> usize {
 
 /// The products in launch order: each gated MLP's gate and up, the plain
 /// products, each gated MLP's down.
-fn products<'a>(then: &Then<'a>) -> Vec<MatRef<'a>> {
+pub(super) fn products<'a>(then: &Then<'a>) -> Vec<MatRef<'a>> {
     let mut ws: Vec<MatRef<'a>> = then.glu.iter().flat_map(|g| [g.gate, g.up]).collect();
     ws.extend(then.plain.iter().map(|p| p.w));
     ws.extend(then.glu.iter().map(|g| g.down));

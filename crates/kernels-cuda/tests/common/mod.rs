@@ -82,9 +82,10 @@ pub struct Rest {
     ys: [Vec<f32>; 3],
 }
 
-/// The rest's products' rows: plain 24 and 8, gate and up 40 (all `d`
-/// wide), then the down (`d` rows, 40 wide).
-const REST_ROWS: [usize; 4] = [24, 8, 40, 40];
+/// The rest's products' rows: plain 24 and 8, gate and up 264 (all `d`
+/// wide), then the down (`d` rows, 264 wide: one full chunk of 256
+/// columns, which VRAM holds rearranged, and a tail).
+const REST_ROWS: [usize; 4] = [24, 8, 264, 264];
 
 impl Rest {
     pub fn new(
