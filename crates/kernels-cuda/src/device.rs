@@ -108,6 +108,7 @@ struct Funcs {
     moe_combine: CudaFunction,
     mla_gate: CudaFunction,
     res_mix_dots: CudaFunction,
+    res_mix_sum: CudaFunction,
     res_mix_norm: CudaFunction,
 }
 
@@ -298,6 +299,7 @@ impl CudaBackend {
             moe_combine: f("moe_combine")?,
             mla_gate: f("mla_gate")?,
             res_mix_dots: f("res_mix_dots")?,
+            res_mix_sum: f("res_mix_sum")?,
             res_mix_norm: f("res_mix_norm")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;

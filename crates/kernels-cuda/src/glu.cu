@@ -99,7 +99,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ o,
 }
 
 // The rest of a layer before its experts are chosen, its first part
-// (fathom-kernels `backend::then_mix`), in two launches. `v` holds nb
+// (fathom-kernels `backend::then_mix`), in three launches. `v` holds nb
 // earlier blocks then the residual, each [n, d]. Its sums are `dot32`s,
 // the matrix products' order (`formats::block_scalar`): lane l of a warp
 // sums fmaf over the columns l, l + 32, … (past the end fmaf(0, 0, ·)),
@@ -136,6 +136,20 @@ __device__ __forceinline__ float mix_chunks(float acc, const float* a, const flo
     return acc;
 }
 
+// `cols` values from `src` into shared memory at `dst` by the block,
+// eight loads a thread in flight before they are stored.
+__device__ __forceinline__ void mix_stage(float* dst, const float* __restrict__ src, int cols) {
+    const int step = blockDim.x;
+    for (int c = threadIdx.x; c < cols; c += 8 * step) {
+        float vs[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) vs[q] = c + q * step < cols ? src[c + q * step] : 0.0f;
+#pragma unroll
+        for (int q = 0; q < 8; ++q)
+            if (c + q * step < cols) dst[c + q * step] = vs[q];
+    }
+}
+
 // `res_mix_dots`, a block per source j and row r (grid (sources, n)): for
 // the residual (j = nb) p = partial + a, written over it; then, with a
 // query, warp 0 finds dot32(V_j, query) and warp 1 dot32(V_j, V_j), into
@@ -158,10 +172,8 @@ extern "C" __global__ void res_mix_dots(float* __restrict__ v, const float* __re
     float acc = 0.0f;
     for (int c0 = 0; c0 < d; c0 += MIX_TILE) {
         const int cols = min(MIX_TILE, d - c0);
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            tv[c] = vj[c0 + c];
-            tq[c] = query[c0 + c];
-        }
+        mix_stage(tv, vj + c0, cols);
+        mix_stage(tq, query + c0, cols);
         __syncthreads();
         if (warp < 2) acc = mix_chunks(acc, tv, warp == 0 ? tq : tv, lane, cols, c0 + cols == d);
         __syncthreads();
@@ -172,49 +184,57 @@ extern "C" __global__ void res_mix_dots(float* __restrict__ v, const float* __re
     }
 }
 
-// `res_mix_norm`, a block per row (d ≤ MIX_ROW): with a query, the
-// sources' weights — each score rms_inv32(V_j) · dot32(V_j, query) from
-// its dots, then the softmax with exp_fixed (the maximum by fmaxf from
-// −∞, the sum in order) — and the weighted sum from zero in source
-// order, each product rounded and then added (`backend::depth_mix`);
-// without one, p itself. Then the RMSNorm with rms_inv32 (warp 0's
-// dot32 of the row with itself) scaled by `nw`, into `x`.
-extern "C" __global__ void res_mix_norm(const float* __restrict__ v,
-                                        const float* __restrict__ dots, int nb, int n, int d,
-                                        const float* __restrict__ query,
-                                        const float* __restrict__ nw, float eps,
-                                        float* __restrict__ x) {
-    __shared__ float row[MIX_ROW], p[MIX_MAX_SOURCES], inv;
-    const size_t r = blockIdx.x, nd = (size_t)n * d;
-    const int ns = nb + 1;
-    if (query != nullptr) {
-        if (threadIdx.x == 0) {
-            float m = __uint_as_float(0xFF800000u);
-            for (int j = 0; j < ns; ++j) {
-                const float* dj = dots + (r * ns + j) * 2;
-                const float ri =
-                    __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dj[1], (float)d), eps)));
-                p[j] = __fmul_rn(ri, dj[0]);
-                m = fmaxf(m, p[j]);
-            }
-            float s = 0.0f;
-            for (int j = 0; j < ns; ++j) {
-                p[j] = exp_fixed(__fsub_rn(p[j], m));
-                s = __fadd_rn(s, p[j]);
-            }
-            for (int j = 0; j < ns; ++j) p[j] = __fdiv_rn(p[j], s);
-        }
-        __syncthreads();
-        for (int c = threadIdx.x; c < d; c += blockDim.x) {
-            float o = 0.0f;
-            for (int j = 0; j < ns; ++j)
-                o = __fadd_rn(o, __fmul_rn(p[j], v[(size_t)j * nd + r * (size_t)d + c]));
-            row[c] = o;
-        }
-    } else {
-        const float* pr = v + (size_t)nb * nd + r * (size_t)d;
-        for (int c = threadIdx.x; c < d; c += blockDim.x) row[c] = pr[c];
+// The sources' weights (thread 0 of a block): each score rms_inv32(V_j) ·
+// dot32(V_j, query) from its dots, then the softmax with exp_fixed (the
+// maximum by fmaxf from −∞, the sum in order); `backend::depth_mix`.
+__device__ void mix_weights(const float* dots, int ns, size_t r, int d, float eps, float* p) {
+    float m = __uint_as_float(0xFF800000u);
+    for (int j = 0; j < ns; ++j) {
+        const float* dj = dots + (r * ns + j) * 2;
+        const float ri = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dj[1], (float)d), eps)));
+        p[j] = __fmul_rn(ri, dj[0]);
+        m = fmaxf(m, p[j]);
     }
+    float s = 0.0f;
+    for (int j = 0; j < ns; ++j) {
+        p[j] = exp_fixed(__fsub_rn(p[j], m));
+        s = __fadd_rn(s, p[j]);
+    }
+    for (int j = 0; j < ns; ++j) p[j] = __fdiv_rn(p[j], s);
+}
+
+// `res_mix_sum`, a thread per column (grid (column blocks, n)): with a
+// query, the weighted sum of the sources from zero in source order, each
+// product rounded and then added (each block finds the weights itself);
+// without one, p itself; into `x`.
+extern "C" __global__ void res_mix_sum(const float* __restrict__ v,
+                                       const float* __restrict__ dots, int nb, int n, int d,
+                                       const float* __restrict__ query, float eps,
+                                       float* __restrict__ x) {
+    __shared__ float p[MIX_MAX_SOURCES];
+    const size_t r = blockIdx.y, nd = (size_t)n * d;
+    const int ns = nb + 1, c = blockIdx.x * blockDim.x + threadIdx.x;
+    const float* vr = v + r * (size_t)d;
+    if (query == nullptr) {
+        if (c < d) x[r * (size_t)d + c] = vr[(size_t)nb * nd + c];
+        return;
+    }
+    if (threadIdx.x == 0) mix_weights(dots, ns, r, d, eps, p);
+    __syncthreads();
+    if (c >= d) return;
+    float o = 0.0f;
+    for (int j = 0; j < ns; ++j) o = __fadd_rn(o, __fmul_rn(p[j], vr[(size_t)j * nd + c]));
+    x[r * (size_t)d + c] = o;
+}
+
+// `res_mix_norm`, a block per row (d ≤ MIX_ROW): the RMSNorm with
+// rms_inv32 (warp 0's dot32 of the staged row with itself) of `x`'s row,
+// scaled by `nw`, in place.
+extern "C" __global__ void res_mix_norm(float* __restrict__ x, int d,
+                                        const float* __restrict__ nw, float eps) {
+    __shared__ float row[MIX_ROW], inv;
+    float* xr = x + (size_t)blockIdx.x * d;
+    mix_stage(row, xr, d);
     __syncthreads();
     if (threadIdx.x < 32) {
         const float ss = fold32(mix_chunks(0.0f, row, row, threadIdx.x, d, true));
@@ -222,7 +242,6 @@ extern "C" __global__ void res_mix_norm(const float* __restrict__ v,
             inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
     }
     __syncthreads();
-    float* xr = x + r * (size_t)d;
     for (int c = threadIdx.x; c < d; c += blockDim.x)
         xr[c] = __fmul_rn(__fmul_rn(row[c], inv), nw[c]);
 }

@@ -160,7 +160,7 @@ impl CudaBackend {
         self.fetch(st, yp, ny)
     }
 
-    /// Writes `res_mix_dots` and `res_mix_norm`: the sources at `vp`
+    /// Writes `res_mix_dots`, `res_mix_sum` and `res_mix_norm`: the sources at `vp`
     /// (blocks, then the residual), the attention's output at `a`, the
     /// sums at `dots`, the normed rows into `xp`.
     fn launch_mix(
@@ -181,17 +181,21 @@ impl CudaBackend {
             Some(_) => (query, nb as u32 + 1),
             None => (0, 1),
         };
-        // The arguments match `res_mix_dots` and `res_mix_norm` in
-        // `glu.cu`: `vp` holds nb + 1 sources of n·d values, `a` and `xp`
+        // The arguments match `res_mix_dots`, `res_mix_sum` and
+        // `res_mix_norm` in `glu.cu`: `vp` holds nb + 1 sources of n·d values, `a` and `xp`
         // n·d each, `dots` 2·n·(nb + 1), `norm` and `q` (or null) d
         // (`then_fits` checked the shapes: d ≤ MIX_ROW, n ≤ 65535).
         let first = [vp, a, nb.slot(), n.slot(), d.slot(), q, dots];
         st.tape
             .kernel(&self.funcs.res_mix_dots, cfg((sources, rows, 1)), first);
         let eps = then.eps.slot();
-        let second = [vp, dots, nb.slot(), n.slot(), d.slot(), q, norm, eps, xp];
+        let second = [vp, dots, nb.slot(), n.slot(), d.slot(), q, eps, xp];
+        let cols = then.d.div_ceil(256) as u32;
         st.tape
-            .kernel(&self.funcs.res_mix_norm, cfg((rows, 1, 1)), second);
+            .kernel(&self.funcs.res_mix_sum, cfg((cols, rows, 1)), second);
+        let third = [xp, d.slot(), norm, eps];
+        st.tape
+            .kernel(&self.funcs.res_mix_norm, cfg((rows, 1, 1)), third);
     }
 
     /// After the call's synchronisation: `then`'s rows and products from
