@@ -2,7 +2,10 @@
 //! and builds the emulated driver and NVRTC libraries (`emu/driver.cpp`,
 //! `emu/nvrtc.cpp`) as `libcuda.so` and `libnvrtc.so` in one folder.
 //! Without a C++ compiler the crate still builds, `available()` and
-//! `driver_dir()` say so, and its tests say why they skip.
+//! `driver_dir()` say so, and its tests say why they skip — unless
+//! `FATHOM_REQUIRE_EMU` is set (CI sets it), when a failed build fails
+//! here, so a kernel source the emulator cannot compile never turns the
+//! GPU tests into skips.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,6 +18,8 @@ fn main() {
     println!("cargo:rerun-if-changed=../kernels-cuda/src");
     println!("cargo:rustc-check-cfg=cfg(emu_built)");
     println!("cargo:rustc-check-cfg=cfg(emu_driver)");
+    println!("cargo:rerun-if-env-changed=FATHOM_REQUIRE_EMU");
+    let required = std::env::var_os("FATHOM_REQUIRE_EMU").is_some();
     let mut b = cc::Build::new();
     b.cpp(true)
         .file("emu/kernels.cpp")
@@ -29,6 +34,7 @@ fn main() {
         .warnings(false);
     match b.try_compile("fathom_cuda_emu") {
         Ok(()) => println!("cargo:rustc-cfg=emu_built"),
+        Err(e) if required => panic!("FATHOM_REQUIRE_EMU: the kernels' host emulator did not build: {e}"),
         Err(e) => {
             println!(
                 "cargo:warning=the CUDA kernels' host emulator was not built ({e}); its tests will skip"
@@ -42,6 +48,7 @@ fn main() {
             println!("cargo:rustc-cfg=emu_driver");
             println!("cargo:rustc-env=FATHOM_EMU_DRIVER_DIR={}", dir.display());
         }
+        Err(e) if required => panic!("FATHOM_REQUIRE_EMU: the emulated CUDA driver did not build: {e}"),
         Err(e) => println!(
             "cargo:warning=the emulated CUDA driver was not built ({e}); the backend tests that use it will skip"
         ),

@@ -268,6 +268,7 @@ inline unsigned lane() { return (unsigned)me().linear % 32; }
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define __shared__ static
 #define DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(emu::st().dyn.data())
@@ -291,11 +292,6 @@ template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int m) {
     return emu::exchange(v, (int)(emu::lane() ^ (unsigned)m) & 31);
 }
-
-struct alignas(16) uint4 {
-    unsigned x, y, z, w;
-};
-inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
 inline float __uint_as_float(unsigned u) {
     float f;

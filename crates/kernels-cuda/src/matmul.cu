@@ -280,14 +280,19 @@ __device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
 // values — columns c + l + 32u, u = 0..7 — are 16 contiguous bytes, value u
 // at half u. A warp's chunk is then one 512-byte load, a 16-byte load a
 // lane. Columns past the last full chunk keep the host's layout (`at`).
+// Sixteen bytes, so that a lane's share of a chunk is one 16-byte load.
+struct __align__(16) U32x4 {
+    unsigned x, y, z, w;
+};
+
 struct Bf16Lanes {
     const unsigned short* __restrict__ w;
     int cols;
     struct Raw {
-        uint4 v;
+        U32x4 v;
     };
     __device__ __forceinline__ Raw load(int r, int c, int lane) const {
-        return Raw{reinterpret_cast<const uint4*>(w + (size_t)r * cols + c)[lane]};
+        return Raw{reinterpret_cast<const U32x4*>(w + (size_t)r * cols + c)[lane]};
     }
     __device__ __forceinline__ void decode(const Raw& raw, int, float (&wv)[UNROLL]) const {
         const unsigned q[4] = {raw.v.x, raw.v.y, raw.v.z, raw.v.w};
@@ -303,16 +308,16 @@ struct Bf16Lanes {
 // warps), through shared memory. Every thread of the block reaches the
 // barrier; a warp past the last chunk only waits.
 extern "C" __global__ void bf16_lanes(unsigned short* __restrict__ w, int rows, int cols) {
-    __shared__ unsigned short tile[8][CHUNK];
+    __shared__ __align__(16) unsigned short tile[8][CHUNK];
     const int per_row = cols >> 8;
     const long long k = (long long)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 7;
     const bool in = per_row > 0 && k < (long long)rows * per_row;
-    uint4* chunk = nullptr;
+    U32x4* chunk = nullptr;
     if (in) {
         const long long r = k / per_row, j = k % per_row;
-        chunk = reinterpret_cast<uint4*>(w + (size_t)r * cols + (size_t)j * CHUNK);
-        reinterpret_cast<uint4*>(tile[warp])[lane] = chunk[lane];
+        chunk = reinterpret_cast<U32x4*>(w + (size_t)r * cols + (size_t)j * CHUNK);
+        reinterpret_cast<U32x4*>(tile[warp])[lane] = chunk[lane];
     }
     __syncthreads();
     if (in) {
@@ -321,7 +326,7 @@ extern "C" __global__ void bf16_lanes(unsigned short* __restrict__ w, int rows, 
         for (int u = 0; u < 4; ++u)
             q[u] = (unsigned)tile[warp][lane + 64 * u] |
                    ((unsigned)tile[warp][lane + 64 * u + 32] << 16);
-        chunk[lane] = make_uint4(q[0], q[1], q[2], q[3]);
+        chunk[lane] = U32x4{q[0], q[1], q[2], q[3]};
     }
 }
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Compiles fathom's CUDA kernels with NVIDIA's own NVRTC, no GPU needed.
+
+The CUDA backend compiles `crates/kernels-cuda/src/*.cu` with NVRTC when it
+opens a device; CI has no GPU, so its tests run the kernels on the host
+emulator, which is a C++ compiler, not NVRTC. This script catches source
+that the emulator takes but NVRTC would refuse (a missing builtin, a
+misplaced attribute): it joins the files in the order `SOURCE` in
+`crates/kernels-cuda/src/lib.rs` gives and compiles them with the options
+`kernels_ptx` in `device.rs` passes (keep the two in step) for every
+architecture the backend may pick. CI installs NVRTC from the
+`nvidia-cuda-nvrtc-cu12` wheel:
+
+  python3 scripts/nvrtc-check.py [LIBNVRTC]
+
+LIBNVRTC defaults to the wheel's library in this Python's site-packages.
+Exits 1 with NVRTC's log when a compile fails.
+"""
+import ctypes
+import glob
+import os
+import re
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SRC = os.path.join(ROOT, "crates", "kernels-cuda", "src")
+OPTIONS = [b"--ftz=false", b"--prec-div=true", b"--prec-sqrt=true", b"--fmad=false", b"--std=c++17"]
+ARCHS = ["compute_75", "compute_80", "compute_90", "compute_100", "compute_120"]
+
+
+def library():
+    if len(sys.argv) > 1:
+        return sys.argv[1]
+    import nvidia.cuda_nvrtc  # the wheel's package
+
+    base = list(nvidia.cuda_nvrtc.__path__)[0]
+    found = sorted(glob.glob(os.path.join(base, "lib", "libnvrtc.so.*")))
+    if not found:
+        sys.exit(f"no libnvrtc.so.* under {base}")
+    return found[0]
+
+
+def source():
+    lib_rs = open(os.path.join(SRC, "lib.rs")).read()
+    block = re.search(r"pub const SOURCE: &str = concat!\((.*?)\);", lib_rs, re.S)
+    files = re.findall(r'include_str!\("([^"]+)"\)', block.group(1)) if block else []
+    if not files:
+        sys.exit("crates/kernels-cuda/src/lib.rs: no `SOURCE` of include_str! files found")
+    return files, "".join(open(os.path.join(SRC, f)).read() for f in files).encode()
+
+
+def compile_for(lib, src, arch):
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"fathom.cu", 0, None, None)
+    if rc != 0:
+        sys.exit(f"nvrtcCreateProgram failed ({rc})")
+    opts = OPTIONS + [b"--gpu-architecture=" + arch.encode()]
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    ptx = 0
+    if rc == 0:
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        ptx = size.value
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc, log.value.decode(errors="replace"), ptx
+
+
+def main():
+    path = library()
+    lib = ctypes.CDLL(path)
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    files, src = source()
+    failed = False
+    for arch in ARCHS:
+        rc, log, ptx = compile_for(lib, src, arch)
+        if rc != 0:
+            failed = True
+            print(f"{arch}: NVRTC refused the kernels (error {rc}):\n{log}")
+        else:
+            print(f"{arch}: {ptx} bytes of PTX")
+    print(f"NVRTC {major.value}.{minor.value} ({path}); files: {', '.join(files)}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
