@@ -11,10 +11,13 @@ misplaced attribute): it joins the files in the order `SOURCE` in
 architecture the backend may pick. CI installs NVRTC from the
 `nvidia-cuda-nvrtc-cu12` wheel:
 
-  python3 scripts/nvrtc-check.py [LIBNVRTC]
+  python3 scripts/nvrtc-check.py [LIBNVRTC] [--ptx DIR]
 
-LIBNVRTC defaults to the wheel's library in this Python's site-packages.
-Exits 1 with NVRTC's log when a compile fails.
+LIBNVRTC defaults to the wheel's library in this Python's site-packages;
+with --ptx each architecture's PTX is written to DIR/<arch>.ptx (for
+`ptxas -arch=sm_90 -v DIR/compute_90.ptx`, from the nvidia-cuda-nvcc-cu12
+wheel, to read registers and spills). Exits 1 with NVRTC's log when a
+compile fails.
 """
 import ctypes
 import glob
@@ -28,9 +31,20 @@ OPTIONS = [b"--ftz=false", b"--prec-div=true", b"--prec-sqrt=true", b"--fmad=fal
 ARCHS = ["compute_75", "compute_80", "compute_90", "compute_100", "compute_120"]
 
 
-def library():
-    if len(sys.argv) > 1:
-        return sys.argv[1]
+def arguments():
+    args, ptx_dir = list(sys.argv[1:]), None
+    if "--ptx" in args:
+        i = args.index("--ptx")
+        if i + 1 >= len(args):
+            sys.exit("--ptx needs a folder: --ptx DIR")
+        ptx_dir = args[i + 1]
+        del args[i : i + 2]
+    return (args[0] if args else None), ptx_dir
+
+
+def library(path):
+    if path:
+        return path
     import nvidia.cuda_nvrtc  # the wheel's package
 
     base = list(nvidia.cuda_nvrtc.__path__)[0]
@@ -49,7 +63,7 @@ def source():
     return files, "".join(open(os.path.join(SRC, f)).read() for f in files).encode()
 
 
-def compile_for(lib, src, arch):
+def compile_for(lib, src, arch, ptx_dir):
     prog = ctypes.c_void_p()
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"fathom.cu", 0, None, None)
     if rc != 0:
@@ -64,19 +78,26 @@ def compile_for(lib, src, arch):
     if rc == 0:
         lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
         ptx = size.value
+        if ptx_dir:
+            text = ctypes.create_string_buffer(ptx)
+            lib.nvrtcGetPTX(prog, text)
+            os.makedirs(ptx_dir, exist_ok=True)
+            with open(os.path.join(ptx_dir, arch + ".ptx"), "w") as f:
+                f.write(text.value.decode())
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     return rc, log.value.decode(errors="replace"), ptx
 
 
 def main():
-    path = library()
+    given, ptx_dir = arguments()
+    path = library(given)
     lib = ctypes.CDLL(path)
     major, minor = ctypes.c_int(), ctypes.c_int()
     lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
     files, src = source()
     failed = False
     for arch in ARCHS:
-        rc, log, ptx = compile_for(lib, src, arch)
+        rc, log, ptx = compile_for(lib, src, arch, ptx_dir)
         if rc != 0:
             failed = True
             print(f"{arch}: NVRTC refused the kernels (error {rc}):\n{log}")

@@ -34,7 +34,9 @@ fn main() {
         .warnings(false);
     match b.try_compile("fathom_cuda_emu") {
         Ok(()) => println!("cargo:rustc-cfg=emu_built"),
-        Err(e) if required => panic!("FATHOM_REQUIRE_EMU: the kernels' host emulator did not build: {e}"),
+        Err(e) if required => {
+            panic!("FATHOM_REQUIRE_EMU: the kernels' host emulator did not build: {e}")
+        }
         Err(e) => {
             println!(
                 "cargo:warning=the CUDA kernels' host emulator was not built ({e}); its tests will skip"
@@ -48,7 +50,9 @@ fn main() {
             println!("cargo:rustc-cfg=emu_driver");
             println!("cargo:rustc-env=FATHOM_EMU_DRIVER_DIR={}", dir.display());
         }
-        Err(e) if required => panic!("FATHOM_REQUIRE_EMU: the emulated CUDA driver did not build: {e}"),
+        Err(e) if required => {
+            panic!("FATHOM_REQUIRE_EMU: the emulated CUDA driver did not build: {e}")
+        }
         Err(e) => println!(
             "cargo:warning=the emulated CUDA driver was not built ({e}); the backend tests that use it will skip"
         ),

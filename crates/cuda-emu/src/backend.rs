@@ -255,6 +255,7 @@ fn kda_takes(job: &KdaJob<'_>) -> bool {
         && job
             .f_up
             .iter()
+            .chain(&job.g_up)
             .chain(&job.o_proj)
             .chain(projs)
             .all(|m| takes(m, n, 1))
@@ -414,16 +415,16 @@ impl Backend for EmuBackend {
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
         let x = inputs(job, n);
         let [pq, pk, pv, xf, xb, xg] = &x;
-        let f_full: Vec<f32>;
-        let f = match job.f_up {
-            Some(m) => {
+        let up = |m: Option<MatRef<'_>>, low: &[f32]| {
+            m.map(|m| {
                 let mut y = vec![0f32; n * p];
-                matmul(&m, xf, n, 1, &mut y);
-                f_full = y;
-                &f_full[..]
-            }
-            None => &xf[..],
+                matmul(&m, low, n, 1, &mut y);
+                y
+            })
         };
+        let (f_full, g_full) = (up(job.f_up, xf), up(job.g_up, xg));
+        let f = f_full.as_deref().unwrap_or(&xf[..]);
+        let g = g_full.as_deref().unwrap_or(&xg[..]);
         let mut core = vec![0f32; if job.o_proj.is_some() { n * p } else { 0 }];
         let out = if job.o_proj.is_some() {
             core.as_mut_ptr()
@@ -448,7 +449,7 @@ impl Backend for EmuBackend {
                 pre: [pq, pk, pv],
                 f,
                 b: xb,
-                g: xg,
+                g,
                 taps: job.w.conv,
                 a: job.w.a,
                 dt: job.w.dt_bias,
@@ -476,6 +477,7 @@ impl Backend for EmuBackend {
         }
         let products = 1
             + usize::from(job.f_up.is_some())
+            + usize::from(job.g_up.is_some())
             + usize::from(job.o_proj.is_some())
             + if job.proj.is_some() { 6 } else { 0 };
         self.count(products);

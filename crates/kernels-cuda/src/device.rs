@@ -130,8 +130,10 @@ struct State {
     cache: Cache<Resident>,
     x: Option<CudaSlice<f32>>,
     y: Option<CudaSlice<f32>>,
-    /// A KDA step's forget gate and head outputs between its products.
+    /// A KDA step's forget gate, output gate and head outputs between its
+    /// products.
     kf: Option<CudaSlice<f32>>,
+    kg: Option<CudaSlice<f32>>,
     ko: Option<CudaSlice<f32>>,
     /// Gated MLPs' gate and up outputs between their products.
     glu: Option<CudaSlice<f32>>,
@@ -327,6 +329,7 @@ impl CudaBackend {
                 x: None,
                 y: None,
                 kf: None,
+                kg: None,
                 ko: None,
                 glu: None,
                 mla: None,

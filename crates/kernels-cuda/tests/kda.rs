@@ -47,6 +47,10 @@ struct Layer {
     f_up: Vec<u16>,
     o_proj: Vec<u16>,
     products: bool,
+    /// A low-rank output gate (Kimi-Linear's): its up-projection `[P, RG]`
+    /// (bf16), used when `low_g` is set.
+    g_up: Vec<u16>,
+    low_g: bool,
     /// The six input projections `[rows, DM]` (q, k, v, f_a, b, g) when the
     /// step carries them (`KdaJob::proj`); empty otherwise.
     proj: Vec<Vec<u16>>,
@@ -55,8 +59,10 @@ struct Layer {
 /// The projections' input width.
 const DM: usize = 80;
 
-/// Low-rank width of the forget gate and model width in the products' cases.
+/// Low-rank widths of the forget gate and of a low-rank output gate, and
+/// the model width in the products' cases.
 const R: usize = 16;
+const RG: usize = 12;
 const D: usize = 96;
 
 impl Layer {
@@ -85,13 +91,35 @@ impl Layer {
                 .map(|v| (v.to_bits() >> 16) as u16)
                 .collect(),
             products: false,
+            g_up: rng
+                .vec(p * RG, 0.5)
+                .iter()
+                .map(|v| (v.to_bits() >> 16) as u16)
+                .collect(),
+            low_g: false,
             proj: Vec::new(),
         }
     }
     /// The rows of the six projections.
     fn proj_rows(&self) -> [usize; 6] {
         let (p, h) = (self.dims.width(), self.dims.heads);
-        [p, p, p, if self.products { R } else { p }, h, p]
+        [
+            p,
+            p,
+            p,
+            if self.products { R } else { p },
+            h,
+            self.g_width(),
+        ]
+    }
+    /// The output gate's input width (its low rank, else P).
+    fn g_width(&self) -> usize {
+        if self.low_g { RG } else { self.dims.width() }
+    }
+    /// The output gate's up-projection `[P, RG]`, when the case has one.
+    fn g_up(&self) -> Option<MatRef<'_>> {
+        let (w, rows, cols) = (&self.g_up[..], self.dims.width(), RG);
+        self.low_g.then_some(MatRef::Bf16 { w, rows, cols })
     }
     /// The forget gate's up-projection `[P, R]` and `o_proj` `[D, P]`, when
     /// the case runs them in the step.
@@ -115,6 +143,7 @@ impl Drop for Layer {
     fn drop(&mut self) {
         self.params().forget();
         backend::forget(&self.f_up);
+        backend::forget(&self.g_up);
         backend::forget(&self.o_proj);
         for m in &self.proj {
             backend::forget(m);
@@ -180,7 +209,7 @@ fn step_then(
     let (f, b, g) = (
         rng.vec(n * r, 3.0),
         rng.vec(n * h, 3.0),
-        rng.vec(n * p, 3.0),
+        rng.vec(n * l.g_width(), 3.0),
     );
     let mut out = vec![0f32; n * if l.products { D } else { p }];
     let mut inputs = vec![0f32; KdaJob::inputs_len(&l.dims, n)];
@@ -221,6 +250,7 @@ fn step_then(
         seqs: job_seqs,
         out: &mut out,
         f_up: l.products()[0],
+        g_up: l.g_up(),
         o_proj: l.products()[1],
         inputs_out: Some(&mut inputs),
         then: None,
@@ -304,19 +334,22 @@ fn kda_core_matches_its_twin_bit_for_bit() {
     // The last two cases also run the forget gate's up-projection and
     // o_proj in the step's call.
     // The fourth case has Kimi-Linear's decay (−a·softplus, no lower
-    // bound); the last two carry the layer's six input projections (with
-    // and without the forget gate's up-projection and o_proj).
-    for (heads, kd, kernel, products, lb, projected) in [
-        (4, 128, 4, false, Some(-5.0), false),
-        (3, 48, 3, true, Some(-5.0), false),
-        (2, 64, 2, true, Some(-5.0), false),
-        (2, 40, 4, true, None, false),
-        (2, 64, 4, true, Some(-5.0), true),
-        (1, 40, 3, false, None, true),
+    // bound) and low-rank output gate; the last three carry the layer's
+    // six input projections (with and without the forget gate's
+    // up-projection and o_proj; the last with Kimi-Linear's gate).
+    for (heads, kd, kernel, products, lb, projected, low_g) in [
+        (4, 128, 4, false, Some(-5.0), false, false),
+        (3, 48, 3, true, Some(-5.0), false, false),
+        (2, 64, 2, true, Some(-5.0), false, false),
+        (2, 40, 4, true, None, false, true),
+        (2, 64, 4, true, Some(-5.0), true, false),
+        (1, 40, 3, false, None, true, false),
+        (2, 48, 4, true, None, true, true),
     ] {
-        let mut rng = Lcg(heads as u64 * 1000 + kd as u64);
+        let mut rng = Lcg(heads as u64 * 1000 + kd as u64 + u64::from(low_g));
         let mut l = Layer::new(&mut rng, heads, kd, kernel);
         l.products = products;
+        l.low_g = low_g;
         l.dims.gate_lower_bound = lb;
         if projected {
             let rows = l.proj_rows();
@@ -419,6 +452,7 @@ fn kda_core_matches_its_twin_bit_for_bit() {
             seqs: job_seqs,
             out: &mut out,
             f_up: None,
+            g_up: None,
             o_proj: None,
             inputs_out: None,
             then: None,

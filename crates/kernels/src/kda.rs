@@ -362,6 +362,9 @@ pub struct KdaJob<'a> {
     /// The forget gate's up-projection `[P, R]` (bytes stable as for
     /// [`crate::backend::matmul_stable`]), applied to `x.f` first.
     pub f_up: Option<crate::backend::MatRef<'a>>,
+    /// The output gate's up-projection `[P, Rg]` (bytes stable likewise),
+    /// applied to `x.g` first when the gate is low-rank (Kimi-Linear).
+    pub g_up: Option<crate::backend::MatRef<'a>>,
     /// The output projection `[D, P]` (bytes stable likewise), applied to
     /// the gated head outputs last.
     pub o_proj: Option<crate::backend::MatRef<'a>>,
@@ -400,8 +403,10 @@ impl KdaJob<'_> {
         let small = |v: usize| i32::try_from(v).is_ok();
         // The forget gate's input width, and the output's.
         let r = self.f_up.map_or(p, |m| m.cols());
+        let rg = self.g_up.map_or(p, |m| m.cols());
         let dout = self.o_proj.map_or(p, |m| m.rows());
         let products = self.f_up.is_none_or(|m| m.rows() == p && r > 0)
+            && self.g_up.is_none_or(|m| m.rows() == p && rg > 0)
             && self.o_proj.is_none_or(|m| m.cols() == p && dout > 0);
         let mut next = 0;
         let tiled = self.seqs.iter().all(|s| {
@@ -413,7 +418,7 @@ impl KdaJob<'_> {
             && (2..=DEVICE_MAX_KERNEL).contains(&kernel)
             && h > 0
             && n > 0
-            && n.checked_mul(4 * p + h + r + dout).is_some_and(small);
+            && n.checked_mul(4 * p + h + r + rg + dout).is_some_and(small);
         let inputs = match &self.proj {
             // Six products of x [N, D] giving the inputs' shapes.
             Some(pj) => {
@@ -424,17 +429,13 @@ impl KdaJob<'_> {
                     && pj
                         .mats
                         .iter()
-                        .zip([p, p, p, r, h, p])
+                        .zip([p, p, p, r, h, rg])
                         .all(|(m, rw)| m.rows() == rw && m.cols() == dm)
             }
             None => {
                 self.x.f.len() == n * r
-                    && self
-                        .x
-                        .pre
-                        .iter()
-                        .chain([&self.x.g])
-                        .all(|v| v.len() == n * p)
+                    && self.x.pre.iter().all(|v| v.len() == n * p)
+                    && self.x.g.len() == n * rg
                     && self.x.b.len() == n * h
             }
         };
@@ -514,6 +515,16 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
         }
         None => x.f,
     };
+    let g_full: Vec<f32>;
+    let g = match job.g_up {
+        Some(m) => {
+            let mut y = vec![0f32; n * m.rows()];
+            m.cpu(x.g, n, &mut y);
+            g_full = y;
+            &g_full[..]
+        }
+        None => x.g,
+    };
     let mut cat = vec![0f32; n * p];
     for seq in job.seqs.iter_mut() {
         let rows = seq.rows.start * p..seq.rows.end * p;
@@ -536,7 +547,7 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
             f: &f[rows.clone()],
             b: &x.b[seq.rows.start * h..seq.rows.end * h],
         };
-        let g = &x.g[rows.clone()];
+        let g = &g[rows.clone()];
         let t = seq.rows.len();
         for hh in 0..h {
             let hi = head_inputs(d, &job.w, &r, hh);
@@ -712,6 +723,7 @@ mod tests {
                 }],
                 out: &mut out,
                 f_up: None,
+                g_up: None,
                 o_proj: None,
                 inputs_out: None,
                 then: None,

@@ -6,6 +6,7 @@
 pub mod batch;
 mod bind;
 pub mod deepseek_v3;
+pub mod early;
 pub mod error;
 pub mod eval;
 pub mod experts;

@@ -328,20 +328,23 @@ fn k3_router_latent_and_shared_experts_in_one_call_keep_the_bits() {
 /// A backend that takes a layer's attention with the rest of the layer up
 /// to its experts' choice (`Then`) gets it on every K3 layer (the depth
 /// mix's blocks and query; a MoE layer's router and latent projection
-/// beside its shared experts, a dense layer's MLP) and on every DeepSeek-V3
-/// layer (no blocks or query; the router and shared experts), and the
-/// logits keep their bits.
+/// beside its shared experts, a dense layer's MLP), on every DeepSeek-V3
+/// layer and every Kimi-Linear layer, KDA (its projections and low-rank
+/// gate in the step's call) and MLA alike (no blocks or query; the router
+/// and shared experts), and the logits keep their bits.
 #[test]
 fn a_layers_rest_in_its_attentions_call_keeps_the_bits() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let prompt = [1, 20, 300, 7, 42, 5];
     let k3 = k3_tiny();
-    let deepseek =
-        fathom_model::registry::load(&common::data("deepseek_v3-tiny"), Default::default())
-            .expect("loads");
+    let load = |name: &str| {
+        fathom_model::registry::load(&common::data(name), Default::default()).expect("loads")
+    };
+    let (deepseek, kimi_linear) = (load("deepseek_v3-tiny"), load("kimi_linear-tiny"));
     for (name, model) in [
         ("k3", &k3 as &dyn CausalLm),
         ("deepseek_v3", deepseek.as_ref()),
+        ("kimi_linear", kimi_linear.as_ref()),
     ] {
         let plain = bits_with(model, &prompt, None);
         let rec = Arc::new(Recorder {
@@ -366,8 +369,11 @@ fn a_layers_rest_in_its_attentions_call_keeps_the_bits() {
             assert!(rests.contains(&(1, 1, true, 0, 1)), "{rests:?}");
             assert!(rests.iter().any(|r| (r.3, r.4) == (2, 1)), "{rests:?}");
         } else {
-            assert!(rests.iter().all(|r| r.1 == 0 && !r.2), "{rests:?}");
-            assert!(rests.iter().any(|r| (r.3, r.4) == (1, 1)), "{rests:?}");
+            assert!(rests.iter().all(|r| r.1 == 0 && !r.2), "{name}: {rests:?}");
+            assert!(
+                rests.iter().any(|r| (r.3, r.4) == (1, 1)),
+                "{name}: {rests:?}"
+            );
         }
     }
 }

@@ -83,6 +83,7 @@ impl Backend for Mirror {
                 seqs,
                 out: &mut out,
                 f_up: job.f_up,
+                g_up: job.g_up,
                 o_proj: job.o_proj,
                 inputs_out: job.inputs_out.as_deref_mut(),
                 then: None,

@@ -26,12 +26,13 @@ pub(super) enum KdaFailure {
 /// What a step needs on the device before its first launch.
 struct Staged {
     /// Inputs (pre q, k, v, f, b, g), then the parameters (conv taps q, k,
-    /// v, a, dt_bias, o_norm); `at[3]` is the full forget gate (the
-    /// up-projection's output when the job has one).
+    /// v, a, dt_bias, o_norm); `at[3]` and `at[5]` are the full forget and
+    /// output gates (their up-projections' outputs when the job has them).
     at: [u64; 12],
     /// The staged low-rank forget-gate input and the up-projection's
-    /// segments, when the job has one.
+    /// segments, when the job has one; the output gate's likewise.
     f_up: Option<(u64, Vec<u64>)>,
+    g_up: Option<(u64, Vec<u64>)>,
     /// The head outputs' scratch and `o_proj`'s segments, when it has one.
     o_proj: Option<(u64, Vec<u64>)>,
     out: u64,
@@ -129,7 +130,8 @@ impl CudaBackend {
         }
         // The products in the call count as the products they are.
         let projs = job.proj.as_ref().map_or(&[][..], |pj| &pj.mats[..]);
-        for m in job.f_up.iter().chain(&job.o_proj).chain(projs) {
+        let ups = job.f_up.iter().chain(&job.g_up);
+        for m in ups.chain(&job.o_proj).chain(projs) {
             st.stats.device_products += 1;
             st.stats.weight_bytes_read += segments(m).iter().map(|s| s.len() as u64).sum::<u64>();
         }
@@ -147,13 +149,14 @@ impl CudaBackend {
     ) -> Result<Option<Staged>, CudaError> {
         let p = job.dims.width();
         let n = job.seqs.last().map_or(0, |s| s.rows.end);
-        let (mut segs, nf, no) = weight_segments(job);
+        let (mut segs, [nf, ng, no]) = weight_segments(job);
         let psegs = proj_segments(job);
         let nw = segs.len();
         segs.extend(psegs.iter().flatten());
         let then = job.then.as_ref().filter(|_| with_then);
         segs.extend(then.map(then::then_segments).unwrap_or_default());
-        let mut mats: Vec<MatRef<'_>> = job.f_up.iter().chain(&job.o_proj).copied().collect();
+        let ups = job.f_up.iter().chain(&job.g_up);
+        let mut mats: Vec<MatRef<'_>> = ups.chain(&job.o_proj).copied().collect();
         mats.extend(job.proj.iter().flat_map(|pj| pj.mats.iter().copied()));
         mats.extend(then.map(then::products).unwrap_or_default());
         let Some((ptrs, keep)) = self.weights_here(st, &segs, &mats)? else {
@@ -187,13 +190,23 @@ impl CudaBackend {
             let low = std::mem::replace(&mut at[3], kf);
             Some((low, ptrs[6..6 + nf].to_vec()))
         };
+        let g_up = if ng == 0 {
+            None
+        } else {
+            let kg = grow(&self.stream, &mut st.kg, n * p, &mut st.reallocs)?
+                .device_ptr(&self.stream)
+                .0;
+            let low = std::mem::replace(&mut at[5], kg);
+            Some((low, ptrs[6 + nf..6 + nf + ng].to_vec()))
+        };
         let o_proj = if no == 0 {
             None
         } else {
             let ko = grow(&self.stream, &mut st.ko, n * p, &mut st.reallocs)?
                 .device_ptr(&self.stream)
                 .0;
-            Some((ko, ptrs[6 + nf..6 + nf + no].to_vec()))
+            let first = 6 + nf + ng;
+            Some((ko, ptrs[first..first + no].to_vec()))
         };
         let proj = job.proj.as_ref().map(|_| {
             let mut at_seg = nw;
@@ -215,6 +228,7 @@ impl CudaBackend {
         Ok(Some(Staged {
             at,
             f_up,
+            g_up,
             o_proj,
             out: yp,
             hin,
@@ -294,6 +308,9 @@ impl CudaBackend {
         }
         if let (Some(m), Some((low, segs))) = (&job.f_up, &s.f_up) {
             self.launch(tape, m, segs, *low, s.at[3], 1, n);
+        }
+        if let (Some(m), Some((low, segs))) = (&job.g_up, &s.g_up) {
+            self.launch(tape, m, segs, *low, s.at[5], 1, n);
         }
         let core = s.o_proj.as_ref().map_or(s.out, |(ko, _)| *ko);
         let cfg = LaunchConfig {
@@ -475,8 +492,9 @@ impl CudaBackend {
 }
 
 /// A step's weight segments: the six parameters, then the forget gate's
-/// up-projection's (`nf` of them) and `o_proj`'s (`no`).
-fn weight_segments<'a>(job: &KdaJob<'a>) -> (Vec<&'a [u8]>, usize, usize) {
+/// up-projection's (`nf` of them), the output gate's (`ng`) and
+/// `o_proj`'s (`no`), with `[nf, ng, no]`.
+fn weight_segments<'a>(job: &KdaJob<'a>) -> (Vec<&'a [u8]>, [usize; 3]) {
     let w = &job.w;
     let params = [w.conv[0], w.conv[1], w.conv[2], w.a, w.dt_bias, w.o_norm];
     let mut segs: Vec<&[u8]> = params
@@ -489,12 +507,13 @@ fn weight_segments<'a>(job: &KdaJob<'a>) -> (Vec<&'a [u8]>, usize, usize) {
             })[0]
         })
         .collect();
-    let f_segs = job.f_up.as_ref().map(segments).unwrap_or_default();
-    let o_segs = job.o_proj.as_ref().map(segments).unwrap_or_default();
-    let (nf, no) = (f_segs.len(), o_segs.len());
-    segs.extend(f_segs);
-    segs.extend(o_segs);
-    (segs, nf, no)
+    let mut counts = [0; 3];
+    for (m, count) in [job.f_up, job.g_up, job.o_proj].iter().zip(&mut counts) {
+        let more = m.as_ref().map(segments).unwrap_or_default();
+        *count = more.len();
+        segs.extend(more);
+    }
+    (segs, counts)
 }
 
 /// The projections' weight segments of a job with `proj`, per matrix.

@@ -9,19 +9,19 @@
 //! prompt was chunked. Atomic: a failure truncates every cache back to its
 //! position before the step.
 
-use fathom_kernels::backend::{self, Then, rms_norm32_rows};
+use fathom_kernels::backend;
 use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::DeepseekV3Model;
 use super::attention::attention;
-use super::weights::{FfnWeights, LayerWeights};
+use super::weights::FfnWeights;
 use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
 use crate::hybrid::mla::MlaRope;
 use crate::kv::PagedRows;
 use crate::kv_state::KvState;
 use crate::lm::{Logits, StepError, StepInput};
-use crate::moe::SigmoidFirst;
 use crate::rotary::Angles;
 use crate::trace::{Tracer, trace};
 
@@ -67,19 +67,13 @@ fn forward_rows(
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
         // With a device and no tracer, the MLP side's norm and first
         // products may go in the attention's call (the same operations).
-        let mut early = (tracer.is_none() && backend::installed().is_some())
-            .then(|| Early::room(&lw.mlp, n, d));
-        let then = early.as_mut().map(|e| e.then(model, lw, &h));
+        let (side, norm) = (ffn_ref(&lw.mlp), &lw.post_attention_layernorm[..]);
+        let mut early =
+            (tracer.is_none() && backend::installed().is_some()).then(|| Early::room(side, n, d));
+        let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
         let (a, done) = attention(spec, &lw.self_attn, &rope, &mut caches, segs, &x, then)?;
         add(&mut h, &a);
-        let (x, early) = match early.filter(|_| done) {
-            Some(mut e) => (std::mem::take(&mut e.x), Some(e)),
-            None => {
-                let mut x = h.clone();
-                rms_norm32_rows(&mut x, d, &lw.post_attention_layernorm, eps);
-                (x, None)
-            }
-        };
+        let (x, early) = early::normed(early, done, &h, norm, eps);
         let m = ffn(model, i, &x, n, early, &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
@@ -141,60 +135,11 @@ fn ffn(
     }
 }
 
-/// What a device computed of a layer's MLP side in its attention's call
-/// ([`Then`]): the normed rows `x`, and the MLP's output or the MoE's
-/// products before its experts.
-struct Early {
-    x: Vec<f32>,
-    ffn: Ahead,
-}
-
-enum Ahead {
-    Mlp(Vec<f32>),
-    Moe(SigmoidFirst),
-}
-
-impl Early {
-    /// Room for `n` rows of the layer's MLP side `ffn`.
-    fn room(ffn: &FfnWeights, n: usize, d: usize) -> Self {
-        let ffn = match ffn {
-            FfnWeights::Dense(mw) => Ahead::Mlp(vec![0f32; n * mw.down_proj.rows]),
-            FfnWeights::Moe(mw) => Ahead::Moe(SigmoidFirst::room(mw, n)),
-        };
-        Early {
-            x: vec![0f32; n * d],
-            ffn,
-        }
-    }
-
-    /// The MLP side of layer `lw` up to its experts' choice as a [`Then`]
-    /// writing here: `h + a`, `post_attention_layernorm`, then the
-    /// products.
-    fn then<'a>(
-        &'a mut self,
-        model: &'a DeepseekV3Model,
-        lw: &'a LayerWeights,
-        h: &'a [f32],
-    ) -> Then<'a> {
-        let spec = &*model.spec;
-        let (plain, glu) = match (&mut self.ffn, &lw.mlp) {
-            (Ahead::Mlp(y), FfnWeights::Dense(mw)) => (Vec::new(), vec![mw.then_glu(y)]),
-            (Ahead::Moe(f), FfnWeights::Moe(mw)) => f.then_parts(mw),
-            _ => unreachable!("room is made for the layer's own MLP side"),
-        };
-        Then {
-            d: spec.hidden_size,
-            partial: h,
-            blocks: &[],
-            query: None,
-            eps: spec.rms_norm_eps,
-            norm: &lw.post_attention_layernorm,
-            x: &mut self.x,
-            plain,
-            glu,
-            act: GluAct::Swiglu,
-            done: false,
-        }
+/// The layer's MLP side as [`Early`] names it.
+fn ffn_ref(f: &FfnWeights) -> Ffn<'_> {
+    match f {
+        FfnWeights::Dense(mw) => Ffn::Dense(mw),
+        FfnWeights::Moe(mw) => Ffn::Moe(mw),
     }
 }
 

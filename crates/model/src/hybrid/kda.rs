@@ -40,15 +40,18 @@ pub struct KdaProjections {
     pub f: Vec<f32>,
     /// β logits `[N, H]`.
     pub b: Vec<f32>,
-    /// Output-gate logits `[N, P]`.
+    /// Output-gate logits `[N, P]`, or with [`KdaLinears::g_up`] its
+    /// low-rank part `[N, Rg]` (the up-projection applied in the core's
+    /// call).
     pub g: Vec<f32>,
 }
 
 /// The products around a KDA layer's core that a device runs in the
-/// core's own call: the forget gate's up-projection before it, `o_proj`
-/// after it.
+/// core's own call: the forget gate's up-projection (and a low-rank output
+/// gate's, Kimi-Linear's) before it, `o_proj` after it.
 pub struct KdaLinears<'a> {
     pub f_up: &'a Linear,
+    pub g_up: Option<&'a Linear>,
     pub o_proj: &'a Linear,
 }
 
@@ -77,6 +80,9 @@ pub fn kda_heads(
         }
         let n = segs.last().map_or(0, |s| s.end);
         proj.f = lin.f_up.forward(&proj.f, n);
+        if let Some(g_up) = lin.g_up {
+            proj.g = g_up.forward(&proj.g, n);
+        }
         let cat = heads(d, w, states, segs, &proj).map_err(|e| ModelError::State(e.to_string()))?;
         Ok(lin.o_proj.forward(&cat, n))
     })
@@ -125,6 +131,7 @@ pub fn kda_heads_projected(
             seqs,
             out: &mut out,
             f_up: Some(lin.f_up.as_mat()),
+            g_up: lin.g_up.map(Linear::as_mat),
             o_proj: Some(lin.o_proj.as_mat()),
             inputs_out: None,
             then,
@@ -171,6 +178,7 @@ fn on_device(
         seqs,
         out: &mut out,
         f_up: Some(lin.f_up.as_mat()),
+        g_up: lin.g_up.map(Linear::as_mat),
         o_proj: Some(lin.o_proj.as_mat()),
         inputs_out: inputs.as_deref_mut(),
         then: None,

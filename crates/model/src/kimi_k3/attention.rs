@@ -56,6 +56,7 @@ pub fn kda(
     ];
     let lin = KdaLinears {
         f_up: &w.f_b_proj,
+        g_up: None,
         o_proj: &w.o_proj,
     };
     let (d, params) = (spec.kda_dims(), w.params());

@@ -11,56 +11,65 @@ use super::config::KimiLinearSpec;
 use super::weights::{KdaWeights, MlaWeights};
 use crate::batch::Segment;
 use crate::error::Result;
-use crate::hybrid::kda::{KdaLinears, KdaProjections, kda_heads};
+use crate::hybrid::kda::{KdaLinears, KdaProjections, kda_heads, kda_heads_projected};
 use crate::hybrid::mla::mla_heads;
 use crate::hybrid::state::{KdaState, MlaCache};
 use crate::linear::Linear;
+use fathom_kernels::backend::Then;
 
 /// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
-/// state. Returns `[N, D]`.
+/// state. With a device that takes it, the six projections, the gates'
+/// up-projections, the core and `o_proj` are one call (with `then`, the
+/// rest of the layer up to its experts' choice may be too). Returns
+/// `[N, D]`, and whether the device did `then`.
 pub fn kda(
     spec: &KimiLinearSpec,
     w: &KdaWeights,
     states: &mut [&mut KdaState],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
-    let [q, k, v, fa, b, ga] = Linear::forward_many(
-        [
-            &w.q_proj,
-            &w.k_proj,
-            &w.v_proj,
-            &w.f_a_proj,
-            &w.b_proj,
-            &w.g_a_proj,
-        ],
-        x,
-        n,
-    );
+    let mats = [
+        &w.q_proj,
+        &w.k_proj,
+        &w.v_proj,
+        &w.f_a_proj,
+        &w.b_proj,
+        &w.g_a_proj,
+    ];
+    let lin = KdaLinears {
+        f_up: &w.f_b_proj,
+        g_up: Some(&w.g_b_proj),
+        o_proj: &w.o_proj,
+    };
+    let (d, params) = (spec.kda_dims(), w.params());
+    if let Some(done) = kda_heads_projected(&d, &params, states, segs, x, mats, &lin, then)? {
+        return Ok(done);
+    }
+    let [q, k, v, fa, b, ga] = Linear::forward_many(mats, x, n);
     let proj = KdaProjections {
         pre: [q, k, v],
         f: fa,
         b,
-        g: w.g_b_proj.forward(&ga, n),
+        g: ga,
     };
-    let lin = KdaLinears {
-        f_up: &w.f_b_proj,
-        o_proj: &w.o_proj,
-    };
-    kda_heads(&spec.kda_dims(), &w.params(), states, segs, proj, &lin)
+    Ok((kda_heads(&d, &params, states, segs, proj, &lin)?, false))
 }
 
 /// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several
-/// sequences, each attending to its own latent cache. Returns `[N, D]`.
+/// sequences, each attending to its own latent cache. Returns `[N, D]`,
+/// and whether a device also did `then` in the attention's call.
 pub fn mla(
     spec: &KimiLinearSpec,
     w: &MlaWeights,
     caches: &mut [&mut MlaCache],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
     let [q, c] = Linear::forward_many([&w.q_proj, &w.kv_a_proj_with_mqa], x, n);
     let d = spec.mla_dims();
@@ -73,7 +82,6 @@ pub fn mla(
         segs,
         (&q, c),
         (None, &w.o_proj),
-        None,
+        then,
     )
-    .map(|(y, _)| y)
 }

@@ -11,7 +11,7 @@ use super::config::KimiLinearSpec;
 use super::weights::MoeWeights;
 use crate::error::Result;
 use crate::experts::ExpertSource;
-use crate::moe::Route;
+use crate::moe::{Route, SigmoidFirst};
 
 /// Routes every row of `x [T, D]`.
 pub fn route(spec: &KimiLinearSpec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
@@ -24,7 +24,10 @@ pub struct NextLayerHint<'a> {
     pub weights: &'a MoeWeights,
 }
 
-/// The sparse block over `x [T, D]` (already `post_attention_layernorm`ed).
+/// The sparse block over `x [T, D]` (already `post_attention_layernorm`ed);
+/// `first`: its router's logits and shared experts' output when a device
+/// computed them in the attention's call.
+#[allow(clippy::too_many_arguments)]
 pub fn moe(
     spec: &KimiLinearSpec,
     layer: usize,
@@ -33,8 +36,9 @@ pub fn moe(
     source: &dyn ExpertSource,
     hint: Option<NextLayerHint<'_>>,
     routes_out: Option<&mut Vec<Route>>,
+    first: Option<SigmoidFirst>,
 ) -> Result<Vec<f32>> {
     let next = hint.map(|h| (h.layer, h.weights));
     spec.sparse_block()
-        .forward(layer, w, x, source, next, routes_out, None)
+        .forward(layer, w, x, source, next, routes_out, first)
 }

@@ -9,6 +9,7 @@
 //! pass (KDA state and journal copied, MLA lengths noted) and put back if
 //! anything fails.
 
+use fathom_kernels::backend::{self, Then};
 use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::KimiLinearModel;
@@ -16,6 +17,7 @@ use super::attention::{kda, mla};
 use super::moe::{self, NextLayerHint};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
 use crate::hybrid::state::{KdaState, LayerState, MlaCache, SequenceState};
 use crate::lm::{Logits, StepError, StepInput};
@@ -52,11 +54,16 @@ fn forward_rows(
     for (i, lw) in w.layers.iter().enumerate() {
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
-        let a = attention(model, lw, i, states, &rows.segs, &x)?;
+        // With a device and no tracer, the MLP side's norm and first
+        // products may go in the attention's call (the same operations).
+        let (side, norm) = (ffn_ref(&lw.ffn), &lw.post_attention_layernorm[..]);
+        let mut early =
+            (tracer.is_none() && backend::installed().is_some()).then(|| Early::room(side, n, d));
+        let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
+        let (a, done) = attention(model, lw, i, states, &rows.segs, &x, then)?;
         add(&mut h, &a);
-        let mut x = h.clone();
-        rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
-        let m = ffn(model, i, &x, n, &mut tracer)?;
+        let (x, early) = early::normed(early, done, &h, norm, eps);
+        let m = ffn(model, i, &x, n, early, &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -66,6 +73,8 @@ fn forward_rows(
     Ok(head(model, &h, &rows.segs, &rows.which, &mut tracer))
 }
 
+/// The layer's attention over `x`, and whether a device also did `then`
+/// in the same call.
 fn attention(
     model: &KimiLinearModel,
     lw: &LayerWeights,
@@ -73,7 +82,8 @@ fn attention(
     states: &mut [&mut SequenceState],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let spec = &*model.spec;
     match &lw.attn {
         AttnWeights::Kda(aw) => {
@@ -84,7 +94,7 @@ fn attention(
                     LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            kda(spec, aw, &mut st, segs, x)
+            kda(spec, aw, &mut st, segs, x, then)
         }
         AttnWeights::Mla(aw) => {
             let mut st: Vec<&mut MlaCache> = states
@@ -94,22 +104,30 @@ fn attention(
                     LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
                 })
                 .collect();
-            mla(spec, aw, &mut st, segs, x)
+            mla(spec, aw, &mut st, segs, x, then)
         }
     }
 }
 
+/// The layer's MLP side over `x`, finishing what a device did of it in the
+/// attention's call (`early`).
 fn ffn(
     model: &KimiLinearModel,
     i: usize,
     x: &[f32],
     n: usize,
+    early: Option<Early>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match &w.layers[i].ffn {
-        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, GluAct::Swiglu)),
-        FfnWeights::Moe(mw) => {
+    match (&w.layers[i].ffn, early.map(|e| e.ffn)) {
+        (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
+        (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
+        (FfnWeights::Moe(mw), ahead) => {
+            let first = match ahead {
+                Some(Ahead::Moe(f)) => Some(f),
+                _ => None,
+            };
             let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
@@ -119,12 +137,20 @@ fn ffn(
             });
             let mut routes = tracer.as_ref().map(|_| Vec::new());
             let src = model.experts.as_ref();
-            let out = moe::moe(spec, i, mw, x, src, hint, routes.as_mut())?;
+            let out = moe::moe(spec, i, mw, x, src, hint, routes.as_mut(), first)?;
             if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
                 tr.routes(i, &r);
             }
             Ok(out)
         }
+    }
+}
+
+/// The layer's MLP side as [`Early`] names it.
+fn ffn_ref(f: &FfnWeights) -> Ffn<'_> {
+    match f {
+        FfnWeights::Dense(mw) => Ffn::Dense(mw),
+        FfnWeights::Moe(mw) => Ffn::Moe(mw),
     }
 }
 
