@@ -8,7 +8,8 @@ that the emulator takes but NVRTC would refuse (a missing builtin, a
 misplaced attribute): it joins the files in the order `SOURCE` in
 `crates/kernels-cuda/src/lib.rs` gives and compiles them with the options
 `kernels_ptx` in `device.rs` passes (keep the two in step) for every
-architecture the backend may pick. CI installs NVRTC from the
+architecture the backend may pick. (It shows that this NVRTC accepts the
+source; an older NVRTC at run time is not covered.) CI installs NVRTC from the
 `nvidia-cuda-nvrtc-cu12` wheel:
 
   python3 scripts/nvrtc-check.py [LIBNVRTC] [--ptx DIR]
@@ -28,7 +29,11 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SRC = os.path.join(ROOT, "crates", "kernels-cuda", "src")
 OPTIONS = [b"--ftz=false", b"--prec-div=true", b"--prec-sqrt=true", b"--fmad=false", b"--std=c++17"]
-ARCHS = ["compute_75", "compute_80", "compute_90", "compute_100", "compute_120"]
+# Every architecture `arch_name` in device.rs returns.
+ARCHS = [
+    "compute_75", "compute_80", "compute_86", "compute_87", "compute_89",
+    "compute_90", "compute_100", "compute_120",
+]
 
 
 def arguments():
@@ -45,7 +50,10 @@ def arguments():
 def library(path):
     if path:
         return path
-    import nvidia.cuda_nvrtc  # the wheel's package
+    try:
+        import nvidia.cuda_nvrtc  # the wheel's package
+    except ImportError:
+        sys.exit("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12, or pass the path of a libnvrtc.so")
 
     base = list(nvidia.cuda_nvrtc.__path__)[0]
     found = sorted(glob.glob(os.path.join(base, "lib", "libnvrtc.so.*")))
@@ -76,11 +84,13 @@ def compile_for(lib, src, arch, ptx_dir):
     lib.nvrtcGetProgramLog(prog, log)
     ptx = 0
     if rc == 0:
-        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        if lib.nvrtcGetPTXSize(prog, ctypes.byref(size)) != 0:
+            sys.exit(f"{arch}: nvrtcGetPTXSize failed")
         ptx = size.value
         if ptx_dir:
             text = ctypes.create_string_buffer(ptx)
-            lib.nvrtcGetPTX(prog, text)
+            if lib.nvrtcGetPTX(prog, text) != 0:
+                sys.exit(f"{arch}: nvrtcGetPTX failed")
             os.makedirs(ptx_dir, exist_ok=True)
             with open(os.path.join(ptx_dir, arch + ".ptx"), "w") as f:
                 f.write(text.value.decode())
@@ -93,7 +103,8 @@ def main():
     path = library(given)
     lib = ctypes.CDLL(path)
     major, minor = ctypes.c_int(), ctypes.c_int()
-    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+        sys.exit(f"{path}: nvrtcVersion failed (not an NVRTC library?)")
     files, src = source()
     failed = False
     for arch in ARCHS:

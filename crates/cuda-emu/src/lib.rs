@@ -280,12 +280,13 @@ pub fn takes(w: &MatRef<'_>, t: usize, groups: usize) -> bool {
 }
 
 /// A bf16 or MXFP4 matrix's bytes as the CUDA backend holds them in VRAM:
-/// its segments in 8-byte aligned memory, the first rearranged by
+/// its segments in 16-byte aligned memory (the kernels' widest load), the
+/// first rearranged by
 /// `matmul.cu`'s `bf16_lanes` or `mxfp4_lanes`, launched as the backend
 /// launches it behind the copy up (bf16 only when its width is a multiple
 /// of 8). `None` for the other formats (their bytes go up as they are).
 struct Uploaded {
-    segs: Vec<Vec<u64>>,
+    segs: Vec<Vec<u128>>,
 }
 
 impl Uploaded {
@@ -296,7 +297,7 @@ impl Uploaded {
             _ => return None,
         };
         let copy = |b: &[u8]| {
-            let mut v = vec![0u64; b.len().div_ceil(8)];
+            let mut v = vec![0u128; b.len().div_ceil(16)];
             bytes_mut(&mut v)[..b.len()].copy_from_slice(b);
             v
         };
@@ -337,7 +338,7 @@ impl Uploaded {
         match *w {
             MatRef::Bf16 { w: v, rows, cols } => {
                 let b = seg(0, 2 * v.len());
-                // SAFETY: the copy is 8-byte aligned and holds v.len() u16s.
+                // SAFETY: the copy is 16-byte aligned and holds v.len() u16s.
                 let w = unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u16>(), v.len()) };
                 MatRef::Bf16 { w, rows, cols }
             }
@@ -351,13 +352,13 @@ impl Uploaded {
     }
 }
 
-fn bytes(v: &[u64]) -> &[u8] {
-    // SAFETY: any initialised u64 slice may be viewed as its bytes.
+fn bytes(v: &[u128]) -> &[u8] {
+    // SAFETY: any initialised u128 slice may be viewed as its bytes.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
-fn bytes_mut(v: &mut [u64]) -> &mut [u8] {
-    // SAFETY: as `bytes`; every byte pattern is a valid u64.
+fn bytes_mut(v: &mut [u128]) -> &mut [u8] {
+    // SAFETY: as `bytes`; every byte pattern is a valid u128.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
 }
 

@@ -24,6 +24,7 @@ use crate::{CudaError, SOURCE};
 
 mod glu;
 mod kda;
+mod layout;
 mod mla;
 mod queue;
 mod tail;
@@ -172,6 +173,8 @@ struct State {
 struct Resident {
     buf: CudaSlice<u8>,
     ready: Option<CudaEvent>,
+    /// How its bytes sit here (as the matrix it was copied for reads them).
+    layout: layout::Layout,
 }
 
 impl Resident {

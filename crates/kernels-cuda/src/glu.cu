@@ -138,7 +138,8 @@ __device__ __forceinline__ float mix_chunks(float acc, const float* a, const flo
 
 // `cols` values from `src` into shared memory at `dst` by the block,
 // eight loads a thread in flight before they are stored.
-__device__ __forceinline__ void mix_stage(float* dst, const float* __restrict__ src, int cols) {
+// (`src` may be rows the same kernel just wrote: no __restrict__ on it.)
+__device__ __forceinline__ void mix_stage(float* dst, const float* src, int cols) {
     const int step = blockDim.x;
     for (int c = threadIdx.x; c < cols; c += 8 * step) {
         float vs[8];

@@ -91,6 +91,47 @@ fn check(b: &CudaBackend, m: &MatRef<'_>, want: impl Fn(&[f32], usize) -> Vec<f3
     drop_all(b, m);
 }
 
+/// The same bytes read as two matrices — an MXFP4 matrix's codes, then an
+/// INT4 matrix's, then the MXFP4 one again, with no `forget` between —:
+/// VRAM holds MXFP4 codes in lane order, so each time the bytes are copied
+/// again in the layout the matrix at hand reads, and every product gives
+/// its twin's bits.
+#[test]
+fn bytes_seen_as_another_matrix_are_copied_again_in_its_layout() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(77);
+    let (rows, cols) = (6usize, 512usize);
+    let packed = g.bytes(rows * cols / 2);
+    let scales: Vec<u8> = (0..rows * cols / 32)
+        .map(|_| 120 + (g.next() % 14) as u8)
+        .collect();
+    let mx = Mxfp4Ref {
+        rows,
+        cols,
+        packed: &packed,
+        scales: &scales,
+    };
+    let scale: Vec<u16> = (0..rows * cols / 32)
+        .map(|_| 0x3C00 + (g.next() % 0x200) as u16)
+        .collect();
+    let i4 = Int4Rows::new(&packed, &scale, rows, cols, 32).unwrap();
+    let x: Vec<f32> = (0..cols).map(|_| g.f32()).collect();
+    for (k, m) in [MatRef::Mxfp4(mx), MatRef::Int4(i4), MatRef::Mxfp4(mx)]
+        .iter()
+        .enumerate()
+    {
+        let mut y = vec![f32::NAN; rows];
+        assert!(b.matmul(m, Role::Expert, &x, 1, &mut y), "declined");
+        let want = match m {
+            MatRef::Mxfp4(r) => twin(&Mxfp4Rows(*r), &x, 1),
+            _ => twin(&i4, &x, 1),
+        };
+        same(&y, &want, &format!("product {k} over the same bytes"));
+    }
+    drop_all(&b, &MatRef::Mxfp4(mx));
+    drop_all(&b, &MatRef::Int4(i4));
+}
+
 #[test]
 fn every_format_matches_the_scalar_twin() {
     let Some(b) = open(None) else { return };

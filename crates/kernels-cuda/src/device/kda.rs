@@ -8,6 +8,7 @@ use fathom_kernels::backend::{MatRef, segments};
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::state_buf::{StateBuf, StateKey};
 
+use super::layout::{Layout, relayout};
 use super::queue::{grow, key, make_room, pinned};
 use super::tape::Arg;
 use super::then;
@@ -371,11 +372,14 @@ impl CudaBackend {
     ) -> Result<Option<(Vec<u64>, Vec<Key>)>, CudaError> {
         let keys: Vec<Key> = segs.iter().map(|s| key(s)).collect();
         // The matrices by their first segment, whose layout in VRAM may
-        // differ from the host's ([`Self::lanes`]).
+        // differ from the host's ([`Layout`]); the other segments keep it.
         let firsts: std::collections::HashMap<Key, &MatRef<'_>> = mats
             .iter()
             .filter_map(|m| segments(m).first().map(|s| (key(s), m)))
             .collect();
+        let layout = |k: &Key| firsts.get(k).map_or(Layout::Host, |m| Layout::of(m, 0));
+        let wanted: Vec<(Key, Layout)> = keys.iter().map(|k| (*k, layout(k))).collect();
+        relayout(st, &wanted);
         // Room for all the missing ones at once (never evicting the step's
         // own), or `None` before anything is copied.
         let mut seen = std::collections::HashSet::new();
@@ -392,12 +396,17 @@ impl CudaBackend {
         for (seg, k) in segs.iter().zip(&keys) {
             if st.cache.touch(k).is_none() {
                 let buf = self.stream.clone_htod(*seg)?;
+                let layout = layout(k);
                 if let Some(m) = firsts.get(k) {
-                    self.lanes(&self.stream, m, &buf)?;
+                    self.lay_out(&self.stream, m, layout, &buf)?;
                 }
                 st.stats.h2d_bytes += seg.len() as u64;
-                st.cache
-                    .insert(*k, Resident { buf, ready: None }, Class::Spine);
+                let r = Resident {
+                    buf,
+                    ready: None,
+                    layout,
+                };
+                st.cache.insert(*k, r, Class::Spine);
             } else if let Some(ready) = st.cache.get(k).and_then(|r| r.ready.as_ref()) {
                 // A copy still running on the copy stream (made for a batch
                 // of products): the launches wait for it.

@@ -9,6 +9,7 @@ use cudarc::driver::{
 };
 use fathom_kernels::backend::{Hints, MatRef, Role, segments};
 
+use super::layout::{Layout, relayout};
 use super::tape::{Arg, Tape};
 use super::{CudaBackend, Resident, State};
 use crate::CudaError;
@@ -96,6 +97,8 @@ impl CudaBackend {
     ) -> Option<Prepared<'w>> {
         let segs: Vec<Vec<&[u8]>> = ws.iter().map(|(w, _)| segments(w)).collect();
         let keys: Vec<Key> = segs.iter().flatten().map(|s| key(s)).collect();
+        let wanted: Vec<(Key, Layout)> = ws.iter().flat_map(|(w, _)| Layout::wanted(w)).collect();
+        relayout(st, &wanted);
         let mut missing: Vec<Key> = keys
             .iter()
             .filter(|k| !st.cache.contains(k))
@@ -172,8 +175,8 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Copies segment `i` of `w` up on the copy stream, rearranged for
-    /// the products there ([`Self::lanes`]), an event after it.
+    /// Copies segment `i` of `w` up on the copy stream, laid out for the
+    /// products there ([`Layout`]), an event after it.
     fn upload(
         &self,
         st: &mut State,
@@ -186,12 +189,12 @@ impl CudaBackend {
             st.stats.h2d_pageable_bytes += seg.len() as u64;
         }
         let buf = self.copies.clone_htod(seg)?;
-        if i == 0 {
-            self.lanes(&self.copies, w, &buf)?;
-        }
+        let layout = Layout::of(w, i);
+        self.lay_out(&self.copies, w, layout, &buf)?;
         let ready = Some(self.copies.record_event(None)?);
         st.stats.h2d_bytes += seg.len() as u64;
-        st.cache.insert(key(seg), Resident { buf, ready }, class);
+        st.cache
+            .insert(key(seg), Resident { buf, ready, layout }, class);
         Ok(())
     }
 
@@ -260,6 +263,14 @@ impl CudaBackend {
             .iter()
             .flat_map(|(l, g)| l.iter().map(move |m| (m, *g)))
         {
+            if Layout::wanted(m)
+                .iter()
+                .any(|(k, l)| st.cache.get(k).is_some_and(|r| r.layout != *l))
+            {
+                // Its bytes are here as another matrix's (which the batch
+                // may still read): left for its own call to copy again.
+                continue;
+            }
             let missing: Vec<(usize, &[u8])> = segments(m)
                 .into_iter()
                 .enumerate()
@@ -330,41 +341,6 @@ impl CudaBackend {
             }
         }
         Ok(())
-    }
-
-    /// Rearranges the values of `w` just copied into `buf` (its first
-    /// segment), on `stream` behind the copy, as the products read
-    /// them: each full chunk of 256 columns so that lane l's eight values
-    /// are together (`bf16_lanes`, `mxfp4_lanes` in `matmul.cu`). bf16
-    /// rows whose width is not a multiple of 8, narrower matrices and the
-    /// other formats keep the host's layout.
-    pub(super) fn lanes(
-        &self,
-        stream: &Arc<CudaStream>,
-        w: &MatRef<'_>,
-        buf: &CudaSlice<u8>,
-    ) -> Result<(), CudaError> {
-        let (f, rows, cols) = match *w {
-            MatRef::Bf16 { rows, cols, .. } if cols % 8 == 0 => {
-                (&self.funcs.bf16_lanes, rows, cols)
-            }
-            MatRef::Mxfp4(m) => (&self.funcs.mxfp4_lanes, m.rows, m.cols),
-            _ => return Ok(()),
-        };
-        let warps = rows * (cols / 256);
-        if warps == 0 {
-            return Ok(());
-        }
-        let (r, c) = (rows as i32, cols as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (warps.div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let dst = buf.device_ptr(stream).0;
-        // The arguments match `*_lanes(T*, int, int)`: `buf` holds the
-        // `rows` rows of `cols` values of `w`'s format.
-        super::tape::launch_now(stream, f, cfg, vec![dst, r.slot(), c.slot()])
     }
 
     /// The inputs `xs` staged one after another and their copy up written
