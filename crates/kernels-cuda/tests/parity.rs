@@ -95,7 +95,7 @@ fn check(b: &CudaBackend, m: &MatRef<'_>, want: impl Fn(&[f32], usize) -> Vec<f3
 /// INT4 matrix's, then the MXFP4 one again, with no `forget` between —:
 /// VRAM holds MXFP4 codes in lane order, so each time the bytes are copied
 /// again in the layout the matrix at hand reads, and every product gives
-/// its twin's bits.
+/// its twin's bits. Both in one batch are declined.
 #[test]
 fn bytes_seen_as_another_matrix_are_copied_again_in_its_layout() {
     let Some(b) = open(None) else { return };
@@ -128,6 +128,28 @@ fn bytes_seen_as_another_matrix_are_copied_again_in_its_layout() {
         };
         same(&y, &want, &format!("product {k} over the same bytes"));
     }
+    // Both in one call: one copy cannot serve two layouts, so it is declined.
+    let (mut y1, mut y2) = (vec![0f32; rows], vec![0f32; rows]);
+    let mut ps = [
+        Product {
+            w: MatRef::Mxfp4(mx),
+            role: Role::Expert,
+            x: &x,
+            t: 1,
+            y: &mut y1,
+        },
+        Product {
+            w: MatRef::Int4(i4),
+            role: Role::Expert,
+            x: &x,
+            t: 1,
+            y: &mut y2,
+        },
+    ];
+    assert!(
+        !b.matmul_batch(&mut ps, &Hints::default()),
+        "one batch reading the same bytes in two layouts"
+    );
     drop_all(&b, &MatRef::Mxfp4(mx));
     drop_all(&b, &MatRef::Int4(i4));
 }

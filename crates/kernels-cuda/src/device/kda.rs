@@ -8,7 +8,7 @@ use fathom_kernels::backend::{MatRef, segments};
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::state_buf::{StateBuf, StateKey};
 
-use super::layout::{Layout, relayout};
+use super::layout::{Layout, conflicting, relayout};
 use super::queue::{grow, key, make_room, pinned};
 use super::tape::Arg;
 use super::then;
@@ -363,7 +363,9 @@ impl CudaBackend {
     /// parameters, the products' matrices), each kept in the weight cache
     /// (copied up on the compute stream the first time, so the launches
     /// after it see it), and their keys (to keep them while the step makes
-    /// room for states).
+    /// room for states); `mats` are the matrices among them, laid out for
+    /// their products ([`Layout`]). `None`, nothing copied, when they do not
+    /// fit or the same bytes are two of `mats` in different layouts.
     pub(super) fn weights_here(
         &self,
         st: &mut State,
@@ -378,6 +380,10 @@ impl CudaBackend {
             .filter_map(|m| segments(m).first().map(|s| (key(s), m)))
             .collect();
         let layout = |k: &Key| firsts.get(k).map_or(Layout::Host, |m| Layout::of(m, 0));
+        let by_mat: Vec<(Key, Layout)> = mats.iter().flat_map(Layout::wanted).collect();
+        if conflicting(&by_mat) {
+            return Ok(None);
+        }
         let wanted: Vec<(Key, Layout)> = keys.iter().map(|k| (*k, layout(k))).collect();
         relayout(st, &wanted);
         // Room for all the missing ones at once (never evicting the step's

@@ -56,6 +56,16 @@ impl Layout {
     }
 }
 
+/// Whether `wanted` names one segment in two layouts (the same bytes as
+/// two matrices in one call): such a call is declined, since one copy
+/// cannot serve both.
+pub(super) fn conflicting(wanted: &[(Key, Layout)]) -> bool {
+    let mut seen = std::collections::HashMap::new();
+    wanted
+        .iter()
+        .any(|(k, l)| *seen.entry(*k).or_insert(*l) != *l)
+}
+
 /// Drops the copies here of the segments `wanted` names that are held in
 /// another layout (the same bytes copied for another matrix), after any
 /// copy of theirs still running ends, so the call copies them again.

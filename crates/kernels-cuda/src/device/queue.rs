@@ -9,7 +9,7 @@ use cudarc::driver::{
 };
 use fathom_kernels::backend::{Hints, MatRef, Role, segments};
 
-use super::layout::{Layout, relayout};
+use super::layout::{Layout, conflicting, relayout};
 use super::tape::{Arg, Tape};
 use super::{CudaBackend, Resident, State};
 use crate::CudaError;
@@ -88,7 +88,8 @@ impl CudaBackend {
     /// room made for the missing ones ([`room_by_class`]), expert hits
     /// counted, guesses scored. `None` when they cannot all be in the
     /// budget at once (nothing copied; experts evicted for room may stay
-    /// evicted).
+    /// evicted), or when the same bytes are two of them in different
+    /// layouts ([`conflicting`]).
     pub(super) fn prepare<'w>(
         &self,
         st: &mut State,
@@ -98,6 +99,9 @@ impl CudaBackend {
         let segs: Vec<Vec<&[u8]>> = ws.iter().map(|(w, _)| segments(w)).collect();
         let keys: Vec<Key> = segs.iter().flatten().map(|s| key(s)).collect();
         let wanted: Vec<(Key, Layout)> = ws.iter().flat_map(|(w, _)| Layout::wanted(w)).collect();
+        if conflicting(&wanted) {
+            return None;
+        }
         relayout(st, &wanted);
         let mut missing: Vec<Key> = keys
             .iter()
