@@ -281,10 +281,10 @@ pub fn takes(w: &MatRef<'_>, t: usize, groups: usize) -> bool {
 
 /// A bf16 or MXFP4 matrix's bytes as the CUDA backend holds them in VRAM:
 /// its segments in 16-byte aligned memory (the kernels' widest load), the
-/// first rearranged by
-/// `matmul.cu`'s `bf16_lanes` or `mxfp4_lanes`, launched as the backend
-/// launches it behind the copy up (bf16 only when its width is a multiple
-/// of 8). `None` for the other formats (their bytes go up as they are).
+/// first rearranged by `matmul.cu`'s `bf16_lanes` or `mxfp4_lanes`,
+/// launched as the backend launches it behind the copy up (bf16 only when
+/// its width is a multiple of 8). `None` for the other formats (their
+/// bytes go up as they are).
 struct Uploaded {
     segs: Vec<Vec<u128>>,
 }
