@@ -80,22 +80,10 @@ impl Layer {
             a: (0..p).map(|_| rng.f32(1.0).abs() + 0.01).collect(),
             dt: rng.vec(p, 1.0),
             o_norm: rng.vec(kd, 1.5),
-            f_up: rng
-                .vec(p * R, 0.5)
-                .iter()
-                .map(|v| (v.to_bits() >> 16) as u16)
-                .collect(),
-            o_proj: rng
-                .vec(D * p, 0.1)
-                .iter()
-                .map(|v| (v.to_bits() >> 16) as u16)
-                .collect(),
+            f_up: bf16(rng, p * R, 0.5),
+            o_proj: bf16(rng, D * p, 0.1),
             products: false,
-            g_up: rng
-                .vec(p * RG, 0.5)
-                .iter()
-                .map(|v| (v.to_bits() >> 16) as u16)
-                .collect(),
+            g_up: bf16(rng, p * RG, 0.5),
             low_g: false,
             proj: Vec::new(),
         }

@@ -505,26 +505,17 @@ pub fn kda_step_cpu(job: &mut KdaJob<'_>) -> Result<(), crate::state_buf::StateE
     };
     // The step's rows (the sequences' rows lie among them).
     let n = x.pre[0].len() / p;
-    let f_full: Vec<f32>;
-    let f = match job.f_up {
-        Some(m) => {
+    // The gates' up-projections, when the job has them.
+    let up = |m: Option<crate::backend::MatRef<'_>>, low: &[f32]| {
+        m.map(|m| {
             let mut y = vec![0f32; n * m.rows()];
-            m.cpu(x.f, n, &mut y);
-            f_full = y;
-            &f_full[..]
-        }
-        None => x.f,
+            m.cpu(low, n, &mut y);
+            y
+        })
     };
-    let g_full: Vec<f32>;
-    let g = match job.g_up {
-        Some(m) => {
-            let mut y = vec![0f32; n * m.rows()];
-            m.cpu(x.g, n, &mut y);
-            g_full = y;
-            &g_full[..]
-        }
-        None => x.g,
-    };
+    let (f_full, g_full) = (up(job.f_up, x.f), up(job.g_up, x.g));
+    let f = f_full.as_deref().unwrap_or(x.f);
+    let g = g_full.as_deref().unwrap_or(x.g);
     let mut cat = vec![0f32; n * p];
     for seq in job.seqs.iter_mut() {
         let rows = seq.rows.start * p..seq.rows.end * p;

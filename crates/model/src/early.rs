@@ -32,6 +32,16 @@ pub enum Ahead {
     Moe(SigmoidFirst),
 }
 
+impl Ahead {
+    /// The MoE's first products, when this is a MoE's.
+    pub fn moe(self) -> Option<SigmoidFirst> {
+        match self {
+            Ahead::Moe(f) => Some(f),
+            Ahead::Mlp(_) => None,
+        }
+    }
+}
+
 impl Early {
     /// Room for `n` rows of width `d` of the MLP side `ffn`.
     pub fn room(ffn: Ffn<'_>, n: usize, d: usize) -> Self {

@@ -182,24 +182,24 @@ impl CudaBackend {
         let mut at = [0u64; 12];
         at[..6].copy_from_slice(&places);
         at[6..].copy_from_slice(&ptrs[..6]);
-        let f_up = if nf == 0 {
-            None
-        } else {
-            let kf = grow(&self.stream, &mut st.kf, n * p, &mut st.reallocs)?
+        // A gate's up-projection: its full output goes to a scratch buffer
+        // that takes the gate's place in `at`; the staged low-rank input
+        // is where the up-projection reads.
+        let mut up = |segs: &[u64], scratch: bool, slot: usize| -> Result<_, CudaError> {
+            if segs.is_empty() {
+                return Ok(None);
+            }
+            let buf = if scratch { &mut st.kg } else { &mut st.kf };
+            let full = grow(&self.stream, buf, n * p, &mut st.reallocs)?
                 .device_ptr(&self.stream)
                 .0;
-            let low = std::mem::replace(&mut at[3], kf);
-            Some((low, ptrs[6..6 + nf].to_vec()))
+            Ok(Some((
+                std::mem::replace(&mut at[slot], full),
+                segs.to_vec(),
+            )))
         };
-        let g_up = if ng == 0 {
-            None
-        } else {
-            let kg = grow(&self.stream, &mut st.kg, n * p, &mut st.reallocs)?
-                .device_ptr(&self.stream)
-                .0;
-            let low = std::mem::replace(&mut at[5], kg);
-            Some((low, ptrs[6 + nf..6 + nf + ng].to_vec()))
-        };
+        let f_up = up(&ptrs[6..6 + nf], false, 3)?;
+        let g_up = up(&ptrs[6 + nf..6 + nf + ng], true, 5)?;
         let o_proj = if no == 0 {
             None
         } else {

@@ -114,10 +114,7 @@ fn ffn(
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         (FfnWeights::Moe(mw), ahead) => {
-            let first = match ahead {
-                Some(Ahead::Moe(f)) => Some(f),
-                _ => None,
-            };
+            let first = ahead.and_then(Ahead::moe);
             let next = w.layers.get(i + 1).and_then(|nl| match &nl.mlp {
                 FfnWeights::Moe(nw) => Some((i + 1, nw)),
                 FfnWeights::Dense(_) => None,

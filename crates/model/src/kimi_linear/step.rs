@@ -124,10 +124,7 @@ fn ffn(
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         (FfnWeights::Moe(mw), ahead) => {
-            let first = match ahead {
-                Some(Ahead::Moe(f)) => Some(f),
-                _ => None,
-            };
+            let first = ahead.and_then(Ahead::moe);
             let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
