@@ -246,7 +246,8 @@ const Kernel KERNELS[] = {
     KERNEL(mm_fp8),    KERNEL(mm_int4),       KERNEL(mm_bf16_many),  KERNEL(mm_mxfp4_many),
     KERNEL(kda_step),  KERNEL(glu_act),       KERNEL(mla_split),     KERNEL(mla_merge),
     KERNEL(moe_combine), KERNEL(mla_gate),    KERNEL(res_mix_dots), KERNEL(res_mix_sum),
-    KERNEL(res_mix_norm), KERNEL(mxfp4_lanes), KERNEL(bf16_lanes),
+    KERNEL(res_mix_norm), KERNEL(mxfp4_lanes), KERNEL(bf16_lanes), KERNEL(mla_norm_rows),
+    KERNEL(mla_queries), KERNEL(mla_rows),
 };
 
 int module_token;  // every module is the one set of kernels above

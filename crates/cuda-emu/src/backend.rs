@@ -329,7 +329,9 @@ impl Backend for EmuBackend {
 
     fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
         let (h, t) = (work.shape.heads, work.ns.len());
+        // The layer's projections come along only to the CUDA backend.
         if !crate::available()
+            || work.proj.is_some()
             || !work.fits_device_kernel()
             || !takes(&work.uk_t, t, h)
             || !takes(&work.uv, t, h)
@@ -348,6 +350,7 @@ impl Backend for EmuBackend {
                     o: None,
                     out: &mut vals,
                     then: None,
+                    proj: None,
                     ..*work
                 });
                 let mut cat = vec![0f32; h * t * dv];

@@ -108,6 +108,9 @@ struct Funcs {
     mla_merge: CudaFunction,
     moe_combine: CudaFunction,
     mla_gate: CudaFunction,
+    mla_norm_rows: CudaFunction,
+    mla_queries: CudaFunction,
+    mla_rows: CudaFunction,
     res_mix_dots: CudaFunction,
     res_mix_sum: CudaFunction,
     res_mix_norm: CudaFunction,
@@ -303,6 +306,9 @@ impl CudaBackend {
             mla_merge: f("mla_merge")?,
             moe_combine: f("moe_combine")?,
             mla_gate: f("mla_gate")?,
+            mla_norm_rows: f("mla_norm_rows")?,
+            mla_queries: f("mla_queries")?,
+            mla_rows: f("mla_rows")?,
             res_mix_dots: f("res_mix_dots")?,
             res_mix_sum: f("res_mix_sum")?,
             res_mix_norm: f("res_mix_norm")?,
@@ -567,9 +573,11 @@ impl Backend for CudaBackend {
     }
 
     fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
-        // Two products (the absorbing ones) beside the attention, and
-        // the output projection when it comes along.
-        let n = 2 + usize::from(work.o.is_some());
+        // Two products (the absorbing ones) beside the attention, the
+        // output projection and the layer's projections when they come
+        // along.
+        let projs = work.proj.as_ref().map_or(0, |p| p.products().len());
+        let n = 2 + usize::from(work.o.is_some()) + projs;
         self.counted_with(n, Role::Spine, true, || self.mla(work))
     }
 

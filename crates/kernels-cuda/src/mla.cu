@@ -109,3 +109,111 @@ extern "C" __global__ void mla_gate(const float* __restrict__ vals,
         cat[i] = gated ? __fmul_rn(v, sigmoid_fixed(gate[i])) : v;
     }
 }
+
+// An MLA layer's projections in its attention's call (fathom-kernels
+// `backend::mla_proj_cpu`): the RMSNorms of the low-rank queries and of
+// the new rows' latent part (`ops::rms_norm`: the sum of squares in
+// dot_lanes' order, its eight lanes on eight threads; v · inv · w), the
+// rotary step (`backend::rotate_heads`: de-interleaved when `interleaved`,
+// then x1·cos − x2·sin and x2·cos + x1·sin, each product rounded).
+#define MLA_NORM_MAX 8192
+
+// Stages the d values at x in `row` (shared) and gives every thread of
+// the block 1 / sqrt(Σ x² / d + eps).
+__device__ __forceinline__ float mla_stage_rms(float* row, const float* x, int d, float eps) {
+    __shared__ float lanes[8], inv;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) row[c] = x[c];
+    __syncthreads();
+    const int body = d / 8 * 8;
+    if (threadIdx.x < 8) {
+        float a = 0.0f;
+        for (int i = threadIdx.x; i < body; i += 8) a = __fmaf_rn(row[i], row[i], a);
+        lanes[threadIdx.x] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const float ms = __fdiv_rn(fold_lanes(lanes, row, row, body, d), (float)d);
+        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+    }
+    __syncthreads();
+    return inv;
+}
+
+// Value i of a head's rotated position part, from its raw values r (dr of
+// them) and its row's angles cs, sn (dr / 2 each).
+__device__ __forceinline__ float mla_rot(const float* r, int dr, int i, const float* cs,
+                                         const float* sn, int interleaved) {
+    const int half = dr / 2, j = i < half ? i : i - half;
+    const float x1 = interleaved ? r[2 * j] : r[j];
+    const float x2 = interleaved ? r[2 * j + 1] : r[half + j];
+    return i < half ? __fsub_rn(__fmul_rn(x1, cs[j]), __fmul_rn(x2, sn[j]))
+                    : __fadd_rn(__fmul_rn(x2, cs[j]), __fmul_rn(x1, sn[j]));
+}
+
+// The RMSNorm of each d-wide row of x (a block a row), scaled by nw, in
+// place: the low-rank queries between their two products.
+extern "C" __global__ void mla_norm_rows(float* __restrict__ x, int d,
+                                         const float* __restrict__ nw, float eps) {
+    __shared__ float row[MLA_NORM_MAX];
+    float* xr = x + (size_t)blockIdx.x * d;
+    const float inv = mla_stage_rms(row, xr, d, eps);
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        xr[c] = __fmul_rn(__fmul_rn(row[c], inv), nw[c]);
+}
+
+// The queries q [T, H·(dn + dr)] as the attention takes them: q_nope
+// [H, T, dn] and q_rope [T, H, dr], the latter rotated with row t's angles
+// (cs, sn [T, dr / 2]) when `roped`.
+extern "C" __global__ void mla_queries(const float* __restrict__ q, int t, int heads, int dn,
+                                       int dr, const float* __restrict__ cs,
+                                       const float* __restrict__ sn, int roped,
+                                       int interleaved, float* __restrict__ q_nope,
+                                       float* __restrict__ q_rope) {
+    const long long dq = dn + dr, n = (long long)t * heads * dq;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long long ti = i / (heads * dq), hh = (i / dq) % heads, e = i % dq;
+        const float* src = q + (ti * heads + hh) * dq;
+        if (e < dn) {
+            q_nope[(hh * t + ti) * dn + e] = src[e];
+        } else {
+            const int k = (int)(e - dn), half = dr / 2;
+            q_rope[(ti * heads + hh) * dr + k] =
+                roped ? mla_rot(src + dn, dr, k, cs + ti * half, sn + ti * half, interleaved)
+                      : src[e];
+        }
+    }
+}
+
+// The step's new cache rows, a block a row: c [T, lora + dr] (kv_a's
+// output) with the latent part RMSNormed (nw, eps) and the position part
+// rotated when `roped`, written to rows [T, lora + dr] (they go back to
+// the host) and to the row's place among its cache's blocks: query ti's
+// row is row ns[ti] − 1 of the cache whose blocks start at table[boff[ti]].
+extern "C" __global__ void mla_rows(const float* __restrict__ c, int lora, int dr,
+                                    const float* __restrict__ nw, float eps,
+                                    const float* __restrict__ cs, const float* __restrict__ sn,
+                                    int roped, int interleaved,
+                                    const unsigned long long* __restrict__ table,
+                                    const int* __restrict__ boff, const int* __restrict__ ns,
+                                    float* __restrict__ rows) {
+    __shared__ float row[MLA_NORM_MAX];
+    const int ti = blockIdx.x, w = lora + dr, half = dr / 2;
+    const float* cr = c + (size_t)ti * w;
+    const float inv = mla_stage_rms(row, cr, lora, eps);
+    const int pos = ns[ti] - 1;
+    float* dst = (float*)table[boff[ti] + pos / MLA_SPLIT] + (size_t)(pos % MLA_SPLIT) * w;
+    float* out = rows + (size_t)ti * w;
+    for (int e = threadIdx.x; e < w; e += blockDim.x) {
+        float v;
+        if (e < lora)
+            v = __fmul_rn(__fmul_rn(row[e], inv), nw[e]);
+        else if (roped)
+            v = mla_rot(cr + lora, dr, e - lora, cs + (size_t)ti * half, sn + (size_t)ti * half,
+                        interleaved);
+        else
+            v = cr[e];
+        out[e] = v;
+        dst[e] = v;
+    }
+}

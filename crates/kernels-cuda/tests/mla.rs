@@ -13,7 +13,8 @@
 
 use fathom_kernels::attention::{MlaShape, SPLIT};
 use fathom_kernels::backend::{
-    Backend, MatRef, MlaOut, MlaSeqWork, MlaWork, mla_work_cpu, then_cpu,
+    Backend, MatRef, MlaAngles, MlaOut, MlaProj, MlaQueryProj, MlaSeqWork, MlaWork, mla_work_cpu,
+    then_cpu,
 };
 
 mod common;
@@ -111,12 +112,14 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
             o,
             out: &mut out,
             then: None,
+            proj: None,
         };
         assert!(work.fits_device_kernel());
         let mut want = vec![0f32; t * width];
         mla_work_cpu(&mut MlaWork {
             out: &mut want,
             then: None,
+            proj: None,
             ..work
         });
         if !b.mla_attend(&mut work) {
@@ -237,6 +240,7 @@ fn an_mla_step_with_its_layers_rest_gives_the_twins_bits() {
                 o: Some(o),
                 out: &mut out,
                 then: Some(rest.then()),
+                proj: None,
             };
             let before = dev.stats();
             if device {
@@ -263,4 +267,146 @@ fn an_mla_step_with_its_layers_rest_gives_the_twins_bits() {
         // uk_t, uv, o_proj and the rest's five products, in one call.
         assert_eq!((st.device_calls, st.device_products), (1, 8));
     }
+}
+
+/// An MLA step with the layer's projections in the same call
+/// ([`MlaProj`]): the queries (low-rank with their norm, or one product),
+/// the new rows (normed, rotated where the family has a rotary step, with
+/// interleaved pairs or not) joining caches that end mid-block, at a
+/// block's end, or are empty, a prefill chunk crossing a block boundary,
+/// the gate; output and new rows bit for bit against the twin, one call.
+#[test]
+fn an_mla_step_with_its_projections_gives_the_twins_bits() {
+    let Some(dev) = open(None) else {
+        return;
+    };
+    const D: usize = 300;
+    const R: usize = 40;
+    let (h, w, dr) = (SH.heads, SH.width(), SH.rope);
+    let mut g = Lcg(23);
+    let x_w = |g: &mut Lcg, rows: usize| g.bf16(rows * D);
+    let (qa, qb, qf) = (
+        x_w(&mut g, R),
+        g.bf16(h * (DN + dr) * R),
+        x_w(&mut g, h * (DN + dr)),
+    );
+    let (kv_a, gate_w) = (x_w(&mut g, w), x_w(&mut g, h * DV));
+    let (q_norm, kv_norm) = (g.vec(R, 2.0), g.vec(SH.lora, 2.0));
+    let (uk, uv, o_w) = (
+        g.bf16(h * SH.lora * DN),
+        g.bf16(h * DV * SH.lora),
+        g.bf16(64 * h * DV),
+    );
+    fn bf(w: &[u16], rows: usize, cols: usize) -> MatRef<'_> {
+        MatRef::Bf16 { w, rows, cols }
+    }
+    // (cached rows, new rows) of three sequences.
+    let shape = [(SPLIT + 250, 9usize), (0, 3), (SPLIT, 1)];
+    let caches: Vec<Vec<f32>> = shape.iter().map(|&(p0, _)| g.vec(p0 * w, 2.0)).collect();
+    let t: usize = shape.iter().map(|s| s.1).sum();
+    let x = g.vec(t * D, 1.0);
+    let (cos, sin) = (g.vec(t * dr / 2, 1.0), g.vec(t * dr / 2, 1.0));
+    let mut ns = Vec::new();
+    for &(p0, k) in &shape {
+        ns.extend((1..=k).map(|i| p0 + i));
+    }
+    let low = MlaQueryProj::LowRank {
+        a: bf(&qa, R, D),
+        norm: &q_norm,
+        eps: 1e-6,
+        b: bf(&qb, h * (DN + dr), R),
+    };
+    let full = MlaQueryProj::Full(bf(&qf, h * (DN + dr), D));
+    let angles = |interleaved| MlaAngles {
+        cos: &cos,
+        sin: &sin,
+        interleaved,
+    };
+    let gate = bf(&gate_w, h * DV, D);
+    // K3 (low-rank, gated, no rotary step), DeepSeek-V3 (low-rank,
+    // interleaved pairs), a full-rank query with rotate-half pairs.
+    let cases = [
+        (low, Some(gate), None),
+        (low, None, Some(angles(true))),
+        (full, None, Some(angles(false))),
+    ];
+    for (k, (q, gate, angles)) in cases.into_iter().enumerate() {
+        let run = |device: bool| {
+            let mut at = 0;
+            let seqs: Vec<MlaSeqWork<'_>> = shape
+                .iter()
+                .zip(&caches)
+                .map(|(&(p0, n), c)| {
+                    at += n;
+                    MlaSeqWork {
+                        blocks: c.chunks(SPLIT * w).collect(),
+                        stable: p0 / SPLIT,
+                        queries: at - n..at,
+                    }
+                })
+                .collect();
+            let (mut out, mut rows) = (vec![f32::NAN; t * 64], vec![f32::NAN; t * w]);
+            let mut work = MlaWork {
+                shape: SH,
+                seqs: &seqs,
+                ns: &ns,
+                q_nope: &[],
+                q_rope: &[],
+                uk_t: bf(&uk, h * SH.lora, DN),
+                uv: bf(&uv, h * DV, SH.lora),
+                o: Some(MlaOut {
+                    gate: None,
+                    o_proj: bf(&o_w, 64, h * DV),
+                }),
+                out: &mut out,
+                then: None,
+                proj: Some(MlaProj {
+                    x: &x,
+                    q,
+                    kv_a: bf(&kv_a, w, D),
+                    kv_norm: &kv_norm,
+                    kv_eps: 1e-6,
+                    gate,
+                    angles,
+                    rows_out: &mut rows,
+                }),
+            };
+            assert!(work.fits_device_kernel(), "case {k}");
+            let before = dev.stats();
+            if device {
+                assert!(dev.mla_attend(&mut work), "case {k}: the device takes it");
+            } else {
+                mla_work_cpu(&mut work);
+            }
+            drop(work);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            (bits(&out), bits(&rows), dev.stats().since(&before))
+        };
+        let (d, c) = (run(true), run(false));
+        assert_eq!(d.1, c.1, "case {k}: the new rows");
+        assert_eq!(d.0, c.0, "case {k}: the output");
+        // uk_t, uv, o_proj, kv_a, the queries (two when low-rank), the gate.
+        let products = 5
+            + usize::from(gate.is_some())
+            + usize::from(matches!(q, MlaQueryProj::LowRank { .. }));
+        assert_eq!(
+            (d.2.device_calls, d.2.device_products),
+            (1, products as u64),
+            "case {k}"
+        );
+    }
+}
+
+/// The widest norm `fits_device_kernel` lets through is the row `mla.cu`
+/// stages in shared memory (runs without a device).
+#[test]
+fn the_mla_norms_limit_is_the_kernels() {
+    let want = format!(
+        "#define MLA_NORM_MAX {}\n",
+        fathom_kernels::backend::DEVICE_MAX_NORM
+    );
+    assert!(
+        fathom_kernels_cuda::SOURCE.contains(&want),
+        "mla.cu lacks {want:?}"
+    );
 }

@@ -462,7 +462,12 @@ pub fn mla_attend_taken(work: &mut MlaWork<'_>) -> bool {
 }
 
 mod mla;
+mod mla_proj;
 pub use mla::{MlaOut, MlaSeqWork, MlaWork, mla_out_cpu, mla_work_cpu};
+pub use mla_proj::{
+    DEVICE_MAX_NORM, MlaAngles, MlaProj, MlaProjected, MlaQueryProj, blocks_with, mla_proj_cpu,
+    rotate_heads,
+};
 
 /// [`Backend::moe_tail`] on the installed backend: `true` when it took
 /// the work (`y` written), `false` with nothing written.

@@ -57,6 +57,8 @@ struct Recorder {
     /// MLPs) of each rest it did.
     takes_rest: bool,
     rests: Mutex<Vec<(usize, usize, bool, usize, usize)>>,
+    /// MLA calls taken with and without the layer's projections.
+    mla_calls: Mutex<(usize, usize)>,
 }
 
 impl Recorder {
@@ -187,6 +189,14 @@ impl Backend for Recorder {
     fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
         if !self.takes_rest {
             return false;
+        }
+        {
+            let mut c = self.mla_calls.lock().unwrap();
+            *(if work.proj.is_some() {
+                &mut c.0
+            } else {
+                &mut c.1
+            }) += 1;
         }
         mla_work_cpu(work);
         let a = work.out.to_vec();
@@ -359,6 +369,12 @@ fn a_layers_rest_in_its_attentions_call_keeps_the_bits() {
         let layers = model.info().num_layers;
         // Every layer of the prefill (6 rows) and three decode steps.
         assert_eq!(rests.len(), 4 * layers, "{name}: {rests:?}");
+        // Every MLA layer's call carried its projections (one round trip).
+        let (projected, plain) = *rec.mla_calls.lock().unwrap();
+        assert!(
+            projected > 0 && plain == 0,
+            "{name}: {projected} projected MLA calls, {plain} plain"
+        );
         assert!(
             rests[..layers].iter().all(|r| r.0 == 6),
             "{name}: {rests:?}"

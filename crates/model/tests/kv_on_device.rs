@@ -86,10 +86,12 @@ fn check(b: &dyn Backend, cache: &PagedRows, rows: usize, g: &mut Rng, w: (&[u16
         o: None,
         out: &mut got,
         then: None,
+        proj: None,
     };
     mla_work_cpu(&mut MlaWork {
         out: &mut want,
         then: None,
+        proj: None,
         ..work
     });
     assert!(b.mla_attend(&mut work), "the device takes it");

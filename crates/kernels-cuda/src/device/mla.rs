@@ -12,7 +12,7 @@
 
 use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::attention::SPLIT;
-use fathom_kernels::backend::{MatRef, MlaWork, segments};
+use fathom_kernels::backend::{MatRef, MlaProj, MlaQueryProj, MlaWork, segments};
 
 use super::queue::{fits, grow};
 use super::tape::{Arg, Tape};
@@ -30,7 +30,22 @@ pub(super) const SCRATCH_FLOATS: usize = 1 << 26;
 /// step's call repeats for this many tokens and replays as a graph.
 const PAD_ROWS: usize = 16;
 
+/// Where a call's projections' pieces are on the device
+/// ([`MlaWork::proj`]).
+#[derive(Clone)]
+struct ProjPlaced {
+    /// Each product's segments, in [`MlaProj::products`]' order.
+    mats: Vec<Vec<u64>>,
+    /// The staged rows, angles (cos, sin; any address without) and norms'
+    /// weights (the queries' only with low-rank queries).
+    x: u64,
+    angles: (u64, u64),
+    q_norm: u64,
+    kv_norm: u64,
+}
+
 /// Where a call's pieces are on the device.
+#[derive(Clone)]
 struct Placed {
     /// `uk_t`'s, `uv`'s and `o_proj`'s segments.
     uk_t: Vec<u64>,
@@ -46,6 +61,7 @@ struct Placed {
     out: u64,
     /// Whether the work's `then` comes along (its weights are here).
     then: bool,
+    proj: Option<ProjPlaced>,
 }
 
 impl CudaBackend {
@@ -65,6 +81,11 @@ impl CudaBackend {
             || work
                 .o
                 .is_some_and(|o| !fits(&o.o_proj, 1, t, t * h * dv, work.out.len()))
+            || !work.proj.as_ref().is_none_or(|p| {
+                p.products()
+                    .iter()
+                    .all(|m| fits(m, 1, t, t * m.cols(), t * m.rows()))
+            })
         {
             return Ok(false);
         }
@@ -98,15 +119,22 @@ impl CudaBackend {
             st.stats.kernel_ms += f64::from(a.elapsed_ms(b)?);
         }
         let hy = st.hy.as_ref().expect("staged").as_slice()?;
-        work.out.copy_from_slice(&hy[..work.out.len()]);
+        let n_out = work.out.len();
+        work.out.copy_from_slice(&hy[..n_out]);
+        if let Some(p) = work.proj.as_mut() {
+            p.rows_out
+                .copy_from_slice(&hy[n_out..n_out + p.rows_out.len()]);
+        }
         if let Some(t) = work.then.as_mut().filter(|_| placed.then) {
             self.then_finish(st, t)?;
         }
         st.stats.device_attention += 1;
         let o_proj = work.o.map(|o| o.o_proj);
+        let projs = work.proj.as_ref().map_or_else(Vec::new, MlaProj::products);
         st.stats.weight_bytes_read += [work.uk_t, work.uv]
             .iter()
             .chain(&o_proj)
+            .chain(&projs)
             .flat_map(segments)
             .map(|s| s.len() as u64)
             .sum::<u64>();
@@ -114,11 +142,14 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// The products' weights (`o_proj`'s too) and the full blocks here
-    /// (kept); the no-position queries, the position parts, the rows each
-    /// query sees, where its cache starts in the table, the gate and the
-    /// partial blocks (padded to [`PAD_ROWS`]) up in one copy, the block table in another; `None` (nothing copied) when the
-    /// weights and full blocks do not fit the budget at once.
+    /// The products' weights (`o_proj`'s and the projections' too) and the
+    /// full blocks here (kept); the no-position queries, the position parts,
+    /// the rows each query sees, where its cache starts in the table, the
+    /// gate, the projections' rows, angles and norms, and the partial
+    /// blocks (each with room for the step's new rows, padded to
+    /// [`PAD_ROWS`]) up in one copy, the block table in another; `None`
+    /// (nothing copied) when the weights and full blocks do not fit the
+    /// budget at once.
     fn mla_stage(
         &self,
         st: &mut State,
@@ -128,7 +159,10 @@ impl CudaBackend {
         let t = work.ns.len();
         let (uk, uv) = (segments(&work.uk_t), segments(&work.uv));
         let op = work.o.map_or_else(Vec::new, |o| segments(&o.o_proj));
+        let projs = work.proj.as_ref().map_or_else(Vec::new, MlaProj::products);
+        let psegs: Vec<Vec<&[u8]>> = projs.iter().map(segments).collect();
         let mut segs: Vec<&[u8]> = uk.iter().chain(&uv).chain(&op).copied().collect();
+        segs.extend(psegs.iter().flatten());
         for s in work.seqs {
             for b in &s.blocks[..s.stable] {
                 let m = MatRef::F32 {
@@ -143,6 +177,7 @@ impl CudaBackend {
         segs.extend(then.map(super::then::then_segments).unwrap_or_default());
         let mut mats = vec![work.uk_t, work.uv];
         mats.extend(work.o.map(|o| o.o_proj));
+        mats.extend(&projs);
         mats.extend(then.map(super::then::products).unwrap_or_default());
         let Some((ptrs, _)) = self.weights_here(st, &segs, &mats)? else {
             return Ok(None);
@@ -152,54 +187,97 @@ impl CudaBackend {
             uk.len() + uv.len(),
             uk.len() + uv.len() + op.len(),
         );
+        let np = no + psegs.iter().map(Vec::len).sum::<usize>();
         // The kernels' ints travel as f32 bit patterns in the one staging copy.
         let int = |v: usize| f32::from_bits(v as u32);
         let ns: Vec<f32> = work.ns.iter().map(|&n| int(n)).collect();
         let mut boff = vec![0f32; t];
         let mut at_block = 0;
-        for s in work.seqs {
+        let w = work.shape.width();
+        // Each sequence's blocks after the step: (rows before, rows after).
+        let rows: Vec<(usize, usize)> = work.seqs.iter().map(|s| work.seq_rows(s)).collect();
+        for (s, &(_, after)) in work.seqs.iter().zip(&rows) {
             boff[s.queries.clone()].fill(int(at_block));
-            at_block += s.blocks.len();
+            at_block += after.div_ceil(SPLIT);
         }
         let gate = work.o.and_then(|o| o.gate).unwrap_or(&[]);
         let mut xs: Vec<&[f32]> = vec![work.q_nope, work.q_rope, &ns, &boff, gate];
-        let w = work.shape.width();
-        let pad = |b: &[f32]| {
-            let rows = b.len().div_ceil(w.max(1));
-            (rows.next_multiple_of(PAD_ROWS) * w).saturating_sub(b.len())
+        let fixed = xs.len();
+        if let Some(p) = &work.proj {
+            let (cos, sin) = p.angles.map_or((&[][..], &[][..]), |a| (a.cos, a.sin));
+            let q_norm = match p.q {
+                MlaQueryProj::LowRank { norm, .. } => norm,
+                MlaQueryProj::Full(_) => &[],
+            };
+            xs.extend([p.x, cos, sin, q_norm, p.kv_norm]);
+        }
+        // Where each of those starts in the copy; the partial blocks follow.
+        let starts: Vec<usize> = xs
+            .iter()
+            .scan(0, |o, v| {
+                let s = *o;
+                *o += v.len();
+                Some(s)
+            })
+            .collect();
+        let mut off: usize = xs.iter().map(|v| v.len()).sum();
+        let zeros = vec![0f32; SPLIT * w];
+        // Block j of a sequence after the step: its rows then, padded.
+        let room = |after: usize, j: usize| {
+            let rows = (after - j * SPLIT).min(SPLIT);
+            rows.next_multiple_of(PAD_ROWS).min(SPLIT) * w
         };
-        let zeros = vec![0f32; PAD_ROWS * w];
-        for s in work.seqs {
-            for b in &s.blocks[s.stable..] {
-                xs.extend([*b, &zeros[..pad(b)]]);
+        for (s, &(_, after)) in work.seqs.iter().zip(&rows) {
+            for j in s.stable..after.div_ceil(SPLIT) {
+                let b = s.blocks.get(j).copied().unwrap_or(&[]);
+                xs.extend([b, &zeros[..room(after, j) - b.len()]]);
             }
         }
-        let (xp, yp) = self.stage(st, &xs, work.out.len())?;
+        let ny = work.out.len() + work.proj.as_ref().map_or(0, |p| p.rows_out.len());
+        let (xp, yp) = self.stage(st, &xs, ny)?;
         let at = |floats: usize| xp + 4 * floats as u64;
-        let (nq, nr) = (work.q_nope.len(), work.q_rope.len());
-        let mut kept = ptrs[no..].iter();
-        let mut off = nq + nr + 2 * t + gate.len();
+        let mut kept = ptrs[np..].iter();
         let mut table = Vec::with_capacity(at_block);
-        for s in work.seqs {
+        for (s, &(_, after)) in work.seqs.iter().zip(&rows) {
             table.extend(kept.by_ref().take(s.stable).copied());
-            for b in &s.blocks[s.stable..] {
+            for j in s.stable..after.div_ceil(SPLIT) {
                 table.push(at(off));
-                off += b.len() + pad(b);
+                off += room(after, j);
             }
         }
         let dt = self.stage_table(st, &table)?;
+        let proj = work.proj.as_ref().map(|_| {
+            let mut at_seg = no;
+            let mats = psegs
+                .iter()
+                .map(|m| {
+                    let v = ptrs[at_seg..at_seg + m.len()].to_vec();
+                    at_seg += m.len();
+                    v
+                })
+                .collect();
+            let f = |k: usize| at(starts[fixed + k]);
+            ProjPlaced {
+                mats,
+                x: f(0),
+                angles: (f(1), f(2)),
+                q_norm: f(3),
+                kv_norm: f(4),
+            }
+        });
         Ok(Some(Placed {
             uk_t: ptrs[..nw].to_vec(),
             uv: ptrs[nw..nu].to_vec(),
             o_proj: ptrs[nu..no].to_vec(),
-            gate: (!gate.is_empty()).then(|| at(nq + nr + 2 * t)),
+            gate: (!gate.is_empty()).then(|| at(starts[4])),
             table: dt,
-            q_nope: at(0),
-            q_rope: at(nq),
-            ns: at(nq + nr),
-            boff: at(nq + nr + t),
+            q_nope: at(starts[0]),
+            q_rope: at(starts[1]),
+            ns: at(starts[2]),
+            boff: at(starts[3]),
             out: yp,
             then: then.is_some(),
+            proj,
         }))
     }
 
@@ -298,10 +376,11 @@ impl CudaBackend {
         tape.kernel(&self.funcs.mla_gate, cfg, args);
     }
 
-    /// The launches written, clocked: `uk_t`'s product, the attention `chunk`
+    /// The launches written, clocked: with `proj` the projections first
+    /// ([`Self::launch_proj`]), then `uk_t`'s product, the attention `chunk`
     /// queries at a time, `uv`'s product (with `o`, into the scratch, then
     /// `mla_gate` and `o_proj`); then the result's copy back into the host
-    /// staging.
+    /// staging (with `proj`, the new rows after it).
     fn mla_launch(
         &self,
         st: &mut State,
@@ -319,10 +398,11 @@ impl CudaBackend {
         } else {
             0
         };
+        let proj = work.proj.as_ref().map_or(0, |pr| proj_scratch(work, pr));
         let scratch = grow(
             &self.stream,
             &mut st.mla,
-            2 * lat + parts * (SPLIT + lora + 2) + 2 * vals,
+            2 * lat + parts * (SPLIT + lora + 2) + 2 * vals + proj,
             &mut st.reallocs,
         )?
         .device_ptr(&self.stream)
@@ -337,6 +417,14 @@ impl CudaBackend {
         self.ensure_clock(st)?;
         let tape = &mut st.tape;
         tape.clock(false);
+        let mut p = p.clone();
+        if let (Some(pr), Some(pp)) = (&work.proj, &p.proj) {
+            let at = vp + 4 * (2 * vals) as u64;
+            let (q_nope, q_rope, gate) = self.launch_proj(tape, work, (pr, pp), (&p, at));
+            (p.q_nope, p.q_rope) = (q_nope, q_rope);
+            p.gate = p.gate.or(gate);
+        }
+        let p = &p;
         self.launch(tape, &work.uk_t, &p.uk_t, p.q_nope, q_lat, h, t);
         for c0 in (0..t).step_by(chunk) {
             let c = chunk.min(t - c0);
@@ -352,10 +440,120 @@ impl CudaBackend {
             }
         }
         tape.clock(true);
-        self.fetch(st, p.out, work.out.len())?;
+        let rows = work.proj.as_ref().map_or(0, |pr| pr.rows_out.len());
+        self.fetch(st, p.out, work.out.len() + rows)?;
         match work.then.as_ref().filter(|_| p.then) {
             Some(t) => self.then_launch(st, t, p.out),
             None => Ok(()),
         }
     }
+
+    /// Writes the projections' launches into the scratch from `at`: the
+    /// queries' products (with the low-rank norm between), `mla_queries`,
+    /// `kv_a`'s product and `mla_rows` (the new rows into their blocks and
+    /// after the output at `out`), the gate's product. Gives where the
+    /// no-position queries, the position parts and the gate (if any) are.
+    fn launch_proj(
+        &self,
+        tape: &mut Tape,
+        work: &MlaWork<'_>,
+        (pr, pp): (&MlaProj<'_>, &ProjPlaced),
+        (p, at): (&Placed, u64),
+    ) -> (u64, u64, Option<u64>) {
+        let sh = work.shape;
+        let (h, lora, dr, t) = (sh.heads, sh.lora, sh.rope, work.ns.len());
+        let dn = work.uk_t.cols();
+        let [qa, q, c, g, qn, qr] = proj_places(work, pr, at);
+        let mut mats = pp.mats.iter();
+        let mut next = || mats.next().map_or(&[][..], Vec::as_slice);
+        let cfg = |grid: usize| LaunchConfig {
+            grid_dim: (grid as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        match pr.q {
+            MlaQueryProj::LowRank { a, eps, b, .. } => {
+                self.launch(tape, &a, next(), pp.x, qa, 1, t);
+                let r = a.rows() as i32;
+                // The arguments match `mla_norm_rows` in `mla.cu`: t rows of
+                // r ≤ MLA_NORM_MAX values at `qa`, r weights staged.
+                let args = [qa, r.slot(), pp.q_norm, eps.slot()];
+                tape.kernel(&self.funcs.mla_norm_rows, cfg(t), args);
+                self.launch(tape, &b, next(), qa, q, 1, t);
+            }
+            MlaQueryProj::Full(m) => self.launch(tape, &m, next(), pp.x, q, 1, t),
+        }
+        self.launch(tape, &pr.kv_a, next(), pp.x, c, 1, t);
+        let (roped, inter) = pr
+            .angles
+            .map_or((0i32, 0i32), |a| (1, i32::from(a.interleaved)));
+        let (cs, sn) = pp.angles;
+        let (ti, hh, dni, dri) = (t as i32, h as i32, dn as i32, dr as i32);
+        let n = t * h * (dn + dr);
+        // The arguments match `mla_queries` in `mla.cu`: `q` holds t rows
+        // of H·(dn + dr), the outputs H·t·dn and t·H·dr values; the angles
+        // t·dr/2 each when `roped`.
+        let qargs = [q, ti.slot(), hh.slot(), dni.slot(), dri.slot(), cs, sn];
+        let qargs: Vec<u64> = qargs
+            .into_iter()
+            .chain([roped.slot(), inter.slot(), qn, qr])
+            .collect();
+        tape.kernel(
+            &self.funcs.mla_queries,
+            cfg(n.div_ceil(256).clamp(1, 4096)),
+            qargs,
+        );
+        let (lo, kv_eps) = (lora as i32, pr.kv_eps);
+        // The arguments match `mla_rows` in `mla.cu`: `c` holds t rows of
+        // lora + dr ≤ MLA_NORM_MAX-wide latents, the table every block of
+        // each sequence after the step (its new rows' blocks in staging),
+        // `ns`/`boff` t entries; the rows go after the output's values.
+        let rows_at = p.out + 4 * work.out.len() as u64;
+        let rargs = [c, lo.slot(), dri.slot(), pp.kv_norm, kv_eps.slot(), cs, sn];
+        let rargs: Vec<u64> = rargs
+            .into_iter()
+            .chain([roped.slot(), inter.slot(), p.table, p.boff, p.ns, rows_at])
+            .collect();
+        tape.kernel(&self.funcs.mla_rows, cfg(t), rargs);
+        let gate = pr.gate.map(|m| {
+            self.launch(tape, &m, next(), pp.x, g, 1, t);
+            g
+        });
+        (qn, qr, gate)
+    }
+}
+
+/// The projections' scratch values for `work`: the low-rank queries, the
+/// queries, the new rows, the gate, then the queries split.
+fn proj_scratch(work: &MlaWork<'_>, pr: &MlaProj<'_>) -> usize {
+    let t = work.ns.len();
+    let sh = work.shape;
+    let r = match pr.q {
+        MlaQueryProj::LowRank { a, .. } => a.rows(),
+        MlaQueryProj::Full(_) => 0,
+    };
+    let dq = sh.heads * (work.uk_t.cols() + sh.rope);
+    let g = pr.gate.map_or(0, |m| m.rows());
+    t * (r + 2 * dq + sh.width() + g)
+}
+
+/// Where [`proj_scratch`]'s parts start from `at`: the low-rank queries,
+/// the queries, the new rows, the gate, the no-position queries, the
+/// position parts.
+fn proj_places(work: &MlaWork<'_>, pr: &MlaProj<'_>, at: u64) -> [u64; 6] {
+    let t = work.ns.len();
+    let sh = work.shape;
+    let r = match pr.q {
+        MlaQueryProj::LowRank { a, .. } => a.rows(),
+        MlaQueryProj::Full(_) => 0,
+    };
+    let dn = work.uk_t.cols();
+    let dq = sh.heads * (dn + sh.rope);
+    let g = pr.gate.map_or(0, |m| m.rows());
+    let lens = [t * r, t * dq, t * sh.width(), t * g, t * sh.heads * dn];
+    let mut out = [at; 6];
+    for k in 0..5 {
+        out[k + 1] = out[k] + 4 * lens[k] as u64;
+    }
+    out
 }

@@ -5,6 +5,7 @@
 use std::ops::Range;
 
 use super::MatRef;
+use super::mla_proj::{MlaProj, blocks_with, mla_proj_cpu};
 use crate::attention::{MlaQuery, MlaShape, SPLIT, mla_attend};
 use crate::ops::sigmoid_fixed;
 
@@ -13,7 +14,9 @@ use crate::ops::sigmoid_fixed;
 /// [`SPLIT`] rows), of which the first `stable` keep their bytes at their
 /// address until their owner calls [`super::forget`] on them (a device may
 /// keep copies of those; the others change between calls), and its
-/// queries (a range of the work's).
+/// queries (a range of the work's). With [`MlaWork::proj`] the blocks
+/// hold only the rows cached before the step (there may be none), and the
+/// step's new rows follow them, one a query.
 pub struct MlaSeqWork<'a> {
     pub blocks: Vec<&'a [f32]>,
     pub stable: usize,
@@ -29,7 +32,10 @@ pub struct MlaSeqWork<'a> {
 /// ([`crate::attention::mla_attend`]); the context `[H, T, lora]` through
 /// `uv`'s H row blocks gives `out [H, T, dv]` — or, with `o`, the values
 /// by position through [`MlaOut`] give `out [T, o_proj.rows]`. Each step
-/// has the bits of its own CPU kernel ([`mla_work_cpu`]).
+/// has the bits of its own CPU kernel ([`mla_work_cpu`]). With `proj`, the
+/// queries, the gate and the step's new cache rows come from the layer's
+/// rows in the same call ([`MlaProj`]; `q_nope`, `q_rope` are then empty
+/// and `o`'s gate is `None`).
 pub struct MlaWork<'a> {
     pub shape: MlaShape,
     pub seqs: &'a [MlaSeqWork<'a>],
@@ -43,6 +49,8 @@ pub struct MlaWork<'a> {
     /// With `o`: the rest of the layer up to its experts' choice, from
     /// `out` ([`super::Then`]); a backend that takes it sets its `done`.
     pub then: Option<super::Then<'a>>,
+    /// The layer's projections, computed first in the same call.
+    pub proj: Option<MlaProj<'a>>,
 }
 
 /// What follows an MLA layer's values in the same call: each position's
@@ -70,10 +78,10 @@ impl MlaWork<'_> {
 
     /// Whether the work is what the device kernels (`mla.cu` and the
     /// grouped products) take: queries covered by the sequences in order,
-    /// each seeing 1 to all of its cache's rows, every block but each
-    /// cache's last full, the products' shapes and every length as the
-    /// shape says, at most 65535 heads, and every size (scratch included)
-    /// within the kernels' `int`s.
+    /// each seeing 1 to all of its cache's rows (with `proj`, exactly the
+    /// rows up to its own), every block but each cache's last full, the
+    /// products' shapes and every length as the shape says, at most 65535
+    /// heads, and every size (scratch included) within the kernels' `int`s.
     pub fn fits_device_kernel(&self) -> bool {
         let sh = &self.shape;
         let (h, w, t) = (sh.heads, sh.width(), self.ns.len());
@@ -84,6 +92,15 @@ impl MlaWork<'_> {
         let widest = h
             .checked_mul(t)
             .and_then(|v| v.checked_mul(sh.lora.max(dn).max(dv)));
+        let queries = match &self.proj {
+            None => self.q_nope.len() == h * t * dn && self.q_rope.len() == t * h * sh.rope,
+            Some(p) => {
+                self.q_nope.is_empty()
+                    && self.q_rope.is_empty()
+                    && self.o.is_some_and(|o| o.gate.is_none())
+                    && p.fits(sh, dn, h * dv, t)
+            }
+        };
         // Heads are a launch's grid y or z (at most 65535).
         t > 0
             && h > 0
@@ -94,8 +111,7 @@ impl MlaWork<'_> {
             && self.uv.cols() == sh.lora
             && dv > 0
             && self.uv.rows() == h * dv
-            && self.q_nope.len() == h * t * dn
-            && self.q_rope.len() == t * h * sh.rope
+            && queries
             && self.o_fits(h * dv)
             && widest.is_some_and(small)
             && scratch.is_some_and(small)
@@ -118,30 +134,48 @@ impl MlaWork<'_> {
         }
     }
 
+    /// A sequence's rows before the step (those in its blocks) and after
+    /// it (with [`MlaWork::proj`], one more a query; otherwise the same).
+    pub fn seq_rows(&self, s: &MlaSeqWork<'_>) -> (usize, usize) {
+        let w = self.shape.width().max(1);
+        let past = s.blocks.iter().map(|b| b.len() / w).sum::<usize>();
+        let new = if self.proj.is_some() {
+            s.queries.len()
+        } else {
+            0
+        };
+        (past, past + new)
+    }
+
     /// The sequences cover the queries in order, each cache's blocks are
     /// whole rows of width `w` (all but its last full), and each query sees
-    /// 1 to all of its cache's rows.
+    /// 1 to all of its cache's rows — with `proj`, the rows before the
+    /// step and the new ones up to its own.
     fn seqs_fit(&self, w: usize) -> bool {
         let mut next = 0;
         let all = self.seqs.iter().all(|s| {
-            let Some((last, full)) = s.blocks.split_last() else {
-                return false;
+            let (full, last) = match s.blocks.split_last() {
+                Some((last, full)) => (full, Some(last)),
+                None => (&[][..], None),
             };
-            let rows = full.len() * SPLIT + last.len() / w.max(1);
             let in_order = s.queries.start == next
                 && s.queries.start <= s.queries.end
                 && s.queries.end <= self.ns.len();
             next = s.queries.end;
-            in_order
-                && full.iter().all(|b| b.len() == SPLIT * w)
-                && !last.is_empty()
-                && last.len() % w == 0
-                && last.len() <= SPLIT * w
-                && s.stable <= s.blocks.len()
-                && i32::try_from(rows).is_ok()
-                && self.ns[s.queries.clone()]
-                    .iter()
-                    .all(|&n| (1..=rows).contains(&n))
+            let shaped = full.iter().all(|b| b.len() == SPLIT * w)
+                && last.is_none_or(|l| !l.is_empty() && l.len() % w == 0 && l.len() <= SPLIT * w)
+                && (last.is_some() || self.proj.is_some())
+                && s.stable <= s.blocks.len();
+            if !(in_order && shaped) {
+                return false;
+            }
+            let (past, rows) = self.seq_rows(s);
+            let ns = &self.ns[s.queries.clone()];
+            let seen = match self.proj {
+                None => ns.iter().all(|&n| (1..=rows).contains(&n)),
+                Some(_) => ns.iter().enumerate().all(|(k, &n)| n == past + k + 1),
+            };
+            i32::try_from(rows).is_ok() && seen
         });
         all && next == self.ns.len()
     }
@@ -165,6 +199,9 @@ fn block_product(w: &MatRef<'_>, groups: usize, g: usize, x: &[f32], t: usize, y
 /// its head's context. Writes `work.out`; the work must fit
 /// ([`MlaWork::fits_device_kernel`]).
 pub fn mla_work_cpu(work: &mut MlaWork<'_>) {
+    if work.proj.is_some() {
+        return projected_cpu(work);
+    }
     let sh = work.shape;
     let (h, lora, rope, t) = (sh.heads, sh.lora, sh.rope, work.ns.len());
     let (dn, dv) = (work.uk_t.cols(), work.uv.rows() / h);
@@ -211,6 +248,59 @@ pub fn mla_work_cpu(work: &mut MlaWork<'_>) {
         Some(o) => mla_out_cpu(o, &vals, (h, t, dv), work.out),
         None => work.out.copy_from_slice(&vals),
     }
+}
+
+/// [`mla_work_cpu`] of a work with `proj`: the projections
+/// ([`mla_proj_cpu`], the new rows into `rows_out`), the new rows after
+/// each sequence's cached ones ([`blocks_with`]), then the same work
+/// without `proj`.
+fn projected_cpu(work: &mut MlaWork<'_>) {
+    let (t, w) = (work.ns.len(), work.shape.width());
+    let Some(p) = work.proj.as_mut() else {
+        return;
+    };
+    let pr = mla_proj_cpu(p, &work.shape, work.uk_t.cols(), t);
+    p.rows_out.copy_from_slice(&pr.rows);
+    let joined: Vec<_> = work
+        .seqs
+        .iter()
+        .map(|s| {
+            blocks_with(
+                &s.blocks,
+                &pr.rows[s.queries.start * w..s.queries.end * w],
+                w,
+            )
+        })
+        .collect();
+    let seqs: Vec<MlaSeqWork<'_>> = joined
+        .iter()
+        .zip(work.seqs)
+        .map(|((kept, owned), s)| MlaSeqWork {
+            blocks: kept
+                .iter()
+                .copied()
+                .chain(owned.iter().map(Vec::as_slice))
+                .collect(),
+            stable: 0,
+            queries: s.queries.clone(),
+        })
+        .collect();
+    mla_work_cpu(&mut MlaWork {
+        shape: work.shape,
+        seqs: &seqs,
+        ns: work.ns,
+        q_nope: &pr.q_nope,
+        q_rope: &pr.q_rope,
+        uk_t: work.uk_t,
+        uv: work.uv,
+        o: work.o.map(|o| MlaOut {
+            gate: pr.gate.as_deref(),
+            ..o
+        }),
+        out: &mut *work.out,
+        then: None,
+        proj: None,
+    });
 }
 
 /// [`MlaOut`] on the CPU: the values `vals [H, T, dv]` by position, each

@@ -10,14 +10,14 @@
 //! The cache holds `[latent | rotated k_rope]` per token; attention runs in
 //! the absorbed form over it.
 
-use fathom_kernels::backend::Then;
+use fathom_kernels::backend::{MlaQueryProj, Then};
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::config::{DeepseekV3Spec, MLA_NORM_EPS};
 use super::weights::{AttnWeights, QueryProj};
 use crate::batch::Segment;
 use crate::error::Result;
-use crate::hybrid::mla::{MlaRope, mla_heads};
+use crate::hybrid::mla::{MlaLinears, MlaRope, mla_heads, mla_heads_projected};
 use crate::kv::PagedRows;
 
 /// The queries `[N, H·(nope + rope)]` of the rows `x [N, D]`.
@@ -50,9 +50,35 @@ pub fn attention(
     then: Option<Then<'_>>,
 ) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
+    let d = spec.mla_dims();
+    let q = match &w.q {
+        QueryProj::LowRank {
+            q_a_proj,
+            q_a_layernorm,
+            q_b_proj,
+        } => MlaQueryProj::LowRank {
+            a: q_a_proj.as_mat(),
+            norm: q_a_layernorm,
+            eps: MLA_NORM_EPS,
+            b: q_b_proj.as_mat(),
+        },
+        QueryProj::Full { q_proj } => MlaQueryProj::Full(q_proj.as_mat()),
+    };
+    let lin = MlaLinears {
+        q,
+        kv_a: &w.kv_a_proj_with_mqa,
+        kv_a_layernorm: &w.kv_a_layernorm,
+        gate: None,
+        o_proj: &w.o_proj,
+    };
+    // With a device: the projections in the attention's call (one round trip).
+    let projected =
+        mla_heads_projected(&d, &lin, &w.kv_b_proj, Some(rope), (caches, segs), x, then)?;
+    if let Some(done) = projected {
+        return Ok(done);
+    }
     let q = queries(spec, &w.q, x, n);
     let c = w.kv_a_proj_with_mqa.forward(x, n);
-    let d = spec.mla_dims();
     mla_heads(
         &d,
         &w.kv_a_layernorm,
@@ -62,6 +88,6 @@ pub fn attention(
         segs,
         (&q, c),
         (None, &w.o_proj),
-        then,
+        None,
     )
 }

@@ -35,7 +35,9 @@
 //! fp32 in RAM.
 
 use fathom_kernels::attention::{MlaAccum, MlaQuery, MlaShape};
-use fathom_kernels::backend::{self, MlaOut, MlaSeqWork, MlaWork, Then};
+use fathom_kernels::backend::{
+    self, MlaAngles, MlaOut, MlaProj, MlaQueryProj, MlaSeqWork, MlaWork, Then,
+};
 use fathom_kernels::ops::{rms_norm_rows, sigmoid_fixed};
 use fathom_kernels::rope::Rope;
 
@@ -153,6 +155,95 @@ pub fn mla_heads(
             (o_proj.forward(&cat, n), false)
         }
     })
+}
+
+/// An MLA layer's projections as [`mla_heads_projected`] takes them: the
+/// queries' (made from the matrices by [`Linear::as_mat`]),
+/// `kv_a_proj_with_mqa` with `kv_a_layernorm`, and the output gate's.
+pub struct MlaLinears<'a> {
+    pub q: MlaQueryProj<'a>,
+    pub kv_a: &'a Linear,
+    pub kv_a_layernorm: &'a [f32],
+    pub gate: Option<&'a Linear>,
+    pub o_proj: &'a Linear,
+}
+
+/// [`mla_heads`] from the layer's normed rows `x [N, D]` in one device
+/// call: the projections ([`MlaProj`]), the attention, the gate, `o_proj`
+/// and, with `then`, the rest of the layer up to its experts' choice; the
+/// step's new rows come back with the output and join the caches after
+/// it. `None`, nothing changed, when no device takes it or a cache is not
+/// all fp32 in RAM: the caller then runs [`mla_heads`] (without `then`).
+pub fn mla_heads_projected(
+    d: &MlaDims,
+    lin: &MlaLinears<'_>,
+    kv_b: &AbsorbedKvB,
+    rope: Option<&MlaRope<'_>>,
+    (caches, segs): (&mut [&mut MlaCache], &[Segment]),
+    x: &[f32],
+    then: Option<Then<'_>>,
+) -> Result<Option<(Vec<f32>, bool)>> {
+    if backend::installed().is_none() {
+        return Ok(None);
+    }
+    let n = segs.last().map_or(0, |s| s.end);
+    let w = d.kv_lora_rank + d.qk_rope_head_dim;
+    let done = crate::phase::timed(crate::phase::Phase::FullCore, || {
+        let mut seqs = Vec::with_capacity(caches.len());
+        let mut ns = Vec::with_capacity(n);
+        for (cache, seg) in caches.iter().zip(segs) {
+            let p0 = cache.len();
+            let (blocks, stable) = cache.ram_blocks(p0)?;
+            seqs.push(MlaSeqWork {
+                blocks,
+                stable,
+                queries: seg.clone(),
+            });
+            ns.extend((0..seg.len()).map(|i| p0 + i + 1));
+        }
+        let (mut out, mut rows) = (vec![0f32; n * lin.o_proj.rows], vec![0f32; n * w]);
+        let angles = rope.map(|r| MlaAngles {
+            cos: &r.angles.cos,
+            sin: &r.angles.sin,
+            interleaved: r.interleaved,
+        });
+        let mut work = MlaWork {
+            shape: shape(d),
+            seqs: &seqs,
+            ns: &ns,
+            q_nope: &[],
+            q_rope: &[],
+            uk_t: kv_b.uk_t.as_mat(),
+            uv: kv_b.uv.as_mat(),
+            o: Some(MlaOut {
+                gate: None,
+                o_proj: lin.o_proj.as_mat(),
+            }),
+            out: &mut out,
+            then,
+            proj: Some(MlaProj {
+                x,
+                q: lin.q,
+                kv_a: lin.kv_a.as_mat(),
+                kv_norm: lin.kv_a_layernorm,
+                kv_eps: d.norm_eps,
+                gate: lin.gate.map(Linear::as_mat),
+                angles,
+                rows_out: &mut rows,
+            }),
+        };
+        let taken = backend::mla_attend_taken(&mut work);
+        let done = work.then.as_ref().is_some_and(|t| t.done);
+        drop(work);
+        taken.then_some((out, rows, done))
+    });
+    let Some((out, rows, done)) = done else {
+        return Ok(None);
+    };
+    for (cache, seg) in caches.iter_mut().zip(segs) {
+        cache.push_rows(&rows[seg.start * w..seg.end * w])?;
+    }
+    Ok(Some((out, done)))
 }
 
 /// What [`heads`] computed.
@@ -280,6 +371,7 @@ fn on_device(
         o: Some(o),
         out: &mut out,
         then,
+        proj: None,
     };
     let taken = backend::mla_attend_taken(&mut work);
     let done = work.then.as_ref().is_some_and(|t| t.done);

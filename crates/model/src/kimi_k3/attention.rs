@@ -2,7 +2,7 @@
 //! ([`crate::hybrid`]): a full-rank KDA output gate, low-rank MLA queries
 //! and a sigmoid-gated MLA output (k3-model.md §4, §5).
 
-use fathom_kernels::backend::Then;
+use fathom_kernels::backend::{MlaQueryProj, Then};
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
@@ -10,7 +10,7 @@ use super::weights::{KdaWeights, MlaWeights};
 use crate::batch::Segment;
 use crate::error::Result;
 use crate::hybrid::kda::{KdaLinears, KdaParams, KdaProjections, kda_heads, kda_heads_projected};
-use crate::hybrid::mla::mla_heads;
+use crate::hybrid::mla::{MlaLinears, mla_heads, mla_heads_projected};
 use crate::hybrid::state::{KdaState, MlaCache};
 use crate::linear::Linear;
 
@@ -75,8 +75,10 @@ pub fn kda(
 }
 
 /// Gated MLA for the rows `x [N, D]` (already `input_layernorm`ed) of
-/// several sequences, each attending to its own latent cache. Returns
-/// `[N, D]`, and whether a device also did `then` in the same call.
+/// several sequences, each attending to its own latent cache. With a
+/// device that takes it, the projections, the attention and `o_proj` are
+/// one call (with `then`, the rest of the layer up to its experts' choice
+/// may be too). Returns `[N, D]`, and whether the device did `then`.
 pub fn mla(
     spec: &K3Spec,
     w: &MlaWeights,
@@ -86,6 +88,24 @@ pub fn mla(
     then: Option<Then<'_>>,
 ) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
+    let d = spec.mla_dims();
+    let lin = MlaLinears {
+        q: MlaQueryProj::LowRank {
+            a: w.q_a_proj.as_mat(),
+            norm: &w.q_a_layernorm,
+            eps: MLA_LOW_RANK_NORM_EPS,
+            b: w.q_b_proj.as_mat(),
+        },
+        kv_a: &w.kv_a_proj_with_mqa,
+        kv_a_layernorm: &w.kv_a_layernorm,
+        gate: Some(&w.g_proj),
+        o_proj: &w.o_proj,
+    };
+    // With a device: the projections in the attention's call (one round trip).
+    if let Some(done) = mla_heads_projected(&d, &lin, &w.kv_b_proj, None, (caches, segs), x, then)?
+    {
+        return Ok(done);
+    }
     let [mut qa, c, gate] =
         Linear::forward_many([&w.q_a_proj, &w.kv_a_proj_with_mqa, &w.g_proj], x, n);
     rms_norm_rows(
@@ -96,7 +116,7 @@ pub fn mla(
     );
     let q = w.q_b_proj.forward(&qa, n); // [N, H·dq]
     mla_heads(
-        &spec.mla_dims(),
+        &d,
         &w.kv_a_layernorm,
         &w.kv_b_proj,
         None,
@@ -104,6 +124,6 @@ pub fn mla(
         segs,
         (&q, c),
         (Some(&gate), &w.o_proj),
-        then,
+        None,
     )
 }

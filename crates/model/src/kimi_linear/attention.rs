@@ -12,10 +12,10 @@ use super::weights::{KdaWeights, MlaWeights};
 use crate::batch::Segment;
 use crate::error::Result;
 use crate::hybrid::kda::{KdaLinears, KdaProjections, kda_heads, kda_heads_projected};
-use crate::hybrid::mla::mla_heads;
+use crate::hybrid::mla::{MlaLinears, mla_heads, mla_heads_projected};
 use crate::hybrid::state::{KdaState, MlaCache};
 use crate::linear::Linear;
-use fathom_kernels::backend::Then;
+use fathom_kernels::backend::{MlaQueryProj, Then};
 
 /// KDA attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences: `segs[i]` are sequence i's rows, `states[i]` its
@@ -60,8 +60,10 @@ pub fn kda(
 }
 
 /// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several
-/// sequences, each attending to its own latent cache. Returns `[N, D]`,
-/// and whether a device also did `then` in the attention's call.
+/// sequences, each attending to its own latent cache. With a device that
+/// takes it, the projections, the attention and `o_proj` are one call
+/// (with `then`, the rest of the layer up to its experts' choice may be
+/// too). Returns `[N, D]`, and whether the device did `then`.
 pub fn mla(
     spec: &KimiLinearSpec,
     w: &MlaWeights,
@@ -71,8 +73,20 @@ pub fn mla(
     then: Option<Then<'_>>,
 ) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
-    let [q, c] = Linear::forward_many([&w.q_proj, &w.kv_a_proj_with_mqa], x, n);
     let d = spec.mla_dims();
+    let lin = MlaLinears {
+        q: MlaQueryProj::Full(w.q_proj.as_mat()),
+        kv_a: &w.kv_a_proj_with_mqa,
+        kv_a_layernorm: &w.kv_a_layernorm,
+        gate: None,
+        o_proj: &w.o_proj,
+    };
+    // With a device: the projections in the attention's call (one round trip).
+    if let Some(done) = mla_heads_projected(&d, &lin, &w.kv_b_proj, None, (caches, segs), x, then)?
+    {
+        return Ok(done);
+    }
+    let [q, c] = Linear::forward_many([&w.q_proj, &w.kv_a_proj_with_mqa], x, n);
     mla_heads(
         &d,
         &w.kv_a_layernorm,
@@ -82,6 +96,6 @@ pub fn mla(
         segs,
         (&q, c),
         (None, &w.o_proj),
-        then,
+        None,
     )
 }
