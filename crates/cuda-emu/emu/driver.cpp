@@ -43,6 +43,7 @@
 #include "../../kernels-cuda/src/kda.cu"
 #include "../../kernels-cuda/src/glu.cu"
 #include "../../kernels-cuda/src/mla.cu"
+#include "../../kernels-cuda/src/gqa.cu"
 
 #include "emu_ptx.h"
 
@@ -247,7 +248,8 @@ const Kernel KERNELS[] = {
     KERNEL(kda_step),  KERNEL(glu_act),       KERNEL(mla_split),     KERNEL(mla_merge),
     KERNEL(moe_combine), KERNEL(mla_gate),    KERNEL(res_mix_dots), KERNEL(res_mix_sum),
     KERNEL(res_mix_norm), KERNEL(mxfp4_lanes), KERNEL(bf16_lanes), KERNEL(mla_norm_rows),
-    KERNEL(mla_queries), KERNEL(mla_rows),
+    KERNEL(mla_queries), KERNEL(mla_rows), KERNEL(gqa_prep), KERNEL(gqa_split),
+    KERNEL(gqa_merge), KERNEL(bias_rows),
 };
 
 int module_token;  // every module is the one set of kernels above

@@ -7,6 +7,7 @@
 #include "../../kernels-cuda/src/kda.cu"
 #include "../../kernels-cuda/src/glu.cu"
 #include "../../kernels-cuda/src/mla.cu"
+#include "../../kernels-cuda/src/gqa.cu"
 
 struct EmuLaunch {
     unsigned grid_x, grid_y, grid_z, block_x;

@@ -11,7 +11,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use fathom_kernels::backend::{
-    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role, segments,
+    Backend, BackendStats, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product, Role,
+    segments,
 };
 use fathom_kernels::fp8::E4M3;
 use fathom_kernels::kda::KdaJob;
@@ -23,6 +24,7 @@ use crate::guess::GuessLog;
 use crate::{CudaError, SOURCE};
 
 mod glu;
+mod gqa;
 mod kda;
 mod layout;
 mod mla;
@@ -111,6 +113,10 @@ struct Funcs {
     mla_norm_rows: CudaFunction,
     mla_queries: CudaFunction,
     mla_rows: CudaFunction,
+    gqa_prep: CudaFunction,
+    gqa_split: CudaFunction,
+    gqa_merge: CudaFunction,
+    bias_rows: CudaFunction,
     res_mix_dots: CudaFunction,
     res_mix_sum: CudaFunction,
     res_mix_norm: CudaFunction,
@@ -309,6 +315,10 @@ impl CudaBackend {
             mla_norm_rows: f("mla_norm_rows")?,
             mla_queries: f("mla_queries")?,
             mla_rows: f("mla_rows")?,
+            gqa_prep: f("gqa_prep")?,
+            gqa_split: f("gqa_split")?,
+            gqa_merge: f("gqa_merge")?,
+            bias_rows: f("bias_rows")?,
             res_mix_dots: f("res_mix_dots")?,
             res_mix_sum: f("res_mix_sum")?,
             res_mix_norm: f("res_mix_norm")?,
@@ -579,6 +589,11 @@ impl Backend for CudaBackend {
         let projs = work.proj.as_ref().map_or(0, |p| p.products().len());
         let n = 2 + usize::from(work.o.is_some()) + projs;
         self.counted_with(n, Role::Spine, true, || self.mla(work))
+    }
+
+    fn gqa_attend(&self, work: &mut GqaWork<'_>) -> bool {
+        // q, k, v and the output projection.
+        self.counted_with(4, Role::Spine, true, || self.gqa(work))
     }
 
     fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, hints: &Hints<'_, '_>) -> bool {

@@ -54,10 +54,11 @@ impl From<cudarc::driver::DriverError> for CudaError {
 }
 
 /// The kernels' CUDA C source: matrix products, the KDA core, gated
-/// activations, MLA attention over a latent cache.
+/// activations, MLA attention over a latent cache, grouped-query attention.
 pub const SOURCE: &str = concat!(
     include_str!("matmul.cu"),
     include_str!("kda.cu"),
     include_str!("glu.cu"),
-    include_str!("mla.cu")
+    include_str!("mla.cu"),
+    include_str!("gqa.cu")
 );

@@ -380,6 +380,12 @@ pub trait Backend: Send + Sync {
     fn mla_attend(&self, _work: &mut MlaWork<'_>) -> bool {
         false
     }
+    /// A grouped-query attention layer for a step's sequences in one call
+    /// ([`GqaWork`]), bit-identical to [`gqa_work_cpu`]. `false` when not
+    /// taken (nothing written). Default: not taken.
+    fn gqa_attend(&self, _work: &mut GqaWork<'_>) -> bool {
+        false
+    }
     /// A MoE layer's routed experts through their combine in one call
     /// ([`MoeTail`]), `y` bit-identical to [`moe_tail_cpu`]. `false` when
     /// not taken (nothing written: the caller runs the experts another
@@ -461,8 +467,16 @@ pub fn mla_attend_taken(work: &mut MlaWork<'_>) -> bool {
     installed().is_some_and(|b| b.mla_attend(work))
 }
 
+/// [`Backend::gqa_attend`] on the installed backend: `true` when it took
+/// the work (`out` and `rows_out` written), `false` with nothing written.
+pub fn gqa_attend_taken(work: &mut GqaWork<'_>) -> bool {
+    installed().is_some_and(|b| b.gqa_attend(work))
+}
+
+mod gqa_work;
 mod mla;
 mod mla_proj;
+pub use gqa_work::{Biased, GqaWork, gqa_rows_cpu, gqa_work_cpu};
 pub use mla::{MlaOut, MlaSeqWork, MlaWork, mla_out_cpu, mla_work_cpu};
 pub use mla_proj::{
     DEVICE_MAX_NORM, MlaAngles, MlaProj, MlaProjected, MlaQueryProj, blocks_with, mla_proj_cpu,

@@ -19,7 +19,8 @@
 //! The same as the latent-cache kernel ([`crate::attention`]): dot products
 //! in [`dot_lanes`] order; rows cut into splits of [`SPLIT`] rows at
 //! absolute offsets, read in place from blocks of `SPLIT` rows; within a
-//! split the scores, the split's max, then in row order `p = exp(s − m)`,
+//! split the scores, the split's max, then in row order `p = exp(s − m)`
+//! ([`crate::expf::exp_softmax`], which a device repeats),
 //! `l += p`, `c += p · v`; splits merged in order with the online-softmax
 //! rule. A window skips the splits before `lo` and the rows before it in
 //! its first split; a sink is merged last, as a split with `m = sink`,
@@ -31,6 +32,7 @@
 use rayon::prelude::*;
 
 use crate::attention::{Merged, Partial, SPLIT, dot_lanes};
+use crate::expf::exp_softmax;
 
 /// Splits computed at a time for one query (bounds scratch memory).
 const WINDOW: usize = 64;
@@ -149,7 +151,7 @@ fn split_partial_impl(
     for (j, r) in rows.chunks_exact(w).enumerate() {
         let vals = &r[kvw..];
         for hh in 0..h {
-            let p = (s[hh * len + j] - m[hh]).exp();
+            let p = exp_softmax(s[hh * len + j] - m[hh]);
             l[hh] += p;
             let v = &vals[(hh / group) * d..][..d];
             for (cv, &x) in c[hh * d..(hh + 1) * d].iter_mut().zip(v) {

@@ -319,6 +319,10 @@ impl Backend for MultiBackend {
         self.devices[0].mla_attend(work)
     }
 
+    fn gqa_attend(&self, work: &mut crate::backend::GqaWork<'_>) -> bool {
+        self.devices[0].gqa_attend(work)
+    }
+
     fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String> {
         self.devices[0].state_read(key, out)
     }

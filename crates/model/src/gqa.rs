@@ -1,6 +1,7 @@
 //! Grouped-query attention over each sequence's paged key/value rows, from
 //! the layer's (rotated) queries, keys and values to the per-head context
-//! (the family applies `o_proj`): shared by Qwen3-MoE and GPT-OSS.
+//! (the family applies `o_proj`): shared by Qwen3-MoE and GPT-OSS. With a
+//! device, [`gqa_projected`] takes the whole layer in one call instead.
 //!
 //! Each sequence's new `[K | V]` rows are appended to its cache, then its
 //! queries attend causally through `fathom_kernels::gqa::GqaAccum` (with the
@@ -10,11 +11,15 @@
 //! same in a prefill chunk, a decode step or a verification pass, batched
 //! or not.
 
+use fathom_kernels::backend::{self, Biased, GqaWork, MlaSeqWork};
 use fathom_kernels::gqa::{GqaAccum, GqaQuery, GqaShape};
+use fathom_kernels::rope::Rope;
 
 use crate::batch::Segment;
 use crate::error::Result;
 use crate::kv::PagedRows;
+use crate::linear::Proj;
+use crate::rotary::Angles;
 
 /// Attention for the rows of several sequences (`segs[i]` are sequence
 /// i's rows, `caches[i]` its cache for this layer) from `q [N, heads·hd]`,
@@ -65,4 +70,81 @@ pub fn gqa_heads(
         acc.finish(out);
     }
     Ok(ctx)
+}
+
+/// A GQA layer's projections as [`gqa_projected`] takes them: q, k, v and
+/// `o_proj` with their biases, and the heads' q/k norms (weights, epsilon)
+/// where the family has them.
+pub struct GqaLinears<'a> {
+    pub qkv: [&'a Proj; 3],
+    pub o_proj: &'a Proj,
+    pub qk_norm: Option<(&'a [f32], &'a [f32], f32)>,
+}
+
+/// The whole attention layer from its normed rows `x [N, D]` in one device
+/// call ([`GqaWork`]: the projections, the heads' norms, the rotary step by
+/// `angles`, the attention over each cache with `shape`'s window and the
+/// sinks, `o_proj`); the new rows come back with the output `[N, D]` and
+/// join the caches after it. `None`, nothing changed, when no device takes
+/// it, a cache is not all fp32 in RAM or the rotary step does not cover
+/// whole heads: the caller runs the steps on the host.
+#[allow(clippy::too_many_arguments)]
+pub fn gqa_projected(
+    shape: GqaShape,
+    sinks: Option<&[f32]>,
+    lin: &GqaLinears<'_>,
+    (rope, angles): (&Rope, &Angles),
+    caches: &mut [&mut PagedRows],
+    segs: &[Segment],
+    x: &[f32],
+) -> Result<Option<Vec<f32>>> {
+    if backend::installed().is_none() || rope.head_dim() != shape.head_dim {
+        return Ok(None);
+    }
+    let n = segs.last().map_or(0, |s| s.end);
+    let w = shape.width();
+    fn biased(p: &Proj) -> Biased<'_> {
+        Biased {
+            w: p.weight.as_mat(),
+            bias: p.bias.as_deref(),
+        }
+    }
+    let done = crate::phase::timed(crate::phase::Phase::FullCore, || {
+        let mut seqs = Vec::with_capacity(caches.len());
+        let mut ns = Vec::with_capacity(n);
+        for (cache, seg) in caches.iter().zip(segs) {
+            let p0 = cache.len();
+            let (blocks, stable) = cache.ram_blocks(p0)?;
+            seqs.push(MlaSeqWork {
+                blocks,
+                stable,
+                queries: seg.clone(),
+            });
+            ns.extend((0..seg.len()).map(|i| p0 + i + 1));
+        }
+        let rows_o = lin.o_proj.weight.rows;
+        let (mut out, mut rows) = (vec![0f32; n * rows_o], vec![0f32; n * w]);
+        let mut work = GqaWork {
+            shape,
+            seqs: &seqs,
+            ns: &ns,
+            x,
+            qkv: lin.qkv.map(biased),
+            qk_norm: lin.qk_norm,
+            cos: &angles.cos,
+            sin: &angles.sin,
+            sinks,
+            o_proj: biased(lin.o_proj),
+            out: &mut out,
+            rows_out: &mut rows,
+        };
+        backend::gqa_attend_taken(&mut work).then_some((out, rows))
+    });
+    let Some((out, rows)) = done else {
+        return Ok(None);
+    };
+    for (cache, seg) in caches.iter_mut().zip(segs) {
+        cache.push_rows(&rows[seg.start * w..seg.end * w])?;
+    }
+    Ok(Some(out))
 }

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fathom_kernels::backend::{
-    self, Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, Product, Role, Then,
-    mla_work_cpu, then_cpu,
+    self, Backend, BackendStats, GluProduct, GqaWork, Hints, MatRef, MlaWork, Product, Role, Then,
+    gqa_work_cpu, mla_work_cpu, then_cpu,
 };
 use fathom_kernels::kda::{KdaJob, kda_step_cpu};
 use fathom_kernels::ops::GluAct;
@@ -59,6 +59,8 @@ struct Recorder {
     rests: Mutex<Vec<(usize, usize, bool, usize, usize)>>,
     /// MLA calls taken with and without the layer's projections.
     mla_calls: Mutex<(usize, usize)>,
+    /// Grouped-query attention layers taken whole.
+    gqa_calls: AtomicUsize,
 }
 
 impl Recorder {
@@ -201,6 +203,14 @@ impl Backend for Recorder {
         mla_work_cpu(work);
         let a = work.out.to_vec();
         self.rest(work.then.as_mut(), &a);
+        true
+    }
+    fn gqa_attend(&self, work: &mut GqaWork<'_>) -> bool {
+        if !self.takes_rest {
+            return false;
+        }
+        self.gqa_calls.fetch_add(1, Ordering::Relaxed);
+        gqa_work_cpu(work);
         true
     }
     fn forget(&self, _: Range<usize>) {}
@@ -391,6 +401,31 @@ fn a_layers_rest_in_its_attentions_call_keeps_the_bits() {
                 "{name}: {rests:?}"
             );
         }
+    }
+}
+
+/// Qwen3-MoE's and GPT-OSS's attention layers whole in one call each (the
+/// twin of a device's `gqa_attend`: projections, norms, rotary step, the
+/// cache's new rows, window and sinks, `o_proj`): the same bits as the host.
+#[test]
+fn gqa_layers_in_one_call_keep_the_bits() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let prompt = [1, 20, 300, 7, 42, 5];
+    for name in ["qwen3_moe-tiny", "gpt_oss-tiny"] {
+        let model =
+            fathom_model::registry::load(&common::data(name), Default::default()).expect("loads");
+        let plain = bits_with(model.as_ref(), &prompt, None);
+        let rec = Arc::new(Recorder {
+            takes_rest: true,
+            ..Recorder::default()
+        });
+        assert!(
+            plain == bits_with(model.as_ref(), &prompt, Some(rec.clone())),
+            "{name}: the layer in one call changed the logits"
+        );
+        // Every layer of the prefill and three decode steps.
+        let layers = model.info().num_layers;
+        assert_eq!(rec.gqa_calls.load(Ordering::Relaxed), 4 * layers, "{name}");
     }
 }
 

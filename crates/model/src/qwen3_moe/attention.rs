@@ -21,7 +21,7 @@ use super::config::Qwen3MoeSpec;
 use super::weights::AttnWeights;
 use crate::batch::Segment;
 use crate::error::Result;
-use crate::gqa::gqa_heads;
+use crate::gqa::{GqaLinears, gqa_heads, gqa_projected};
 use crate::kv::PagedRows;
 use crate::rotary::Angles;
 
@@ -41,6 +41,22 @@ pub fn attention(
     let (h, kvh, hd) = (spec.num_heads, spec.num_kv_heads, spec.head_dim);
     let (qw, kvw) = (h * hd, kvh * hd);
     let eps = spec.rms_norm_eps;
+    let shape = GqaShape {
+        heads: h,
+        kv_heads: kvh,
+        head_dim: hd,
+        scale: (hd as f64).powf(-0.5) as f32,
+        window: None,
+    };
+    let lin = GqaLinears {
+        qkv: [&w.q_proj, &w.k_proj, &w.v_proj],
+        o_proj: &w.o_proj,
+        qk_norm: Some((&w.q_norm, &w.k_norm, eps)),
+    };
+    // With a device: the whole layer in one call (one round trip).
+    if let Some(out) = gqa_projected(shape, None, &lin, (rope, angles), caches, segs, x)? {
+        return Ok(out);
+    }
     let mut q = w.q_proj.forward(x, n);
     let mut k = w.k_proj.forward(x, n);
     let v = w.v_proj.forward(x, n);
@@ -51,13 +67,6 @@ pub fn attention(
         rope.rotate(&mut q[r * qw..(r + 1) * qw], c, s);
         rope.rotate(&mut k[r * kvw..(r + 1) * kvw], c, s);
     }
-    let shape = GqaShape {
-        heads: h,
-        kv_heads: kvh,
-        head_dim: hd,
-        scale: (hd as f64).powf(-0.5) as f32,
-        window: None,
-    };
     let ctx = gqa_heads(shape, None, caches, segs, [&q, &k, &v])?;
     Ok(w.o_proj.forward(&ctx, n))
 }

@@ -1,0 +1,361 @@
+//! A grouped-query attention layer for a step's sequences in one round
+//! trip ([`GqaWork`]): the layer's normed rows go up; the q, k, v
+//! products, `gqa_prep` (biases, the heads' norms, the rotary step; the
+//! new `[K | V]` rows written into their cache blocks and after the
+//! output), `gqa_split` and `gqa_merge` (`gqa.cu`, in chunks of queries
+//! within the scratch cap, as MLA's), `o_proj` and its bias run on the
+//! device; the output and the new rows come back. The caches' full blocks
+//! are kept with the weights (keyed by their host address), partial blocks
+//! go up each call with room for the new rows.
+
+use cudarc::driver::{DevicePtr, LaunchConfig};
+use fathom_kernels::attention::SPLIT;
+use fathom_kernels::backend::{Biased, GqaWork, MatRef, segments};
+
+use super::queue::{fits, grow};
+use super::tape::{Arg, Tape};
+use super::{CudaBackend, State};
+use crate::CudaError;
+
+/// A partial block goes up padded with zeros to a multiple of this many
+/// rows, so a decode step's call repeats for this many tokens.
+const PAD_ROWS: usize = 16;
+
+/// Where a call's pieces are on the device.
+struct Placed {
+    /// q's, k's, v's and `o_proj`'s segments.
+    mats: [Vec<u64>; 4],
+    /// Biases (q, k, v, o), the norms' weights (q, k) and the sinks: 0
+    /// where absent.
+    bias: [u64; 4],
+    norm: [u64; 2],
+    sinks: u64,
+    x: u64,
+    angles: (u64, u64),
+    ns: u64,
+    boff: u64,
+    table: u64,
+    out: u64,
+}
+
+impl CudaBackend {
+    /// `work` on the device (see the module); `Ok(false)` when declined:
+    /// a shape the kernels do not take, or the weights and full blocks do
+    /// not fit in the budget at once.
+    pub(super) fn gqa(&self, work: &mut GqaWork<'_>) -> Result<bool, CudaError> {
+        let sh = work.shape;
+        let (h, hd, t) = (sh.heads, sh.head_dim, work.ns.len());
+        let per_query = work.max_splits() * h * (SPLIT + hd + 2);
+        let limit = self.mla_scratch.load(std::sync::atomic::Ordering::Relaxed);
+        let product_fits = |p: &Biased<'_>, cols: usize| fits(&p.w, 1, t, t * cols, t * p.w.rows());
+        let dm = work.qkv[0].w.cols();
+        if !work.fits_device_kernel()
+            || per_query > limit
+            || !work.qkv.iter().all(|p| product_fits(p, dm))
+            || !product_fits(&work.o_proj, h * hd)
+        {
+            return Ok(false);
+        }
+        let mut st = self.lock_timed();
+        let st = &mut *st;
+        st.tape.begin();
+        let Some(placed) = self.gqa_stage(st, work)? else {
+            return Ok(false);
+        };
+        // At most 65535 queries a launch (the grid's y).
+        let chunk = (limit / per_query.max(1)).clamp(1, t.min(65535));
+        let queued = self
+            .gqa_launch(st, work, &placed, chunk)
+            .and_then(|()| self.flush(st));
+        let waited = std::time::Instant::now();
+        let synced = self.stream.synchronize();
+        st.stats.sync_wait_ms += waited.elapsed().as_secs_f64() * 1e3;
+        queued?;
+        synced?;
+        if let Some((a, b)) = &st.clock {
+            st.stats.kernel_ms += f64::from(a.elapsed_ms(b)?);
+        }
+        let hy = st.hy.as_ref().expect("staged").as_slice()?;
+        let n_out = work.out.len();
+        work.out.copy_from_slice(&hy[..n_out]);
+        work.rows_out
+            .copy_from_slice(&hy[n_out..n_out + work.rows_out.len()]);
+        st.stats.device_attention += 1;
+        st.stats.weight_bytes_read += work
+            .qkv
+            .iter()
+            .chain([&work.o_proj])
+            .flat_map(|p| segments(&p.w))
+            .map(|s| s.len() as u64)
+            .sum::<u64>();
+        st.stats.vram_weight_bytes = st.cache.bytes();
+        Ok(true)
+    }
+
+    /// The products' weights and the full blocks here (kept); the rows
+    /// each query sees, where its cache starts in the table, the normed
+    /// rows, the angles, biases, norms, sinks and the partial blocks (with
+    /// room for the step's new rows, padded to [`PAD_ROWS`]) up in one
+    /// copy, the block table in another; `None` (nothing copied) when the
+    /// weights and full blocks do not fit the budget at once.
+    fn gqa_stage(&self, st: &mut State, work: &GqaWork<'_>) -> Result<Option<Placed>, CudaError> {
+        let t = work.ns.len();
+        let prods = [&work.qkv[0], &work.qkv[1], &work.qkv[2], &work.o_proj];
+        let psegs: Vec<Vec<&[u8]>> = prods.iter().map(|p| segments(&p.w)).collect();
+        let mut segs: Vec<&[u8]> = psegs.iter().flatten().copied().collect();
+        for s in work.seqs {
+            for b in &s.blocks[..s.stable] {
+                let m = MatRef::F32 {
+                    w: b,
+                    rows: 1,
+                    cols: b.len(),
+                };
+                segs.push(segments(&m)[0]);
+            }
+        }
+        let mats: Vec<MatRef<'_>> = prods.iter().map(|p| p.w).collect();
+        let Some((ptrs, _)) = self.weights_here(st, &segs, &mats)? else {
+            return Ok(None);
+        };
+        let int = |v: usize| f32::from_bits(v as u32);
+        let ns: Vec<f32> = work.ns.iter().map(|&n| int(n)).collect();
+        let mut boff = vec![0f32; t];
+        let rows: Vec<usize> = work.seqs.iter().map(|s| work.seq_rows(s).1).collect();
+        let mut at_block = 0;
+        for (s, &after) in work.seqs.iter().zip(&rows) {
+            boff[s.queries.clone()].fill(int(at_block));
+            at_block += after.div_ceil(SPLIT);
+        }
+        let none: &[f32] = &[];
+        let (qn, kn) = work.qk_norm.map_or((none, none), |(a, b, _)| (a, b));
+        let mut xs: Vec<&[f32]> = vec![&ns, &boff, work.x, work.cos, work.sin];
+        xs.extend(prods.iter().map(|p| p.bias.unwrap_or(none)));
+        xs.extend([qn, kn, work.sinks.unwrap_or(none)]);
+        let starts: Vec<usize> = xs
+            .iter()
+            .scan(0, |o, v| {
+                let s = *o;
+                *o += v.len();
+                Some(s)
+            })
+            .collect();
+        let mut off: usize = xs.iter().map(|v| v.len()).sum();
+        let w = work.shape.width();
+        let zeros = vec![0f32; SPLIT * w];
+        let room = |after: usize, j: usize| {
+            let rows = (after - j * SPLIT).min(SPLIT);
+            rows.next_multiple_of(PAD_ROWS).min(SPLIT) * w
+        };
+        for (s, &after) in work.seqs.iter().zip(&rows) {
+            for j in s.stable..after.div_ceil(SPLIT) {
+                let b = s.blocks.get(j).copied().unwrap_or(&[]);
+                xs.extend([b, &zeros[..room(after, j) - b.len()]]);
+            }
+        }
+        let (xp, yp) = self.stage(st, &xs, work.out.len() + work.rows_out.len())?;
+        let at = |floats: usize| xp + 4 * floats as u64;
+        let mut kept = ptrs[psegs.iter().map(Vec::len).sum::<usize>()..].iter();
+        let mut table = Vec::with_capacity(at_block);
+        for (s, &after) in work.seqs.iter().zip(&rows) {
+            table.extend(kept.by_ref().take(s.stable).copied());
+            for j in s.stable..after.div_ceil(SPLIT) {
+                table.push(at(off));
+                off += room(after, j);
+            }
+        }
+        let dt = self.stage_table(st, &table)?;
+        let mut first = 0;
+        let mats = [0, 1, 2, 3].map(|i| {
+            let v = ptrs[first..first + psegs[i].len()].to_vec();
+            first += psegs[i].len();
+            v
+        });
+        // A piece's address, 0 when it is empty (absent).
+        let opt = |k: usize| if xs[k].is_empty() { 0 } else { at(starts[k]) };
+        Ok(Some(Placed {
+            mats,
+            bias: [opt(5), opt(6), opt(7), opt(8)],
+            norm: [opt(9), opt(10)],
+            sinks: opt(11),
+            x: at(starts[2]),
+            angles: (at(starts[3]), at(starts[4])),
+            ns: at(starts[0]),
+            boff: at(starts[1]),
+            table: dt,
+            out: yp,
+        }))
+    }
+
+    /// The launches written, clocked: the three products, `gqa_prep` for
+    /// q, k and v, the attention `chunk` queries at a time, `o_proj` and
+    /// its bias; then the output's and the new rows' copy back.
+    fn gqa_launch(
+        &self,
+        st: &mut State,
+        work: &GqaWork<'_>,
+        p: &Placed,
+        chunk: usize,
+    ) -> Result<(), CudaError> {
+        let sh = work.shape;
+        let (h, kvh, hd, t) = (sh.heads, sh.kv_heads, sh.head_dim, work.ns.len());
+        let (qw, kvw, ms) = (h * hd, kvh * hd, work.max_splits());
+        let parts = chunk * ms * h;
+        let raw = t * (qw + 2 * kvw);
+        let scratch = grow(
+            &self.stream,
+            &mut st.mla,
+            raw + 2 * t * qw + parts * (SPLIT + hd + 2),
+            &mut st.reallocs,
+        )?
+        .device_ptr(&self.stream)
+        .0;
+        let f = |floats: usize| scratch + 4 * floats as u64;
+        let raws = [f(0), f(t * qw), f(t * (qw + kvw))];
+        let (q, ctx) = (f(raw), f(raw + t * qw));
+        let ps = f(raw + 2 * t * qw);
+        let pm = ps + 4 * (parts * SPLIT) as u64;
+        let pl = pm + 4 * parts as u64;
+        let pc = pl + 4 * parts as u64;
+        self.ensure_clock(st)?;
+        let tape = &mut st.tape;
+        tape.clock(false);
+        for i in 0..3 {
+            self.launch(tape, &work.qkv[i].w, &p.mats[i], p.x, raws[i], 1, t);
+        }
+        let rows = p.out + 4 * work.out.len() as u64;
+        let eps = work.qk_norm.map_or(0.0, |n| n.2);
+        // (source, heads, bias, norm, roped, destination, stride, offset, into the cache)
+        let preps = [
+            (raws[0], h, p.bias[0], p.norm[0], true, q, qw, 0, false),
+            (
+                raws[1],
+                kvh,
+                p.bias[1],
+                p.norm[1],
+                true,
+                rows,
+                2 * kvw,
+                0,
+                true,
+            ),
+            (raws[2], kvh, p.bias[2], 0, false, rows, 2 * kvw, kvw, true),
+        ];
+        for (src, heads, bias, norm, roped, dst, stride, off, cached) in preps {
+            let cfg = LaunchConfig {
+                grid_dim: (t as u32, heads as u32, 1),
+                block_dim: (hd.next_multiple_of(32).min(256) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let table = if cached { p.table } else { 0 };
+            let (hh, hdi, nm, rp) = (
+                heads as i32,
+                hd as i32,
+                i32::from(norm != 0),
+                i32::from(roped),
+            );
+            let (st64, off, wi) = (stride as i64, off as i32, sh.width() as i32);
+            // The arguments match `gqa_prep` in `gqa.cu`: t rows of heads·hd
+            // values at `src`, the bias and norm (hd values, or 0), the
+            // angles t·hd/2 each, the destination's rows `stride` apart;
+            // with the table, each row's cache block (rows w wide).
+            let args = [
+                src,
+                hh.slot(),
+                hdi.slot(),
+                bias,
+                norm,
+                eps.slot(),
+                nm.slot(),
+            ];
+            let args: Vec<u64> = args
+                .into_iter()
+                .chain([
+                    p.angles.0,
+                    p.angles.1,
+                    rp.slot(),
+                    dst,
+                    st64.slot(),
+                    off.slot(),
+                ])
+                .chain([table, p.boff, p.ns, wi.slot()])
+                .collect();
+            tape.kernel(&self.funcs.gqa_prep, cfg, args);
+        }
+        for c0 in (0..t).step_by(chunk) {
+            let c = chunk.min(t - c0);
+            self.gqa_chunk(tape, work, p, (c0, c), (q, ctx), (ps, pm, pl, pc));
+        }
+        self.launch(tape, &work.o_proj.w, &p.mats[3], ctx, p.out, 1, t);
+        if p.bias[3] != 0 {
+            let n = work.out.len();
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (n64, cols) = (n as i64, work.o_proj.w.rows() as i32);
+            // `bias_rows` in `gqa.cu`: the output's n values, `cols` biases.
+            let args = [p.out, p.bias[3], n64.slot(), cols.slot()];
+            tape.kernel(&self.funcs.bias_rows, cfg, args);
+        }
+        tape.clock(true);
+        self.fetch(st, p.out, work.out.len() + work.rows_out.len())
+    }
+
+    /// Writes the attention of queries `c0..c0 + c`: `gqa_split` a block
+    /// per split, query and head, `gqa_merge` a block per query and head;
+    /// the queries at `q`, the context into `ctx` (both `[T, H, hd]`).
+    fn gqa_chunk(
+        &self,
+        tape: &mut Tape,
+        work: &GqaWork<'_>,
+        p: &Placed,
+        (c0, c): (usize, usize),
+        (q, ctx): (u64, u64),
+        (ps, pm, pl, pc): (u64, u64, u64, u64),
+    ) {
+        let sh = work.shape;
+        let (h, hd, ms) = (sh.heads, sh.head_dim, work.max_splits());
+        let (hh, kvh, hdi, msi) = (h as i32, sh.kv_heads as i32, hd as i32, ms as i32);
+        let window = sh.window.map_or(0, |w| w.min(i32::MAX as usize)) as i32;
+        let (qc, ns, boff) = (
+            q + 4 * (c0 * h * hd) as u64,
+            p.ns + 4 * c0 as u64,
+            p.boff + 4 * c0 as u64,
+        );
+        let out = ctx + 4 * (c0 * h * hd) as u64;
+        let cfg = |grid| LaunchConfig {
+            grid_dim: grid,
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // The arguments match `gqa_split` in `gqa.cu`: the table holds every
+        // block's address, the queries, row counts and offsets `c` entries
+        // from `c0`, the scratch `c · ms · h` partials (`fits_device_kernel`
+        // checked the shapes).
+        let split = [p.table, boff, qc, ns, hh.slot(), kvh.slot(), hdi.slot()];
+        let split: Vec<u64> = split
+            .into_iter()
+            .chain([sh.scale.slot(), window.slot(), msi.slot(), ps, pm, pl, pc])
+            .collect();
+        tape.kernel(
+            &self.funcs.gqa_split,
+            cfg((ms as u32, c as u32, h as u32)),
+            split,
+        );
+        // As above; the context is [T, H, hd] from query c0.
+        let merge = [
+            ns,
+            hh.slot(),
+            hdi.slot(),
+            window.slot(),
+            msi.slot(),
+            p.sinks,
+            pm,
+            pl,
+            pc,
+            out,
+        ];
+        tape.kernel(&self.funcs.gqa_merge, cfg((c as u32, h as u32, 1)), merge);
+    }
+}
