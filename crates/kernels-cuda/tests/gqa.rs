@@ -10,12 +10,14 @@
 //! Without a CUDA device (real or emulated) the test prints why it skipped.
 
 use fathom_kernels::attention::SPLIT;
-use fathom_kernels::backend::{Backend, Biased, GqaWork, MatRef, MlaSeqWork, gqa_work_cpu};
+use fathom_kernels::backend::{
+    Backend, Biased, GqaWork, MatRef, MlaSeqWork, gqa_work_cpu, then_cpu,
+};
 use fathom_kernels::gqa::GqaShape;
 
 mod common;
 
-use common::{Lcg, open};
+use common::{Lcg, Rest, open};
 
 fn vec(g: &mut Lcg, n: usize, amp: f32) -> Vec<f32> {
     (0..n)
@@ -110,7 +112,7 @@ fn a_gqa_layer_on_the_device_gives_the_twins_bits() {
             scale: 0.25,
             window,
         };
-        let run = |b: Option<&dyn Backend>| {
+        let run = |b: Option<&dyn Backend>, mut rest: Option<&mut Rest>| {
             let mut at = 0;
             let seqs: Vec<MlaSeqWork<'_>> = shape
                 .iter()
@@ -138,19 +140,29 @@ fn a_gqa_layer_on_the_device_gives_the_twins_bits() {
                 o_proj,
                 out: &mut out,
                 rows_out: &mut rows,
+                then: rest.as_deref_mut().map(Rest::then),
             };
             assert!(work.fits_device_kernel(), "case {case}");
             let before = dev.stats();
             match b {
-                Some(b) => assert!(b.gqa_attend(&mut work), "case {case}: the device takes it"),
-                None => gqa_work_cpu(&mut work),
+                Some(b) => {
+                    assert!(b.gqa_attend(&mut work), "case {case}: the device takes it");
+                    assert!(work.then.as_ref().is_none_or(|t| t.done), "case {case}");
+                }
+                None => {
+                    gqa_work_cpu(&mut work);
+                    let a = work.out.to_vec();
+                    if let Some(t) = work.then.as_mut() {
+                        then_cpu(t, &a);
+                    }
+                }
             }
             drop(work);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             (bits(&out), bits(&rows), dev.stats().since(&before))
         };
-        let want = run(None);
-        let got = run(Some(dev.as_ref()));
+        let want = run(None, None);
+        let got = run(Some(dev.as_ref()), None);
         assert_eq!(got.1, want.1, "case {case}: the new rows");
         assert_eq!(got.0, want.0, "case {case}: the output");
         assert_eq!(
@@ -160,7 +172,7 @@ fn a_gqa_layer_on_the_device_gives_the_twins_bits() {
         );
         // Again with the two full blocks kept (from the first call on):
         // they do not go up again.
-        let again = run(Some(dev.as_ref()));
+        let again = run(Some(dev.as_ref()), None);
         assert_eq!(
             (again.0, again.1),
             (want.0.clone(), want.1.clone()),
@@ -173,12 +185,38 @@ fn a_gqa_layer_on_the_device_gives_the_twins_bits() {
         }
         // In chunks of two queries.
         dev.limit_mla_scratch(2 * 3 * h * (SPLIT + hd + 2));
-        let chunked = run(Some(dev.as_ref()));
+        let chunked = run(Some(dev.as_ref()), None);
         dev.limit_mla_scratch(usize::MAX);
         assert_eq!(
-            (chunked.0, chunked.1),
-            (want.0, want.1),
+            (&chunked.0, &chunked.1),
+            (&want.0, &want.1),
             "case {case}: chunked"
+        );
+        // With the rest of the layer up to its experts' choice in the call
+        // (`Then`): the output, the new rows and the rest's results.
+        let mut rests = [0, 1].map(|_| Rest::new(&dev, &mut Lcg(9), t, DOUT, 0, false));
+        let [r_dev, r_cpu] = &mut rests;
+        let with = run(Some(dev.as_ref()), Some(r_dev));
+        let twin = run(None, Some(r_cpu));
+        assert_eq!(
+            (&with.0, &with.1),
+            (&twin.0, &twin.1),
+            "case {case}: with the rest"
+        );
+        assert_eq!(
+            (&with.0, &with.1),
+            (&want.0, &want.1),
+            "case {case}: with the rest"
+        );
+        assert!(
+            r_dev.bits().eq(r_cpu.bits()),
+            "case {case}: the rest's bits"
+        );
+        // q, k, v, o_proj and the rest's five products, in one call.
+        assert_eq!(
+            (with.2.device_calls, with.2.device_products),
+            (1, 9),
+            "case {case}"
         );
     }
 }
@@ -227,6 +265,7 @@ fn a_gqa_layer_beyond_the_budget_is_declined() {
         },
         out: &mut out,
         rows_out: &mut rows,
+        then: None,
     };
     assert!(work.fits_device_kernel());
     assert!(

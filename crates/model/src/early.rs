@@ -1,7 +1,8 @@
 //! The MLP side of a layer up to its experts' choice, handed to a device
 //! in the attention's call ([`Then`]) by the families whose layers end in
-//! a plain residual, a post-attention RMSNorm and a gated MLP or a
-//! sigmoid-routed MoE (DeepSeek-V3 / Kimi K2, Kimi-Linear). The host path
+//! a plain residual, a post-attention RMSNorm and a gated MLP, a
+//! sigmoid-routed MoE (DeepSeek-V3 / Kimi K2, Kimi-Linear) or a MoE whose
+//! router is one product (Qwen3-MoE, GPT-OSS). The host path
 //! of those families does the same operations (`h + a`,
 //! [`fathom_kernels::backend::rms_norm32_rows`], the products), so the
 //! bits do not depend on which side did them.
@@ -9,14 +10,18 @@
 use fathom_kernels::backend::{Then, rms_norm32_rows};
 use fathom_kernels::ops::GluAct;
 
+use crate::linear::Linear;
 use crate::mlp::MlpWeights;
 use crate::moe::{SigmoidFirst, SigmoidMoeWeights};
 
-/// A layer's MLP side: a dense gated MLP or a sigmoid-routed MoE.
+/// A layer's MLP side: a dense gated MLP, a sigmoid-routed MoE, or a MoE
+/// whose first product is its router's (`Router`: the matrix, without a
+/// bias; the family adds its bias and routes).
 #[derive(Clone, Copy)]
 pub enum Ffn<'a> {
     Dense(&'a MlpWeights),
     Moe(&'a SigmoidMoeWeights),
+    Router(&'a Linear),
 }
 
 /// What a device computed of a layer's MLP side in its attention's call:
@@ -30,14 +35,24 @@ pub struct Early {
 pub enum Ahead {
     Mlp(Vec<f32>),
     Moe(SigmoidFirst),
+    /// The router's product `[N, E]`.
+    Router(Vec<f32>),
 }
 
 impl Ahead {
-    /// The MoE's first products, when this is a MoE's.
+    /// The MoE's first products, when this is a sigmoid MoE's.
     pub fn moe(self) -> Option<SigmoidFirst> {
         match self {
             Ahead::Moe(f) => Some(f),
-            Ahead::Mlp(_) => None,
+            Ahead::Mlp(_) | Ahead::Router(_) => None,
+        }
+    }
+
+    /// The router's product, when this is a router's.
+    pub fn router(self) -> Option<Vec<f32>> {
+        match self {
+            Ahead::Router(y) => Some(y),
+            Ahead::Mlp(_) | Ahead::Moe(_) => None,
         }
     }
 }
@@ -48,6 +63,7 @@ impl Early {
         let ffn = match ffn {
             Ffn::Dense(mw) => Ahead::Mlp(vec![0f32; n * mw.down_proj.rows]),
             Ffn::Moe(mw) => Ahead::Moe(SigmoidFirst::room(mw, n)),
+            Ffn::Router(w) => Ahead::Router(vec![0f32; n * w.rows]),
         };
         Early {
             x: vec![0f32; n * d],
@@ -68,6 +84,10 @@ impl Early {
         let (plain, glu) = match (&mut self.ffn, ffn) {
             (Ahead::Mlp(y), Ffn::Dense(mw)) => (Vec::new(), vec![mw.then_glu(y)]),
             (Ahead::Moe(f), Ffn::Moe(mw)) => f.then_parts(mw),
+            (Ahead::Router(y), Ffn::Router(w)) => {
+                let p = fathom_kernels::backend::ThenProduct { w: w.as_mat(), y };
+                (vec![p], Vec::new())
+            }
             _ => unreachable!("room is made for the layer's own MLP side"),
         };
         Then {

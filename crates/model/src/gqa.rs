@@ -11,7 +11,7 @@
 //! same in a prefill chunk, a decode step or a verification pass, batched
 //! or not.
 
-use fathom_kernels::backend::{self, Biased, GqaWork, MlaSeqWork};
+use fathom_kernels::backend::{self, Biased, GqaWork, MlaSeqWork, Then};
 use fathom_kernels::gqa::{GqaAccum, GqaQuery, GqaShape};
 use fathom_kernels::rope::Rope;
 
@@ -85,9 +85,11 @@ pub struct GqaLinears<'a> {
 /// call ([`GqaWork`]: the projections, the heads' norms, the rotary step by
 /// `angles`, the attention over each cache with `shape`'s window and the
 /// sinks, `o_proj`); the new rows come back with the output `[N, D]` and
-/// join the caches after it. `None`, nothing changed, when no device takes
-/// it, a cache is not all fp32 in RAM or the rotary step does not cover
-/// whole heads: the caller runs the steps on the host.
+/// join the caches after it. With `then`, the device may also compute the
+/// rest of the layer up to its experts' choice in the same call: the flag
+/// says whether it did. `None`, nothing changed, when no device takes it,
+/// a cache is not all fp32 in RAM or the rotary step does not cover whole
+/// heads: the caller runs the steps on the host.
 #[allow(clippy::too_many_arguments)]
 pub fn gqa_projected(
     shape: GqaShape,
@@ -97,7 +99,8 @@ pub fn gqa_projected(
     caches: &mut [&mut PagedRows],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Option<Vec<f32>>> {
+    then: Option<Then<'_>>,
+) -> Result<Option<(Vec<f32>, bool)>> {
     if backend::installed().is_none() || rope.head_dim() != shape.head_dim {
         return Ok(None);
     }
@@ -137,14 +140,18 @@ pub fn gqa_projected(
             o_proj: biased(lin.o_proj),
             out: &mut out,
             rows_out: &mut rows,
+            then,
         };
-        backend::gqa_attend_taken(&mut work).then_some((out, rows))
+        let taken = backend::gqa_attend_taken(&mut work);
+        let done = work.then.as_ref().is_some_and(|t| t.done);
+        drop(work);
+        taken.then_some((out, rows, done))
     });
-    let Some((out, rows)) = done else {
+    let Some((out, rows, done)) = done else {
         return Ok(None);
     };
     for (cache, seg) in caches.iter_mut().zip(segs) {
         cache.push_rows(&rows[seg.start * w..seg.end * w])?;
     }
-    Ok(Some(out))
+    Ok(Some((out, done)))
 }

@@ -211,6 +211,8 @@ impl Backend for Recorder {
         }
         self.gqa_calls.fetch_add(1, Ordering::Relaxed);
         gqa_work_cpu(work);
+        let a = work.out.to_vec();
+        self.rest(work.then.as_mut(), &a);
         true
     }
     fn forget(&self, _: Range<usize>) {}
@@ -406,7 +408,8 @@ fn a_layers_rest_in_its_attentions_call_keeps_the_bits() {
 
 /// Qwen3-MoE's and GPT-OSS's attention layers whole in one call each (the
 /// twin of a device's `gqa_attend`: projections, norms, rotary step, the
-/// cache's new rows, window and sinks, `o_proj`): the same bits as the host.
+/// cache's new rows, window and sinks, `o_proj`) with the rest of the layer
+/// up to its experts' choice (`Then`): the same bits as the host.
 #[test]
 fn gqa_layers_in_one_call_keep_the_bits() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
@@ -423,9 +426,17 @@ fn gqa_layers_in_one_call_keep_the_bits() {
             plain == bits_with(model.as_ref(), &prompt, Some(rec.clone())),
             "{name}: the layer in one call changed the logits"
         );
-        // Every layer of the prefill and three decode steps.
+        // Every layer of the prefill and three decode steps, each with the
+        // rest of its layer up to the experts' choice (the router's
+        // product; a dense layer's MLP).
         let layers = model.info().num_layers;
         assert_eq!(rec.gqa_calls.load(Ordering::Relaxed), 4 * layers, "{name}");
+        let rests = rec.rests.lock().unwrap();
+        assert_eq!(rests.len(), 4 * layers, "{name}: {rests:?}");
+        assert!(
+            rests.iter().any(|r| (r.3, r.4) == (1, 0)),
+            "{name}: {rests:?}"
+        );
     }
 }
 

@@ -36,6 +36,8 @@ struct Placed {
     boff: u64,
     table: u64,
     out: u64,
+    /// Whether the work's `then` comes along (its weights are here).
+    then: bool,
 }
 
 impl CudaBackend {
@@ -59,7 +61,16 @@ impl CudaBackend {
         let mut st = self.lock_timed();
         let st = &mut *st;
         st.tape.begin();
-        let Some(placed) = self.gqa_stage(st, work)? else {
+        let with_then = work
+            .then
+            .as_ref()
+            .is_some_and(|w| super::then::then_fits(w, work.out.len()));
+        // Without room for `then`'s weights too, the attention alone.
+        let mut placed = self.gqa_stage(st, work, with_then)?;
+        if placed.is_none() && with_then {
+            placed = self.gqa_stage(st, work, false)?;
+        }
+        let Some(placed) = placed else {
             return Ok(false);
         };
         // At most 65535 queries a launch (the grid's y).
@@ -80,6 +91,9 @@ impl CudaBackend {
         work.out.copy_from_slice(&hy[..n_out]);
         work.rows_out
             .copy_from_slice(&hy[n_out..n_out + work.rows_out.len()]);
+        if let Some(t) = work.then.as_mut().filter(|_| placed.then) {
+            self.then_finish(st, t)?;
+        }
         st.stats.device_attention += 1;
         st.stats.weight_bytes_read += work
             .qkv
@@ -98,7 +112,12 @@ impl CudaBackend {
     /// room for the step's new rows, padded to [`PAD_ROWS`]) up in one
     /// copy, the block table in another; `None` (nothing copied) when the
     /// weights and full blocks do not fit the budget at once.
-    fn gqa_stage(&self, st: &mut State, work: &GqaWork<'_>) -> Result<Option<Placed>, CudaError> {
+    fn gqa_stage(
+        &self,
+        st: &mut State,
+        work: &GqaWork<'_>,
+        with_then: bool,
+    ) -> Result<Option<Placed>, CudaError> {
         let t = work.ns.len();
         let prods = [&work.qkv[0], &work.qkv[1], &work.qkv[2], &work.o_proj];
         let psegs: Vec<Vec<&[u8]>> = prods.iter().map(|p| segments(&p.w)).collect();
@@ -113,7 +132,10 @@ impl CudaBackend {
                 segs.push(segments(&m)[0]);
             }
         }
-        let mats: Vec<MatRef<'_>> = prods.iter().map(|p| p.w).collect();
+        let then = work.then.as_ref().filter(|_| with_then);
+        segs.extend(then.map(super::then::then_segments).unwrap_or_default());
+        let mut mats: Vec<MatRef<'_>> = prods.iter().map(|p| p.w).collect();
+        mats.extend(then.map(super::then::products).unwrap_or_default());
         let Some((ptrs, _)) = self.weights_here(st, &segs, &mats)? else {
             return Ok(None);
         };
@@ -183,6 +205,7 @@ impl CudaBackend {
             boff: at(starts[1]),
             table: dt,
             out: yp,
+            then: then.is_some(),
         }))
     }
 
@@ -299,7 +322,11 @@ impl CudaBackend {
             tape.kernel(&self.funcs.bias_rows, cfg, args);
         }
         tape.clock(true);
-        self.fetch(st, p.out, work.out.len() + work.rows_out.len())
+        self.fetch(st, p.out, work.out.len() + work.rows_out.len())?;
+        match work.then.as_ref().filter(|_| p.then) {
+            Some(t) => self.then_launch(st, t, p.out),
+            None => Ok(()),
+        }
     }
 
     /// Writes the attention of queries `c0..c0 + c`: `gqa_split` a block

@@ -64,6 +64,9 @@ pub struct GqaWork<'a> {
     pub o_proj: Biased<'a>,
     pub out: &'a mut [f32],
     pub rows_out: &'a mut [f32],
+    /// The rest of the layer up to its experts' choice, from `out`
+    /// ([`super::Then`]); a backend that takes it sets its `done`.
+    pub then: Option<super::Then<'a>>,
 }
 
 impl GqaWork<'_> {
@@ -182,8 +185,9 @@ pub fn gqa_rows_cpu(work: &GqaWork<'_>) -> (Vec<f32>, Vec<f32>) {
     (q, rows)
 }
 
-/// [`GqaWork`] on the CPU, step by step — the twin a device must match;
-/// the work must fit ([`GqaWork::fits_device_kernel`]).
+/// [`GqaWork`] on the CPU, step by step — the twin a device must match
+/// (its `then` is the caller's: [`super::then_cpu`] from `out`); the work
+/// must fit ([`GqaWork::fits_device_kernel`]).
 pub fn gqa_work_cpu(work: &mut GqaWork<'_>) {
     let sh = work.shape;
     let (qw, w, t) = (sh.heads * sh.head_dim, sh.width(), work.ns.len());

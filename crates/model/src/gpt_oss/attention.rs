@@ -13,6 +13,7 @@
 //! logit in the softmax's denominator. The cache and the attention itself
 //! are the shared GQA core's ([`crate::gqa::gqa_heads`]).
 
+use fathom_kernels::backend::Then;
 use fathom_kernels::gqa::GqaShape;
 use fathom_kernels::rope::Rope;
 
@@ -26,7 +27,10 @@ use crate::rotary::Angles;
 
 /// Attention of layer `layer` for the rows `x [N, D]` (already
 /// `input_layernorm`ed) of several sequences (`segs[i]` are sequence i's
-/// rows, `caches[i]` its cache for this layer). Returns `[N, D]`.
+/// rows, `caches[i]` its cache for this layer). With a device that takes
+/// it, the whole layer is one call (with `then`, the rest of the layer up
+/// to its experts' choice may be too). Returns `[N, D]`, and whether the
+/// device did `then`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     spec: &GptOssSpec,
@@ -37,7 +41,8 @@ pub fn attention(
     caches: &mut [&mut PagedRows],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
     let (h, kvh, hd) = (spec.num_heads, spec.num_kv_heads, spec.head_dim);
     let (qw, kvw) = (h * hd, kvh * hd);
@@ -55,8 +60,8 @@ pub fn attention(
     };
     // With a device: the whole layer in one call (one round trip).
     let sinks = Some(&w.sinks[..]);
-    if let Some(out) = gqa_projected(shape, sinks, &lin, (rope, angles), caches, segs, x)? {
-        return Ok(out);
+    if let Some(done) = gqa_projected(shape, sinks, &lin, (rope, angles), caches, segs, x, then)? {
+        return Ok(done);
     }
     let mut q = w.q_proj.forward(x, n);
     let mut k = w.k_proj.forward(x, n);
@@ -67,5 +72,5 @@ pub fn attention(
         rope.rotate(&mut k[r * kvw..(r + 1) * kvw], c, s);
     }
     let ctx = gqa_heads(shape, Some(&w.sinks), caches, segs, [&q, &k, &v])?;
-    Ok(w.o_proj.forward(&ctx, n))
+    Ok((w.o_proj.forward(&ctx, n), false))
 }

@@ -22,7 +22,12 @@ use crate::moe::{ExpertFetch, Route, hint_order};
 /// Routes every row of `x [T, D]`: experts by descending router logit
 /// (ties to the lower index); the margin is on the logits.
 pub fn route(spec: &GptOssSpec, w: &RouterWeights, x: &[f32], t: usize) -> Vec<Route> {
-    let mut logits = w.weight.forward(x, t);
+    routes_of(spec, w, w.weight.forward(x, t))
+}
+
+/// [`route`] from the router's product `x Wᵀ` (`[T, E]`, its bias not yet
+/// added).
+pub fn routes_of(spec: &GptOssSpec, w: &RouterWeights, mut logits: Vec<f32>) -> Vec<Route> {
     let (e, k) = (spec.num_experts, spec.top_k);
     logits
         .chunks_exact_mut(e)
@@ -69,7 +74,9 @@ fn expert_forward(spec: &GptOssSpec, e: &ExpertWeights, x: &[f32], n: usize) -> 
 /// The sparse block of layer `layer` over `x [T, D]` (already
 /// `post_attention_layernorm`ed). `next` is the next layer (index and
 /// router), whose routes from this input are handed to the source as a
-/// guess; `routes_out` receives the routes (tracing).
+/// guess; `routes_out` receives the routes (tracing); `product` is the
+/// router's product when a device made it in the attention's call.
+#[allow(clippy::too_many_arguments)]
 pub fn moe(
     spec: &GptOssSpec,
     layer: usize,
@@ -78,10 +85,14 @@ pub fn moe(
     source: &dyn ExpertSource,
     next: Option<(usize, &RouterWeights)>,
     routes_out: Option<&mut Vec<Route>>,
+    product: Option<Vec<f32>>,
 ) -> Result<Vec<f32>> {
     let d = spec.hidden_size;
     let t = x.len() / d;
-    let routes = route(spec, w, x, t);
+    let routes = match product {
+        Some(p) => routes_of(spec, w, p),
+        None => route(spec, w, x, t),
+    };
     if let Some((nl, nw)) = next.filter(|_| source.wants_hints()) {
         let guesses = route(spec, nw, x, t);
         source.hint(nl, &hint_order(&guesses, spec.top_k));

@@ -10,12 +10,14 @@
 //! chunked. Atomic: a failure truncates every cache back to its position
 //! before the step.
 
+use fathom_kernels::backend;
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::GptOssModel;
 use super::attention::attention;
 use super::moe;
 use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::early::{self, Early, Ffn};
 use crate::error::Result;
 use crate::kv::PagedRows;
 use crate::kv_state::KvState;
@@ -44,7 +46,7 @@ fn forward_rows(
     mut tracer: Option<&mut dyn Tracer>,
 ) -> Result<Vec<Vec<f32>>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    let (d, eps) = (spec.hidden_size, spec.rms_norm_eps);
+    let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
     let segs = &rows.segs;
     let mut h: Vec<f32> = rows
         .tokens
@@ -58,7 +60,16 @@ fn forward_rows(
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
-        let a = attention(
+        // With a device and no tracer, the norm and the router's product
+        // may go in the attention's call (the same operations).
+        let (side, norm) = (
+            Ffn::Router(&lw.router.weight),
+            &lw.post_attention_layernorm[..],
+        );
+        let mut early =
+            (tracer.is_none() && backend::installed().is_some()).then(|| Early::room(side, n, d));
+        let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
+        let (a, done) = attention(
             spec,
             i,
             &lw.self_attn,
@@ -67,14 +78,15 @@ fn forward_rows(
             &mut caches,
             segs,
             &x,
+            then,
         )?;
         add(&mut h, &a);
-        let mut x = h.clone();
-        rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
+        let (x, early) = early::normed(early, done, &h, norm, eps);
+        let product = early.and_then(|e| e.ffn.router());
         let next = w.layers.get(i + 1).map(|nl| (i + 1, &nl.router));
         let mut routes = tracer.as_ref().map(|_| Vec::new());
         let src = model.experts.as_ref();
-        let m = moe::moe(spec, i, &lw.router, &x, src, next, routes.as_mut())?;
+        let m = moe::moe(spec, i, &lw.router, &x, src, next, routes.as_mut(), product)?;
         if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
             tr.routes(i, &r);
         }

@@ -13,6 +13,7 @@
 //! position's result is the same in a prefill chunk, a decode step or a
 //! verification pass, batched or not.
 
+use fathom_kernels::backend::Then;
 use fathom_kernels::gqa::GqaShape;
 use fathom_kernels::ops::rms_norm_rows;
 use fathom_kernels::rope::Rope;
@@ -27,7 +28,9 @@ use crate::rotary::Angles;
 
 /// Attention for the rows `x [N, D]` (already `input_layernorm`ed) of
 /// several sequences (`segs[i]` are sequence i's rows, `caches[i]` its
-/// cache for this layer). Returns `[N, D]`.
+/// cache for this layer). With a device that takes it, the whole layer is
+/// one call (with `then`, the rest of the layer up to its experts' choice
+/// may be too). Returns `[N, D]`, and whether the device did `then`.
 pub fn attention(
     spec: &Qwen3MoeSpec,
     w: &AttnWeights,
@@ -36,7 +39,8 @@ pub fn attention(
     caches: &mut [&mut PagedRows],
     segs: &[Segment],
     x: &[f32],
-) -> Result<Vec<f32>> {
+    then: Option<Then<'_>>,
+) -> Result<(Vec<f32>, bool)> {
     let n = x.len() / spec.hidden_size;
     let (h, kvh, hd) = (spec.num_heads, spec.num_kv_heads, spec.head_dim);
     let (qw, kvw) = (h * hd, kvh * hd);
@@ -54,8 +58,8 @@ pub fn attention(
         qk_norm: Some((&w.q_norm, &w.k_norm, eps)),
     };
     // With a device: the whole layer in one call (one round trip).
-    if let Some(out) = gqa_projected(shape, None, &lin, (rope, angles), caches, segs, x)? {
-        return Ok(out);
+    if let Some(done) = gqa_projected(shape, None, &lin, (rope, angles), caches, segs, x, then)? {
+        return Ok(done);
     }
     let mut q = w.q_proj.forward(x, n);
     let mut k = w.k_proj.forward(x, n);
@@ -68,5 +72,5 @@ pub fn attention(
         rope.rotate(&mut k[r * kvw..(r + 1) * kvw], c, s);
     }
     let ctx = gqa_heads(shape, None, caches, segs, [&q, &k, &v])?;
-    Ok(w.o_proj.forward(&ctx, n))
+    Ok((w.o_proj.forward(&ctx, n), false))
 }

@@ -21,7 +21,11 @@ use crate::moe::{ExpertFetch, GluExpert, Route, Tail, guess_next};
 /// Routes every row of `x [T, D]`: experts by descending probability (ties
 /// to the lower index); the margin is on the router logits.
 pub fn route(spec: &Qwen3MoeSpec, w: &MoeWeights, x: &[f32], t: usize) -> Vec<Route> {
-    let logits = w.gate.forward(x, t);
+    routes_of(spec, &w.gate.forward(x, t))
+}
+
+/// [`route`] from the router's logits `[T, E]`.
+pub fn routes_of(spec: &Qwen3MoeSpec, logits: &[f32]) -> Vec<Route> {
     let (e, k) = (spec.num_experts, spec.top_k);
     logits
         .chunks_exact(e)
@@ -66,10 +70,14 @@ pub fn moe(
     source: &dyn ExpertSource,
     hint: Option<NextLayerHint<'_>>,
     routes_out: Option<&mut Vec<Route>>,
+    logits: Option<Vec<f32>>,
 ) -> Result<Vec<f32>> {
     let d = spec.hidden_size;
     let t = x.len() / d;
-    let routes = route(spec, w, x, t);
+    let routes = match logits {
+        Some(l) => routes_of(spec, &l),
+        None => route(spec, w, x, t),
+    };
     let guess =
         hint.and_then(|h| guess_next(source, h.layer, spec.top_k, || route(spec, h.weights, x, t)));
     let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);

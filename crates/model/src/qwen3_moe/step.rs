@@ -11,6 +11,7 @@
 //! Atomic: a failure (expert read, bad token, non-finite logits) truncates
 //! every cache back to its position before the step.
 
+use fathom_kernels::backend;
 use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::Qwen3MoeModel;
@@ -18,6 +19,7 @@ use super::attention::attention;
 use super::moe::{self, NextLayerHint};
 use super::weights::FfnWeights;
 use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
 use crate::kv::PagedRows;
 use crate::kv_state::KvState;
@@ -60,7 +62,13 @@ fn forward_rows(
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
-        let a = attention(
+        // With a device and no tracer, the MLP side's norm and first
+        // product may go in the attention's call (the same operations).
+        let (side, norm) = (ffn_ref(&lw.mlp), &lw.post_attention_layernorm[..]);
+        let mut early =
+            (tracer.is_none() && backend::installed().is_some()).then(|| Early::room(side, n, d));
+        let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
+        let (a, done) = attention(
             spec,
             &lw.self_attn,
             &model.rope,
@@ -68,11 +76,11 @@ fn forward_rows(
             &mut caches,
             segs,
             &x,
+            then,
         )?;
         add(&mut h, &a);
-        let mut x = h.clone();
-        rms_norm_rows(&mut x, d, &lw.post_attention_layernorm, eps);
-        let m = ffn(model, i, &x, n, &mut tracer)?;
+        let (x, early) = early::normed(early, done, &h, norm, eps);
+        let m = ffn(model, i, &x, n, early.map(|e| e.ffn), &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -82,17 +90,29 @@ fn forward_rows(
     Ok(head(model, &h, segs, &rows.which, &mut tracer))
 }
 
+/// The layer's MLP side as [`Early`] names it.
+fn ffn_ref(f: &FfnWeights) -> Ffn<'_> {
+    match f {
+        FfnWeights::Dense(mw) => Ffn::Dense(mw),
+        FfnWeights::Moe(mw) => Ffn::Router(&mw.gate),
+    }
+}
+
+/// The layer's MLP side over `x`, finishing what a device did of it in the
+/// attention's call (`ahead`).
 fn ffn(
     model: &Qwen3MoeModel,
     i: usize,
     x: &[f32],
     n: usize,
+    ahead: Option<Ahead>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match &w.layers[i].mlp {
-        FfnWeights::Dense(mw) => Ok(mw.forward(x, n, GluAct::Swiglu)),
-        FfnWeights::Moe(mw) => {
+    match (&w.layers[i].mlp, ahead) {
+        (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
+        (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
+        (FfnWeights::Moe(mw), ahead) => {
             let hint = w.layers.get(i + 1).and_then(|nl| match &nl.mlp {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
@@ -102,7 +122,8 @@ fn ffn(
             });
             let mut routes = tracer.as_ref().map(|_| Vec::new());
             let src = model.experts.as_ref();
-            let out = moe::moe(spec, i, mw, x, src, hint, routes.as_mut())?;
+            let logits = ahead.and_then(Ahead::router);
+            let out = moe::moe(spec, i, mw, x, src, hint, routes.as_mut(), logits)?;
             if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
                 tr.routes(i, &r);
             }
