@@ -23,6 +23,7 @@ use crate::cache::Cache;
 use crate::guess::GuessLog;
 use crate::{CudaError, SOURCE};
 
+mod blocks;
 mod glu;
 mod gqa;
 mod kda;

@@ -12,14 +12,12 @@ use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::attention::SPLIT;
 use fathom_kernels::backend::{Biased, GqaWork, MatRef, segments};
 
+use super::blocks::{Blocks, kept_segments};
+use super::mla::{split_at_lens, starts_of};
 use super::queue::{fits, grow};
 use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
 use crate::CudaError;
-
-/// A partial block goes up padded with zeros to a multiple of this many
-/// rows, so a decode step's call repeats for this many tokens.
-const PAD_ROWS: usize = 16;
 
 /// Where a call's pieces are on the device.
 struct Placed {
@@ -109,7 +107,7 @@ impl CudaBackend {
     /// The products' weights and the full blocks here (kept); the rows
     /// each query sees, where its cache starts in the table, the normed
     /// rows, the angles, biases, norms, sinks and the partial blocks (with
-    /// room for the step's new rows, padded to [`PAD_ROWS`]) up in one
+    /// room for the step's new rows, `blocks.rs`) up in one
     /// copy, the block table in another; `None` (nothing copied) when the
     /// weights and full blocks do not fit the budget at once.
     fn gqa_stage(
@@ -118,20 +116,10 @@ impl CudaBackend {
         work: &GqaWork<'_>,
         with_then: bool,
     ) -> Result<Option<Placed>, CudaError> {
-        let t = work.ns.len();
         let prods = [&work.qkv[0], &work.qkv[1], &work.qkv[2], &work.o_proj];
         let psegs: Vec<Vec<&[u8]>> = prods.iter().map(|p| segments(&p.w)).collect();
         let mut segs: Vec<&[u8]> = psegs.iter().flatten().copied().collect();
-        for s in work.seqs {
-            for b in &s.blocks[..s.stable] {
-                let m = MatRef::F32 {
-                    w: b,
-                    rows: 1,
-                    cols: b.len(),
-                };
-                segs.push(segments(&m)[0]);
-            }
-        }
+        segs.extend(kept_segments(work.seqs));
         let then = work.then.as_ref().filter(|_| with_then);
         segs.extend(then.map(super::then::then_segments).unwrap_or_default());
         let mut mats: Vec<MatRef<'_>> = prods.iter().map(|p| p.w).collect();
@@ -139,70 +127,36 @@ impl CudaBackend {
         let Some((ptrs, _)) = self.weights_here(st, &segs, &mats)? else {
             return Ok(None);
         };
-        let int = |v: usize| f32::from_bits(v as u32);
-        let ns: Vec<f32> = work.ns.iter().map(|&n| int(n)).collect();
-        let mut boff = vec![0f32; t];
-        let rows: Vec<usize> = work.seqs.iter().map(|s| work.seq_rows(s).1).collect();
-        let mut at_block = 0;
-        for (s, &after) in work.seqs.iter().zip(&rows) {
-            boff[s.queries.clone()].fill(int(at_block));
-            at_block += after.div_ceil(SPLIT);
-        }
+        let np = psegs.iter().map(Vec::len).sum::<usize>();
+        let ns: Vec<f32> = work.ns.iter().map(|&n| f32::from_bits(n as u32)).collect();
+        let w = work.shape.width();
+        let after: Vec<usize> = work.seqs.iter().map(|s| work.seq_rows(s).1).collect();
+        let zeros = vec![0f32; SPLIT * w];
+        let blocks = Blocks::plan(work.seqs, &after, (work.ns.len(), w), &zeros);
         let none: &[f32] = &[];
         let (qn, kn) = work.qk_norm.map_or((none, none), |(a, b, _)| (a, b));
-        let mut xs: Vec<&[f32]> = vec![&ns, &boff, work.x, work.cos, work.sin];
+        let mut xs: Vec<&[f32]> = vec![&ns, &blocks.boff, work.x, work.cos, work.sin];
         xs.extend(prods.iter().map(|p| p.bias.unwrap_or(none)));
         xs.extend([qn, kn, work.sinks.unwrap_or(none)]);
-        let starts: Vec<usize> = xs
-            .iter()
-            .scan(0, |o, v| {
-                let s = *o;
-                *o += v.len();
-                Some(s)
-            })
-            .collect();
-        let mut off: usize = xs.iter().map(|v| v.len()).sum();
-        let w = work.shape.width();
-        let zeros = vec![0f32; SPLIT * w];
-        let room = |after: usize, j: usize| {
-            let rows = (after - j * SPLIT).min(SPLIT);
-            rows.next_multiple_of(PAD_ROWS).min(SPLIT) * w
-        };
-        for (s, &after) in work.seqs.iter().zip(&rows) {
-            for j in s.stable..after.div_ceil(SPLIT) {
-                let b = s.blocks.get(j).copied().unwrap_or(&[]);
-                xs.extend([b, &zeros[..room(after, j) - b.len()]]);
-            }
-        }
-        let (xp, yp) = self.stage(st, &xs, work.out.len() + work.rows_out.len())?;
-        let at = |floats: usize| xp + 4 * floats as u64;
-        let mut kept = ptrs[psegs.iter().map(Vec::len).sum::<usize>()..].iter();
-        let mut table = Vec::with_capacity(at_block);
-        for (s, &after) in work.seqs.iter().zip(&rows) {
-            table.extend(kept.by_ref().take(s.stable).copied());
-            for j in s.stable..after.div_ceil(SPLIT) {
-                table.push(at(off));
-                off += room(after, j);
-            }
-        }
-        let dt = self.stage_table(st, &table)?;
-        let mut first = 0;
-        let mats = [0, 1, 2, 3].map(|i| {
-            let v = ptrs[first..first + psegs[i].len()].to_vec();
-            first += psegs[i].len();
-            v
-        });
+        let starts = starts_of(&xs);
+        let head: usize = xs.iter().map(|v| v.len()).sum();
         // A piece's address, 0 when it is empty (absent).
-        let opt = |k: usize| if xs[k].is_empty() { 0 } else { at(starts[k]) };
+        let present: Vec<bool> = xs.iter().map(|v| !v.is_empty()).collect();
+        xs.extend(&blocks.pieces);
+        let (xp, yp) = self.stage(st, &xs, work.out.len() + work.rows_out.len())?;
+        let at = |k: usize| xp + 4 * starts[k] as u64;
+        let opt = |k: usize| if present[k] { at(k) } else { 0 };
+        let dt = self.stage_table(st, &blocks.table(&ptrs[np..], xp, head))?;
+        let mats = split_at_lens(&ptrs[..np], &psegs);
         Ok(Some(Placed {
-            mats,
+            mats: [0, 1, 2, 3].map(|i| mats[i].clone()),
             bias: [opt(5), opt(6), opt(7), opt(8)],
             norm: [opt(9), opt(10)],
             sinks: opt(11),
-            x: at(starts[2]),
-            angles: (at(starts[3]), at(starts[4])),
-            ns: at(starts[0]),
-            boff: at(starts[1]),
+            x: at(2),
+            angles: (at(3), at(4)),
+            ns: at(0),
+            boff: at(1),
             table: dt,
             out: yp,
             then: then.is_some(),
@@ -242,9 +196,47 @@ impl CudaBackend {
         self.ensure_clock(st)?;
         let tape = &mut st.tape;
         tape.clock(false);
-        for i in 0..3 {
-            self.launch(tape, &work.qkv[i].w, &p.mats[i], p.x, raws[i], 1, t);
+        for ((m, segs), &y) in work.qkv.iter().zip(&p.mats).zip(&raws) {
+            self.launch(tape, &m.w, segs, p.x, y, 1, t);
         }
+        self.launch_preps(tape, work, p, (raws, q));
+        for c0 in (0..t).step_by(chunk) {
+            let c = chunk.min(t - c0);
+            self.gqa_chunk(tape, work, p, (c0, c), (q, ctx), (ps, pm, pl, pc));
+        }
+        self.launch(tape, &work.o_proj.w, &p.mats[3], ctx, p.out, 1, t);
+        if p.bias[3] != 0 {
+            let n = work.out.len();
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (n64, cols) = (n as i64, work.o_proj.w.rows() as i32);
+            // `bias_rows` in `gqa.cu`: the output's n values, `cols` biases.
+            let args = [p.out, p.bias[3], n64.slot(), cols.slot()];
+            tape.kernel(&self.funcs.bias_rows, cfg, args);
+        }
+        tape.clock(true);
+        self.fetch(st, p.out, work.out.len() + work.rows_out.len())?;
+        match work.then.as_ref().filter(|_| p.then) {
+            Some(t) => self.then_launch(st, t, p.out),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `gqa_prep` for q (into `q`), k and v (into the new rows after
+    /// the output and into their cache blocks) from their raw products.
+    fn launch_preps(
+        &self,
+        tape: &mut Tape,
+        work: &GqaWork<'_>,
+        p: &Placed,
+        (raws, q): ([u64; 3], u64),
+    ) {
+        let sh = work.shape;
+        let (h, kvh, hd, t) = (sh.heads, sh.kv_heads, sh.head_dim, work.ns.len());
+        let (qw, kvw) = (h * hd, kvh * hd);
         let rows = p.out + 4 * work.out.len() as u64;
         let eps = work.qk_norm.map_or(0.0, |n| n.2);
         // (source, heads, bias, norm, roped, destination, stride, offset, into the cache)
@@ -303,29 +295,6 @@ impl CudaBackend {
                 .chain([table, p.boff, p.ns, wi.slot()])
                 .collect();
             tape.kernel(&self.funcs.gqa_prep, cfg, args);
-        }
-        for c0 in (0..t).step_by(chunk) {
-            let c = chunk.min(t - c0);
-            self.gqa_chunk(tape, work, p, (c0, c), (q, ctx), (ps, pm, pl, pc));
-        }
-        self.launch(tape, &work.o_proj.w, &p.mats[3], ctx, p.out, 1, t);
-        if p.bias[3] != 0 {
-            let n = work.out.len();
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (n64, cols) = (n as i64, work.o_proj.w.rows() as i32);
-            // `bias_rows` in `gqa.cu`: the output's n values, `cols` biases.
-            let args = [p.out, p.bias[3], n64.slot(), cols.slot()];
-            tape.kernel(&self.funcs.bias_rows, cfg, args);
-        }
-        tape.clock(true);
-        self.fetch(st, p.out, work.out.len() + work.rows_out.len())?;
-        match work.then.as_ref().filter(|_| p.then) {
-            Some(t) => self.then_launch(st, t, p.out),
-            None => Ok(()),
         }
     }
 

@@ -12,8 +12,9 @@
 
 use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::attention::SPLIT;
-use fathom_kernels::backend::{MatRef, MlaProj, MlaQueryProj, MlaWork, segments};
+use fathom_kernels::backend::{MlaProj, MlaQueryProj, MlaWork, segments};
 
+use super::blocks::{Blocks, kept_segments};
 use super::queue::{fits, grow};
 use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
@@ -24,11 +25,6 @@ use crate::CudaError;
 /// run in chunks of queries; each query's result is its own, so the bits
 /// do not move.
 pub(super) const SCRATCH_FLOATS: usize = 1 << 26;
-
-/// A partial block goes up padded with zeros to a multiple of this many
-/// rows (the kernels read only the rows each query sees), so a decode
-/// step's call repeats for this many tokens and replays as a graph.
-const PAD_ROWS: usize = 16;
 
 /// Where a call's projections' pieces are on the device
 /// ([`MlaWork::proj`]).
@@ -147,7 +143,7 @@ impl CudaBackend {
     /// the rows each query sees, where its cache starts in the table, the
     /// gate, the projections' rows, angles and norms, and the partial
     /// blocks (each with room for the step's new rows, padded to
-    /// [`PAD_ROWS`]) up in one copy, the block table in another; `None`
+    /// `blocks.rs`) up in one copy, the block table in another; `None`
     /// (nothing copied) when the weights and full blocks do not fit the
     /// budget at once.
     fn mla_stage(
@@ -156,23 +152,13 @@ impl CudaBackend {
         work: &MlaWork<'_>,
         with_then: bool,
     ) -> Result<Option<Placed>, CudaError> {
-        let t = work.ns.len();
         let (uk, uv) = (segments(&work.uk_t), segments(&work.uv));
         let op = work.o.map_or_else(Vec::new, |o| segments(&o.o_proj));
         let projs = work.proj.as_ref().map_or_else(Vec::new, MlaProj::products);
         let psegs: Vec<Vec<&[u8]>> = projs.iter().map(segments).collect();
         let mut segs: Vec<&[u8]> = uk.iter().chain(&uv).chain(&op).copied().collect();
         segs.extend(psegs.iter().flatten());
-        for s in work.seqs {
-            for b in &s.blocks[..s.stable] {
-                let m = MatRef::F32 {
-                    w: b,
-                    rows: 1,
-                    cols: b.len(),
-                };
-                segs.push(segments(&m)[0]);
-            }
-        }
+        segs.extend(kept_segments(work.seqs));
         let then = work.then.as_ref().filter(|_| with_then);
         segs.extend(then.map(super::then::then_segments).unwrap_or_default());
         let mut mats = vec![work.uk_t, work.uv];
@@ -189,20 +175,13 @@ impl CudaBackend {
         );
         let np = no + psegs.iter().map(Vec::len).sum::<usize>();
         // The kernels' ints travel as f32 bit patterns in the one staging copy.
-        let int = |v: usize| f32::from_bits(v as u32);
-        let ns: Vec<f32> = work.ns.iter().map(|&n| int(n)).collect();
-        let mut boff = vec![0f32; t];
-        let mut at_block = 0;
+        let ns: Vec<f32> = work.ns.iter().map(|&n| f32::from_bits(n as u32)).collect();
         let w = work.shape.width();
-        // Each sequence's blocks after the step: (rows before, rows after).
-        let rows: Vec<(usize, usize)> = work.seqs.iter().map(|s| work.seq_rows(s)).collect();
-        for (s, &(_, after)) in work.seqs.iter().zip(&rows) {
-            boff[s.queries.clone()].fill(int(at_block));
-            at_block += after.div_ceil(SPLIT);
-        }
+        let after: Vec<usize> = work.seqs.iter().map(|s| work.seq_rows(s).1).collect();
+        let zeros = vec![0f32; SPLIT * w];
+        let blocks = Blocks::plan(work.seqs, &after, (work.ns.len(), w), &zeros);
         let gate = work.o.and_then(|o| o.gate).unwrap_or(&[]);
-        let mut xs: Vec<&[f32]> = vec![work.q_nope, work.q_rope, &ns, &boff, gate];
-        let fixed = xs.len();
+        let mut xs: Vec<&[f32]> = vec![work.q_nope, work.q_rope, &ns, &blocks.boff, gate];
         if let Some(p) = &work.proj {
             let (cos, sin) = p.angles.map_or((&[][..], &[][..]), |a| (a.cos, a.sin));
             let q_norm = match p.q {
@@ -211,70 +190,30 @@ impl CudaBackend {
             };
             xs.extend([p.x, cos, sin, q_norm, p.kv_norm]);
         }
-        // Where each of those starts in the copy; the partial blocks follow.
-        let starts: Vec<usize> = xs
-            .iter()
-            .scan(0, |o, v| {
-                let s = *o;
-                *o += v.len();
-                Some(s)
-            })
-            .collect();
-        let mut off: usize = xs.iter().map(|v| v.len()).sum();
-        let zeros = vec![0f32; SPLIT * w];
-        // Block j of a sequence after the step: its rows then, padded.
-        let room = |after: usize, j: usize| {
-            let rows = (after - j * SPLIT).min(SPLIT);
-            rows.next_multiple_of(PAD_ROWS).min(SPLIT) * w
-        };
-        for (s, &(_, after)) in work.seqs.iter().zip(&rows) {
-            for j in s.stable..after.div_ceil(SPLIT) {
-                let b = s.blocks.get(j).copied().unwrap_or(&[]);
-                xs.extend([b, &zeros[..room(after, j) - b.len()]]);
-            }
-        }
+        let starts = starts_of(&xs);
+        let head: usize = xs.iter().map(|v| v.len()).sum();
+        xs.extend(&blocks.pieces);
         let ny = work.out.len() + work.proj.as_ref().map_or(0, |p| p.rows_out.len());
         let (xp, yp) = self.stage(st, &xs, ny)?;
-        let at = |floats: usize| xp + 4 * floats as u64;
-        let mut kept = ptrs[np..].iter();
-        let mut table = Vec::with_capacity(at_block);
-        for (s, &(_, after)) in work.seqs.iter().zip(&rows) {
-            table.extend(kept.by_ref().take(s.stable).copied());
-            for j in s.stable..after.div_ceil(SPLIT) {
-                table.push(at(off));
-                off += room(after, j);
-            }
-        }
-        let dt = self.stage_table(st, &table)?;
-        let proj = work.proj.as_ref().map(|_| {
-            let mut at_seg = no;
-            let mats = psegs
-                .iter()
-                .map(|m| {
-                    let v = ptrs[at_seg..at_seg + m.len()].to_vec();
-                    at_seg += m.len();
-                    v
-                })
-                .collect();
-            let f = |k: usize| at(starts[fixed + k]);
-            ProjPlaced {
-                mats,
-                x: f(0),
-                angles: (f(1), f(2)),
-                q_norm: f(3),
-                kv_norm: f(4),
-            }
+        let at = |k: usize| xp + 4 * starts[k] as u64;
+        let dt = self.stage_table(st, &blocks.table(&ptrs[np..], xp, head))?;
+        let proj = work.proj.as_ref().map(|_| ProjPlaced {
+            mats: split_at_lens(&ptrs[no..np], &psegs),
+            x: at(5),
+            angles: (at(6), at(7)),
+            q_norm: at(8),
+            kv_norm: at(9),
         });
         Ok(Some(Placed {
             uk_t: ptrs[..nw].to_vec(),
             uv: ptrs[nw..nu].to_vec(),
             o_proj: ptrs[nu..no].to_vec(),
-            gate: (!gate.is_empty()).then(|| at(starts[4])),
+            gate: (!gate.is_empty()).then(|| at(4)),
             table: dt,
-            q_nope: at(starts[0]),
-            q_rope: at(starts[1]),
-            ns: at(starts[2]),
-            boff: at(starts[3]),
+            q_nope: at(0),
+            q_rope: at(1),
+            ns: at(2),
+            boff: at(3),
             out: yp,
             then: then.is_some(),
             proj,
@@ -556,4 +495,27 @@ fn proj_places(work: &MlaWork<'_>, pr: &MlaProj<'_>, at: u64) -> [u64; 6] {
         out[k + 1] = out[k] + 4 * lens[k] as u64;
     }
     out
+}
+
+/// Where each of `xs` starts in their one copy, in values.
+pub(super) fn starts_of(xs: &[&[f32]]) -> Vec<usize> {
+    xs.iter()
+        .scan(0, |o, v| {
+            let s = *o;
+            *o += v.len();
+            Some(s)
+        })
+        .collect()
+}
+
+/// `ptrs` cut as `segs` is: each matrix's segments' device addresses.
+pub(super) fn split_at_lens(ptrs: &[u64], segs: &[Vec<&[u8]>]) -> Vec<Vec<u64>> {
+    let mut at = 0;
+    segs.iter()
+        .map(|m| {
+            let v = ptrs[at..at + m.len()].to_vec();
+            at += m.len();
+            v
+        })
+        .collect()
 }
