@@ -3,7 +3,8 @@
 // (fathom-kernels `backend::gqa_work_cpu` defines the order): the heads'
 // preparation, the attention over each sequence's [K | V] cache in splits
 // of 256 rows (`gqa::gqa_attend_scalar`: dot_lanes scores times the scale,
-// the split's max, p = exp(s − max) with exp_fixed, l += p and c += p·v in
+// the split's max, p = exp(s − max) with exp_fixed — the CPU's exp_softmax,
+// the same operations for s − max ≤ 0 —, l += p and c += p·v in
 // row order, each product rounded and then added; the splits merged in
 // order by the online-softmax rule, a sink last as a split with m = sink,
 // l = 1, c = 0; ctx = C · (1/L)), the output projection's bias.

@@ -112,17 +112,26 @@ fn a_gqa_layer_on_the_device_gives_the_twins_bits() {
             scale: 0.25,
             window,
         };
-        let run = |b: Option<&dyn Backend>, mut rest: Option<&mut Rest>| {
+        // `trim`: each cache's blocks before the first its step's queries
+        // see (a window's) left out, as the model hands them.
+        let run_with = |b: Option<&dyn Backend>, mut rest: Option<&mut Rest>, trim: bool| {
             let mut at = 0;
             let seqs: Vec<MlaSeqWork<'_>> = shape
                 .iter()
                 .zip(&caches)
                 .map(|(&(p0, n), c)| {
                     at += n;
+                    let all: Vec<&[f32]> = c.chunks(SPLIT * w).collect();
+                    let first = if trim {
+                        (sh.first_row(p0 + 1) / SPLIT).min(all.len())
+                    } else {
+                        0
+                    };
                     MlaSeqWork {
-                        blocks: c.chunks(SPLIT * w).collect(),
-                        stable: p0 / SPLIT,
+                        blocks: all[first..].to_vec(),
+                        stable: (p0 / SPLIT).saturating_sub(first),
                         queries: at - n..at,
+                        first,
                     }
                 })
                 .collect();
@@ -161,6 +170,7 @@ fn a_gqa_layer_on_the_device_gives_the_twins_bits() {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             (bits(&out), bits(&rows), dev.stats().since(&before))
         };
+        let run = |b: Option<&dyn Backend>, rest: Option<&mut Rest>| run_with(b, rest, false);
         let want = run(None, None);
         let got = run(Some(dev.as_ref()), None);
         assert_eq!(got.1, want.1, "case {case}: the new rows");
@@ -192,6 +202,26 @@ fn a_gqa_layer_on_the_device_gives_the_twins_bits() {
             (&want.0, &want.1),
             "case {case}: chunked"
         );
+        // The window's earlier blocks left out: the same bits, and (GPT-OSS's
+        // window of 20) the first cache's first block neither kept nor sent.
+        let trimmed = run_with(Some(dev.as_ref()), None, true);
+        let twin_trimmed = run_with(None, None, true);
+        assert_eq!(
+            (&trimmed.0, &trimmed.1),
+            (&want.0, &want.1),
+            "case {case}: trimmed"
+        );
+        assert_eq!(
+            (&twin_trimmed.0, &twin_trimmed.1),
+            (&want.0, &want.1),
+            "case {case}"
+        );
+        if window.is_some() {
+            assert!(
+                sh.first_row(SPLIT + 251) / SPLIT == 1,
+                "the window starts in block 1"
+            );
+        }
         // With the rest of the layer up to its experts' choice in the call
         // (`Then`): the output, the new rows and the rest's results.
         let mut rests = [0, 1].map(|_| Rest::new(&dev, &mut Lcg(9), t, DOUT, 0, false));
@@ -241,6 +271,7 @@ fn a_gqa_layer_beyond_the_budget_is_declined() {
         blocks: Vec::new(),
         stable: 0,
         queries: 0..1,
+        first: 0,
     }];
     let (mut out, mut rows) = (vec![f32::NAN; d], vec![f32::NAN; 2 * h * hd]);
     let mut work = GqaWork {

@@ -84,11 +84,13 @@ fn mla_attention_on_the_device_gives_the_cpus_bits() {
                 blocks: cache_a.chunks(SPLIT * w).collect(),
                 stable,
                 queries: 0..6,
+                first: 0,
             },
             MlaSeqWork {
                 blocks: cache_b.chunks(SPLIT * w).collect(),
                 stable: stable.min(1),
                 queries: 6..8,
+                first: 0,
             },
         ];
         let width = o.map_or(h * DV, |o| o.o_proj.rows());
@@ -209,6 +211,7 @@ fn an_mla_step_with_its_layers_rest_gives_the_twins_bits() {
             blocks: vec![&cache[..]],
             stable: 0,
             queries: 0..t,
+            first: 0,
         }];
         let o = MlaOut {
             gate: Some(&gate),
@@ -342,6 +345,7 @@ fn an_mla_step_with_its_projections_gives_the_twins_bits() {
                         blocks: c.chunks(SPLIT * w).collect(),
                         stable: p0 / SPLIT,
                         queries: at - n..at,
+                        first: 0,
                     }
                 })
                 .collect();

@@ -168,8 +168,8 @@ pub struct BackendStats {
     /// Device memory holding sequences' states now (KDA states and
     /// convolution windows left there by [`Backend::kda_step`]).
     pub vram_state_bytes: u64,
-    /// Sequences' MLA attention computed on the device
-    /// ([`Backend::mla_attend`]), each also a device call.
+    /// Attention layers computed on the device ([`Backend::mla_attend`],
+    /// [`Backend::gqa_attend`]), each also a device call.
     pub device_attention: u64,
     /// MoE layers whose routed experts ran through their combine on the
     /// device ([`Backend::moe_tail`]), each also a device call.

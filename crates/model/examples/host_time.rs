@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fathom_kernels::backend::{
-    self, Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role,
+    self, Backend, BackendStats, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product,
+    Role,
 };
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::ops::GluAct;
@@ -94,7 +95,15 @@ impl Backend for Zeros {
     }
     fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
         work.out.fill(0.0);
+        if let Some(p) = work.proj.as_mut() {
+            p.rows_out.fill(0.0);
+        }
         self.call("mla_attend")
+    }
+    fn gqa_attend(&self, work: &mut GqaWork<'_>) -> bool {
+        work.out.fill(0.0);
+        work.rows_out.fill(0.0);
+        self.call("gqa_attend")
     }
     fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, _: &Hints<'_, '_>) -> bool {
         tail.y.fill(0.0);

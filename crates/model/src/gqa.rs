@@ -11,6 +11,7 @@
 //! same in a prefill chunk, a decode step or a verification pass, batched
 //! or not.
 
+use fathom_kernels::attention::SPLIT;
 use fathom_kernels::backend::{self, Biased, GqaWork, MlaSeqWork, Then};
 use fathom_kernels::gqa::{GqaAccum, GqaQuery, GqaShape};
 use fathom_kernels::rope::Rope;
@@ -118,10 +119,14 @@ pub fn gqa_projected(
         for (cache, seg) in caches.iter().zip(segs) {
             let p0 = cache.len();
             let (blocks, stable) = cache.ram_blocks(p0)?;
+            // A sliding window: blocks before the first any query of the
+            // step sees are left out (neither kept nor sent).
+            let first = (shape.first_row(p0 + 1) / SPLIT).min(blocks.len());
             seqs.push(MlaSeqWork {
-                blocks,
-                stable,
+                blocks: blocks[first..].to_vec(),
+                stable: stable.saturating_sub(first),
                 queries: seg.clone(),
+                first,
             });
             ns.extend((0..seg.len()).map(|i| p0 + i + 1));
         }

@@ -62,6 +62,7 @@ fn check(b: &dyn Backend, cache: &PagedRows, rows: usize, g: &mut Rng, w: (&[u16
         blocks,
         stable,
         queries: 0..2,
+        first: 0,
     }];
     let ns = [rows, rows / 2];
     let (q_nope, q_rope) = (g.vec(h * 2 * DN, 1.0), g.vec(2 * h * SH.rope, 1.0));

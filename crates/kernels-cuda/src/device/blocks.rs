@@ -43,25 +43,30 @@ pub(super) fn kept_segments<'a>(seqs: &[MlaSeqWork<'a>]) -> Vec<&'a [u8]> {
 }
 
 impl<'a> Blocks<'a> {
-    /// `seqs`' blocks after the step (`after[i]` rows for sequence i;
-    /// rows `w` wide) for `t` queries; `zeros` holds at least [`SPLIT`] rows.
+    /// `seqs`' blocks after the step (`after[i]` rows for sequence i, from
+    /// its block `first` on; rows `w` wide) for `t` queries; `zeros` holds
+    /// at least [`SPLIT`] rows.
     pub fn plan(
         seqs: &'a [MlaSeqWork<'a>],
         after: &[usize],
         (t, w): (usize, usize),
         zeros: &'a [f32],
     ) -> Self {
-        let int = |v: usize| f32::from_bits(v as u32);
+        // The kernels index the table with boff + the cache's block index,
+        // so a sequence whose blocks start at block `first` has boff
+        // `first` less than where its blocks start in the table (it may be
+        // negative: an int's bits).
+        let int = |v: i64| f32::from_bits(v as i32 as u32);
         let mut boff = vec![0f32; t];
-        let (mut at_block, mut pieces, mut plan) = (0, Vec::new(), Vec::new());
+        let (mut at_block, mut pieces, mut plan) = (0i64, Vec::new(), Vec::new());
         for (s, &rows) in seqs.iter().zip(after) {
-            boff[s.queries.clone()].fill(int(at_block));
-            at_block += rows.div_ceil(SPLIT);
+            boff[s.queries.clone()].fill(int(at_block - s.first as i64));
+            at_block += (rows.div_ceil(SPLIT) - s.first) as i64;
             let mut rooms = Vec::new();
-            for j in s.stable..rows.div_ceil(SPLIT) {
+            for j in s.first + s.stable..rows.div_ceil(SPLIT) {
                 let held = (rows - j * SPLIT).min(SPLIT);
                 let room = held.next_multiple_of(PAD_ROWS).min(SPLIT) * w;
-                let b = s.blocks.get(j).copied().unwrap_or(&[]);
+                let b = s.blocks.get(j - s.first).copied().unwrap_or(&[]);
                 pieces.extend([b, &zeros[..room - b.len()]]);
                 rooms.push(room);
             }

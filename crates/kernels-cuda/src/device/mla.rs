@@ -1,14 +1,15 @@
 //! An MLA layer's absorbed attention for a step's sequences in one round
-//! trip: the no-position queries go up, `uk_t`'s grouped product makes the
-//! latent queries, `mla.cu` attends over every sequence's cache (`mla_split`
-//! a block per split, query and head, `mla_merge` a block per query and
-//! head, in chunks of
-//! queries within a scratch cap), `uv`'s grouped product makes the values,
-//! and only those come back — or, with [`fathom_kernels::backend::MlaOut`],
-//! `mla_gate` puts them by position (times σ(gate)) and `o_proj` makes the
-//! layer's output, and only that comes back. The caches' full blocks are kept with the
-//! weights (keyed by their host address; the cache forgets a block before
-//! it changes or goes); partial blocks go up with the queries each call.
+//! trip: the no-position queries go up — or, with the layer's projections
+//! ([`fathom_kernels::backend::MlaProj`]), its normed rows, and the
+//! queries, the gate and the step's new cache rows are made here
+//! (`launch_proj`) —, `uk_t`'s grouped product makes the latent queries,
+//! `mla.cu` attends over every sequence's cache (`mla_split` a block per
+//! split, query and head, `mla_merge` a block per query and head, in
+//! chunks of queries within a scratch cap), `uv`'s grouped product makes
+//! the values, and only those come back — or, with
+//! [`fathom_kernels::backend::MlaOut`], `mla_gate` puts them by position
+//! (times σ(gate)) and `o_proj` makes the layer's output, and only that
+//! (and the new rows) comes back. The caches' blocks: `blocks.rs`.
 
 use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::attention::SPLIT;
@@ -444,7 +445,7 @@ impl CudaBackend {
         );
         let (lo, kv_eps) = (lora as i32, pr.kv_eps);
         // The arguments match `mla_rows` in `mla.cu`: `c` holds t rows of
-        // lora + dr ≤ MLA_NORM_MAX-wide latents, the table every block of
+        // lora + dr wide rows (lora ≤ MLA_NORM_MAX), the table every block of
         // each sequence after the step (its new rows' blocks in staging),
         // `ns`/`boff` t entries; the rows go after the output's values.
         let rows_at = p.out + 4 * work.out.len() as u64;

@@ -10,7 +10,7 @@
 use super::mla_proj::{DEVICE_MAX_NORM, blocks_with, rotate_heads};
 use super::{MatRef, MlaSeqWork};
 use crate::attention::SPLIT;
-use crate::gqa::{GqaQuery, GqaShape, gqa_attend_scalar};
+use crate::gqa::{GqaAccum, GqaQuery, GqaShape};
 use crate::ops::rms_norm_rows;
 
 /// A product with its optional bias: `x Wᵀ (+ b)`, the bias added to each
@@ -70,18 +70,20 @@ pub struct GqaWork<'a> {
 }
 
 impl GqaWork<'_> {
-    /// A sequence's rows before the step and after it.
+    /// A sequence's rows before the step and after it (its blocks start
+    /// at block `first` of its cache).
     pub fn seq_rows(&self, s: &MlaSeqWork<'_>) -> (usize, usize) {
         let w = self.shape.width().max(1);
-        let past = s.blocks.iter().map(|b| b.len() / w).sum::<usize>();
+        let past = s.first * SPLIT + s.blocks.iter().map(|b| b.len() / w).sum::<usize>();
         (past, past + s.queries.len())
     }
 
     /// Whether the work is what a device's kernels (`gqa.cu` and the
     /// products) take: every shape and length as above, the sequences
     /// covering the queries in order with their blocks whole (all but the
-    /// last [`SPLIT`] rows), a head within a block's threads and the
-    /// norms' staging, a window of at least one row, sizes within `i32`.
+    /// last [`SPLIT`] rows, the kept ones full), a head within the kernels'
+    /// staging (`gqa.cu`'s `GQA_HEAD_MAX`), a window of at least one row
+    /// reaching no block before the sequence's `first`, sizes within `i32`.
     pub fn fits_device_kernel(&self) -> bool {
         let sh = &self.shape;
         let (h, kvh, hd, t) = (sh.heads, sh.kv_heads, sh.head_dim, self.ns.len());
@@ -91,6 +93,7 @@ impl GqaWork<'_> {
         let dout = self.o_proj.w.rows();
         let [q, k, v] = &self.qkv;
         let shapes = kvh > 0
+            && h > 0
             && h.is_multiple_of(kvh)
             && h <= 65535
             && (2..=DEVICE_MAX_NORM.min(1024)).contains(&hd)
@@ -114,7 +117,11 @@ impl GqaWork<'_> {
             && self.rows_out.len() == t * w
             && t.checked_mul(dm.max(qw).max(w).max(dout))
                 .is_some_and(small)
-            && t.checked_mul(self.max_splits() * h * (SPLIT + hd + 2))
+            && self
+                .max_splits()
+                .checked_mul(h)
+                .and_then(|v| v.checked_mul(SPLIT + hd + 2))
+                .and_then(|v| v.checked_mul(t))
                 .is_some_and(small);
         shapes && lens && self.seqs_fit(w)
     }
@@ -130,7 +137,8 @@ impl GqaWork<'_> {
             let ok = s.queries.start == next
                 && s.queries.start <= s.queries.end
                 && s.queries.end <= self.ns.len()
-                && s.stable <= s.blocks.len();
+                && s.stable <= s.blocks.len()
+                && s.blocks[..s.stable].iter().all(|b| b.len() == SPLIT * w);
             next = s.queries.end;
             let Some((last, full)) = s.blocks.split_last() else {
                 return ok && self.seen(s, w);
@@ -148,11 +156,12 @@ impl GqaWork<'_> {
     /// ones up to its own.
     fn seen(&self, s: &MlaSeqWork<'_>, _w: usize) -> bool {
         let (past, rows) = self.seq_rows(s);
+        let from = |n: usize| self.shape.first_row(n) / SPLIT;
         i32::try_from(rows).is_ok()
             && self.ns[s.queries.clone()]
                 .iter()
                 .enumerate()
-                .all(|(k, &n)| n == past + k + 1)
+                .all(|(k, &n)| n == past + k + 1 && from(n) >= s.first)
     }
 }
 
@@ -210,7 +219,15 @@ pub fn gqa_work_cpu(work: &mut GqaWork<'_>) {
             })
             .collect();
         let out = &mut ctx[s.queries.start * qw..s.queries.end * qw];
-        gqa_attend_scalar(&sh, &blocks, &queries, work.sinks, out);
+        // The host path's own accumulation (the scalar twin's bits), from
+        // the first block any query sees.
+        let mut acc = GqaAccum::new(sh, &queries);
+        if let Some(sinks) = work.sinks {
+            acc = acc.with_sinks(sinks);
+        }
+        let from = acc.first_block();
+        acc.add(from, &blocks[from - s.first..]);
+        acc.finish(out);
     }
     work.out.copy_from_slice(&work.o_proj.cpu(&ctx, t));
 }

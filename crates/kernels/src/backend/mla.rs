@@ -16,11 +16,14 @@ use crate::ops::sigmoid_fixed;
 /// keep copies of those; the others change between calls), and its
 /// queries (a range of the work's). With [`MlaWork::proj`] the blocks
 /// hold only the rows cached before the step (there may be none), and the
-/// step's new rows follow them, one a query.
+/// step's new rows follow them, one a query. `first` is the cache's index
+/// of `blocks[0]`: 0, or for a sliding window ([`super::GqaWork`]) the
+/// first block any query of the step sees (earlier ones are left out).
 pub struct MlaSeqWork<'a> {
     pub blocks: Vec<&'a [f32]>,
     pub stable: usize,
     pub queries: Range<usize>,
+    pub first: usize,
 }
 
 /// One MLA layer's attention for a step's sequences in absorbed form
@@ -165,7 +168,9 @@ impl MlaWork<'_> {
             let shaped = full.iter().all(|b| b.len() == SPLIT * w)
                 && last.is_none_or(|l| !l.is_empty() && l.len() % w == 0 && l.len() <= SPLIT * w)
                 && (last.is_some() || self.proj.is_some())
-                && s.stable <= s.blocks.len();
+                && s.stable <= s.blocks.len()
+                && s.blocks[..s.stable].iter().all(|b| b.len() == SPLIT * w)
+                && s.first == 0;
             if !(in_order && shaped) {
                 return false;
             }
@@ -283,6 +288,7 @@ fn projected_cpu(work: &mut MlaWork<'_>) {
                 .collect(),
             stable: 0,
             queries: s.queries.clone(),
+            first: 0,
         })
         .collect();
     mla_work_cpu(&mut MlaWork {

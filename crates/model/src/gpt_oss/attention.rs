@@ -11,7 +11,8 @@
 //! where `window(t)` is the latest `sliding_window` positions up to `t` on
 //! sliding layers and all of them on full ones, and the sink is one more
 //! logit in the softmax's denominator. The cache and the attention itself
-//! are the shared GQA core's ([`crate::gqa::gqa_heads`]).
+//! are the shared GQA core's ([`crate::gqa::gqa_heads`]; with a device, the
+//! whole layer is [`crate::gqa::gqa_projected`]).
 
 use fathom_kernels::backend::Then;
 use fathom_kernels::gqa::GqaShape;

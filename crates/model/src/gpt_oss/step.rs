@@ -4,7 +4,8 @@
 //! All sequences' new rows are stacked into one `[N, D]` matrix; spine
 //! matrices multiply all rows at once, the rotary angles are computed once
 //! per row for every layer, attention over the cache runs per sequence (a
-//! sliding layer reads only the blocks its window reaches), the MoE
+//! sliding layer reads only the blocks its window reaches, on the host and
+//! on a device), the MoE
 //! fetches the union of the experts once. So a sequence's logits are
 //! bit-identical whatever else the step holds, however its prompt was
 //! chunked. Atomic: a failure truncates every cache back to its position

@@ -198,6 +198,7 @@ pub fn mla_heads_projected(
                 blocks,
                 stable,
                 queries: seg.clone(),
+                first: 0,
             });
             ns.extend((0..seg.len()).map(|i| p0 + i + 1));
         }
@@ -354,6 +355,7 @@ fn on_device(
             blocks,
             stable,
             queries: seg.clone(),
+            first: 0,
         });
         // causal: each position sees itself and all before
         ns.extend((0..seg.len()).map(|i| p0 + i + 1));
