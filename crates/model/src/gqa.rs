@@ -12,13 +12,13 @@
 //! or not.
 
 use fathom_kernels::attention::SPLIT;
-use fathom_kernels::backend::{self, Biased, GqaWork, MlaSeqWork, Then};
+use fathom_kernels::backend::{self, Biased, GqaWork, Then};
 use fathom_kernels::gqa::{GqaAccum, GqaQuery, GqaShape};
 use fathom_kernels::rope::Rope;
 
 use crate::batch::Segment;
 use crate::error::Result;
-use crate::kv::PagedRows;
+use crate::kv::{PagedRows, push_step_rows, step_blocks};
 use crate::linear::Proj;
 use crate::rotary::Angles;
 
@@ -114,22 +114,9 @@ pub fn gqa_projected(
         }
     }
     let done = crate::phase::timed(crate::phase::Phase::FullCore, || {
-        let mut seqs = Vec::with_capacity(caches.len());
-        let mut ns = Vec::with_capacity(n);
-        for (cache, seg) in caches.iter().zip(segs) {
-            let p0 = cache.len();
-            let (blocks, stable) = cache.ram_blocks(p0)?;
-            // A sliding window: blocks before the first any query of the
-            // step sees are left out (neither kept nor sent).
-            let first = (shape.first_row(p0 + 1) / SPLIT).min(blocks.len());
-            seqs.push(MlaSeqWork {
-                blocks: blocks[first..].to_vec(),
-                stable: stable.saturating_sub(first),
-                queries: seg.clone(),
-                first,
-            });
-            ns.extend((0..seg.len()).map(|i| p0 + i + 1));
-        }
+        // A sliding window: blocks before the first any query of the step
+        // sees are left out (neither kept nor sent).
+        let (seqs, ns) = step_blocks(caches, segs, |p0| shape.first_row(p0 + 1) / SPLIT)?;
         let rows_o = lin.o_proj.weight.rows;
         let (mut out, mut rows) = (vec![0f32; n * rows_o], vec![0f32; n * w]);
         let mut work = GqaWork {
@@ -155,8 +142,6 @@ pub fn gqa_projected(
     let Some((out, rows, done)) = done else {
         return Ok(None);
     };
-    for (cache, seg) in caches.iter_mut().zip(segs) {
-        cache.push_rows(&rows[seg.start * w..seg.end * w])?;
-    }
+    push_step_rows(caches, segs, &rows, w)?;
     Ok(Some((out, done)))
 }

@@ -571,3 +571,44 @@ fn decode(dtype: KvDtype, bytes: &[u8]) -> Vec<f32> {
             .collect(),
     }
 }
+
+/// Each sequence's cached rows before a step as a device call takes them
+/// (`fathom_kernels::backend::MlaSeqWork`: its blocks from block
+/// `first(p0)` on, `p0` the rows cached, with its queries `segs[i]`), and
+/// every query's row count (causal: its own position and all before).
+/// `None` unless every cache is fp32 in RAM ([`PagedRows::ram_blocks`]).
+pub fn step_blocks<'a>(
+    caches: &'a [&mut PagedRows],
+    segs: &[crate::batch::Segment],
+    first: impl Fn(usize) -> usize,
+) -> Option<(Vec<fathom_kernels::backend::MlaSeqWork<'a>>, Vec<usize>)> {
+    let mut seqs = Vec::with_capacity(caches.len());
+    let mut ns = Vec::new();
+    for (cache, seg) in caches.iter().zip(segs) {
+        let p0 = cache.len();
+        let (blocks, stable) = cache.ram_blocks(p0)?;
+        let first = first(p0).min(blocks.len());
+        seqs.push(fathom_kernels::backend::MlaSeqWork {
+            blocks: blocks[first..].to_vec(),
+            stable: stable.saturating_sub(first),
+            queries: seg.clone(),
+            first,
+        });
+        ns.extend((0..seg.len()).map(|i| p0 + i + 1));
+    }
+    Some((seqs, ns))
+}
+
+/// Appends a device call's new rows `rows` (`w` wide, the step's rows in
+/// order) to each sequence's cache.
+pub fn push_step_rows(
+    caches: &mut [&mut PagedRows],
+    segs: &[crate::batch::Segment],
+    rows: &[f32],
+    w: usize,
+) -> Result<()> {
+    for (cache, seg) in caches.iter_mut().zip(segs) {
+        cache.push_rows(&rows[seg.start * w..seg.end * w])?;
+    }
+    Ok(())
+}

@@ -47,6 +47,7 @@ use crate::rotary::{Angles, deinterleave};
 
 use super::MlaDims;
 use super::state::MlaCache;
+use crate::kv::{push_step_rows, step_blocks};
 use crate::linear::Linear;
 
 /// `kv_b_proj` (`[H·(dn + dv), lora]`, head-major) rearranged once at load
@@ -189,19 +190,7 @@ pub fn mla_heads_projected(
     let n = segs.last().map_or(0, |s| s.end);
     let w = d.kv_lora_rank + d.qk_rope_head_dim;
     let done = crate::phase::timed(crate::phase::Phase::FullCore, || {
-        let mut seqs = Vec::with_capacity(caches.len());
-        let mut ns = Vec::with_capacity(n);
-        for (cache, seg) in caches.iter().zip(segs) {
-            let p0 = cache.len();
-            let (blocks, stable) = cache.ram_blocks(p0)?;
-            seqs.push(MlaSeqWork {
-                blocks,
-                stable,
-                queries: seg.clone(),
-                first: 0,
-            });
-            ns.extend((0..seg.len()).map(|i| p0 + i + 1));
-        }
+        let (seqs, ns) = step_blocks(caches, segs, |_| 0)?;
         let (mut out, mut rows) = (vec![0f32; n * lin.o_proj.rows], vec![0f32; n * w]);
         let angles = rope.map(|r| MlaAngles {
             cos: &r.angles.cos,
@@ -241,9 +230,7 @@ pub fn mla_heads_projected(
     let Some((out, rows, done)) = done else {
         return Ok(None);
     };
-    for (cache, seg) in caches.iter_mut().zip(segs) {
-        cache.push_rows(&rows[seg.start * w..seg.end * w])?;
-    }
+    push_step_rows(caches, segs, &rows, w)?;
     Ok(Some((out, done)))
 }
 
