@@ -41,7 +41,10 @@ while read -r name exe; do
 done <<<"$tests"
 cp target/release/fathom target/release/examples/bench_cuda target/release/examples/host_time "$out/bin/"
 strip "$out"/bin/*
-tar -C "$out/bin" -cJf "$out/gpu.tar.xz" .
+# Written beside, then renamed: a copy of target/gpu taken meanwhile sees
+# the old pack or the new one, never half of one.
+tar -C "$out/bin" -cJf "$out/gpu.tar.xz.part" .
+mv "$out/gpu.tar.xz.part" "$out/gpu.tar.xz"
 rm -rf "$out/bin"
 
 {

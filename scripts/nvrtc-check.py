@@ -18,7 +18,8 @@ LIBNVRTC defaults to the wheel's library in this Python's site-packages;
 with --ptx each architecture's PTX is written to DIR/<arch>.ptx (for
 `ptxas -arch=sm_90 -v DIR/compute_90.ptx`, from the nvidia-cuda-nvcc-cu12
 wheel, to read registers and spills). Exits 1 with NVRTC's log when a
-compile fails.
+compile fails. FATHOM_CUDA_DEFINES (the backend's tuning knobs, e.g.
+"BF16_MINB=4") is passed as -D options, as the backend passes it.
 """
 import ctypes
 import glob
@@ -76,7 +77,8 @@ def compile_for(lib, src, arch, ptx_dir):
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"fathom.cu", 0, None, None)
     if rc != 0:
         sys.exit(f"nvrtcCreateProgram failed ({rc})")
-    opts = OPTIONS + [b"--gpu-architecture=" + arch.encode()]
+    defines = os.environ.get("FATHOM_CUDA_DEFINES", "").replace(",", " ").split()
+    opts = OPTIONS + [b"-D" + d.encode() for d in defines] + [b"--gpu-architecture=" + arch.encode()]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))

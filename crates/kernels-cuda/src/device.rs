@@ -207,10 +207,10 @@ pub struct CudaBackend {
     state: Mutex<State>,
 }
 
-fn ptx_cache_path(arch: &str, nvrtc: (i32, i32)) -> Option<PathBuf> {
+fn ptx_cache_path(arch: &str, nvrtc: (i32, i32), defines: &[String]) -> Option<PathBuf> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (SOURCE, arch, nvrtc, OPTIONS).hash(&mut h);
+    (SOURCE, arch, nvrtc, OPTIONS, defines).hash(&mut h);
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
@@ -228,7 +228,8 @@ const OPTIONS: &str = "ftz=false prec-div=true prec-sqrt=true fmad=false std=c++
 /// The kernels' PTX for `arch`: from the cache, else compiled by NVRTC and
 /// stored (a cache that cannot be written is skipped).
 fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> {
-    let path = ptx_cache_path(arch, nvrtc);
+    let defines = tuning_defines(std::env::var("FATHOM_CUDA_DEFINES").ok().as_deref())?;
+    let path = ptx_cache_path(arch, nvrtc, &defines);
     if let Some(src) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(Ptx::from_src(src));
     }
@@ -238,7 +239,9 @@ fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> 
         prec_sqrt: Some(true),
         fmad: Some(false),
         arch: Some(arch),
-        options: vec!["--std=c++17".into()],
+        options: std::iter::once("--std=c++17".to_string())
+            .chain(defines.iter().map(|d| format!("-D{d}")))
+            .collect(),
         ..Default::default()
     };
     let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| CudaError::Compile {
@@ -258,6 +261,35 @@ fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> 
         }
     }
     Ok(ptx)
+}
+
+/// The kernels' tuning knobs set at run time: `FATHOM_CUDA_DEFINES`, e.g.
+/// `"BF16G=2 BF16_MINB=4"` (entries split by spaces or commas), each a
+/// macro the sources leave to be overridden (`matmul.cu`: `BF16G`,
+/// `BF16_MINB`, `MXG`) and a whole number. They change how many loads are
+/// in flight and how many registers a kernel may use, never a sum or its
+/// order; for measuring on a device, not for use.
+pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaError> {
+    const KNOBS: [&str; 3] = ["BF16G", "BF16_MINB", "MXG"];
+    let mut out = Vec::new();
+    for entry in spec
+        .unwrap_or("")
+        .split([' ', ','])
+        .filter(|e| !e.is_empty())
+    {
+        let ok = entry.split_once('=').is_some_and(|(name, value)| {
+            KNOBS.contains(&name) && value.parse::<u32>().is_ok_and(|v| (1..=16).contains(&v))
+        });
+        if !ok {
+            return Err(CudaError::Setting(format!(
+                "FATHOM_CUDA_DEFINES entry {entry:?}: give NAME=N with NAME one of {} and N \
+                 a whole number from 1 to 16 (or unset the variable)",
+                KNOBS.join(", ")
+            )));
+        }
+        out.push(entry.to_string());
+    }
+    Ok(out)
 }
 
 /// `compute_XY` for the architectures NVRTC knows by a static name.
@@ -636,5 +668,34 @@ impl Backend for CudaBackend {
 
     fn stats(&self) -> BackendStats {
         self.lock().stats.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tuning_defines;
+
+    #[test]
+    fn tuning_defines_take_known_knobs_and_name_a_bad_entry() {
+        assert_eq!(tuning_defines(None).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            tuning_defines(Some("BF16G=2, BF16_MINB=4 MXG=3")).unwrap(),
+            ["BF16G=2", "BF16_MINB=4", "MXG=3"]
+        );
+        for bad in [
+            "BF16G",
+            "BF16G=0",
+            "BF16G=x",
+            "UNROLL=4",
+            "BF16G=2;rm",
+            "MXG=17",
+        ] {
+            let e = tuning_defines(Some(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("FATHOM_CUDA_DEFINES entry {bad:?}"))
+                    && e.contains("BF16_MINB"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -43,6 +43,9 @@ pub enum CudaError {
     BadOrdinal { ordinal: usize, count: usize },
     #[error("CUDA driver: {0}")]
     Driver(String),
+    /// A setting of the environment the backend reads is malformed.
+    #[error("{0}")]
+    Setting(String),
     #[error("NVRTC could not compile fathom's kernels for {arch}: {log}")]
     Compile { arch: String, log: String },
 }

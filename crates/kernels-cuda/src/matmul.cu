@@ -333,7 +333,18 @@ extern "C" __global__ void bf16_lanes(unsigned short* __restrict__ w, int rows, 
 // bf16 products: with one position two rows a warp (16 rows a block, G
 // chunks of both rows in flight), else `rows_product` (8 rows a block);
 // full chunks from the rearranged layout when cols is a multiple of 8.
+#ifndef BF16G
 #define BF16G 4
+#endif
+// BF16_MINB (unset by default): blocks of 256 threads the bf16 products
+// ask to fit an SM at once, their registers capped to fit. A tuning knob
+// set at run time (FATHOM_CUDA_DEFINES), as BF16G and MXG are: none
+// changes a sum or its order.
+#ifdef BF16_MINB
+#define BF16_BOUNDS __launch_bounds__(256, BF16_MINB)
+#else
+#define BF16_BOUNDS
+#endif
 
 __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ w,
                                              const float* __restrict__ x, float* __restrict__ y,
@@ -353,7 +364,7 @@ __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ 
     }
 }
 
-extern "C" __global__ void mm_bf16(const unsigned short* __restrict__ w,
+extern "C" __global__ void BF16_BOUNDS mm_bf16(const unsigned short* __restrict__ w,
                                    const float* __restrict__ x, float* __restrict__ y, int rows,
                                    int cols, int t, int rows_g) {
     bf16_product(w, x, y, rows, cols, t, rows_g);
@@ -380,7 +391,9 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 // instead of decoding the bits. MXG chunks' loads go out together (the sums
 // still run chunk by chunk), and with one position a warp takes two rows
 // (`rows2_product1`, 16 rows a block) as bf16 does.
+#ifndef MXG
 #define MXG 2
+#endif
 
 __device__ __forceinline__ void e2m1_table(float* lut) {
     if (threadIdx.x < 16) lut[threadIdx.x] = e2m1(threadIdx.x);
@@ -476,7 +489,7 @@ extern "C" __global__ void mm_mxfp4(const unsigned char* __restrict__ packed,
 // blockIdx.y picks product p, whose weight segments, input and output are
 // the device addresses tab[4p .. 4p + 4) (data, scales or 0, x, y). Each
 // row is computed by the same code as in a launch of its own.
-extern "C" __global__ void mm_bf16_many(const unsigned long long* __restrict__ tab, int rows,
+extern "C" __global__ void BF16_BOUNDS mm_bf16_many(const unsigned long long* __restrict__ tab, int rows,
                                         int cols, int t) {
     const unsigned long long* e = tab + 4 * blockIdx.y;
     bf16_product((const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t,
