@@ -406,3 +406,45 @@ fn gpus_flag_errors_name_the_fix() {
         );
     }
 }
+
+/// GPT-OSS's MXFP4 experts (the released format, with biases and the
+/// clamped SwiGLU between their two products): each product kind of a
+/// layer's experts goes up as one batch, so a decode token makes three
+/// calls a layer (the attention with the router's product, the experts'
+/// first products, their second) and one for the head — it was one call
+/// for every product of every expert — with the CPU's bits.
+#[test]
+fn gpt_oss_mxfp4_experts_go_up_as_one_batch_a_product_kind() {
+    let Some((env, _)) = cuda_or_skip() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("fathom-gptoss-mx-{}", std::process::id()));
+    let d = dir.to_str().unwrap();
+    let synth = common::fathom(&[
+        "synth",
+        "--preset",
+        "gpt-oss-20b",
+        "--layers",
+        "2",
+        "--hidden",
+        "128",
+        "--vocab",
+        "1024",
+        "--force",
+        "--out",
+        d,
+    ]);
+    assert!(
+        synth.status.success(),
+        "{}",
+        String::from_utf8_lossy(&synth.stderr)
+    );
+    let (cpu, gpu) = both(d, &["--ignore-eos"], &[], &env);
+    assert_eq!(answer(&cpu), answer(&gpu));
+    let g = &gpu["stats"]["gpu_decode"];
+    let steps = gpu["stats"]["generated_tokens"].as_u64().unwrap() - 1;
+    assert_eq!(steps, 11, "{g}");
+    assert_eq!(g["device_calls"].as_u64(), Some(steps * (2 * 3 + 1)), "{g}");
+    assert_eq!(g["cpu_products"].as_u64(), Some(0), "{g}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

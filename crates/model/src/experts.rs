@@ -144,10 +144,28 @@ impl ExpertWeights {
             }
             ExpertFormat::Mxfp4Bias => {
                 apply(MatRef::Mxfp4(self.matrix(i)), true, y);
-                let (b0, b1, _) = self.parts[2];
-                let bias = if i == 0 { b0 } else { b1 };
-                self.add_bias(bias, self.parts[i].2[0], y);
+                self.after_product(i, y);
             }
+        }
+    }
+
+    /// Matrix `i` of an MXFP4 expert (with or without biases) as the seam
+    /// takes it in a batch, borrowed from this expert's buffer (stable
+    /// until the expert drops); [`ExpertWeights::after_product`] finishes
+    /// its rows as [`ExpertWeights::matmul`] does. `None` for other formats.
+    pub fn mxfp4_mat(&self, i: usize) -> Option<MatRef<'_>> {
+        matches!(self.format, ExpertFormat::Mxfp4 | ExpertFormat::Mxfp4Bias)
+            .then(|| MatRef::Mxfp4(self.matrix(i)))
+    }
+
+    /// What [`ExpertWeights::matmul`] does to matrix `i`'s product after
+    /// the product itself: adds its bias (`Mxfp4Bias`: the first matrix's
+    /// or the second's); nothing for the other formats' plain products.
+    pub fn after_product(&self, i: usize, y: &mut [f32]) {
+        if self.format == ExpertFormat::Mxfp4Bias && i < 2 {
+            let (b0, b1, _) = self.parts[2];
+            let bias = if i == 0 { b0 } else { b1 };
+            self.add_bias(bias, self.parts[i].2[0], y);
         }
     }
 

@@ -228,7 +228,29 @@ impl ExpertFetch {
         expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
     ) -> Result<Vec<f32>> {
         crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
-            self.collect_and_sum(source, routes, z, (out_w, work_each), None, expert)
+            self.collect_and_sum(source, routes, z, (out_w, work_each), None, None, expert)
+                .map(Finished::into_sums)
+        })
+    }
+
+    /// [`ExpertFetch::finish`] with `batch`, which may run every expert of
+    /// the union at once (given the experts, each one's gathered rows and
+    /// their count) when all are in RAM and a device is installed —
+    /// typically each of the experts' products as one batched device call
+    /// — and must then give exactly `expert`'s outputs; `None` leaves them
+    /// to `expert` one by one. The sums run as in `finish`.
+    pub fn finish_batched(
+        self,
+        source: &dyn ExpertSource,
+        routes: &[Route],
+        z: &[f32],
+        (out_w, work_each): (usize, usize),
+        batch: &BatchExperts<'_>,
+        expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
+    ) -> Result<Vec<f32>> {
+        crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
+            let how = (out_w, work_each);
+            self.collect_and_sum(source, routes, z, how, None, Some(batch), expert)
                 .map(Finished::into_sums)
         })
     }
@@ -257,9 +279,15 @@ impl ExpertFetch {
         let work = 3 * glu.inter * in_w;
         crate::phase::timed(crate::phase::Phase::RoutedExperts, move || {
             let how = (out_w, work);
-            self.collect_and_sum(source, routes, z, how, Some((glu, tail)), |e, zin, n| {
-                glu.forward(e, zin, n, out_w)
-            })
+            self.collect_and_sum(
+                source,
+                routes,
+                z,
+                how,
+                Some((glu, tail)),
+                None,
+                |e, zin, n| glu.forward(e, zin, n, out_w),
+            )
         })
     }
 
@@ -298,7 +326,8 @@ impl ExpertFetch {
 
     /// `(out_w, work_each)` as for [`ExpertFetch::finish`]; `glu`, when
     /// given, may run the experts as grouped device calls, with the tail
-    /// if asked.
+    /// if asked; `batch` as for [`ExpertFetch::finish_batched`].
+    #[allow(clippy::too_many_arguments)]
     fn collect_and_sum(
         self,
         source: &dyn ExpertSource,
@@ -306,6 +335,7 @@ impl ExpertFetch {
         z: &[f32],
         (out_w, work_each): (usize, usize),
         glu: Option<(&GluExpert, Tail<'_>)>,
+        batch: Option<&BatchExperts<'_>>,
         expert: impl Fn(&ExpertWeights, &[f32], usize) -> Vec<f32> + Sync,
     ) -> Result<Finished> {
         let t = routes.len();
@@ -337,7 +367,15 @@ impl ExpertFetch {
             if let Some(Grouped::Tail(y)) = done {
                 return Ok(Finished::Tail(y));
             }
+            let batched = || {
+                let b = batch.filter(|_| fathom_kernels::backend::installed().is_some())?;
+                let inputs: Vec<Vec<f32>> = self.users.iter().map(|us| gather(us)).collect();
+                let ns: Vec<usize> = self.users.iter().map(Vec::len).collect();
+                b(&experts, &inputs, &ns)
+            };
             if let Some(Grouped::Each(out)) = done {
+                out
+            } else if let Some(out) = batched() {
                 out
             } else {
                 experts
@@ -402,6 +440,12 @@ impl Finished {
         }
     }
 }
+
+/// Every expert of a layer's union at once ([`ExpertFetch::finish_batched`]):
+/// the experts, each one's gathered rows and their count → each one's
+/// output, or `None` to leave them to the one-by-one path.
+pub type BatchExperts<'a> =
+    dyn Fn(&[Arc<ExpertWeights>], &[Vec<f32>], &[usize]) -> Option<Vec<Vec<f32>>> + 'a;
 
 /// One expert on the rows of its users (`(row, rank)` pairs).
 type RunExpert<'a> = dyn Fn(&ExpertWeights, &[(usize, usize)]) -> Vec<f32> + Sync + 'a;

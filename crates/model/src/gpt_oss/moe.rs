@@ -11,6 +11,9 @@
 //! The union of a step's experts is fetched once and each row's sum runs
 //! in the router's rank order ([`crate::moe::ExpertFetch`]).
 
+use std::sync::Arc;
+
+use fathom_kernels::backend::{Hints, MatRef, Product, Role, matmul_batch_stable};
 use fathom_kernels::ops::{sigmoid, softmax};
 
 use super::config::GptOssSpec;
@@ -54,21 +57,65 @@ pub fn routes_of(spec: &GptOssSpec, w: &RouterWeights, mut logits: Vec<f32>) -> 
 
 /// One expert on `x [n, D]` → `[n, D]`.
 fn expert_forward(spec: &GptOssSpec, e: &ExpertWeights, x: &[f32], n: usize) -> Vec<f32> {
-    let f = spec.intermediate_size;
-    let (limit, alpha) = (spec.swiglu_limit, spec.swiglu_alpha);
-    let mut gu = vec![0f32; n * 2 * f];
+    let mut gu = vec![0f32; n * 2 * spec.intermediate_size];
     e.matmul(0, x, n, &mut gu);
-    let act: Vec<f32> = gu
-        .chunks_exact(2)
+    let act = clamped_swiglu(spec, &gu);
+    let mut y = vec![0f32; n * spec.hidden_size];
+    e.matmul(1, &act, n, &mut y);
+    y
+}
+
+/// The clamped SwiGLU of interleaved `[g | u]` pairs.
+fn clamped_swiglu(spec: &GptOssSpec, gu: &[f32]) -> Vec<f32> {
+    let (limit, alpha) = (spec.swiglu_limit, spec.swiglu_alpha);
+    gu.chunks_exact(2)
         .map(|p| {
             let g = p[0].min(limit);
             let u = p[1].clamp(-limit, limit);
             (u + 1.0) * (g * sigmoid(g * alpha))
         })
-        .collect();
-    let mut y = vec![0f32; n * spec.hidden_size];
-    e.matmul(1, &act, n, &mut y);
-    y
+        .collect()
+}
+
+/// [`expert_forward`] for every expert of a layer's union at once, when
+/// all are MXFP4: each of the two products of every expert in one batch
+/// (one device call where the backend takes it; the same kernels and bits
+/// as one product at a time), the biases and the activation between on
+/// the host as before. `None` for other formats.
+fn experts_batched(
+    spec: &GptOssSpec,
+    experts: &[Arc<ExpertWeights>],
+    inputs: &[Vec<f32>],
+    ns: &[usize],
+) -> Option<Vec<Vec<f32>>> {
+    let mats =
+        |i: usize| -> Option<Vec<MatRef<'_>>> { experts.iter().map(|e| e.mxfp4_mat(i)).collect() };
+    let (first, second) = (mats(0)?, mats(1)?);
+    let product = |ws: &[MatRef<'_>], xs: &[Vec<f32>], width: usize, i: usize| {
+        let mut ys: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; n * width]).collect();
+        let mut batch: Vec<Product<'_, '_>> = ws
+            .iter()
+            .zip(xs)
+            .zip(ns)
+            .zip(ys.iter_mut())
+            .map(|(((&w, x), &t), y)| Product {
+                w,
+                role: Role::Expert,
+                x,
+                t,
+                y,
+            })
+            .collect();
+        matmul_batch_stable(&mut batch, &Hints::default());
+        drop(batch);
+        for (e, y) in experts.iter().zip(&mut ys) {
+            e.after_product(i, y);
+        }
+        ys
+    };
+    let gu = product(&first, inputs, 2 * spec.intermediate_size, 0);
+    let act: Vec<Vec<f32>> = gu.iter().map(|g| clamped_swiglu(spec, g)).collect();
+    Some(product(&second, &act, spec.hidden_size, 1))
 }
 
 /// The sparse block of layer `layer` over `x [T, D]` (already
@@ -99,7 +146,10 @@ pub fn moe(
     }
     let fetch = ExpertFetch::start(source, layer, &routes)?;
     let work = 3 * spec.intermediate_size * d;
-    let y = fetch.finish(source, &routes, x, d, work, |e, rows, n| {
+    let batch = |es: &[Arc<ExpertWeights>], xs: &[Vec<f32>], ns: &[usize]| {
+        experts_batched(spec, es, xs, ns)
+    };
+    let y = fetch.finish_batched(source, &routes, x, (d, work), &batch, |e, rows, n| {
         expert_forward(spec, e, rows, n)
     })?;
     if let Some(ro) = routes_out {
