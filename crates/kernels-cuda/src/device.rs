@@ -271,23 +271,31 @@ fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> 
 /// order; for measuring on a device, not for use.
 pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaError> {
     const KNOBS: [&str; 3] = ["BF16G", "BF16_MINB", "MXG"];
-    let mut out = Vec::new();
+    let mut out: Vec<String> = Vec::new();
     for entry in spec
         .unwrap_or("")
         .split([' ', ','])
         .filter(|e| !e.is_empty())
     {
-        let ok = entry.split_once('=').is_some_and(|(name, value)| {
-            KNOBS.contains(&name) && value.parse::<u32>().is_ok_and(|v| (1..=16).contains(&v))
+        let knob = entry.split_once('=').and_then(|(name, value)| {
+            let v = value.parse::<u32>().ok().filter(|v| (1..=16).contains(v))?;
+            KNOBS.contains(&name).then_some((name, v))
         });
-        if !ok {
+        let Some((name, v)) = knob else {
             return Err(CudaError::Setting(format!(
                 "FATHOM_CUDA_DEFINES entry {entry:?}: give NAME=N with NAME one of {} and N \
                  a whole number from 1 to 16 (or unset the variable)",
                 KNOBS.join(", ")
             )));
+        };
+        if out.iter().any(|d| d.split('=').next() == Some(name)) {
+            return Err(CudaError::Setting(format!(
+                "FATHOM_CUDA_DEFINES names {name} twice: give each knob once"
+            )));
         }
-        out.push(entry.to_string());
+        // The parsed value, so the source reads the number that was checked
+        // (`08` or `010` would be C's octal).
+        out.push(format!("{name}={v}"));
     }
     Ok(out)
 }
@@ -679,9 +687,11 @@ mod tests {
     fn tuning_defines_take_known_knobs_and_name_a_bad_entry() {
         assert_eq!(tuning_defines(None).unwrap(), Vec::<String>::new());
         assert_eq!(
-            tuning_defines(Some("BF16G=2, BF16_MINB=4 MXG=3")).unwrap(),
+            tuning_defines(Some("BF16G=2, BF16_MINB=4 MXG=03")).unwrap(),
             ["BF16G=2", "BF16_MINB=4", "MXG=3"]
         );
+        let twice = tuning_defines(Some("MXG=2 MXG=4")).unwrap_err().to_string();
+        assert!(twice.contains("names MXG twice"), "{twice}");
         for bad in [
             "BF16G",
             "BF16G=0",
