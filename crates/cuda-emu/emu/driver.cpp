@@ -249,7 +249,7 @@ const Kernel KERNELS[] = {
     KERNEL(moe_combine), KERNEL(mla_gate),    KERNEL(res_mix_dots), KERNEL(res_mix_sum),
     KERNEL(res_mix_norm), KERNEL(mxfp4_lanes), KERNEL(bf16_lanes), KERNEL(mla_norm_rows),
     KERNEL(mla_queries), KERNEL(mla_rows), KERNEL(gqa_prep), KERNEL(gqa_split),
-    KERNEL(gqa_merge), KERNEL(bias_rows),
+    KERNEL(gqa_merge), KERNEL(bias_rows), KERNEL(mm_bf16_rows), KERNEL(mm_bf16_rows_many),
 };
 
 int module_token;  // every module is the one set of kernels above

@@ -100,6 +100,9 @@ struct Funcs {
     fp8: CudaFunction,
     int4: CudaFunction,
     bf16_many: CudaFunction,
+    /// bf16 products of more than one position (inputs staged for a block's rows).
+    bf16_rows: CudaFunction,
+    bf16_rows_many: CudaFunction,
     mxfp4_many: CudaFunction,
     /// bf16 values and MXFP4 codes rearranged for the products once in
     /// VRAM (`matmul.cu`).
@@ -344,6 +347,8 @@ impl CudaBackend {
             fp8: f("mm_fp8")?,
             int4: f("mm_int4")?,
             bf16_many: f("mm_bf16_many")?,
+            bf16_rows: f("mm_bf16_rows")?,
+            bf16_rows_many: f("mm_bf16_rows_many")?,
             mxfp4_many: f("mm_mxfp4_many")?,
             bf16_lanes: f("bf16_lanes")?,
             mxfp4_lanes: f("mxfp4_lanes")?,

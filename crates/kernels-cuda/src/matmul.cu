@@ -330,9 +330,128 @@ extern "C" __global__ void bf16_lanes(unsigned short* __restrict__ w, int rows, 
     }
 }
 
-// bf16 products: with one position two rows a warp (16 rows a block, G
-// chunks of both rows in flight), else `rows_product` (8 rows a block);
-// full chunks from the rearranged layout when cols is a multiple of 8.
+// More than one position, two rows a warp (16 rows a block): each of the
+// warp's rows summed on its own by `rows_product_p` (its inputs read from
+// global memory). `mm_bf16`'s path for such launches, and `rows2_staged`'s
+// for a block whose rows straddle two groups.
+template <typename Chunk, typename At>
+__device__ __forceinline__ void rows2_each(const Chunk& chunk, At at, const float* __restrict__ x,
+                                           float* __restrict__ y, int rows, int cols, int t,
+                                           int rows_g) {
+    const int lane = threadIdx.x & 31;
+    const int r0 = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2;
+    for (int r = r0; r < r0 + 2 && r < rows; ++r) {
+        const int g = r / rows_g;
+        rows_product_p<1, TP>(chunk, at, SAME, x + (size_t)g * t * cols,
+                              y + (size_t)g * t * rows_g, r, r - g * rows_g, lane, rows_g, cols,
+                              t);
+    }
+}
+
+// More than one position, two rows a warp and 16 rows a block (the
+// `mm_bf16_rows` kernels): each row's sums for every position as
+// `rows_product` makes them (the same column order, the same fold). The
+// block stages the positions' inputs of XG chunks at a time in shared
+// memory `xs` (2 · XG · TP · CHUNK floats) once for its 16 rows (read from
+// global memory by every warp, eight positions' inputs are 32 bytes for each
+// 2-byte weight), the rows' weight chunks loaded before the staging. Two
+// stages alternate, so one barrier a pass keeps a stage from being
+// rewritten while a warp still reads it. A block whose rows straddle two
+// groups (rows_g) takes `rows2_each`.
+#define XG 2
+#define XS (2 * XG * TP * CHUNK)
+template <typename Chunk, typename At>
+__device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* xs,
+                                             const float* __restrict__ x,
+                                             float* __restrict__ y, int rows, int cols, int t,
+                                             int rows_g) {
+    using Raw = decltype(chunk.load(0, 0, 0));
+    const int lane = threadIdx.x & 31;
+    const int per_block = (int)(blockDim.x >> 4);
+    const int rb = (int)blockIdx.x * per_block;
+    const int r0 = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2;
+    const int last = (rb + per_block < rows ? rb + per_block : rows) - 1;
+    if (rb / rows_g != last / rows_g) {  // the whole block alike: no barrier follows
+        rows2_each(chunk, at, x, y, rows, cols, t, rows_g);
+        return;
+    }
+    const int g = rb / rows_g;
+    const float* xg = x + (size_t)g * t * cols;
+    float* yg = y + (size_t)g * t * rows_g;
+    const bool live = r0 < rows, two = r0 + 1 < rows;
+    const int r1 = two ? r0 + 1 : r0;
+    const int full = cols - cols % CHUNK;
+    int stage = 0;
+    for (int j0 = 0; j0 < t; j0 += TP) {
+        const int np = t - j0 < TP ? t - j0 : TP;
+        float a0[TP], a1[TP];
+#pragma unroll
+        for (int k = 0; k < TP; ++k) a0[k] = a1[k] = 0.0f;
+        for (int c = 0; c < full; c += XG * CHUNK, stage ^= 1) {
+            const int nc = (full - c) / CHUNK < XG ? (full - c) / CHUNK : XG;
+            float* st = xs + stage * (XG * TP * CHUNK);
+            Raw raw[2 * XG];
+#pragma unroll
+            for (int q = 0; q < XG; ++q) {
+                if (live && q < nc) {
+                    raw[2 * q] = chunk.load(r0, c + q * CHUNK, lane);
+                    raw[2 * q + 1] = chunk.load(r1, c + q * CHUNK, lane);
+                }
+            }
+            // st[(q · TP + k) · CHUNK + col] = input k's column c + q · CHUNK + col.
+            for (int i = (int)threadIdx.x; i < nc * TP * CHUNK; i += (int)blockDim.x) {
+                const int q = i / (TP * CHUNK), k = (i / CHUNK) % TP, col = i % CHUNK;
+                st[i] = k < np ? xg[(size_t)(j0 + k) * cols + c + q * CHUNK + col] : 0.0f;
+            }
+            __syncthreads();
+            if (!live) continue;
+#pragma unroll
+            for (int q = 0; q < XG; ++q) {
+                if (q >= nc) break;
+                float w0[UNROLL], w1[UNROLL];
+                chunk.decode(raw[2 * q], lane, w0);
+                chunk.decode(raw[2 * q + 1], lane, w1);
+#pragma unroll
+                for (int k = 0; k < TP; ++k) {
+                    if (k >= np) break;
+                    const float* xk = st + (q * TP + k) * CHUNK + lane;
+#pragma unroll
+                    for (int u = 0; u < UNROLL; ++u) {
+                        a0[k] = fmaf(xk[32 * u], w0[u], a0[k]);
+                        a1[k] = fmaf(xk[32 * u], w1[u], a1[k]);
+                    }
+                }
+            }
+        }
+        if (!live) continue;
+        // Columns past the last full chunk, one a lane at a time.
+        for (int c = full; c < cols; c += 32) {
+            const int i = c + lane;
+            const bool in = i < cols;
+            const float w0 = in ? at(r0, i) : 0.0f, w1 = in ? at(r1, i) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < TP; ++k) {
+                if (k < np) {
+                    const float xv = in ? xg[(size_t)(j0 + k) * cols + i] : 0.0f;
+                    a0[k] = fmaf(xv, w0, a0[k]);
+                    a1[k] = fmaf(xv, w1, a1[k]);
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < TP; ++k) {
+            const float s0 = fold32(a0[k]), s1 = fold32(a1[k]);
+            if (lane == 0 && k < np) {
+                yg[(size_t)(j0 + k) * rows_g + (r0 - g * rows_g)] = s0;
+                if (two) yg[(size_t)(j0 + k) * rows_g + (r1 - g * rows_g)] = s1;
+            }
+        }
+    }
+}
+
+// bf16 products, two rows a warp and 16 rows a block: with one position G
+// chunks of both rows in flight, else `rows2_staged`; full chunks from the
+// rearranged layout when cols is a multiple of 8.
 #ifndef BF16G
 #define BF16G 4
 #endif
@@ -346,28 +465,44 @@ extern "C" __global__ void bf16_lanes(unsigned short* __restrict__ w, int rows, 
 #define BF16_BOUNDS
 #endif
 
+// `xs`: the staging of `rows2_staged` for more than one position, or null
+// for `rows2_each`.
 __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ w,
                                              const float* __restrict__ x, float* __restrict__ y,
-                                             int rows, int cols, int t, int rows_g) {
+                                             int rows, int cols, int t, int rows_g, float* xs) {
     auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
     if (cols % 8 == 0) {
         const Bf16Lanes chunk{w, cols};
         if (t == 1) {
             rows2_product1<BF16G>(chunk, at, x, y, rows, cols, rows_g);
+        } else if (xs) {
+            rows2_staged(chunk, at, xs, x, y, rows, cols, t, rows_g);
         } else {
-            rows_product<1>(chunk, at, SAME, x, y, rows, cols, t, rows_g);
+            rows2_each(chunk, at, x, y, rows, cols, t, rows_g);
         }
     } else if (t == 1) {
         rows2_product1<2>(plain(at), at, x, y, rows, cols, rows_g);
+    } else if (xs) {
+        rows2_staged(plain(at), at, xs, x, y, rows, cols, t, rows_g);
     } else {
-        PRODUCT(at, SAME);
+        rows2_each(plain(at), at, x, y, rows, cols, t, rows_g);
     }
 }
 
 extern "C" __global__ void BF16_BOUNDS mm_bf16(const unsigned short* __restrict__ w,
                                    const float* __restrict__ x, float* __restrict__ y, int rows,
                                    int cols, int t, int rows_g) {
-    bf16_product(w, x, y, rows, cols, t, rows_g);
+    bf16_product(w, x, y, rows, cols, t, rows_g, nullptr);
+}
+
+// More than one position (the host's pick for t > 1): `mm_bf16`'s sums,
+// the inputs staged in shared memory for the block's rows. Kernels of their
+// own, so that the decode kernels keep their registers and no shared memory.
+extern "C" __global__ void mm_bf16_rows(const unsigned short* __restrict__ w,
+                                        const float* __restrict__ x, float* __restrict__ y,
+                                        int rows, int cols, int t, int rows_g) {
+    __shared__ float xs[XS];
+    bf16_product(w, x, y, rows, cols, t, rows_g, xs);
 }
 
 extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
@@ -493,7 +628,15 @@ extern "C" __global__ void BF16_BOUNDS mm_bf16_many(const unsigned long long* __
                                         int cols, int t) {
     const unsigned long long* e = tab + 4 * blockIdx.y;
     bf16_product((const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t,
-                 rows);
+                 rows, nullptr);
+}
+
+extern "C" __global__ void mm_bf16_rows_many(const unsigned long long* __restrict__ tab,
+                                             int rows, int cols, int t) {
+    __shared__ float xs[XS];
+    const unsigned long long* e = tab + 4 * blockIdx.y;
+    bf16_product((const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t,
+                 rows, xs);
 }
 
 extern "C" __global__ void mm_mxfp4_many(const unsigned long long* __restrict__ tab, int rows,

@@ -75,11 +75,11 @@ impl MatRef<'_> {
 
     /// Weight rows a block of 256 threads takes in the launches of the
     /// device kernels (`fathom-kernels-cuda`'s `matmul.cu`, on a GPU or on
-    /// its host emulator): with one position bf16 and MXFP4 take two rows
-    /// a warp (16 a block), every other product one (8). The grid is
+    /// its host emulator): bf16 takes two rows a warp (16 a block), MXFP4
+    /// with one position too, every other product one (8). The grid is
     /// `rows.div_ceil(this)` blocks.
     pub fn device_rows_a_block(&self, t: usize) -> usize {
-        if matches!(self, MatRef::Bf16 { .. } | MatRef::Mxfp4(_)) && t == 1 {
+        if matches!(self, MatRef::Bf16 { .. }) || matches!(self, MatRef::Mxfp4(_)) && t == 1 {
             16
         } else {
             8

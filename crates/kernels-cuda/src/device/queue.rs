@@ -536,6 +536,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let f = match first.w {
+            MatRef::Bf16 { .. } if first.t > 1 => &self.funcs.bf16_rows_many,
             MatRef::Bf16 { .. } => &self.funcs.bf16_many,
             MatRef::Mxfp4(_) => &self.funcs.mxfp4_many,
             _ => unreachable!("`together` groups only bf16 and MXFP4 products"),
@@ -568,6 +569,7 @@ impl CudaBackend {
         let e4 = self.e4m3.device_ptr(&self.stream).0;
         let f = match w {
             MatRef::F32 { .. } => &self.funcs.f32,
+            MatRef::Bf16 { .. } if t > 1 => &self.funcs.bf16_rows,
             MatRef::Bf16 { .. } => &self.funcs.bf16,
             MatRef::Int8 { .. } => &self.funcs.int8,
             MatRef::Mxfp4(_) => &self.funcs.mxfp4,
