@@ -357,7 +357,8 @@ __device__ __forceinline__ void rows2_each(const Chunk& chunk, At at, const floa
 // 2-byte weight), the rows' weight chunks loaded before the staging. Two
 // stages alternate, so one barrier a pass keeps a stage from being
 // rewritten while a warp still reads it. A block whose rows straddle two
-// groups (rows_g) takes `rows2_each`.
+// groups (rows_g), or a launch of other than CHUNK (256) threads a block
+// (the host launches 256), takes `rows2_each`: thread j stages column j.
 #define XG 2
 #define XS (2 * XG * TP * CHUNK)
 template <typename Chunk, typename At>
@@ -371,7 +372,9 @@ __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* x
     const int rb = (int)blockIdx.x * per_block;
     const int r0 = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2;
     const int last = (rb + per_block < rows ? rb + per_block : rows) - 1;
-    if (rb / rows_g != last / rows_g) {  // the whole block alike: no barrier follows
+    if (rb >= rows) return;  // no such block in the host's grids
+    // Alike for the whole block: none of its threads skips a barrier.
+    if (blockDim.x != CHUNK || rb / rows_g != last / rows_g) {
         rows2_each(chunk, at, x, y, rows, cols, t, rows_g);
         return;
     }
@@ -398,11 +401,20 @@ __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* x
                     raw[2 * q + 1] = chunk.load(r1, c + q * CHUNK, lane);
                 }
             }
-            // st[(q · TP + k) · CHUNK + col] = input k's column c + q · CHUNK + col.
-            for (int i = (int)threadIdx.x; i < nc * TP * CHUNK; i += (int)blockDim.x) {
-                const int q = i / (TP * CHUNK), k = (i / CHUNK) % TP, col = i % CHUNK;
-                st[i] = k < np ? xg[(size_t)(j0 + k) * cols + c + q * CHUNK + col] : 0.0f;
+            // st[(q · TP + k) · CHUNK + col] = input k's column c + q · CHUNK + col:
+            // thread j stages column j of every (q, k), all its loads issued
+            // before the first store (a loop storing each load as it came
+            // waited on one round trip after another).
+            float v[XG * TP];
+#pragma unroll
+            for (int e = 0; e < XG * TP; ++e) {
+                const int q = e / TP, k = e % TP;
+                v[e] = q < nc && k < np
+                           ? xg[(size_t)(j0 + k) * cols + c + q * CHUNK + (int)threadIdx.x]
+                           : 0.0f;
             }
+#pragma unroll
+            for (int e = 0; e < XG * TP; ++e) st[e * CHUNK + (int)threadIdx.x] = v[e];
             __syncthreads();
             if (!live) continue;
 #pragma unroll

@@ -333,7 +333,12 @@ fn a_forgotten_buffer_rewritten_in_place_is_copied_again() {
 fn grouped_products_give_each_blocks_bits() {
     let Some(b) = open(None) else { return };
     let mut g = Lcg(5);
-    for (groups, rg, cols) in [(1usize, 40usize, 300usize), (3, 7, 100), (8, 64, 512)] {
+    for (groups, rg, cols) in [
+        (1usize, 40usize, 300usize),
+        (3, 7, 100),
+        (8, 64, 512),
+        (3, 40, 512),
+    ] {
         let rows = groups * rg;
         let h: Vec<u16> = (0..rows * cols).map(|_| g.next() as u16).collect();
         let m = MatRef::Bf16 { w: &h, rows, cols };

@@ -79,7 +79,7 @@ impl MatRef<'_> {
     /// with one position too, every other product one (8). The grid is
     /// `rows.div_ceil(this)` blocks.
     pub fn device_rows_a_block(&self, t: usize) -> usize {
-        if matches!(self, MatRef::Bf16 { .. }) || matches!(self, MatRef::Mxfp4(_)) && t == 1 {
+        if matches!(self, MatRef::Bf16 { .. }) || (matches!(self, MatRef::Mxfp4(_)) && t == 1) {
             16
         } else {
             8
