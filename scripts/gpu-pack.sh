@@ -6,12 +6,16 @@
 # (target/ is ignored: carry target/gpu). It also writes target/gpu/run.sh,
 # which runs there from the repository root:
 #
-#   bash target/gpu/run.sh [tests|graphs|bench]...   (default: all three)
+#   bash target/gpu/run.sh [tests|graphs|bench|ae|d|bc]...
+#                                   (default: tests graphs bench)
 #
 # tests:  the GPU tests in order of importance, each under a time limit;
 # graphs: a K3-dimension synth made there, decoded resident on the GPU
 #         with and without --no-cuda-graphs, interleaved, three pairs;
-# bench:  bench_cuda (kernel times, graphs on and off).
+# bench:  bench_cuda (kernel times, graphs on and off);
+# ae, d, bc: issue #15's figures through `fathom bench`, each beside its
+#         bound from the same run: (a) with (e), (d), then (b) and (c)
+#         (docs/cuda-history-2.md gives what each ran before).
 # A summary goes to the output and $OUT/log, every line of the tests and
 # runs to $OUT/full.log ($OUT or target/gpu); the exit status is 1 when a
 # test binary failed. The CLI's device tests look for the
@@ -97,6 +101,45 @@ print(sys.argv[1] or "graphs", round(s["decode_tok_s"],1), "tok/s; kernel ms/tok
     ;;
   bench)
     timeout 300 "\$bin/bench_cuda" || failed=1
+    ;;
+  ae)
+    # (a) resident K3-dimension synth on the GPU, (e) the CPU, one run.
+    m=/tmp/fathom-k3dim
+    [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 4 --experts 16 --top-k 4 --out "\$m" >/dev/null
+    timeout 300 target/release/fathom bench --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 32 \\
+      --reps 2 --warmup 1 --arm 'a=--experts resident --device cuda --context 4096' \\
+      --arm 'e=--experts resident --context 4096' 2>>"\$full" | tail -16
+    ;;
+  d)
+    # (d) batch 8: eight 8-token prompts, against batch 1 and one by one.
+    m=/tmp/fathom-k3dim
+    [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 4 --experts 16 --top-k 4 --out "\$m" >/dev/null
+    python3 -c 'import json
+for i in range(8): print(json.dumps({"prompt_ids": [(1 + 37 * i + 11 * j) % 1000 + 1 for j in range(8)]}))' >/tmp/fathom-p8.jsonl
+    timeout 300 target/release/fathom bench --model "\$m" --prompts /tmp/fathom-p8.jsonl --batch-sizes 1,8 \\
+      --max-new 16 --reps 1 --arm 'd=--experts resident --device cuda --context 4096' 2>>"\$full" | tail -8
+    ;;
+  bc)
+    # (b) an 8-layer 64-expert top-16 K3 synth streamed from page-locked
+    # RAM with 13 GB of VRAM and a heat map; (c) a 4-layer 64-expert
+    # synth from disk, the CPU from disk beside it. About 37 GB of disk.
+    m=/tmp/fathom-m8
+    [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 8 --experts 64 --top-k 16 --out "\$m" | tail -1
+    target/release/fathom run --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 16 --experts stream \\
+      --ram-budget 40GB --context 4096 --heat-out /tmp/fathom-heat.json >/dev/null 2>>"\$full"
+    timeout 300 target/release/fathom bench --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 16 --reps 1 \\
+      --warmup 1 --arm 'b=--experts stream --ram-budget 40GB --context 4096 --heat /tmp/fathom-heat.json --heat-pin 0.9 --device cuda --vram-budget 13GB' \\
+      2>>"\$full" | tail -12
+    rm -rf "\$m"
+    m=/tmp/fathom-m4
+    [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 4 --experts 64 --top-k 8 --out "\$m" | tail -1
+    sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+    timeout 300 target/release/fathom bench --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 16 --reps 2 \\
+      --warmup 1 --arm 'c=--experts stream --ram-budget 12.6GB --context 4096 --device cuda --vram-budget 9GB' \\
+      --arm 'c-cpu=--experts stream --ram-budget 12.6GB --context 4096' 2>>"\$full" | tail -14
+    ;;
+  *)
+    echo "unknown step \$step: tests, graphs, bench, ae, d or bc"; failed=1
     ;;
   esac
 done
