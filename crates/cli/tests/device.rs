@@ -275,6 +275,20 @@ fn a_batch_on_the_device_gives_the_cpus_ids() {
             "{name}: {dev}"
         );
         assert!(cpu["stats"].get("gpu").is_none());
+        assert!(cpu["stats"].get("gpu_decode").is_none());
+        // The steady steps: after the long prompt's first token, each of
+        // the steps left decodes, on the device, and within the whole run.
+        let (st, steady) = (&gpu["stats"], &gpu["stats"]["gpu_decode"]);
+        let (n, all) = (
+            st["decode_steps"].as_u64().unwrap(),
+            st["steps"].as_u64().unwrap(),
+        );
+        assert!(n >= 1 && n < all, "{name}: {n} of {all} steps");
+        let calls = |v: &Value| v["device_calls"].as_u64().unwrap();
+        assert!(
+            calls(steady) >= n && calls(steady) < calls(dev),
+            "{name}: {st}"
+        );
     }
     let _ = std::fs::remove_file(file);
 }

@@ -232,6 +232,13 @@ pub struct BatchStats {
     /// run on the CPU; `device` names it), as in a run's stats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<BackendStats>,
+    /// The same over the steps after every sequence's first token (no
+    /// prefill, the spine's first copies up made): `decode_steps` of them
+    /// in `decode_wall_s`, what a steady batch step costs on the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_decode: Option<BackendStats>,
+    pub decode_steps: u64,
+    pub decode_wall_s: f64,
 }
 
 /// `fathom batch --json`: exactly this object.

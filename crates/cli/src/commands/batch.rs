@@ -202,15 +202,30 @@ pub fn run(a: BatchArgs) -> Result<()> {
     let kv0 = model.kv_stats();
     let device0 = fathom_kernels::backend::snapshot();
     let mut done: Vec<Option<Finished>> = (0..ids.len()).map(|_| None).collect();
+    let mut started = vec![false; ids.len()];
+    let mut steady: Option<Steady> = None;
     while !engine.is_idle() {
-        for ev in engine.step() {
-            if let Event::Finished { seq, done: f } = ev {
-                let i = ids
-                    .iter()
-                    .position(|&x| x == seq)
-                    .expect("a submitted sequence");
+        let events = engine.step();
+        if let Some(s) = steady.as_mut() {
+            s.steps += 1;
+        }
+        for ev in events {
+            let (seq, finished) = match ev {
+                Event::Token { seq, .. } => (seq, None),
+                Event::Finished { seq, done: f } => (seq, Some(f)),
+                _ => continue,
+            };
+            let i = ids
+                .iter()
+                .position(|&x| x == seq)
+                .expect("a submitted sequence");
+            started[i] = true;
+            if let Some(f) = finished {
                 done[i] = Some(*f);
             }
+        }
+        if steady.is_none() && started.iter().all(|&s| s) {
+            steady = Some(Steady::now());
         }
     }
     let es = engine.stats();
@@ -242,10 +257,33 @@ pub fn run(a: BatchArgs) -> Result<()> {
         gpu: fathom_kernels::backend::stats_since(&device0),
         ..Default::default()
     };
+    if let Some(s) = steady {
+        stats.gpu_decode = fathom_kernels::backend::stats_since(&s.device);
+        stats.decode_steps = s.steps;
+        stats.decode_wall_s = s.at.elapsed().as_secs_f64();
+    }
     if spine.lossy() {
         stats.spine_bytes /= 2;
     }
     report(a.json, results, &es, stats)
+}
+
+/// The batch from the step after every sequence's first token on: no
+/// prefill left, the spine's first copies to a device made.
+struct Steady {
+    device: fathom_kernels::backend::BackendStats,
+    at: std::time::Instant,
+    steps: u64,
+}
+
+impl Steady {
+    fn now() -> Self {
+        Steady {
+            device: fathom_kernels::backend::snapshot(),
+            at: std::time::Instant::now(),
+            steps: 0,
+        }
+    }
 }
 
 fn report(
