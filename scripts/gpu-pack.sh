@@ -108,7 +108,7 @@ print(sys.argv[1] or "graphs", round(s["decode_tok_s"],1), "tok/s; kernel ms/tok
     [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 4 --experts 16 --top-k 4 --out "\$m" >/dev/null
     timeout 300 target/release/fathom bench --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 32 \\
       --reps 2 --warmup 1 --arm 'a=--experts resident --device cuda --context 4096' \\
-      --arm 'e=--experts resident --context 4096' 2>>"\$full" | tail -16
+      --arm 'e=--experts resident --context 4096' 2>>"\$full" | tail -16 || failed=1
     ;;
   d)
     # (d) batch 8: eight 8-token prompts, against batch 1 and one by one.
@@ -117,7 +117,7 @@ print(sys.argv[1] or "graphs", round(s["decode_tok_s"],1), "tok/s; kernel ms/tok
     python3 -c 'import json
 for i in range(8): print(json.dumps({"prompt_ids": [(1 + 37 * i + 11 * j) % 1000 + 1 for j in range(8)]}))' >/tmp/fathom-p8.jsonl
     timeout 300 target/release/fathom bench --model "\$m" --prompts /tmp/fathom-p8.jsonl --batch-sizes 1,8 \\
-      --max-new 16 --reps 1 --arm 'd=--experts resident --device cuda --context 4096' 2>>"\$full" | tail -8
+      --max-new 16 --reps 1 --arm 'd=--experts resident --device cuda --context 4096' 2>>"\$full" | tail -8 || failed=1
     ;;
   bc)
     # (b) an 8-layer 64-expert top-16 K3 synth streamed from page-locked
@@ -129,14 +129,14 @@ for i in range(8): print(json.dumps({"prompt_ids": [(1 + 37 * i + 11 * j) % 1000
       --ram-budget 40GB --context 4096 --heat-out /tmp/fathom-heat.json >/dev/null 2>>"\$full"
     timeout 300 target/release/fathom bench --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 16 --reps 1 \\
       --warmup 1 --arm 'b=--experts stream --ram-budget 40GB --context 4096 --heat /tmp/fathom-heat.json --heat-pin 0.9 --device cuda --vram-budget 13GB' \\
-      2>>"\$full" | tail -12
+      2>>"\$full" | tail -12 || failed=1
     rm -rf "\$m"
     m=/tmp/fathom-m4
     [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 4 --experts 64 --top-k 8 --out "\$m" | tail -1
-    sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+    sync; { echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null || true
     timeout 300 target/release/fathom bench --model "\$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-new 16 --reps 2 \\
       --warmup 1 --arm 'c=--experts stream --ram-budget 12.6GB --context 4096 --device cuda --vram-budget 9GB' \\
-      --arm 'c-cpu=--experts stream --ram-budget 12.6GB --context 4096' 2>>"\$full" | tail -14
+      --arm 'c-cpu=--experts stream --ram-budget 12.6GB --context 4096' 2>>"\$full" | tail -14 || failed=1
     ;;
   *)
     echo "unknown step \$step: tests, graphs, bench, ae, d or bc"; failed=1

@@ -27,8 +27,14 @@ void emu_mm_f32(const EmuLaunch* l, const float* w, MM_TAIL) {
     run(l, [&] { mm_f32(w, MM_ARGS); });
 }
 
+// bf16 takes the kernels the CUDA backend picks (device/queue.rs): the
+// staged ones for several positions.
 void emu_mm_bf16(const EmuLaunch* l, const unsigned short* w, MM_TAIL) {
-    run(l, [&] { mm_bf16(w, MM_ARGS); });
+    if (t > 1) {
+        run(l, [&] { mm_bf16_rows(w, MM_ARGS); });
+    } else {
+        run(l, [&] { mm_bf16(w, MM_ARGS); });
+    }
 }
 
 void emu_mm_int8(const EmuLaunch* l, const signed char* q, const float* scale, MM_TAIL) {
@@ -52,7 +58,11 @@ void emu_mm_int4(const EmuLaunch* l, const unsigned char* packed, const unsigned
 
 void emu_mm_bf16_many(const EmuLaunch* l, const unsigned long long* tab, int rows, int cols,
                       int t) {
-    run(l, [&] { mm_bf16_many(tab, rows, cols, t); });
+    if (t > 1) {
+        run(l, [&] { mm_bf16_rows_many(tab, rows, cols, t); });
+    } else {
+        run(l, [&] { mm_bf16_many(tab, rows, cols, t); });
+    }
 }
 
 void emu_bf16_lanes(const EmuLaunch* l, unsigned short* w, int rows, int cols) {

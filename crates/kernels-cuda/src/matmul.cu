@@ -1,7 +1,7 @@
 // Matrix products y[T, rows] = x[T, cols] · Wᵀ on the GPU, with the reduction
 // order of fathom's CPU kernels (fathom-kernels `formats::block_scalar`):
-// a warp per weight row (two rows with their own sums for bf16 and MXFP4 with
-// one position); lane l accumulates fmaf(x[i], w[i], acc) over the
+// a warp per weight row (two rows with their own sums for bf16, and for
+// MXFP4 with one position); lane l accumulates fmaf(x[i], w[i], acc) over the
 // columns i = l, l + 32, l + 64, … (a lane past the end adds fmaf(0, 0, acc)),
 // then the 32 partial sums fold in halves, acc[i] += acc[i + h] for
 // h = 16, 8, 4, 2, 1, which is a shuffle-down reduction; then the format's
@@ -348,6 +348,85 @@ __device__ __forceinline__ void rows2_each(const Chunk& chunk, At at, const floa
     }
 }
 
+#define XG 2
+#define XS (2 * XG * TP * CHUNK)
+
+// Stages inputs j0 .. j0 + np of columns c .. c + nc · CHUNK in `st`:
+// st[(q · TP + k) · CHUNK + col] = input j0 + k's column c + q · CHUNK +
+// col (0 past np or nc). Thread j stages column j of every (q, k), all its
+// loads issued before the first store (a loop storing each load as it came
+// waited out one round trip after another).
+__device__ __forceinline__ void stage_inputs(float* st, const float* __restrict__ xg, int cols,
+                                             int c, int j0, int nc, int np) {
+    float v[XG * TP];
+#pragma unroll
+    for (int e = 0; e < XG * TP; ++e) {
+        const int q = e / TP, k = e % TP;
+        v[e] = q < nc && k < np ? xg[(size_t)(j0 + k) * cols + c + q * CHUNK + (int)threadIdx.x]
+                                : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < XG * TP; ++e) st[e * CHUNK + (int)threadIdx.x] = v[e];
+}
+
+// Rows r0 and r1's sums over the staged chunks of one pass (q < nc), for
+// inputs k < np, in column order.
+template <typename Chunk, typename Raw>
+__device__ __forceinline__ void sum_staged(const Chunk& chunk, const Raw (&raw)[2 * XG],
+                                           const float* st, int nc, int np, int lane,
+                                           float (&a0)[TP], float (&a1)[TP]) {
+#pragma unroll
+    for (int q = 0; q < XG; ++q) {
+        if (q >= nc) break;
+        float w0[UNROLL], w1[UNROLL];
+        chunk.decode(raw[2 * q], lane, w0);
+        chunk.decode(raw[2 * q + 1], lane, w1);
+#pragma unroll
+        for (int k = 0; k < TP; ++k) {
+            if (k >= np) break;
+            const float* xk = st + (q * TP + k) * CHUNK + lane;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                a0[k] = fmaf(xk[32 * u], w0[u], a0[k]);
+                a1[k] = fmaf(xk[32 * u], w1[u], a1[k]);
+            }
+        }
+    }
+}
+
+// Rows r0 and r1's sums over the columns past the last full chunk (one a
+// lane at a time, as `row_pass`), then folded and written for inputs
+// j0 .. j0 + np at their places `o0`, `o1` among yg's rows_g (r1 only when
+// `two`).
+template <typename At>
+__device__ __forceinline__ void finish_pair(At at, const float* __restrict__ xg,
+                                            float* __restrict__ yg, int r0, int r1, bool two,
+                                            int o0, int o1, int full, int cols, int rows_g,
+                                            int j0, int np, int lane, float (&a0)[TP],
+                                            float (&a1)[TP]) {
+    for (int c = full; c < cols; c += 32) {
+        const int i = c + lane;
+        const bool in = i < cols;
+        const float w0 = in ? at(r0, i) : 0.0f, w1 = in ? at(r1, i) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < TP; ++k) {
+            if (k < np) {
+                const float xv = in ? xg[(size_t)(j0 + k) * cols + i] : 0.0f;
+                a0[k] = fmaf(xv, w0, a0[k]);
+                a1[k] = fmaf(xv, w1, a1[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < TP; ++k) {
+        const float s0 = fold32(a0[k]), s1 = fold32(a1[k]);
+        if (lane == 0 && k < np) {
+            yg[(size_t)(j0 + k) * rows_g + o0] = s0;
+            if (two) yg[(size_t)(j0 + k) * rows_g + o1] = s1;
+        }
+    }
+}
+
 // More than one position, two rows a warp and 16 rows a block (the
 // `mm_bf16_rows` kernels): each row's sums for every position as
 // `rows_product` makes them (the same column order, the same fold). The
@@ -359,8 +438,6 @@ __device__ __forceinline__ void rows2_each(const Chunk& chunk, At at, const floa
 // rewritten while a warp still reads it. A block whose rows straddle two
 // groups (rows_g), or a launch of other than CHUNK (256) threads a block
 // (the host launches 256), takes `rows2_each`: thread j stages column j.
-#define XG 2
-#define XS (2 * XG * TP * CHUNK)
 template <typename Chunk, typename At>
 __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* xs,
                                              const float* __restrict__ x,
@@ -401,63 +478,13 @@ __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* x
                     raw[2 * q + 1] = chunk.load(r1, c + q * CHUNK, lane);
                 }
             }
-            // st[(q · TP + k) · CHUNK + col] = input k's column c + q · CHUNK + col:
-            // thread j stages column j of every (q, k), all its loads issued
-            // before the first store (a loop storing each load as it came
-            // waited on one round trip after another).
-            float v[XG * TP];
-#pragma unroll
-            for (int e = 0; e < XG * TP; ++e) {
-                const int q = e / TP, k = e % TP;
-                v[e] = q < nc && k < np
-                           ? xg[(size_t)(j0 + k) * cols + c + q * CHUNK + (int)threadIdx.x]
-                           : 0.0f;
-            }
-#pragma unroll
-            for (int e = 0; e < XG * TP; ++e) st[e * CHUNK + (int)threadIdx.x] = v[e];
+            stage_inputs(st, xg, cols, c, j0, nc, np);
             __syncthreads();
-            if (!live) continue;
-#pragma unroll
-            for (int q = 0; q < XG; ++q) {
-                if (q >= nc) break;
-                float w0[UNROLL], w1[UNROLL];
-                chunk.decode(raw[2 * q], lane, w0);
-                chunk.decode(raw[2 * q + 1], lane, w1);
-#pragma unroll
-                for (int k = 0; k < TP; ++k) {
-                    if (k >= np) break;
-                    const float* xk = st + (q * TP + k) * CHUNK + lane;
-#pragma unroll
-                    for (int u = 0; u < UNROLL; ++u) {
-                        a0[k] = fmaf(xk[32 * u], w0[u], a0[k]);
-                        a1[k] = fmaf(xk[32 * u], w1[u], a1[k]);
-                    }
-                }
-            }
+            if (live) sum_staged(chunk, raw, st, nc, np, lane, a0, a1);
         }
-        if (!live) continue;
-        // Columns past the last full chunk, one a lane at a time.
-        for (int c = full; c < cols; c += 32) {
-            const int i = c + lane;
-            const bool in = i < cols;
-            const float w0 = in ? at(r0, i) : 0.0f, w1 = in ? at(r1, i) : 0.0f;
-#pragma unroll
-            for (int k = 0; k < TP; ++k) {
-                if (k < np) {
-                    const float xv = in ? xg[(size_t)(j0 + k) * cols + i] : 0.0f;
-                    a0[k] = fmaf(xv, w0, a0[k]);
-                    a1[k] = fmaf(xv, w1, a1[k]);
-                }
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < TP; ++k) {
-            const float s0 = fold32(a0[k]), s1 = fold32(a1[k]);
-            if (lane == 0 && k < np) {
-                yg[(size_t)(j0 + k) * rows_g + (r0 - g * rows_g)] = s0;
-                if (two) yg[(size_t)(j0 + k) * rows_g + (r1 - g * rows_g)] = s1;
-            }
-        }
+        if (live)
+            finish_pair(at, xg, yg, r0, r1, two, r0 - g * rows_g, r1 - g * rows_g, full, cols,
+                        rows_g, j0, np, lane, a0, a1);
     }
 }
 

@@ -368,13 +368,14 @@ fn grouped_products_give_each_blocks_bits() {
     }
 }
 
-/// bf16 decode products (one position) with finite weights, so every row's
-/// sum shows its order (random bf16 bits are mostly NaN or infinite): two
-/// rows a warp over several two-chunk passes, an odd row count (a warp's
-/// lone last row), a single block of rows, grouped blocks whose rows split
-/// across a warp, against the scalar twin bit for bit.
+/// bf16 products with finite weights, so every row's sum shows its order
+/// (random bf16 bits are mostly NaN or infinite), at one position (the
+/// decode kernels) and at 3 and 9 (the staged ones): two rows a warp over
+/// several two-chunk passes, an odd row count (a warp's lone last row), a
+/// single block of rows, grouped blocks whose rows split across a warp or
+/// straddle a block of 16, against the scalar twin bit for bit.
 #[test]
-fn bf16_decode_products_keep_the_twins_order() {
+fn bf16_products_keep_the_twins_order() {
     let Some(b) = open(None) else { return };
     let mut g = Lcg(41);
     for (groups, rg, cols) in [
@@ -382,27 +383,31 @@ fn bf16_decode_products_keep_the_twins_order() {
         (1, 2048, 1100),
         (1, 33, 7168),
         (3, 683, 600),
+        (3, 40, 512),
     ] {
         let rows = groups * rg;
         let h: Vec<u16> = (0..rows * cols)
             .map(|_| (g.f32().to_bits() >> 16) as u16)
             .collect();
         let m = MatRef::Bf16 { w: &h, rows, cols };
-        let x: Vec<f32> = (0..groups * cols).map(|_| g.f32()).collect();
-        let mut y = vec![f32::NAN; rows];
-        assert!(b.matmul_groups(&m, Role::Spine, groups, &x, 1, &mut y));
-        for k in 0..groups {
-            let block = Bf16Rows {
-                w: &h[k * rg * cols..(k + 1) * rg * cols],
-                cols,
-            };
-            let want = twin(&block, &x[k * cols..(k + 1) * cols], 1);
-            assert!(want.iter().all(|v| v.is_finite()), "a real test");
-            same(
-                &y[k * rg..(k + 1) * rg],
-                &want,
-                &format!("bf16 {groups}×{rg}x{cols}, block {k}"),
-            );
+        // One position (the decode kernels), then several (the staged ones).
+        for t in [1usize, 3, 9] {
+            let x: Vec<f32> = (0..groups * t * cols).map(|_| g.f32()).collect();
+            let mut y = vec![f32::NAN; t * rows];
+            assert!(b.matmul_groups(&m, Role::Spine, groups, &x, t, &mut y));
+            for k in 0..groups {
+                let block = Bf16Rows {
+                    w: &h[k * rg * cols..(k + 1) * rg * cols],
+                    cols,
+                };
+                let want = twin(&block, &x[k * t * cols..(k + 1) * t * cols], t);
+                assert!(want.iter().all(|v| v.is_finite()), "a real test");
+                same(
+                    &y[k * t * rg..(k + 1) * t * rg],
+                    &want,
+                    &format!("bf16 {groups}×{rg}x{cols}, block {k}, T = {t}"),
+                );
+            }
         }
         drop_all(&b, &m);
     }

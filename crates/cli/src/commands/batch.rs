@@ -228,6 +228,13 @@ pub fn run(a: BatchArgs) -> Result<()> {
             steady = Some(Steady::now());
         }
     }
+    // The steady steps' device work and wall time, read as the loop ends
+    // (as the engine's own clock); none when no step followed the last
+    // first token.
+    let steady = steady.filter(|s| s.steps > 0).map(|s| {
+        let gpu = fathom_kernels::backend::stats_since(&s.device);
+        (gpu, s.steps, s.at.elapsed().as_secs_f64())
+    });
     let es = engine.stats();
     let io = IoStats::from_experts(&model.expert_stats().since(&before), es.wall_s)
         .with_kv(&model.kv_stats(), &kv0);
@@ -257,10 +264,8 @@ pub fn run(a: BatchArgs) -> Result<()> {
         gpu: fathom_kernels::backend::stats_since(&device0),
         ..Default::default()
     };
-    if let Some(s) = steady {
-        stats.gpu_decode = fathom_kernels::backend::stats_since(&s.device);
-        stats.decode_steps = s.steps;
-        stats.decode_wall_s = s.at.elapsed().as_secs_f64();
+    if let Some((gpu, steps, wall)) = steady {
+        (stats.gpu_decode, stats.decode_steps, stats.decode_wall_s) = (gpu, steps, wall);
     }
     if spine.lossy() {
         stats.spine_bytes /= 2;
