@@ -5,7 +5,7 @@
 //! device (real or emulated) every test prints why it skipped.
 
 use fathom_kernels::backend::{Backend, BackendStats, Hints, MatRef, Product, Role};
-use fathom_kernels::formats::{Bf16Rows, Rows, block_scalar};
+use fathom_kernels::formats::Bf16Rows;
 
 mod common;
 
@@ -27,17 +27,7 @@ impl Lcg {
 
 /// `y[T, rows]` from the scalar twin.
 fn twin(w: &[u16], cols: usize, x: &[f32], t: usize) -> Vec<f32> {
-    let m = Bf16Rows { w, cols };
-    let rows = m.rows();
-    let mut o = vec![0f32; rows * t];
-    block_scalar(&m, x, t, 0..rows, &mut o);
-    let mut y = vec![0f32; t * rows];
-    for r in 0..rows {
-        for j in 0..t {
-            y[j * rows + r] = o[r * t + j];
-        }
-    }
-    y
+    common::twin(&Bf16Rows { w, cols }, x, t)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

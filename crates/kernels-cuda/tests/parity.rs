@@ -4,15 +4,13 @@
 //! test prints why it skipped.
 
 use fathom_kernels::backend::{Backend, BackendStats, Hints, MatRef, Product, Role};
-use fathom_kernels::formats::{
-    Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows, block_scalar,
-};
+use fathom_kernels::formats::{Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows};
 use fathom_kernels_cuda::CudaBackend;
 use fathom_weights::mxfp4::Mxfp4Ref;
 
 mod common;
 
-use common::{Lcg, open};
+use common::{Lcg, drop_all, open, same, twin};
 
 impl Lcg {
     /// Deterministic values with a spread of magnitudes, signs, zeros and subnormals.
@@ -26,41 +24,6 @@ impl Lcg {
     }
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
-/// `y[T, rows]` from the scalar twin.
-fn twin<W: Rows>(w: &W, x: &[f32], t: usize) -> Vec<f32> {
-    let rows = w.rows();
-    let mut o = vec![0f32; rows * t];
-    block_scalar(w, x, t, 0..rows, &mut o);
-    let mut y = vec![0f32; t * rows];
-    for r in 0..rows {
-        for j in 0..t {
-            y[j * rows + r] = o[r * t + j];
-        }
-    }
-    y
-}
-
-fn same(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len());
-    for (i, (p, q)) in a.iter().zip(b).enumerate() {
-        assert!(
-            p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
-            "{what}: element {i}: device {p:e} ({:#x}) vs CPU {q:e} ({:#x})",
-            p.to_bits(),
-            q.to_bits()
-        );
-    }
-}
-
-/// Tells the backend a test buffer is going away, as every owner of
-/// weights does on drop (the residency contract of `matmul_stable`).
-fn drop_all(b: &CudaBackend, m: &MatRef<'_>) {
-    for s in fathom_kernels::backend::segments(m) {
-        let a = s.as_ptr() as usize;
-        b.forget(a..a + s.len());
     }
 }
 
@@ -342,29 +305,48 @@ fn grouped_products_give_each_blocks_bits() {
         let rows = groups * rg;
         let h: Vec<u16> = (0..rows * cols).map(|_| g.next() as u16).collect();
         let m = MatRef::Bf16 { w: &h, rows, cols };
-        for t in [1usize, 3, 9] {
-            let x: Vec<f32> = (0..groups * t * cols).map(|_| g.f32()).collect();
-            let mut y = vec![f32::NAN; t * rows];
-            assert!(b.matmul_groups(&m, Role::Spine, groups, &x, t, &mut y));
-            for k in 0..groups {
-                let block = Bf16Rows {
-                    w: &h[k * rg * cols..(k + 1) * rg * cols],
-                    cols,
-                };
-                let want = twin(&block, &x[k * t * cols..(k + 1) * t * cols], t);
-                same(
-                    &y[k * t * rg..(k + 1) * t * rg],
-                    &want,
-                    &format!("bf16 {groups}×{rg}x{cols}, block {k}, T = {t}"),
-                );
-            }
-        }
+        bf16_groups_match_the_twin(&b, &mut g, &h, groups, cols, false);
         // Inputs that do not match the blocks are declined, not guessed.
         let mut y = vec![0f32; rows];
         let x = vec![0f32; groups * cols + 1];
         assert!(!b.matmul_groups(&m, Role::Spine, groups, &x, 1, &mut y));
         assert!(!b.matmul_groups(&m, Role::Spine, rows + 1, &x, 1, &mut y));
         drop_all(&b, &m);
+    }
+}
+
+/// The bf16 matrix `h` (`cols` wide) split into `groups` equal blocks, at
+/// one position (the decode kernels) and at 3 and 9 (the staged ones): each
+/// block's results against the scalar twin over that block alone, bit for
+/// bit (`finite`: and every expected value finite, so the order shows).
+fn bf16_groups_match_the_twin(
+    b: &CudaBackend,
+    g: &mut Lcg,
+    h: &[u16],
+    groups: usize,
+    cols: usize,
+    finite: bool,
+) {
+    let rows = h.len() / cols;
+    let rg = rows / groups;
+    let m = MatRef::Bf16 { w: h, rows, cols };
+    for t in [1usize, 3, 9] {
+        let x: Vec<f32> = (0..groups * t * cols).map(|_| g.f32()).collect();
+        let mut y = vec![f32::NAN; t * rows];
+        assert!(b.matmul_groups(&m, Role::Spine, groups, &x, t, &mut y));
+        for k in 0..groups {
+            let block = Bf16Rows {
+                w: &h[k * rg * cols..(k + 1) * rg * cols],
+                cols,
+            };
+            let want = twin(&block, &x[k * t * cols..(k + 1) * t * cols], t);
+            assert!(!finite || want.iter().all(|v| v.is_finite()), "a real test");
+            same(
+                &y[k * t * rg..(k + 1) * t * rg],
+                &want,
+                &format!("bf16 {groups}×{rg}x{cols}, block {k}, T = {t}"),
+            );
+        }
     }
 }
 
@@ -390,25 +372,7 @@ fn bf16_products_keep_the_twins_order() {
             .map(|_| (g.f32().to_bits() >> 16) as u16)
             .collect();
         let m = MatRef::Bf16 { w: &h, rows, cols };
-        // One position (the decode kernels), then several (the staged ones).
-        for t in [1usize, 3, 9] {
-            let x: Vec<f32> = (0..groups * t * cols).map(|_| g.f32()).collect();
-            let mut y = vec![f32::NAN; t * rows];
-            assert!(b.matmul_groups(&m, Role::Spine, groups, &x, t, &mut y));
-            for k in 0..groups {
-                let block = Bf16Rows {
-                    w: &h[k * rg * cols..(k + 1) * rg * cols],
-                    cols,
-                };
-                let want = twin(&block, &x[k * t * cols..(k + 1) * t * cols], t);
-                assert!(want.iter().all(|v| v.is_finite()), "a real test");
-                same(
-                    &y[k * t * rg..(k + 1) * t * rg],
-                    &want,
-                    &format!("bf16 {groups}×{rg}x{cols}, block {k}, T = {t}"),
-                );
-            }
-        }
+        bf16_groups_match_the_twin(&b, &mut g, &h, groups, cols, true);
         drop_all(&b, &m);
     }
 }

@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use fathom_kernels::backend::{MatRef, Then, ThenGlu, ThenProduct};
+use fathom_kernels::backend::{Backend, MatRef, Then, ThenGlu, ThenProduct};
+use fathom_kernels::formats::{Rows, block_scalar};
 use fathom_kernels::ops::GluAct;
 use fathom_kernels_cuda::{CudaBackend, CudaError};
 
@@ -180,5 +181,42 @@ impl Drop for Rest {
         if let Some(q) = &self.query {
             forget(q.as_ptr().cast(), 4 * q.len());
         }
+    }
+}
+
+/// `y[T, rows]` from the scalar twin.
+pub fn twin<W: Rows>(w: &W, x: &[f32], t: usize) -> Vec<f32> {
+    let rows = w.rows();
+    let mut o = vec![0f32; rows * t];
+    block_scalar(w, x, t, 0..rows, &mut o);
+    let mut y = vec![0f32; t * rows];
+    for r in 0..rows {
+        for j in 0..t {
+            y[j * rows + r] = o[r * t + j];
+        }
+    }
+    y
+}
+
+/// `a` and `b` bit for bit (any NaN equal to any NaN), naming the first
+/// element that differs.
+pub fn same(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (p, q)) in a.iter().zip(b).enumerate() {
+        assert!(
+            p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
+            "{what}: element {i}: device {p:e} ({:#x}) vs CPU {q:e} ({:#x})",
+            p.to_bits(),
+            q.to_bits()
+        );
+    }
+}
+
+/// Tells the backend a test buffer is going away, as every owner of
+/// weights does on drop (the residency contract of `matmul_stable`).
+pub fn drop_all(b: &CudaBackend, m: &MatRef<'_>) {
+    for s in fathom_kernels::backend::segments(m) {
+        let a = s.as_ptr() as usize;
+        b.forget(a..a + s.len());
     }
 }
