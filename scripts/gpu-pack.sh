@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what a GPU session runs, for a device machine that has no Rust
 # toolchain: builds fathom, the GPU test binaries (kernels-cuda's parity,
-# glu, graphs, mla, gqa, kda; the CLI's device tests), bench_cuda and
+# sets, glu, graphs, mla, gqa, kda; the CLI's device tests), bench_cuda and
 # host_time, strips them and compresses them into target/gpu/gpu.tar.xz
 # (target/ is ignored: carry target/gpu). It also writes target/gpu/run.sh,
 # which runs there from the repository root:
@@ -32,7 +32,7 @@ cargo build --release -p fathom-kernels-cuda --example bench_cuda
 cargo build --release -p fathom-model --example host_time
 tests=$(cargo test --release --no-run --message-format=json \
   -p fathom-kernels-cuda -p fathom-cli \
-  --test parity --test glu --test graphs --test mla --test gqa --test kda --test device |
+  --test parity --test sets --test glu --test graphs --test mla --test gqa --test kda --test device |
   python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -82,7 +82,7 @@ steps=("\$@"); [ \${#steps[@]} -eq 0 ] && steps=(tests graphs bench)
 for step in "\${steps[@]}"; do
   case "\$step" in
   tests)
-    for t in parity glu graphs mla gqa kda; do
+    for t in parity sets glu graphs mla gqa kda; do
       check "\$t" timeout 300 "\$bin/\$t"
     done
     check device timeout 900 "\$bin/device" --test-threads 2

@@ -250,6 +250,7 @@ const Kernel KERNELS[] = {
     KERNEL(res_mix_norm), KERNEL(mxfp4_lanes), KERNEL(bf16_lanes), KERNEL(mla_norm_rows),
     KERNEL(mla_queries), KERNEL(mla_rows), KERNEL(gqa_prep), KERNEL(gqa_split),
     KERNEL(gqa_merge), KERNEL(bias_rows), KERNEL(mm_bf16_rows), KERNEL(mm_bf16_rows_many),
+    KERNEL(mm_bf16_set), KERNEL(mm_bf16_rows_set),
 };
 
 int module_token;  // every module is the one set of kernels above

@@ -27,6 +27,7 @@ mod blocks;
 mod glu;
 mod gqa;
 mod kda;
+mod launch;
 mod layout;
 mod mla;
 mod queue;
@@ -103,6 +104,9 @@ struct Funcs {
     /// bf16 products of more than one position (inputs staged for a block's rows).
     bf16_rows: CudaFunction,
     bf16_rows_many: CudaFunction,
+    /// bf16 products of any shapes in one launch, one position or more (`queue::SET_MAX`).
+    bf16_set: CudaFunction,
+    bf16_rows_set: CudaFunction,
     mxfp4_many: CudaFunction,
     /// bf16 values and MXFP4 codes rearranged for the products once in
     /// VRAM (`matmul.cu`).
@@ -349,6 +353,8 @@ impl CudaBackend {
             bf16_many: f("mm_bf16_many")?,
             bf16_rows: f("mm_bf16_rows")?,
             bf16_rows_many: f("mm_bf16_rows_many")?,
+            bf16_set: f("mm_bf16_set")?,
+            bf16_rows_set: f("mm_bf16_rows_set")?,
             mxfp4_many: f("mm_mxfp4_many")?,
             bf16_lanes: f("bf16_lanes")?,
             mxfp4_lanes: f("mxfp4_lanes")?,

@@ -220,14 +220,15 @@ __device__ __forceinline__ void sum_pair(const float* __restrict__ x0,
 // both rows' loads in flight together (`chunk`'s loader, so a format may
 // load its bytes widely and hand them round the warp) and the input loaded
 // once for both rows when they share it; the launch has 16 rows a block.
-// Row r reads x + (r / rows_g)·cols and writes y[r].
+// Row r reads x + (r / rows_g)·cols and writes y[r]. `bx` is the block's
+// index among the product's blocks (blockIdx.x but in a set launch).
 template <int G, typename Chunk, typename At>
 __device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
                                                const float* __restrict__ x,
                                                float* __restrict__ y, int rows, int cols,
-                                               int rows_g) {
+                                               int rows_g, int bx) {
     using Raw = decltype(chunk.load(0, 0, 0));
-    const int r0 = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2;
+    const int r0 = (int)((bx * blockDim.x + threadIdx.x) >> 5) * 2;
     const int lane = threadIdx.x & 31;
     if (r0 >= rows) return;  // whole warps leave together
     const bool two = r0 + 1 < rows;
@@ -337,9 +338,9 @@ extern "C" __global__ void bf16_lanes(unsigned short* __restrict__ w, int rows, 
 template <typename Chunk, typename At>
 __device__ __forceinline__ void rows2_each(const Chunk& chunk, At at, const float* __restrict__ x,
                                            float* __restrict__ y, int rows, int cols, int t,
-                                           int rows_g) {
+                                           int rows_g, int bx) {
     const int lane = threadIdx.x & 31;
-    const int r0 = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2;
+    const int r0 = (int)((bx * blockDim.x + threadIdx.x) >> 5) * 2;
     for (int r = r0; r < r0 + 2 && r < rows; ++r) {
         const int g = r / rows_g;
         rows_product_p<1, TP>(chunk, at, SAME, x + (size_t)g * t * cols,
@@ -442,17 +443,17 @@ template <typename Chunk, typename At>
 __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* xs,
                                              const float* __restrict__ x,
                                              float* __restrict__ y, int rows, int cols, int t,
-                                             int rows_g) {
+                                             int rows_g, int bx) {
     using Raw = decltype(chunk.load(0, 0, 0));
     const int lane = threadIdx.x & 31;
     const int per_block = (int)(blockDim.x >> 4);
-    const int rb = (int)blockIdx.x * per_block;
-    const int r0 = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2;
+    const int rb = bx * per_block;
+    const int r0 = (int)((bx * blockDim.x + threadIdx.x) >> 5) * 2;
     const int last = (rb + per_block < rows ? rb + per_block : rows) - 1;
     if (rb >= rows) return;  // no such block in the host's grids
     // Alike for the whole block: none of its threads skips a barrier.
     if (blockDim.x != CHUNK || rb / rows_g != last / rows_g) {
-        rows2_each(chunk, at, x, y, rows, cols, t, rows_g);
+        rows2_each(chunk, at, x, y, rows, cols, t, rows_g, bx);
         return;
     }
     const int g = rb / rows_g;
@@ -505,33 +506,34 @@ __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* x
 #endif
 
 // `xs`: the staging of `rows2_staged` for more than one position, or null
-// for `rows2_each`.
+// for `rows2_each`; `bx` the block's index among the product's blocks.
 __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ w,
                                              const float* __restrict__ x, float* __restrict__ y,
-                                             int rows, int cols, int t, int rows_g, float* xs) {
+                                             int rows, int cols, int t, int rows_g, float* xs,
+                                             int bx) {
     auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
     if (cols % 8 == 0) {
         const Bf16Lanes chunk{w, cols};
         if (t == 1) {
-            rows2_product1<BF16G>(chunk, at, x, y, rows, cols, rows_g);
+            rows2_product1<BF16G>(chunk, at, x, y, rows, cols, rows_g, bx);
         } else if (xs) {
-            rows2_staged(chunk, at, xs, x, y, rows, cols, t, rows_g);
+            rows2_staged(chunk, at, xs, x, y, rows, cols, t, rows_g, bx);
         } else {
-            rows2_each(chunk, at, x, y, rows, cols, t, rows_g);
+            rows2_each(chunk, at, x, y, rows, cols, t, rows_g, bx);
         }
     } else if (t == 1) {
-        rows2_product1<2>(plain(at), at, x, y, rows, cols, rows_g);
+        rows2_product1<2>(plain(at), at, x, y, rows, cols, rows_g, bx);
     } else if (xs) {
-        rows2_staged(plain(at), at, xs, x, y, rows, cols, t, rows_g);
+        rows2_staged(plain(at), at, xs, x, y, rows, cols, t, rows_g, bx);
     } else {
-        rows2_each(plain(at), at, x, y, rows, cols, t, rows_g);
+        rows2_each(plain(at), at, x, y, rows, cols, t, rows_g, bx);
     }
 }
 
 extern "C" __global__ void BF16_BOUNDS mm_bf16(const unsigned short* __restrict__ w,
                                    const float* __restrict__ x, float* __restrict__ y, int rows,
                                    int cols, int t, int rows_g) {
-    bf16_product(w, x, y, rows, cols, t, rows_g, nullptr);
+    bf16_product(w, x, y, rows, cols, t, rows_g, nullptr, (int)blockIdx.x);
 }
 
 // More than one position (the host's pick for t > 1): `mm_bf16`'s sums,
@@ -541,7 +543,7 @@ extern "C" __global__ void mm_bf16_rows(const unsigned short* __restrict__ w,
                                         const float* __restrict__ x, float* __restrict__ y,
                                         int rows, int cols, int t, int rows_g) {
     __shared__ float xs[XS];
-    bf16_product(w, x, y, rows, cols, t, rows_g, xs);
+    bf16_product(w, x, y, rows, cols, t, rows_g, xs, (int)blockIdx.x);
 }
 
 extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
@@ -644,7 +646,7 @@ __device__ __forceinline__ void mxfp4_product(const unsigned char* __restrict__ 
     };
     const Mxfp4Chunk chunk{packed, scales, lut, cols};
     if (t == 1) {
-        rows2_product1<MXG>(chunk, at, x, y, rows, cols, rows_g);
+        rows2_product1<MXG>(chunk, at, x, y, rows, cols, rows_g, (int)blockIdx.x);
     } else {
         rows_product<MXG>(chunk, at, SAME, x, y, rows, cols, t, rows_g);
     }
@@ -667,7 +669,7 @@ extern "C" __global__ void BF16_BOUNDS mm_bf16_many(const unsigned long long* __
                                         int cols, int t) {
     const unsigned long long* e = tab + 4 * blockIdx.y;
     bf16_product((const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t,
-                 rows, nullptr);
+                 rows, nullptr, (int)blockIdx.x);
 }
 
 extern "C" __global__ void mm_bf16_rows_many(const unsigned long long* __restrict__ tab,
@@ -675,7 +677,58 @@ extern "C" __global__ void mm_bf16_rows_many(const unsigned long long* __restric
     __shared__ float xs[XS];
     const unsigned long long* e = tab + 4 * blockIdx.y;
     bf16_product((const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t,
-                 rows, xs);
+                 rows, xs, (int)blockIdx.x);
+}
+
+// Several bf16 products of one position count and any shapes in one
+// launch (a layer's projections of one input: KDA's q, k, v, f_a, b, g;
+// MLA's q_a, kv_a, g; an MLP's gate and up with the router): entry i of
+// the set (i < n ≤ SET_MAX) holds the weights, input and output addresses
+// and rows | cols << 32; its ceil(rows / 16) blocks follow the blocks of
+// the entries before it. Each block runs `bf16_product` for its entry with
+// its index among that entry's blocks: each row's sums are those of a
+// launch of its own. The entries are read with constant indices (no copy
+// of the set to local memory).
+#define SET_MAX 8
+struct Bf16Set {
+    unsigned long long e[SET_MAX][4];
+};
+
+// The entry block `b` belongs to, its index among that entry's blocks in
+// `bx`, and the entry's fields.
+__device__ __forceinline__ void set_pick(const Bf16Set& s, int n, int b, int& bx,
+                                         unsigned long long (&e)[4]) {
+    int first = 0;
+    bool found = false;
+#pragma unroll
+    for (int i = 0; i < SET_MAX; ++i) {
+        const int blocks = (int)(((unsigned)s.e[i][3] + 15u) >> 4);
+        if (!found && i < n && (b < first + blocks || i == n - 1)) {
+            found = true;
+            bx = b - first;
+#pragma unroll
+            for (int f = 0; f < 4; ++f) e[f] = s.e[i][f];
+        }
+        first += blocks;
+    }
+}
+
+__device__ __forceinline__ void bf16_set(const Bf16Set& s, int n, int t, float* xs) {
+    int bx = 0;
+    unsigned long long e[4] = {0, 0, 0, 0};
+    set_pick(s, n, (int)blockIdx.x, bx, e);
+    const int rows = (int)(unsigned)e[3], cols = (int)(unsigned)(e[3] >> 32);
+    bf16_product((const unsigned short*)e[0], (const float*)e[1], (float*)e[2], rows, cols, t,
+                 rows, xs, bx);
+}
+
+extern "C" __global__ void BF16_BOUNDS mm_bf16_set(int n, int t, Bf16Set s) {
+    bf16_set(s, n, t, nullptr);
+}
+
+extern "C" __global__ void mm_bf16_rows_set(int n, int t, Bf16Set s) {
+    __shared__ float xs[XS];
+    bf16_set(s, n, t, xs);
 }
 
 extern "C" __global__ void mm_mxfp4_many(const unsigned long long* __restrict__ tab, int rows,

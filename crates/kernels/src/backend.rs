@@ -183,6 +183,9 @@ pub struct BackendStats {
     pub graph_launches: u64,
     pub graph_builds: u64,
     pub graph_failures: u64,
+    /// Kernels the device calls ran (each launch counted, whether issued
+    /// one by one or replayed in a graph).
+    pub kernel_launches: u64,
     /// Weight bytes the device's products read from device memory (each
     /// product reads its matrix once, whatever the number of positions).
     pub weight_bytes_read: u64,
@@ -228,6 +231,7 @@ impl BackendStats {
             graph_launches: self.graph_launches - start.graph_launches,
             graph_builds: self.graph_builds - start.graph_builds,
             graph_failures: self.graph_failures - start.graph_failures,
+            kernel_launches: self.kernel_launches - start.kernel_launches,
             weight_bytes_read: self.weight_bytes_read - start.weight_bytes_read,
             hbm_bytes_per_s: self.hbm_bytes_per_s,
             h2d_bytes_per_s: self.h2d_bytes_per_s,
@@ -269,6 +273,7 @@ impl BackendStats {
             graph_launches: self.graph_launches + o.graph_launches,
             graph_builds: self.graph_builds + o.graph_builds,
             graph_failures: self.graph_failures + o.graph_failures,
+            kernel_launches: self.kernel_launches + o.kernel_launches,
             weight_bytes_read: self.weight_bytes_read + o.weight_bytes_read,
             hbm_bytes_per_s: if self.hbm_bytes_per_s > 0.0 {
                 self.hbm_bytes_per_s

@@ -57,6 +57,8 @@ impl CudaBackend {
         ws.extend(jobs.iter().flat_map(|j| [(j.gate, j.role), (j.up, j.role)]));
         ws.extend(plain.iter().map(|p| (p.w, p.role)));
         ws.extend(jobs.iter().map(|j| (j.down, j.role)));
+        // Routed experts change from call to call: no set launches for them.
+        let sets = ws.iter().all(|(_, r)| *r == Role::Spine);
         let queue = |st: &mut State, p: &Prepared<'_>| {
             let xs: Vec<&[f32]> = jobs
                 .iter()
@@ -76,10 +78,17 @@ impl CudaBackend {
                 .0;
             let up = gp + 4 * half as u64;
             let placed = place(jobs, plain, (xp, yp, gp, up));
-            self.launch_phases(st, &placed, &p.segs, &[2 * n + np, 3 * n + np], |st| {
-                self.launch_act(&mut st.tape, act, gp, up, half);
-                Ok(())
-            })?;
+            self.launch_phases(
+                st,
+                &placed,
+                &p.segs,
+                &[2 * n + np, 3 * n + np],
+                sets,
+                |st| {
+                    self.launch_act(&mut st.tape, act, gp, up, half);
+                    Ok(())
+                },
+            )?;
             self.fetch(st, yp, ny)
         };
         let Some(st) = self.round_trip(&ws, hints, queue)? else {

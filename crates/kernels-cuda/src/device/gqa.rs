@@ -13,6 +13,7 @@ use fathom_kernels::attention::SPLIT;
 use fathom_kernels::backend::{Biased, GqaWork, MatRef, segments};
 
 use super::blocks::{Blocks, kept_segments};
+use super::launch::Ready;
 use super::mla::{split_at_lens, starts_of};
 use super::queue::{fits, grow};
 use super::tape::{Arg, Tape};
@@ -196,9 +197,16 @@ impl CudaBackend {
         self.ensure_clock(st)?;
         let tape = &mut st.tape;
         tape.clock(false);
-        for ((m, segs), &y) in work.qkv.iter().zip(&p.mats).zip(&raws) {
-            self.launch(tape, &m.w, segs, p.x, y, 1, t);
-        }
+        let ready: Vec<Ready<'_, '_>> = (work.qkv.iter().zip(&p.mats).zip(&raws))
+            .map(|((m, segs), &y)| Ready {
+                w: &m.w,
+                p: segs,
+                x: p.x,
+                y,
+                t,
+            })
+            .collect();
+        self.launch_ready(tape, &ready);
         self.launch_preps(tape, work, p, (raws, q));
         for c0 in (0..t).step_by(chunk) {
             let c = chunk.min(t - c0);

@@ -8,6 +8,7 @@ use fathom_kernels::backend::{MatRef, segments};
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::state_buf::{StateBuf, StateKey};
 
+use super::launch::Ready;
 use super::layout::{Layout, conflicting, relayout};
 use super::queue::{grow, key, make_room, pinned};
 use super::tape::Arg;
@@ -303,16 +304,33 @@ impl CudaBackend {
         let tape = &mut st.tape;
         tape.clock(false);
         if let (Some(pj), Some((xd, segs, places))) = (&job.proj, &s.proj) {
-            for ((m, sg), &y) in pj.mats.iter().zip(segs).zip(places) {
-                self.launch(tape, m, sg, *xd, y, 1, n);
-            }
+            let ready: Vec<Ready<'_, '_>> = (pj.mats.iter().zip(segs).zip(places))
+                .map(|((w, p), &y)| Ready {
+                    w,
+                    p,
+                    x: *xd,
+                    y,
+                    t: n,
+                })
+                .collect();
+            self.launch_ready(tape, &ready);
         }
-        if let (Some(m), Some((low, segs))) = (&job.f_up, &s.f_up) {
-            self.launch(tape, m, segs, *low, s.at[3], 1, n);
-        }
-        if let (Some(m), Some((low, segs))) = (&job.g_up, &s.g_up) {
-            self.launch(tape, m, segs, *low, s.at[5], 1, n);
-        }
+        // The gates' up-projections read the projections' outputs.
+        let ups = [(&job.f_up, &s.f_up, s.at[3]), (&job.g_up, &s.g_up, s.at[5])];
+        let ready: Vec<Ready<'_, '_>> = ups
+            .iter()
+            .filter_map(|(m, staged, y)| {
+                let (w, (low, p)) = (m.as_ref()?, staged.as_ref()?);
+                Some(Ready {
+                    w,
+                    p,
+                    x: *low,
+                    y: *y,
+                    t: n,
+                })
+            })
+            .collect();
+        self.launch_ready(tape, &ready);
         let core = s.o_proj.as_ref().map_or(s.out, |(ko, _)| *ko);
         let cfg = LaunchConfig {
             grid_dim: (d.heads as u32, 1, 1),

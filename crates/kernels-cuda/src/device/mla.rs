@@ -16,6 +16,7 @@ use fathom_kernels::attention::SPLIT;
 use fathom_kernels::backend::{MlaProj, MlaQueryProj, MlaWork, segments};
 
 use super::blocks::{Blocks, kept_segments};
+use super::launch::Ready;
 use super::queue::{fits, grow};
 use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
@@ -404,26 +405,41 @@ impl CudaBackend {
         let (h, lora, dr, t) = (sh.heads, sh.lora, sh.rope, work.ns.len());
         let dn = work.uk_t.cols();
         let [qa, q, c, g, qn, qr] = proj_places(work, pr, at);
-        let mut mats = pp.mats.iter();
-        let mut next = || mats.next().map_or(&[][..], Vec::as_slice);
+        let seg = |i: usize| pp.mats.get(i).map_or(&[][..], Vec::as_slice);
         let cfg = |grid: usize| LaunchConfig {
             grid_dim: (grid as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        match pr.q {
-            MlaQueryProj::LowRank { a, eps, b, .. } => {
-                self.launch(tape, &a, next(), pp.x, qa, 1, t);
-                let r = a.rows() as i32;
-                // The arguments match `mla_norm_rows` in `mla.cu`: t rows of
-                // r ≤ MLA_NORM_MAX values at `qa`, r weights staged.
-                let args = [qa, r.slot(), pp.q_norm, eps.slot()];
-                tape.kernel(&self.funcs.mla_norm_rows, cfg(t), args);
-                self.launch(tape, &b, next(), qa, q, 1, t);
-            }
-            MlaQueryProj::Full(m) => self.launch(tape, &m, next(), pp.x, q, 1, t),
+        // The products of the rows `pp.x` first, in one set launch: the
+        // queries' first (or only) one, kv_a's, the gate's; the segments
+        // in that order with the low-rank queries' second after the first.
+        let (first, low) = match &pr.q {
+            MlaQueryProj::LowRank { a, b, .. } => (a, Some(b)),
+            MlaQueryProj::Full(m) => (m, None),
+        };
+        let after = usize::from(low.is_some());
+        let one = |w, i, y| Ready {
+            w,
+            p: seg(i),
+            x: pp.x,
+            y,
+            t,
+        };
+        let mut ready = vec![
+            one(first, 0, if low.is_some() { qa } else { q }),
+            one(&pr.kv_a, 1 + after, c),
+        ];
+        ready.extend(pr.gate.as_ref().map(|m| one(m, 2 + after, g)));
+        self.launch_ready(tape, &ready);
+        if let MlaQueryProj::LowRank { a, eps, b, .. } = pr.q {
+            let r = a.rows() as i32;
+            // The arguments match `mla_norm_rows` in `mla.cu`: t rows of
+            // r ≤ MLA_NORM_MAX values at `qa`, r weights staged.
+            let args = [qa, r.slot(), pp.q_norm, eps.slot()];
+            tape.kernel(&self.funcs.mla_norm_rows, cfg(t), args);
+            self.launch(tape, &b, seg(1), qa, q, 1, t);
         }
-        self.launch(tape, &pr.kv_a, next(), pp.x, c, 1, t);
         let (roped, inter) = pr
             .angles
             .map_or((0i32, 0i32), |a| (1, i32::from(a.interleaved)));
@@ -455,11 +471,7 @@ impl CudaBackend {
             .chain([roped.slot(), inter.slot(), p.table, p.boff, p.ns, rows_at])
             .collect();
         tape.kernel(&self.funcs.mla_rows, cfg(t), rargs);
-        let gate = pr.gate.map(|m| {
-            self.launch(tape, &m, next(), pp.x, g, 1, t);
-            g
-        });
-        (qn, qr, gate)
+        (qn, qr, pr.gate.map(|_| g))
     }
 }
 

@@ -4,13 +4,10 @@
 
 use std::sync::{Arc, MutexGuard};
 
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
 use fathom_kernels::backend::{Hints, MatRef, Role, segments};
 
 use super::layout::{Layout, conflicting, relayout};
-use super::tape::{Arg, Tape};
 use super::{CudaBackend, Resident, State};
 use crate::CudaError;
 use crate::cache::{Class, Key};
@@ -325,7 +322,8 @@ impl CudaBackend {
                 p
             })
             .collect();
-        self.launch_phases(st, &placed, &p.segs, &[jobs.len()], |_| Ok(()))?;
+        let sets = jobs.iter().all(|j| j.role == Role::Spine);
+        self.launch_phases(st, &placed, &p.segs, &[jobs.len()], sets, |_| Ok(()))?;
         self.fetch(st, yp, ny)
     }
 
@@ -388,123 +386,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Writes the launches of `placed` (their weights' segments `segs`, all
-    /// resident or on their way) phase by phase — phase `p` the products up to
-    /// `ends[p]` —, `between` queued after each phase but the last. Within a phase the products whose weights are
-    /// here go first, those of one kernel and shape in one launch; then
-    /// each other one after its own copies. The launches are clocked.
-    pub(super) fn launch_phases(
-        &self,
-        st: &mut State,
-        placed: &[Placed<'_>],
-        segs: &[Vec<&[u8]>],
-        ends: &[usize],
-        mut between: impl FnMut(&mut State) -> Result<(), CudaError>,
-    ) -> Result<(), CudaError> {
-        let phases: Vec<std::ops::Range<usize>> = ends
-            .iter()
-            .scan(0, |start, &end| {
-                let r = *start..end;
-                *start = end;
-                Some(r)
-            })
-            .collect();
-        // A product waits for the segments whose copies may still be running.
-        let pending: Vec<bool> = segs
-            .iter()
-            .map(|s| {
-                s.iter()
-                    .any(|s| st.cache.get(&key(s)).is_some_and(|r| !r.is_ready()))
-            })
-            .collect();
-        let ptrs: Vec<Vec<u64>> = segs
-            .iter()
-            .map(|s| {
-                s.iter()
-                    .map(|s| {
-                        st.cache
-                            .get(&key(s))
-                            .expect("resident")
-                            .buf
-                            .device_ptr(&self.stream)
-                            .0
-                    })
-                    .collect()
-            })
-            .collect();
-        let mut launches: Vec<Vec<Vec<usize>>> = Vec::with_capacity(phases.len());
-        for ph in &phases {
-            let mut ls: Vec<Vec<usize>> = Vec::new();
-            for i in ph.clone().filter(|&i| !pending[i]) {
-                match ls.iter_mut().find(|l| together(&placed[l[0]], &placed[i])) {
-                    Some(l) => l.push(i),
-                    None => ls.push(vec![i]),
-                }
-            }
-            launches.push(ls);
-        }
-        let all: Vec<Vec<usize>> = launches.iter().flatten().cloned().collect();
-        let mut tables = self.stage_tables(st, &all, placed, &ptrs)?.into_iter();
-        self.ensure_clock(st)?;
-        st.tape.clock(false);
-        for (p, (ph, ls)) in phases.iter().zip(&launches).enumerate() {
-            for l in ls {
-                let q = &placed[l[0]];
-                match tables.next().flatten() {
-                    Some(tab) => self.launch_many(&mut st.tape, q, tab, l.len()),
-                    None => self.launch(&mut st.tape, &q.w, &ptrs[l[0]], q.x, q.y, q.groups, q.t),
-                }
-            }
-            for i in ph.clone().filter(|&i| pending[i]) {
-                for seg in &segs[i] {
-                    if let Some(ready) = st.cache.get(&key(seg)).and_then(|r| r.ready.as_ref()) {
-                        st.tape.wait(ready);
-                    }
-                }
-                let q = &placed[i];
-                self.launch(&mut st.tape, &q.w, &ptrs[i], q.x, q.y, q.groups, q.t);
-            }
-            if p + 1 < phases.len() {
-                between(st)?;
-            }
-        }
-        st.tape.clock(true);
-        Ok(())
-    }
-
-    /// Device address tables (`[data, scales or 0, x, y]` per product) of
-    /// the launches of several products, their copy up (one) written on
-    /// the tape; `None` for a launch of one.
-    fn stage_tables(
-        &self,
-        st: &mut State,
-        launches: &[Vec<usize>],
-        placed: &[Placed<'_>],
-        ptrs: &[Vec<u64>],
-    ) -> Result<Vec<Option<u64>>, CudaError> {
-        let mut tab: Vec<u64> = Vec::new();
-        let mut starts = Vec::with_capacity(launches.len());
-        for l in launches {
-            if l.len() < 2 {
-                starts.push(None);
-                continue;
-            }
-            starts.push(Some(tab.len()));
-            for &i in l {
-                let q = &placed[i];
-                tab.extend([ptrs[i][0], ptrs[i].get(1).copied().unwrap_or(0), q.x, q.y]);
-            }
-        }
-        if tab.is_empty() {
-            return Ok(starts.iter().map(|_| None).collect());
-        }
-        let dt = self.stage_table(st, &tab)?;
-        Ok(starts
-            .iter()
-            .map(|s| s.map(|s| dt + 8 * s as u64))
-            .collect())
-    }
-
     /// A table of device addresses staged (`State`'s `ht`) and its copy up
     /// (to `dt`) written on the tape: its device address.
     pub(super) fn stage_table(&self, st: &mut State, table: &[u64]) -> Result<u64, CudaError> {
@@ -519,83 +400,6 @@ impl CudaBackend {
         // page-locked and not touched again before the synchronisation.
         st.tape.up(dt, &ht[..table.len()]);
         Ok(dt)
-    }
-
-    /// Writes `n` products of `first`'s kernel and shape in one launch,
-    /// their addresses in the device table at `tab`.
-    fn launch_many(&self, tape: &mut Tape, first: &Placed<'_>, tab: u64, n: usize) {
-        let (rows, cols) = (first.w.rows(), first.w.cols());
-        let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                rows.div_ceil(first.w.device_rows_a_block(first.t)) as u32,
-                n as u32,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let f = match first.w {
-            MatRef::Bf16 { .. } if first.t > 1 => &self.funcs.bf16_rows_many,
-            MatRef::Bf16 { .. } => &self.funcs.bf16_many,
-            MatRef::Mxfp4(_) => &self.funcs.mxfp4_many,
-            _ => unreachable!("`together` groups only bf16 and MXFP4 products"),
-        };
-        // The table holds n entries of device addresses of each product's
-        // segments, input and output, all of the checked shape.
-        tape.kernel(f, cfg, [tab.slot(), r.slot(), c.slot(), t.slot()]);
-    }
-
-    /// Writes `w`'s kernel: weights at the device pointers `p` (its
-    /// segments), input at `xp`, output at `yp`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
-        &self,
-        tape: &mut Tape,
-        w: &MatRef<'_>,
-        p: &[u64],
-        xp: u64,
-        yp: u64,
-        groups: usize,
-        t: usize,
-    ) {
-        let (rows, cols) = (w.rows(), w.cols());
-        let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(w.device_rows_a_block(t)) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let e4 = self.e4m3.device_ptr(&self.stream).0;
-        let f = match w {
-            MatRef::F32 { .. } => &self.funcs.f32,
-            MatRef::Bf16 { .. } if t > 1 => &self.funcs.bf16_rows,
-            MatRef::Bf16 { .. } => &self.funcs.bf16,
-            MatRef::Int8 { .. } => &self.funcs.int8,
-            MatRef::Mxfp4(_) => &self.funcs.mxfp4,
-            MatRef::Fp8(_) => &self.funcs.fp8,
-            MatRef::Int4(_) => &self.funcs.int4,
-        };
-        let mut args: Vec<u64> = p.to_vec();
-        match w {
-            MatRef::Fp8(m) => {
-                args.push(e4);
-                let ints = [
-                    m.row0 as i32,
-                    m.shift[0] as i32,
-                    m.shift[1] as i32,
-                    m.grid_cols as i32,
-                ];
-                args.extend(ints.map(|v| v.slot()));
-            }
-            MatRef::Int4(m) => args.push((m.group_shift as i32).slot()),
-            _ => {}
-        }
-        args.extend([xp, yp, r.slot(), c.slot(), tt.slot(), rg.slot()]);
-        // The arguments match the kernel's parameters in `matmul.cu`
-        // (pointers to device copies of the segments, sized by the shapes
-        // the caller checked).
-        tape.kernel(f, cfg, args);
     }
 }
 
@@ -717,21 +521,6 @@ fn room_by_class(
     let [expert, spine] = need;
     (expert == 0 || make_room(st, expert, keys, Class::Expert))
         && (spine == 0 || make_room(st, expert + spine, keys, Class::Spine))
-}
-
-/// Whether two products can share one launch: plain products of one
-/// shape and position count in a format with a grouped kernel.
-fn together(a: &Placed<'_>, b: &Placed<'_>) -> bool {
-    let kind = |j: &Placed<'_>| match j.w {
-        MatRef::Bf16 { .. } => Some(0),
-        MatRef::Mxfp4(_) => Some(1),
-        _ => None,
-    };
-    kind(a).is_some()
-        && kind(a) == kind(b)
-        && a.groups == 1
-        && b.groups == 1
-        && (a.w.rows(), a.w.cols(), a.t) == (b.w.rows(), b.w.cols(), b.t)
 }
 
 /// Whether `bytes` are page-locked host memory (their copy up is direct

@@ -95,7 +95,7 @@ impl CudaBackend {
             };
             let ends = [2 * n, 3 * n, 3 * n + usize::from(tail.up.is_some())];
             let mut phase = 0;
-            self.launch_phases(st, &placed, &p.segs, &ends, |st| {
+            self.launch_phases(st, &placed, &p.segs, &ends, false, |st| {
                 phase += 1;
                 match phase {
                     1 => self.launch_act(&mut st.tape, tail.act, gp, upp, half),

@@ -70,7 +70,8 @@ enum Op {
 }
 
 /// A kernel launch: the function, its shape, and each argument's bytes in
-/// the low bytes of a 64-bit slot.
+/// the low bytes of a 64-bit slot; then, when `tail` is not empty, one
+/// more argument: a structure of `tail.len()` 64-bit values.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct Launch {
     f: usize,
@@ -78,6 +79,7 @@ struct Launch {
     block: (u32, u32, u32),
     shared: u32,
     args: Vec<u64>,
+    tail: Vec<u64>,
 }
 
 /// A kernel argument as the kernel reads it: its bytes, in a 64-bit slot.
@@ -201,12 +203,25 @@ impl Tape {
         cfg: LaunchConfig,
         args: impl Into<Vec<u64>>,
     ) {
+        self.kernel_with(f, cfg, args, Vec::new());
+    }
+
+    /// [`Tape::kernel`] with a last argument that is a structure of the
+    /// 64-bit values `tail` (by value, as the kernel declares it).
+    pub(super) fn kernel_with(
+        &mut self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: impl Into<Vec<u64>>,
+        tail: Vec<u64>,
+    ) {
         self.ops.push(Op::Kernel(Launch {
             f: f.cu_function() as usize,
             grid: cfg.grid_dim,
             block: cfg.block_dim,
             shared: cfg.shared_mem_bytes,
             args: args.into(),
+            tail,
         }));
     }
 
@@ -251,6 +266,8 @@ impl Tape {
         reallocs: u64,
     ) -> Result<(), CudaError> {
         let ops = std::mem::take(&mut self.ops);
+        let kernels = ops.iter().filter(|o| matches!(o, Op::Kernel(_))).count();
+        stats.kernel_launches += kernels as u64;
         // The raw driver calls below act on this thread's current context.
         stream.context().bind_to_thread()?;
         if reallocs != self.generation {
@@ -368,6 +385,7 @@ pub(super) fn launch_now(
         block: cfg.block_dim,
         shared: cfg.shared_mem_bytes,
         args,
+        tail: Vec::new(),
     });
     issue(stream, &op, None)
 }
@@ -396,10 +414,14 @@ fn issue(
                 .iter()
                 .map(|s| (s as *const u64).cast_mut().cast())
                 .collect();
+            if !l.tail.is_empty() {
+                params.push(l.tail.as_ptr().cast_mut().cast());
+            }
             // SAFETY: each launch site checked that its arguments match the
             // kernel's parameters (each read from the low bytes of its
-            // slot) and name device buffers of the shapes it launches; the
-            // driver copies the arguments before returning.
+            // slot, a tail as the structure of 64-bit values the kernel
+            // declares last) and name device buffers of the shapes it
+            // launches; the driver copies the arguments before returning.
             unsafe {
                 result::launch_kernel(
                     l.f as sys::CUfunction,

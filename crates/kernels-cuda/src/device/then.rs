@@ -153,7 +153,7 @@ impl CudaBackend {
             vec![2 * ng + np, 3 * ng + np]
         };
         let act = then.act;
-        self.launch_phases(st, &placed, &segs, &ends, |st| {
+        self.launch_phases(st, &placed, &segs, &ends, true, |st| {
             self.launch_act(&mut st.tape, act, gp, gp + 4 * half as u64, half);
             Ok(())
         })?;

@@ -1,0 +1,394 @@
+//! How a call's products launch: phase by phase, those whose weights are
+//! here first; products of one kernel and shape in one launch through a
+//! table of addresses; and set launches — several bf16 products of any
+//! shapes and one position count in one launch (`mm_bf16_set`,
+//! `mm_bf16_rows_set` in `matmul.cu`): a layer's projections of one
+//! input, which were a launch each (a launch of a few blocks costs about
+//! as much as one of hundreds: its ramp and tail).
+
+use cudarc::driver::{DevicePtr, LaunchConfig};
+use fathom_kernels::backend::MatRef;
+
+use super::queue::{Placed, key};
+use super::tape::{Arg, Tape};
+use super::{CudaBackend, State};
+use crate::CudaError;
+
+/// The most products in one set launch (`SET_MAX` in `matmul.cu`).
+pub(super) const SET_MAX: usize = 8;
+
+/// A plain product ready to launch: its weights at the device addresses
+/// `p` (its segments), input at `x`, output at `y`, `t` positions.
+#[derive(Clone, Copy)]
+pub(super) struct Ready<'a, 'w> {
+    pub(super) w: &'a MatRef<'w>,
+    pub(super) p: &'a [u64],
+    pub(super) x: u64,
+    pub(super) y: u64,
+    pub(super) t: usize,
+}
+
+/// How a phase's ready products launch: a set of bf16 products (any
+/// shapes), or products of one kernel and shape (one, or several through
+/// an address table).
+pub(super) enum Planned {
+    Set(Vec<usize>),
+    Group(Vec<usize>),
+}
+
+/// The launches of the ready products `ready` (indices into `placed`):
+/// with `sets`, the plain bf16 products of each position count, unless all
+/// of one shape, in set launches of up to [`SET_MAX`]; every other product
+/// with those of its kernel and shape ([`together`]: one launch, its
+/// addresses in a table).
+pub(super) fn plan(
+    placed: &[Placed<'_>],
+    ready: impl Iterator<Item = usize>,
+    sets: bool,
+) -> Vec<Planned> {
+    let mut rest: Vec<usize> = ready.collect();
+    let mut out = Vec::new();
+    while let Some(i) = rest.iter().copied().find(|&i| sets && settable(&placed[i])) {
+        let class = |j: &usize| settable(&placed[*j]) && placed[*j].t == placed[i].t;
+        let same: Vec<usize> = rest.iter().copied().filter(class).collect();
+        rest.retain(|j| !class(j));
+        if same.iter().all(|&j| together(&placed[i], &placed[j])) {
+            out.push(Planned::Group(same));
+            continue;
+        }
+        for c in same.chunks(SET_MAX) {
+            out.push(match c {
+                [one] => Planned::Group(vec![*one]),
+                _ => Planned::Set(c.to_vec()),
+            });
+        }
+    }
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for i in rest {
+        match groups
+            .iter_mut()
+            .find(|l| together(&placed[l[0]], &placed[i]))
+        {
+            Some(l) => l.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    out.extend(groups.into_iter().map(Planned::Group));
+    out
+}
+
+/// Whether a product can join a set launch: a plain bf16 product.
+fn settable(p: &Placed<'_>) -> bool {
+    matches!(p.w, MatRef::Bf16 { .. }) && p.groups == 1
+}
+
+impl CudaBackend {
+    /// Writes the launches of the plain products `items` (weights here,
+    /// none reading another's output): the bf16 ones of each position count
+    /// [`SET_MAX`] at a time in one set launch, every other one alone.
+    pub(super) fn launch_ready(&self, tape: &mut Tape, items: &[Ready<'_, '_>]) {
+        let mut done = vec![false; items.len()];
+        for i in 0..items.len() {
+            if done[i] {
+                continue;
+            }
+            let bf16 = |q: &Ready<'_, '_>| matches!(q.w, MatRef::Bf16 { .. });
+            let set: Vec<usize> = if bf16(&items[i]) {
+                (i..items.len())
+                    .filter(|&j| !done[j] && bf16(&items[j]) && items[j].t == items[i].t)
+                    .take(SET_MAX)
+                    .collect()
+            } else {
+                vec![i]
+            };
+            for &j in &set {
+                done[j] = true;
+            }
+            if let [one] = set[..] {
+                let q = &items[one];
+                self.launch(tape, q.w, q.p, q.x, q.y, 1, q.t);
+            } else {
+                let set: Vec<Ready<'_, '_>> = set.iter().map(|&j| items[j]).collect();
+                self.launch_set(tape, &set);
+            }
+        }
+    }
+
+    /// Writes one launch of the bf16 products `set` (two to [`SET_MAX`],
+    /// one position count): entry i's blocks after those of the entries
+    /// before it (`mm_bf16_set`, `mm_bf16_rows_set`).
+    pub(super) fn launch_set(&self, tape: &mut Tape, set: &[Ready<'_, '_>]) {
+        debug_assert!((2..=SET_MAX).contains(&set.len()));
+        let t = set[0].t;
+        let mut tail = vec![0u64; 4 * SET_MAX];
+        let mut blocks = 0;
+        for (e, q) in tail.chunks_exact_mut(4).zip(set) {
+            let (rows, cols) = (q.w.rows(), q.w.cols());
+            debug_assert!(q.w.device_rows_a_block(t) == 16 && q.t == t);
+            blocks += rows.div_ceil(16);
+            e.copy_from_slice(&[q.p[0], q.x, q.y, rows as u64 | (cols as u64) << 32]);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = if t > 1 {
+            &self.funcs.bf16_rows_set
+        } else {
+            &self.funcs.bf16_set
+        };
+        let (n, tt) = (set.len() as i32, t as i32);
+        // The set holds `n` entries of device addresses of bf16 weights,
+        // input and output and their shapes (each checked by `fits`), then
+        // zeros: the structure `Bf16Set` that `mm_bf16_set` takes last.
+        tape.kernel_with(f, cfg, [n.slot(), tt.slot()], tail);
+    }
+}
+
+impl<'w> Placed<'w> {
+    /// The product ready to launch with its weights at `p`.
+    pub(super) fn ready<'a>(&'a self, p: &'a [u64]) -> Ready<'a, 'w> {
+        Ready {
+            w: &self.w,
+            p,
+            x: self.x,
+            y: self.y,
+            t: self.t,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Writes the launches of `placed` (their weights' segments `segs`, all
+    /// resident or on their way) phase by phase — phase `p` the products up to
+    /// `ends[p]` —, `between` queued after each phase but the last. Within a phase the products whose weights are
+    /// here go first — with `sets`, bf16 ones of one position count in one
+    /// set launch when there are two to [`SET_MAX`] of them; else those of
+    /// one kernel and shape in one launch —; then each other one after its
+    /// own copies. The launches are clocked. Calls of routed experts pass
+    /// no `sets`: a set launch names its products' addresses in its
+    /// arguments, so a call of other experts could not replay its graph,
+    /// while a grouped launch reads them from a table.
+    pub(super) fn launch_phases(
+        &self,
+        st: &mut State,
+        placed: &[Placed<'_>],
+        segs: &[Vec<&[u8]>],
+        ends: &[usize],
+        sets: bool,
+        mut between: impl FnMut(&mut State) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let phases: Vec<std::ops::Range<usize>> = ends
+            .iter()
+            .scan(0, |start, &end| {
+                let r = *start..end;
+                *start = end;
+                Some(r)
+            })
+            .collect();
+        // A product waits for the segments whose copies may still be running.
+        let pending: Vec<bool> = segs
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .any(|s| st.cache.get(&key(s)).is_some_and(|r| !r.is_ready()))
+            })
+            .collect();
+        let ptrs: Vec<Vec<u64>> = segs
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .map(|s| {
+                        st.cache
+                            .get(&key(s))
+                            .expect("resident")
+                            .buf
+                            .device_ptr(&self.stream)
+                            .0
+                    })
+                    .collect()
+            })
+            .collect();
+        let launches: Vec<Vec<Planned>> = phases
+            .iter()
+            .map(|ph| plan(placed, ph.clone().filter(|&i| !pending[i]), sets))
+            .collect();
+        let groups: Vec<Vec<usize>> = launches
+            .iter()
+            .flatten()
+            .filter_map(|l| match l {
+                Planned::Group(g) => Some(g.clone()),
+                Planned::Set(_) => None,
+            })
+            .collect();
+        let mut tables = self.stage_tables(st, &groups, placed, &ptrs)?.into_iter();
+        self.ensure_clock(st)?;
+        st.tape.clock(false);
+        for (p, (ph, ls)) in phases.iter().zip(&launches).enumerate() {
+            for l in ls {
+                match l {
+                    Planned::Set(set) => {
+                        let ready: Vec<Ready<'_, '_>> =
+                            set.iter().map(|&i| placed[i].ready(&ptrs[i])).collect();
+                        self.launch_set(&mut st.tape, &ready);
+                    }
+                    Planned::Group(l) => {
+                        let q = &placed[l[0]];
+                        match tables.next().flatten() {
+                            Some(tab) => self.launch_many(&mut st.tape, q, tab, l.len()),
+                            None => self.launch(
+                                &mut st.tape,
+                                &q.w,
+                                &ptrs[l[0]],
+                                q.x,
+                                q.y,
+                                q.groups,
+                                q.t,
+                            ),
+                        }
+                    }
+                }
+            }
+            for i in ph.clone().filter(|&i| pending[i]) {
+                for seg in &segs[i] {
+                    if let Some(ready) = st.cache.get(&key(seg)).and_then(|r| r.ready.as_ref()) {
+                        st.tape.wait(ready);
+                    }
+                }
+                let q = &placed[i];
+                self.launch(&mut st.tape, &q.w, &ptrs[i], q.x, q.y, q.groups, q.t);
+            }
+            if p + 1 < phases.len() {
+                between(st)?;
+            }
+        }
+        st.tape.clock(true);
+        Ok(())
+    }
+
+    /// Device address tables (`[data, scales or 0, x, y]` per product) of
+    /// the launches of several products, their copy up (one) written on
+    /// the tape; `None` for a launch of one.
+    fn stage_tables(
+        &self,
+        st: &mut State,
+        launches: &[Vec<usize>],
+        placed: &[Placed<'_>],
+        ptrs: &[Vec<u64>],
+    ) -> Result<Vec<Option<u64>>, CudaError> {
+        let mut tab: Vec<u64> = Vec::new();
+        let mut starts = Vec::with_capacity(launches.len());
+        for l in launches {
+            if l.len() < 2 {
+                starts.push(None);
+                continue;
+            }
+            starts.push(Some(tab.len()));
+            for &i in l {
+                let q = &placed[i];
+                tab.extend([ptrs[i][0], ptrs[i].get(1).copied().unwrap_or(0), q.x, q.y]);
+            }
+        }
+        if tab.is_empty() {
+            return Ok(starts.iter().map(|_| None).collect());
+        }
+        let dt = self.stage_table(st, &tab)?;
+        Ok(starts
+            .iter()
+            .map(|s| s.map(|s| dt + 8 * s as u64))
+            .collect())
+    }
+
+    /// Writes `n` products of `first`'s kernel and shape in one launch,
+    /// their addresses in the device table at `tab`.
+    fn launch_many(&self, tape: &mut Tape, first: &Placed<'_>, tab: u64, n: usize) {
+        let (rows, cols) = (first.w.rows(), first.w.cols());
+        let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                rows.div_ceil(first.w.device_rows_a_block(first.t)) as u32,
+                n as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = match first.w {
+            MatRef::Bf16 { .. } if first.t > 1 => &self.funcs.bf16_rows_many,
+            MatRef::Bf16 { .. } => &self.funcs.bf16_many,
+            MatRef::Mxfp4(_) => &self.funcs.mxfp4_many,
+            _ => unreachable!("`together` groups only bf16 and MXFP4 products"),
+        };
+        // The table holds n entries of device addresses of each product's
+        // segments, input and output, all of the checked shape.
+        tape.kernel(f, cfg, [tab.slot(), r.slot(), c.slot(), t.slot()]);
+    }
+
+    /// Writes `w`'s kernel: weights at the device pointers `p` (its
+    /// segments), input at `xp`, output at `yp`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch(
+        &self,
+        tape: &mut Tape,
+        w: &MatRef<'_>,
+        p: &[u64],
+        xp: u64,
+        yp: u64,
+        groups: usize,
+        t: usize,
+    ) {
+        let (rows, cols) = (w.rows(), w.cols());
+        let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(w.device_rows_a_block(t)) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let e4 = self.e4m3.device_ptr(&self.stream).0;
+        let f = match w {
+            MatRef::F32 { .. } => &self.funcs.f32,
+            MatRef::Bf16 { .. } if t > 1 => &self.funcs.bf16_rows,
+            MatRef::Bf16 { .. } => &self.funcs.bf16,
+            MatRef::Int8 { .. } => &self.funcs.int8,
+            MatRef::Mxfp4(_) => &self.funcs.mxfp4,
+            MatRef::Fp8(_) => &self.funcs.fp8,
+            MatRef::Int4(_) => &self.funcs.int4,
+        };
+        let mut args: Vec<u64> = p.to_vec();
+        match w {
+            MatRef::Fp8(m) => {
+                args.push(e4);
+                let ints = [
+                    m.row0 as i32,
+                    m.shift[0] as i32,
+                    m.shift[1] as i32,
+                    m.grid_cols as i32,
+                ];
+                args.extend(ints.map(|v| v.slot()));
+            }
+            MatRef::Int4(m) => args.push((m.group_shift as i32).slot()),
+            _ => {}
+        }
+        args.extend([xp, yp, r.slot(), c.slot(), tt.slot(), rg.slot()]);
+        // The arguments match the kernel's parameters in `matmul.cu`
+        // (pointers to device copies of the segments, sized by the shapes
+        // the caller checked).
+        tape.kernel(f, cfg, args);
+    }
+}
+
+/// Whether two products can share one launch: plain products of one
+/// shape and position count in a format with a grouped kernel.
+pub(super) fn together(a: &Placed<'_>, b: &Placed<'_>) -> bool {
+    let kind = |j: &Placed<'_>| match j.w {
+        MatRef::Bf16 { .. } => Some(0),
+        MatRef::Mxfp4(_) => Some(1),
+        _ => None,
+    };
+    kind(a).is_some()
+        && kind(a) == kind(b)
+        && a.groups == 1
+        && b.groups == 1
+        && (a.w.rows(), a.w.cols(), a.t) == (b.w.rows(), b.w.cols(), b.t)
+}

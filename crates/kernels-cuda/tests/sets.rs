@@ -1,0 +1,129 @@
+//! Set launches: a call's bf16 products of any shapes and one position
+//! count in one launch (`mm_bf16_set`, `mm_bf16_rows_set`). Each product's
+//! results against the scalar twin bit for bit, the launches counted.
+//! Without a CUDA device every test prints why it skipped.
+
+use fathom_kernels::backend::{Backend, Hints, MatRef, Product, Role};
+use fathom_kernels::formats::Bf16Rows;
+use fathom_kernels_cuda::CudaBackend;
+
+mod common;
+
+use common::{Lcg, drop_all, open, same, twin};
+
+/// Shapes (rows, cols) of one call: rows that are and are not multiples
+/// of a block's 16, a lone row, columns of whole chunks, with a tail past
+/// the last whole chunk, and not a multiple of 8 (the host's layout).
+const SHAPES: [(usize, usize); 6] = [
+    (40, 512),
+    (7, 300),
+    (100, 256),
+    (16, 264),
+    (1, 512),
+    (33, 96),
+];
+
+/// Runs the products `ws` (bf16 bits, their shapes) in one batch of
+/// `role` at `t` positions, twice (the second finds every weight in VRAM,
+/// so nothing waits for a copy): each result against the scalar twin, and
+/// the second call's kernel launches.
+fn batch(
+    b: &CudaBackend,
+    g: &mut Lcg,
+    ws: &[(Vec<u16>, usize, usize)],
+    role: Role,
+    t: usize,
+) -> u64 {
+    let mut launches = 0;
+    for _ in 0..2 {
+        let xs: Vec<Vec<f32>> = ws.iter().map(|(_, _, c)| g.uniform(t * c, 2.0)).collect();
+        let mut ys: Vec<Vec<f32>> = ws.iter().map(|(_, r, _)| vec![f32::NAN; t * r]).collect();
+        let before = b.stats().kernel_launches;
+        let mut products: Vec<Product<'_, '_>> = (ws.iter().zip(&xs).zip(ys.iter_mut()))
+            .map(|(((w, rows, cols), x), y)| Product {
+                w: MatRef::Bf16 {
+                    w,
+                    rows: *rows,
+                    cols: *cols,
+                },
+                role,
+                x,
+                t,
+                y,
+            })
+            .collect();
+        assert!(b.matmul_batch(&mut products, &Hints::default()));
+        drop(products);
+        launches = b.stats().kernel_launches - before;
+        for (((w, rows, cols), x), y) in ws.iter().zip(&xs).zip(&ys) {
+            let want = twin(&Bf16Rows { w, cols: *cols }, x, t);
+            assert!(want.iter().all(|v| v.is_finite()), "a real test");
+            same(
+                y,
+                &want,
+                &format!("bf16 {rows}x{cols} in a batch of {}, T = {t}", ws.len()),
+            );
+        }
+    }
+    launches
+}
+
+fn weights(g: &mut Lcg, shapes: &[(usize, usize)]) -> Vec<(Vec<u16>, usize, usize)> {
+    shapes
+        .iter()
+        .map(|&(r, c)| (g.bf16_bits(r * c, 1.0), r, c))
+        .collect()
+}
+
+fn forget(b: &CudaBackend, ws: &[(Vec<u16>, usize, usize)]) {
+    for (w, rows, cols) in ws {
+        drop_all(
+            b,
+            &MatRef::Bf16 {
+                w,
+                rows: *rows,
+                cols: *cols,
+            },
+        );
+    }
+}
+
+/// Spine products of six shapes share one launch at 1, 3 and 9
+/// positions, each with the bits of a launch of its own.
+#[test]
+fn spine_products_of_any_shapes_share_one_launch() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(17);
+    let ws = weights(&mut g, &SHAPES);
+    for t in [1, 3, 9] {
+        assert_eq!(
+            batch(&b, &mut g, &ws, Role::Spine, t),
+            1,
+            "T = {t}: one set launch"
+        );
+    }
+    forget(&b, &ws);
+}
+
+/// Routed experts (a set names its products' addresses in its arguments:
+/// experts that change from call to call would never replay a graph)
+/// launch as before, a launch per shape; more products than a set holds
+/// take two sets; products of one shape one grouped launch.
+#[test]
+fn experts_and_large_batches_launch_by_shape() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(23);
+    let ws = weights(&mut g, &SHAPES);
+    assert_eq!(batch(&b, &mut g, &ws, Role::Expert, 1), SHAPES.len() as u64);
+    let mut nine = SHAPES.to_vec();
+    nine.extend([(40, 512), (40, 512), (5, 64)]);
+    let ws9 = weights(&mut g, &nine);
+    // A set of eight, then the ninth alone.
+    assert_eq!(batch(&b, &mut g, &ws9, Role::Spine, 1), 2);
+    // Products of one shape keep their grouped launch (a table of addresses).
+    let same = weights(&mut g, &[(40, 512); 3]);
+    assert_eq!(batch(&b, &mut g, &same, Role::Spine, 3), 1);
+    for w in [ws, ws9, same] {
+        forget(&b, &w);
+    }
+}
