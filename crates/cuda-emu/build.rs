@@ -11,7 +11,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The kernels' files in the order `fathom_kernels_cuda::SOURCE` joins them.
-const SOURCES: [&str; 5] = ["matmul.cu", "kda.cu", "glu.cu", "mla.cu", "gqa.cu"];
+const SOURCES: [&str; 6] = [
+    "matmul.cu",
+    "grouped.cu",
+    "kda.cu",
+    "glu.cu",
+    "mla.cu",
+    "gqa.cu",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=emu");

@@ -40,6 +40,7 @@
 #include "emu.h"
 
 #include "../../kernels-cuda/src/matmul.cu"
+#include "../../kernels-cuda/src/grouped.cu"
 #include "../../kernels-cuda/src/kda.cu"
 #include "../../kernels-cuda/src/glu.cu"
 #include "../../kernels-cuda/src/mla.cu"
@@ -714,6 +715,15 @@ API CUresult cuFuncGetAttribute(int* v, int, void*) {
 }
 
 API CUresult cuFuncSetAttribute(void*, int, int) { return OK; }
+
+// Three blocks of 256 threads a multiprocessor, as an H100 holds of the
+// bf16 products (80 registers a thread); 132 multiprocessors above.
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, void* f, int block,
+                                                                  size_t, unsigned) {
+    if (!f || block < 1 || block > (int)MAX_THREADS) return INVALID_VALUE;
+    *n = block <= 256 ? 3 : 1;
+    return OK;
+}
 
 API CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                             unsigned by, unsigned bz, unsigned shared, void* stream,

@@ -4,6 +4,7 @@
 #include "emu.h"
 
 #include "../../kernels-cuda/src/matmul.cu"
+#include "../../kernels-cuda/src/grouped.cu"
 #include "../../kernels-cuda/src/kda.cu"
 #include "../../kernels-cuda/src/glu.cu"
 #include "../../kernels-cuda/src/mla.cu"

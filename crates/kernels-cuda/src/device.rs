@@ -211,6 +211,11 @@ pub struct CudaBackend {
     e4m3: CudaSlice<f32>,
     /// The most partial results an MLA launch pair keeps (`device/mla.rs`).
     mla_scratch: std::sync::atomic::AtomicUsize,
+    /// Blocks of the one-position bf16 products the device runs at once
+    /// (multiprocessors × blocks each holds; 0: unknown), and the most row
+    /// pairs a warp of them takes (`launch.rs`).
+    bf16_slots: std::sync::atomic::AtomicUsize,
+    bf16_pairs: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -273,11 +278,14 @@ fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> 
 /// The kernels' tuning knobs set at run time: `FATHOM_CUDA_DEFINES`, e.g.
 /// `"BF16G=2 BF16_MINB=4"` (entries split by spaces or commas), each a
 /// macro the sources leave to be overridden (`matmul.cu`: `BF16G`,
-/// `BF16_MINB`, `MXG`) and a whole number. They change how many loads are
-/// in flight and how many registers a kernel may use, never a sum or its
-/// order; for measuring on a device, not for use.
+/// `BF16_MINB`, `MXG`, `BF16_NA`) and a whole number; `BF16_PAIRS` caps the row pairs
+/// a warp of the one-position bf16 products takes (`launch.rs`; 1: a
+/// block for every 16 rows, as before session 27). They change how many
+/// loads are in flight, how many registers a kernel may use and which warp
+/// sums which row, never a sum or its order; for measuring on a device,
+/// not for use.
 pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaError> {
-    const KNOBS: [&str; 3] = ["BF16G", "BF16_MINB", "MXG"];
+    const KNOBS: [&str; 5] = ["BF16G", "BF16_MINB", "MXG", "BF16_PAIRS", "BF16_NA"];
     let mut out: Vec<String> = Vec::new();
     for entry in spec
         .unwrap_or("")
@@ -305,6 +313,22 @@ pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaErro
         out.push(format!("{name}={v}"));
     }
     Ok(out)
+}
+
+/// Blocks of 256 threads of the one-position bf16 kernels (`fs`: alone,
+/// grouped, in sets) the device runs at once: multiprocessors × the
+/// fewest blocks one holds of any of them (the driver's occupancy
+/// figures); 0 when a query fails.
+fn bf16_slots(ctx: &Arc<CudaContext>, fs: [&CudaFunction; 3]) -> usize {
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    let Ok(sms) = ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) else {
+        return 0;
+    };
+    let per_sm = fs
+        .iter()
+        .map(|f| f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None))
+        .try_fold(u32::MAX, |m, b| b.map(|b| m.min(b)));
+    per_sm.map_or(0, |b| sms.max(0) as usize * b as usize)
 }
 
 /// `compute_XY` for the architectures NVRTC knows by a static name.
@@ -376,6 +400,11 @@ impl CudaBackend {
             res_mix_norm: f("res_mix_norm")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
+        let slots = bf16_slots(&ctx, [&funcs.bf16, &funcs.bf16_many, &funcs.bf16_set]);
+        let pairs = tuning_defines(std::env::var("FATHOM_CUDA_DEFINES").ok().as_deref())?
+            .iter()
+            .find_map(|d| d.strip_prefix("BF16_PAIRS=")?.parse().ok())
+            .unwrap_or(usize::MAX);
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
         // A probe that fails leaves the bounds unknown (zero), not the device unusable.
         let (hbm, h2d) = crate::probe_bw::bandwidths(&ctx, &stream).unwrap_or((0.0, 0.0));
@@ -392,6 +421,8 @@ impl CudaBackend {
             funcs,
             e4m3,
             mla_scratch: mla::SCRATCH_FLOATS.into(),
+            bf16_slots: slots.into(),
+            bf16_pairs: pairs.into(),
             state: Mutex::new(State {
                 cache: Cache::new(budget),
                 guesses: GuessLog::default(),
@@ -432,6 +463,17 @@ impl CudaBackend {
     pub fn limit_mla_scratch(&self, floats: usize) {
         self.mla_scratch
             .store(floats, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sets the blocks of the one-position bf16 products the device runs at
+    /// once, as the backend found them when it opened (`None`) or as given
+    /// (0: a block for every 16 rows, however many), so that tests can make
+    /// every warp take several row pairs; the bits are the same either way.
+    pub fn set_bf16_slots(&self, slots: Option<usize>) {
+        let f = &self.funcs;
+        let found = bf16_slots(self.stream.context(), [&f.bf16, &f.bf16_many, &f.bf16_set]);
+        self.bf16_slots
+            .store(slots.unwrap_or(found), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Lets calls that repeat run as CUDA graphs (the default), or issues

@@ -60,6 +60,7 @@ impl From<cudarc::driver::DriverError> for CudaError {
 /// activations, MLA attention over a latent cache, grouped-query attention.
 pub const SOURCE: &str = concat!(
     include_str!("matmul.cu"),
+    include_str!("grouped.cu"),
     include_str!("kda.cu"),
     include_str!("glu.cu"),
     include_str!("mla.cu"),

@@ -215,22 +215,13 @@ __device__ __forceinline__ void sum_pair(const float* __restrict__ x0,
     }
 }
 
-// One position (t == 1), two rows a warp (`rows_product`'s sums for each:
-// its own accumulator, the same column order and fold) with G chunks of
-// both rows' loads in flight together (`chunk`'s loader, so a format may
-// load its bytes widely and hand them round the warp) and the input loaded
-// once for both rows when they share it; the launch has 16 rows a block.
-// Row r reads x + (r / rows_g)·cols and writes y[r]. `bx` is the block's
-// index among the product's blocks (blockIdx.x but in a set launch).
+// Rows r0 and r0 + 1 (when there is one) of `rows2_product1`.
 template <int G, typename Chunk, typename At>
-__device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
-                                               const float* __restrict__ x,
-                                               float* __restrict__ y, int rows, int cols,
-                                               int rows_g, int bx) {
+__device__ __forceinline__ void pair_product1(const Chunk& chunk, At at,
+                                              const float* __restrict__ x,
+                                              float* __restrict__ y, int r0, int rows, int cols,
+                                              int rows_g, int lane) {
     using Raw = decltype(chunk.load(0, 0, 0));
-    const int r0 = (int)((bx * blockDim.x + threadIdx.x) >> 5) * 2;
-    const int lane = threadIdx.x & 31;
-    if (r0 >= rows) return;  // whole warps leave together
     const bool two = r0 + 1 < rows;
     const int r1 = two ? r0 + 1 : r0;
     const float* x0 = x + (size_t)(r0 / rows_g) * cols;
@@ -275,6 +266,30 @@ __device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
     }
 }
 
+// One position (t == 1), two rows a warp (`rows_product`'s sums for each:
+// its own accumulator, the same column order and fold) with G chunks of
+// both rows' loads in flight together (`chunk`'s loader, so a format may
+// load its bytes widely and hand them round the warp) and the input loaded
+// once for both rows when they share it. Row r reads x + (r / rows_g)·cols
+// and writes y[r]. The product's blocks are `nbx` (gridDim.x but in a set
+// launch), this one `bx` among them: warp w of the W = nbx · 8 takes the
+// row pairs w, w + W, w + 2W, … — one pair when the launch has 16 rows a
+// block; the host launches fewer blocks, each warp taking several pairs,
+// when more blocks than the device holds at once would leave a last wave
+// of few blocks (`launch.rs`). A row's sums do not depend on which warp
+// makes them.
+template <int G, typename Chunk, typename At>
+__device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
+                                               const float* __restrict__ x,
+                                               float* __restrict__ y, int rows, int cols,
+                                               int rows_g, int bx, int nbx) {
+    const int stride = 2 * nbx * (int)(blockDim.x >> 5);
+    const int lane = threadIdx.x & 31;
+    // Whole warps leave together.
+    for (int r0 = (int)((bx * blockDim.x + threadIdx.x) >> 5) * 2; r0 < rows; r0 += stride)
+        pair_product1<G>(chunk, at, x, y, r0, rows, cols, rows_g, lane);
+}
+
 // bf16 in VRAM when cols is a multiple of 8 (each row then starts 16-byte
 // aligned): each full chunk of 256 columns of a row (512 bytes) rearranged
 // once, when its copy up lands (`bf16_lanes`), so that lane l's eight
@@ -286,6 +301,27 @@ struct __align__(16) U32x4 {
     unsigned x, y, z, w;
 };
 
+// BF16_NA=1 (a tuning knob, unset by default): the weights' loads leave
+// the L1 cache alone (`ld.global.nc.L1::no_allocate`), so that the input,
+// which every warp of a multiprocessor reads, stays there while the
+// weights stream past. The same bits either way (only where a value is
+// cached changes). On a GPU only: the host emulator loads plainly.
+#ifndef BF16_NA
+#define BF16_NA 0
+#endif
+
+__device__ __forceinline__ U32x4 load_weights(const U32x4* p) {
+#if BF16_NA && defined(__CUDA_ARCH__)
+    U32x4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#else
+    return *p;
+#endif
+}
+
 struct Bf16Lanes {
     const unsigned short* __restrict__ w;
     int cols;
@@ -293,7 +329,7 @@ struct Bf16Lanes {
         U32x4 v;
     };
     __device__ __forceinline__ Raw load(int r, int c, int lane) const {
-        return Raw{reinterpret_cast<const U32x4*>(w + (size_t)r * cols + c)[lane]};
+        return Raw{load_weights(reinterpret_cast<const U32x4*>(w + (size_t)r * cols + c) + lane)};
     }
     __device__ __forceinline__ void decode(const Raw& raw, int, float (&wv)[UNROLL]) const {
         const unsigned q[4] = {raw.v.x, raw.v.y, raw.v.z, raw.v.w};
@@ -506,23 +542,23 @@ __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* x
 #endif
 
 // `xs`: the staging of `rows2_staged` for more than one position, or null
-// for `rows2_each`; `bx` the block's index among the product's blocks.
+// for `rows2_each`; `bx` the block's index among the product's `nbx`.
 __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ w,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int t, int rows_g, float* xs,
-                                             int bx) {
+                                             int bx, int nbx) {
     auto at = [=](int r, int i) { return bf16f(w[(size_t)r * cols + i]); };
     if (cols % 8 == 0) {
         const Bf16Lanes chunk{w, cols};
         if (t == 1) {
-            rows2_product1<BF16G>(chunk, at, x, y, rows, cols, rows_g, bx);
+            rows2_product1<BF16G>(chunk, at, x, y, rows, cols, rows_g, bx, nbx);
         } else if (xs) {
             rows2_staged(chunk, at, xs, x, y, rows, cols, t, rows_g, bx);
         } else {
             rows2_each(chunk, at, x, y, rows, cols, t, rows_g, bx);
         }
     } else if (t == 1) {
-        rows2_product1<2>(plain(at), at, x, y, rows, cols, rows_g, bx);
+        rows2_product1<2>(plain(at), at, x, y, rows, cols, rows_g, bx, nbx);
     } else if (xs) {
         rows2_staged(plain(at), at, xs, x, y, rows, cols, t, rows_g, bx);
     } else {
@@ -533,7 +569,7 @@ __device__ __forceinline__ void bf16_product(const unsigned short* __restrict__ 
 extern "C" __global__ void BF16_BOUNDS mm_bf16(const unsigned short* __restrict__ w,
                                    const float* __restrict__ x, float* __restrict__ y, int rows,
                                    int cols, int t, int rows_g) {
-    bf16_product(w, x, y, rows, cols, t, rows_g, nullptr, (int)blockIdx.x);
+    bf16_product(w, x, y, rows, cols, t, rows_g, nullptr, (int)blockIdx.x, (int)gridDim.x);
 }
 
 // More than one position (the host's pick for t > 1): `mm_bf16`'s sums,
@@ -543,7 +579,7 @@ extern "C" __global__ void mm_bf16_rows(const unsigned short* __restrict__ w,
                                         const float* __restrict__ x, float* __restrict__ y,
                                         int rows, int cols, int t, int rows_g) {
     __shared__ float xs[XS];
-    bf16_product(w, x, y, rows, cols, t, rows_g, xs, (int)blockIdx.x);
+    bf16_product(w, x, y, rows, cols, t, rows_g, xs, (int)blockIdx.x, (int)gridDim.x);
 }
 
 extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
@@ -646,7 +682,8 @@ __device__ __forceinline__ void mxfp4_product(const unsigned char* __restrict__ 
     };
     const Mxfp4Chunk chunk{packed, scales, lut, cols};
     if (t == 1) {
-        rows2_product1<MXG>(chunk, at, x, y, rows, cols, rows_g, (int)blockIdx.x);
+        rows2_product1<MXG>(chunk, at, x, y, rows, cols, rows_g, (int)blockIdx.x,
+                            (int)gridDim.x);
     } else {
         rows_product<MXG>(chunk, at, SAME, x, y, rows, cols, t, rows_g);
     }
@@ -659,85 +696,6 @@ extern "C" __global__ void mm_mxfp4(const unsigned char* __restrict__ packed,
     __shared__ float lut[16];
     e2m1_table(lut);
     mxfp4_product(packed, scales, lut, x, y, rows, cols, t, rows_g);
-}
-
-// Several products of one shape in one launch (a MoE layer's experts):
-// blockIdx.y picks product p, whose weight segments, input and output are
-// the device addresses tab[4p .. 4p + 4) (data, scales or 0, x, y). Each
-// row is computed by the same code as in a launch of its own.
-extern "C" __global__ void BF16_BOUNDS mm_bf16_many(const unsigned long long* __restrict__ tab, int rows,
-                                        int cols, int t) {
-    const unsigned long long* e = tab + 4 * blockIdx.y;
-    bf16_product((const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t,
-                 rows, nullptr, (int)blockIdx.x);
-}
-
-extern "C" __global__ void mm_bf16_rows_many(const unsigned long long* __restrict__ tab,
-                                             int rows, int cols, int t) {
-    __shared__ float xs[XS];
-    const unsigned long long* e = tab + 4 * blockIdx.y;
-    bf16_product((const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t,
-                 rows, xs, (int)blockIdx.x);
-}
-
-// Several bf16 products of one position count and any shapes in one
-// launch (a layer's projections of one input: KDA's q, k, v, f_a, b, g;
-// MLA's q_a, kv_a, g; an MLP's gate and up with the router): entry i of
-// the set (i < n ≤ SET_MAX) holds the weights, input and output addresses
-// and rows | cols << 32; its ceil(rows / 16) blocks follow the blocks of
-// the entries before it. Each block runs `bf16_product` for its entry with
-// its index among that entry's blocks: each row's sums are those of a
-// launch of its own. The entries are read with constant indices (no copy
-// of the set to local memory).
-#define SET_MAX 8
-struct Bf16Set {
-    unsigned long long e[SET_MAX][4];
-};
-
-// The entry block `b` belongs to, its index among that entry's blocks in
-// `bx`, and the entry's fields.
-__device__ __forceinline__ void set_pick(const Bf16Set& s, int n, int b, int& bx,
-                                         unsigned long long (&e)[4]) {
-    int first = 0;
-    bool found = false;
-#pragma unroll
-    for (int i = 0; i < SET_MAX; ++i) {
-        const int blocks = (int)(((unsigned)s.e[i][3] + 15u) >> 4);
-        if (!found && i < n && (b < first + blocks || i == n - 1)) {
-            found = true;
-            bx = b - first;
-#pragma unroll
-            for (int f = 0; f < 4; ++f) e[f] = s.e[i][f];
-        }
-        first += blocks;
-    }
-}
-
-__device__ __forceinline__ void bf16_set(const Bf16Set& s, int n, int t, float* xs) {
-    int bx = 0;
-    unsigned long long e[4] = {0, 0, 0, 0};
-    set_pick(s, n, (int)blockIdx.x, bx, e);
-    const int rows = (int)(unsigned)e[3], cols = (int)(unsigned)(e[3] >> 32);
-    bf16_product((const unsigned short*)e[0], (const float*)e[1], (float*)e[2], rows, cols, t,
-                 rows, xs, bx);
-}
-
-extern "C" __global__ void BF16_BOUNDS mm_bf16_set(int n, int t, Bf16Set s) {
-    bf16_set(s, n, t, nullptr);
-}
-
-extern "C" __global__ void mm_bf16_rows_set(int n, int t, Bf16Set s) {
-    __shared__ float xs[XS];
-    bf16_set(s, n, t, xs);
-}
-
-extern "C" __global__ void mm_mxfp4_many(const unsigned long long* __restrict__ tab, int rows,
-                                         int cols, int t) {
-    __shared__ float lut[16];
-    e2m1_table(lut);
-    const unsigned long long* e = tab + 4 * blockIdx.y;
-    mxfp4_product((const unsigned char*)e[0], (const unsigned char*)e[1], lut,
-                  (const float*)e[2], (float*)e[3], rows, cols, t, rows);
 }
 
 // E4M3 codes with block scales: value = e4m3[q] · scale[((row0 + r) >> sh_r) · grid_cols + (i >> sh_c)].

@@ -127,3 +127,26 @@ fn experts_and_large_batches_launch_by_shape() {
         forget(&b, &w);
     }
 }
+
+/// A device that holds few blocks at once gets fewer blocks, each warp
+/// summing several row pairs: a set, a grouped launch and a lone product
+/// at one position keep the twin's bits whatever the count (0: a block for
+/// every 16 rows; 1: one block a product, every warp taking many pairs).
+#[test]
+fn warps_taking_several_row_pairs_keep_the_bits() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(29);
+    let mixed = weights(&mut g, &[(200, 512), (37, 300), (16, 264)]);
+    let same3 = weights(&mut g, &[(90, 256); 3]);
+    let lone = weights(&mut g, &[(333, 520)]);
+    for slots in [0, 1, 2, 5, 64] {
+        b.set_bf16_slots(Some(slots));
+        for ws in [&mixed, &same3, &lone] {
+            assert_eq!(batch(&b, &mut g, ws, Role::Spine, 1), 1, "{slots} slots");
+        }
+    }
+    b.set_bf16_slots(None);
+    for w in [mixed, same3, lone] {
+        forget(&b, &w);
+    }
+}

@@ -163,6 +163,12 @@ pub struct BackendStats {
     /// the calls (`gpu_ms − lock − sync − issue`) prepares and stages the
     /// inputs and hands the results back.
     pub issue_ms: f64,
+    /// The part of that rest before the issue: from a call's start on the
+    /// device's lock (its operations' list begun) to its issue — finding
+    /// and copying up its weights, staging its inputs, writing its
+    /// operations. `gpu_ms − lock − stage − issue − sync` is then what the
+    /// calls do before taking the lock and after their synchronisation.
+    pub stage_ms: f64,
     /// Device memory holding weights now.
     pub vram_weight_bytes: u64,
     /// Device memory holding sequences' states now (KDA states and
@@ -223,6 +229,7 @@ impl BackendStats {
             lock_wait_ms: self.lock_wait_ms - start.lock_wait_ms,
             sync_wait_ms: self.sync_wait_ms - start.sync_wait_ms,
             issue_ms: self.issue_ms - start.issue_ms,
+            stage_ms: self.stage_ms - start.stage_ms,
             vram_weight_bytes: self.vram_weight_bytes,
             vram_state_bytes: self.vram_state_bytes,
             device_attention: self.device_attention - start.device_attention,
@@ -265,6 +272,7 @@ impl BackendStats {
             lock_wait_ms: self.lock_wait_ms + o.lock_wait_ms,
             sync_wait_ms: self.sync_wait_ms + o.sync_wait_ms,
             issue_ms: self.issue_ms + o.issue_ms,
+            stage_ms: self.stage_ms + o.stage_ms,
             vram_weight_bytes: self.vram_weight_bytes + o.vram_weight_bytes,
             vram_state_bytes: self.vram_state_bytes + o.vram_state_bytes,
             device_attention: self.device_attention + o.device_attention,

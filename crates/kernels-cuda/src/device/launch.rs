@@ -116,16 +116,19 @@ impl CudaBackend {
 
     /// Writes one launch of the bf16 products `set` (two to [`SET_MAX`],
     /// one position count): entry i's blocks after those of the entries
-    /// before it (`mm_bf16_set`, `mm_bf16_rows_set`).
+    /// before it (`mm_bf16_set`, `mm_bf16_rows_set`), each warp taking
+    /// [`Self::pairs_a_warp`] row pairs at one position.
     pub(super) fn launch_set(&self, tape: &mut Tape, set: &[Ready<'_, '_>]) {
         debug_assert!((2..=SET_MAX).contains(&set.len()));
         let t = set[0].t;
         let mut tail = vec![0u64; 4 * SET_MAX];
+        let full: usize = set.iter().map(|q| q.w.rows().div_ceil(16)).sum();
+        let k = if t == 1 { self.pairs_a_warp(full) } else { 1 };
         let mut blocks = 0;
         for (e, q) in tail.chunks_exact_mut(4).zip(set) {
             let (rows, cols) = (q.w.rows(), q.w.cols());
             debug_assert!(q.w.device_rows_a_block(t) == 16 && q.t == t);
-            blocks += rows.div_ceil(16);
+            blocks += rows.div_ceil(16).div_ceil(k);
             e.copy_from_slice(&[q.p[0], q.x, q.y, rows as u64 | (cols as u64) << 32]);
         }
         let cfg = LaunchConfig {
@@ -138,11 +141,43 @@ impl CudaBackend {
         } else {
             &self.funcs.bf16_set
         };
-        let (n, tt) = (set.len() as i32, t as i32);
+        let (n, tt, kk) = (set.len() as i32, t as i32, k as i32);
         // The set holds `n` entries of device addresses of bf16 weights,
         // input and output and their shapes (each checked by `fits`), then
         // zeros: the structure `Bf16Set` that `mm_bf16_set` takes last.
-        tape.kernel_with(f, cfg, [n.slot(), tt.slot()], tail);
+        tape.kernel_with(f, cfg, [n.slot(), tt.slot(), kk.slot()], tail);
+    }
+
+    /// Row pairs each warp of a one-position bf16 launch of `blocks`
+    /// blocks of 16 rows takes: 1 when the device runs them all at once,
+    /// else as many as make the launch one wave (capped by `BF16_PAIRS`).
+    /// A launch of 1.13 waves (7,168 rows on an H100's 396 blocks) spent
+    /// its last eighth with a few blocks running alone; fewer blocks,
+    /// each warp taking two pairs, keep every multiprocessor busy to the
+    /// end. Which warp sums a row never changes its bits.
+    pub(super) fn pairs_a_warp(&self, blocks: usize) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        let slots = self.bf16_slots.load(Relaxed);
+        if slots == 0 || blocks <= slots {
+            return 1;
+        }
+        blocks
+            .div_ceil(slots)
+            .min(self.bf16_pairs.load(Relaxed))
+            .max(1)
+    }
+
+    /// The grid's first dimension for `rows` rows of `w` at `t` positions
+    /// in a launch of `n` products of its shape: a block for every
+    /// [`MatRef::device_rows_a_block`] rows, fewer for one-position bf16
+    /// ([`Self::pairs_a_warp`]).
+    fn grid_x(&self, w: &MatRef<'_>, t: usize, n: usize) -> u32 {
+        let blocks = w.rows().div_ceil(w.device_rows_a_block(t));
+        let k = match w {
+            MatRef::Bf16 { .. } if t == 1 => self.pairs_a_warp(n * blocks),
+            _ => 1,
+        };
+        blocks.div_ceil(k) as u32
     }
 }
 
@@ -306,11 +341,7 @@ impl CudaBackend {
         let (rows, cols) = (first.w.rows(), first.w.cols());
         let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
         let cfg = LaunchConfig {
-            grid_dim: (
-                rows.div_ceil(first.w.device_rows_a_block(first.t)) as u32,
-                n as u32,
-                1,
-            ),
+            grid_dim: (self.grid_x(&first.w, first.t, n), n as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -341,7 +372,7 @@ impl CudaBackend {
         let (rows, cols) = (w.rows(), w.cols());
         let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(w.device_rows_a_block(t)) as u32, 1, 1),
+            grid_dim: (self.grid_x(w, t, 1), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

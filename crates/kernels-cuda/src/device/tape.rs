@@ -121,6 +121,8 @@ unsafe impl Send for Kept {}
 /// A call's operations, and the graphs of calls seen before (see the module).
 pub(super) struct Tape {
     ops: Vec<Op>,
+    /// When the call's list was begun (its staging time is counted at the flush).
+    begun: Option<std::time::Instant>,
     /// Whether calls may run as graphs.
     graphs_on: bool,
     /// Graphs by the operations they run, each with its last use.
@@ -139,6 +141,7 @@ impl Tape {
     pub(super) fn new() -> Self {
         Tape {
             ops: Vec::new(),
+            begun: None,
             graphs_on: true,
             built: HashMap::new(),
             seen: HashSet::new(),
@@ -166,6 +169,7 @@ impl Tape {
     /// flush is dropped unissued.
     pub(super) fn begin(&mut self) {
         self.ops.clear();
+        self.begun = Some(std::time::Instant::now());
     }
 
     /// Writes a copy of `src` (page-locked host memory) to `dst`; nothing
@@ -252,6 +256,9 @@ impl Tape {
         reallocs: u64,
     ) -> Result<(), CudaError> {
         let started = std::time::Instant::now();
+        if let Some(b) = self.begun.take() {
+            stats.stage_ms += started.duration_since(b).as_secs_f64() * 1e3;
+        }
         let issued = self.issue(stream, clock, stats, reallocs);
         stats.issue_ms += started.elapsed().as_secs_f64() * 1e3;
         issued
