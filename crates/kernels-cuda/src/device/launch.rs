@@ -149,22 +149,24 @@ impl CudaBackend {
     }
 
     /// Row pairs each warp of a one-position bf16 launch of `blocks`
-    /// blocks of 16 rows takes: 1 when the device runs them all at once,
-    /// else as many as make the launch one wave (capped by `BF16_PAIRS`).
-    /// A launch of 1.13 waves (7,168 rows on an H100's 396 blocks) spent
-    /// its last eighth with a few blocks running alone; fewer blocks,
-    /// each warp taking two pairs, keep every multiprocessor busy to the
-    /// end. Which warp sums a row never changes its bits.
+    /// blocks of 16 rows takes: 1 when the device runs them all at once or
+    /// their last wave is at least nine tenths full, else as many as make
+    /// the launch one wave (capped by `BF16_PAIRS`). A launch of 1.13
+    /// waves (7,168 rows on an H100's 396 blocks) spent its last part with
+    /// a few blocks running alone; fewer blocks, each warp taking two
+    /// pairs, keep every multiprocessor busy to the end. Which warp sums a
+    /// row never changes its bits.
     pub(super) fn pairs_a_warp(&self, blocks: usize) -> usize {
         use std::sync::atomic::Ordering::Relaxed;
         let slots = self.bf16_slots.load(Relaxed);
         if slots == 0 || blocks <= slots {
             return 1;
         }
-        blocks
-            .div_ceil(slots)
-            .min(self.bf16_pairs.load(Relaxed))
-            .max(1)
+        let waves = blocks.div_ceil(slots);
+        if 10 * blocks >= 9 * slots * waves {
+            return 1;
+        }
+        waves.min(self.bf16_pairs.load(Relaxed)).max(1)
     }
 
     /// The grid's first dimension for `rows` rows of `w` at `t` positions
