@@ -292,14 +292,20 @@ pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaErro
         .split([' ', ','])
         .filter(|e| !e.is_empty())
     {
+        // BF16_NA is a switch (0: off); the others count from 1.
         let knob = entry.split_once('=').and_then(|(name, value)| {
-            let v = value.parse::<u32>().ok().filter(|v| (1..=16).contains(v))?;
+            let least = u32::from(name != "BF16_NA");
+            let v = value
+                .parse::<u32>()
+                .ok()
+                .filter(|v| (least..=16).contains(v))?;
             KNOBS.contains(&name).then_some((name, v))
         });
         let Some((name, v)) = knob else {
             return Err(CudaError::Setting(format!(
                 "FATHOM_CUDA_DEFINES entry {entry:?}: give NAME=N with NAME one of {} and N \
-                 a whole number from 1 to 16 (or unset the variable)",
+                 a whole number from 1 to 16 (BF16_NA from 0, which turns it off; or unset the \
+                 variable)",
                 KNOBS.join(", ")
             )));
         };
@@ -740,8 +746,8 @@ mod tests {
     fn tuning_defines_take_known_knobs_and_name_a_bad_entry() {
         assert_eq!(tuning_defines(None).unwrap(), Vec::<String>::new());
         assert_eq!(
-            tuning_defines(Some("BF16G=2, BF16_MINB=4 MXG=03")).unwrap(),
-            ["BF16G=2", "BF16_MINB=4", "MXG=3"]
+            tuning_defines(Some("BF16G=2, BF16_MINB=4 MXG=03 BF16_NA=0")).unwrap(),
+            ["BF16G=2", "BF16_MINB=4", "MXG=3", "BF16_NA=0"]
         );
         let twice = tuning_defines(Some("MXG=2 MXG=4")).unwrap_err().to_string();
         assert!(twice.contains("names MXG twice"), "{twice}");
@@ -752,6 +758,7 @@ mod tests {
             "UNROLL=4",
             "BF16G=2;rm",
             "MXG=17",
+            "BF16_PAIRS=0",
         ] {
             let e = tuning_defines(Some(bad)).unwrap_err().to_string();
             assert!(
