@@ -53,6 +53,29 @@ extern "C" __global__ void glu_act(float* __restrict__ g, const float* __restric
 // also kept in shared memory, where the norm's eight lane threads read it
 // (from global memory each of their loads was a round trip).
 #define COMBINE_SHARED 4096
+#define COMBINE_COLS 4
+
+// dst[c] = (v[c] · inv) · nw[c] for c < n, by the block, eight columns' loads
+// of a thread in flight together (`v` may be `dst`).
+__device__ __forceinline__ void scale_row(float* dst, const float* v, float inv,
+                                          const float* __restrict__ nw, int n) {
+    const int step = blockDim.x;
+    for (int c0 = threadIdx.x; c0 < n; c0 += 8 * step) {
+        float a[8], b[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int c = c0 + q * step;
+            a[q] = c < n ? v[c] : 0.0f;
+            b[q] = c < n ? nw[c] : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int c = c0 + q * step;
+            if (c < n) dst[c] = __fmul_rn(__fmul_rn(a[q], inv), b[q]);
+        }
+    }
+}
+
 extern "C" __global__ void moe_combine(const float* __restrict__ o,
                                        const unsigned* __restrict__ off,
                                        const float* __restrict__ w, int k, int width, int norm,
@@ -64,19 +87,44 @@ extern "C" __global__ void moe_combine(const float* __restrict__ o,
     const float* wr = w + r * k;
     float* sr = s + r * width;
     const bool kept = width <= COMBINE_SHARED;
-    for (int c = threadIdx.x; c < width; c += blockDim.x) {
-        float a = 0.0f;
+    const int step = blockDim.x;
+    // COMBINE_COLS of a thread's columns at a time, so that their loads go
+    // out together (a column at a time waited out a round trip each).
+    for (int c0 = threadIdx.x; c0 < width; c0 += COMBINE_COLS * step) {
+        float a[COMBINE_COLS];
+#pragma unroll
+        for (int q = 0; q < COMBINE_COLS; ++q) a[q] = 0.0f;
         int j = 0;
         for (; j + 4 <= k; j += 4) {
-            float v[4];
+            float v[COMBINE_COLS][4];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) v[q] = o[(size_t)offr[j + q] + c];
+            for (int q = 0; q < COMBINE_COLS; ++q) {
+                const int c = c0 + q * step;
 #pragma unroll
-            for (int q = 0; q < 4; ++q) a = __fadd_rn(a, __fmul_rn(wr[j + q], v[q]));
+                for (int e = 0; e < 4; ++e) v[q][e] = c < width ? o[(size_t)offr[j + e] + c] : 0.0f;
+            }
+#pragma unroll
+            for (int q = 0; q < COMBINE_COLS; ++q) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[q] = __fadd_rn(a[q], __fmul_rn(wr[j + e], v[q][e]));
+            }
         }
-        for (; j < k; ++j) a = __fadd_rn(a, __fmul_rn(wr[j], o[(size_t)offr[j] + c]));
-        sr[c] = a;
-        if (kept) row[c] = a;
+        for (; j < k; ++j) {
+#pragma unroll
+            for (int q = 0; q < COMBINE_COLS; ++q) {
+                const int c = c0 + q * step;
+                const float v = c < width ? o[(size_t)offr[j] + c] : 0.0f;
+                a[q] = __fadd_rn(a[q], __fmul_rn(wr[j], v));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < COMBINE_COLS; ++q) {
+            const int c = c0 + q * step;
+            if (c < width) {
+                sr[c] = a[q];
+                if (kept) row[c] = a[q];
+            }
+        }
     }
     if (!norm) return;
     __syncthreads();
@@ -94,8 +142,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ o,
         inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < width; c += blockDim.x)
-        sr[c] = __fmul_rn(__fmul_rn(v[c], inv), nw[c]);
+    scale_row(sr, v, inv, nw, width);
 }
 
 // The rest of a layer before its experts are chosen, its first part
@@ -136,18 +183,30 @@ __device__ __forceinline__ float mix_chunks(float acc, const float* a, const flo
     return acc;
 }
 
-// `cols` values from `src` into shared memory at `dst` by the block,
-// eight loads a thread in flight before they are stored.
+// `cols` values from `src` into shared memory at `dst` by the block, and
+// as many from `src2` into `dst2` when it is not null: MIX_ILP loads of a
+// thread in flight before they are stored (a tile of 4096 of each is one
+// round trip with 256 threads).
 // (`src` may be rows the same kernel just wrote: no __restrict__ on it.)
-__device__ __forceinline__ void mix_stage(float* dst, const float* src, int cols) {
+#define MIX_ILP 16
+__device__ __forceinline__ void mix_stage(float* dst, const float* src, int cols,
+                                          float* dst2 = nullptr, const float* src2 = nullptr) {
     const int step = blockDim.x;
-    for (int c = threadIdx.x; c < cols; c += 8 * step) {
-        float vs[8];
+    for (int c = threadIdx.x; c < cols; c += MIX_ILP * step) {
+        float vs[MIX_ILP], ws[MIX_ILP];
 #pragma unroll
-        for (int q = 0; q < 8; ++q) vs[q] = c + q * step < cols ? src[c + q * step] : 0.0f;
+        for (int q = 0; q < MIX_ILP; ++q) {
+            const bool in = c + q * step < cols;
+            vs[q] = in ? src[c + q * step] : 0.0f;
+            ws[q] = in && src2 ? src2[c + q * step] : 0.0f;
+        }
 #pragma unroll
-        for (int q = 0; q < 8; ++q)
-            if (c + q * step < cols) dst[c + q * step] = vs[q];
+        for (int q = 0; q < MIX_ILP; ++q) {
+            if (c + q * step < cols) {
+                dst[c + q * step] = vs[q];
+                if (dst2) dst2[c + q * step] = ws[q];
+            }
+        }
     }
 }
 
@@ -165,7 +224,19 @@ extern "C" __global__ void res_mix_dots(float* __restrict__ v, const float* __re
     float* vj = v + (size_t)j * nd + r * (size_t)d;
     if (j == nb) {
         const float* ar = a + r * (size_t)d;
-        for (int c = threadIdx.x; c < d; c += blockDim.x) vj[c] = __fadd_rn(vj[c], ar[c]);
+        const int step = blockDim.x;
+        for (int c0 = threadIdx.x; c0 < d; c0 += 8 * step) {
+            float p[8], q[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const bool in = c0 + e * step < d;
+                p[e] = in ? vj[c0 + e * step] : 0.0f;
+                q[e] = in ? ar[c0 + e * step] : 0.0f;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (c0 + e * step < d) vj[c0 + e * step] = __fadd_rn(p[e], q[e]);
+        }
         __syncthreads();
     }
     if (query == nullptr) return;
@@ -173,8 +244,7 @@ extern "C" __global__ void res_mix_dots(float* __restrict__ v, const float* __re
     float acc = 0.0f;
     for (int c0 = 0; c0 < d; c0 += MIX_TILE) {
         const int cols = min(MIX_TILE, d - c0);
-        mix_stage(tv, vj + c0, cols);
-        mix_stage(tq, query + c0, cols);
+        mix_stage(tv, vj + c0, cols, tq, query + c0);
         __syncthreads();
         if (warp < 2) acc = mix_chunks(acc, tv, warp == 0 ? tq : tv, lane, cols, c0 + cols == d);
         __syncthreads();
@@ -243,6 +313,5 @@ extern "C" __global__ void res_mix_norm(float* __restrict__ x, int d,
             inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < d; c += blockDim.x)
-        xr[c] = __fmul_rn(__fmul_rn(row[c], inv), nw[c]);
+    scale_row(xr, row, inv, nw, d);
 }
