@@ -27,9 +27,11 @@ extern "C" __global__ void mm_bf16_rows_many(const unsigned long long* __restric
 // launch (a layer's projections of one input: KDA's q, k, v, f_a, b, g;
 // MLA's q_a, kv_a, g; an MLP's gate and up with the router): entry i of
 // the set (i < n ≤ SET_MAX) holds the weights, input and output addresses
-// and rows | cols << 32; its ceil(ceil(rows / 16) / k) blocks follow the
-// blocks of the entries before it (k > 1, one position only: each warp
-// takes several row pairs, `rows2_product1`). Each block runs
+// and rows | cols << 32; its ceil(ceil(rows / R) / k) blocks follow the
+// blocks of the entries before it, R = 2 rows a warp × the block's warps
+// (256 threads, 16 rows, at several positions; at one position the host
+// may launch blocks of 64 with k > 1, each warp taking several row pairs,
+// `rows2_product1`). Each block runs
 // `bf16_product` for its entry with its index among that entry's blocks:
 // each row's sums are those of a launch of its own. The entries are read
 // with constant indices (no copy of the set to local memory).
@@ -44,9 +46,10 @@ __device__ __forceinline__ void set_pick(const Bf16Set& s, int n, int k, int b, 
                                          int& nbx, unsigned long long (&e)[4]) {
     int first = 0;
     bool found = false;
+    const int rpb = 2 * (int)(blockDim.x >> 5);  // rows a block: two a warp
 #pragma unroll
     for (int i = 0; i < SET_MAX; ++i) {
-        const int blocks = ((int)(((unsigned)s.e[i][3] + 15u) >> 4) + k - 1) / k;
+        const int blocks = (((int)(unsigned)s.e[i][3] + rpb - 1) / rpb + k - 1) / k;
         if (!found && i < n && (b < first + blocks || i == n - 1)) {
             found = true;
             bx = b - first;

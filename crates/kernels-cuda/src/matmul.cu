@@ -527,11 +527,15 @@ __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* x
     }
 }
 
-// bf16 products, two rows a warp and 16 rows a block: with one position G
-// chunks of both rows in flight, else `rows2_staged`; full chunks from the
-// rearranged layout when cols is a multiple of 8.
+// bf16 products, two rows a warp (16 rows a block of 256): with one
+// position G chunks of both rows in flight, else `rows2_staged`; full
+// chunks from the rearranged layout when cols is a multiple of 8. G = 2
+// since session 27: with the weights' loads past L1 (BF16_NA), the grouped
+// and set kernels need 72 and 80 registers at G = 2 against 96 at 4 (three
+// blocks an SM instead of two), and a K3-dimension decode token's kernels
+// took 3.72 ms against 3.78 (H100, one call, twice each).
 #ifndef BF16G
-#define BF16G 4
+#define BF16G 2
 #endif
 // BF16_MINB (unset by default): blocks of 256 threads the bf16 products
 // ask to fit an SM at once, their registers capped to fit. A tuning knob

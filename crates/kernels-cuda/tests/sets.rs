@@ -128,12 +128,12 @@ fn experts_and_large_batches_launch_by_shape() {
     }
 }
 
-/// A device that holds few blocks at once gets fewer blocks, each warp
-/// summing several row pairs, when the last wave would be short: a set, a
-/// grouped launch and a lone product at one position keep the twin's bits
-/// whatever the count (0: a block for every 16 rows; of 17, 18 and 21
-/// blocks, 4 slots give 5, 1 and 6 pairs a warp, 5 give 4, 1 and 5, 7 give
-/// 3, 3 and 1).
+/// A device that holds few warps at once gets fewer, smaller blocks, each
+/// warp summing several row pairs, when the last wave would be short: a
+/// set, a grouped launch and a lone product at one position keep the
+/// twin's bits whatever the count (0: a block of 256 for every 16 rows; of
+/// 127, 135 and 167 pairs, blocks of 256 holding 4 at once give 1, 5 and 6
+/// pairs a warp, 5 give 4, 4 and 5, 7 give 3, 3 and 1).
 #[test]
 fn warps_taking_several_row_pairs_keep_the_bits() {
     let Some(b) = open(None) else { return };

@@ -116,24 +116,28 @@ impl CudaBackend {
 
     /// Writes one launch of the bf16 products `set` (two to [`SET_MAX`],
     /// one position count): entry i's blocks after those of the entries
-    /// before it (`mm_bf16_set`, `mm_bf16_rows_set`), each warp taking
-    /// [`Self::pairs_a_warp`] row pairs at one position.
+    /// before it (`mm_bf16_set`, `mm_bf16_rows_set`), spread at one
+    /// position as [`Self::spread`] says.
     pub(super) fn launch_set(&self, tape: &mut Tape, set: &[Ready<'_, '_>]) {
         debug_assert!((2..=SET_MAX).contains(&set.len()));
         let t = set[0].t;
         let mut tail = vec![0u64; 4 * SET_MAX];
-        let full: usize = set.iter().map(|q| q.w.rows().div_ceil(16)).sum();
-        let k = if t == 1 { self.pairs_a_warp(full) } else { 1 };
+        let pairs: usize = set.iter().map(|q| q.w.rows().div_ceil(2)).sum();
+        let sp = if t == 1 {
+            self.spread(pairs)
+        } else {
+            Spread::FULL
+        };
         let mut blocks = 0;
         for (e, q) in tail.chunks_exact_mut(4).zip(set) {
             let (rows, cols) = (q.w.rows(), q.w.cols());
             debug_assert!(q.w.device_rows_a_block(t) == 16 && q.t == t);
-            blocks += rows.div_ceil(16).div_ceil(k);
+            blocks += sp.blocks(rows);
             e.copy_from_slice(&[q.p[0], q.x, q.y, rows as u64 | (cols as u64) << 32]);
         }
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (sp.threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let f = if t > 1 {
@@ -141,45 +145,69 @@ impl CudaBackend {
         } else {
             &self.funcs.bf16_set
         };
-        let (n, tt, kk) = (set.len() as i32, t as i32, k as i32);
+        let (n, tt, kk) = (set.len() as i32, t as i32, sp.k as i32);
         // The set holds `n` entries of device addresses of bf16 weights,
         // input and output and their shapes (each checked by `fits`), then
         // zeros: the structure `Bf16Set` that `mm_bf16_set` takes last.
         tape.kernel_with(f, cfg, [n.slot(), tt.slot(), kk.slot()], tail);
     }
 
-    /// Row pairs each warp of a one-position bf16 launch of `blocks`
-    /// blocks of 16 rows takes: 1 when the device runs them all at once or
-    /// their last wave is at least nine tenths full, else as many as make
-    /// the launch one wave (capped by `BF16_PAIRS`). A launch of 1.13
-    /// waves (7,168 rows on an H100's 396 blocks) spent its last part with
-    /// a few blocks running alone; fewer blocks, each warp taking two
-    /// pairs, keep every multiprocessor busy to the end. Which warp sums a
+    /// How a one-position bf16 launch of `pairs` row pairs (two rows a
+    /// warp) spreads over the device: blocks of 256 threads, a pair a
+    /// warp, when the device holds all their warps at once or their last
+    /// wave is at least nine tenths full; else k pairs a warp (k the waves
+    /// it would take, capped by `BF16_PAIRS`) in blocks of 64 threads. A
+    /// launch of 1.13 waves (7,168 rows on an H100) spent its last part
+    /// with a few blocks running alone; taking two pairs a warp in blocks
+    /// of 256, half of its multiprocessors held twice the warps of the
+    /// others (ncu: 13 warps an SM, DRAM 55-60 % busy). Which warp sums a
     /// row never changes its bits.
-    pub(super) fn pairs_a_warp(&self, blocks: usize) -> usize {
+    pub(super) fn spread(&self, pairs: usize) -> Spread {
         use std::sync::atomic::Ordering::Relaxed;
-        let slots = self.bf16_slots.load(Relaxed);
-        if slots == 0 || blocks <= slots {
-            return 1;
+        let warps = 8 * self.bf16_slots.load(Relaxed);
+        if warps == 0 || pairs <= warps {
+            return Spread::FULL;
         }
-        let waves = blocks.div_ceil(slots);
-        if 10 * blocks >= 9 * slots * waves {
-            return 1;
+        let waves = pairs.div_ceil(warps);
+        let k = waves.min(self.bf16_pairs.load(Relaxed));
+        if 10 * pairs >= 9 * warps * waves || k <= 1 {
+            return Spread::FULL;
         }
-        waves.min(self.bf16_pairs.load(Relaxed)).max(1)
+        Spread { k, threads: 64 }
     }
 
     /// The grid's first dimension for `rows` rows of `w` at `t` positions
-    /// in a launch of `n` products of its shape: a block for every
-    /// [`MatRef::device_rows_a_block`] rows, fewer for one-position bf16
-    /// ([`Self::pairs_a_warp`]).
-    fn grid_x(&self, w: &MatRef<'_>, t: usize, n: usize) -> u32 {
-        let blocks = w.rows().div_ceil(w.device_rows_a_block(t));
-        let k = match w {
-            MatRef::Bf16 { .. } if t == 1 => self.pairs_a_warp(n * blocks),
-            _ => 1,
-        };
-        blocks.div_ceil(k) as u32
+    /// in a launch of `n` products of its shape, and its threads a block:
+    /// a block of 256 for every [`MatRef::device_rows_a_block`] rows, or
+    /// for one-position bf16 as [`Self::spread`] says.
+    fn grid_x(&self, w: &MatRef<'_>, t: usize, n: usize) -> (u32, u32) {
+        match w {
+            MatRef::Bf16 { .. } if t == 1 => {
+                let sp = self.spread(n * w.rows().div_ceil(2));
+                (sp.blocks(w.rows()) as u32, sp.threads as u32)
+            }
+            _ => (w.rows().div_ceil(w.device_rows_a_block(t)) as u32, 256),
+        }
+    }
+}
+
+/// A one-position bf16 launch's shape ([`CudaBackend::spread`]): `k` row
+/// pairs a warp, `threads` a block (two rows a warp: `threads / 16` rows a
+/// block before `k`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Spread {
+    pub(super) k: usize,
+    pub(super) threads: usize,
+}
+
+impl Spread {
+    /// A pair a warp, 256 threads a block: 16 rows a block.
+    const FULL: Spread = Spread { k: 1, threads: 256 };
+
+    /// Blocks for a product of `rows` rows: `ceil(ceil(rows / (threads /
+    /// 16)) / k)`, as `set_pick` in `grouped.cu` counts them.
+    fn blocks(&self, rows: usize) -> usize {
+        rows.div_ceil(self.threads / 16).div_ceil(self.k)
     }
 }
 
@@ -342,9 +370,10 @@ impl CudaBackend {
     fn launch_many(&self, tape: &mut Tape, first: &Placed<'_>, tab: u64, n: usize) {
         let (rows, cols) = (first.w.rows(), first.w.cols());
         let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
+        let (gx, threads) = self.grid_x(&first.w, first.t, n);
         let cfg = LaunchConfig {
-            grid_dim: (self.grid_x(&first.w, first.t, n), n as u32, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (gx, n as u32, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         let f = match first.w {
@@ -373,9 +402,10 @@ impl CudaBackend {
     ) {
         let (rows, cols) = (w.rows(), w.cols());
         let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
+        let (gx, threads) = self.grid_x(w, t, 1);
         let cfg = LaunchConfig {
-            grid_dim: (self.grid_x(w, t, 1), 1, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (gx, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         let e4 = self.e4m3.device_ptr(&self.stream).0;
