@@ -3,7 +3,7 @@
 //! (every other matrix) stays once uploaded: an expert only ever displaces
 //! experts, and a spine matrix displaces experts before other spine.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use std::ops::Range;
 
 /// A host segment: (address, length in bytes).

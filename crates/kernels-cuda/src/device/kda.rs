@@ -393,7 +393,7 @@ impl CudaBackend {
         let keys: Vec<Key> = segs.iter().map(|s| key(s)).collect();
         // The matrices by their first segment, whose layout in VRAM may
         // differ from the host's ([`Layout`]); the other segments keep it.
-        let firsts: std::collections::HashMap<Key, &MatRef<'_>> = mats
+        let firsts: foldhash::HashMap<Key, &MatRef<'_>> = mats
             .iter()
             .filter_map(|m| segments(m).first().map(|s| (key(s), m)))
             .collect();
@@ -406,7 +406,7 @@ impl CudaBackend {
         relayout(st, &wanted);
         // Room for all the missing ones at once (never evicting the step's
         // own), or `None` before anything is copied.
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = <foldhash::HashSet<Key> as foldhash::HashSetExt>::new();
         let missing: u64 = segs
             .iter()
             .zip(&keys)

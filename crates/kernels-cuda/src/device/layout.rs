@@ -60,7 +60,7 @@ impl Layout {
 /// two matrices in one call): such a call is declined, since one copy
 /// cannot serve both.
 pub(super) fn conflicting(wanted: &[(Key, Layout)]) -> bool {
-    let mut seen = std::collections::HashMap::new();
+    let mut seen = <foldhash::HashMap<Key, Layout> as foldhash::HashMapExt>::new();
     wanted
         .iter()
         .any(|(k, l)| *seen.entry(*k).or_insert(*l) != *l)

@@ -27,7 +27,7 @@
 //! memory; all are also dropped when one of the backend's staging or
 //! scratch buffers is reallocated.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::ffi::c_void;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
