@@ -185,16 +185,27 @@ bool checked() {
 
 // A kernel's pointer argument: null, or inside a device allocation of
 // `device` (one past the end allowed).
+bool dev_ok(uintptr_t p, int device, const char* kernel, size_t i) {
+    if (p == 0) return true;
+    const auto* a = find_dev(p, 0);
+    if (a && a->second.device == device) return true;
+    fprintf(stderr, "cuda-emu driver: %s: argument %zu (%#llx) is not device memory of "
+                    "device %d\n", kernel, i, (unsigned long long)p, device);
+    return false;
+}
+
+// A pointer argument, or a set's (`Bf16Set`, grouped.cu) weight, input and
+// output addresses: each null or device memory of the launching device.
 template <typename T>
 bool arg_ok(void* slot, int device, const char* kernel, size_t i) {
     if constexpr (std::is_pointer_v<T>) {
-        const uintptr_t p = *static_cast<uintptr_t*>(slot);
-        if (p == 0) return true;
-        const auto* a = find_dev(p, 0);
-        if (a && a->second.device == device) return true;
-        fprintf(stderr, "cuda-emu driver: %s: argument %zu (%#llx) is not device memory of "
-                        "device %d\n", kernel, i, (unsigned long long)p, device);
-        return false;
+        return dev_ok(*static_cast<uintptr_t*>(slot), device, kernel, i);
+    } else if constexpr (std::is_same_v<T, Bf16Set>) {
+        const auto* set = static_cast<const Bf16Set*>(slot);
+        for (const auto& e : set->e)
+            for (int f = 0; f < 3; ++f)
+                if (!dev_ok((uintptr_t)e[f], device, kernel, i)) return false;
+        return true;
     } else {
         return true;
     }
@@ -716,11 +727,13 @@ API CUresult cuFuncGetAttribute(int* v, int, void*) {
 
 API CUresult cuFuncSetAttribute(void*, int, int) { return OK; }
 
-// Three blocks of 256 threads a multiprocessor, as an H100 holds of the
-// bf16 products (80 registers a thread); 132 multiprocessors above.
+// An H100's three blocks of 256 threads a multiprocessor (of 132, above) for
+// the bf16 products' 80 registers a thread; only the backend's kernels.
 API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, void* f, int block,
                                                                   size_t, unsigned) {
-    if (!f || block < 1 || block > (int)MAX_THREADS) return INVALID_VALUE;
+    bool known = false;
+    for (const Kernel& k : KERNELS) known = known || f == (const void*)&k;
+    if (!known || block < 1 || block > (int)MAX_THREADS) return INVALID_VALUE;
     *n = block <= 256 ? 3 : 1;
     return OK;
 }

@@ -104,7 +104,7 @@ struct Funcs {
     /// bf16 products of more than one position (inputs staged for a block's rows).
     bf16_rows: CudaFunction,
     bf16_rows_many: CudaFunction,
-    /// bf16 products of any shapes in one launch, one position or more (`queue::SET_MAX`).
+    /// bf16 products of any shapes in one launch, one position or more (`launch::SET_MAX`).
     bf16_set: CudaFunction,
     bf16_rows_set: CudaFunction,
     mxfp4_many: CudaFunction,

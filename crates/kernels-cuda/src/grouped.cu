@@ -39,6 +39,8 @@ extern "C" __global__ void mm_bf16_rows_many(const unsigned long long* __restric
 struct Bf16Set {
     unsigned long long e[SET_MAX][4];
 };
+// The host writes the set as 4 · SET_MAX 64-bit values (`launch.rs`).
+static_assert(sizeof(Bf16Set) == 4 * SET_MAX * 8, "Bf16Set is 4 * SET_MAX u64 values");
 
 // The entry block `b` belongs to, its index among that entry's blocks in
 // `bx` and their number in `nbx`, and the entry's fields.

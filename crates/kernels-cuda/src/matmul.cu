@@ -272,12 +272,12 @@ __device__ __forceinline__ void pair_product1(const Chunk& chunk, At at,
 // load its bytes widely and hand them round the warp) and the input loaded
 // once for both rows when they share it. Row r reads x + (r / rows_g)·cols
 // and writes y[r]. The product's blocks are `nbx` (gridDim.x but in a set
-// launch), this one `bx` among them: warp w of the W = nbx · 8 takes the
-// row pairs w, w + W, w + 2W, … — one pair when the launch has 16 rows a
-// block; the host launches fewer blocks, each warp taking several pairs,
-// when more blocks than the device holds at once would leave a last wave
-// of few blocks (`launch.rs`). A row's sums do not depend on which warp
-// makes them.
+// launch), this one `bx` among them: warp w of the W = nbx · blockDim/32
+// takes the row pairs w, w + W, w + 2W, … — one pair when the launch has a
+// block for every 2 · blockDim/32 rows; the host launches fewer, smaller
+// blocks, each warp taking several pairs, when more warps than the device
+// holds at once would fill their waves poorly (`launch.rs`). A row's sums
+// do not depend on which warp makes them.
 template <int G, typename Chunk, typename At>
 __device__ __forceinline__ void rows2_product1(const Chunk& chunk, At at,
                                                const float* __restrict__ x,
@@ -304,8 +304,8 @@ struct __align__(16) U32x4 {
 // The bf16 weights' loads leave the L1 cache alone
 // (`ld.global.nc.L1::no_allocate`), so that the input, which every warp of
 // a multiprocessor reads, stays there while the weights stream past
-// (measured on an H100, session 27: a K3-dimension decode step's kernels
-// 3.97 → 3.82 ms). BF16_NA=0 (a tuning knob) loads them plainly. The same
+// (measured on an H100, session 27: a K3-dimension decode token's kernels
+// 3.99/3.96 → 3.82/3.83 ms). BF16_NA=0 (a tuning knob) loads them plainly. The same
 // bits either way (only where a value is cached changes). On a GPU only:
 // the host emulator loads plainly.
 #ifndef BF16_NA

@@ -189,8 +189,9 @@ pub struct BackendStats {
     pub graph_launches: u64,
     pub graph_builds: u64,
     pub graph_failures: u64,
-    /// Kernels the device calls ran (each launch counted, whether issued
-    /// one by one or replayed in a graph).
+    /// Kernels the device calls wrote on their tapes (each launch counted,
+    /// whether issued one by one or replayed in a graph; not the layout
+    /// kernels run as weights land).
     pub kernel_launches: u64,
     /// Weight bytes the device's products read from device memory (each
     /// product reads its matrix once, whatever the number of positions).

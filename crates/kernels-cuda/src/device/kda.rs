@@ -11,7 +11,7 @@ use fathom_kernels::state_buf::{StateBuf, StateKey};
 use super::launch::Ready;
 use super::layout::{Layout, conflicting, relayout};
 use super::queue::{grow, key, make_room, pinned};
-use super::tape::Arg;
+use super::tape::{Arg, Tape};
 use super::then;
 use super::{CudaBackend, Resident, State};
 use crate::CudaError;
@@ -303,34 +303,7 @@ impl CudaBackend {
         self.ensure_clock(st)?;
         let tape = &mut st.tape;
         tape.clock(false);
-        if let (Some(pj), Some((xd, segs, places))) = (&job.proj, &s.proj) {
-            let ready: Vec<Ready<'_, '_>> = (pj.mats.iter().zip(segs).zip(places))
-                .map(|((w, p), &y)| Ready {
-                    w,
-                    p,
-                    x: *xd,
-                    y,
-                    t: n,
-                })
-                .collect();
-            self.launch_ready(tape, &ready);
-        }
-        // The gates' up-projections read the projections' outputs.
-        let ups = [(&job.f_up, &s.f_up, s.at[3]), (&job.g_up, &s.g_up, s.at[5])];
-        let ready: Vec<Ready<'_, '_>> = ups
-            .iter()
-            .filter_map(|(m, staged, y)| {
-                let (w, (low, p)) = (m.as_ref()?, staged.as_ref()?);
-                Some(Ready {
-                    w,
-                    p,
-                    x: *low,
-                    y: *y,
-                    t: n,
-                })
-            })
-            .collect();
-        self.launch_ready(tape, &ready);
+        self.launch_projections(tape, job, s, n);
         let core = s.o_proj.as_ref().map_or(s.out, |(ko, _)| *ko);
         let cfg = LaunchConfig {
             grid_dim: (d.heads as u32, 1, 1),
@@ -375,6 +348,38 @@ impl CudaBackend {
             Some(t) => self.then_launch(st, t, s.out),
             None => Ok(()),
         }
+    }
+
+    /// Writes the step's projections of its rows (one set launch when bf16),
+    /// then the gates' up-projections, which read their outputs.
+    fn launch_projections(&self, tape: &mut Tape, job: &KdaJob<'_>, s: &Staged, n: usize) {
+        if let (Some(pj), Some((xd, segs, places))) = (&job.proj, &s.proj) {
+            let ready: Vec<Ready<'_, '_>> = (pj.mats.iter().zip(segs).zip(places))
+                .map(|((w, p), &y)| Ready {
+                    w,
+                    p,
+                    x: *xd,
+                    y,
+                    t: n,
+                })
+                .collect();
+            self.launch_ready(tape, &ready);
+        }
+        let ups = [(&job.f_up, &s.f_up, s.at[3]), (&job.g_up, &s.g_up, s.at[5])];
+        let ready: Vec<Ready<'_, '_>> = ups
+            .iter()
+            .filter_map(|(m, staged, y)| {
+                let (w, (low, p)) = (m.as_ref()?, staged.as_ref()?);
+                Some(Ready {
+                    w,
+                    p,
+                    x: *low,
+                    y: *y,
+                    t: n,
+                })
+            })
+            .collect();
+        self.launch_ready(tape, &ready);
     }
 
     /// The device addresses of a step's weight segments (the layer's

@@ -2,7 +2,7 @@
 //! here first; products of one kernel and shape in one launch through a
 //! table of addresses; and set launches — several bf16 products of any
 //! shapes and one position count in one launch (`mm_bf16_set`,
-//! `mm_bf16_rows_set` in `matmul.cu`): a layer's projections of one
+//! `mm_bf16_rows_set` in `grouped.cu`): a layer's projections of one
 //! input, which were a launch each (a launch of a few blocks costs about
 //! as much as one of hundreds: its ramp and tail).
 
@@ -14,7 +14,7 @@ use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
 use crate::CudaError;
 
-/// The most products in one set launch (`SET_MAX` in `matmul.cu`).
+/// The most products in one set launch (`SET_MAX` in `grouped.cu`).
 pub(super) const SET_MAX: usize = 8;
 
 /// A plain product ready to launch: its weights at the device addresses
@@ -121,6 +121,7 @@ impl CudaBackend {
     pub(super) fn launch_set(&self, tape: &mut Tape, set: &[Ready<'_, '_>]) {
         debug_assert!((2..=SET_MAX).contains(&set.len()));
         let t = set[0].t;
+        // `Bf16Set` in `grouped.cu`: SET_MAX entries of four 64-bit values.
         let mut tail = vec![0u64; 4 * SET_MAX];
         let pairs: usize = set.iter().map(|q| q.w.rows().div_ceil(2)).sum();
         let sp = if t == 1 {
@@ -154,14 +155,16 @@ impl CudaBackend {
 
     /// How a one-position bf16 launch of `pairs` row pairs (two rows a
     /// warp) spreads over the device: blocks of 256 threads, a pair a
-    /// warp, when the device holds all their warps at once or their last
-    /// wave is at least nine tenths full; else k pairs a warp (k the waves
-    /// it would take, capped by `BF16_PAIRS`) in blocks of 64 threads. A
-    /// launch of 1.13 waves (7,168 rows on an H100) spent its last part
-    /// with a few blocks running alone; taking two pairs a warp in blocks
-    /// of 256, half of its multiprocessors held twice the warps of the
-    /// others (ncu: 13 warps an SM, DRAM 55-60 % busy). Which warp sums a
-    /// row never changes its bits.
+    /// warp, when the device holds all their warps at once or their waves
+    /// together are at least nine tenths full (pairs ≥ 0.9 × warps held ×
+    /// waves); else k pairs a warp (k the waves it would take, capped by
+    /// `BF16_PAIRS`) in blocks of 64 threads. A launch of 1.13 waves (7,168
+    /// rows on an H100) spent its last part with a few blocks running
+    /// alone; taking two pairs a warp in blocks of 256, half of its
+    /// multiprocessors held twice the warps of the others (ncu: 13 warps an
+    /// SM, DRAM 55-60 % busy). The head's 25.9 waves and a 12,288-row
+    /// product's 1.94 keep a pair a warp. Which warp sums a row never
+    /// changes its bits.
     pub(super) fn spread(&self, pairs: usize) -> Spread {
         use std::sync::atomic::Ordering::Relaxed;
         let warps = 8 * self.bf16_slots.load(Relaxed);
@@ -252,29 +255,7 @@ impl CudaBackend {
                 Some(r)
             })
             .collect();
-        // A product waits for the segments whose copies may still be running.
-        let pending: Vec<bool> = segs
-            .iter()
-            .map(|s| {
-                s.iter()
-                    .any(|s| st.cache.get(&key(s)).is_some_and(|r| !r.is_ready()))
-            })
-            .collect();
-        let ptrs: Vec<Vec<u64>> = segs
-            .iter()
-            .map(|s| {
-                s.iter()
-                    .map(|s| {
-                        st.cache
-                            .get(&key(s))
-                            .expect("resident")
-                            .buf
-                            .device_ptr(&self.stream)
-                            .0
-                    })
-                    .collect()
-            })
-            .collect();
+        let (pending, ptrs) = self.resident(st, segs);
         let launches: Vec<Vec<Planned>> = phases
             .iter()
             .map(|ph| plan(placed, ph.clone().filter(|&i| !pending[i]), sets))
@@ -330,6 +311,26 @@ impl CudaBackend {
         }
         st.tape.clock(true);
         Ok(())
+    }
+
+    /// For each product's segments `segs` (all in the cache): whether a
+    /// copy of one may still be running (the product then waits for it),
+    /// and their device addresses.
+    fn resident(&self, st: &State, segs: &[Vec<&[u8]>]) -> (Vec<bool>, Vec<Vec<u64>>) {
+        let here = |s: &[u8]| st.cache.get(&key(s)).expect("resident");
+        let pending = segs
+            .iter()
+            .map(|s| s.iter().any(|s| !here(s).is_ready()))
+            .collect();
+        let ptrs = segs
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .map(|s| here(s).buf.device_ptr(&self.stream).0)
+                    .collect()
+            })
+            .collect();
+        (pending, ptrs)
     }
 
     /// Device address tables (`[data, scales or 0, x, y]` per product) of
