@@ -26,6 +26,8 @@ fn main() {
     println!("cargo:rustc-check-cfg=cfg(emu_built)");
     println!("cargo:rustc-check-cfg=cfg(emu_driver)");
     println!("cargo:rerun-if-env-changed=FATHOM_REQUIRE_EMU");
+    // The file list once, for the crate's tests too.
+    println!("cargo:rustc-env=FATHOM_EMU_SOURCES={}", SOURCES.join(","));
     let required = std::env::var_os("FATHOM_REQUIRE_EMU").is_some();
     let mut b = cc::Build::new();
     b.cpp(true)

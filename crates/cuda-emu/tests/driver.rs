@@ -204,15 +204,9 @@ fn driver_refuses_bad_copies_and_launches(ptx: &[i8]) {
 /// The `.cu` files in `fathom_kernels_cuda::SOURCE`'s order.
 fn fathom_kernels_cuda_source() -> String {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels-cuda/src");
-    [
-        "matmul.cu",
-        "grouped.cu",
-        "kda.cu",
-        "glu.cu",
-        "mla.cu",
-        "gqa.cu",
-    ]
-    .iter()
-    .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
-    .collect()
+    // The build script's list (`SOURCES` in build.rs).
+    env!("FATHOM_EMU_SOURCES")
+        .split(',')
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
+        .collect()
 }

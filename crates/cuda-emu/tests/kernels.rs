@@ -6,9 +6,7 @@
 
 use fathom_cuda_emu::{EmuBackend, available, glu_act};
 use fathom_kernels::backend::{Backend, GluProduct, Hints, MatRef, Product, Role};
-use fathom_kernels::formats::{
-    Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows, Rows, block_scalar,
-};
+use fathom_kernels::formats::{Bf16Rows, F32Rows, Fp8Rows, Int4Rows, Int8Rows, Mxfp4Rows};
 use fathom_kernels::ops::GluAct;
 use fathom_weights::mxfp4::Mxfp4Ref;
 
@@ -48,18 +46,7 @@ impl Lcg {
 }
 
 /// `y[T, rows]` from the scalar twin.
-fn twin<W: Rows>(w: &W, x: &[f32], t: usize) -> Vec<f32> {
-    let rows = w.rows();
-    let mut o = vec![0f32; rows * t];
-    block_scalar(w, x, t, 0..rows, &mut o);
-    let mut y = vec![0f32; t * rows];
-    for r in 0..rows {
-        for j in 0..t {
-            y[j * rows + r] = o[r * t + j];
-        }
-    }
-    y
-}
+use fathom_kernels::formats::scalar_product as twin;
 
 fn same(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");

@@ -321,16 +321,16 @@ pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaErro
     Ok(out)
 }
 
-/// Blocks of 256 threads of the one-position bf16 kernels (`fs`: alone,
-/// grouped, in sets) the device runs at once: multiprocessors × the
-/// fewest blocks one holds of any of them (the driver's occupancy
-/// figures); 0 when a query fails.
-fn bf16_slots(ctx: &Arc<CudaContext>, fs: [&CudaFunction; 3]) -> usize {
+/// Blocks of 256 threads of the one-position bf16 kernels (alone, grouped,
+/// in sets) the device runs at once: multiprocessors × the fewest blocks
+/// one holds of any of them (the driver's occupancy figures); 0 when a
+/// query fails.
+fn bf16_slots(ctx: &Arc<CudaContext>, f: &Funcs) -> usize {
     use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
     let Ok(sms) = ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) else {
         return 0;
     };
-    let per_sm = fs
+    let per_sm = [&f.bf16, &f.bf16_many, &f.bf16_set]
         .iter()
         .map(|f| f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None))
         .try_fold(u32::MAX, |m, b| b.map(|b| m.min(b)));
@@ -406,7 +406,7 @@ impl CudaBackend {
             res_mix_norm: f("res_mix_norm")?,
         };
         let e4m3 = stream.clone_htod(&E4M3[..])?;
-        let slots = bf16_slots(&ctx, [&funcs.bf16, &funcs.bf16_many, &funcs.bf16_set]);
+        let slots = bf16_slots(&ctx, &funcs);
         let pairs = tuning_defines(std::env::var("FATHOM_CUDA_DEFINES").ok().as_deref())?
             .iter()
             .find_map(|d| d.strip_prefix("BF16_PAIRS=")?.parse().ok())
@@ -476,8 +476,7 @@ impl CudaBackend {
     /// (0: a block for every 16 rows, however many), so that tests can make
     /// every warp take several row pairs; the bits are the same either way.
     pub fn set_bf16_slots(&self, slots: Option<usize>) {
-        let f = &self.funcs;
-        let found = bf16_slots(self.stream.context(), [&f.bf16, &f.bf16_many, &f.bf16_set]);
+        let found = bf16_slots(self.stream.context(), &self.funcs);
         self.bf16_slots
             .store(slots.unwrap_or(found), std::sync::atomic::Ordering::Relaxed);
     }

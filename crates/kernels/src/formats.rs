@@ -292,3 +292,19 @@ pub fn block_scalar<W: Rows>(
         }
     }
 }
+
+/// [`block_scalar`] over every row, laid out as a product's result
+/// `y[T, rows]` (`y[j·rows + r]`): the scalar twin the device kernels'
+/// parity tests compare against.
+pub fn scalar_product<W: Rows>(w: &W, x: &[f32], t: usize) -> Vec<f32> {
+    let rows = w.rows();
+    let mut o = vec![0f32; rows * t];
+    block_scalar(w, x, t, 0..rows, &mut o);
+    let mut y = vec![0f32; t * rows];
+    for r in 0..rows {
+        for j in 0..t {
+            y[j * rows + r] = o[r * t + j];
+        }
+    }
+    y
+}

@@ -46,17 +46,19 @@ pub(super) fn plan(
     ready: impl Iterator<Item = usize>,
     sets: bool,
 ) -> Vec<Planned> {
-    let mut rest: Vec<usize> = ready.collect();
+    let ready: Vec<usize> = ready.collect();
+    let bf16 = |i: usize| sets && settable(&placed[i]);
+    let (classes, rest) = bf16_classes(&ready, bf16, |i| placed[i].t);
     let mut out = Vec::new();
-    while let Some(i) = rest.iter().copied().find(|&i| sets && settable(&placed[i])) {
-        let class = |j: &usize| settable(&placed[*j]) && placed[*j].t == placed[i].t;
-        let same: Vec<usize> = rest.iter().copied().filter(class).collect();
-        rest.retain(|j| !class(j));
-        if same.iter().all(|&j| together(&placed[i], &placed[j])) {
-            out.push(Planned::Group(same));
+    for class in classes {
+        if class
+            .iter()
+            .all(|&j| together(&placed[class[0]], &placed[j]))
+        {
+            out.push(Planned::Group(class));
             continue;
         }
-        for c in same.chunks(SET_MAX) {
+        for c in class.chunks(SET_MAX) {
             out.push(match c {
                 [one] => Planned::Group(vec![*one]),
                 _ => Planned::Set(c.to_vec()),
@@ -77,6 +79,27 @@ pub(super) fn plan(
     out
 }
 
+/// The indices `ready` for which `bf16` holds, split by position count
+/// (`t`) in order of first appearance, each class in order; and the others.
+fn bf16_classes(
+    ready: &[usize],
+    bf16: impl Fn(usize) -> bool,
+    t: impl Fn(usize) -> usize,
+) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut classes: Vec<Vec<usize>> = Vec::new();
+    let mut rest = Vec::new();
+    for &i in ready {
+        if !bf16(i) {
+            rest.push(i);
+        } else if let Some(c) = classes.iter_mut().find(|c| t(c[0]) == t(i)) {
+            c.push(i);
+        } else {
+            classes.push(vec![i]);
+        }
+    }
+    (classes, rest)
+}
+
 /// Whether a product can join a set launch: a plain bf16 product.
 fn settable(p: &Placed<'_>) -> bool {
     matches!(p.w, MatRef::Bf16 { .. }) && p.groups == 1
@@ -87,28 +110,16 @@ impl CudaBackend {
     /// none reading another's output): the bf16 ones of each position count
     /// [`SET_MAX`] at a time in one set launch, every other one alone.
     pub(super) fn launch_ready(&self, tape: &mut Tape, items: &[Ready<'_, '_>]) {
-        let mut done = vec![false; items.len()];
-        for i in 0..items.len() {
-            if done[i] {
-                continue;
-            }
-            let bf16 = |q: &Ready<'_, '_>| matches!(q.w, MatRef::Bf16 { .. });
-            let set: Vec<usize> = if bf16(&items[i]) {
-                (i..items.len())
-                    .filter(|&j| !done[j] && bf16(&items[j]) && items[j].t == items[i].t)
-                    .take(SET_MAX)
-                    .collect()
-            } else {
-                vec![i]
-            };
-            for &j in &set {
-                done[j] = true;
-            }
-            if let [one] = set[..] {
-                let q = &items[one];
+        let all: Vec<usize> = (0..items.len()).collect();
+        let bf16 = |i: usize| matches!(items[i].w, MatRef::Bf16 { .. });
+        let (classes, rest) = bf16_classes(&all, bf16, |i| items[i].t);
+        let chunks = classes.iter().flat_map(|c| c.chunks(SET_MAX));
+        for c in chunks.chain(rest.chunks(1)) {
+            if let [one] = c {
+                let q = &items[*one];
                 self.launch(tape, q.w, q.p, q.x, q.y, 1, q.t);
             } else {
-                let set: Vec<Ready<'_, '_>> = set.iter().map(|&j| items[j]).collect();
+                let set: Vec<Ready<'_, '_>> = c.iter().map(|&j| items[j]).collect();
                 self.launch_set(tape, &set);
             }
         }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use fathom_kernels::backend::{Backend, MatRef, Then, ThenGlu, ThenProduct};
-use fathom_kernels::formats::{Rows, block_scalar};
+
 use fathom_kernels::ops::GluAct;
 use fathom_kernels_cuda::{CudaBackend, CudaError};
 
@@ -185,18 +185,8 @@ impl Drop for Rest {
 }
 
 /// `y[T, rows]` from the scalar twin.
-pub fn twin<W: Rows>(w: &W, x: &[f32], t: usize) -> Vec<f32> {
-    let rows = w.rows();
-    let mut o = vec![0f32; rows * t];
-    block_scalar(w, x, t, 0..rows, &mut o);
-    let mut y = vec![0f32; t * rows];
-    for r in 0..rows {
-        for j in 0..t {
-            y[j * rows + r] = o[r * t + j];
-        }
-    }
-    y
-}
+#[allow(unused_imports)]
+pub use fathom_kernels::formats::scalar_product as twin;
 
 /// `a` and `b` bit for bit (any NaN equal to any NaN), naming the first
 /// element that differs.
