@@ -293,6 +293,13 @@ inline T __shfl_xor_sync(unsigned, T v, int m) {
     return emu::exchange(v, (int)(emu::lane() ^ (unsigned)m) & 31);
 }
 
+// A warp vote: every lane's predicate true (a butterfly of shuffles here).
+inline int __all_sync(unsigned, int p) {
+    int a = p != 0;
+    for (int m = 16; m > 0; m >>= 1) a &= __shfl_xor_sync(0xffffffffu, a, m);
+    return a;
+}
+
 inline float __uint_as_float(unsigned u) {
     float f;
     memcpy(&f, &u, 4);
