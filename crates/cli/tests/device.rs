@@ -126,10 +126,13 @@ fn cuda_gives_the_cpu_bits_for_every_family() {
                 let tails = dev["device_moe_tails"].as_u64().unwrap();
                 assert!(tails > 0, "{d}: no MoE tail on the device: {dev}");
             }
-            // Resident, a decode step's calls repeat: replayed as graphs.
+            // Resident, a decode step's calls repeat: replayed as graphs;
+            // every expert was copied up at load, so none was missing.
             if extra.is_empty() {
                 let graphs = dev["graph_launches"].as_u64().unwrap();
                 assert!(graphs > 0, "{d}: no call replayed as a graph: {dev}");
+                assert_eq!(dev["vram_expert_misses"].as_u64(), Some(0), "{d}: {dev}");
+                assert_eq!(dev["cpu_expert_products"].as_u64(), Some(0), "{d}: {dev}");
             }
             assert_eq!(dev["graph_failures"].as_u64(), Some(0), "{d}: {dev}");
             assert!(cpu["stats"].get("gpu").is_none());

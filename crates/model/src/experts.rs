@@ -20,7 +20,7 @@ use fathom_kernels::formats::{Fp8Rows, Int4Rows};
 use fathom_kernels::fp8::{bf16, e4m3_is_nan};
 use std::borrow::Cow;
 
-use fathom_kernels::backend::{self, MatRef, Role, matmul_stable};
+use fathom_kernels::backend::{self, Hints, MatRef, Role, matmul_stable};
 use fathom_kernels::matmul::{f32s_of_bytes, u16s_of_bytes};
 use fathom_weights::mxfp4::Mxfp4Ref;
 use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
@@ -209,6 +209,16 @@ impl ExpertWeights {
             }
             ExpertFormat::Bf16InputMajorBias | ExpertFormat::Mxfp4Bias => return None,
         })
+    }
+
+    /// The matrices a device multiplies by, as the MoE paths hand them to
+    /// the seam ([`ExpertWeights::stable_mat`]; with biases the two MXFP4
+    /// ones, [`ExpertWeights::mxfp4_mat`]); none for the input-major format.
+    pub fn device_mats(&self) -> Vec<MatRef<'_>> {
+        match self.format {
+            ExpertFormat::Mxfp4Bias => (0..2).filter_map(|i| self.mxfp4_mat(i)).collect(),
+            _ => (0..3).filter_map(|i| self.stable_mat(i)).collect(),
+        }
     }
 
     /// `y[t, :] += b` for the bf16 bias of `outs` values at `off`.
@@ -597,10 +607,33 @@ impl ResidentExperts {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(ResidentExperts {
+        let experts = ResidentExperts {
             layers,
             served: AtomicU64::new(0),
-        })
+        };
+        experts.warm_device();
+        Ok(experts)
+    }
+
+    /// Hands every expert's matrices, layer by layer, to the installed
+    /// device backend (if any) to copy up now ([`Hints::next`]: as many as
+    /// its memory holds, never displacing one another): a resident model's
+    /// first tokens then find their experts there instead of waiting for
+    /// their first copies (on an H100, 70 MB of a K3-dimension synth's
+    /// experts were copied during the first decode steps). The spine,
+    /// copied on first use, still displaces experts when room runs out.
+    /// Only copies depend on it, never a result.
+    fn warm_device(&self) {
+        let Some(b) = backend::installed() else {
+            return;
+        };
+        for layer in &self.layers {
+            let next: Vec<MatRef<'_>> = layer.iter().flat_map(|e| e.device_mats()).collect();
+            b.hint(&Hints {
+                next: &next,
+                ..Hints::default()
+            });
+        }
     }
 }
 
