@@ -149,8 +149,8 @@ __device__ __forceinline__ void rows_product_p(const Chunk& chunk, At at, Fin fi
 // each position has its own accumulators with the same column order.
 // Grouped products: the rows split into blocks of rows_g (rows_g == rows for
 // one product); block g reads its own x[g] = x + g·t·cols and writes
-// y[g] = y + g·t·rows_g. A row's sums are the same in either form.
-// Row r's results (`rows_product`'s warp).
+// y[g] = y + g·t·rows_g. A row's sums are the same in either form. Row r's
+// results (a warp of `rows_product`, which gives warp w row w).
 template <int G, typename Chunk, typename At, typename Fin>
 __device__ __forceinline__ void rows_product_row(const Chunk& chunk, At at, Fin fin,
                                                  const float* __restrict__ x,
@@ -275,7 +275,8 @@ __device__ __forceinline__ void pair_product1(const Chunk& chunk, At at,
     }
 }
 
-// The row pairs of a warp in `rows2_product1`: pair(r0, lane) for each.
+// The row pairs r0 (rows r0 and r0 + 1) of this warp, as `rows2_product1`
+// below strides them: pair(r0, lane) for each.
 template <typename Pair>
 __device__ __forceinline__ void rows2_pairs(int rows, int bx, int nbx, Pair pair) {
     const int stride = 2 * nbx * (int)(blockDim.x >> 5);
@@ -625,7 +626,8 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 // (`e2m1_table`, filled by the kernel before any warp leaves): one load
 // instead of decoding the bits. MXG chunks' loads go out together (the sums
 // still run chunk by chunk), and with one position a warp takes two rows
-// (`rows2_product1`, 16 rows a block) as bf16 does. A warp first reads its
+// (`pair_product1` over `rows2_pairs`, 16 rows a block) as bf16 does; with
+// several, a row (`rows_product_row`). A warp first reads its
 // rows' scales whole (cols a multiple of 256): when none is 0 or 0xFF, as
 // in every checkpoint seen, e8m0 is the byte shifted into the exponent
 // field (`Mxfp4Chunk<true>`), without the per-value tests for 2^-127 and

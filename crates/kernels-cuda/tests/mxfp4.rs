@@ -16,18 +16,16 @@ use common::{Lcg, drop_all, open, same, twin};
 /// Scale bytes of `rows` rows of `per` groups: ordinary ones near 2^0,
 /// but row r ≡ 3 (mod 5) holds tiny exponents with one 0 among them (so
 /// that 2^-127 against 0 shows in the sums) and row r ≡ 4 (mod 7) one
-/// 0xFF.
+/// 0xFF, each in one of the row's last two groups (past the 32 words a
+/// warp's lanes read first when the row has more).
 fn scales(g: &mut Lcg, rows: usize, per: usize) -> Vec<u8> {
     (0..rows * per)
         .map(|i| {
             let (r, k) = (i / per, i % per);
+            let special = k == per - 1 - (r % 2).min(per - 1);
             if r % 5 == 3 {
-                if k == (r * 7) % per {
-                    0
-                } else {
-                    1 + (g.next() % 3) as u8
-                }
-            } else if r % 7 == 4 && k == (r * 3) % per {
+                if special { 0 } else { 1 + (g.next() % 3) as u8 }
+            } else if r % 7 == 4 && special {
                 255
             } else {
                 120 + (g.next() % 14) as u8
@@ -40,13 +38,14 @@ fn scales(g: &mut Lcg, rows: usize, per: usize) -> Vec<u8> {
 fn rows_with_and_without_special_scales_keep_the_twins_bits() {
     let Some(b) = open(None) else { return };
     let mut g = Lcg(11);
-    // Whole chunks of 256 (the scales in 8-byte words), a lone row, an
-    // odd row count, and 2,880 columns (not whole chunks: always the full
-    // decode).
+    // Whole chunks of 256 (the scales in 8-byte words; 9,216 columns: 36
+    // words, more than a warp's lanes), a lone row, an odd row count, and
+    // 2,880 columns (not whole chunks: always the full decode).
     for (rows, cols) in [
         (37usize, 256usize),
         (64, 2048),
         (9, 7168),
+        (6, 9216),
         (1, 512),
         (12, 2880),
     ] {

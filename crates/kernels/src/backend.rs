@@ -363,6 +363,18 @@ pub trait Backend: Send + Sync {
     /// [`Hints`] with no products to go with them (every expert of a layer
     /// computed elsewhere). Default: ignored.
     fn hint(&self, _hints: &Hints<'_, '_>) {}
+    /// Routed experts' matrices (bytes stable as for [`matmul_stable`]) to
+    /// copy up now, each group one expert's, kept together on one device:
+    /// as many as fit without displacing one another (a resident model's
+    /// experts at load). Only copies depend on it, never a result.
+    /// Default: the groups in order as one [`Hints::next`] list.
+    fn preload(&self, experts: &[Vec<MatRef<'_>>]) {
+        let next: Vec<MatRef<'_>> = experts.iter().flatten().copied().collect();
+        self.hint(&Hints {
+            next: &next,
+            ..Hints::default()
+        });
+    }
     /// Per matrix of `ws`, the bytes the device does not hold now (what a
     /// product on it would copy up). Default: none.
     fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {

@@ -292,6 +292,28 @@ impl Backend for MultiBackend {
         }
     }
 
+    /// Each expert's matrices to the device its first one goes to (the
+    /// least loaded, when new), as a gated MLP's up and down follow its
+    /// gate; then each device's share in one list.
+    fn preload(&self, experts: &[Vec<MatRef<'_>>]) {
+        let mut mine: Vec<Vec<Vec<MatRef<'_>>>> = vec![Vec::new(); self.devices.len()];
+        {
+            let mut place = self.place();
+            for group in experts.iter().filter(|g| !g.is_empty()) {
+                let d = place.owner(&group[0], false);
+                for w in &group[1..] {
+                    place.give(w, d);
+                }
+                mine[d].push(group.clone());
+            }
+        }
+        for (d, groups) in self.devices.iter().zip(mine) {
+            if !groups.is_empty() {
+                d.preload(&groups);
+            }
+        }
+    }
+
     fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {
         let mut out = vec![0; ws.len()];
         for (d, idx) in self

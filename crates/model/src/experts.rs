@@ -20,7 +20,7 @@ use fathom_kernels::formats::{Fp8Rows, Int4Rows};
 use fathom_kernels::fp8::{bf16, e4m3_is_nan};
 use std::borrow::Cow;
 
-use fathom_kernels::backend::{self, Hints, MatRef, Role, matmul_stable};
+use fathom_kernels::backend::{self, MatRef, Role, matmul_stable};
 use fathom_kernels::matmul::{f32s_of_bytes, u16s_of_bytes};
 use fathom_weights::mxfp4::Mxfp4Ref;
 use fathom_weights::{AlignedBuf, Checkpoint, TensorLoc};
@@ -615,25 +615,26 @@ impl ResidentExperts {
         Ok(experts)
     }
 
-    /// Hands every expert's matrices, layer by layer, to the installed
-    /// device backend (if any) to copy up now ([`Hints::next`]: as many as
-    /// its memory holds, never displacing one another): a resident model's
-    /// first tokens then find their experts there instead of waiting for
-    /// their first copies (on an H100, 70 MB of a K3-dimension synth's
-    /// experts were copied during the first decode steps). The spine,
-    /// copied on first use, still displaces experts when room runs out.
-    /// Only copies depend on it, never a result.
+    /// Hands every expert's matrices, layer by layer and in one list, to
+    /// the installed device backend (if any) to copy up now
+    /// ([`fathom_kernels::backend::Backend::preload`]: as many as its memory
+    /// holds, never displacing one another, each expert's on one device): a
+    /// resident model's first tokens then find their experts there instead
+    /// of waiting for their first copies (on an H100, 70 MB of a
+    /// K3-dimension synth's experts were copied during the first decode
+    /// steps). The spine, copied on first use, still displaces experts when
+    /// room runs out. Only copies depend on it, never a result.
     fn warm_device(&self) {
         let Some(b) = backend::installed() else {
             return;
         };
-        for layer in &self.layers {
-            let next: Vec<MatRef<'_>> = layer.iter().flat_map(|e| e.device_mats()).collect();
-            b.hint(&Hints {
-                next: &next,
-                ..Hints::default()
-            });
-        }
+        let experts: Vec<Vec<MatRef<'_>>> = self
+            .layers
+            .iter()
+            .flatten()
+            .map(|e| e.device_mats())
+            .collect();
+        b.preload(&experts);
     }
 }
 

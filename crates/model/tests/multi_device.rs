@@ -46,6 +46,8 @@ struct Device {
     seen: Mutex<Vec<(usize, Role)>>,
     /// KDA steps offered (declined: the CPU runs them).
     kda: AtomicUsize,
+    /// Matrices handed to copy up next (`Hints::next`).
+    hinted: Mutex<Vec<usize>>,
 }
 
 impl Device {
@@ -54,6 +56,7 @@ impl Device {
             takes,
             seen: Mutex::new(Vec::new()),
             kda: AtomicUsize::new(0),
+            hinted: Mutex::new(Vec::new()),
         })
     }
     fn saw(&self, w: &MatRef<'_>, role: Role) {
@@ -101,6 +104,10 @@ impl Backend for Device {
     fn kda_step(&self, _: &mut KdaJob<'_>) -> Result<bool, String> {
         self.kda.fetch_add(1, Ordering::Relaxed);
         Ok(false)
+    }
+    fn hint(&self, h: &Hints<'_, '_>) {
+        let first = |w: &MatRef<'_>| backend::segments(w)[0].as_ptr() as usize;
+        self.hinted.lock().unwrap().extend(h.next.iter().map(first));
     }
     fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {
         let all = |w: &MatRef<'_>| backend::segments(w).iter().map(|s| s.len()).sum();
@@ -219,4 +226,47 @@ fn qwen3_moe_experts_split_over_three_devices_keep_the_bits() {
     let model = Qwen3MoeModel::load(&common::data("qwen3_moe-tiny")).expect("loads");
     let (devs, multi) = split_three_ways(&model, &[1, 20, 300, 7, 42, 5]);
     check_partition(&devs, &multi);
+}
+
+/// A resident model's experts handed over at load (`Backend::preload`):
+/// each expert's matrices go to one device together (the gate's, as a
+/// gated MLP's up and down follow it), every expert to one device, and the
+/// experts spread over the devices.
+#[test]
+fn preloaded_experts_keep_each_experts_matrices_on_one_device() {
+    let devs = vec![
+        Device::new(Takes::Glu),
+        Device::new(Takes::Batches),
+        Device::new(Takes::Singles),
+    ];
+    let as_backends: Vec<Arc<dyn Backend>> =
+        devs.iter().map(|d| d.clone() as Arc<dyn Backend>).collect();
+    let multi = MultiBackend::new(as_backends).expect("three devices");
+    let bytes: Vec<Vec<u16>> = (0..18u16).map(|i| vec![i; 64 * 32]).collect();
+    let mats: Vec<MatRef<'_>> = bytes
+        .iter()
+        .map(|w| MatRef::Bf16 {
+            w,
+            rows: 64,
+            cols: 32,
+        })
+        .collect();
+    let experts: Vec<Vec<MatRef<'_>>> = mats.chunks(3).map(|c| c.to_vec()).collect();
+    multi.preload(&experts);
+    let holders = |w: &MatRef<'_>| -> Vec<usize> {
+        let a = backend::segments(w)[0].as_ptr() as usize;
+        (0..devs.len())
+            .filter(|&d| devs[d].hinted.lock().unwrap().contains(&a))
+            .collect()
+    };
+    for (e, group) in experts.iter().enumerate() {
+        let first = holders(&group[0]);
+        assert_eq!(first.len(), 1, "expert {e}'s gate on {first:?}");
+        for w in &group[1..] {
+            assert_eq!(holders(w), first, "expert {e}'s matrices apart");
+        }
+    }
+    let used = devs.iter().filter(|d| !d.hinted.lock().unwrap().is_empty());
+    assert_eq!(used.count(), 3, "six experts over three devices");
+    assert_eq!(multi.owned(), vec![6, 6, 6]);
 }
