@@ -137,12 +137,9 @@ fn run(model: &dyn CausalLm, prompt: &[u32]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// The run with no backend and with three stand-ins behind a
-/// `MultiBackend`; checks the bits, and returns the devices and the backend.
-fn split_three_ways(model: &dyn CausalLm, prompt: &[u32]) -> (Vec<Arc<Device>>, Arc<MultiBackend>) {
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    backend::uninstall();
-    let plain = run(model, prompt);
+/// Three stand-ins (gated MLPs whole, plain batches, single products)
+/// behind one `MultiBackend`.
+fn three_devices() -> (Vec<Arc<Device>>, Arc<MultiBackend>) {
     let devs = vec![
         Device::new(Takes::Glu),
         Device::new(Takes::Batches),
@@ -151,6 +148,16 @@ fn split_three_ways(model: &dyn CausalLm, prompt: &[u32]) -> (Vec<Arc<Device>>, 
     let as_backends: Vec<Arc<dyn Backend>> =
         devs.iter().map(|d| d.clone() as Arc<dyn Backend>).collect();
     let multi = Arc::new(MultiBackend::new(as_backends).expect("three devices"));
+    (devs, multi)
+}
+
+/// The run with no backend and with three stand-ins behind a
+/// `MultiBackend`; checks the bits, and returns the devices and the backend.
+fn split_three_ways(model: &dyn CausalLm, prompt: &[u32]) -> (Vec<Arc<Device>>, Arc<MultiBackend>) {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    backend::uninstall();
+    let plain = run(model, prompt);
+    let (devs, multi) = three_devices();
     backend::install(multi.clone());
     let split = run(model, prompt);
     backend::uninstall();
@@ -234,14 +241,7 @@ fn qwen3_moe_experts_split_over_three_devices_keep_the_bits() {
 /// experts spread over the devices.
 #[test]
 fn preloaded_experts_keep_each_experts_matrices_on_one_device() {
-    let devs = vec![
-        Device::new(Takes::Glu),
-        Device::new(Takes::Batches),
-        Device::new(Takes::Singles),
-    ];
-    let as_backends: Vec<Arc<dyn Backend>> =
-        devs.iter().map(|d| d.clone() as Arc<dyn Backend>).collect();
-    let multi = MultiBackend::new(as_backends).expect("three devices");
+    let (devs, multi) = three_devices();
     let bytes: Vec<Vec<u16>> = (0..18u16).map(|i| vec![i; 64 * 32]).collect();
     let mats: Vec<MatRef<'_>> = bytes
         .iter()
