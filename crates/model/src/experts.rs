@@ -690,7 +690,7 @@ mod tests {
     fn scattered_and_adjacent_tensors_read_alike() {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/k3-tiny/checkpoint");
-        let spec = crate::kimi_k3::config::K3Spec::from_dir(&dir).unwrap();
+        let spec = crate::family::read_spec::<crate::kimi_k3::KimiK3>(&dir).unwrap();
         let ck = Checkpoint::open(&dir).unwrap();
         let table = crate::kimi_k3::tensors::expert_table(&spec, &ck).unwrap();
         let adjacent = &table.layers[1][5];

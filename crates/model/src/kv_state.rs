@@ -34,6 +34,13 @@ pub struct KvLayout {
     pub width: usize,
 }
 
+/// What a loaded model of a key/value-cache family keeps besides its
+/// weights: the rotation and its states' layout.
+pub struct KvParts {
+    pub rope: fathom_kernels::rope::Rope,
+    pub layout: Arc<KvLayout>,
+}
+
 /// The state of one sequence.
 #[derive(Debug, Clone)]
 pub struct KvState {

@@ -5,11 +5,13 @@
 
 pub mod batch;
 mod bind;
+pub mod config;
 pub mod deepseek_v3;
 pub mod early;
 pub mod error;
 pub mod eval;
 pub mod experts;
+pub mod family;
 mod fields;
 pub mod glu;
 pub mod gpt_oss;
@@ -32,8 +34,10 @@ pub mod rotary;
 mod state_codec;
 pub mod trace;
 
+pub use config::ModelConfig;
 pub use deepseek_v3::DeepseekV3Model;
 pub use error::{ModelError, Result};
+pub use family::{Family, Model};
 pub use gpt_oss::GptOssModel;
 pub use kimi_k3::K3Model;
 pub use kimi_linear::KimiLinearModel;
@@ -41,7 +45,7 @@ pub use kv::{KvConfig, KvDtype, KvPool, KvSpill, KvStats};
 pub use linear::Spine;
 pub use lm::{CausalLm, Logits, ModelInfo, SeqState, StateSnapshot, StepError, StepInput};
 pub use qwen3_moe::Qwen3MoeModel;
-pub use registry::{LoadOptions, load};
+pub use registry::{LoadOptions, load, load_config};
 pub use trace::Tracer;
 
 /// Minimum items per rayon task for `n` items of `work_each` multiply-adds:

@@ -38,7 +38,7 @@ impl Logits {
 }
 
 /// What the layers above need to know about a model, whatever its family.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ModelInfo {
     /// Human name of the family (`"Kimi K3"`).
     pub family: &'static str,

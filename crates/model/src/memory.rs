@@ -84,9 +84,10 @@ pub fn int8_bytes(shape: &[usize], stored: u64, quantised: bool) -> u64 {
     }
 }
 
-/// The facts of the model in `dir`, by the family its config names.
+/// The facts of the model in `dir`, by the family its config names (a
+/// caller that also loads reads [`crate::ModelConfig`] once and asks it).
 pub fn memory_facts(dir: &Path) -> Result<MemoryFacts> {
-    (crate::registry::detect(dir)?.memory)(dir)
+    crate::ModelConfig::read(dir)?.memory_facts()
 }
 
 /// One tensor of a family's table as the ledger sees it.

@@ -2,16 +2,18 @@
 //!
 //! The top-level `model_type` decides (K3's nested `text_config` says
 //! `kimi_linear`, its precursor's type; only the top level counts), then
-//! `architectures`. Each
-//! family parses the whole file once into its own typed spec when it loads.
+//! `architectures`. The file is read and parsed once ([`ModelConfig`]);
+//! each family builds its own typed spec from the parsed JSON.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use fathom_weights::Checkpoint;
 
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertSource, ExpertTable};
+use crate::family::architecture;
 use crate::linear::Spine;
 use crate::lm::CausalLm;
 
@@ -39,7 +41,7 @@ pub struct LoadOptions {
     pub mtp: bool,
 }
 
-/// One supported architecture.
+/// One supported architecture (made by [`crate::family::architecture`]).
 #[derive(Debug)]
 pub struct Architecture {
     pub family: &'static str,
@@ -47,11 +49,11 @@ pub struct Architecture {
     pub model_types: &'static [&'static str],
     /// `architectures` entries it reads.
     pub architectures: &'static [&'static str],
-    pub load: fn(&Path, LoadOptions) -> Result<Arc<dyn CausalLm>>,
+    pub load: fn(&ModelConfig, LoadOptions) -> Result<Arc<dyn CausalLm>>,
     /// What the RAM ledger needs, from config.json alone.
-    pub memory: fn(&Path) -> Result<crate::memory::MemoryFacts>,
+    pub memory: fn(&ModelConfig) -> Result<crate::memory::MemoryFacts>,
     /// Where every routed expert of a checkpoint lies (bench ceilings, tools).
-    pub experts: fn(&Path, &fathom_weights::Checkpoint) -> Result<crate::experts::ExpertTable>,
+    pub experts: fn(&ModelConfig, &Checkpoint) -> Result<ExpertTable>,
     /// Whether its checkpoints may carry a multi-token-prediction layer
     /// that `--draft mtp` reads.
     pub mtp: bool,
@@ -59,18 +61,12 @@ pub struct Architecture {
 
 /// Every architecture fathom runs.
 pub const ARCHITECTURES: &[Architecture] = &[
-    crate::kimi_k3::ARCHITECTURE,
-    crate::kimi_linear::ARCHITECTURE,
-    crate::qwen3_moe::ARCHITECTURE,
-    crate::deepseek_v3::ARCHITECTURE,
-    crate::gpt_oss::ARCHITECTURE,
+    architecture::<crate::kimi_k3::KimiK3>(),
+    architecture::<crate::kimi_linear::KimiLinear>(),
+    architecture::<crate::qwen3_moe::Qwen3Moe>(),
+    architecture::<crate::deepseek_v3::DeepseekV3>(),
+    architecture::<crate::gpt_oss::GptOss>(),
 ];
-
-#[derive(serde::Deserialize)]
-struct Head {
-    model_type: Option<String>,
-    architectures: Option<Vec<String>>,
-}
 
 fn supported() -> String {
     ARCHITECTURES
@@ -92,11 +88,18 @@ fn supported() -> String {
 
 /// The architecture for the `config.json` text `text`.
 pub fn detect_json(text: &str) -> Result<&'static Architecture> {
-    let head: Head = serde_json::from_str(text).map_err(|e| ModelError::Config {
+    let root: serde_json::Value = serde_json::from_str(text).map_err(|e| ModelError::Config {
         field: "(file)".into(),
         msg: format!("not valid JSON: {e}"),
     })?;
-    if let Some(mt) = head.model_type.as_deref() {
+    detect_value(&root)
+}
+
+/// The architecture for a parsed `config.json`: the top-level
+/// `model_type`, else the first known `architectures` entry.
+pub fn detect_value(root: &serde_json::Value) -> Result<&'static Architecture> {
+    let model_type = root.get("model_type").and_then(|v| v.as_str());
+    if let Some(mt) = model_type {
         return ARCHITECTURES
             .iter()
             .find(|a| a.model_types.contains(&mt))
@@ -107,14 +110,14 @@ pub fn detect_json(text: &str) -> Result<&'static Architecture> {
                 ))
             });
     }
-    let names = head.architectures.unwrap_or_default();
+    let names: Vec<&str> = root
+        .get("architectures")
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().filter_map(|n| n.as_str()).collect())
+        .unwrap_or_default();
     names
         .iter()
-        .find_map(|n| {
-            ARCHITECTURES
-                .iter()
-                .find(|a| a.architectures.contains(&n.as_str()))
-        })
+        .find_map(|n| ARCHITECTURES.iter().find(|a| a.architectures.contains(n)))
         .ok_or_else(|| {
             ModelError::Unsupported(format!(
                 "config.json names no model_type and no known architecture ({names:?}); supported: {}",
@@ -123,45 +126,19 @@ pub fn detect_json(text: &str) -> Result<&'static Architecture> {
         })
 }
 
-/// The architecture of the model in `dir`.
-pub fn detect(dir: &Path) -> Result<&'static Architecture> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
-        field: "(file)".into(),
-        msg: format!("cannot read {}: {e}", path.display()),
-    })?;
-    detect_json(&text)
-}
-
-/// Where every routed expert of the checkpoint `ck` in `dir` lies, whatever
-/// the family.
-pub fn expert_table(
-    dir: &Path,
-    ck: &fathom_weights::Checkpoint,
-) -> Result<crate::experts::ExpertTable> {
-    (detect(dir)?.experts)(dir, ck)
-}
-
-/// The context the model in `dir` declares (`max_position_embeddings`, at
-/// the top level or in `text_config`), read cheaply before loading.
-pub fn declared_context(dir: &Path) -> Result<Option<usize>> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
-        field: "(file)".into(),
-        msg: format!("cannot read {}: {e}", path.display()),
-    })?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-        field: "(file)".into(),
-        msg: format!("not valid JSON: {e}"),
-    })?;
-    let get = |v: &serde_json::Value| v.get("max_position_embeddings").and_then(|x| x.as_u64());
-    let n = get(&v).or_else(|| v.get("text_config").and_then(get));
-    Ok(n.map(|n| n.min(usize::MAX as u64) as usize))
+/// Where every routed expert of the checkpoint `ck` lies, whatever the family.
+pub fn expert_table(config: &ModelConfig, ck: &Checkpoint) -> Result<ExpertTable> {
+    (config.architecture().experts)(config, ck)
 }
 
 /// Loads the model in `dir` with the family its `config.json` names.
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
-    let arch = detect(dir)?;
+    load_config(&ModelConfig::read(dir)?, opts)
+}
+
+/// Loads the model `config` describes (read once by the caller).
+pub fn load_config(config: &ModelConfig, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
+    let arch = config.architecture();
     if opts.mtp && !arch.mtp {
         return Err(ModelError::Unsupported(format!(
             "--draft mtp: {} checkpoints have no multi-token-prediction layer fathom reads \
@@ -169,7 +146,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
             arch.family
         )));
     }
-    (arch.load)(dir, opts)
+    (arch.load)(config, opts)
 }
 
 #[cfg(test)]

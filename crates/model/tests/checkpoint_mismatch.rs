@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use fathom_model::K3Model;
-use fathom_model::kimi_k3::config::K3Spec;
 use fathom_model::kimi_k3::weights::check_tensors;
 use fathom_weights::Checkpoint;
 use serde_json::Value;
@@ -49,7 +48,7 @@ fn edited_copy() -> PathBuf {
 #[test]
 fn every_problem_is_named() {
     let d = edited_copy();
-    let spec = K3Spec::from_dir(&d).unwrap();
+    let spec = fathom_model::family::read_spec::<fathom_model::kimi_k3::KimiK3>(&d).unwrap();
     let ck = Checkpoint::open(&d).unwrap();
     let mut problems = check_tensors(&spec, &ck);
     problems.sort();
@@ -75,7 +74,7 @@ fn every_problem_is_named() {
 
 #[test]
 fn the_pristine_fixture_has_no_problems() {
-    let spec = K3Spec::from_dir(&tiny()).unwrap();
+    let spec = fathom_model::family::read_spec::<fathom_model::kimi_k3::KimiK3>(&tiny()).unwrap();
     let ck = Checkpoint::open(&tiny()).unwrap();
     assert_eq!(check_tensors(&spec, &ck), Vec::<String>::new());
 }

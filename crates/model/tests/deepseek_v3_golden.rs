@@ -16,7 +16,6 @@ use std::sync::atomic::AtomicUsize;
 
 use common::{FailsOnce, Golden, Record, data};
 use fathom_kernels::rope::Rope;
-use fathom_model::deepseek_v3::config::DeepseekV3Spec;
 use fathom_model::deepseek_v3::tensors::check_tensors;
 use fathom_model::experts::ResidentExperts;
 use fathom_model::{CausalLm, DeepseekV3Model, Logits};
@@ -124,7 +123,7 @@ fn negative_control_rope_layout(name: &str) {
 /// Plain rotary frequencies instead of YaRN's move them as well.
 fn negative_control_yarn_frequencies(name: &str) {
     let mut model = load(name);
-    model.rope = Rope::new(model.spec.qk_rope_head_dim, model.spec.rope.theta);
+    model.parts.rope = Rope::new(model.spec.qk_rope_head_dim, model.spec.rope.theta);
     let w = worst(&model, name);
     eprintln!("{name}: plain rotary frequencies: max |Δlogit| {w}");
     assert!(w > 1e-2, "the YaRN frequencies went unnoticed: {w}");
@@ -239,7 +238,8 @@ fn kimi_k2_model_type_loads_through_the_registry() {
 fn mtp_layers_are_allowed_and_left_unread() {
     let dir = data("deepseek_v3-tiny");
     let ck = Checkpoint::open(&dir).unwrap();
-    let mut spec = DeepseekV3Spec::from_dir(&dir).unwrap();
+    let mut spec =
+        fathom_model::family::read_spec::<fathom_model::deepseek_v3::DeepseekV3>(&dir).unwrap();
     assert!(check_tensors(&spec, &ck).is_empty());
     spec.num_layers = 3;
     spec.num_nextn_predict_layers = 1;

@@ -16,7 +16,12 @@ const PROMPT: [u32; 5] = [1, 591, 25, 203, 739];
 #[test]
 fn int8_spine_quantises_the_matrices() {
     let exact = K3Model::load(&checkpoint()).unwrap();
-    let q = K3Model::load_spine(&checkpoint(), Spine::Int8).unwrap();
+    let q = K3Model::load_with_spine(
+        &checkpoint(),
+        fathom_model::registry::resident_source(),
+        Spine::Int8,
+    )
+    .unwrap();
     assert!(matches!(q.weights.lm_head.data, WeightData::Int8 { .. }));
     assert!(matches!(q.weights.embed_tokens.data, WeightData::Bf16(_)));
     assert!(q.weights.lm_head.bytes() < exact.weights.lm_head.bytes() * 6 / 10);
@@ -39,7 +44,12 @@ fn int8_spine_quantises_the_matrices() {
 
 #[test]
 fn int8_spine_prefill_equals_token_by_token_bitwise() {
-    let model = K3Model::load_spine(&checkpoint(), Spine::Int8).unwrap();
+    let model = K3Model::load_with_spine(
+        &checkpoint(),
+        fathom_model::registry::resident_source(),
+        Spine::Int8,
+    )
+    .unwrap();
     let all = model
         .forward(&mut model.new_state(), &PROMPT, Logits::All)
         .unwrap();

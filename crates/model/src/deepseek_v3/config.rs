@@ -2,12 +2,10 @@
 //! [`DeepseekV3Spec`]. Everything downstream reads the typed spec; an
 //! unsupported or inconsistent value is rejected with its field and value.
 
-use std::path::Path;
-
 use fathom_kernels::rope::yarn_mscale;
 use serde_json::Value;
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::fields::Fields;
 use crate::hybrid::MlaDims;
 use crate::moe::{SigmoidMoe, SigmoidRouter};
@@ -78,27 +76,6 @@ pub struct DeepseekV3Spec {
 /// The quantized formats this family reads.
 pub const QUANT_METHODS: [Method; 2] = [Method::Fp8Block, Method::PackedInt4];
 
-/// Token ids of `name`: a number or a list of numbers, inside the vocabulary.
-fn token_ids(f: &Fields<'_>, name: &str, vocab: usize) -> Result<Vec<u32>> {
-    let Some(v) = f.get(name) else {
-        return Ok(Vec::new());
-    };
-    let list: Vec<&Value> = match v {
-        Value::Array(a) => a.iter().collect(),
-        other => vec![other],
-    };
-    list.into_iter()
-        .map(|x| match x.as_u64() {
-            Some(id) if (id as usize) < vocab => Ok(id as u32),
-            Some(id) => Err(f.err(
-                name,
-                format!("= {id}: outside the vocabulary (vocab_size {vocab})"),
-            )),
-            None => Err(f.err(name, format!("= {x}: expected a token id"))),
-        })
-        .collect()
-}
-
 /// Refuses the variants this reader does not implement.
 fn check_supported(f: &Fields<'_>) -> Result<()> {
     f.expect_str("hidden_act", "silu", "silu")?;
@@ -120,20 +97,6 @@ fn check_supported(f: &Fields<'_>) -> Result<()> {
 }
 
 impl DeepseekV3Spec {
-    /// Reads and validates `dir/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("cannot read {}: {e}", path.display()),
-        })?;
-        let root: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("not valid JSON: {e}"),
-        })?;
-        Self::from_json(&root)
-    }
-
     pub fn from_json(root: &Value) -> Result<Self> {
         let f = Fields { v: root, path: "" };
         let model_type = f.str_or("model_type", "")?;
@@ -186,8 +149,8 @@ impl DeepseekV3Spec {
                 Some(_) => f.usize("num_nextn_predict_layers")?,
                 None => 0,
             },
-            bos_token_id: token_ids(&f, "bos_token_id", vocab_size)?.first().copied(),
-            eos_token_ids: token_ids(&f, "eos_token_id", vocab_size)?,
+            bos_token_id: f.token_ids("bos_token_id", vocab_size)?.first().copied(),
+            eos_token_ids: f.token_ids("eos_token_id", vocab_size)?,
             max_position_embeddings: root
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)

@@ -28,7 +28,6 @@ mod step;
 pub mod tensors;
 pub mod weights;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use fathom_kernels::rope::Rope;
@@ -38,35 +37,128 @@ use self::config::DeepseekV3Spec;
 use self::tensors::Role;
 use self::weights::DeepseekV3Weights;
 use crate::error::Result;
-use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
-use crate::kv::KvPool;
+use crate::experts::ExpertTable;
+use crate::family::{Family, Model, StepResult};
 use crate::kv_state::{HiddenTap, KvLayout, KvState};
 use crate::linear::Spine;
-use crate::lm::{CausalLm, Logits, ModelInfo, SelfDrafter, SeqState, StepError, StepInput};
-use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::lm::{ModelInfo, SelfDrafter, SeqState, StepInput};
 use crate::trace::Tracer;
 
-/// The registry's entry for DeepSeek-V3 and Kimi K2.
-pub const ARCHITECTURE: Architecture = Architecture {
-    family: "DeepSeek-V3",
-    model_types: &config::MODEL_TYPES,
-    architectures: &["DeepseekV3ForCausalLM"],
-    load: load_lm,
-    memory,
-    experts,
-    mtp: true,
-};
+/// The DeepSeek-V3 / Kimi K2 family.
+pub struct DeepseekV3;
 
-/// Locators of the routed experts of the checkpoint `ck` in `dir`.
-fn experts(dir: &Path, ck: &fathom_weights::Checkpoint) -> Result<ExpertTable> {
-    tensors::expert_table(&DeepseekV3Spec::from_dir(dir)?, ck, false)
+/// A loaded DeepSeek-V3 / Kimi K2 model.
+pub type DeepseekV3Model = Model<DeepseekV3>;
+
+/// What a loaded model keeps besides its weights.
+pub struct DsParts {
+    /// The rotation of the `qk_rope_head_dim` parts (YaRN when configured).
+    pub rope: Rope,
+    /// What its sequence states are shaped by: per layer one
+    /// `[latent | k_rope]` row per token.
+    pub layout: Arc<KvLayout>,
+    /// The multi-token-prediction layer, when loaded for drafting.
+    pub mtp: Option<mtp::MtpWeights>,
 }
 
-fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
-    Ok(memory_facts(&DeepseekV3Spec::from_dir(dir)?))
+impl Family for DeepseekV3 {
+    const NAME: &'static str = "DeepSeek-V3";
+    const MODEL_TYPES: &'static [&'static str] = &config::MODEL_TYPES;
+    const ARCHITECTURES: &'static [&'static str] = &["DeepseekV3ForCausalLM"];
+    const MTP: bool = true;
+    type Spec = DeepseekV3Spec;
+    type Weights = DeepseekV3Weights;
+    type Parts = DsParts;
+    type State = KvState;
+
+    fn spec(config: &serde_json::Value) -> Result<DeepseekV3Spec> {
+        DeepseekV3Spec::from_json(config)
+    }
+    fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
+        memory_facts(spec)
+    }
+    fn expert_table(spec: &DeepseekV3Spec, ck: &Checkpoint, mtp: bool) -> Result<ExpertTable> {
+        tensors::expert_table(spec, ck, mtp)
+    }
+    fn weights(
+        spec: &DeepseekV3Spec,
+        ck: &Arc<Checkpoint>,
+        spine: Spine,
+    ) -> Result<DeepseekV3Weights> {
+        let mut w = DeepseekV3Weights::load(spec, ck)?;
+        if spine == Spine::Int8 {
+            w.quantize_spine_int8();
+        }
+        Ok(w)
+    }
+    /// With `mtp`, also the first multi-token-prediction layer, for
+    /// `--draft mtp` (its experts join the expert table).
+    fn parts(spec: &DeepseekV3Spec, ck: &Arc<Checkpoint>, mtp: bool) -> Result<DsParts> {
+        Ok(DsParts {
+            rope: spec.rope.rope(spec.qk_rope_head_dim),
+            layout: Arc::new(KvLayout {
+                family: Self::NAME,
+                magic: *b"DSST",
+                layers: spec.num_layers,
+                width: spec.mla_dims().cache_width(),
+            }),
+            mtp: if mtp {
+                Some(mtp::MtpWeights::load(spec, ck)?)
+            } else {
+                None
+            },
+        })
+    }
+    fn info(spec: &DeepseekV3Spec) -> ModelInfo {
+        ModelInfo {
+            model_type: spec.model_type.clone(),
+            vocab_size: spec.vocab_size,
+            hidden_size: spec.hidden_size,
+            num_layers: spec.num_layers,
+            bos_token_id: spec.bos_token_id,
+            eos_token_ids: spec.eos_token_ids.clone(),
+            max_position_embeddings: spec.max_position_embeddings,
+            spine_bytes: tensors::tensor_table(spec)
+                .iter()
+                .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
+                .map(tensors::TensorSpec::bytes)
+                .sum(),
+            experts_per_token: spec.top_k,
+            ..ModelInfo::default()
+        }
+    }
+    fn new_state(m: &Model<Self>) -> KvState {
+        let mut s = KvState::new(&m.parts.layout, &m.kv);
+        add_tap(m, &mut s);
+        s
+    }
+    fn decode_state(m: &Model<Self>, bytes: &[u8]) -> Result<KvState> {
+        let mut s = KvState::decode(&m.parts.layout, &m.kv, bytes)?;
+        add_tap(m, &mut s);
+        Ok(s)
+    }
+    fn step(
+        m: &Model<Self>,
+        batch: &mut [StepInput<'_>],
+        tracer: Option<&mut dyn Tracer>,
+    ) -> StepResult {
+        step::step(m, batch, tracer)
+    }
+    fn self_drafter(model: Arc<Model<Self>>) -> Option<Box<dyn SelfDrafter>> {
+        model.parts.mtp.as_ref()?;
+        let draft = mtp::MtpDraft::new(&model);
+        Some(Box::new(MtpDrafter { model, draft }))
+    }
 }
 
-/// What the RAM ledger needs to know about a DeepSeek-V3 / Kimi K2 model.
+/// A drafter reads the rows the head reads: keep the latest ones.
+fn add_tap(m: &DeepseekV3Model, s: &mut KvState) {
+    if m.parts.mtp.is_some() {
+        s.tap = Some(HiddenTap::new(m.spec.hidden_size, s.pos, mtp::TAP_ROWS));
+    }
+}
+
+/// What the RAM ledger needs to know about a DeepSeek-V3 model.
 pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises attention, dense-MLP, shared-expert and head matrices.
@@ -84,7 +176,7 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
         }));
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
-        family: ARCHITECTURE.family,
+        family: DeepseekV3::NAME,
         hidden_size: spec.hidden_size,
         vocab_size: spec.vocab_size,
         spine_bytes: spine,
@@ -119,173 +211,6 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
     }
 }
 
-fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
-    let make = opts
-        .experts
-        .unwrap_or_else(crate::registry::resident_source);
-    let mut m = DeepseekV3Model::load_full(dir, make, opts.spine, opts.mtp)?;
-    m.kv = KvPool::new(opts.kv);
-    Ok(Arc::new(m))
-}
-
-/// A loaded DeepSeek-V3 / Kimi K2 model: spec, resident spine, and a source
-/// of routed experts.
-pub struct DeepseekV3Model {
-    pub spec: Arc<DeepseekV3Spec>,
-    pub weights: DeepseekV3Weights,
-    pub experts: Arc<dyn ExpertSource>,
-    /// Locators of every routed expert (what a streamed source reads).
-    pub expert_table: ExpertTable,
-    /// The rotation of the `qk_rope_head_dim` parts (YaRN when configured).
-    pub rope: Rope,
-    /// What its sequence states are shaped by: per layer one
-    /// `[latent | k_rope]` row per token.
-    pub layout: Arc<KvLayout>,
-    /// Where every state's latent-cache blocks come from.
-    pub kv: Arc<KvPool>,
-    /// The multi-token-prediction layer, when loaded for drafting.
-    pub mtp: Option<mtp::MtpWeights>,
-    info: ModelInfo,
-}
-
-impl DeepseekV3Model {
-    /// Loads a model with every expert resident in RAM.
-    pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with(
-            dir,
-            Box::new(|ck, table| Ok(Arc::new(ResidentExperts::load(ck, table)?))),
-        )
-    }
-
-    /// Loads the spine and builds the expert source with `make_source`.
-    pub fn load_with(dir: &Path, make_source: MakeSource) -> Result<Self> {
-        Self::load_with_spine(dir, make_source, Spine::Bf16)
-    }
-
-    /// As [`Self::load_with`], with the spine in `spine` precision: an int8
-    /// spine is quantised before the expert source loads, so the stored
-    /// matrices are freed before resident experts arrive (peak RSS is the
-    /// larger of the two, not their sum).
-    pub fn load_with_spine(dir: &Path, make_source: MakeSource, spine: Spine) -> Result<Self> {
-        Self::load_full(dir, make_source, spine, false)
-    }
-
-    /// As [`Self::load_with_spine`]; with `mtp`, also the first
-    /// multi-token-prediction layer and its experts, for `--draft mtp`.
-    pub fn load_full(dir: &Path, make_source: MakeSource, spine: Spine, mtp: bool) -> Result<Self> {
-        let spec = Arc::new(DeepseekV3Spec::from_dir(dir)?);
-        let ck = Arc::new(Checkpoint::open(dir)?);
-        let mut weights = DeepseekV3Weights::load(&spec, &ck)?;
-        if spine == Spine::Int8 {
-            weights.quantize_spine_int8();
-        }
-        let mtp = if mtp {
-            Some(mtp::MtpWeights::load(&spec, &ck)?)
-        } else {
-            None
-        };
-        let expert_table = tensors::expert_table(&spec, &ck, mtp.is_some())?;
-        let experts = make_source(&ck, &expert_table)?;
-        let info = model_info(&spec, &expert_table);
-        let layout = Arc::new(KvLayout {
-            family: ARCHITECTURE.family,
-            magic: *b"DSST",
-            layers: spec.num_layers,
-            width: spec.mla_dims().cache_width(),
-        });
-        Ok(DeepseekV3Model {
-            rope: spec.rope.rope(spec.qk_rope_head_dim),
-            spec,
-            weights,
-            experts,
-            expert_table,
-            layout,
-            kv: KvPool::unlimited(),
-            mtp,
-            info,
-        })
-    }
-
-    pub fn new_state(&self) -> KvState {
-        let mut s = KvState::new(&self.layout, &self.kv);
-        self.add_tap(&mut s);
-        s
-    }
-
-    /// A drafter reads the rows the head reads: keep the latest ones.
-    fn add_tap(&self, s: &mut KvState) {
-        if self.mtp.is_some() {
-            s.tap = Some(HiddenTap::new(self.spec.hidden_size, s.pos, mtp::TAP_ROWS));
-        }
-    }
-
-    /// One sequence's pass, observed by `tracer` (reference comparisons).
-    pub fn forward_traced(
-        &self,
-        state: &mut KvState,
-        tokens: &[u32],
-        which: Logits,
-        tracer: Option<&mut dyn Tracer>,
-    ) -> Result<Vec<f32>> {
-        let mut b = [StepInput {
-            state,
-            tokens,
-            logits: which,
-        }];
-        let mut out = step::step(self, &mut b, tracer).map_err(|e| e.error)?;
-        Ok(out.pop().unwrap_or_default())
-    }
-}
-
-fn model_info(spec: &DeepseekV3Spec, table: &ExpertTable) -> ModelInfo {
-    ModelInfo {
-        family: ARCHITECTURE.family,
-        model_type: spec.model_type.clone(),
-        vocab_size: spec.vocab_size,
-        hidden_size: spec.hidden_size,
-        num_layers: spec.num_layers,
-        bos_token_id: spec.bos_token_id,
-        eos_token_ids: spec.eos_token_ids.clone(),
-        max_position_embeddings: spec.max_position_embeddings,
-        spine_bytes: tensors::tensor_table(spec)
-            .iter()
-            .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
-            .map(tensors::TensorSpec::bytes)
-            .sum(),
-        expert_bytes: table.expert_bytes(),
-        experts_per_token: spec.top_k,
-        moe_layers: table.moe_layers(),
-    }
-}
-
-impl CausalLm for DeepseekV3Model {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-    fn new_state(&self) -> Box<dyn SeqState> {
-        Box::new(DeepseekV3Model::new_state(self))
-    }
-    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
-        step::step(self, batch, None)
-    }
-    fn expert_stats(&self) -> ExpertStats {
-        self.experts.stats()
-    }
-    fn kv_stats(&self) -> crate::kv::KvStats {
-        self.kv.stats()
-    }
-    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
-        let mut s = KvState::decode(&self.layout, &self.kv, bytes)?;
-        self.add_tap(&mut s);
-        Ok(Box::new(s))
-    }
-    fn self_drafter(self: Arc<Self>) -> Option<Box<dyn SelfDrafter>> {
-        self.mtp.as_ref()?;
-        let draft = mtp::MtpDraft::new(&self);
-        Some(Box::new(MtpDrafter { model: self, draft }))
-    }
-}
-
 /// `--draft mtp`: the model's own prediction layer, for one sequence.
 struct MtpDrafter {
     model: Arc<DeepseekV3Model>,
@@ -293,7 +218,7 @@ struct MtpDrafter {
 }
 
 impl SelfDrafter for MtpDrafter {
-    fn propose(&mut self, target: &dyn SeqState, ctx: &[u32], k: usize) -> Result<Vec<u32>> {
+    fn propose(&mut self, target: &dyn SeqState, ctx: &[u32], k: usize) -> crate::Result<Vec<u32>> {
         self.draft.propose(&self.model, target, ctx, k)
     }
 }

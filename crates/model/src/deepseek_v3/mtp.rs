@@ -107,7 +107,7 @@ impl MtpDraft {
         k: usize,
     ) -> Result<Vec<u32>> {
         let (Some(w), Some(state)) = (
-            model.mtp.as_ref(),
+            model.parts.mtp.as_ref(),
             target.as_any().downcast_ref::<KvState>(),
         ) else {
             return Ok(Vec::new());
@@ -206,9 +206,9 @@ impl MtpDraft {
             .collect();
         let mut x = w.eh_proj.forward(&cat, m);
         let segs = [0..m];
-        let angles = Angles::new(&model.rope, &segs, &[self.offset + self.cache.len()]);
+        let angles = Angles::new(&model.parts.rope, &segs, &[self.offset + self.cache.len()]);
         let rope = MlaRope {
-            rope: &model.rope,
+            rope: &model.parts.rope,
             angles: &angles,
             interleaved: spec.rope_interleave,
         };

@@ -55,9 +55,9 @@ fn forward_rows(
         .collect();
     trace(&mut tracer, 0, "embeddings", &h);
     let starts: Vec<usize> = states.iter().map(|s| s.pos).collect();
-    let angles = Angles::new(&model.rope, segs, &starts);
+    let angles = Angles::new(&model.parts.rope, segs, &starts);
     let rope = MlaRope {
-        rope: &model.rope,
+        rope: &model.parts.rope,
         angles: &angles,
         interleaved: spec.rope_interleave,
     };

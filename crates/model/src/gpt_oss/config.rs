@@ -2,11 +2,9 @@
 //! Everything downstream reads the typed spec; an unsupported or
 //! inconsistent value is rejected with its field and value.
 
-use std::path::Path;
-
 use serde_json::Value;
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::fields::Fields;
 use crate::quant::{Method, Quant, mxfp4_converts};
 use crate::rotary::RopeConfig;
@@ -55,27 +53,6 @@ pub struct GptOssSpec {
     pub quant: Quant,
 }
 
-/// Token ids of `name`: a number or a list of numbers, inside the vocabulary.
-fn token_ids(f: &Fields<'_>, name: &str, vocab: usize) -> Result<Vec<u32>> {
-    let Some(v) = f.get(name) else {
-        return Ok(Vec::new());
-    };
-    let list: Vec<&Value> = match v {
-        Value::Array(a) => a.iter().collect(),
-        other => vec![other],
-    };
-    list.into_iter()
-        .map(|x| match x.as_u64() {
-            Some(id) if (id as usize) < vocab => Ok(id as u32),
-            Some(id) => Err(f.err(
-                name,
-                format!("= {id}: outside the vocabulary (vocab_size {vocab})"),
-            )),
-            None => Err(f.err(name, format!("= {x}: expected a token id"))),
-        })
-        .collect()
-}
-
 /// `layer_types`, or the reference's default: sliding, full, sliding, …
 fn layer_types(f: &Fields<'_>, num_layers: usize) -> Result<Vec<AttnType>> {
     let Some(v) = f.get("layer_types") else {
@@ -113,29 +90,9 @@ fn layer_types(f: &Fields<'_>, num_layers: usize) -> Result<Vec<AttnType>> {
 }
 
 impl GptOssSpec {
-    /// Reads and validates `dir/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("cannot read {}: {e}", path.display()),
-        })?;
-        let root: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("not valid JSON: {e}"),
-        })?;
-        Self::from_json(&root)
-    }
-
     pub fn from_json(root: &Value) -> Result<Self> {
         let f = Fields { v: root, path: "" };
-        let model_type = f.str_or("model_type", "")?;
-        if model_type != "gpt_oss" {
-            return Err(f.err(
-                "model_type",
-                format!("= {model_type:?}: this loader reads \"gpt_oss\" checkpoints"),
-            ));
-        }
+        f.expect_model_type("gpt_oss")?;
         let quant = crate::quant::parse(&f, "GPT-OSS", &[Method::Mxfp4])?;
         if f.bool_or("tie_word_embeddings", false)? {
             return Err(f.err("tie_word_embeddings", "= true: not supported"));
@@ -167,8 +124,8 @@ impl GptOssSpec {
             intermediate_size: f.positive("intermediate_size")?,
             swiglu_limit: f.opt_f32("swiglu_limit")?.unwrap_or(7.0),
             swiglu_alpha: f.opt_f32("swiglu_alpha")?.unwrap_or(DEFAULT_SWIGLU_ALPHA),
-            bos_token_id: token_ids(&f, "bos_token_id", vocab_size)?.first().copied(),
-            eos_token_ids: token_ids(&f, "eos_token_id", vocab_size)?,
+            bos_token_id: f.token_ids("bos_token_id", vocab_size)?.first().copied(),
+            eos_token_ids: f.token_ids("eos_token_id", vocab_size)?,
             max_position_embeddings: root
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)

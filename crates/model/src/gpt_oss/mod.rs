@@ -24,42 +24,95 @@ mod step;
 pub mod tensors;
 pub mod weights;
 
-use std::path::Path;
 use std::sync::Arc;
 
-use fathom_kernels::rope::Rope;
 use fathom_weights::Checkpoint;
 
 use self::config::GptOssSpec;
 use self::tensors::Role;
 use self::weights::GptOssWeights;
 use crate::error::Result;
-use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
-use crate::kv::KvPool;
-use crate::kv_state::{KvLayout, KvState};
+use crate::experts::ExpertTable;
+use crate::family::{Family, Model, StepResult};
+use crate::kv_state::{KvLayout, KvParts, KvState};
 use crate::linear::Spine;
-use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
-use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
 
-/// The registry's entry for GPT-OSS.
-pub const ARCHITECTURE: Architecture = Architecture {
-    family: "GPT-OSS",
-    model_types: &["gpt_oss"],
-    architectures: &["GptOssForCausalLM"],
-    load: load_lm,
-    memory,
-    experts,
-    mtp: false,
-};
+/// The GPT-OSS family.
+pub struct GptOss;
 
-/// Locators of the routed experts of the checkpoint `ck` in `dir`.
-fn experts(dir: &Path, ck: &fathom_weights::Checkpoint) -> Result<ExpertTable> {
-    tensors::expert_table(&GptOssSpec::from_dir(dir)?, ck)
-}
+/// A loaded GPT-OSS model.
+pub type GptOssModel = Model<GptOss>;
 
-fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
-    Ok(memory_facts(&GptOssSpec::from_dir(dir)?))
+impl Family for GptOss {
+    const NAME: &'static str = "GPT-OSS";
+    const MODEL_TYPES: &'static [&'static str] = &["gpt_oss"];
+    const ARCHITECTURES: &'static [&'static str] = &["GptOssForCausalLM"];
+    type Spec = GptOssSpec;
+    type Weights = GptOssWeights;
+    type Parts = KvParts;
+    type State = KvState;
+
+    fn spec(config: &serde_json::Value) -> Result<GptOssSpec> {
+        GptOssSpec::from_json(config)
+    }
+    fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
+        memory_facts(spec)
+    }
+    fn expert_table(spec: &GptOssSpec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
+        tensors::expert_table(spec, ck)
+    }
+    fn weights(spec: &GptOssSpec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<GptOssWeights> {
+        let mut w = GptOssWeights::load(spec, ck)?;
+        if spine == Spine::Int8 {
+            w.quantize_spine_int8();
+        }
+        Ok(w)
+    }
+    fn parts(spec: &GptOssSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<KvParts> {
+        Ok(KvParts {
+            // The rotation of every head (YaRN when configured).
+            rope: spec.rope.rope(spec.head_dim),
+            layout: Arc::new(KvLayout {
+                family: Self::NAME,
+                magic: *b"GOST",
+                layers: spec.num_layers,
+                width: spec.kv_width(),
+            }),
+        })
+    }
+    fn info(spec: &GptOssSpec) -> ModelInfo {
+        ModelInfo {
+            model_type: "gpt_oss".into(),
+            vocab_size: spec.vocab_size,
+            hidden_size: spec.hidden_size,
+            num_layers: spec.num_layers,
+            bos_token_id: spec.bos_token_id,
+            eos_token_ids: spec.eos_token_ids.clone(),
+            max_position_embeddings: spec.max_position_embeddings,
+            spine_bytes: tensors::tensor_table(spec)
+                .iter()
+                .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
+                .map(tensors::TensorSpec::bytes)
+                .sum(),
+            experts_per_token: spec.top_k,
+            ..ModelInfo::default()
+        }
+    }
+    fn new_state(m: &Model<Self>) -> KvState {
+        KvState::new(&m.parts.layout, &m.kv)
+    }
+    fn decode_state(m: &Model<Self>, bytes: &[u8]) -> Result<KvState> {
+        KvState::decode(&m.parts.layout, &m.kv, bytes)
+    }
+    fn step(
+        m: &Model<Self>,
+        batch: &mut [StepInput<'_>],
+        tracer: Option<&mut dyn Tracer>,
+    ) -> StepResult {
+        step::step(m, batch, tracer)
+    }
 }
 
 /// What the RAM ledger needs to know about a GPT-OSS model.
@@ -76,7 +129,7 @@ pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
         }));
     let experts = spec.num_layers * spec.num_experts;
     crate::memory::MemoryFacts {
-        family: ARCHITECTURE.family,
+        family: GptOss::NAME,
         hidden_size: spec.hidden_size,
         vocab_size: spec.vocab_size,
         spine_bytes: spine,
@@ -92,141 +145,5 @@ pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
         max_position_embeddings: spec.max_position_embeddings,
         mtp_bytes: 0,
         mtp_cache_floats_per_token: 0,
-    }
-}
-
-fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
-    let make = opts
-        .experts
-        .unwrap_or_else(crate::registry::resident_source);
-    let mut m = GptOssModel::load_with_spine(dir, make, opts.spine)?;
-    m.kv = KvPool::new(opts.kv);
-    Ok(Arc::new(m))
-}
-
-/// A loaded GPT-OSS model: spec, resident spine, and a source of routed experts.
-pub struct GptOssModel {
-    pub spec: Arc<GptOssSpec>,
-    pub weights: GptOssWeights,
-    pub experts: Arc<dyn ExpertSource>,
-    /// Locators of every routed expert (what a streamed source reads).
-    pub expert_table: ExpertTable,
-    /// The rotation of every head (YaRN when configured).
-    pub rope: Rope,
-    /// What its sequence states are shaped by: per layer one `[K | V]` row
-    /// per token.
-    pub layout: Arc<KvLayout>,
-    /// Where every state's key/value blocks come from.
-    pub kv: Arc<KvPool>,
-    info: ModelInfo,
-}
-
-impl GptOssModel {
-    /// Loads a model with every expert resident in RAM.
-    pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with(
-            dir,
-            Box::new(|ck, table| Ok(Arc::new(ResidentExperts::load(ck, table)?))),
-        )
-    }
-
-    /// Loads the spine and builds the expert source with `make_source`.
-    pub fn load_with(dir: &Path, make_source: MakeSource) -> Result<Self> {
-        Self::load_with_spine(dir, make_source, Spine::Bf16)
-    }
-
-    /// As [`Self::load_with`], with the spine in `spine` precision: an int8
-    /// spine is quantised before the expert source loads, so the stored
-    /// matrices are freed before resident experts arrive (peak RSS is the
-    /// larger of the two, not their sum).
-    pub fn load_with_spine(dir: &Path, make_source: MakeSource, spine: Spine) -> Result<Self> {
-        let spec = Arc::new(GptOssSpec::from_dir(dir)?);
-        let ck = Arc::new(Checkpoint::open(dir)?);
-        let mut weights = GptOssWeights::load(&spec, &ck)?;
-        if spine == Spine::Int8 {
-            weights.quantize_spine_int8();
-        }
-        let expert_table = tensors::expert_table(&spec, &ck)?;
-        let experts = make_source(&ck, &expert_table)?;
-        let info = model_info(&spec, &expert_table);
-        let layout = Arc::new(KvLayout {
-            family: ARCHITECTURE.family,
-            magic: *b"GOST",
-            layers: spec.num_layers,
-            width: spec.kv_width(),
-        });
-        Ok(GptOssModel {
-            rope: spec.rope.rope(spec.head_dim),
-            spec,
-            weights,
-            experts,
-            expert_table,
-            layout,
-            kv: KvPool::unlimited(),
-            info,
-        })
-    }
-
-    pub fn new_state(&self) -> KvState {
-        KvState::new(&self.layout, &self.kv)
-    }
-
-    /// One sequence's pass, observed by `tracer` (reference comparisons).
-    pub fn forward_traced(
-        &self,
-        state: &mut KvState,
-        tokens: &[u32],
-        which: Logits,
-        tracer: Option<&mut dyn Tracer>,
-    ) -> Result<Vec<f32>> {
-        let mut b = [StepInput {
-            state,
-            tokens,
-            logits: which,
-        }];
-        let mut out = step::step(self, &mut b, tracer).map_err(|e| e.error)?;
-        Ok(out.pop().unwrap_or_default())
-    }
-}
-
-fn model_info(spec: &GptOssSpec, table: &ExpertTable) -> ModelInfo {
-    ModelInfo {
-        family: ARCHITECTURE.family,
-        model_type: "gpt_oss".into(),
-        vocab_size: spec.vocab_size,
-        hidden_size: spec.hidden_size,
-        num_layers: spec.num_layers,
-        bos_token_id: spec.bos_token_id,
-        eos_token_ids: spec.eos_token_ids.clone(),
-        max_position_embeddings: spec.max_position_embeddings,
-        spine_bytes: tensors::tensor_table(spec)
-            .iter()
-            .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
-            .map(tensors::TensorSpec::bytes)
-            .sum(),
-        expert_bytes: table.expert_bytes(),
-        experts_per_token: spec.top_k,
-        moe_layers: table.moe_layers(),
-    }
-}
-
-impl CausalLm for GptOssModel {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-    fn new_state(&self) -> Box<dyn SeqState> {
-        Box::new(GptOssModel::new_state(self))
-    }
-    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
-        step::step(self, batch, None)
-    }
-    fn expert_stats(&self) -> ExpertStats {
-        self.experts.stats()
-    }
-    fn kv_stats(&self) -> crate::kv::KvStats {
-        self.kv.stats()
-    }
-    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(KvState::decode(&self.layout, &self.kv, bytes)?))
     }
 }

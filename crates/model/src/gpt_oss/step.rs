@@ -56,7 +56,7 @@ fn forward_rows(
         .collect();
     trace(&mut tracer, 0, "embeddings", &h);
     let starts: Vec<usize> = states.iter().map(|s| s.pos).collect();
-    let angles = Angles::new(&model.rope, segs, &starts);
+    let angles = Angles::new(&model.parts.rope, segs, &starts);
     for (i, lw) in w.layers.iter().enumerate() {
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
@@ -74,7 +74,7 @@ fn forward_rows(
             spec,
             i,
             &lw.self_attn,
-            &model.rope,
+            &model.parts.rope,
             &angles,
             &mut caches,
             segs,

@@ -67,3 +67,25 @@ pub struct HybridDims {
     /// The saved-state magic of the family.
     pub magic: [u8; 4],
 }
+
+impl HybridDims {
+    /// Per-sequence state bytes that do not grow with the context: each KDA
+    /// layer's recurrent state and its three convolution windows (f32).
+    pub fn fixed_state_bytes(&self) -> u64 {
+        let k = &self.kda;
+        let layer = 4 * (k.heads * k.head_dim * k.head_dim + 3 * (k.conv_kernel - 1) * k.width());
+        self.count(AttnKind::Kda) * layer as u64
+    }
+
+    /// Latent-cache floats per token over the MLA layers.
+    pub fn cache_floats_per_token(&self) -> u64 {
+        self.count(AttnKind::Mla) * self.mla.cache_width() as u64
+    }
+
+    fn count(&self, kind: AttnKind) -> u64 {
+        self.attn_kinds.iter().filter(|k| **k == kind).count() as u64
+    }
+}
+
+/// What a loaded hybrid model keeps besides its weights: its states' shape.
+pub type HybridParts = std::sync::Arc<HybridDims>;

@@ -5,11 +5,9 @@
 //! downstream reads the typed spec, never the JSON. Unsupported or
 //! inconsistent values are rejected with the JSON path of the field.
 
-use std::path::Path;
-
 use serde_json::Value;
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 
 /// Epsilon of the MLA low-rank norms (`q_a_layernorm`, `kv_a_layernorm`):
 /// the released modelling code builds them with the class default 1e-6, not
@@ -96,33 +94,9 @@ fn token_id(t: &Fields<'_>, tv: &Value, root: &Value, name: &str) -> Result<Opti
 }
 
 impl K3Spec {
-    /// Reads and validates `dir/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("cannot read {}: {e}", path.display()),
-        })?;
-        Self::from_json_str(&text)
-    }
-
-    pub fn from_json_str(text: &str) -> Result<Self> {
-        let root: Value = serde_json::from_str(text).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("not valid JSON: {e}"),
-        })?;
-        Self::from_json(&root)
-    }
-
     pub fn from_json(root: &Value) -> Result<Self> {
         let r = Fields { v: root, path: "" };
-        let model_type = r.str_or("model_type", "")?;
-        if model_type != "kimi_k3" {
-            return Err(r.err(
-                "model_type",
-                format!("= {model_type:?}: this loader reads \"kimi_k3\" checkpoints"),
-            ));
-        }
+        r.expect_model_type("kimi_k3")?;
         let tv = r.req("text_config")?;
         let t = Fields {
             v: tv,

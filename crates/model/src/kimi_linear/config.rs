@@ -2,11 +2,9 @@
 //! [`KimiLinearSpec`]. Everything downstream reads the typed spec; an
 //! unsupported or inconsistent value is rejected with its field and value.
 
-use std::path::Path;
-
 use serde_json::Value;
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::fields::Fields;
 use crate::hybrid::{AttnKind, HybridDims, KdaDims, MlaDims};
 use crate::moe::{SigmoidMoe, SigmoidRouter};
@@ -59,27 +57,6 @@ pub struct KimiLinearSpec {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub max_position_embeddings: Option<usize>,
-}
-
-/// Token ids of `name`: a number or a list of numbers, inside the vocabulary.
-fn token_ids(f: &Fields<'_>, name: &str, vocab: usize) -> Result<Vec<u32>> {
-    let Some(v) = f.get(name) else {
-        return Ok(Vec::new());
-    };
-    let list: Vec<&Value> = match v {
-        Value::Array(a) => a.iter().collect(),
-        other => vec![other],
-    };
-    list.into_iter()
-        .map(|x| match x.as_u64() {
-            Some(id) if (id as usize) < vocab => Ok(id as u32),
-            Some(id) => Err(f.err(
-                name,
-                format!("= {id}: outside the vocabulary (vocab_size {vocab})"),
-            )),
-            None => Err(f.err(name, format!("= {x}: expected a token id"))),
-        })
-        .collect()
 }
 
 /// Layer kinds from the 1-based `kda_layers` / `full_attn_layers`.
@@ -141,29 +118,9 @@ fn check_supported(f: &Fields<'_>, l: &Fields<'_>) -> Result<()> {
 }
 
 impl KimiLinearSpec {
-    /// Reads and validates `dir/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("cannot read {}: {e}", path.display()),
-        })?;
-        let root: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("not valid JSON: {e}"),
-        })?;
-        Self::from_json(&root)
-    }
-
     pub fn from_json(root: &Value) -> Result<Self> {
         let f = Fields { v: root, path: "" };
-        let model_type = f.str_or("model_type", "")?;
-        if model_type != "kimi_linear" {
-            return Err(f.err(
-                "model_type",
-                format!("= {model_type:?}: this loader reads \"kimi_linear\" checkpoints"),
-            ));
-        }
+        f.expect_model_type("kimi_linear")?;
         let lv = f.req("linear_attn_config")?;
         let l = Fields {
             v: lv,
@@ -207,8 +164,8 @@ impl KimiLinearSpec {
                 1
             },
             tie_word_embeddings: false,
-            bos_token_id: token_ids(&f, "bos_token_id", vocab_size)?.first().copied(),
-            eos_token_ids: token_ids(&f, "eos_token_id", vocab_size)?,
+            bos_token_id: f.token_ids("bos_token_id", vocab_size)?.first().copied(),
+            eos_token_ids: f.token_ids("eos_token_id", vocab_size)?,
             max_position_embeddings: root
                 .get("max_position_embeddings")
                 .or_else(|| root.get("model_max_length"))

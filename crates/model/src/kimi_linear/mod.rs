@@ -19,7 +19,6 @@ mod step;
 pub mod tensors;
 pub mod weights;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use fathom_weights::Checkpoint;
@@ -28,38 +27,90 @@ use self::config::KimiLinearSpec;
 use self::tensors::Role;
 use self::weights::KimiLinearWeights;
 use crate::error::Result;
-use crate::experts::{ExpertSource, ExpertStats, ExpertTable, ResidentExperts};
+use crate::experts::ExpertTable;
+use crate::family::{Family, Model, StepResult};
 use crate::hybrid::state::SequenceState;
-use crate::hybrid::{HybridDims, state_io};
-use crate::kv::KvPool;
+use crate::hybrid::{HybridParts, state_io};
 use crate::linear::Spine;
-use crate::lm::{CausalLm, Logits, ModelInfo, SeqState, StepError, StepInput};
-use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
 
-/// The registry's entry for Kimi-Linear.
-pub const ARCHITECTURE: Architecture = Architecture {
-    family: "Kimi-Linear",
-    model_types: &["kimi_linear"],
-    architectures: &["KimiLinearForCausalLM"],
-    load: load_lm,
-    memory,
-    experts,
-    mtp: false,
-};
+/// The Kimi-Linear family.
+pub struct KimiLinear;
 
-/// Locators of the routed experts of the checkpoint `ck` in `dir`.
-fn experts(dir: &Path, ck: &fathom_weights::Checkpoint) -> Result<ExpertTable> {
-    tensors::expert_table(&KimiLinearSpec::from_dir(dir)?, ck)
-}
+/// A loaded Kimi-Linear model.
+pub type KimiLinearModel = Model<KimiLinear>;
 
-fn memory(dir: &Path) -> Result<crate::memory::MemoryFacts> {
-    Ok(memory_facts(&KimiLinearSpec::from_dir(dir)?))
+impl Family for KimiLinear {
+    const NAME: &'static str = "Kimi-Linear";
+    const MODEL_TYPES: &'static [&'static str] = &["kimi_linear"];
+    const ARCHITECTURES: &'static [&'static str] = &["KimiLinearForCausalLM"];
+    type Spec = KimiLinearSpec;
+    type Weights = KimiLinearWeights;
+    type Parts = HybridParts;
+    type State = SequenceState;
+
+    fn spec(config: &serde_json::Value) -> Result<KimiLinearSpec> {
+        KimiLinearSpec::from_json(config)
+    }
+    fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
+        memory_facts(spec)
+    }
+    fn expert_table(spec: &KimiLinearSpec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
+        tensors::expert_table(spec, ck)
+    }
+    fn weights(
+        spec: &KimiLinearSpec,
+        ck: &Arc<Checkpoint>,
+        spine: Spine,
+    ) -> Result<KimiLinearWeights> {
+        let mut w = KimiLinearWeights::load(spec, ck)?;
+        if spine == Spine::Int8 {
+            w.quantize_spine_int8();
+        }
+        Ok(w)
+    }
+    fn parts(spec: &KimiLinearSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<HybridParts> {
+        Ok(Arc::new(spec.hybrid_dims()))
+    }
+    fn info(spec: &KimiLinearSpec) -> ModelInfo {
+        ModelInfo {
+            model_type: "kimi_linear".into(),
+            vocab_size: spec.vocab_size,
+            hidden_size: spec.hidden_size,
+            num_layers: spec.num_layers,
+            bos_token_id: spec.bos_token_id,
+            eos_token_ids: spec.eos_token_ids.clone(),
+            max_position_embeddings: spec.max_position_embeddings,
+            spine_bytes: tensors::tensor_table(spec)
+                .iter()
+                .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
+                .map(tensors::TensorSpec::bytes)
+                .sum(),
+            experts_per_token: spec.top_k,
+            ..ModelInfo::default()
+        }
+    }
+    fn new_state(m: &Model<Self>) -> SequenceState {
+        SequenceState::new(&m.parts, &m.kv)
+    }
+    fn decode_state(m: &Model<Self>, bytes: &[u8]) -> Result<SequenceState> {
+        state_io::decode(&m.parts, &m.kv, bytes)
+    }
+    fn synthetic_state(m: &Model<Self>, depth: usize, seed: u64) -> Result<SequenceState> {
+        state_io::synthetic(&m.parts, &m.kv, depth, seed)
+    }
+    fn step(
+        m: &Model<Self>,
+        batch: &mut [StepInput<'_>],
+        tracer: Option<&mut dyn Tracer>,
+    ) -> StepResult {
+        step::step(m, batch, tracer)
+    }
 }
 
 /// What the RAM ledger needs to know about a Kimi-Linear model.
 pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
-    use crate::hybrid::AttnKind;
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises attention, dense-MLP, shared-expert and head matrices.
     let [spine, int8, emb, routed] =
@@ -74,20 +125,16 @@ pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
             ),
         }));
     let dims = spec.hybrid_dims();
-    let kinds = |k: AttnKind| dims.attn_kinds.iter().filter(|x| **x == k).count() as u64;
-    let k = &dims.kda;
-    let kda_layer =
-        4 * (k.heads * k.head_dim * k.head_dim + 3 * (k.conv_kernel - 1) * k.width()) as u64;
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
-        family: ARCHITECTURE.family,
+        family: KimiLinear::NAME,
         hidden_size: spec.hidden_size,
         vocab_size: spec.vocab_size,
         spine_bytes: spine,
         spine_int8_bytes: int8,
         embedding_bytes: emb,
-        fixed_state_bytes: kinds(AttnKind::Kda) * kda_layer,
-        cache_floats_per_token: kinds(AttnKind::Mla) * dims.mla.cache_width() as u64,
+        fixed_state_bytes: dims.fixed_state_bytes(),
+        cache_floats_per_token: dims.cache_floats_per_token(),
         top_k: spec.top_k,
         moe_layers,
         num_experts: spec.num_experts,
@@ -96,136 +143,5 @@ pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
         max_position_embeddings: spec.max_position_embeddings,
         mtp_bytes: 0,
         mtp_cache_floats_per_token: 0,
-    }
-}
-
-fn load_lm(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn CausalLm>> {
-    let make = opts
-        .experts
-        .unwrap_or_else(crate::registry::resident_source);
-    let mut m = KimiLinearModel::load_with_spine(dir, make, opts.spine)?;
-    m.kv = KvPool::new(opts.kv);
-    Ok(Arc::new(m))
-}
-
-/// A loaded Kimi-Linear model: spec, resident spine, and a source of routed experts.
-pub struct KimiLinearModel {
-    pub spec: Arc<KimiLinearSpec>,
-    /// What its sequence states are shaped by.
-    pub dims: Arc<HybridDims>,
-    pub weights: KimiLinearWeights,
-    pub experts: Arc<dyn ExpertSource>,
-    /// Locators of every routed expert (what a streamed source reads).
-    pub expert_table: ExpertTable,
-    /// Where every state's latent-cache blocks come from.
-    pub kv: Arc<KvPool>,
-    info: ModelInfo,
-}
-
-impl KimiLinearModel {
-    /// Loads a model with every expert resident in RAM.
-    pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with(
-            dir,
-            Box::new(|ck, table| Ok(Arc::new(ResidentExperts::load(ck, table)?))),
-        )
-    }
-
-    /// Loads the spine and builds the expert source with `make_source`.
-    pub fn load_with(dir: &Path, make_source: MakeSource) -> Result<Self> {
-        Self::load_with_spine(dir, make_source, Spine::Bf16)
-    }
-
-    /// As [`Self::load_with`], with the spine in `spine` precision: an int8
-    /// spine is quantised before the expert source loads, so the stored
-    /// matrices are freed before resident experts arrive (peak RSS is the
-    /// larger of the two, not their sum).
-    pub fn load_with_spine(dir: &Path, make_source: MakeSource, spine: Spine) -> Result<Self> {
-        let spec = Arc::new(KimiLinearSpec::from_dir(dir)?);
-        let ck = Arc::new(Checkpoint::open(dir)?);
-        let mut weights = KimiLinearWeights::load(&spec, &ck)?;
-        if spine == Spine::Int8 {
-            weights.quantize_spine_int8();
-        }
-        let expert_table = tensors::expert_table(&spec, &ck)?;
-        let experts = make_source(&ck, &expert_table)?;
-        let info = model_info(&spec, &expert_table);
-        Ok(KimiLinearModel {
-            dims: Arc::new(spec.hybrid_dims()),
-            spec,
-            weights,
-            experts,
-            expert_table,
-            kv: KvPool::unlimited(),
-            info,
-        })
-    }
-
-    pub fn new_state(&self) -> SequenceState {
-        SequenceState::new(&self.dims, &self.kv)
-    }
-
-    /// One sequence's pass, observed by `tracer` (reference comparisons).
-    pub fn forward_traced(
-        &self,
-        state: &mut SequenceState,
-        tokens: &[u32],
-        which: Logits,
-        tracer: Option<&mut dyn Tracer>,
-    ) -> Result<Vec<f32>> {
-        let mut b = [StepInput {
-            state,
-            tokens,
-            logits: which,
-        }];
-        let mut out = step::step(self, &mut b, tracer).map_err(|e| e.error)?;
-        Ok(out.pop().unwrap_or_default())
-    }
-}
-
-fn model_info(spec: &KimiLinearSpec, table: &ExpertTable) -> ModelInfo {
-    ModelInfo {
-        family: ARCHITECTURE.family,
-        model_type: "kimi_linear".into(),
-        vocab_size: spec.vocab_size,
-        hidden_size: spec.hidden_size,
-        num_layers: spec.num_layers,
-        bos_token_id: spec.bos_token_id,
-        eos_token_ids: spec.eos_token_ids.clone(),
-        max_position_embeddings: spec.max_position_embeddings,
-        spine_bytes: tensors::tensor_table(spec)
-            .iter()
-            .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
-            .map(tensors::TensorSpec::bytes)
-            .sum(),
-        expert_bytes: table.expert_bytes(),
-        experts_per_token: spec.top_k,
-        moe_layers: table.moe_layers(),
-    }
-}
-
-impl CausalLm for KimiLinearModel {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-    fn new_state(&self) -> Box<dyn SeqState> {
-        Box::new(SequenceState::new(&self.dims, &self.kv))
-    }
-    fn step(&self, batch: &mut [StepInput<'_>]) -> std::result::Result<Vec<Vec<f32>>, StepError> {
-        step::step(self, batch, None)
-    }
-    fn expert_stats(&self) -> ExpertStats {
-        self.experts.stats()
-    }
-    fn kv_stats(&self) -> crate::kv::KvStats {
-        self.kv.stats()
-    }
-    fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(state_io::decode(&self.dims, &self.kv, bytes)?))
-    }
-    fn synthetic_state(&self, depth: usize, seed: u64) -> Result<Box<dyn SeqState>> {
-        Ok(Box::new(state_io::synthetic(
-            &self.dims, &self.kv, depth, seed,
-        )?))
     }
 }

@@ -3,11 +3,9 @@
 //! Everything downstream reads the typed spec, never the JSON. Unsupported
 //! or inconsistent values are rejected with the field's name and value.
 
-use std::path::Path;
-
 use serde_json::Value;
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::fields::Fields;
 use crate::rotary::RopeConfig;
 
@@ -47,27 +45,6 @@ pub struct Qwen3MoeSpec {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub max_position_embeddings: Option<usize>,
-}
-
-/// Token ids of `name` at the top level: a number or a list of numbers.
-fn token_ids(f: &Fields<'_>, name: &str, vocab: usize) -> Result<Vec<u32>> {
-    let Some(v) = f.get(name) else {
-        return Ok(Vec::new());
-    };
-    let list: Vec<&Value> = match v {
-        Value::Array(a) => a.iter().collect(),
-        other => vec![other],
-    };
-    list.into_iter()
-        .map(|x| match x.as_u64() {
-            Some(id) if (id as usize) < vocab => Ok(id as u32),
-            Some(id) => Err(f.err(
-                name,
-                format!("= {id}: outside the vocabulary (vocab_size {vocab})"),
-            )),
-            None => Err(f.err(name, format!("= {x}: expected a token id"))),
-        })
-        .collect()
 }
 
 /// `name` if present (positive, bounded), else `default`.
@@ -112,29 +89,9 @@ fn layer_plan(f: &Fields<'_>, num_layers: usize) -> Result<(usize, Vec<FfnKind>)
 }
 
 impl Qwen3MoeSpec {
-    /// Reads and validates `dir/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("cannot read {}: {e}", path.display()),
-        })?;
-        let root: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            field: "(file)".into(),
-            msg: format!("not valid JSON: {e}"),
-        })?;
-        Self::from_json(&root)
-    }
-
     pub fn from_json(root: &Value) -> Result<Self> {
         let f = Fields { v: root, path: "" };
-        let model_type = f.str_or("model_type", "")?;
-        if model_type != "qwen3_moe" {
-            return Err(f.err(
-                "model_type",
-                format!("= {model_type:?}: this loader reads \"qwen3_moe\" checkpoints"),
-            ));
-        }
+        f.expect_model_type("qwen3_moe")?;
         f.expect_str("hidden_act", "silu", "silu")?;
         if f.bool_or("use_sliding_window", false)? {
             return Err(f.err(
@@ -180,8 +137,8 @@ impl Qwen3MoeSpec {
             norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
             ffn_kinds,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
-            bos_token_id: token_ids(&f, "bos_token_id", vocab_size)?.first().copied(),
-            eos_token_ids: token_ids(&f, "eos_token_id", vocab_size)?,
+            bos_token_id: f.token_ids("bos_token_id", vocab_size)?.first().copied(),
+            eos_token_ids: f.token_ids("eos_token_id", vocab_size)?,
             max_position_embeddings: root
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)
