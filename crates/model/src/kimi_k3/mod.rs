@@ -1,7 +1,7 @@
 //! Kimi K3 text decoder: hybrid Kimi Delta Attention + gated NoPE MLA,
 //! block attention residuals, SiTU-GLU, LatentMoE with MXFP4 experts.
 //!
-//! The math is `shared/docs/k3-model.md` (checked against torchtitan's K3,
+//! The math is `docs/k3-model.md` (checked against torchtitan's K3,
 //! PR 4025, and Moonshot's `modeling_kimi_linear.py`); this module follows its
 //! section numbers. Activations are fp32 throughout. A step takes any number
 //! of sequences, each with any number T ≥ 1 of new tokens: prefill, decode,
