@@ -637,8 +637,9 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 // rows' scales whole (cols a multiple of 256): when none is 0 or 0xFF, as
 // in every checkpoint seen, e8m0 is the byte shifted into the exponent
 // field (`Mxfp4Chunk<true>`), without the per-value tests for 2^-127 and
-// NaN (ncu on an H100, K3-dimension experts: 8 MXFP4 products of 3,072 x
-// 7,168 in 87.6 -> 53.4 us, 56.3M -> 28.9M warp instructions).
+// NaN (04e112f against its parent on an H100, ncu of the K3DIM decode as
+// scripts/ncu-steps.py's header gives it: a layer's 8 MXFP4 products of
+// 3,072 x 7,168 in 87.6 -> 53.4 us, 56.3M -> 28.9M warp instructions).
 #ifndef MXG
 #define MXG 2
 #endif
