@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what a GPU session runs, for a device machine that has no Rust
+# Packs what a GPU machine runs, for a device machine that has no Rust
 # toolchain: builds fathom, the GPU test binaries (kernels-cuda's parity,
 # sets, glu, graphs, mla, gqa, kda; the CLI's device tests), bench_cuda and
 # host_time, strips them and compresses them into target/gpu/gpu.tar.xz
@@ -13,9 +13,9 @@
 # graphs: a K3-dimension synth made there, decoded resident on the GPU
 #         with and without --no-cuda-graphs, interleaved, three pairs;
 # bench:  bench_cuda (kernel times, graphs on and off);
-# ae, d, bc: issue #15's figures through `fathom bench`, each beside its
-#         bound from the same run: (a) with (e), (d), then (b) and (c)
-#         (docs/cuda-history-2.md gives what each ran before).
+# ae, d, bc: the GPU figures of docs/bench.md through `fathom bench`, each
+#         beside its bound from the same run: (a) with (e), (d), then (b)
+#         and (c) (docs/bench.md gives the latest of each).
 # A summary goes to the output and $OUT/log, every line of the tests and
 # runs to $OUT/full.log ($OUT or target/gpu); the exit status is 1 when a
 # test binary failed. The CLI's device tests look for the

@@ -280,7 +280,7 @@ fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> 
 /// macro the sources leave to be overridden (`matmul.cu`: `BF16G`,
 /// `BF16_MINB`, `MXG`, `BF16_NA`) and a whole number; `BF16_PAIRS` caps the row pairs
 /// a warp of the one-position bf16 products takes (`launch.rs`; 1: a
-/// block for every 16 rows, as before session 27). They change how many
+/// block of 256 threads for every 16 rows). They change how many
 /// loads are in flight, how many registers a kernel may use and which warp
 /// sums which row, never a sum or its order; for measuring on a device,
 /// not for use.

@@ -13,9 +13,13 @@ use crate::cache::Key;
 
 /// Copy guesses only while at least this share of the recent ones was
 /// right. On a random-weight synth (0.51 right) copying them all made decoding
-/// 3–8 % slower (more bytes copied than misses saved); a trained
-/// model's next-layer guesses are right far more often (the small trained
-/// code model in the shared models: about 0.75, by the streaming store).
+/// 3–8 % slower (more bytes copied than misses saved: f377c4b on an H200,
+/// `fathom run --model M4 --prompt-ids 1,2,3,4,5,6,7,8 --max-new 24
+/// --experts stream --ram-budget 40GB --heat H --heat-pin 0.9 --device cuda
+/// --vram-budget 9GB --json`, builds with this floor at 0.7 and at 0 run
+/// interleaved; M4 as in docs/bench.md); a trained model's next-layer
+/// guesses are right far more often (k3-code-small: about 0.75, the
+/// streaming store's `prefetch_precision`).
 pub(crate) const MIN_PRECISION: f64 = 0.7;
 
 /// How many scored guesses the precision is taken over.

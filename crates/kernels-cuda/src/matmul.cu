@@ -321,11 +321,15 @@ struct __align__(16) U32x4 {
 
 // The bf16 weights' loads leave the L1 cache alone
 // (`ld.global.nc.L1::no_allocate`), so that the input, which every warp of
-// a multiprocessor reads, stays there while the weights stream past
-// (measured on an H100, session 27: a K3-dimension decode token's kernels
-// 3.99/3.96 → 3.82/3.83 ms). BF16_NA=0 (a tuning knob) loads them plainly. The same
-// bits either way (only where a value is cached changes). On a GPU only:
-// the host emulator loads plainly.
+// a multiprocessor reads, stays there while the weights stream past. On an
+// H100 at de442fa (where plain loads were the default), two runs each of
+// `fathom run --model K3DIM --prompt-ids 1,2,3,4,5,6,7,8 --max-new 64
+// --ignore-eos --experts resident --device cuda --context 4096 --json`
+// (K3DIM: docs/bench.md) gave kernels of 3.99/3.96 ms a token
+// (`stats.gpu_decode.kernel_ms`) plainly, 3.82/3.83 with
+// FATHOM_CUDA_DEFINES=BF16_NA=1. BF16_NA=0 (a tuning knob) loads them
+// plainly. The same bits either way (only where a value is cached changes).
+// On a GPU only: the host emulator loads plainly.
 #ifndef BF16_NA
 #define BF16_NA 1
 #endif
@@ -547,11 +551,13 @@ __device__ __forceinline__ void rows2_staged(const Chunk& chunk, At at, float* x
 
 // bf16 products, two rows a warp (16 rows a block of 256): with one
 // position G chunks of both rows in flight, else `rows2_staged`; full
-// chunks from the rearranged layout when cols is a multiple of 8. G = 2
-// since session 27: with the weights' loads past L1 (BF16_NA), the grouped
-// and set kernels need 72 and 80 registers at G = 2 against 96 at 4 (three
-// blocks an SM instead of two), and a K3-dimension decode token's kernels
-// took 3.72 ms against 3.78 (H100, one call, twice each).
+// chunks from the rearranged layout when cols is a multiple of 8. G = 2:
+// with the weights' loads past L1 (BF16_NA), the grouped and set kernels
+// need 72 and 80 registers at G = 2 against 96 at 4 (three blocks an SM
+// instead of two; ptxas -v on scripts/nvrtc-check.py --ptx), and on an
+// H100 at 5c57824 (G = 4 then) the K3DIM decode above gave kernels of
+// 3.72 ms a token with FATHOM_CUDA_DEFINES=BF16G=2 against 3.78 (two runs
+// each).
 #ifndef BF16G
 #define BF16G 2
 #endif
@@ -631,8 +637,9 @@ extern "C" __global__ void mm_int8(const signed char* __restrict__ q,
 // rows' scales whole (cols a multiple of 256): when none is 0 or 0xFF, as
 // in every checkpoint seen, e8m0 is the byte shifted into the exponent
 // field (`Mxfp4Chunk<true>`), without the per-value tests for 2^-127 and
-// NaN (ncu on an H100, K3-dimension experts: 8 MXFP4 products of 3,072 x
-// 7,168 in 87.6 -> 53.4 us, 56.3M -> 28.9M warp instructions).
+// NaN (04e112f against its parent on an H100, ncu of the K3DIM decode as
+// scripts/ncu-steps.py's header gives it: a layer's 8 MXFP4 products of
+// 3,072 x 7,168 in 87.6 -> 53.4 us, 56.3M -> 28.9M warp instructions).
 #ifndef MXG
 #define MXG 2
 #endif

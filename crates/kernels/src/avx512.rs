@@ -48,8 +48,9 @@ pub trait Load512: Rows {
 
 /// Rows at most this wide get the next row block prefetched while the
 /// current one is read: their rows are too short for the hardware
-/// prefetchers to ramp up. Measured on a 2-core AVX-512 VM, bf16 at T = 1
-/// over 48 MB of distinct matrices (cold): 384- and 768-wide rows
+/// prefetchers to ramp up. Measured at 4495d5f on a 2-core AVX-512 VM
+/// (docs/bench.md, "short rows read cold", gives the command), bf16 at
+/// T = 1 over 48 MB of distinct matrices (cold): 384- and 768-wide rows
 /// 6.3–9.7 → 8.9–12.7 GB/s on one core, 12–17 → 17–23 GB/s on two;
 /// 1024- and 2048-wide rows no better or worse (they stream on their own).
 /// Prefetching two blocks ahead measured no better than one.

@@ -1,5 +1,5 @@
 //! Kimi Delta Attention's per-sequence arithmetic: the short causal
-//! convolution and the gated delta rule (k3-model.md §4).
+//! convolution and the gated delta rule (docs/k3-model.md §4).
 //!
 //! The step recurrence defines the arithmetic: a T-position call runs the
 //! positions in order and is bit-identical to T one-position calls. Within

@@ -12,8 +12,9 @@
 /// multiply-adds as instructions where this CPU has them (the kernel table
 /// is AVX2 or AVX-512 only on CPUs with AVX2 and FMA): the same bits as the
 /// baseline build, whose `mul_add` is the library's `fmaf`, fused too —
-/// only faster. (A closure passed to a `target_feature` function is not
-/// compiled with its features: measured 2.7× slower here.)
+/// only faster. (A macro, not a closure: a closure passed to a
+/// `target_feature` function is not compiled with its features, so it
+/// loses the speed this is for.)
 macro_rules! fma_build {
     ($impl:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {{
         #[cfg(target_arch = "x86_64")]

@@ -620,9 +620,11 @@ impl ResidentExperts {
     /// ([`fathom_kernels::backend::Backend::preload`]: as many as its memory
     /// holds, never displacing one another, each expert's on one device): a
     /// resident model's first tokens then find their experts there instead
-    /// of waiting for their first copies (on an H100, 70 MB of a
-    /// K3-dimension synth's experts were copied during the first decode
-    /// steps). The spine, copied on first use, still displaces experts when
+    /// of waiting for their first copies (at 04e112f, before this, the
+    /// K3DIM decode of docs/bench.md's "where a GPU decode token goes" row
+    /// copied 70 MB of experts from pageable memory during its first decode
+    /// steps on an H100: `stats.gpu_decode.h2d_pageable_bytes`). The spine,
+    /// copied on first use, still displaces experts when
     /// room runs out. Only copies depend on it, never a result.
     fn warm_device(&self) {
         let Some(b) = backend::installed() else {

@@ -219,7 +219,7 @@ impl Clone for RamBlock {
 
 impl RamBlock {
     /// Its bytes are about to change or go: a device copy made while it
-    /// was lent as stable is dropped.
+    /// was handed out as stable is dropped.
     fn forget(&self) {
         if self.lent.swap(false, Ordering::Relaxed)
             && let Data::F32(v) = &self.data

@@ -46,9 +46,10 @@ pub struct StreamConfig {
     pub prefetch_depth: usize,
     /// Prefetch only while the guesses' recent precision is at least this.
     /// When storage bandwidth is the bottleneck a wrong guess costs a whole
-    /// expert read, so below ~½ prefetching slows decoding (measured on a
-    /// random-weight synth, precision 0.38: 2.8 vs 3.9 tok/s); trained
-    /// models guess far better (k3-code-small: 0.76). Hints keep being
+    /// expert read, so below ~½ prefetching slows decoding (as on a
+    /// random-weight synth, whose routing has nothing to learn); trained
+    /// models guess far better (k3-code-small's `prefetch_precision` in
+    /// `fathom run --json`: about 0.76). Hints keep being
     /// scored while prefetch is paused, so it resumes when guesses improve.
     pub prefetch_min_precision: f64,
 }

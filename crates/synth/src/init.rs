@@ -50,7 +50,7 @@ pub enum Init {
     Uniform { center: f32, half: f32 },
     /// `A_log`: the first `heads` entries uniform in `center ± half`, the
     /// rest exactly zero (the released files store `[head_dim]` with a zero
-    /// tail, k3-model.md §7.2).
+    /// tail, docs/k3-model.md §7.2).
     ALog {
         heads: usize,
         center: f32,

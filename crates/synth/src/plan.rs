@@ -2,7 +2,7 @@
 //! written: which tensors go to which shard, in which order, at which
 //! offsets, and the exact header and index bytes.
 //!
-//! Order is the family's tensor table (for K3, k3-model.md §7.1 names):
+//! Order is the family's tensor table (for K3, docs/k3-model.md §7.1 names):
 //! the embedding, then layer by layer (norms, attention, router, shared
 //! experts, then the routed experts one after another, each expert's
 //! tensors adjacent — K3's w1 packed, w1 scale, w2 packed, … — so a

@@ -18,7 +18,7 @@ pub enum Preset {
     /// k3-tiny's shapes (hidden 128, 9 layers, 32 experts) with a vocabulary
     /// big enough for a real tokenizer (1024 ranks + 256 specials).
     Tiny,
-    /// The released Kimi K3 shapes (k3-model.md §1). 93 layers is ~1.5 TB;
+    /// The released Kimi K3 shapes (docs/k3-model.md §1). 93 layers is ~1.5 TB;
     /// `--layers 3` checks the byte layout at ~35 GB.
     K3,
     /// Real expert count (896) and top-16 with narrower widths, so that

@@ -1,5 +1,5 @@
 //! A deterministic tokenizer for synthetic models: `tiktoken.model` and
-//! `tokenizer_config.json` in the K3 layout (k3-tokenizer-chat.md).
+//! `tokenizer_config.json` in the K3 layout (docs/k3-tokenizer-chat.md).
 //!
 //! Ranks `0..vocab−256`: the 256 single bytes first (rank = byte), then
 //! multi-byte tokens roughly by how common they are: common ASCII pieces (whitespace runs, code punctuation, English and

@@ -1,4 +1,4 @@
-//! The `k3` preset reproduces the released tensor table (k3-model.md §7.1)
+//! The `k3` preset reproduces the released tensor table (docs/k3-model.md §7.1)
 //! byte for byte in its headers — checked on the plan, so CI never writes
 //! the multi-GB files.
 
@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use fathom_synth::{Overrides, Plan, Preset, resolve};
 use serde_json::Value;
 
-/// name → (shape, dtype) from k3-model.md §7.1, for a 3-layer K3
+/// name → (shape, dtype) from docs/k3-model.md §7.1, for a 3-layer K3
 /// (layers 0, 1: KDA; layer 2: MLA, being the last).
 fn released() -> Vec<(&'static str, Vec<usize>, &'static str)> {
     vec![

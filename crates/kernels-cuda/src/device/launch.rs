@@ -172,8 +172,10 @@ impl CudaBackend {
     /// `BF16_PAIRS`) in blocks of 64 threads. A launch of 1.13 waves (7,168
     /// rows on an H100) spent its last part with a few blocks running
     /// alone; taking two pairs a warp in blocks of 256, half of its
-    /// multiprocessors held twice the warps of the others (ncu: 13 warps an
-    /// SM, DRAM 55-60 % busy). The head's 25.9 waves and a 12,288-row
+    /// multiprocessors held twice the warps of the others (ncu of the K3DIM
+    /// decode at 5c57824 as scripts/ncu-steps.py's header gives it, with
+    /// the warps-an-SM and DRAM-busy metrics: 13 warps an SM, DRAM 55-60 %
+    /// busy). The head's 25.9 waves and a 12,288-row
     /// product's 1.94 keep a pair a warp. Which warp sums a row never
     /// changes its bits.
     pub(super) fn spread(&self, pairs: usize) -> Spread {

@@ -1,5 +1,5 @@
 //! Kimi Delta Attention over T new positions with carried state
-//! (k3-model.md §4), from the layer's projections on.
+//! (docs/k3-model.md §4), from the layer's projections on.
 //!
 //! ```text
 //! q̃,k̃,v = SiLU(CausalConv4(x W_{q,k,v}ᵀ))      depthwise, window carried across calls

@@ -1,5 +1,5 @@
 //! NoPE MLA over T new positions, attending through the compressed latent
-//! cache (k3-model.md §5), from the layer's query and `kv_a` projections to
+//! cache (docs/k3-model.md §5), from the layer's query and `kv_a` projections to
 //! the layer's output: the per-head values by position, times σ(gate) when
 //! the family has an output gate, through `o_proj`.
 //!

@@ -1,6 +1,6 @@
 //! K3's projections around the shared hybrid attention cores
 //! ([`crate::hybrid`]): a full-rank KDA output gate, low-rank MLA queries
-//! and a sigmoid-gated MLA output (k3-model.md §4, §5).
+//! and a sigmoid-gated MLA output (docs/k3-model.md §4, §5).
 
 use fathom_kernels::backend::{MlaQueryProj, Then};
 use fathom_kernels::ops::rms_norm_rows;

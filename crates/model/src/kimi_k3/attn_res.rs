@@ -1,4 +1,4 @@
-//! Block attention residuals: a softmax over depth (k3-model.md §3).
+//! Block attention residuals: a softmax over depth (docs/k3-model.md §3).
 //!
 //! `AttnRes(partial, blocks) = Σ_n p_n V_n` with `V = [blocks…, partial]`,
 //! `p = softmax_n(Σ_d RMS(V_n)[d] · query[d])`, computed as

@@ -11,7 +11,7 @@ use crate::error::Result;
 
 /// Epsilon of the MLA low-rank norms (`q_a_layernorm`, `kv_a_layernorm`):
 /// the released modelling code builds them with the class default 1e-6, not
-/// `rms_norm_eps` (k3-model.md §5, §8).
+/// `rms_norm_eps` (docs/k3-model.md §5, §8).
 pub const MLA_LOW_RANK_NORM_EPS: f32 = 1e-6;
 pub use crate::hybrid::AttnKind;
 pub use crate::hybrid::kda::KDA_L2_EPS;

@@ -1,4 +1,4 @@
-//! Dense SiTU MLP and the stable LatentMoE (k3-model.md §6).
+//! Dense SiTU MLP and the stable LatentMoE (docs/k3-model.md §6).
 //!
 //! ```text
 //! s = σ(x W_routerᵀ)  (fp32);  T = top-k of s + e_score_correction_bias

@@ -1,5 +1,5 @@
 //! The K3 tensor table: every tensor of the released checkpoint, its shape,
-//! stored dtype and role, derived from the spec (k3-model.md §7.1).
+//! stored dtype and role, derived from the spec (docs/k3-model.md §7.1).
 //!
 //! One table serves the loader (expected shapes, missing/unexpected names),
 //! `verify`, `inspect` (bytes by component) and the synthetic checkpoint
@@ -163,7 +163,7 @@ pub fn tensor_table(spec: &K3Spec) -> Vec<TensorSpec> {
                 l("self_attn.f_a_proj.weight", vec![k, d], BF16, a);
                 l("self_attn.f_b_proj.weight", vec![p, k], BF16, a);
                 // Released shards store A_log with head_dim entries; the first
-                // `num_heads` are used (k3-model.md §7.2).
+                // `num_heads` are used (docs/k3-model.md §7.2).
                 l("self_attn.A_log", vec![k.max(h)], F32, a);
                 l("self_attn.dt_bias", vec![p], F32, a);
                 l("self_attn.b_proj.weight", vec![h, d], BF16, a);

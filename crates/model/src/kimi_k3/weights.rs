@@ -74,7 +74,7 @@ pub fn require_tensors(spec: &K3Spec, ck: &Checkpoint) -> Result<()> {
 }
 
 /// Pseudo-query of one attention-residual site, with its RMSNorm weight folded
-/// in: `query[d] = norm[d] · proj[d]` (k3-model.md §3).
+/// in: `query[d] = norm[d] · proj[d]` (docs/k3-model.md §3).
 #[derive(Debug, Clone)]
 pub struct AttnResWeights {
     pub query: Vec<f32>,

@@ -62,7 +62,7 @@ impl Dims {
         }
     }
 
-    /// The released Kimi K3 shapes (k3-model.md §1).
+    /// The released Kimi K3 shapes (docs/k3-model.md §1).
     pub fn k3() -> Dims {
         Dims {
             vocab_size: 163_840,
