@@ -1,15 +1,20 @@
 //! The K3 forward pass against the independent fp32 reference's golden data
 //! (`tests/data/k3-tiny`, copied unchanged from shared/fixtures/k3-tiny).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use common::{argmax, max_abs_diff};
 
 use fathom_model::experts::{
     ExpertSlot, ExpertSource, ExpertStats, ExpertTicket, ExpertWeights, ResidentExperts,
 };
 use fathom_model::kimi_k3::moe::Route;
 use fathom_model::kimi_k3::weights::AttnWeights;
-use fathom_model::{K3Model, Logits, Tracer};
+use fathom_model::{CausalLm, K3Model, Logits, Tracer};
 use serde_json::Value;
 
 fn data() -> PathBuf {
@@ -38,24 +43,6 @@ fn floats(v: &Value) -> Vec<f32> {
 
 fn load() -> K3Model {
     K3Model::load(&data().join("checkpoint")).expect("k3-tiny loads")
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Max |Δ| of last-position logits over the three golden prompts.
@@ -413,4 +400,37 @@ fn experts_arriving_out_of_order_give_the_same_bits() {
     let prompt = ids(&g["prompts"][0]["input_ids"]);
     let e = failing.forward(&mut st, &prompt, Logits::Last).unwrap_err();
     assert!(e.to_string().contains("injected late read error"), "{e}");
+}
+
+fn prompt(i: usize) -> Vec<u32> {
+    ids(&golden()["prompts"][i]["input_ids"])
+}
+
+/// The properties every family's model has, from the shared harness: a
+/// sequence's bits do not depend on the batch, on how the prompt is
+/// chunked, and a failed step changes no state; a state of another family
+/// with the same hybrid layout is refused by its magic.
+#[test]
+fn shared_properties_hold() {
+    let model = load();
+    common::assert_batched_equals_solo(&model, &prompt(0), &prompt(2), &prompt(1));
+    common::assert_chunked_equals_one_pass(&model, &prompt(2));
+    let lm: Arc<dyn CausalLm> =
+        fathom_model::load(&data().join("checkpoint"), Default::default()).unwrap();
+    assert_eq!(lm.info().family, "Kimi K3");
+    common::assert_state_contract(lm.as_ref(), &prompt(1), b"KLST");
+    let failing = K3Model::load_with(
+        &data().join("checkpoint"),
+        Box::new(|ck, table| {
+            Ok(Arc::new(common::FailsOnce {
+                inner: ResidentExperts::load(ck, table)?,
+                calls: AtomicUsize::new(0),
+                // Eight MoE layers: the warm pass takes requests 0..8,
+                // the failing step breaks in its third MoE layer.
+                fail_at: 10,
+            }))
+        }),
+    )
+    .unwrap();
+    common::assert_failed_steps_change_nothing(&failing, &prompt(0));
 }

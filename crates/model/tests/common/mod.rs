@@ -3,7 +3,7 @@
 //! golden files' reader and the properties every `CausalLm` must have
 //! (batched = solo, chunked = one pass, the sequence-state contract).
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros, unused_imports)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -449,3 +449,128 @@ pub fn assert_failed_steps_change_nothing(model: &dyn CausalLm, warm: &[u32]) {
     );
     assert_eq!(a.encode().unwrap(), before);
 }
+
+/// Asserts each prompt's `what` logit error is within `tol` (3 prompts).
+pub fn within(fixture: &str, what: &str, errs: &[f32], tol: f32) {
+    eprintln!("{fixture}: {what} max |Δlogit| per prompt: {errs:?}");
+    assert_eq!(errs.len(), 3, "{fixture}: golden prompts");
+    for (i, e) in errs.iter().enumerate() {
+        assert!(*e < tol, "{fixture} prompt {i}: {what} logit error {e}");
+    }
+}
+
+/// A family's checks against its golden fixture and the properties every
+/// `CausalLm` must have, as tests: `family_golden_tests!(Family type,
+/// "fixture", "Family name", foreign state magic, step at which a
+/// FailsOnce source fails)`. The test file declares `mod common;` at its
+/// root; the tests land in the module the macro is invoked in, beside its
+/// `load()`, `golden()` and `worst()` helpers.
+macro_rules! family_golden_tests {
+    ($family:ty, $fixture:literal, $name:literal, $foreign:literal, $fail_at:literal) => {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+
+        use crate::common::{FailsOnce, Golden, Record};
+        use fathom_model::experts::ResidentExperts;
+        use fathom_model::{CausalLm, Logits, Model};
+
+        const FIXTURE: &str = $fixture;
+
+        pub fn load() -> Model<$family> {
+            Model::<$family>::load(&crate::common::data(FIXTURE))
+                .unwrap_or_else(|e| panic!("{FIXTURE} loads: {e}"))
+        }
+
+        pub fn golden() -> Golden {
+            Golden::load(&crate::common::data(FIXTURE))
+        }
+
+        /// The worst last-logit error of `model` over the golden prompts.
+        pub fn worst(model: &Model<$family>) -> f32 {
+            crate::common::last_logit_errors(model, &golden())
+                .into_iter()
+                .fold(0.0, f32::max)
+        }
+
+        #[test]
+        fn last_logits_match_golden() {
+            let errs = crate::common::last_logit_errors(&load(), &golden());
+            crate::common::within(FIXTURE, "last", &errs, 1e-3);
+        }
+
+        #[test]
+        fn prefill_logits_match_golden() {
+            let errs = crate::common::prefill_logit_errors(&load(), &golden());
+            crate::common::within(FIXTURE, "prefill", &errs, 1e-3);
+        }
+
+        /// Prefill, then greedy decode through the cache: the reference's
+        /// tokens, and every step's logits within tolerance.
+        #[test]
+        fn greedy_decode_and_step_logits_match_golden() {
+            let errs = crate::common::greedy_step_errors(&load(), &golden());
+            crate::common::within(FIXTURE, "decode-step", &errs, 1e-3);
+        }
+
+        #[test]
+        fn routing_and_hidden_norms_match_golden() {
+            let model = load();
+            let s = &model.spec;
+            crate::common::check_routes_and_norms(
+                &golden(),
+                s.hidden_size,
+                s.num_layers,
+                s.top_k,
+                |seq| {
+                    let mut rec = Record::default();
+                    let mut st = model.new_state();
+                    model
+                        .forward_traced(&mut st, seq, Logits::Last, Some(&mut rec))
+                        .unwrap();
+                    rec
+                },
+            );
+        }
+
+        #[test]
+        fn batched_equals_solo_bitwise() {
+            let g = golden();
+            let (a, b, c) = (g.input_ids(0), g.input_ids(2), g.input_ids(1));
+            crate::common::assert_batched_equals_solo(&load(), &a, &b, &c);
+        }
+
+        #[test]
+        fn chunked_prefill_equals_one_pass_bitwise() {
+            crate::common::assert_chunked_equals_one_pass(&load(), &golden().input_ids(2));
+        }
+
+        /// Loaded through the registry; a state of another family with the
+        /// same layout is refused by its magic.
+        #[test]
+        fn state_contract() {
+            let model: Arc<dyn CausalLm> =
+                fathom_model::load(&crate::common::data(FIXTURE), Default::default()).unwrap();
+            assert_eq!(model.info().family, $name);
+            crate::common::assert_state_contract(model.as_ref(), &golden().input_ids(1), $foreign);
+        }
+
+        /// A step that fails part-way (an expert read) leaves every state
+        /// as it was.
+        #[test]
+        fn failed_steps_change_nothing() {
+            let model = Model::<$family>::load_with(
+                &crate::common::data(FIXTURE),
+                Box::new(|ck, table| {
+                    Ok(Arc::new(FailsOnce {
+                        inner: ResidentExperts::load(ck, table)?,
+                        calls: AtomicUsize::new(0),
+                        fail_at: $fail_at,
+                    }))
+                }),
+            )
+            .unwrap();
+            crate::common::assert_failed_steps_change_nothing(&model, &golden().input_ids(0));
+        }
+    };
+}
+pub(crate) use family_golden_tests;
