@@ -69,8 +69,10 @@ impl Default for Limits {
 /// `dir`, any family (one span each where an expert's tensors are adjacent,
 /// else each tensor on its own).
 pub fn expert_spans(dir: &Path, ck: &Checkpoint) -> Result<Vec<(usize, u64, u64)>> {
+    let config = fathom_model::ModelConfig::read(dir)
+        .with_context(|| format!("reading {}/config.json", dir.display()))?;
     let table =
-        fathom_model::registry::expert_table(dir, ck).context("locating the routed experts")?;
+        fathom_model::registry::expert_table(&config, ck).context("locating the routed experts")?;
     let mut spans = Vec::new();
     for loc in table.layers.iter().flatten() {
         match loc.span() {

@@ -99,6 +99,7 @@ pub fn announce_spine(spine: fathom_model::Spine) {
 
 /// Sampling and stopping, shared by `run` and `batch`.
 #[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Sampling")]
 pub struct SamplingArgs {
     /// Sampling temperature; 0 (the default) is greedy decoding.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]

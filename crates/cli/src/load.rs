@@ -1,17 +1,18 @@
-//! Memory options shared by the commands that run a model, and the loader
-//! that turns them into a model whose experts are resident or streamed.
+//! The memory and placement flags shared by the commands that run a model,
+//! and their translation into the library's typed load request
+//! (`fathom_runtime::load` does the loading).
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
-use fathom_model::kv::{KvConfig, KvDtype};
-use fathom_model::{CausalLm, LoadOptions, Spine};
-use fathom_stream::budget::{KvPlan, Ledger, check_budget, default_budget};
-use fathom_stream::{StreamConfig, StreamedExperts};
+use fathom_model::kv::KvDtype;
+use fathom_model::{CausalLm, Spine};
 use fathom_weights::units::parse_size;
+
+pub use fathom_runtime::dir::{check_model_dir, not_a_model_dir};
+pub use fathom_runtime::{ASSUMED_CONTEXT, LoadInfo, check_context};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ExpertMode {
@@ -38,21 +39,9 @@ impl From<KvDtypeArg> for KvDtype {
     }
 }
 
-/// The context assumed for a model that declares no max_position_embeddings.
-pub const ASSUMED_CONTEXT: usize = 4096;
-
-/// The default spill directory: `fathom/kv` in the user's cache directory.
-pub fn default_kv_dir() -> std::path::PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("fathom").join("kv")
-}
-
 /// How much RAM fathom may use and where routed experts live.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Memory and placement")]
 pub struct MemoryArgs {
     /// RAM budget, e.g. 8GB or 512MiB (default: the memory-cgroup limit or the
     /// available memory, minus a 10 % margin). The resident spine, state for
@@ -154,116 +143,63 @@ fn parse_pin(s: &str) -> std::result::Result<f64, String> {
     }
 }
 
-/// The streamed store's heat: what `--heat` warmed, and where `--heat-out`
-/// adds this run's counts.
-#[derive(Clone, Default)]
-pub struct HeatHandle {
-    store: Option<Arc<StreamedExperts>>,
-    out: Option<std::path::PathBuf>,
-    model: String,
-    /// Experts read before the first step, pinned among them, bytes read.
-    pub warmed: Option<(usize, usize, u64)>,
-}
-
-impl std::fmt::Debug for HeatHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeatHandle")
-            .field("out", &self.out)
-            .field("warmed", &self.warmed)
-            .finish()
+impl From<ExpertMode> for fathom_runtime::ExpertMode {
+    fn from(m: ExpertMode) -> Self {
+        match m {
+            ExpertMode::Auto => fathom_runtime::ExpertMode::Auto,
+            ExpertMode::Resident => fathom_runtime::ExpertMode::Resident,
+            ExpertMode::Stream => fathom_runtime::ExpertMode::Stream,
+        }
     }
-}
-
-impl HeatHandle {
-    /// Adds the counts so far (from `tokens` positions) to `--heat-out`.
-    pub fn record(&self, tokens: u64) -> Result<()> {
-        let (Some(store), Some(out)) = (&self.store, &self.out) else {
-            return Ok(());
-        };
-        let total = store
-            .heat(&self.model, tokens)
-            .merge_into(out)
-            .map_err(anyhow::Error::msg)?;
-        tracing::info!(
-            "heat: {} now holds counts from {} positions",
-            out.display(),
-            total.tokens
-        );
-        Ok(())
-    }
-}
-
-/// A model's identity for heat files: the first 16 hex digits of the
-/// SHA-256 of its config.json.
-pub fn config_digest(dir: &Path) -> Result<String> {
-    use sha2::Digest;
-    let p = dir.join("config.json");
-    let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
-    let d = sha2::Sha256::digest(&bytes);
-    Ok(d.iter().take(8).map(|b| format!("{b:02x}")).collect())
-}
-
-/// What loading decided, for stats and logs.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct LoadInfo {
-    pub load_s: f64,
-    pub experts: &'static str,
-    pub ledger: Option<Ledger>,
-    pub budget_source: String,
-    pub direct_io: Option<bool>,
-    /// `cpu`, or the backend that computes the matrix products.
-    pub device: String,
-    #[serde(skip)]
-    pub heat: HeatHandle,
 }
 
 impl MemoryArgs {
-    /// The RAM budget and where it came from: `--ram-budget` (refused above
-    /// what the machine or the cgroup gives), else the default.
-    pub fn budget(&self) -> Result<(u64, String)> {
-        Ok(match self.ram_budget {
-            Some(b) => (
-                check_budget(b).map_err(anyhow::Error::msg)?,
-                "--ram-budget".into(),
-            ),
-            None => default_budget(),
-        })
+    /// The flags as the library's load request.
+    pub fn request(&self) -> fathom_runtime::LoadRequest {
+        fathom_runtime::LoadRequest {
+            ram_budget: self.ram_budget,
+            experts: self.experts.into(),
+            context: self.context,
+            kv_ram: self.kv_ram,
+            kv_dir: self.kv_dir.clone(),
+            kv_dtype: self.kv_dtype.into(),
+            sequences: self.sequences,
+            io_threads: self.io_threads,
+            prefetch: !self.no_prefetch,
+            prefetch_depth: self.prefetch_depth,
+            buffered_io: self.buffered_io,
+            device: self.device.into(),
+            vram_budget: self.vram_budget,
+            gpus: self.gpus.as_ref().map(|g| g.0.clone()),
+            cuda_graphs: !self.no_cuda_graphs,
+            heat: self.heat.clone(),
+            heat_pin: self.heat_pin,
+            heat_out: self.heat_out.clone(),
+            records_heat: self.records_heat,
+            mtp: self.mtp,
+        }
     }
 
-    /// The context a sequence may use: `--context` within the model's
-    /// declared maximum, else that maximum (else [`ASSUMED_CONTEXT`]).
+    /// The RAM budget and where it came from.
+    pub fn budget(&self) -> Result<(u64, String)> {
+        self.request().budget()
+    }
+
+    /// The context a sequence may use, given the model's declared maximum.
     pub fn context_for(&self, declared: Option<usize>) -> usize {
-        match (self.context, declared) {
-            (Some(c), Some(d)) => c.min(d),
-            (Some(c), None) => c,
-            (None, Some(d)) => d,
-            (None, None) => ASSUMED_CONTEXT,
-        }
+        self.request().context_for(declared)
     }
 
     /// These flags with `bytes` set aside from the budget for something
     /// loaded beside the model (`what`, named with `fix` when it does not fit).
     pub fn set_aside(&self, bytes: u64, what: &str, fix: &str) -> Result<MemoryArgs> {
         let mut m = self.clone();
-        if bytes == 0 {
-            return Ok(m);
-        }
-        let (budget, _) = self.budget()?;
-        if bytes >= budget {
-            bail!(
-                "{what} ({}) leaves nothing of the RAM budget of {}: {fix}",
-                fathom_weights::units::format_bytes(bytes),
-                fathom_weights::units::format_bytes(budget)
-            );
-        }
-        m.ram_budget = Some(budget - bytes);
+        m.ram_budget = self.request().set_aside(bytes, what, fix)?.ram_budget;
         Ok(m)
     }
 }
 
-/// `mem` admitting `extra` more sequences: the ledger then counts their
-/// fixed-size state and places the latent cache of every admitted
-/// sequence's full context (RAM share, the rest on disk).
+/// `mem` admitting `extra` more sequences (batch and serve).
 pub fn reserve_sequences(mem: &MemoryArgs, extra: usize) -> MemoryArgs {
     let mut m = mem.clone();
     m.sequences = mem.sequences.saturating_add(extra);
@@ -276,397 +212,28 @@ pub fn context_limit(mem: &MemoryArgs, info: &fathom_model::ModelInfo) -> usize 
     mem.context_for(info.max_position_embeddings)
 }
 
-/// Refuses a prompt plus its completion budget beyond the context.
-pub fn check_context(limit: usize, prompt: usize, max_new: usize, what: &str) -> Result<()> {
-    if prompt.saturating_add(max_new) > limit {
-        bail!(
-            "{what}: the prompt ({prompt} tokens) plus --max-new ({max_new}) exceeds the context of {limit} tokens \
-             (--context, at most the model's max_position_embeddings): shorten the prompt or lower --max-new"
-        );
-    }
-    Ok(())
-}
-
-/// Checks that `dir` looks like a model directory, and says what it is
-/// instead when it is something else (a GGUF file, a Hugging Face cache
-/// repository root).
-pub fn check_model_dir(dir: &Path) -> Result<()> {
-    if let Some(why) = not_a_model_dir(dir) {
-        bail!("{why}");
-    }
-    if !dir.is_dir() {
-        bail!("model directory {} does not exist", dir.display());
-    }
-    if !dir.join("config.json").is_file() {
-        bail!(
-            "{} is not a model directory: it has no config.json",
-            dir.display()
-        );
-    }
-    Ok(())
-}
-
-/// What `dir` is when it is recognisably not a model directory (a GGUF
-/// file, a Hugging Face cache repository root, a folder of GGUF files).
-pub fn not_a_model_dir(dir: &Path) -> Option<String> {
-    if is_gguf(dir) {
-        return Some(format!(
-            "{} is a GGUF file: fathom reads safetensors checkpoints as Hugging Face ships them \
-             (a directory with config.json and *.safetensors shards)",
-            dir.display()
-        ));
-    }
-    if dir.is_dir() && !dir.join("config.json").is_file() {
-        let snaps = dir.join("snapshots");
-        if snaps.is_dir() && dir.join("blobs").is_dir() {
-            let revs: Vec<String> = std::fs::read_dir(&snaps)
-                .map(|r| {
-                    r.filter_map(|e| e.ok())
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .collect()
-                })
-                .unwrap_or_default();
-            return Some(format!(
-                "{} is a Hugging Face cache repository, not a model directory: point --model at {}/<revision> ({})",
-                dir.display(),
-                snaps.display(),
-                if revs.is_empty() {
-                    "none downloaded yet".to_string()
-                } else {
-                    format!("found: {}", revs.join(", "))
-                }
-            ));
-        }
-        let gguf: Vec<String> = std::fs::read_dir(dir)
-            .map(|r| {
-                r.filter_map(|e| e.ok())
-                    .map(|e| e.path())
-                    .filter(|p| is_gguf(p))
-                    .map(|p| p.display().to_string())
-                    .collect()
-            })
-            .unwrap_or_default();
-        if !gguf.is_empty() {
-            return Some(format!(
-                "{} holds GGUF files ({}) and no config.json: fathom reads safetensors checkpoints as Hugging Face ships them",
-                dir.display(),
-                gguf.join(", ")
-            ));
-        }
-    }
-    None
-}
-
-/// A regular file starting with the GGUF magic.
-fn is_gguf(p: &Path) -> bool {
-    use std::io::Read;
-    if !std::fs::metadata(p).is_ok_and(|m| m.is_file()) {
-        return false;
-    }
-    let mut magic = [0u8; 4];
-    std::fs::File::open(p)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
-        && &magic == b"GGUF"
-}
-
-/// Shows load progress until dropped: a bar on a terminal, otherwise a
-/// plain line every few seconds (logs and CI see something too).
-struct LoadProgress {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl LoadProgress {
-    fn start(total: u64) -> Self {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let s2 = stop.clone();
-        let base = fathom_weights::bytes_read();
-        let thread = std::thread::spawn(move || {
-            let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let bar = if tty {
-                crate::commands::synth::byte_bar(total, "loading")
-            } else {
-                indicatif::ProgressBar::hidden()
-            };
-            let t0 = Instant::now();
-            let mut last_line = Instant::now();
-            while !s2.load(Ordering::Relaxed) {
-                std::thread::sleep(std::time::Duration::from_millis(200));
-                let done = fathom_weights::bytes_read() - base;
-                bar.set_position(done.min(total));
-                if !tty && last_line.elapsed().as_secs() >= 5 {
-                    last_line = Instant::now();
-                    eprintln!(
-                        "loading: {} of {} read ({:.0} s)",
-                        fathom_weights::units::format_bytes(done),
-                        fathom_weights::units::format_bytes(total),
-                        t0.elapsed().as_secs_f64()
-                    );
-                }
-            }
-            bar.finish_and_clear();
-        });
-        LoadProgress {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for LoadProgress {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Loads a model under `mem`'s budget, for passes of up to `positions` tokens,
-/// with the spine in `spine` precision (int8 is quantised at load; the
-/// cache is sized for it — loading briefly holds the spine as stored).
-/// The architecture registry picks the family from `config.json`.
+/// Loads the model in `dir` with these flags (`fathom_runtime::load`),
+/// saying on stderr which device `--device auto` chose.
 pub fn load_model_with(
     dir: &Path,
     mem: &MemoryArgs,
     positions: usize,
     spine: Spine,
 ) -> Result<(Arc<dyn CausalLm>, LoadInfo)> {
-    check_model_dir(dir)?;
-    fathom_model::registry::detect(dir)
-        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    let device = crate::device::select(
-        mem.device,
-        mem.vram_budget,
-        mem.gpus.as_ref(),
-        !mem.no_cuda_graphs,
-    )?;
-    // The RAM ledger reads the family's memory facts (config.json only).
-    let mut spec = fathom_model::memory::memory_facts(dir)
-        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    if mem.mtp {
-        spec = spec.with_mtp();
-    }
-    let (budget, budget_source) = mem.budget()?;
-    let max_inflight = if mem.no_prefetch {
-        spec.top_k
-    } else {
-        2 * spec.top_k
-    };
-    let context = mem.context_for(spec.max_position_embeddings);
-    if spec.max_position_embeddings.is_none() && mem.context.is_none() {
-        tracing::info!(
-            "config.json declares no max_position_embeddings: assuming a context of {ASSUMED_CONTEXT} tokens (set --context)"
-        );
-    }
-    let kv = KvPlan::new(
-        &spec,
-        context,
-        mem.sequences,
-        mem.kv_dtype.into(),
-        mem.kv_ram,
-        budget,
-    );
-    let ledger = Ledger::plan_kv(
-        &spec,
-        spine,
-        budget,
-        context,
-        kv,
-        positions.max(1),
-        max_inflight,
-    );
-    let kv_cfg = kv_config(mem, &kv)?;
-    let stream = match mem.experts {
-        ExpertMode::Resident => false,
-        ExpertMode::Stream => true,
-        ExpertMode::Auto => !matches!(&ledger, Ok(l) if l.holds_every_expert(&spec)),
-    };
-    let (heat_model, heat_in) = heat_precheck(dir, mem, stream)?;
-    let t0 = Instant::now();
-    let on_disk: u64 = std::fs::read_dir(dir)
-        .map(|r| {
-            r.filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0);
-    let total = if stream {
-        ledger.as_ref().map_or(on_disk, |l| l.spine)
-    } else {
-        on_disk
-    };
-    let _progress = LoadProgress::start(total);
-    if !stream {
-        let opts = LoadOptions {
-            spine,
-            experts: None,
-            kv: kv_cfg,
-            mtp: mem.mtp,
-        };
-        let model = fathom_model::load(dir, opts)
-            .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-        let info = LoadInfo {
-            load_s: t0.elapsed().as_secs_f64(),
-            experts: "resident",
-            ledger: ledger.ok(),
-            budget_source,
-            direct_io: None,
-            device,
-            heat: HeatHandle::default(),
-        };
-        return Ok((model, info));
-    }
-    let ledger = ledger.map_err(anyhow::Error::msg)?;
-    let cfg = StreamConfig {
-        io_threads: mem.io_threads.max(1),
-        direct: !mem.buffered_io,
-        prefetch: !mem.no_prefetch,
-        max_inflight,
-        prefetch_depth: mem.prefetch_depth.unwrap_or(spec.top_k),
-        ..StreamConfig::new(spec.top_k, ledger.cache_experts)
-    };
-    let direct = Arc::new(std::sync::OnceLock::new());
-    let d2 = direct.clone();
-    let store = Arc::new(std::sync::OnceLock::new());
-    let s2 = store.clone();
-    let opts = LoadOptions {
-        spine,
-        experts: Some(Box::new(move |ck, table| {
-            let s = Arc::new(StreamedExperts::new(ck, table, &cfg)?);
-            let _ = d2.set(s.direct_io());
-            let _ = s2.set(s.clone());
-            Ok(s)
-        })),
-        kv: kv_cfg,
-        mtp: mem.mtp,
-    };
-    let model = fathom_model::load(dir, opts)
-        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    let direct = direct.get().copied();
-    let heat = warm_from_heat(mem, store.get().cloned(), heat_model, heat_in)?;
-    let info = LoadInfo {
-        load_s: t0.elapsed().as_secs_f64(),
-        experts: "streamed",
-        ledger: Some(ledger),
-        budget_source,
-        direct_io: direct,
-        device,
-        heat,
-    };
-    Ok((model, info))
+    load_model_config(fathom_runtime::read_config(dir)?, mem, positions, spine)
 }
 
-/// Checks --heat / --heat-out before loading: they need streamed experts,
-/// and their files must be this model's. Returns the model's digest (when
-/// heat is used) and the --heat file.
-fn heat_precheck(
-    dir: &Path,
+/// As [`load_model_with`], with `config.json` already read (by a command
+/// that checked cheap things against it first).
+pub fn load_model_config(
+    config: fathom_model::ModelConfig,
     mem: &MemoryArgs,
-    stream: bool,
-) -> Result<(String, Option<fathom_stream::Heat>)> {
-    if mem.heat.is_none() && mem.heat_out.is_none() {
-        return Ok((String::new(), None));
+    positions: usize,
+    spine: Spine,
+) -> Result<(Arc<dyn CausalLm>, LoadInfo)> {
+    let loaded = fathom_runtime::load_config(config, &mem.request(), positions, spine)?;
+    if let Some(why) = &loaded.info.device_reason {
+        eprintln!("--device auto: running on {} ({why})", loaded.info.device);
     }
-    if mem.heat_out.is_some() && !mem.records_heat {
-        bail!("--heat-out is recorded by `fathom run` and `fathom batch` only");
-    }
-    if !stream {
-        if mem.experts == ExpertMode::Resident {
-            bail!(
-                "--heat and --heat-out keep and record what a streamed expert cache holds: \
-                 with --experts resident every expert is in RAM; use --experts stream"
-            );
-        }
-        tracing::warn!(
-            "every expert fits the budget and is resident: --heat/--heat-out do nothing"
-        );
-        return Ok((String::new(), None));
-    }
-    let model = config_digest(dir)?;
-    // An existing --heat-out file must be this model's: checked now, not
-    // after the run.
-    if let Some(p) = mem.heat_out.as_ref().filter(|p| p.exists()) {
-        fathom_stream::Heat::read(p, &model, None)
-            .map_err(|e| anyhow::anyhow!("{}", e.replacen("--heat ", "--heat-out ", 1)))?;
-    }
-    let heat = mem
-        .heat
-        .as_ref()
-        .map(|p| fathom_stream::Heat::read(p, &model, None).map_err(anyhow::Error::msg))
-        .transpose()?;
-    Ok((model, heat))
-}
-
-/// Reads the hottest experts of `heat` into the store's cache (pinning the
-/// --heat-pin share) and sets up --heat-out.
-fn warm_from_heat(
-    mem: &MemoryArgs,
-    store: Option<Arc<StreamedExperts>>,
-    model: String,
-    heat: Option<fathom_stream::Heat>,
-) -> Result<HeatHandle> {
-    let Some(store) = store else {
-        return Ok(HeatHandle::default());
-    };
-    let mut warmed = None;
-    if let (Some(h), Some(p)) = (heat, &mem.heat) {
-        h.check_shape(p, &store.experts_per_layer())
-            .map_err(anyhow::Error::msg)?;
-        let keys = h.ranked();
-        let cap = store.cache_capacity();
-        let pin = (cap as f64 * mem.heat_pin).floor() as usize;
-        let n = keys.len().min(cap);
-        let bytes = store.warm(&keys, pin)?;
-        let pinned = store.pinned();
-        tracing::info!(
-            "heat: read {n} of {cap} cache places ({}) before the first step, {pinned} pinned",
-            fathom_weights::units::format_bytes(bytes)
-        );
-        warmed = Some((n, pinned, bytes));
-    }
-    Ok(HeatHandle {
-        store: Some(store),
-        out: mem.heat_out.clone(),
-        model,
-        warmed,
-    })
-}
-
-/// The latent-cache pool for `kv`: RAM share, row format and (when the
-/// admitted context can outgrow the share) the spill file under --kv-dir,
-/// made only when a block first spills.
-fn kv_config(mem: &MemoryArgs, kv: &KvPlan) -> Result<KvConfig> {
-    let dir = mem.kv_dir.clone().unwrap_or_else(default_kv_dir);
-    let spill: Arc<dyn fathom_model::KvSpill> = if kv.disk > 0 {
-        let s = fathom_stream::FileSpill::create(&dir, !mem.buffered_io).with_context(|| {
-            format!(
-                "--kv-dir {}: the attention cache needs {} beyond its RAM share of {} and this directory is not usable: \
-                 give a writable --kv-dir, raise --kv-ram or lower --context",
-                dir.display(),
-                fathom_weights::units::format_bytes(kv.disk),
-                fathom_weights::units::format_bytes(kv.ram)
-            )
-        })?;
-        tracing::info!(
-            "attention cache: {} in RAM, up to {} spilled to {}",
-            fathom_weights::units::format_bytes(kv.ram),
-            fathom_weights::units::format_bytes(kv.disk),
-            dir.display()
-        );
-        Arc::new(s)
-    } else {
-        // Blocks beyond the share (forks held by a prefix cache) still have
-        // somewhere to go; the file is made only if one does.
-        Arc::new(fathom_stream::FileSpill::lazy(&dir, !mem.buffered_io))
-    };
-    Ok(KvConfig {
-        ram_limit: Some(kv.ram),
-        dtype: kv.dtype,
-        spill: Some(spill),
-    })
+    Ok((loaded.model, loaded.info))
 }

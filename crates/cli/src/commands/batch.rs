@@ -200,7 +200,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
     }
     let before = model.expert_stats();
     let kv0 = model.kv_stats();
-    let device0 = fathom_kernels::backend::snapshot();
+    let device0 = info.device_snapshot();
     let mut done: Vec<Option<Finished>> = (0..ids.len()).map(|_| None).collect();
     let mut started = vec![false; ids.len()];
     let mut steady: Option<Steady> = None;
@@ -225,14 +225,14 @@ pub fn run(a: BatchArgs) -> Result<()> {
             }
         }
         if steady.is_none() && started.iter().all(|&s| s) {
-            steady = Some(Steady::now());
+            steady = Some(Steady::now(&info));
         }
     }
     // The steady steps' device work and wall time, read as the loop ends
     // (as the engine's own clock); none when no step followed the last
     // first token.
     let steady = steady.filter(|s| s.steps > 0).map(|s| {
-        let gpu = fathom_kernels::backend::stats_since(&s.device);
+        let gpu = info.device_since(&s.device);
         (gpu, s.steps, s.at.elapsed().as_secs_f64())
     });
     let es = engine.stats();
@@ -261,7 +261,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
         spine_bytes: model.info().spine_bytes,
         io,
         setup: setup(&info, spine),
-        gpu: fathom_kernels::backend::stats_since(&device0),
+        gpu: info.device_since(&device0),
         ..Default::default()
     };
     if let Some((gpu, steps, wall)) = steady {
@@ -282,9 +282,9 @@ struct Steady {
 }
 
 impl Steady {
-    fn now() -> Self {
+    fn now(info: &crate::load::LoadInfo) -> Self {
         Steady {
-            device: fathom_kernels::backend::snapshot(),
+            device: info.device_snapshot(),
             at: std::time::Instant::now(),
             steps: 0,
         }

@@ -334,8 +334,9 @@ fn run_suite(a: &BenchArgs, name: &str) -> Result<()> {
         );
     }
     // A prompt that cannot fit the context with --max-new is skipped, and said so.
-    let context =
-        fathom_model::registry::declared_context(&a.model)?.unwrap_or(crate::load::ASSUMED_CONTEXT);
+    let context = fathom_model::ModelConfig::read(&a.model)?
+        .declared_context()
+        .unwrap_or(crate::load::ASSUMED_CONTEXT);
     set.retain(|p| {
         let n = p.prompt.text().map_or(0, |t| tok.encode(t).len());
         let fits = n + a.max_new + 1 <= context;

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use fathom_model::Spine;
+use fathom_model::kimi_k3::KimiK3;
 use fathom_model::kimi_k3::config::{AttnKind, FfnKind, K3Spec};
 use fathom_model::kimi_k3::tensors::{Role, expert_bytes, tensor_table};
 use fathom_model::memory::MemoryFacts;
@@ -236,18 +237,19 @@ pub fn run(a: InspectArgs) -> Result<()> {
     if !a.dir.join("config.json").is_file() {
         bail!("{} has no config.json", a.dir.display());
     }
-    let arch = fathom_model::registry::detect(&a.dir)
+    let config = fathom_model::ModelConfig::read(&a.dir)
         .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
     let vram = match a.vram_budget {
         Some(v) => Some(super::inspect_vram::plan(
-            &fathom_model::memory::memory_facts(&a.dir)
+            &config
+                .memory_facts()
                 .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?,
             v,
             a.gpus.as_ref().map_or(1, |g| g.0.len()),
         )),
         None => None,
     };
-    if arch.family != fathom_model::kimi_k3::ARCHITECTURE.family {
+    if config.family() != <KimiK3 as fathom_model::Family>::NAME {
         return super::inspect_facts::run(
             &a.dir,
             a.ram_budget,
@@ -257,7 +259,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
             (a.json, vram),
         );
     }
-    let spec = K3Spec::from_dir(&a.dir)
+    let spec = K3Spec::from_json(config.json())
         .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
     let kv = KvArgs {
         context: a

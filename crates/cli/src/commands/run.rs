@@ -4,66 +4,70 @@
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Args;
 use fathom_chat::{ChatFormat, ChatOptions, ChatPrompt, Message, ReplyDelta, ReplyParser};
 use fathom_engine::report::{IoStats, RunSetup, TokenLogprob};
 use fathom_engine::{
-    DraftOptions, Drafter, EngineOptions, ModelDrafter, MtpDrafter, NgramDrafter, Request,
-    RunReport, RunStats, TokenEvent, generate_with,
+    DraftOptions, EngineOptions, Request, RunReport, RunStats, TokenEvent, generate_with,
 };
-use fathom_model::{CausalLm, LoadOptions};
+use fathom_model::CausalLm;
 use fathom_tokenizer::Tokenizer;
 
 use crate::common::{
     SamplingArgs, SpineArg, announce_spine, check_vocab, decoder, prompt_ids, tokenizer, wants_bos,
 };
-use crate::load::{LoadInfo, MemoryArgs, check_context, context_limit, load_model_with};
+use crate::load::{LoadInfo, MemoryArgs, check_context, context_limit, load_model_config};
+pub use fathom_runtime::draft::{DraftChoice, draft_bytes, make_drafter, parse_draft};
 
 /// Generate from a prompt: greedy by default, sampled with --temperature.
 #[derive(Args)]
 pub struct RunArgs {
     /// Model directory (config.json + safetensors shards).
-    #[arg(long)]
+    #[arg(help_heading = "Model and prompt", long)]
     model: PathBuf,
     /// Prompt as comma-separated token ids, e.g. 1,591,25 (used as given).
-    #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
+    #[arg(
+        help_heading = "Model and prompt",
+        long,
+        conflicts_with = "prompt",
+        required_unless_present = "prompt"
+    )]
     prompt_ids: Option<String>,
     /// Prompt as text (needs a tokenizer in the model directory). A BOS token
     /// is put first when tokenizer_config.json sets add_bos_token, or, when
     /// it does not say, when config.json names a bos_token_id.
-    #[arg(long)]
+    #[arg(help_heading = "Model and prompt", long)]
     prompt: Option<String>,
     /// Do not put a BOS token before a --prompt text.
-    #[arg(long)]
+    #[arg(help_heading = "Model and prompt", long)]
     no_bos: bool,
     /// Send --prompt as one user message in the model's chat format (as
     /// `fathom serve`'s chat endpoint renders it; no BOS).
-    #[arg(long, requires = "prompt")]
+    #[arg(help_heading = "Model and prompt", long, requires = "prompt")]
     chat: bool,
     /// With --chat: answer without the thinking channel.
-    #[arg(long, requires = "chat")]
+    #[arg(help_heading = "Model and prompt", long, requires = "chat")]
     no_thinking: bool,
     /// Tokens to generate at most.
-    #[arg(long, default_value_t = 32)]
+    #[arg(help_heading = "Model and prompt", long, default_value_t = 32)]
     max_new: usize,
     /// Keep generating past the end-of-sequence token.
-    #[arg(long)]
+    #[arg(help_heading = "Model and prompt", long)]
     ignore_eos: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Print exactly one JSON object on stdout: prompt_ids, output_ids, text,
     /// finish_reason, logprobs (with --logprobs), stats.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     json: bool,
     /// Per-token expert I/O statistics on stderr.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     stats: bool,
     /// Precision of the resident spine matrices (int8 is lossy).
-    #[arg(long, value_enum, default_value_t = SpineArg::Bf16)]
+    #[arg(help_heading = "Memory and placement", long, value_enum, default_value_t = SpineArg::Bf16)]
     spine: SpineArg,
     /// Draft source for speculative decoding: `ngram` (prompt lookup, no
     /// extra model), `mtp` (the checkpoint's own multi-token-prediction
@@ -72,86 +76,17 @@ pub struct RunArgs {
     /// kept only where it equals the token the model samples there), so
     /// output is identical to `off`; drafting adapts its length and switches
     /// itself off when it does not pay.
-    #[arg(long, default_value = "ngram")]
+    #[arg(help_heading = "Drafting", long, default_value = "ngram")]
     draft: String,
     /// Prompt tokens per prefill pass (the scratch is sized by it, not by
     /// the prompt); output does not depend on it.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    #[arg(help_heading = "Memory and placement", long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     prefill_chunk: u32,
     /// Most tokens proposed per verification pass.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
+    #[arg(help_heading = "Drafting", long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
     draft_max: u32,
     #[command(flatten)]
     mem: MemoryArgs,
-}
-
-/// Where drafts come from.
-pub enum DraftChoice {
-    Off,
-    Ngram,
-    Model(PathBuf),
-    /// The checkpoint's own multi-token-prediction layer.
-    Mtp,
-}
-
-pub fn parse_draft(s: &str) -> Result<DraftChoice> {
-    Ok(match s {
-        "off" | "none" => DraftChoice::Off,
-        "ngram" => DraftChoice::Ngram,
-        "mtp" => DraftChoice::Mtp,
-        _ => match s.strip_prefix("model:") {
-            Some(dir) if !dir.is_empty() => DraftChoice::Model(PathBuf::from(dir)),
-            _ => bail!("--draft {s:?}: expected ngram, mtp, model:DIR or off"),
-        },
-    })
-}
-
-/// RAM a draft model takes (it is loaded whole): its shard bytes; for
-/// `mtp`, the prediction layer's spine (its experts share the target's
-/// expert cache). The target model's budget is reduced by it, so both fit
-/// the one budget. `model` is the target's directory.
-pub fn draft_bytes(choice: &DraftChoice, model: &Path) -> Result<u64> {
-    match choice {
-        DraftChoice::Off | DraftChoice::Ngram => Ok(0),
-        DraftChoice::Mtp => {
-            let facts = fathom_model::memory::memory_facts(model)
-                .with_context(|| format!("cannot read the model config in {}", model.display()))?;
-            if facts.mtp_bytes == 0 {
-                bail!(
-                    "--draft mtp: the {} model in {} has no multi-token-prediction layer fathom \
-                     reads (config.json: num_nextn_predict_layers; the DeepSeek-V3 and R1 \
-                     releases ship one): use --draft ngram or --draft model:DIR",
-                    facts.family,
-                    model.display()
-                );
-            }
-            Ok(facts.mtp_bytes)
-        }
-        DraftChoice::Model(dir) => {
-            crate::load::check_model_dir(dir).context("--draft model:DIR")?;
-            let ck = fathom_weights::Checkpoint::open(dir)
-                .with_context(|| format!("cannot open the draft model in {}", dir.display()))?;
-            Ok(ck.data_bytes())
-        }
-    }
-}
-
-/// The drafter `choice` names, for the target `model`.
-pub fn make_drafter(
-    choice: &DraftChoice,
-    model: &Arc<dyn CausalLm>,
-) -> Result<Option<Box<dyn Drafter>>> {
-    let vocab = model.info().vocab_size;
-    Ok(match choice {
-        DraftChoice::Off => None,
-        DraftChoice::Ngram => Some(Box::new(NgramDrafter::default())),
-        DraftChoice::Mtp => Some(Box::new(MtpDrafter::new(model.clone())?)),
-        DraftChoice::Model(dir) => {
-            let dm = fathom_model::load(dir, LoadOptions::default())
-                .with_context(|| format!("cannot load the draft model in {}", dir.display()))?;
-            Some(Box::new(ModelDrafter::new(dm, vocab)?))
-        }
-    })
 }
 
 /// Adds the BOS token before a text prompt where the model wants one.
@@ -220,20 +155,23 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let spine = a.spine.spine();
     // Cheap first: the context bound before loading (BOS may add one more).
-    crate::load::check_model_dir(&a.model)?;
-    let declared = fathom_model::registry::declared_context(&a.model)
-        .with_context(|| format!("cannot read the model config in {}", a.model.display()))?;
-    check_context(a.mem.context_for(declared), prompt.len(), a.max_new, "run")?;
+    let config = fathom_runtime::read_config(&a.model)?;
+    check_context(
+        a.mem.context_for(config.declared_context()),
+        prompt.len(),
+        a.max_new,
+        "run",
+    )?;
     let chunk = a.prefill_chunk as usize;
     let positions = (prompt.len() + 1).min(chunk.max(a.draft_max as usize + 1));
     // The draft model (if any) comes out of the same budget, checked before loading.
     let fix = "use --draft ngram or a larger --ram-budget";
     let mut mem = a
         .mem
-        .set_aside(draft_bytes(&draft, &a.model)?, "the draft model", fix)?;
+        .set_aside(draft_bytes(&draft, &config)?, "the draft model", fix)?;
     mem.mtp = matches!(draft, DraftChoice::Mtp);
     mem.records_heat = true;
-    let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
+    let (model, info) = load_model_config(config, &mem, positions, spine)?;
     let prompt = with_bos(
         prompt,
         &a.model,
@@ -279,8 +217,8 @@ pub fn run(a: RunArgs) -> Result<()> {
 
     let mut stdout = std::io::stdout().lock();
     let start_stats = model.expert_stats();
-    let device0 = fathom_kernels::backend::snapshot();
-    let gpu_on = fathom_kernels::backend::installed().is_some();
+    let device0 = info.device_snapshot();
+    let gpu_on = info.backend().is_some();
     // The backend's counts when the first token is out: what follows is decode.
     let mut decode0: Option<fathom_kernels::backend::BackendStats> = None;
     let mut phases0: Option<fathom_model::phase::PhaseMs> = None;
@@ -294,7 +232,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             phases0 = Some(fathom_model::phase::snapshot());
         }
         if gpu_on && decode0.is_none() {
-            decode0 = Some(fathom_kernels::backend::snapshot());
+            decode0 = Some(info.device_snapshot());
         }
         if a.sampling.logprobs.is_some() {
             logprobs.push(TokenLogprob {
@@ -329,10 +267,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         setup: setup(&info, spine),
         finish_reason: f.reason.name().into(),
         draft: f.draft.clone(),
-        gpu: fathom_kernels::backend::stats_since(&device0),
-        gpu_decode: decode0
-            .as_ref()
-            .and_then(fathom_kernels::backend::stats_since),
+        gpu: info.device_since(&device0),
+        gpu_decode: decode0.as_ref().and_then(|d| info.device_since(d)),
         decode_phases_ms: phases0
             .map(|p0| fathom_model::phase::snapshot().since(&p0))
             .filter(|p| p.total() > 0.0),

@@ -104,9 +104,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "fathom".into())
     });
-    crate::load::check_model_dir(&a.model)?;
-    let declared = fathom_model::registry::declared_context(&a.model)
-        .with_context(|| format!("cannot read the model config in {}", a.model.display()))?;
+    let declared = fathom_runtime::read_config(&a.model)?.declared_context();
     let cfg = ServeConfig {
         model_id,
         host: a.host.clone(),

@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use clap::Args;
-use fathom_model::kimi_k3::config::K3Spec;
 use fathom_model::kimi_k3::weights::check_tensors;
 use fathom_weights::Checkpoint;
 use fathom_weights::units::format_bytes;
@@ -104,7 +103,8 @@ fn check(dir: &Path) -> Result<(Checkpoint, usize), Vec<String>> {
     if !dir.is_dir() {
         return Err(vec![format!("{}: no such directory", dir.display())]);
     }
-    let spec = K3Spec::from_dir(dir).map_err(|e| vec![format!("{}: {e}", dir.display())])?;
+    let spec = fathom_model::family::read_spec::<fathom_model::kimi_k3::KimiK3>(dir)
+        .map_err(|e| vec![format!("{}: {e}", dir.display())])?;
     let ck = Checkpoint::open(dir).map_err(|e| vec![e.to_string()])?;
     let problems = check_tensors(&spec, &ck);
     if !problems.is_empty() {

@@ -1,0 +1,288 @@
+//! The one load call: the RAM ledger's plan, the device, the expert source
+//! (resident or streamed), heat and the attention cache's placement.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use fathom_kernels::backend::{Backend, BackendStats};
+use fathom_model::kv::KvConfig;
+use fathom_model::{CausalLm, LoadOptions, ModelConfig, Spine};
+use fathom_stream::budget::{KvPlan, Ledger};
+use fathom_stream::{StreamConfig, StreamedExperts};
+
+use crate::dir::check_model_dir;
+use crate::heat::{HeatHandle, heat_precheck, warm_from_heat};
+use crate::options::{ASSUMED_CONTEXT, ExpertMode, LoadRequest, default_kv_dir};
+use crate::progress::LoadProgress;
+
+/// What loading decided, for stats and logs.
+#[derive(Clone, serde::Serialize)]
+pub struct LoadInfo {
+    pub load_s: f64,
+    pub experts: &'static str,
+    pub ledger: Option<Ledger>,
+    pub budget_source: String,
+    pub direct_io: Option<bool>,
+    /// `cpu`, or the backend that computes the matrix products.
+    pub device: String,
+    /// Why `--device auto` chose `device` (`None` for an explicit choice).
+    pub device_reason: Option<String>,
+    /// The context a sequence may use.
+    pub context: usize,
+    #[serde(skip)]
+    pub heat: HeatHandle,
+    #[serde(skip)]
+    backend: Option<Arc<dyn Backend>>,
+}
+
+impl std::fmt::Debug for LoadInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadInfo")
+            .field("experts", &self.experts)
+            .field("device", &self.device)
+            .field("context", &self.context)
+            .finish()
+    }
+}
+
+impl LoadInfo {
+    /// The backend's cumulative counters (`None` on the CPU).
+    pub fn device_stats(&self) -> Option<BackendStats> {
+        self.backend.as_ref().map(|b| b.stats())
+    }
+
+    /// The backend's counters now (zeros on the CPU), to measure from.
+    pub fn device_snapshot(&self) -> BackendStats {
+        self.device_stats().unwrap_or_default()
+    }
+
+    /// The backend's figures since `start` (a [`Self::device_snapshot`]);
+    /// `None` on the CPU.
+    pub fn device_since(&self, start: &BackendStats) -> Option<BackendStats> {
+        self.device_stats().map(|s| s.since(start))
+    }
+
+    /// The backend the model's products run on (`None` on the CPU).
+    pub fn backend(&self) -> Option<&Arc<dyn Backend>> {
+        self.backend.as_ref()
+    }
+}
+
+/// A loaded model, its configuration and what loading decided.
+pub struct Loaded {
+    pub model: Arc<dyn CausalLm>,
+    pub config: ModelConfig,
+    pub info: LoadInfo,
+}
+
+/// Loads the model in `dir` under `req`, for passes of up to `positions`
+/// tokens, with the spine in `spine` precision (int8 is quantised at load;
+/// the cache is sized for it — loading briefly holds the spine as stored).
+/// `config.json` is read once; the registry picks the family from it.
+pub fn load(dir: &Path, req: &LoadRequest, positions: usize, spine: Spine) -> Result<Loaded> {
+    load_config(read_config(dir)?, req, positions, spine)
+}
+
+/// Checks `dir` is a model directory and reads its `config.json` (for a
+/// caller that checks cheap things against it before [`load_config`]).
+pub fn read_config(dir: &Path) -> Result<ModelConfig> {
+    check_model_dir(dir)?;
+    ModelConfig::read(dir).with_context(|| format!("cannot load the model in {}", dir.display()))
+}
+
+/// As [`load`], with the configuration already read.
+pub fn load_config(
+    config: ModelConfig,
+    req: &LoadRequest,
+    positions: usize,
+    spine: Spine,
+) -> Result<Loaded> {
+    let dir = config.dir().to_path_buf();
+    let dir = dir.as_path();
+    let selected = crate::device::select(
+        req.device,
+        req.vram_budget,
+        req.gpus.as_deref(),
+        req.cuda_graphs,
+    )?;
+    // The RAM ledger reads the family's memory facts (config.json only).
+    let mut spec = config
+        .memory_facts()
+        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+    if req.mtp {
+        spec = spec.with_mtp();
+    }
+    let (budget, budget_source) = req.budget()?;
+    let max_inflight = if req.prefetch {
+        2 * spec.top_k
+    } else {
+        spec.top_k
+    };
+    let context = req.context_for(spec.max_position_embeddings);
+    if spec.max_position_embeddings.is_none() && req.context.is_none() {
+        tracing::info!(
+            "config.json declares no max_position_embeddings: assuming a context of {ASSUMED_CONTEXT} tokens (set --context)"
+        );
+    }
+    let kv = KvPlan::new(
+        &spec,
+        context,
+        req.sequences,
+        req.kv_dtype,
+        req.kv_ram,
+        budget,
+    );
+    let ledger = Ledger::plan_kv(
+        &spec,
+        spine,
+        budget,
+        context,
+        kv,
+        positions.max(1),
+        max_inflight,
+    );
+    let kv_cfg = kv_config(req, &kv)?;
+    let stream = match req.experts {
+        ExpertMode::Resident => false,
+        ExpertMode::Stream => true,
+        ExpertMode::Auto => !matches!(&ledger, Ok(l) if l.holds_every_expert(&spec)),
+    };
+    let (heat_model, heat_in) = heat_precheck(&config, req, stream)?;
+    let t0 = Instant::now();
+    let total = if stream {
+        ledger
+            .as_ref()
+            .map_or_else(|_| shard_bytes(dir), |l| l.spine)
+    } else {
+        shard_bytes(dir)
+    };
+    let _progress = LoadProgress::start(total);
+    let mut info = LoadInfo {
+        load_s: 0.0,
+        experts: if stream { "streamed" } else { "resident" },
+        ledger: None,
+        budget_source,
+        direct_io: None,
+        device: selected.name,
+        device_reason: selected.reason,
+        context,
+        heat: HeatHandle::default(),
+        backend: selected.backend,
+    };
+    let model = if !stream {
+        info.ledger = ledger.ok();
+        let opts = LoadOptions {
+            spine,
+            experts: None,
+            kv: kv_cfg,
+            mtp: req.mtp,
+        };
+        fathom_model::load_config(&config, opts)
+            .with_context(|| format!("cannot load the model in {}", dir.display()))?
+    } else {
+        let ledger = ledger.map_err(anyhow::Error::msg)?;
+        let (model, store) = load_streamed(&config, req, &ledger, &spec, spine, kv_cfg)?;
+        info.direct_io = Some(store.direct_io());
+        info.heat = warm_from_heat(req, Some(store), heat_model, heat_in)?;
+        info.ledger = Some(ledger);
+        model
+    };
+    info.load_s = t0.elapsed().as_secs_f64();
+    Ok(Loaded {
+        model,
+        config,
+        info,
+    })
+}
+
+/// The model with its routed experts read from the shards as the router
+/// asks for them, and the streamed store.
+fn load_streamed(
+    config: &ModelConfig,
+    req: &LoadRequest,
+    ledger: &Ledger,
+    spec: &fathom_model::memory::MemoryFacts,
+    spine: Spine,
+    kv: KvConfig,
+) -> Result<(Arc<dyn CausalLm>, Arc<StreamedExperts>)> {
+    let cfg = StreamConfig {
+        io_threads: req.io_threads.max(1),
+        direct: !req.buffered_io,
+        prefetch: req.prefetch,
+        max_inflight: if req.prefetch {
+            2 * spec.top_k
+        } else {
+            spec.top_k
+        },
+        prefetch_depth: req.prefetch_depth.unwrap_or(spec.top_k),
+        ..StreamConfig::new(spec.top_k, ledger.cache_experts)
+    };
+    let store = Arc::new(std::sync::OnceLock::new());
+    let s2 = store.clone();
+    let opts = LoadOptions {
+        spine,
+        experts: Some(Box::new(move |ck, table| {
+            let s = Arc::new(StreamedExperts::new(ck, table, &cfg)?);
+            let _ = s2.set(s.clone());
+            Ok(s)
+        })),
+        kv,
+        mtp: req.mtp,
+    };
+    let model = fathom_model::load_config(config, opts)
+        .with_context(|| format!("cannot load the model in {}", config.dir().display()))?;
+    let store = store
+        .get()
+        .cloned()
+        .context("the streamed expert source was not made")?;
+    Ok((model, store))
+}
+
+/// Bytes of the directory's safetensors shards (what a resident load reads).
+fn shard_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The latent-cache pool for `kv`: RAM share, row format and (when the
+/// admitted context can outgrow the share) the spill file under --kv-dir,
+/// made only when a block first spills.
+fn kv_config(mem: &LoadRequest, kv: &KvPlan) -> Result<KvConfig> {
+    let dir = mem.kv_dir.clone().unwrap_or_else(default_kv_dir);
+    let spill: Arc<dyn fathom_model::KvSpill> = if kv.disk > 0 {
+        let s = fathom_stream::FileSpill::create(&dir, !mem.buffered_io).with_context(|| {
+            format!(
+                "--kv-dir {}: the attention cache needs {} beyond its RAM share of {} and this directory is not usable: \
+                 give a writable --kv-dir, raise --kv-ram or lower --context",
+                dir.display(),
+                fathom_weights::units::format_bytes(kv.disk),
+                fathom_weights::units::format_bytes(kv.ram)
+            )
+        })?;
+        tracing::info!(
+            "attention cache: {} in RAM, up to {} spilled to {}",
+            fathom_weights::units::format_bytes(kv.ram),
+            fathom_weights::units::format_bytes(kv.disk),
+            dir.display()
+        );
+        Arc::new(s)
+    } else {
+        // Blocks beyond the share (forks held by a prefix cache) still have
+        // somewhere to go; the file is made only if one does.
+        Arc::new(fathom_stream::FileSpill::lazy(&dir, !mem.buffered_io))
+    };
+    Ok(KvConfig {
+        ram_limit: Some(kv.ram),
+        dtype: kv.dtype,
+        spill: Some(spill),
+    })
+}

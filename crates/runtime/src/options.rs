@@ -1,0 +1,171 @@
+//! The typed options of a load: budgets, placement, context.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use fathom_model::kv::KvDtype;
+use fathom_stream::budget::{check_budget, default_budget};
+
+use crate::device::Device;
+
+/// Where routed experts live.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum ExpertMode {
+    /// Resident if every expert fits the budget's cache, else streamed.
+    #[default]
+    Auto,
+    /// Read every expert into RAM at load.
+    Resident,
+    /// Read routed experts from the shards as the router asks for them.
+    Stream,
+}
+
+/// The context assumed for a model that declares no max_position_embeddings.
+pub const ASSUMED_CONTEXT: usize = 4096;
+
+/// The default spill directory: `fathom/kv` in the user's cache directory.
+pub fn default_kv_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("fathom").join("kv")
+}
+
+/// How much RAM (and VRAM) a model may use, where its weights live, and
+/// what its sequences may hold. Every field is checked when the model
+/// loads; the interfaces fill it from their flags.
+#[derive(Clone, Debug)]
+pub struct LoadRequest {
+    /// RAM budget (default: the memory-cgroup limit or the available
+    /// memory, minus a margin).
+    pub ram_budget: Option<u64>,
+    pub experts: ExpertMode,
+    /// Tokens of context a sequence may use (default: the model's
+    /// `max_position_embeddings`, else [`ASSUMED_CONTEXT`]).
+    pub context: Option<usize>,
+    /// RAM for the attention cache of all sequences together.
+    pub kv_ram: Option<u64>,
+    /// Where attention-cache blocks beyond `kv_ram` go.
+    pub kv_dir: Option<PathBuf>,
+    pub kv_dtype: KvDtype,
+    /// Sequences whose context the ledger admits at once.
+    pub sequences: usize,
+    /// Parallel expert reads.
+    pub io_threads: usize,
+    /// Prefetch the next layer's predicted experts.
+    pub prefetch: bool,
+    /// How many predicted experts to prefetch (default: top-k).
+    pub prefetch_depth: Option<usize>,
+    /// Read through the page cache instead of direct I/O.
+    pub buffered_io: bool,
+    pub device: Device,
+    /// Device memory for weights.
+    pub vram_budget: Option<u64>,
+    /// CUDA device ordinals (the first holds the spine).
+    pub gpus: Option<Vec<usize>>,
+    /// Replay repeated device calls as CUDA graphs.
+    pub cuda_graphs: bool,
+    /// Expert heat of earlier runs to warm and pin the cache from.
+    pub heat: Option<PathBuf>,
+    /// Share of the expert cache `heat` pins.
+    pub heat_pin: f64,
+    /// Where this run's expert request counts are added.
+    pub heat_out: Option<PathBuf>,
+    /// The caller records `heat_out` (run and batch do).
+    pub records_heat: bool,
+    /// Also load the checkpoint's multi-token-prediction layer.
+    pub mtp: bool,
+}
+
+impl Default for LoadRequest {
+    fn default() -> Self {
+        LoadRequest {
+            ram_budget: None,
+            experts: ExpertMode::Auto,
+            context: None,
+            kv_ram: None,
+            kv_dir: None,
+            kv_dtype: KvDtype::F32,
+            sequences: 1,
+            io_threads: 16,
+            prefetch: true,
+            prefetch_depth: None,
+            buffered_io: false,
+            device: Device::Cpu,
+            vram_budget: None,
+            gpus: None,
+            cuda_graphs: true,
+            heat: None,
+            heat_pin: 0.75,
+            heat_out: None,
+            records_heat: false,
+            mtp: false,
+        }
+    }
+}
+
+impl LoadRequest {
+    /// The RAM budget and where it came from: `ram_budget` (refused above
+    /// what the machine or the cgroup gives), else the default.
+    pub fn budget(&self) -> Result<(u64, String)> {
+        Ok(match self.ram_budget {
+            Some(b) => (
+                check_budget(b).map_err(anyhow::Error::msg)?,
+                "--ram-budget".into(),
+            ),
+            None => default_budget(),
+        })
+    }
+
+    /// The context a sequence may use: `context` within the model's
+    /// declared maximum, else that maximum (else [`ASSUMED_CONTEXT`]).
+    pub fn context_for(&self, declared: Option<usize>) -> usize {
+        match (self.context, declared) {
+            (Some(c), Some(d)) => c.min(d),
+            (Some(c), None) => c,
+            (None, Some(d)) => d,
+            (None, None) => ASSUMED_CONTEXT,
+        }
+    }
+
+    /// This request with `bytes` set aside from the budget for something
+    /// loaded beside the model (`what`, named with `fix` when it does not fit).
+    pub fn set_aside(&self, bytes: u64, what: &str, fix: &str) -> Result<LoadRequest> {
+        let mut m = self.clone();
+        if bytes == 0 {
+            return Ok(m);
+        }
+        let (budget, _) = self.budget()?;
+        if bytes >= budget {
+            bail!(
+                "{what} ({}) leaves nothing of the RAM budget of {}: {fix}",
+                fathom_weights::units::format_bytes(bytes),
+                fathom_weights::units::format_bytes(budget)
+            );
+        }
+        m.ram_budget = Some(budget - bytes);
+        Ok(m)
+    }
+
+    /// This request admitting `extra` more sequences: the ledger then
+    /// counts their fixed-size state and places the latent cache of every
+    /// admitted sequence's full context (RAM share, the rest on disk).
+    pub fn with_sequences(&self, extra: usize) -> LoadRequest {
+        let mut m = self.clone();
+        m.sequences = self.sequences.saturating_add(extra);
+        m
+    }
+}
+
+/// Refuses a prompt plus its completion budget beyond the context.
+pub fn check_context(limit: usize, prompt: usize, max_new: usize, what: &str) -> Result<()> {
+    if prompt.saturating_add(max_new) > limit {
+        bail!(
+            "{what}: the prompt ({prompt} tokens) plus --max-new ({max_new}) exceeds the context of {limit} tokens \
+             (--context, at most the model's max_position_embeddings): shorten the prompt or lower --max-new"
+        );
+    }
+    Ok(())
+}
