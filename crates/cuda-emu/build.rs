@@ -28,6 +28,17 @@ fn main() {
     println!("cargo:rerun-if-env-changed=FATHOM_REQUIRE_EMU");
     // The file list once, for the crate's tests too.
     println!("cargo:rustc-env=FATHOM_EMU_SOURCES={}", SOURCES.join(","));
+    // The emulator runs the kernels on the build machine for the Linux
+    // tests; a build for another system or architecture (macOS, a cross
+    // check for aarch64) has no use for it and maybe no C++ compiler or
+    // SDK for that target, so it is skipped there, required or not.
+    let (target, host) = (env("TARGET"), env("HOST"));
+    if env("CARGO_CFG_TARGET_OS") != "linux" || target != host {
+        println!(
+            "cargo:warning=the CUDA kernels' host emulator is built only for the Linux build machine itself (target {target}, host {host}); its tests will skip"
+        );
+        return;
+    }
     let required = std::env::var_os("FATHOM_REQUIRE_EMU").is_some();
     let mut b = cc::Build::new();
     b.cpp(true)
@@ -66,6 +77,11 @@ fn main() {
             "cargo:warning=the emulated CUDA driver was not built ({e}); the backend tests that use it will skip"
         ),
     }
+}
+
+/// A variable cargo sets for build scripts (empty if unset).
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
 }
 
 /// Builds `libcuda.so` and `libnvrtc.so` (each with that soname) in

@@ -226,7 +226,7 @@ pub fn measure_memory(array_bytes: u64, seconds: f64) -> MemoryCeiling {
 /// Array size for the triad: far above any last-level cache (256 MiB each)
 /// but at most 1/16 of the available memory per array.
 pub fn triad_array_bytes() -> u64 {
-    let avail = fathom_stream::memory::meminfo("MemAvailable:").unwrap_or(4 << 30);
+    let avail = fathom_platform::memory::available().unwrap_or(4 << 30);
     (256u64 << 20).min(avail / 16).max(16 << 20)
 }
 

@@ -12,25 +12,22 @@
 //!
 //! Both hierarchies are handled: v1 (`memory.limit_in_bytes`,
 //! `memory.max_usage_in_bytes`) and v2 (`memory.max`, `memory.peak`); which
-//! one, and where fathom's own cgroup is, comes from [`fathom_stream::memory`].
+//! one, and where fathom's own cgroup is, comes from [`fathom_platform::cgroup`]
+//! (Linux only: elsewhere `--memory-cap` says the system has no cgroups).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
 
-pub use fathom_stream::memory::{Place, Version, own_memory_cgroup};
+pub use fathom_platform::cgroup::{Place, Version, own_memory_cgroup};
 
 /// This process's memory cgroup, read from `/proc`.
 pub fn own() -> Result<Place> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
-    let mi =
-        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-    own_memory_cgroup(&cg, &mi).map_err(|e| anyhow::anyhow!("--memory-cap: {e}"))
+    fathom_platform::cgroup::own().map_err(|e| anyhow::anyhow!("--memory-cap: {e}"))
 }
 
 /// A child memory cgroup with a limit, removed on [`Child::remove`] or drop.
@@ -119,27 +116,8 @@ impl Child {
     /// Makes `cmd`'s process move itself into this cgroup before `exec`, so
     /// nothing it does is charged anywhere else.
     pub fn attach_on_exec(&self, cmd: &mut Command) {
-        let procs = self.procs.clone();
-        // SAFETY: the hook runs in the forked child before exec, where only
-        // async-signal-safe calls are allowed: it uses open/write/close on a
-        // path allocated before the fork and allocates nothing itself
-        // (io::Error::last_os_error only reads errno).
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // "0" means the writing process itself, in v1 and v2 alike.
-                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-                let err = std::io::Error::last_os_error();
-                libc::close(fd);
-                if n != 1 {
-                    return Err(err);
-                }
-                Ok(())
-            });
-        }
+        // "0" means the writing process itself, in v1 and v2 alike.
+        fathom_platform::process::write_before_exec(cmd, self.procs.clone(), b"0");
     }
 
     /// Peak usage and OOM kills recorded so far.

@@ -5,8 +5,9 @@
 //! cannot account fairly.
 
 use std::fs::File;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+
+use fathom_platform::io::{Advice, advise};
 
 /// The regular files of `dir` (symlinks followed), sorted.
 pub fn files_of(dir: &Path) -> Vec<PathBuf> {
@@ -30,15 +31,16 @@ pub fn files_in_args(args: &[String]) -> Vec<PathBuf> {
 
 /// Writes back and drops every page of `paths` from the page cache;
 /// returns the bytes advised. A file that cannot be opened is skipped
-/// (the arm then reports its own error).
+/// (the arm then reports its own error). Where the system cannot drop
+/// cached pages (macOS: [`fathom_platform::io::drop_cache_support`]) the
+/// files are only written back.
 pub fn evict(paths: &[PathBuf]) -> u64 {
     let mut bytes = 0;
     for p in paths {
         let Ok(f) = File::open(p) else { continue };
         // Dirty pages (a model just written) are not dropped until written back.
         let _ = f.sync_data();
-        // SAFETY: plain fadvise on a valid fd; failure only loses the hint.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        advise(&f, 0, 0, Advice::DontNeed);
         bytes += f.metadata().map_or(0, |m| m.len());
     }
     bytes
@@ -46,35 +48,7 @@ pub fn evict(paths: &[PathBuf]) -> u64 {
 
 /// Bytes of `path` now in the page cache (`mincore` over a read-only map).
 pub fn cached_bytes(path: &Path) -> std::io::Result<u64> {
-    let f = File::open(path)?;
-    let len = f.metadata()?.len() as usize;
-    if len == 0 {
-        return Ok(0);
-    }
-    // SAFETY: a private read-only map of a file we opened; unmapped below.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let page = 4096usize;
-    let mut vec = vec![0u8; len.div_ceil(page)];
-    // SAFETY: `vec` has one byte per page of the mapping.
-    let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
-    // SAFETY: the mapping made above, with its length.
-    unsafe { libc::munmap(addr, len) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page as u64)
+    fathom_platform::io::cached_bytes(path)
 }
 
 #[cfg(test)]
@@ -83,6 +57,11 @@ mod tests {
 
     #[test]
     fn a_read_file_leaves_the_page_cache() {
+        if !fathom_platform::io::drop_cache_support().is_available() {
+            let s = fathom_platform::io::drop_cache_support();
+            eprintln!("skipped: dropping a file's cached pages is {s}");
+            return;
+        }
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/evict-test");
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("weights.bin");

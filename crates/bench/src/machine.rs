@@ -14,7 +14,8 @@ pub struct Machine {
     pub kernel: Option<String>,
     pub os: Option<String>,
     pub disk: Disk,
-    /// `/proc/loadavg` when the bench started: what else the machine was doing.
+    /// The load averages when the bench started (`/proc/loadavg` on
+    /// Linux): what else the machine was doing.
     pub loadavg: Option<String>,
     /// The bench process's own memory-cgroup limit, if any.
     pub cgroup_limit_bytes: Option<u64>,
@@ -32,28 +33,16 @@ pub struct Disk {
 
 /// Describes this machine, with the disk under `model_dir`.
 pub fn describe(model_dir: &Path) -> Machine {
-    let read = |p: &str| std::fs::read_to_string(p).ok();
-    let cpuinfo = read("/proc/cpuinfo").unwrap_or_default();
-    let cpu_model = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name") || l.starts_with("Model"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string());
-    let ram_bytes = fathom_stream::memory::meminfo("MemTotal:");
-    let os = read("/etc/os-release").and_then(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("PRETTY_NAME="))
-            .map(|v| v.trim_matches('"').to_string())
-    });
+    use fathom_platform::{host, memory};
     Machine {
-        cpu_model,
+        cpu_model: host::cpu_model(),
         logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        ram_bytes,
-        kernel: read("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()),
-        os,
+        ram_bytes: memory::total(),
+        kernel: host::kernel_release(),
+        os: host::os_release(),
         disk: disk_of(model_dir),
-        loadavg: read("/proc/loadavg").map(|s| s.trim().to_string()),
-        cgroup_limit_bytes: fathom_stream::memory::memory_limit(),
+        loadavg: host::load_average(),
+        cgroup_limit_bytes: memory::limit(),
     }
 }
 
@@ -61,8 +50,7 @@ fn disk_of(dir: &Path) -> Disk {
     let Ok(dir) = dir.canonicalize() else {
         return Disk::default();
     };
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let Some((device, point, fstype)) = mount_of(&dir, &mounts) else {
+    let Some((device, point, fstype)) = fathom_platform::host::mount_of(&dir) else {
         return Disk::default();
     };
     let lsblk = device
@@ -82,20 +70,6 @@ fn disk_of(dir: &Path) -> Disk {
         fstype: Some(fstype),
         lsblk,
     }
-}
-
-/// The `/proc/mounts` entry with the longest mount point containing `dir`:
-/// `(device, mount point, fstype)`.
-pub fn mount_of(dir: &Path, mounts: &str) -> Option<(String, String, String)> {
-    mounts
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let point = f.get(1)?.replace("\\040", " ");
-            dir.starts_with(&point)
-                .then(|| (f[0].to_string(), point, f.get(2).unwrap_or(&"").to_string()))
-        })
-        .max_by_key(|(_, p, _)| p.len())
 }
 
 /// Now, as `2026-05-04T12:34:56Z`.
@@ -138,16 +112,5 @@ mod tests {
         assert_eq!(utc_from_unix(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(utc_from_unix(1_700_000_000), "2023-11-14T22:13:20Z");
         assert_eq!(utc_from_unix(4_107_542_399), "2100-02-28T23:59:59Z");
-    }
-
-    #[test]
-    fn longest_mount_wins() {
-        let m = "/dev/vda / ext4 rw 0 0\n/dev/vdb /data xfs rw 0 0\ntmpfs /data/tmp tmpfs rw 0 0\n";
-        let r = mount_of(Path::new("/data/models/x"), m).unwrap();
-        assert_eq!(r, ("/dev/vdb".into(), "/data".into(), "xfs".into()));
-        let r = mount_of(Path::new("/home/x"), m).unwrap();
-        assert_eq!(r.0, "/dev/vda");
-        // A path prefix is not a parent directory.
-        assert_eq!(mount_of(Path::new("/database"), m).unwrap().1, "/");
     }
 }

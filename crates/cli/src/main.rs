@@ -15,7 +15,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "fathom", version, about = "Run giant Mixture-of-Experts language models exactly, on a machine whose memory is a fraction of the model", long_about = None)]
 struct Cli {
-    /// Compute threads (default: all cores).
+    /// Compute threads (default: all cores; the performance cores on Apple Silicon).
     #[arg(long, global = true, env = "FATHOM_THREADS")]
     threads: Option<usize>,
     /// Pin each compute thread to one CPU, dealing threads to NUMA nodes in turn.
@@ -114,12 +114,30 @@ fn place(cli: &Cli) {
         interleaved,
         pinned: false,
     };
-    if cli.threads.is_some() || cli.pin_threads {
+    // Where the machine has fast and slow cores (Apple Silicon) the compute
+    // threads default to the fast ones (unless rayon's own variable is set).
+    let threads = cli.threads.or_else(|| {
+        std::env::var_os("RAYON_NUM_THREADS")
+            .is_none()
+            .then(fathom_platform::cpu::default_compute_threads)
+            .flatten()
+    });
+    let pin = cli.pin_threads
+        && match numa::thread_pinning() {
+            fathom_platform::Support::Available => true,
+            s => {
+                eprintln!(
+                    "warning: --pin-threads: pinning a thread to a CPU is {s}; the system places the compute threads"
+                );
+                false
+            }
+        };
+    if threads.is_some() || pin {
         let mut pool = rayon::ThreadPoolBuilder::new();
-        if let Some(n) = cli.threads {
+        if let Some(n) = threads {
             pool = pool.num_threads(n.max(1));
         }
-        if cli.pin_threads {
+        if pin {
             pool = pool.start_handler(move |i| {
                 let cpu = topo.cpu_for_thread(i);
                 if let Err(e) = numa::pin_current_thread(cpu) {
@@ -128,7 +146,7 @@ fn place(cli: &Cli) {
             });
         }
         match pool.build_global() {
-            Ok(()) => placement.pinned = cli.pin_threads,
+            Ok(()) => placement.pinned = pin,
             Err(e) => eprintln!("warning: cannot set up the compute threads: {e}"),
         }
     }

@@ -31,8 +31,8 @@ pub fn available() -> bool {
 }
 
 /// Why [`available`] is false, for a test's skip line.
-pub const ABSENT: &str = "the CUDA kernels' host emulator was not built (no C++17 compiler when \
-     fathom-cuda-emu was compiled; install g++ and rebuild)";
+pub const ABSENT: &str = "the CUDA kernels' host emulator was not built (it builds on Linux, for \
+     the build machine itself, with a C++17 compiler; install g++ and rebuild)";
 
 /// The folder holding the emulated NVIDIA driver and NVRTC (`libcuda.so`,
 /// `libnvrtc.so`: `emu/driver.cpp`, `emu/nvrtc.cpp`), which run fathom's

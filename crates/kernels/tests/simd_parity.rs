@@ -216,3 +216,12 @@ fn bf16_input_major_matches_scalar_and_reference() {
         }
     }
 }
+
+/// On aarch64 the NEON table is among those compared with scalar above (a
+/// detection that dropped it would leave these tests checking scalar alone).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_is_compared_on_aarch64() {
+    assert_eq!(supported_isas(), vec![Isa::Scalar, Isa::Neon]);
+    assert!(Kernels::for_isa(Isa::Neon).is_some_and(|k| k.isa == Isa::Neon));
+}

@@ -19,7 +19,7 @@ use fathom_model::memory::MemoryFacts;
 use fathom_weights::IO_ALIGN;
 use fathom_weights::units::format_bytes;
 
-use crate::memory::{meminfo, memory_limit};
+use fathom_platform::{memory, unified_memory};
 
 /// Fixed allowance for the process itself (binary, allocator, thread stacks).
 const BASELINE: u64 = 64 << 20;
@@ -333,9 +333,10 @@ impl Ledger {
 /// The most memory this process may have: the memory-cgroup limit or the
 /// physical memory, whichever is smaller (with where the figure came from).
 pub fn memory_ceiling() -> (u64, &'static str) {
-    let total = meminfo("MemTotal:").unwrap_or(u64::MAX);
-    match memory_limit() {
+    let total = memory::total().unwrap_or(u64::MAX);
+    match memory::limit() {
         Some(c) if c < total => (c, "memory-cgroup limit"),
+        _ if unified_memory() => (total, "unified memory (the CPU's and the GPU's)"),
         _ => (total, "physical memory"),
     }
 }
@@ -358,11 +359,15 @@ pub fn check_budget(asked: u64) -> Result<u64, String> {
 /// The default budget: the memory-cgroup limit or the available memory,
 /// whichever is smaller, minus a margin of 10 % (at least 256 MiB, at most a
 /// quarter of a small limit) for the
-/// rest of the system. Returns (budget, where the figure came from).
+/// rest of the system. Returns (budget, where the figure came from). On
+/// unified memory (Apple Silicon) the available memory is the whole
+/// machine's, the GPU's included: the budget is all fathom takes, with no
+/// separate device memory beside it and no page-locked tier.
 pub fn default_budget() -> (u64, String) {
-    let avail = meminfo("MemAvailable:").unwrap_or(8 << 30);
-    let (limit, src) = match memory_limit() {
+    let avail = memory::available().unwrap_or(8 << 30);
+    let (limit, src) = match memory::limit() {
         Some(c) if c < avail => (c, "memory-cgroup limit"),
+        _ if unified_memory() => (avail, "available unified memory"),
         _ => (avail, "available memory"),
     };
     // 10 %, at least 256 MiB — but never more than a quarter of a small limit.

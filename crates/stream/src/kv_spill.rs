@@ -3,14 +3,14 @@
 //! [`FileSpill`] implements [`fathom_model::KvSpill`]: a file created under
 //! `--kv-dir` and unlinked at once (it lives as long as the process; a crash
 //! leaves nothing behind), cut into fixed slots of the first block's size
-//! rounded up to 4 KiB. Writes and reads use `O_DIRECT` where the filesystem
-//! allows, so spilled blocks do not sit in the page cache outside the
-//! budget. Reads run on one reader thread per file (the caller asks for the
+//! rounded up to 4 KiB. Writes and reads bypass the page cache where the
+//! filesystem allows (`O_DIRECT`, `F_NOCACHE` on macOS), so spilled blocks
+//! do not sit in the page cache outside the budget. Reads run on one reader thread per file (the caller asks for the
 //! next window before using the current one), each merging runs of
 //! consecutive slots into one positional read.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -49,8 +49,8 @@ pub struct FileSpill {
 }
 
 impl FileSpill {
-    /// Creates the spill file in `dir` (made if missing) now, with
-    /// `O_DIRECT` when `direct` and the filesystem allows it.
+    /// Creates the spill file in `dir` (made if missing) now, uncached
+    /// when `direct` and the filesystem allows it.
     pub fn create(dir: &Path, direct: bool) -> std::io::Result<Self> {
         let s = Self::lazy(dir, direct);
         s.inner()?;
@@ -89,22 +89,17 @@ fn open_file(dir: &Path, direct: bool) -> std::io::Result<Inner> {
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
         let path = dir.join(format!("fathom-kv-{}-{nanos}.blocks", std::process::id()));
-        let open = |flags: i32| {
-            File::options()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .custom_flags(flags)
-                .open(&path)
-        };
-        let (file, direct) = match direct.then(|| open(libc::O_DIRECT)) {
+        let mut opts = File::options();
+        opts.read(true).write(true).create_new(true);
+        let uncached = || fathom_platform::io::open_uncached_with(&opts, &path);
+        let (file, direct) = match direct.then(uncached) {
             Some(Ok(f)) if probe(&f) => (f, true),
             Some(Ok(f)) => {
                 drop(f);
                 std::fs::remove_file(&path)?;
-                (open(0)?, false)
+                (opts.open(&path)?, false)
             }
-            _ => (open(0)?, false),
+            _ => (opts.open(&path)?, false),
         };
         // The file lives while it is open; nothing is left after the process.
         std::fs::remove_file(&path)?;
@@ -132,7 +127,7 @@ fn open_file(dir: &Path, direct: bool) -> std::io::Result<Inner> {
     }
 }
 
-/// Some filesystems accept `O_DIRECT` at open and fail the I/O.
+/// Some filesystems accept an uncached open and fail the I/O.
 fn probe(f: &File) -> bool {
     let buf = AlignedBuf::zeroed(IO_ALIGN);
     let ok = f.write_at(&buf, 0).is_ok();

@@ -6,8 +6,9 @@
 //! requested expert straight from the original safetensors shards:
 //!
 //! * [`reader`]: one positional read per expert (its six tensors are adjacent
-//!   in the released files), page cache bypassed with `O_DIRECT` where the
-//!   filesystem allows (else `fadvise`), on a pool of I/O threads.
+//!   in the released files), page cache bypassed (`O_DIRECT`, `F_NOCACHE`
+//!   on macOS) where the filesystem allows (else `fadvise`), on a pool of
+//!   I/O threads.
 //! * [`cache`]: an LRU cache of whole experts sized by the RAM budget.
 //! * [`store`]: the source itself — hits, misses, next-layer prefetch that
 //!   only schedules I/O (never changes routing), cancellation of wrong guesses.
@@ -18,7 +19,6 @@ pub mod budget;
 pub mod cache;
 pub mod heat;
 pub mod kv_spill;
-pub mod memory;
 pub mod reader;
 pub mod store;
 

@@ -1,15 +1,18 @@
 //! Positional reads of whole experts, bypassing the page cache.
 //!
 //! The enclosing 4 KiB-aligned range of an expert's span is read into an
-//! aligned buffer with `O_DIRECT` (so the bytes come from the device, are not
-//! cached twice, and are not charged to the memory cgroup as page cache).
-//! Where the filesystem refuses `O_DIRECT` (tmpfs, some overlays) the file is
-//! read buffered and the range dropped from the page cache right after.
+//! aligned buffer with the page cache bypassed (`O_DIRECT` on Linux,
+//! `F_NOCACHE` on macOS: [`fathom_platform::io::open_uncached`]), so the
+//! bytes come from the device, are not cached twice, and are not charged to
+//! the memory cgroup as page cache. Where the filesystem refuses (tmpfs,
+//! some overlays) the file is read buffered and the range dropped from the
+//! page cache right after.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+
+use fathom_platform::io::{Advice, advise, open_uncached};
 
 use fathom_model::experts::{ExpertLoc, ExpertShapes, ExpertWeights};
 use fathom_weights::{AlignedBuf, IO_ALIGN};
@@ -22,15 +25,11 @@ pub struct ShardReader {
 }
 
 impl ShardReader {
-    /// Opens `path`, with `O_DIRECT` if `want_direct` and the filesystem allows it.
+    /// Opens `path` uncached if `want_direct` and the filesystem allows it.
     pub fn open(path: &Path, want_direct: bool) -> std::io::Result<Self> {
         let len = std::fs::metadata(path)?.len();
         if want_direct {
-            if let Ok(file) = File::options()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-            {
+            if let Ok(file) = open_uncached(path) {
                 // Probe: some filesystems accept the flag but fail the read.
                 let mut probe = AlignedBuf::zeroed(IO_ALIGN);
                 if file.read_at(&mut probe, 0).is_ok() {
@@ -43,8 +42,8 @@ impl ShardReader {
             }
         }
         let file = File::open(path)?;
-        // SAFETY: plain fadvise on a valid fd; failure only loses the hint.
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        // A refused hint only leaves read-ahead on.
+        advise(&file, 0, 0, Advice::Random);
         Ok(ShardReader {
             file,
             len,
@@ -77,15 +76,8 @@ impl ShardReader {
             got += n;
         }
         if !self.direct {
-            // SAFETY: plain fadvise on a valid fd; failure only loses the hint.
-            unsafe {
-                libc::posix_fadvise(
-                    self.file.as_raw_fd(),
-                    start as i64,
-                    (end - start) as i64,
-                    libc::POSIX_FADV_DONTNEED,
-                )
-            };
+            // A refused hint only leaves the range cached.
+            advise(&self.file, start, end - start, Advice::DontNeed);
         }
         Ok((buf, start))
     }

@@ -5,12 +5,13 @@
 //!   bytes of any range are a pure function of the plan, see `init.rs`)
 //!   while one writer thread writes the previous buffer; buffers circulate
 //!   through two channels, so generation and I/O overlap.
-//! * **Direct I/O.** Shards are written with `O_DIRECT` from 4 KiB-aligned
-//!   buffers at aligned offsets: on the virtual disks this runs on, the page
-//!   cache path reaches a fraction of the device's sequential bandwidth
-//!   (`dd … conv=fdatasync` vs `oflag=direct`). The last block of a file is
-//!   zero-padded and the file truncated back. Where the file system refuses
-//!   `O_DIRECT` (tmpfs) the writer falls back to buffered writes.
+//! * **Direct I/O.** Shards are written with the page cache bypassed
+//!   (`O_DIRECT`; `F_NOCACHE` on macOS) from 4 KiB-aligned buffers at
+//!   aligned offsets: on virtual disks the page cache path reaches a
+//!   fraction of the device's sequential bandwidth (`dd … conv=fdatasync`
+//!   vs `oflag=direct`). The last block of a file is zero-padded and the
+//!   file truncated back. Where the file system refuses `O_DIRECT` (tmpfs)
+//!   the writer falls back to buffered writes.
 //! * **Atomicity.** Shards are written as `.model-…safetensors.partial`,
 //!   fsynced, and renamed to their final names only when all of them are
 //!   complete; then the tokenizer, `config.json` and, last,
@@ -19,12 +20,9 @@
 //!   next run removes. An existing model is replaced only with `force`.
 
 use sha2::Digest;
-use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
-use std::mem::MaybeUninit;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::Instant;
@@ -36,7 +34,7 @@ use crate::plan::{Plan, ShardPlan};
 use crate::tokenizer;
 
 /// Alignment of direct I/O buffers, offsets and lengths.
-const ALIGN: usize = 4096;
+const ALIGN: usize = fathom_platform::io::DIRECT_ALIGN;
 /// Granularity of parallel generation inside one buffer.
 const FILL_CHUNK: usize = 1 << 20;
 
@@ -137,24 +135,6 @@ fn prepare_dir(dir: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// Bytes available to an unprivileged user on the file system of `dir`.
-// The statvfs field types are u64 on 64-bit Linux but narrower elsewhere.
-#[allow(clippy::unnecessary_cast)]
-fn free_space(dir: &Path) -> Option<u64> {
-    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut st = MaybeUninit::<libc::statvfs>::zeroed();
-    // SAFETY: `c` is a NUL-terminated path and `st` points to writable
-    // memory of the size statvfs fills; nothing else aliases it.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so it initialised the whole struct (and
-    // it was zeroed before, so no byte is uninitialised either way).
-    let st = unsafe { st.assume_init() };
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
-}
-
 /// Writes `bytes` to `dir/name` through a temp file, fsync and rename.
 fn atomic_write(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     let tmp = dir.join(partial_name(name));
@@ -220,12 +200,10 @@ impl Writer<'_> {
         let path = self.dir.join(partial_name(&shard.file_name));
         let mut o = OpenOptions::new();
         o.write(true).create_new(true);
-        if self.opts.direct_io {
-            let mut d = o.clone();
-            d.custom_flags(libc::O_DIRECT);
-            if let Ok(f) = d.open(&path) {
-                return Ok((f, path, true));
-            }
+        if self.opts.direct_io
+            && let Ok(f) = fathom_platform::io::open_uncached_with(&o, &path)
+        {
+            return Ok((f, path, true));
         }
         let f = o.open(&path).map_err(|e| SynthError::io(&path, e))?;
         Ok((f, path, false))
@@ -350,7 +328,7 @@ pub fn write_model(
     let vocab = plan.model.vocab_size();
     let ranks = tokenizer::rank_file(&tokenizer::rank_tokens(vocab - tokenizer::NUM_SPECIALS));
     let need = plan.file_bytes() + ranks.len() as u64 + (1 << 20);
-    if let Some(free) = free_space(dir).filter(|&f| f < need) {
+    if let Some(free) = fathom_platform::io::free_space(dir).filter(|&f| f < need) {
         return Err(SynthError::NoSpace {
             path: dir.to_path_buf(),
             need,

@@ -1,7 +1,8 @@
 //! An owned byte buffer aligned for direct I/O.
 //!
-//! `O_DIRECT` reads need the buffer address, file offset and length aligned to
-//! the device's logical block size; 4 KiB covers every device we target.
+//! Uncached reads (`O_DIRECT`) need the buffer address, file offset and
+//! length aligned to the device's logical block size; 4 KiB covers every
+//! device we target ([`fathom_platform::io::DIRECT_ALIGN`]).
 //!
 //! Buffers of [`MMAP_MIN`] bytes or more are mapped straight from the kernel
 //! and unmapped on drop. Streamed experts are allocated and freed all the
@@ -14,7 +15,7 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
 /// Alignment of every [`AlignedBuf`].
-pub const IO_ALIGN: usize = 4096;
+pub const IO_ALIGN: usize = fathom_platform::io::DIRECT_ALIGN;
 
 /// Buffers at least this large are anonymous mappings (page-aligned).
 pub const MMAP_MIN: usize = 256 << 10;
@@ -43,23 +44,12 @@ impl AlignedBuf {
             };
         }
         if len >= MMAP_MIN {
-            // SAFETY: a fresh private anonymous mapping; the kernel zero-fills it.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
+            // A fresh anonymous mapping: page-aligned, zero-filled by the kernel.
+            let ptr = fathom_platform::io::map_anonymous(len).unwrap_or_else(|| {
                 std::alloc::handle_alloc_error(
                     Layout::from_size_align(len, IO_ALIGN).expect("buffer size overflows"),
-                );
-            }
-            let ptr = NonNull::new(p.cast::<u8>()).expect("mmap returned null");
+                )
+            });
             return AlignedBuf {
                 ptr,
                 len,
@@ -81,7 +71,9 @@ impl AlignedBuf {
     /// one of the same length from the pool of freed read buffers when
     /// there is one (its old bytes still in it), else a fresh mapping,
     /// page-locked when a device backend asked for that
-    /// ([`crate::pool`]). Small lengths are plain zeroed buffers.
+    /// ([`crate::pool`]) — never on unified memory, where the device reads
+    /// RAM in place ([`fathom_platform::unified_memory`]). Small lengths
+    /// are plain zeroed buffers.
     pub fn for_reading(len: usize) -> Self {
         if len < MMAP_MIN {
             return Self::zeroed(len);
@@ -94,7 +86,7 @@ impl AlignedBuf {
             };
         }
         let mut b = Self::zeroed(len);
-        b.read = Some(crate::pool::pin(b.ptr, len));
+        b.read = Some(!fathom_platform::unified_memory() && crate::pool::pin(b.ptr, len));
         b
     }
 
@@ -124,7 +116,7 @@ impl Drop for AlignedBuf {
         }
         if self.len >= MMAP_MIN {
             // SAFETY: mapped in `zeroed` with exactly this length, unmapped once.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            unsafe { fathom_platform::io::unmap(self.ptr, self.len) };
         } else if self.len > 0 {
             // SAFETY: allocated in `zeroed` with exactly this layout.
             unsafe {

@@ -193,23 +193,21 @@ impl Checkpoint {
     }
 
     /// Reads `buf.len()` bytes at absolute `offset` of shard `shard`, then
-    /// drops that range from the page cache: what fathom keeps, it keeps in
-    /// its own (budgeted) memory, not twice.
+    /// drops that range from the page cache where the system can (Linux):
+    /// what fathom keeps, it keeps in its own (budgeted) memory, not twice.
     pub fn read_into(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
         let s = &self.shards[shard];
         s.file
             .read_exact_at(buf, offset)
             .map_err(|e| WeightsError::io(&s.path, e))?;
         BYTES_READ.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        // SAFETY: plain fadvise on a valid fd; failure only loses the hint.
-        unsafe {
-            libc::posix_fadvise(
-                std::os::unix::io::AsRawFd::as_raw_fd(&s.file),
-                offset as i64,
-                buf.len() as i64,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
+        // A refused hint only leaves the range cached.
+        fathom_platform::io::advise(
+            &s.file,
+            offset,
+            buf.len() as u64,
+            fathom_platform::io::Advice::DontNeed,
+        );
         Ok(())
     }
 

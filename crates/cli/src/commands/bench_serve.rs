@@ -41,8 +41,7 @@ struct ServerChild {
 
 impl Drop for ServerChild {
     fn drop(&mut self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = fathom_platform::process::terminate(&self.child);
         let _ = self.child.wait();
     }
 }

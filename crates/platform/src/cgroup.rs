@@ -1,5 +1,5 @@
-//! How much memory this machine and process have: `/proc/meminfo` and the
-//! process's memory cgroup (where it is and what limit it sets).
+//! The memory cgroup this process lives in (Linux): where it is and what
+//! limit it sets.
 //!
 //! Both hierarchies are handled: v1 (`memory` controller mounted on its own,
 //! `memory.limit_in_bytes`) and v2 (unified, `memory.max`). Where both appear
@@ -7,7 +7,8 @@
 //! this process wins: v1. The directory is found through
 //! `/proc/self/mountinfo`, so bind-mounted subtrees (containers) resolve too.
 //! The default RAM budget reads the limit; `fathom bench --memory-cap`
-//! creates its child cgroups below the same directory.
+//! creates its child cgroups below the same directory. Other systems have
+//! no cgroups: [`support`] says so and [`own`] returns that as its error.
 
 use std::path::PathBuf;
 
@@ -125,20 +126,28 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A `/proc/meminfo` field such as `"MemAvailable:"`, in bytes.
-pub fn meminfo(key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let l = s.lines().find(|l| l.starts_with(key))?;
-    let kb = l[key.len()..].trim().trim_end_matches("kB").trim();
-    Some(kb.parse::<u64>().ok()? * 1024)
+/// Whether this system has memory cgroups.
+pub const fn support() -> crate::Support {
+    crate::Support::on(cfg!(target_os = "linux"))
+}
+
+/// This process's memory cgroup, read from `/proc/self/cgroup` and
+/// `/proc/self/mountinfo`.
+pub fn own() -> Result<Place, String> {
+    if !support().is_available() {
+        return Err(format!(
+            "memory cgroups are a Linux facility, {}",
+            support()
+        ));
+    }
+    let read = |p: &str| std::fs::read_to_string(p).map_err(|e| format!("reading {p}: {e}"));
+    own_memory_cgroup(&read("/proc/self/cgroup")?, &read("/proc/self/mountinfo")?)
 }
 
 /// This process's memory-cgroup limit (v2 `memory.max`, or v1
 /// `memory.limit_in_bytes`), if one is set.
-pub fn memory_limit() -> Option<u64> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let place = own_memory_cgroup(&cg, &mi).ok()?;
+pub fn limit() -> Option<u64> {
+    let place = own().ok()?;
     let file = match place.version {
         Version::V1 => "memory.limit_in_bytes",
         Version::V2 => "memory.max",
@@ -155,15 +164,6 @@ pub fn memory_limit() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn meminfo_reads_kilobytes_as_bytes() {
-        let total = meminfo("MemTotal:").unwrap();
-        let avail = meminfo("MemAvailable:").unwrap();
-        assert!(total.is_multiple_of(1024) && avail.is_multiple_of(1024));
-        assert!(avail <= total, "{avail} > {total}");
-        assert_eq!(meminfo("NoSuchField:"), None);
-    }
 
     const MI_V1: &str = "\
 25 30 0:23 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
