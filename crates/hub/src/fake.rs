@@ -30,7 +30,8 @@ pub enum Fault {
     Status(u16),
     /// 429 with `Retry-After: N`.
     TooMany(u64),
-    /// Send this many body bytes, then drop the connection.
+    /// Send this many body bytes, then drop the connection (most often
+    /// all of them arrive; a loaded machine may deliver fewer).
     Truncate(u64),
     /// Send this many body bytes, then nothing (the connection stays open).
     Stall(u64),
@@ -496,9 +497,10 @@ fn stream_body(
                 if pos >= body.len() {
                     return None;
                 }
-                if stall {
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                }
+                // A stall never ends; a cut waits a moment first so the
+                // bytes before it leave the server's buffers.
+                let wait = if stall { 3600_000 } else { 200 };
+                tokio::time::sleep(Duration::from_millis(wait)).await;
                 return Some((Err(std::io::Error::other("cut")), usize::MAX));
             }
             if pos > 0 && !pause.is_zero() {
