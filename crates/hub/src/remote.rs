@@ -107,7 +107,10 @@ impl RemoteExpertStore {
         let lock_path = dir.join("lock");
         let lock = File::create(&lock_path).map_err(|e| HubError::io(&lock_path, e))?;
         if let Err(std::fs::TryLockError::WouldBlock) = lock.try_lock() {
-            return Err(HubError::Locked { path: lock_path });
+            return Err(HubError::Store(format!(
+                "the span store {} is in use by another fathom process: stop it, or give this one another store directory",
+                dir.display()
+            )));
         }
         let http = Http::new(&opts.config, Arc::new(AtomicBool::new(false)))?;
         let listing = load_listing(&http, &dir, &src.repo, &src.commit)?;
