@@ -217,3 +217,28 @@ fn plain_line(p: &Progress, start: Instant, files: &str) -> String {
         format_bytes(rate as u64)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    /// `--model` as the model commands will take it once resolved by
+    /// `fathom_hub::resolve_model` in clap's value parser.
+    #[derive(Parser, Debug)]
+    struct ModelArg {
+        #[arg(long, value_parser = fathom_hub::resolve_model)]
+        model: std::path::PathBuf,
+    }
+
+    #[test]
+    fn resolve_model_fits_clap_value_parser() {
+        let here = env!("CARGO_MANIFEST_DIR");
+        let a = ModelArg::try_parse_from(["x", "--model", here]).unwrap();
+        assert_eq!(a.model, std::path::Path::new(here));
+        let e = ModelArg::try_parse_from(["x", "--model", "./no/such/dir"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "error: invalid value './no/such/dir' for '--model <MODEL>': no such directory: ./no/such/dir\n\nFor more information, try '--help'.\n"
+        );
+    }
+}
