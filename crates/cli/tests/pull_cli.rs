@@ -244,3 +244,40 @@ fn bad_and_unknown_repositories_say_what_to_do() {
         )
     );
 }
+
+#[test]
+fn token_and_cache_come_from_the_environment() {
+    let (hub, src, home) = served("env");
+    hub.require_token(Some("tok-123"));
+    let cache = home.join("elsewhere");
+    let out = cmd(&hub, &home, &["pull", REPO])
+        .env("HF_HUB_CACHE", &cache)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("HTTP 401"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cmd(&hub, &home, &["pull", REPO])
+        .env("HF_HUB_CACHE", &cache)
+        .env("HF_TOKEN", "tok-123")
+        .output()
+        .unwrap();
+    let snap = PathBuf::from(ok(out).trim());
+    assert!(
+        snap.starts_with(cache.join("models--test-org--tiny/snapshots")),
+        "{snap:?}"
+    );
+    assert_same_files(&src, &snap);
+    assert!(!home.join("hub").exists());
+    // The token file `huggingface-cli login` writes serves as well.
+    std::fs::write(home.join("token"), "tok-123\n").unwrap();
+    let out = cmd(&hub, &home, &["pull", REPO, "--dry-run"])
+        .output()
+        .unwrap();
+    assert!(ok(out).lines().last().unwrap().starts_with("9 files, "));
+    let auth = hub.log().last().unwrap().auth.clone();
+    assert_eq!(auth.as_deref(), Some("Bearer tok-123"));
+}
