@@ -275,3 +275,24 @@ fn a_store_in_use_is_refused() {
         )
     );
 }
+
+#[test]
+fn the_store_is_shared_between_io_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<RemoteExpertStore>();
+    let s = setup("remote-threads");
+    let st = open(&s, 1 << 20);
+    std::thread::scope(|sc| {
+        for i in 0..4u64 {
+            let (st, s) = (&st, &s);
+            sc.spawn(move || {
+                let off = 20_000 + i * 3000;
+                assert_eq!(
+                    st.fetch_span(&s.shard, off, 3000).unwrap(),
+                    &s.bytes[off as usize..off as usize + 3000]
+                );
+            });
+        }
+    });
+    assert_eq!(st.stats().stored_bytes, 12_000);
+}
