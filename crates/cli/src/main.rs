@@ -52,6 +52,7 @@ enum Command {
     Inspect(commands::inspect::InspectArgs),
     Verify(commands::verify::VerifyArgs),
     EvalQuant(commands::eval_quant::EvalQuantArgs),
+    Pull(commands::pull::PullArgs),
 }
 
 /// Exit status of a program whose reader went away (128 + SIGPIPE), as
@@ -182,6 +183,7 @@ fn main() {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Verify(a) => commands::verify::run(a),
         Command::EvalQuant(a) => commands::eval_quant::run(a),
+        Command::Pull(a) => commands::pull::run(a),
     };
     if let Err(e) = result {
         if is_broken_pipe(&e) {

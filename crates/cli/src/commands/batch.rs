@@ -26,8 +26,8 @@ const MAX_LINES: usize = 100_000;
 /// Decode the prompts of a JSON-lines file together (continuous batching).
 #[derive(Args)]
 pub struct BatchArgs {
-    /// Model directory (config.json + safetensors shards).
-    #[arg(long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull` (config.json + safetensors shards).
+    #[arg(long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// JSON lines: {"prompt": "..."} or {"prompt_ids": [..]}, with optional
     /// max_new, temperature, top_k, top_p, min_p, seed, stop, penalties.

@@ -19,8 +19,8 @@ use fathom_weights::units::parse_size;
 #[derive(Args)]
 #[command(group(ArgGroup::new("input").required(false).args(["prompt", "prompt_ids", "prompts"])))]
 pub struct BenchArgs {
-    /// Model directory (config.json + safetensors shards).
-    #[arg(long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull` (config.json + safetensors shards).
+    #[arg(long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// Prompt as text (needs the model's tokenizer; peers get it as {prompt}).
     #[arg(long)]

@@ -15,8 +15,8 @@ use fathom_serve::load::{LoadResult, run as load};
 /// Measure `fathom serve` under N concurrent clients vs the same requests in turn.
 #[derive(Args)]
 pub struct BenchServeArgs {
-    /// Model directory.
-    #[arg(long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull`.
+    #[arg(long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// Prompts, one per line (text; `#` lines and blank lines skipped); cycled to N requests.
     #[arg(long, value_name = "FILE")]

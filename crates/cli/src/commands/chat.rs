@@ -25,8 +25,8 @@ use crate::load::{MemoryArgs, check_context, context_limit, load_model_with};
 /// Chat with a model in the terminal.
 #[derive(Args)]
 pub struct ChatArgs {
-    /// Model directory (with its tokenizer).
-    #[arg(long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull` (with its tokenizer).
+    #[arg(long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// A system message placed before the conversation.
     #[arg(long)]

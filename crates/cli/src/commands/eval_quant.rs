@@ -29,8 +29,8 @@ pub enum Variant {
 /// Measure the quality of a lossy option against the exact model.
 #[derive(Args)]
 pub struct EvalQuantArgs {
-    /// Model directory (config.json + safetensors shards).
-    #[arg(long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull` (config.json + safetensors shards).
+    #[arg(long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// Which lossy option to measure.
     #[arg(long, value_enum, default_value_t = Variant::SpineInt8)]

@@ -12,8 +12,8 @@ use crate::load::{MemoryArgs, load_model_with};
 /// Print the top logits at the last position of a prompt.
 #[derive(Args)]
 pub struct LogitsArgs {
-    /// Model directory (config.json + safetensors shards).
-    #[arg(long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull` (config.json + safetensors shards).
+    #[arg(long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// Prompt as comma-separated token ids.
     #[arg(long)]

@@ -8,6 +8,7 @@ pub mod inspect;
 pub mod inspect_facts;
 pub mod inspect_vram;
 pub mod logits;
+pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod synth;

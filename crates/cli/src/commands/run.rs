@@ -25,8 +25,8 @@ pub use fathom_runtime::draft::{DraftChoice, draft_bytes, make_drafter, parse_dr
 /// Generate from a prompt: greedy by default, sampled with --temperature.
 #[derive(Args)]
 pub struct RunArgs {
-    /// Model directory (config.json + safetensors shards).
-    #[arg(help_heading = "Model and prompt", long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull` (config.json + safetensors shards).
+    #[arg(help_heading = "Model and prompt", long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// Prompt as comma-separated token ids, e.g. 1,591,25 (used as given).
     #[arg(

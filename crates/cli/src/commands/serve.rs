@@ -21,8 +21,8 @@ pub enum LogFormat {
 /// Serve a model over an OpenAI-compatible HTTP API (and a chat page at /).
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Model directory (config.json, shards, tokenizer).
-    #[arg(long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull` (config.json, shards, tokenizer).
+    #[arg(long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// Address to listen on; the default accepts local connections only.
     #[arg(long, default_value = "127.0.0.1")]

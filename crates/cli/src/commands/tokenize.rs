@@ -10,8 +10,8 @@ use crate::common::tokenizer;
 /// Encode text with the tokenizer a model ships (tiktoken.model or tokenizer.json).
 #[derive(Args)]
 pub struct TokenizeArgs {
-    /// Model directory.
-    #[arg(long)]
+    /// Model directory, or ORG/NAME[@REV] pulled by `fathom pull`.
+    #[arg(long, value_parser = fathom_hub::resolve_model)]
     model: PathBuf,
     /// Recognise special-token spellings (e.g. <|open|>) as specials; by default
     /// text is untrusted and specials are ordinary characters.
