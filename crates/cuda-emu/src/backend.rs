@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fathom_kernels::backend::{
-    Backend, BackendStats, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role,
+    BackendStats, DeviceBackend, GluProduct, Hints, MatRef, MlaWork, MoeTail, Product, Role,
 };
 use fathom_kernels::kda::{KDA_L2_EPS, KdaJob};
 use fathom_kernels::ops::GluAct;
@@ -261,7 +261,7 @@ fn kda_takes(job: &KdaJob<'_>) -> bool {
             .all(|m| takes(m, n, 1))
 }
 
-impl Backend for EmuBackend {
+impl DeviceBackend for EmuBackend {
     fn name(&self) -> String {
         "cuda-emu (the CUDA kernels on the host)".into()
     }

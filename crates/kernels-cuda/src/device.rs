@@ -11,8 +11,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use fathom_kernels::backend::{
-    Backend, BackendStats, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product, Role,
-    segments,
+    BackendStats, DeviceBackend, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product,
+    Role, segments,
 };
 use fathom_kernels::fp8::E4M3;
 use fathom_kernels::kda::KdaJob;
@@ -550,7 +550,7 @@ impl Drop for CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl DeviceBackend for CudaBackend {
     fn name(&self) -> String {
         format!("cuda:{} {}", self.info.ordinal, self.info.name)
     }
