@@ -1,29 +1,40 @@
-//! Compiles the CUDA kernels' source with the host emulator (`emu/emu.h`),
-//! and builds the emulated driver and NVRTC libraries (`emu/driver.cpp`,
-//! `emu/nvrtc.cpp`) as `libcuda.so` and `libnvrtc.so` in one folder.
-//! Without a C++ compiler the crate still builds, `available()` and
-//! `driver_dir()` say so, and its tests say why they skip — unless
-//! `FATHOM_REQUIRE_EMU` is set (CI sets it), when a failed build fails
-//! here, so a kernel source the emulator cannot compile never turns the
-//! GPU tests into skips.
+//! Builds the emulated NVIDIA driver and NVRTC (`emu/driver.cpp`,
+//! `emu/nvrtc.cpp`) as `libcuda.so` and `libnvrtc.so` in one folder: the
+//! driver holds fathom's CUDA kernels compiled for the host emulator
+//! (`emu/emu.h`), the files and kernels named in `fathom-kernels-cuda`'s
+//! list (`src/kernel_list.rs`, included here), and its NVRTC accepts
+//! exactly those files joined. Without a C++ compiler the crate still
+//! builds, `driver_dir()` says so, and its tests say why they skip —
+//! unless `FATHOM_REQUIRE_EMU` is set (CI sets it), when a failed build
+//! fails here, so a kernel source the emulator cannot compile never turns
+//! the GPU tests into skips.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+// The kernels' one list: `cu_files!` and `kernels!`.
+include!("../kernels-cuda/src/kernel_list.rs");
+
+macro_rules! strs {
+    ($($file:literal),*) => {
+        &[$($file),*]
+    };
+}
+
+macro_rules! names {
+    ($($(#[$doc:meta])* $field:ident: $name:ident,)*) => {
+        &[$(stringify!($name)),*]
+    };
+}
+
 /// The kernels' files in the order `fathom_kernels_cuda::SOURCE` joins them.
-const SOURCES: [&str; 6] = [
-    "matmul.cu",
-    "grouped.cu",
-    "kda.cu",
-    "glu.cu",
-    "mla.cu",
-    "gqa.cu",
-];
+const SOURCES: &[&str] = cu_files!(strs);
+/// Every kernel the backend loads.
+const KERNELS: &[&str] = kernels!(names);
 
 fn main() {
     println!("cargo:rerun-if-changed=emu");
     println!("cargo:rerun-if-changed=../kernels-cuda/src");
-    println!("cargo:rustc-check-cfg=cfg(emu_built)");
     println!("cargo:rustc-check-cfg=cfg(emu_driver)");
     println!("cargo:rerun-if-env-changed=FATHOM_REQUIRE_EMU");
     // The file list once, for the crate's tests too.
@@ -35,37 +46,13 @@ fn main() {
     let (target, host) = (env("TARGET"), env("HOST"));
     if env("CARGO_CFG_TARGET_OS") != "linux" || target != host {
         println!(
-            "cargo:warning=the CUDA kernels' host emulator is built only for the Linux build machine itself (target {target}, host {host}); its tests will skip"
+            "cargo:warning=the emulated CUDA driver is built only for the Linux build machine itself (target {target}, host {host}); its tests will skip"
         );
         return;
     }
     let required = std::env::var_os("FATHOM_REQUIRE_EMU").is_some();
-    let mut b = cc::Build::new();
-    b.cpp(true)
-        .file("emu/kernels.cpp")
-        .std("c++17")
-        .opt_level(2)
-        // Every operation rounded on its own, as the kernels' explicit
-        // rounding asks of the device; no fast-math.
-        .flag("-ffp-contract=off")
-        .flag_if_supported("-fno-fast-math")
-        .flag_if_supported("-Wno-unknown-pragmas")
-        .flag_if_supported("-Wno-unused-parameter")
-        .warnings(false);
-    match b.try_compile("fathom_cuda_emu") {
-        Ok(()) => println!("cargo:rustc-cfg=emu_built"),
-        Err(e) if required => {
-            panic!("FATHOM_REQUIRE_EMU: the kernels' host emulator did not build: {e}")
-        }
-        Err(e) => {
-            println!(
-                "cargo:warning=the CUDA kernels' host emulator was not built ({e}); its tests will skip"
-            );
-            return;
-        }
-    }
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    match driver(&b, &out) {
+    match driver(&out) {
         Ok(dir) => {
             println!("cargo:rustc-cfg=emu_driver");
             println!("cargo:rustc-env=FATHOM_EMU_DRIVER_DIR={}", dir.display());
@@ -84,23 +71,53 @@ fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_default()
 }
 
-/// Builds `libcuda.so` and `libnvrtc.so` (each with that soname) in
-/// `out/driver`.
-fn driver(b: &cc::Build, out: &Path) -> Result<PathBuf, String> {
-    let src_dir = Path::new("../kernels-cuda/src");
+/// Writes the headers made from the list (`emu_kernels.h`: the files to
+/// compile and `FATHOM_KERNELS`; `emu_source.h`: the files joined) into
+/// `out`.
+fn headers(out: &Path) -> Result<(), String> {
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").ok_or("cargo sets CARGO_MANIFEST_DIR")?;
+    let src_dir = Path::new(&manifest).join("../kernels-cuda/src");
+    let src_dir = src_dir
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", src_dir.display()))?;
+    let mut includes = String::new();
     let mut joined = String::new();
     for f in SOURCES {
         let p = src_dir.join(f);
         joined += &std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        includes += &format!("#include \"{}\"\n", p.display());
     }
-    let header = format!(
+    let table: String = KERNELS.iter().map(|k| format!(" X({k})")).collect();
+    let kernels = format!(
+        "// generated by fathom-cuda-emu's build script from kernel_list.rs\n#pragma once\n\
+         {includes}#define FATHOM_KERNELS(X){table}\n"
+    );
+    std::fs::write(out.join("emu_kernels.h"), kernels).map_err(|e| e.to_string())?;
+    let source = format!(
         "// generated by fathom-cuda-emu's build script\n#pragma once\n\
          static const char EMU_SOURCE[] = R\"FATHOMSRC({joined})FATHOMSRC\";\n"
     );
-    std::fs::write(out.join("emu_source.h"), header).map_err(|e| e.to_string())?;
+    std::fs::write(out.join("emu_source.h"), source).map_err(|e| e.to_string())
+}
+
+/// Builds `libcuda.so` and `libnvrtc.so` (each with that soname) in
+/// `out/driver`.
+fn driver(out: &Path) -> Result<PathBuf, String> {
+    headers(out)?;
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .std("c++17")
+        .opt_level(2)
+        // Every operation rounded on its own, as the kernels' explicit
+        // rounding asks of the device; no fast-math.
+        .flag("-ffp-contract=off")
+        .flag_if_supported("-fno-fast-math")
+        .flag_if_supported("-Wno-unknown-pragmas")
+        .flag_if_supported("-Wno-unused-parameter")
+        .warnings(false);
+    let compiler = b.try_get_compiler().map_err(|e| e.to_string())?;
     let dir = out.join("driver");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let compiler = b.try_get_compiler().map_err(|e| e.to_string())?;
     for (lib, src) in [
         ("libcuda.so", "emu/driver.cpp"),
         ("libnvrtc.so", "emu/nvrtc.cpp"),

@@ -1,9 +1,9 @@
 // The emulated driver's kernel launches: each argument checked (a pointer
 // inside a device allocation of the launching device), the kernel run on
 // the host emulator now or bound with its arguments' values for a graph,
-// and the table of kernels a module holds. Part of driver.cpp, included
-// once inside its anonymous namespace (it uses Op, find_dev and the
-// kernels' source included there).
+// and the table of kernels a module holds (every kernel of the list).
+// Part of driver.cpp, included once inside its anonymous namespace (it
+// uses Op, find_dev and the kernels' source included there).
 #pragma once
 
 // A kernel's pointer argument: null, or inside a device allocation of
@@ -77,13 +77,7 @@ struct Kernel {
             [](dim3 g, dim3 b, unsigned sh, void** p, int d) { return bind(#n, n, g, b, sh, p, d); } \
     }
 
-const Kernel KERNELS[] = {
-    KERNEL(mm_f32),    KERNEL(mm_bf16),       KERNEL(mm_int8),       KERNEL(mm_mxfp4),
-    KERNEL(mm_fp8),    KERNEL(mm_int4),       KERNEL(mm_bf16_many),  KERNEL(mm_mxfp4_many),
-    KERNEL(kda_step),  KERNEL(glu_act),       KERNEL(mla_split),     KERNEL(mla_merge),
-    KERNEL(moe_combine), KERNEL(mla_gate),    KERNEL(res_mix_dots), KERNEL(res_mix_sum),
-    KERNEL(res_mix_norm), KERNEL(mxfp4_lanes), KERNEL(bf16_lanes), KERNEL(mla_norm_rows),
-    KERNEL(mla_queries), KERNEL(mla_rows), KERNEL(gqa_prep), KERNEL(gqa_split),
-    KERNEL(gqa_merge), KERNEL(bias_rows), KERNEL(mm_bf16_rows), KERNEL(mm_bf16_rows_many),
-    KERNEL(mm_bf16_set), KERNEL(mm_bf16_rows_set),
-};
+// Every kernel of the list (emu_kernels.h, from kernel_list.rs).
+#define KERNEL_ENTRY(n) KERNEL(n),
+const Kernel KERNELS[] = {FATHOM_KERNELS(KERNEL_ENTRY)};
+#undef KERNEL_ENTRY

@@ -11,8 +11,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use fathom_kernels::backend::{
-    Backend, BackendStats, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product, Role,
-    segments,
+    BackendStats, DeviceBackend, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product,
+    Role, segments,
 };
 use fathom_kernels::fp8::E4M3;
 use fathom_kernels::kda::KdaJob;
@@ -93,42 +93,25 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaError> {
     })
 }
 
-struct Funcs {
-    f32: CudaFunction,
-    bf16: CudaFunction,
-    int8: CudaFunction,
-    mxfp4: CudaFunction,
-    fp8: CudaFunction,
-    int4: CudaFunction,
-    bf16_many: CudaFunction,
-    /// bf16 products of more than one position (inputs staged for a block's rows).
-    bf16_rows: CudaFunction,
-    bf16_rows_many: CudaFunction,
-    /// bf16 products of any shapes in one launch, one position or more (`launch::SET_MAX`).
-    bf16_set: CudaFunction,
-    bf16_rows_set: CudaFunction,
-    mxfp4_many: CudaFunction,
-    /// bf16 values and MXFP4 codes rearranged for the products once in
-    /// VRAM (`matmul.cu`).
-    bf16_lanes: CudaFunction,
-    mxfp4_lanes: CudaFunction,
-    kda: CudaFunction,
-    glu_act: CudaFunction,
-    mla_split: CudaFunction,
-    mla_merge: CudaFunction,
-    moe_combine: CudaFunction,
-    mla_gate: CudaFunction,
-    mla_norm_rows: CudaFunction,
-    mla_queries: CudaFunction,
-    mla_rows: CudaFunction,
-    gqa_prep: CudaFunction,
-    gqa_split: CudaFunction,
-    gqa_merge: CudaFunction,
-    bias_rows: CudaFunction,
-    res_mix_dots: CudaFunction,
-    res_mix_sum: CudaFunction,
-    res_mix_norm: CudaFunction,
+/// Declares [`Funcs`] from the kernels' list (`kernel_list.rs`).
+macro_rules! funcs {
+    ($($(#[$doc:meta])* $field:ident: $name:ident,)*) => {
+        /// Every kernel of the module, loaded once.
+        struct Funcs {
+            $($(#[$doc])* $field: CudaFunction,)*
+        }
+
+        impl Funcs {
+            fn load(module: &Arc<CudaModule>) -> Result<Funcs, cudarc::driver::DriverError> {
+                Ok(Funcs {
+                    $($field: module.load_function(stringify!($name))?,)*
+                })
+            }
+        }
+    };
 }
+
+kernels!(funcs);
 
 /// A second set of staging buffers (see `State`'s), for the part of a
 /// call that follows its first ([`then`]).
@@ -372,39 +355,7 @@ impl CudaBackend {
         let copies = ctx.new_stream()?;
         let ptx = kernels_ptx(arch_name(info.compute_capability), info.nvrtc)?;
         let module = ctx.load_module(ptx)?;
-        let f = |n: &str| module.load_function(n);
-        let funcs = Funcs {
-            f32: f("mm_f32")?,
-            bf16: f("mm_bf16")?,
-            int8: f("mm_int8")?,
-            mxfp4: f("mm_mxfp4")?,
-            fp8: f("mm_fp8")?,
-            int4: f("mm_int4")?,
-            bf16_many: f("mm_bf16_many")?,
-            bf16_rows: f("mm_bf16_rows")?,
-            bf16_rows_many: f("mm_bf16_rows_many")?,
-            bf16_set: f("mm_bf16_set")?,
-            bf16_rows_set: f("mm_bf16_rows_set")?,
-            mxfp4_many: f("mm_mxfp4_many")?,
-            bf16_lanes: f("bf16_lanes")?,
-            mxfp4_lanes: f("mxfp4_lanes")?,
-            kda: f("kda_step")?,
-            glu_act: f("glu_act")?,
-            mla_split: f("mla_split")?,
-            mla_merge: f("mla_merge")?,
-            moe_combine: f("moe_combine")?,
-            mla_gate: f("mla_gate")?,
-            mla_norm_rows: f("mla_norm_rows")?,
-            mla_queries: f("mla_queries")?,
-            mla_rows: f("mla_rows")?,
-            gqa_prep: f("gqa_prep")?,
-            gqa_split: f("gqa_split")?,
-            gqa_merge: f("gqa_merge")?,
-            bias_rows: f("bias_rows")?,
-            res_mix_dots: f("res_mix_dots")?,
-            res_mix_sum: f("res_mix_sum")?,
-            res_mix_norm: f("res_mix_norm")?,
-        };
+        let funcs = Funcs::load(&module)?;
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let slots = bf16_slots(&ctx, &funcs);
         let pairs = tuning_defines(std::env::var("FATHOM_CUDA_DEFINES").ok().as_deref())?
@@ -550,7 +501,7 @@ impl Drop for CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl DeviceBackend for CudaBackend {
     fn name(&self) -> String {
         format!("cuda:{} {}", self.info.ordinal, self.info.name)
     }

@@ -14,6 +14,16 @@
 //! activations up and its results back in one round trip. A product whose
 //! weights cannot fit is declined and runs on the CPU.
 
+// The kernels' one list (also read by fathom-cuda-emu's build script).
+include!("kernel_list.rs");
+
+/// The files named, joined.
+macro_rules! joined {
+    ($($file:literal),*) => {
+        concat!($(include_str!($file)),*)
+    };
+}
+
 mod cache;
 mod device;
 mod guess;
@@ -57,12 +67,43 @@ impl From<cudarc::driver::DriverError> for CudaError {
 }
 
 /// The kernels' CUDA C source: matrix products, the KDA core, gated
-/// activations, MLA attention over a latent cache, grouped-query attention.
-pub const SOURCE: &str = concat!(
-    include_str!("matmul.cu"),
-    include_str!("grouped.cu"),
-    include_str!("kda.cu"),
-    include_str!("glu.cu"),
-    include_str!("mla.cu"),
-    include_str!("gqa.cu")
-);
+/// activations, MLA attention over a latent cache, grouped-query attention
+/// (the files of `kernel_list.rs`, joined in its order).
+pub const SOURCE: &str = cu_files!(joined);
+
+#[cfg(test)]
+mod tests {
+    macro_rules! names {
+        ($($(#[$doc:meta])* $field:ident: $name:ident,)*) => {
+            [$(stringify!($name)),*]
+        };
+    }
+
+    /// The kernel list names exactly the source's entry points (`extern
+    /// "C" __global__` functions), each once: a kernel added to a `.cu`
+    /// file and not to `kernel_list.rs` (or the reverse) fails here.
+    #[test]
+    fn the_kernel_list_is_the_sources_entry_points() {
+        let mut defined: Vec<&str> = super::SOURCE
+            .lines()
+            .filter_map(|l| l.split("extern \"C\" __global__ void").nth(1))
+            .map(|rest| {
+                // After the qualifiers (`BF16_BOUNDS`, `__launch_bounds__(n)`).
+                let rest = match rest.split_once("__launch_bounds__(") {
+                    Some((_, after)) => after.split_once(')').map_or(after, |(_, r)| r),
+                    None => rest,
+                };
+                let head = rest.split('(').next().unwrap_or("");
+                head.split_whitespace().last().unwrap_or("")
+            })
+            .collect();
+        let mut listed: Vec<&str> = kernels!(names).to_vec();
+        assert_eq!(defined.len(), 30, "{defined:?}");
+        defined.sort_unstable();
+        listed.sort_unstable();
+        let n = listed.len();
+        listed.dedup();
+        assert_eq!(listed.len(), n, "a kernel listed twice");
+        assert_eq!(listed, defined);
+    }
+}

@@ -365,6 +365,68 @@ fn special_values_take_the_same_paths_on_both_devices() {
     b.forget(one.as_ptr() as usize..one.as_ptr() as usize + 4);
 }
 
+/// The activations at other β than K3's — SiTU-GLU with β 3 and a linear
+/// branch of β_lin 0.7, and with β 0.4 alone — and SwiGLU, over a spread
+/// of gate and up values each on its own (1,024 positions, past one
+/// 256-thread block): `x = [a, b]` through a gate row `[1, 0]` and an up
+/// row `[0, 1]`, a down of one `1`.
+#[test]
+fn gated_activations_at_other_betas_over_a_spread_keep_their_bits() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(3);
+    let t = 1024;
+    let xs: Vec<f32> = (0..2 * t).map(|_| g.f32(16.0)).collect();
+    let ws: [&[f32]; 3] = [&[1.0, 0.0], &[0.0, 1.0], &[1.0]];
+    let [gate, up, down] = ws.map(|w| MatRef::F32 {
+        w,
+        rows: 1,
+        cols: w.len(),
+    });
+    let acts = [
+        GluAct::Swiglu,
+        GluAct::Situ {
+            beta: 3.0,
+            beta_lin: Some(0.7),
+        },
+        GluAct::Situ {
+            beta: 0.4,
+            beta_lin: None,
+        },
+    ];
+    for act in acts {
+        let run = |on_device: bool| {
+            let mut y = vec![f32::NAN; t];
+            let mut job = [GluProduct {
+                gate,
+                up,
+                down,
+                role: Role::Spine,
+                x: &xs,
+                t,
+                y: &mut y,
+            }];
+            if on_device {
+                assert!(b.glu_batch(&mut job, act, &Hints::default()), "declined");
+            } else {
+                glu_batch_stable(&mut job, act, &Hints::default());
+            }
+            y
+        };
+        let (host, dev) = (run(false), run(true));
+        for (i, (h, d)) in host.iter().zip(&dev).enumerate() {
+            assert!(
+                h.to_bits() == d.to_bits(),
+                "{act:?} at position {i} ({:e}, {:e}): device {d:e} vs host {h:e}",
+                xs[2 * i],
+                xs[2 * i + 1]
+            );
+        }
+    }
+    for w in ws {
+        b.forget(w.as_ptr() as usize..w.as_ptr() as usize + 4 * w.len());
+    }
+}
+
 /// A MoE layer's routed experts for `Backend::moe_tail`: the experts
 /// (`t` rows each), each output row's picks and weights, a norm weight and
 /// a bf16 up-projection `[80, width]`.

@@ -401,6 +401,120 @@ fn an_mla_step_with_its_projections_gives_the_twins_bits() {
     }
 }
 
+/// The attention at two more shapes, bit for bit against the CPU's steps:
+/// 3 heads of a 64-wide latent and 16-wide position part (multiples of 8
+/// and 32), and 5 heads of 36 and 12 with scores spread over hundreds
+/// (large values, a scale of 4), so most weights underflow to zero; one
+/// sequence whose queries see one row, a split less one, a split, a split
+/// and one, and every row of a cache of three splits and a partial one.
+#[test]
+fn mla_attention_at_other_shapes_and_underflowing_weights_keeps_the_bits() {
+    let Some(dev) = open(None) else {
+        return;
+    };
+    let shapes = [
+        (
+            MlaShape {
+                heads: 3,
+                lora: 64,
+                rope: 16,
+                scale: 0.125,
+            },
+            0.5f32,
+        ),
+        (
+            MlaShape {
+                heads: 5,
+                lora: 36,
+                rope: 12,
+                scale: 4.0,
+            },
+            3.0,
+        ),
+    ];
+    for (k, (sh, amp)) in shapes.into_iter().enumerate() {
+        let (h, w) = (sh.heads, sh.width());
+        let mut g = Lcg(11 + k as u64);
+        let rows = 3 * SPLIT + 77;
+        let cache = g.vec(rows * w, amp);
+        let ns = [1usize, SPLIT - 1, SPLIT, SPLIT + 1, rows];
+        let t = ns.len();
+        let (q_nope, q_rope) = (g.vec(h * t * DN, amp), g.vec(t * h * sh.rope, amp));
+        let (uk, uv) = (g.bf16(h * sh.lora * DN), g.bf16(h * DV * sh.lora));
+        let seqs = [MlaSeqWork {
+            blocks: cache.chunks(SPLIT * w).collect(),
+            stable: 3,
+            queries: 0..t,
+            first: 0,
+        }];
+        let run = |device: bool| {
+            let mut out = vec![f32::NAN; t * h * DV];
+            let mut work = MlaWork {
+                shape: sh,
+                seqs: &seqs,
+                ns: &ns,
+                q_nope: &q_nope,
+                q_rope: &q_rope,
+                uk_t: MatRef::Bf16 {
+                    w: &uk,
+                    rows: h * sh.lora,
+                    cols: DN,
+                },
+                uv: MatRef::Bf16 {
+                    w: &uv,
+                    rows: h * DV,
+                    cols: sh.lora,
+                },
+                o: None,
+                out: &mut out,
+                then: None,
+                proj: None,
+            };
+            assert!(work.fits_device_kernel(), "shape {k}");
+            if device {
+                assert!(dev.mla_attend(&mut work), "shape {k}: the device takes it");
+            } else {
+                mla_work_cpu(&mut work);
+            }
+            out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+        };
+        if k == 1 {
+            // Head 0 of the last query (every row): most of its weights
+            // exp(s − max) are below the smallest subnormal.
+            let (lo, rope) = (sh.lora, sh.rope);
+            let mut q_lat = vec![0f32; lo];
+            let uk0 = MatRef::Bf16 {
+                w: &uk[..lo * DN],
+                rows: lo,
+                cols: DN,
+            };
+            uk0.cpu(&q_nope[(t - 1) * DN..][..DN], 1, &mut q_lat);
+            let q_r = &q_rope[(t - 1) * h * rope..][..rope];
+            let scores: Vec<f64> = cache
+                .chunks(w)
+                .map(|c| {
+                    let dot = |a: &[f32], b: &[f32]| -> f64 {
+                        a.iter()
+                            .zip(b)
+                            .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                            .sum()
+                    };
+                    f64::from(sh.scale) * (dot(&q_lat, &c[..lo]) + dot(q_r, &c[lo..]))
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::MIN, f64::max);
+            let gone = scores.iter().filter(|&&s| s - max < -104.0).count();
+            assert!(2 * gone > rows, "{gone} of {rows} weights underflow");
+        }
+        let (d, c) = (run(true), run(false));
+        assert!(d == c, "shape {k}: the device's values");
+        for b in cache.chunks(SPLIT * w) {
+            let start = b.as_ptr() as usize;
+            dev.forget(start..start + 4 * b.len());
+        }
+    }
+}
+
 /// The widest norm `fits_device_kernel` lets through is the row `mla.cu`
 /// stages in shared memory (runs without a device).
 #[test]

@@ -180,6 +180,11 @@ pub struct BackendStats {
     /// MoE layers whose routed experts ran through their combine on the
     /// device ([`Backend::moe_tail`]), each also a device call.
     pub device_moe_tails: u64,
+    /// MoE layers a backend over several devices declined as one call
+    /// because their routed experts lay on more than one device (the
+    /// caller ran them as a gated batch split by owner;
+    /// `crate::multi::MultiBackend`).
+    pub moe_tails_split: u64,
     /// Device calls that failed (their products ran on the CPU instead).
     pub device_errors: u64,
     /// Device calls whose operations ran as one CUDA graph launch (a
@@ -235,6 +240,7 @@ impl BackendStats {
             vram_state_bytes: self.vram_state_bytes,
             device_attention: self.device_attention - start.device_attention,
             device_moe_tails: self.device_moe_tails - start.device_moe_tails,
+            moe_tails_split: self.moe_tails_split - start.moe_tails_split,
             device_errors: self.device_errors - start.device_errors,
             graph_launches: self.graph_launches - start.graph_launches,
             graph_builds: self.graph_builds - start.graph_builds,
@@ -278,6 +284,7 @@ impl BackendStats {
             vram_state_bytes: self.vram_state_bytes + o.vram_state_bytes,
             device_attention: self.device_attention + o.device_attention,
             device_moe_tails: self.device_moe_tails + o.device_moe_tails,
+            moe_tails_split: self.moe_tails_split + o.moe_tails_split,
             device_errors: self.device_errors + o.device_errors,
             graph_launches: self.graph_launches + o.graph_launches,
             graph_builds: self.graph_builds + o.graph_builds,
@@ -299,7 +306,15 @@ impl BackendStats {
     }
 }
 
-/// A device that computes matrix products with the CPU kernels' order.
+/// A device that computes matrix products with the CPU kernels' order:
+/// the seam every caller goes through (as `dyn Backend`).
+///
+/// No method has a default here: an implementor states each one, so a
+/// backend that forwards to others ([`crate::multi::MultiBackend`]) does
+/// not compile until it says what each method does — none falls back to
+/// "declined" unnoticed. A device that computes the work itself
+/// implements [`DeviceBackend`] instead, where every optional operation is
+/// declined unless it says otherwise; that gives it this trait.
 pub trait Backend: Send + Sync {
     /// Short name (`cuda:0 NVIDIA H200`).
     fn name(&self) -> String;
@@ -311,83 +326,62 @@ pub trait Backend: Send + Sync {
     /// blocks, block `g` applied to its own input `x[g] = x[g·t·cols..][..t·cols]`,
     /// giving `y[g] = y[g·t·rows_g..][..t·rows_g]` — each row's result the one
     /// [`Backend::matmul`] gives for it. `false` when not taken (the caller
-    /// computes the blocks on the CPU). Default: not taken.
+    /// computes the blocks on the CPU).
     fn matmul_groups(
         &self,
-        _w: &MatRef<'_>,
-        _role: Role,
-        _groups: usize,
-        _x: &[f32],
-        _t: usize,
-        _y: &mut [f32],
-    ) -> bool {
-        false
-    }
+        w: &MatRef<'_>,
+        role: Role,
+        groups: usize,
+        x: &[f32],
+        t: usize,
+        y: &mut [f32],
+    ) -> bool;
     /// Several independent products in one call (one round trip to the
     /// device instead of one each), each bit-identical to
     /// [`Backend::matmul`] of it; `false` when not taken as a whole (the
     /// caller computes them one at a time). `hints` ([`Hints`]) may start
-    /// copies behind the batch's own weights. Default: not taken.
-    fn matmul_batch(&self, _products: &mut [Product<'_, '_>], _hints: &Hints<'_, '_>) -> bool {
-        false
-    }
+    /// copies behind the batch's own weights.
+    fn matmul_batch(&self, products: &mut [Product<'_, '_>], hints: &Hints<'_, '_>) -> bool;
     /// Gated MLPs `y = down(act(gate x, up x))` in one call, each
     /// bit-identical to its three products with `act` on the host between
     /// them ([`glu_steps_on`]): `act`'s operations are
     /// defined one for one ([`GluAct`]). `false` when not taken as a whole
     /// (the caller runs the fallback). `hints` as for
-    /// [`Backend::matmul_batch`]. Default: not taken.
+    /// [`Backend::matmul_batch`].
     fn glu_batch(
         &self,
-        _jobs: &mut [GluProduct<'_, '_>],
-        _act: GluAct,
-        _hints: &Hints<'_, '_>,
-    ) -> bool {
-        false
-    }
+        jobs: &mut [GluProduct<'_, '_>],
+        act: GluAct,
+        hints: &Hints<'_, '_>,
+    ) -> bool;
     /// Plain products and gated MLPs of one step of the model in one call
     /// (a MoE layer's router and latent projection beside its shared
     /// experts), each result bit-identical to [`Backend::matmul`] of the
     /// product or [`Backend::glu_batch`] of the MLP; `false` when not taken
     /// as a whole (the caller runs them as a batch and a gated batch).
-    /// Default: not taken.
     fn glu_mixed(
         &self,
-        _plain: &mut [Product<'_, '_>],
-        _jobs: &mut [GluProduct<'_, '_>],
-        _act: GluAct,
-        _hints: &Hints<'_, '_>,
-    ) -> bool {
-        false
-    }
+        plain: &mut [Product<'_, '_>],
+        jobs: &mut [GluProduct<'_, '_>],
+        act: GluAct,
+        hints: &Hints<'_, '_>,
+    ) -> bool;
     /// [`Hints`] with no products to go with them (every expert of a layer
-    /// computed elsewhere). Default: ignored.
-    fn hint(&self, _hints: &Hints<'_, '_>) {}
+    /// computed elsewhere).
+    fn hint(&self, hints: &Hints<'_, '_>);
     /// Routed experts' matrices (bytes stable as for [`matmul_stable`]) to
     /// copy up now, each group one expert's, kept together on one device:
     /// as many as fit without displacing one another (a resident model's
     /// experts at load). Only copies depend on it, never a result.
-    /// Default: the groups in order as one [`Hints::next`] list.
-    fn preload(&self, experts: &[Vec<MatRef<'_>>]) {
-        let next: Vec<MatRef<'_>> = experts.iter().flatten().copied().collect();
-        self.hint(&Hints {
-            next: &next,
-            ..Hints::default()
-        });
-    }
+    fn preload(&self, experts: &[Vec<MatRef<'_>>]);
     /// Per matrix of `ws`, the bytes the device does not hold now (what a
-    /// product on it would copy up). Default: none.
-    fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize> {
-        vec![0; ws.len()]
-    }
+    /// product on it would copy up).
+    fn missing_bytes(&self, ws: &[MatRef<'_>]) -> Vec<usize>;
     /// Whether the device has ever had to drop or refuse routed-expert
     /// weights for room: then guesses of the experts a caller will need
     /// next are worth handing over (a right one saves waiting for a copy),
     /// and a copy nobody waits for may push out one that is needed.
-    /// Default: no.
-    fn experts_crowded(&self) -> bool {
-        false
-    }
+    fn experts_crowded(&self) -> bool;
     /// A KDA layer's core for one step ([`KdaJob`]), bit-identical to
     /// [`crate::kda::kda_step_cpu`], leaving the sequences' states on the
     /// device ([`crate::state_buf::StateBuf::set_on_device`]). `Ok(false)`
@@ -395,50 +389,38 @@ pub trait Backend: Send + Sync {
     /// `Err` when the device failed after a state may have changed: the
     /// step must fail (and be undone). A backend does not touch the
     /// job's `StateBuf`s' own methods while it holds its internal lock
-    /// (they call back into it). Default: not taken.
-    fn kda_step(&self, _job: &mut KdaJob<'_>) -> Result<bool, String> {
-        Ok(false)
-    }
+    /// (they call back into it).
+    fn kda_step(&self, job: &mut KdaJob<'_>) -> Result<bool, String>;
     /// An MLA layer's absorbed attention for a step's sequences in one
     /// call ([`MlaWork`]), each step bit-identical to its CPU kernel.
     /// `false` when not taken (nothing written: the caller runs it on the
-    /// CPU). Default: not taken.
-    fn mla_attend(&self, _work: &mut MlaWork<'_>) -> bool {
-        false
-    }
+    /// CPU).
+    fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool;
     /// A grouped-query attention layer for a step's sequences in one call
     /// ([`GqaWork`]), bit-identical to [`gqa_work_cpu`]. `false` when not
-    /// taken (nothing written). Default: not taken.
-    fn gqa_attend(&self, _work: &mut GqaWork<'_>) -> bool {
-        false
-    }
+    /// taken (nothing written).
+    fn gqa_attend(&self, work: &mut GqaWork<'_>) -> bool;
     /// A MoE layer's routed experts through their combine in one call
     /// ([`MoeTail`]), `y` bit-identical to [`moe_tail_cpu`]. `false` when
     /// not taken (nothing written: the caller runs the experts another
-    /// way). `hints` as for [`Backend::matmul_batch`]. Default: not taken.
-    fn moe_tail(&self, _tail: &mut MoeTail<'_, '_>, _hints: &Hints<'_, '_>) -> bool {
-        false
-    }
+    /// way). `hints` as for [`Backend::matmul_batch`].
+    fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, hints: &Hints<'_, '_>) -> bool;
     /// Copies the device copy named `key` ([`crate::state_buf::StateBuf::key`]) into `out`.
-    fn state_read(&self, _key: StateKey, _out: &mut [f32]) -> Result<(), String> {
-        Err("this backend keeps no state".into())
-    }
+    fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String>;
     /// Makes a device copy named `dst` equal to the one named `src` (same
     /// length), on the device.
-    fn state_copy(&self, _src: StateKey, _dst: StateKey) -> Result<(), String> {
-        Err("this backend keeps no state".into())
-    }
+    fn state_copy(&self, src: StateKey, dst: StateKey) -> Result<(), String>;
     /// The device copy named `key` is no longer wanted (its `StateBuf`
-    /// went back to the host or was dropped). Default: [`Backend::forget`]
-    /// of its bytes.
-    fn state_forget(&self, key: StateKey) {
-        self.forget(key.0..key.0 + key.1);
-    }
+    /// went back to the host or was dropped).
+    fn state_forget(&self, key: StateKey);
     /// The owner of the host bytes `range` is dropping them: discard every
     /// device copy made from bytes inside it (weights and states).
     fn forget(&self, range: Range<usize>);
     fn stats(&self) -> BackendStats;
 }
+
+mod device;
+pub use device::DeviceBackend;
 
 /// What a caller tells the device beside a batch: routed-expert matrices
 /// (bytes stable as for [`matmul_stable`]) to copy up behind the batch's

@@ -11,6 +11,19 @@
 //! once; every result lands in its caller's buffer. Spine products, the
 //! KDA core and the sequences' states go to the first device.
 //!
+//! A MoE layer's tail ([`Backend::moe_tail`]: its routed experts, their
+//! rank-order sums, the latent norm and up-projection in one call) goes
+//! whole to the device that owns all of its experts — the up-projection,
+//! a spine matrix, then on the first device from the sums that device
+//! sends back, unless the owner is the first. A tail whose experts lie on
+//! several devices is declined, so the caller runs its experts as one
+//! gated batch split by owner ([`Backend::glu_batch`] here) and sums them
+//! itself: that is the same work on the same devices, and the sums need
+//! every expert's output in one place. Both outcomes are counted
+//! ([`MultiBackend::tails`]; the split ones also as the stats'
+//! `moe_tails_split`). Placement never depends on it: a tail's new experts are
+//! placed as a batch's would be.
+//!
 //! Activations travel through the host as for one device (each part
 //! copies its inputs up and its results back), so no device-to-device
 //! transport is needed yet. Every device computes a product with the CPU
@@ -24,8 +37,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{
-    Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role, batch_on, glu_steps_on,
-    segments,
+    Backend, BackendStats, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product, Role,
+    batch_on, glu_steps_on, segments,
 };
 use crate::kda::KdaJob;
 use crate::ops::GluAct;
@@ -38,6 +51,10 @@ pub struct MultiBackend {
     /// Expert batches split so far, and the devices they went to in all.
     batches: AtomicU64,
     parts: AtomicU64,
+    /// MoE tails handed whole to one device, and those declined because
+    /// their experts lay on several.
+    tails_whole: AtomicU64,
+    tails_split: AtomicU64,
 }
 
 /// Which device owns each routed-expert matrix, by its first segment's
@@ -94,6 +111,8 @@ impl MultiBackend {
             }),
             batches: AtomicU64::new(0),
             parts: AtomicU64::new(0),
+            tails_whole: AtomicU64::new(0),
+            tails_split: AtomicU64::new(0),
         })
     }
 
@@ -337,12 +356,34 @@ impl Backend for MultiBackend {
         self.devices[0].kda_step(job)
     }
 
-    fn mla_attend(&self, work: &mut crate::backend::MlaWork<'_>) -> bool {
+    fn mla_attend(&self, work: &mut MlaWork<'_>) -> bool {
         self.devices[0].mla_attend(work)
     }
 
-    fn gqa_attend(&self, work: &mut crate::backend::GqaWork<'_>) -> bool {
+    fn gqa_attend(&self, work: &mut GqaWork<'_>) -> bool {
         self.devices[0].gqa_attend(work)
+    }
+
+    /// Whole to the device owning every expert of the tail (see the
+    /// module), else declined and counted.
+    fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, hints: &Hints<'_, '_>) -> bool {
+        let Some(d) = self.tail_owner(tail) else {
+            return false;
+        };
+        let hs = self.split_hints(hints);
+        for (o, (dev, h)) in self.devices.iter().zip(&hs).enumerate() {
+            let h = hints_of(h);
+            if o != d && !h.is_empty() {
+                dev.hint(&h);
+            }
+        }
+        tail_on(
+            &*self.devices[d],
+            &*self.devices[0],
+            d,
+            tail,
+            &hints_of(&hs[d]),
+        )
     }
 
     fn state_read(&self, key: StateKey, out: &mut [f32]) -> Result<(), String> {
@@ -367,8 +408,46 @@ impl Backend for MultiBackend {
     fn stats(&self) -> BackendStats {
         let mut all = self.devices.iter().map(|d| d.stats());
         let first = all.next().unwrap_or_default();
-        all.fold(first, |a, s| a.plus(&s))
+        let mut sum = all.fold(first, |a, s| a.plus(&s));
+        sum.moe_tails_split += self.tails().1;
+        sum
     }
+}
+
+/// `tail` on `dev` (device `d`); with an up-projection and `d` not the
+/// first, the experts, sums and norm there and the up-projection on
+/// `first` (else the CPU) from the sums: each part bit-identical to its
+/// share of [`crate::backend::moe_tail_cpu`], so the whole is too.
+fn tail_on(
+    dev: &dyn Backend,
+    first: &dyn Backend,
+    d: usize,
+    tail: &mut MoeTail<'_, '_>,
+    hints: &Hints<'_, '_>,
+) -> bool {
+    let up = match tail.up {
+        Some(up) if d != 0 => up,
+        _ => return dev.moe_tail(tail, hints),
+    };
+    let rows = tail.rows();
+    let mut s = vec![0f32; rows * tail.width()];
+    let mut sums = MoeTail {
+        experts: tail.experts,
+        act: tail.act,
+        k: tail.k,
+        picks: tail.picks,
+        weights: tail.weights,
+        norm: tail.norm,
+        up: None,
+        y: &mut s,
+    };
+    if !dev.moe_tail(&mut sums, hints) {
+        return false;
+    }
+    if !first.matmul(&up, Role::Spine, &s, rows, tail.y) {
+        up.cpu(&s, rows, tail.y);
+    }
+    true
 }
 
 impl MultiBackend {
@@ -384,6 +463,44 @@ impl MultiBackend {
             self.batches.load(Ordering::Relaxed),
             self.parts.load(Ordering::Relaxed),
         )
+    }
+
+    /// MoE tails handed whole to one device ([`Backend::moe_tail`]; the
+    /// device may still decline one, as a lone device may), and those
+    /// declined here because their experts lay on several devices.
+    pub fn tails(&self) -> (u64, u64) {
+        (
+            self.tails_whole.load(Ordering::Relaxed),
+            self.tails_split.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The device owning every expert of `tail` (its new experts placed
+    /// first, gate by gate as a batch's are; up and down follow the gate),
+    /// counted as whole; `None`, counted as split, when they lie on
+    /// several devices (or the tail has none, not counted).
+    fn tail_owner(&self, tail: &MoeTail<'_, '_>) -> Option<usize> {
+        if tail.experts.is_empty() {
+            return None;
+        }
+        let mut place = self.place();
+        let owners: Vec<usize> = tail
+            .experts
+            .iter()
+            .map(|e| place.owner(&e.gate, false))
+            .collect();
+        let d = owners[0];
+        if owners.iter().any(|&o| o != d) {
+            self.tails_split.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        for e in tail.experts {
+            place.owner(&e.gate, true);
+            place.give(&e.up, d);
+            place.give(&e.down, d);
+        }
+        self.tails_whole.fetch_add(1, Ordering::Relaxed);
+        Some(d)
     }
 
     /// How many routed-expert matrices each device owns now.

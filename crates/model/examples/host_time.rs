@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fathom_kernels::backend::{
-    self, Backend, BackendStats, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product,
-    Role,
+    self, BackendStats, DeviceBackend, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail,
+    Product, Role,
 };
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::ops::GluAct;
@@ -54,7 +54,7 @@ impl Zeros {
     }
 }
 
-impl Backend for Zeros {
+impl DeviceBackend for Zeros {
     fn name(&self) -> String {
         "zeros (an infinitely fast device)".into()
     }

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fathom_kernels::backend::{
-    self, Backend, BackendStats, GluProduct, GqaWork, Hints, MatRef, MlaWork, Product, Role, Then,
-    gqa_work_cpu, mla_work_cpu, then_cpu,
+    self, BackendStats, DeviceBackend, GluProduct, GqaWork, Hints, MatRef, MlaWork, Product, Role,
+    Then, gqa_work_cpu, mla_work_cpu, then_cpu,
 };
 use fathom_kernels::kda::{KdaJob, kda_step_cpu};
 use fathom_kernels::ops::GluAct;
@@ -90,7 +90,7 @@ fn addr(w: &MatRef<'_>) -> usize {
     backend::segments(w)[0].as_ptr() as usize
 }
 
-impl Backend for Recorder {
+impl DeviceBackend for Recorder {
     fn name(&self) -> String {
         "recorder".into()
     }

@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fathom_kernels::backend::{
-    self, Backend, BackendStats, GluProduct, Hints, MatRef, Product, Role,
+    self, Backend, BackendStats, DeviceBackend, GluProduct, Hints, MatRef, MoeTail, Product, Role,
+    moe_tail_cpu,
 };
 use fathom_kernels::kda::KdaJob;
 use fathom_kernels::multi::MultiBackend;
@@ -48,6 +49,8 @@ struct Device {
     kda: AtomicUsize,
     /// Matrices handed to copy up next (`Hints::next`).
     hinted: Mutex<Vec<usize>>,
+    /// MoE tails taken.
+    tails: AtomicUsize,
 }
 
 impl Device {
@@ -57,6 +60,7 @@ impl Device {
             seen: Mutex::new(Vec::new()),
             kda: AtomicUsize::new(0),
             hinted: Mutex::new(Vec::new()),
+            tails: AtomicUsize::new(0),
         })
     }
     fn saw(&self, w: &MatRef<'_>, role: Role) {
@@ -65,7 +69,7 @@ impl Device {
     }
 }
 
-impl Backend for Device {
+impl DeviceBackend for Device {
     fn name(&self) -> String {
         "stand-in".into()
     }
@@ -99,6 +103,24 @@ impl Backend for Device {
             self.saw(&j.down, j.role);
             j.down.cpu(&g, j.t, j.y);
         }
+        true
+    }
+    /// A MoE tail on the CPU twin (gated-MLP devices only), its matrices
+    /// recorded: the experts', and the up-projection's as the spine.
+    fn moe_tail(&self, tail: &mut MoeTail<'_, '_>, _: &Hints<'_, '_>) -> bool {
+        if self.takes != Takes::Glu {
+            return false;
+        }
+        for e in tail.experts {
+            for w in [&e.gate, &e.up, &e.down] {
+                self.saw(w, Role::Expert);
+            }
+        }
+        if let Some(up) = &tail.up {
+            self.saw(up, Role::Spine);
+        }
+        moe_tail_cpu(tail);
+        self.tails.fetch_add(1, Ordering::Relaxed);
         true
     }
     fn kda_step(&self, _: &mut KdaJob<'_>) -> Result<bool, String> {
@@ -226,6 +248,19 @@ fn k3_experts_split_over_three_devices_keep_the_bits() {
         .iter()
         .fold((f64::MAX, 0f64), |(a, b), &l| (a.min(l), b.max(l)));
     assert!(hi <= 2.0 * lo, "loads {loads:?} (matrices {counts:?})");
+    // Every MoE layer's tail offered: whole to the owner of its experts
+    // (taken there only by the gated-MLP device) or, split over devices,
+    // declined and counted.
+    let (whole, split) = multi.tails();
+    let taken = devs[0].tails.load(Ordering::Relaxed);
+    eprintln!("MoE tails: {whole} whole ({taken} taken), {split} split");
+    assert!(split > 0, "a prefill's tail spans devices");
+    assert!(whole > 0 && taken > 0, "{whole} whole, {taken} taken");
+    assert!(
+        devs[1..]
+            .iter()
+            .all(|d| d.tails.load(Ordering::Relaxed) == 0)
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use fathom_kernels::backend::{self, Backend, BackendStats, MatRef, Role};
+use fathom_kernels::backend::{self, BackendStats, DeviceBackend, MatRef, Role};
 use fathom_kernels::kda::{KdaJob, KdaSeq, kda_step_cpu};
 use fathom_kernels::state_buf::{StateBuf, StateKey};
 use fathom_model::{CausalLm, K3Model, Logits, StepInput};
@@ -40,7 +40,7 @@ struct Mirror {
 
 const LOST: &str = "the device was lost";
 
-impl Backend for Mirror {
+impl DeviceBackend for Mirror {
     fn name(&self) -> String {
         "mirror".into()
     }
@@ -336,7 +336,7 @@ fn a_declining_backend_leaves_the_states_on_the_host() {
     let k3 = k3_tiny();
     let model: &dyn CausalLm = &k3;
     struct Declines;
-    impl Backend for Declines {
+    impl DeviceBackend for Declines {
         fn name(&self) -> String {
             "declines".into()
         }
