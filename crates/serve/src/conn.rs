@@ -266,6 +266,16 @@ pub(crate) async fn serve(
     metrics: Arc<Metrics>,
     stop: impl Future<Output = ()>,
 ) {
+    if let Some(n) = open_file_limit()
+        && n < limits.max_connections as u64 + FILES_BESIDES
+    {
+        tracing::warn!(
+            open_file_limit = n,
+            max_connections = limits.max_connections,
+            "the open-file limit is below --max-connections plus {FILES_BESIDES} for the model and \
+             caches: raise it (ulimit -n) or lower --max-connections"
+        );
+    }
     let conns = Conns::new(limits.max_connections, metrics);
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -325,6 +335,22 @@ pub(crate) async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Files the process keeps open besides connections (model shards, state
+/// files, the listener), with room to spare.
+const FILES_BESIDES: u64 = 64;
+
+/// The soft limit on open files, if it can be read.
+fn open_file_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid, writable rlimit the call fills; nothing else
+    // refers to it.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+    (rc == 0).then_some(r.rlim_cur as u64)
 }
 
 /// Tells a connection over the cap why, without waiting on it, and closes it.

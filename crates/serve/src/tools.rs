@@ -317,3 +317,273 @@ fn harmony(r: &Reply<'_>, tools: &[Tool]) -> Result<Vec<Step>, ApiError> {
         Step::Pick(alts),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::constraint::{ToolConstraint, trie};
+    use fathom_chat::{ChatTemplate, HarmonyReply, ReplyDelta, ReplyParser, TagReply, XtmlReply};
+    use fathom_constrain::Matcher;
+    use fathom_engine::Constraint;
+    use serde_json::json;
+
+    /// One id per byte, then the specials of every format.
+    struct Toy;
+
+    const SPECIALS: [&str; 12] = [
+        "<|open|>",
+        "<|close|>",
+        "<|sep|>",
+        "<|end_of_msg|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|start|>",
+        "<|end|>",
+        "<|call|>",
+        "<|constrain|>",
+        "<|return|>",
+        "[EOS]",
+    ];
+    const EOS: u32 = 256 + 11;
+
+    impl Tokenizer for Toy {
+        fn encode(&self, text: &str) -> Vec<u32> {
+            text.bytes().map(u32::from).collect()
+        }
+        fn encode_trusted(&self, mut text: &str) -> Vec<u32> {
+            let mut ids = Vec::new();
+            while !text.is_empty() {
+                if let Some((i, s)) = SPECIALS
+                    .iter()
+                    .enumerate()
+                    .find(|(_, s)| text.starts_with(**s))
+                {
+                    ids.push(256 + i as u32);
+                    text = &text[s.len()..];
+                } else {
+                    ids.push(u32::from(text.as_bytes()[0]));
+                    text = &text[1..];
+                }
+            }
+            ids
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            let bytes: Vec<u8> = ids
+                .iter()
+                .flat_map(|&i| self.token_bytes(i).unwrap())
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+        fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+            match id {
+                0..=255 => Some(vec![id as u8]),
+                _ => SPECIALS
+                    .get(id as usize - 256)
+                    .map(|s| s.as_bytes().to_vec()),
+            }
+        }
+        fn special_id(&self, name: &str) -> Option<u32> {
+            SPECIALS
+                .iter()
+                .position(|s| *s == name)
+                .map(|i| 256 + i as u32)
+        }
+        fn is_special(&self, id: u32) -> bool {
+            id >= 256
+        }
+        fn vocab_size(&self) -> usize {
+            256 + SPECIALS.len()
+        }
+    }
+
+    fn tools_json() -> Value {
+        json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "additionalProperties": false, "required": ["city", "unit"],
+                "properties": {"city": {"type": "string", "maxLength": 8},
+                               "unit": {"enum": ["c", "f"]}}}}},
+            {"type": "function", "function": {"name": "get_time"}}
+        ])
+    }
+
+    /// A stand-in model: random logits, the end-of-sequence id always the
+    /// most likely (the mask must hold it off), and `script` preferred in
+    /// order (what it "means" to write: some thinking, then the close).
+    fn run(
+        format: &ChatFormat,
+        thinking: bool,
+        choice: &Choice,
+        script: &str,
+        seed: u64,
+    ) -> Vec<ReplyDelta> {
+        let tok = Toy;
+        let vocab = tok.vocab_size();
+        let tools = callable(Some(&tools_json()), choice).unwrap();
+        let stops = [EOS, 256 + 8, 256 + 10];
+        let banned = Arc::new(specials_and_stops(&tok, vocab, &stops));
+        let r = Reply {
+            format,
+            tok: &tok,
+            thinking,
+            banned,
+            stops: &stops,
+        };
+        let steps = program(&r, &tools).unwrap();
+        let tok: Arc<dyn Tokenizer> = Arc::new(Toy);
+        let mut c = ToolConstraint::new(
+            &steps,
+            Arc::new(trie(tok.as_ref(), vocab)),
+            tok.clone(),
+            vocab,
+        );
+        let want = Toy.encode_trusted(script);
+        let (mut at, mut x, mut out) = (0usize, seed, Vec::new());
+        while !c.is_done() {
+            assert!(out.len() < 4000, "no end: {:?}", tok.decode(&out));
+            let mut logits: Vec<f32> = (0..vocab)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % 1000) as f32 / 100.0
+                })
+                .collect();
+            logits[EOS as usize] = 50.0;
+            logits[usize::from(b'}')] += 8.0;
+            logits[usize::from(b'"')] += 4.0;
+            if let Some(&w) = want.get(at) {
+                logits[w as usize] = 100.0;
+            }
+            assert!(
+                c.mask(&mut logits),
+                "nothing allowed after {:?}",
+                tok.decode(&out)
+            );
+            let pick = (0..vocab)
+                .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+                .unwrap() as u32;
+            assert!(logits[pick as usize].is_finite());
+            if want.get(at) == Some(&pick) {
+                at += 1;
+            }
+            c.accept(pick);
+            out.push(pick);
+        }
+        let text = tok.decode(&out);
+        let mut p: Box<dyn ReplyParser> = match format {
+            ChatFormat::Xtml => Box::new(XtmlReply::new(thinking)),
+            ChatFormat::Jinja(_) => Box::new(TagReply::new(thinking)),
+            ChatFormat::Harmony(_) => Box::new(HarmonyReply::new()),
+        };
+        let mut d = p.push(&text);
+        d.extend(p.finish());
+        assert!(!out.contains(&EOS), "{text:?}");
+        d
+    }
+
+    /// The one call among `deltas`, checked against its tool's schema.
+    fn the_call(deltas: &[ReplyDelta], choice: &Choice) -> (String, Value) {
+        let calls: Vec<_> = deltas
+            .iter()
+            .filter_map(|d| match d {
+                ReplyDelta::ToolCall {
+                    name, arguments, ..
+                } => Some((name.clone(), arguments.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 1, "{deltas:?}");
+        let (name, args) = calls[0].clone();
+        let tools = callable(Some(&tools_json()), choice).unwrap();
+        let tool = tools
+            .iter()
+            .find(|t| t.name == name)
+            .expect("a declared tool");
+        let mut m = Matcher::new(&tool.args);
+        assert!(m.feed(args.trim().as_bytes()) && m.is_complete(), "{args}");
+        (name, serde_json::from_str(&args).unwrap())
+    }
+
+    #[test]
+    fn every_format_replies_with_one_valid_call() {
+        let jinja = ChatFormat::Jinja(Box::new(ChatTemplate::new("{{ messages }}").unwrap()));
+        let harmony = ChatFormat::Harmony(None);
+        let cases: [(&ChatFormat, bool, &str); 5] = [
+            (&ChatFormat::Xtml, false, ""),
+            (&ChatFormat::Xtml, true, "hmm, the weather.<|close|>"),
+            (&jinja, false, ""),
+            (&jinja, true, "let me see</think>"),
+            (
+                &harmony,
+                true,
+                "<|channel|>analysis<|message|>call it<|end|>",
+            ),
+        ];
+        for (format, thinking, script) in cases {
+            for seed in 1..6u64 {
+                let choice = Choice::Required;
+                let d = run(format, thinking, &choice, script, seed * 7919);
+                let (name, _) = the_call(&d, &choice);
+                assert!(["get_weather", "get_time"].contains(&name.as_str()));
+                let named = Choice::Named("get_weather".into());
+                let d = run(format, thinking, &named, script, seed * 104_729);
+                let (name, args) = the_call(&d, &named);
+                assert_eq!(name, "get_weather");
+                assert!(
+                    args["city"].is_string()
+                        && ["c", "f"].contains(&args["unit"].as_str().unwrap()),
+                    "{args}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tool_choice_values_and_their_errors() {
+        assert_eq!(parse(None).unwrap(), None);
+        assert_eq!(
+            parse(Some(&json!("required"))).unwrap(),
+            Some(Choice::Required)
+        );
+        assert_eq!(
+            parse(Some(
+                &json!({"type": "function", "function": {"name": "f"}})
+            ))
+            .unwrap(),
+            Some(Choice::Named("f".into()))
+        );
+        for (bad, needle) in [
+            (json!("always"), "\"always\""),
+            (
+                json!({"type": "tool", "function": {"name": "f"}}),
+                "tool_choice.type",
+            ),
+            (json!({"type": "function", "function": {}}), "function.name"),
+            (json!(3), "use auto"),
+        ] {
+            let e = parse(Some(&bad)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("tool_choice"));
+            assert!(e.message.contains(needle), "{bad}: {}", e.message);
+        }
+        let named = Choice::Named("nope".into());
+        let e = callable(Some(&tools_json()), &named).unwrap_err();
+        assert!(
+            e.message.contains("\"nope\", which is not in tools"),
+            "{}",
+            e.message
+        );
+        let e = callable(None, &Choice::Required).unwrap_err();
+        assert!(e.message.contains("no tools"), "{}", e.message);
+        let bad_schema = json!([{"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}}}]);
+        let e = callable(Some(&bad_schema), &Choice::Required).unwrap_err();
+        assert!(
+            e.message.starts_with("tools[0].function.parameters: "),
+            "{}",
+            e.message
+        );
+        let bad_name = json!([{"type": "function", "function": {"name": "a b"}}]);
+        let e = callable(Some(&bad_name), &Choice::Required).unwrap_err();
+        assert!(e.message.contains("\"a b\""), "{}", e.message);
+    }
+}
