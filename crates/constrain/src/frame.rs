@@ -217,7 +217,7 @@ pub(crate) fn step_top(g: &Grammar, below: &[Frame], top: Frame, b: u8) -> Top {
                         hi: hi2,
                     })
                 }
-            } else if alts[lo as usize].len() == p {
+            } else if alts.get(lo as usize).is_some_and(|a| a.len() == p) {
                 Top::Pop { consumed: false }
             } else {
                 Top::Fail
@@ -247,7 +247,10 @@ pub(crate) fn content_budget(g: &Grammar, below: &[Frame], top: Frame) -> u32 {
 pub(crate) fn can_end(g: &Grammar, f: &Frame) -> bool {
     match *f {
         Frame::Num { st, .. } => num_complete(st),
-        Frame::Lit { node, pos, lo, .. } => g.lits(node)[lo as usize].len() == pos as usize,
+        Frame::Lit { node, pos, lo, .. } => g
+            .lits(node)
+            .get(lo as usize)
+            .is_some_and(|a| a.len() == pos as usize),
         _ => false,
     }
 }

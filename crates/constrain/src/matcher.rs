@@ -118,6 +118,8 @@ fn step(g: &Grammar, frames: &mut Vec<Frame>, b: u8) -> Step {
                 let t = match &g.nodes[node as usize] {
                     Node::Typed(t) => t,
                     Node::AnyOf(_) => return Step::Fork,
+                    // No literal left (an empty `enum`, or every one filtered out).
+                    Node::Lits(l) if l.is_empty() => return Step::Fail,
                     Node::Lits(l) => {
                         frames[n - 1] = Frame::Lit {
                             node,

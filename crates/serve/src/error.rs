@@ -58,19 +58,64 @@ impl ApiError {
         e
     }
 
-    pub fn overloaded(queued: usize) -> Self {
+    /// 429: the queue is full; `retry_after` from its measured drain rate.
+    pub fn overloaded(queued: usize, retry_after: u32) -> Self {
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
-            format!("the queue is full ({queued} requests waiting): retry later"),
+            format!(
+                "the queue is full ({queued} requests waiting): retry in about {retry_after} s"
+            ),
         );
         e.code = Some("queue_full");
-        e.retry_after = Some(1);
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 503 with the one code every request refused or cut short by a
+    /// shutdown gets, queued or running, streamed or not.
+    pub fn shutting_down(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, message);
+        e.code = Some("shutting_down");
+        e
+    }
+
+    /// 403: a `Host` the server does not answer to (DNS rebinding).
+    pub fn host_not_allowed(host: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "the Host {host:?} is not served here: connect through a loopback name \
+                 (localhost, 127.0.0.1, [::1]) or start the server with --allowed-host {host}"
+            ),
+        );
+        e.code = Some("host_not_allowed");
+        e
+    }
+
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(secs: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {secs} s (--body-timeout)"),
+        );
+        e.code = Some("body_timeout");
         e
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
         let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, message);
         e.code = Some("unavailable");
+        e
+    }
+
+    /// 503 for a connection over `--max-connections`.
+    pub fn too_many_connections() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many open connections (--max-connections): retry later",
+        );
+        e.code = Some("too_many_connections");
+        e.retry_after = Some(1);
         e
     }
 
@@ -93,6 +138,7 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self.status.as_u16() {
             401 => "authentication_error",
+            403 => "permission_error",
             404 => "not_found_error",
             429 => "rate_limit_error",
             500..=599 => "server_error",

@@ -30,10 +30,23 @@ pub(crate) fn load_and_run(
         }
     };
     let disk = st.cfg.state_cache_dir.as_ref().and_then(|d| {
-        Disk::open(d, loaded.fingerprint)
-            .inspect(|disk| tracing::info!(dir = %d.display(), files = disk.len(), "prefix states on disk"))
-            .map_err(|e| tracing::warn!(dir = %d.display(), "prefix states will not be saved: {e}"))
-            .ok()
+        match Disk::open(d, loaded.fingerprint, st.cfg.state_cache_max) {
+            Ok((disk, opened)) => {
+                opened.log(d);
+                tracing::info!(
+                    dir = %d.display(),
+                    files = disk.len(),
+                    bytes = disk.bytes(),
+                    max = disk.max(),
+                    "prefix states on disk"
+                );
+                Some(disk)
+            }
+            Err(e) => {
+                tracing::warn!(dir = %d.display(), "prefix states will not be saved: {e}");
+                None
+            }
+        }
     });
     let prefix = PrefixCache::new(st.cfg.prefix_block, st.cfg.prefix_budget, disk);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -44,6 +57,7 @@ pub(crate) fn load_and_run(
         loaded,
         tx: Mutex::new(tx),
         trie: OnceLock::new(),
+        banned: OnceLock::new(),
     };
     if st.ready.set(ready).is_err() || st.stopping.load(Ordering::SeqCst) {
         return;
@@ -83,12 +97,12 @@ pub(crate) fn submit(
     stable_len: usize,
 ) -> Result<UnboundedReceiver<Msg>, ApiError> {
     if st.stopping.load(Ordering::SeqCst) {
-        return Err(ApiError::unavailable("the server is shutting down"));
+        return Err(ApiError::shutting_down("the server is shutting down"));
     }
     let q = st.queued.fetch_add(1, Ordering::SeqCst);
     if q >= st.cfg.max_queue {
         st.queued.fetch_sub(1, Ordering::SeqCst);
-        return Err(ApiError::overloaded(q));
+        return Err(ApiError::overloaded(q, st.metrics.retry_after(q)));
     }
     st.metrics.queued(q + 1);
     let (tx, rx) = unbounded_channel();
@@ -106,6 +120,9 @@ pub(crate) fn submit(
         .send(Cmd::Job(Box::new(job)));
     if sent.is_err() {
         st.queued.fetch_sub(1, Ordering::SeqCst);
+        if st.stopping.load(Ordering::SeqCst) {
+            return Err(ApiError::shutting_down("the server is shutting down"));
+        }
         return Err(ApiError::unavailable("the engine has stopped"));
     }
     Ok(rx)

@@ -1,41 +1,50 @@
-//! `POST /v1/chat/completions` and `POST /v1/completions`: check, render,
-//! tokenize, queue, and answer (JSON or server-sent events).
+//! `POST /v1/chat/completions` and `POST /v1/completions`: read, then check,
+//! render and tokenize off the HTTP threads (a bounded pool), queue, and
+//! answer (see [`crate::answer`]).
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use fathom_chat::{ChatOptions, ResponseFormat, ToolChoice};
-use fathom_constrain::Grammar;
-use fathom_engine::Request;
+use fathom_chat::{ChatOptions, ResponseFormat};
+use fathom_constrain::{Grammar, TokenTrie};
 use serde_json::Value;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::{self, ChatRequest, Common, CompletionRequest, GenSettings, Prompt};
-use crate::constraint::JsonConstraint;
+use crate::bound;
+use crate::constraint::Step;
 use crate::error::ApiError;
-use crate::respond::{Api, Output};
+use crate::respond::Api;
 use crate::routes::read_body;
-use crate::worker::Msg;
+use crate::tools::{self, Choice};
 use crate::{AppState, Ready};
 
-/// A checked request, ready to queue.
-struct Prepared {
-    api: Api,
-    prompt: Vec<u32>,
-    stable_len: usize,
-    settings: GenSettings,
-    max_new: usize,
-    /// Chat replies start in the thinking channel.
-    thinking: bool,
-    /// The grammar and the ids after which it applies.
-    json: Option<(Arc<Grammar>, Vec<u32>)>,
+/// How every choice of a request is constrained.
+pub(crate) enum Plan {
+    /// A JSON document after the ids `trigger` (or at once).
+    Json {
+        grammar: Arc<Grammar>,
+        trigger: Vec<u32>,
+    },
+    /// A tool call.
+    Tools(Vec<Step>),
 }
+
+/// A checked request, ready to queue.
+pub(crate) struct Prepared {
+    pub api: Api,
+    pub prompt: Vec<u32>,
+    pub stable_len: usize,
+    pub settings: GenSettings,
+    pub max_new: usize,
+    /// Chat replies start in the thinking channel.
+    pub thinking: bool,
+    pub plan: Option<(Plan, Arc<TokenTrie>)>,
+}
+
+type PrepareFn<R> = fn(&AppState, &Ready, Common, R) -> Result<Prepared, ApiError>;
 
 pub(crate) async fn chat(st: State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     handle(st, headers, body, "chat", prepare_chat).await
@@ -51,19 +60,18 @@ pub(crate) async fn completions(
 
 /// Reads, checks and answers one generation request; counts it in the
 /// metrics under `ep` and logs a refusal.
-async fn handle<R: serde::de::DeserializeOwned>(
+async fn handle<R: serde::de::DeserializeOwned + Send + 'static>(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Body,
     ep: &'static str,
-    prepare: fn(&AppState, &Ready, Common, R) -> Result<Prepared, ApiError>,
+    prepare: PrepareFn<R>,
 ) -> Response {
     let resp = async {
-        let bytes = read_body(&headers, body, st.cfg.max_body).await?;
-        let ready = st.ready()?;
-        let (common, req): (Common, R) = api::parse(&bytes)?;
-        let p = prepare(&st, ready, common, req)?;
-        run(&st, ready, p).await
+        let bytes = read_body(&headers, body, st.cfg.max_body, st.cfg.body_timeout).await?;
+        st.ready()?;
+        let p = off_thread(&st, bytes, prepare).await?;
+        crate::answer::run(&st, st.ready()?, p).await
     }
     .await;
     match resp {
@@ -80,6 +88,32 @@ async fn handle<R: serde::de::DeserializeOwned>(
     }
 }
 
+/// Parses and prepares a body on the blocking pool, at most
+/// [`AppState::prep`]'s permits at once (the permit goes with the work,
+/// so a client that leaves does not free it early).
+async fn off_thread<R: serde::de::DeserializeOwned + Send + 'static>(
+    st: &Arc<AppState>,
+    bytes: Bytes,
+    prepare: PrepareFn<R>,
+) -> Result<Prepared, ApiError> {
+    let permit = st
+        .prep
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::shutting_down("the server is shutting down"))?;
+    let st = st.clone();
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let ready = st.ready()?;
+        let (common, req): (Common, R) = api::parse(&bytes)?;
+        drop(bytes);
+        prepare(&st, ready, common, req)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+}
+
 fn check_model(st: &AppState, c: &Common) -> Result<(), ApiError> {
     match &c.model {
         Some(m) if m != &st.cfg.model_id => Err(ApiError::not_found(
@@ -93,6 +127,40 @@ fn check_model(st: &AppState, c: &Common) -> Result<(), ApiError> {
     }
 }
 
+/// The context a request may fill: `--context` within the model's.
+fn context(st: &AppState, ready: &Ready) -> usize {
+    let declared = ready
+        .loaded
+        .lm
+        .info()
+        .max_position_embeddings
+        .unwrap_or(usize::MAX);
+    st.cfg.context.min(declared)
+}
+
+/// Refuses a prompt whose text alone has `at_least` tokens or more than
+/// the context holds, before it is tokenized.
+fn check_length(
+    st: &AppState,
+    ready: &Ready,
+    param: &str,
+    at_least: usize,
+    bytes: usize,
+) -> Result<(), ApiError> {
+    let context = context(st, ready);
+    if at_least < context {
+        return Ok(());
+    }
+    let per = ready.loaded.max_token_bytes.unwrap_or(0);
+    Err(ApiError::invalid(
+        param,
+        format!(
+            "the prompt has at least {at_least} tokens ({bytes} bytes of text, at most {per} \
+             bytes a token); the context holds {context}: shorten it"
+        ),
+    ))
+}
+
 /// The completion budget: what was asked, within the context.
 fn budget(
     st: &AppState,
@@ -100,13 +168,7 @@ fn budget(
     prompt: usize,
     asked: Option<usize>,
 ) -> Result<usize, ApiError> {
-    let declared = ready
-        .loaded
-        .lm
-        .info()
-        .max_position_embeddings
-        .unwrap_or(usize::MAX);
-    let context = st.cfg.context.min(declared);
+    let context = context(st, ready);
     if prompt >= context {
         return Err(ApiError::invalid(
             "messages",
@@ -125,6 +187,20 @@ fn budget(
     }
 }
 
+/// The vocabulary trie for constraints (built once, on first use).
+fn trie(ready: &Ready) -> Arc<TokenTrie> {
+    ready
+        .trie
+        .get_or_init(|| {
+            let vocab = ready.loaded.lm.info().vocab_size;
+            Arc::new(crate::constraint::trie(
+                ready.loaded.tokenizer.as_ref(),
+                vocab,
+            ))
+        })
+        .clone()
+}
+
 fn prepare_chat(
     st: &AppState,
     ready: &Ready,
@@ -139,6 +215,10 @@ fn prepare_chat(
     };
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    if let Some(per) = ready.loaded.max_token_bytes {
+        let (at_least, bytes) = bound::chat_tokens_at_least(format, &req.messages, per);
+        check_length(st, ready, "messages", at_least, bytes)?;
     }
     let top = match (req.logprobs, req.top_logprobs) {
         (Some(true), t) => Some(t.unwrap_or(0) as usize),
@@ -169,20 +249,47 @@ fn prepare_chat(
             }
         }
     }
-    opts.tool_choice = tool_choice(req.tool_choice.as_ref())?;
+    let choice = tools::parse(req.tool_choice.as_ref())?;
+    opts.tool_choice = choice.as_ref().map(Choice::for_prompt);
+    let callable = match &choice {
+        Some(c) if c.enforced() => Some(tools::callable(req.tools.as_ref(), c)?),
+        _ => None,
+    };
     let json = response_format(req.response_format.as_ref())?;
     opts.response_format = json.as_ref().map(|(f, _)| f.clone());
+    let tok = ready.loaded.tokenizer.as_ref();
     let rendered = format
-        .prompt(ready.loaded.tokenizer.as_ref(), &req.messages, &opts)
+        .prompt(tok, &req.messages, &opts)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let max_new = budget(st, ready, rendered.ids.len(), settings.max_tokens)?;
-    let json = json.map(|(_, g)| {
-        let trigger = match format.answer_marker().filter(|_| rendered.thinking) {
-            Some(m) => ready.loaded.tokenizer.encode_trusted(m),
-            None => Vec::new(),
-        };
-        (g, trigger)
-    });
+    // An enforced tool call is the whole reply: a response format has no
+    // part of it left to shape.
+    let plan = match (callable, json) {
+        (Some(tools), _) => {
+            let info = ready.loaded.lm.info();
+            let stops = format.stop_ids(tok, &info.eos_token_ids);
+            let banned = ready
+                .banned
+                .get_or_init(|| Arc::new(tools::specials_and_stops(tok, info.vocab_size, &stops)))
+                .clone();
+            let reply = tools::Reply {
+                format,
+                tok,
+                thinking: rendered.thinking,
+                banned,
+                stops: &stops,
+            };
+            Some(Plan::Tools(tools::program(&reply, &tools)?))
+        }
+        (None, Some((_, grammar))) => {
+            let trigger = match format.answer_marker().filter(|_| rendered.thinking) {
+                Some(m) => tok.encode_trusted(m),
+                None => Vec::new(),
+            };
+            Some(Plan::Json { grammar, trigger })
+        }
+        (None, None) => None,
+    };
     Ok(Prepared {
         api: Api::Chat,
         prompt: rendered.ids,
@@ -190,27 +297,8 @@ fn prepare_chat(
         settings,
         max_new,
         thinking: rendered.thinking,
-        json,
+        plan: plan.map(|p| (p, trie(ready))),
     })
-}
-
-fn tool_choice(v: Option<&Value>) -> Result<Option<ToolChoice>, ApiError> {
-    match v {
-        None => Ok(None),
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => Ok(Some(ToolChoice::Auto)),
-            "required" => Ok(Some(ToolChoice::Required)),
-            "none" => Ok(Some(ToolChoice::None)),
-            other => Err(ApiError::invalid(
-                "tool_choice",
-                format!("tool_choice {other:?}: use auto, required or none"),
-            )),
-        },
-        Some(_) => Err(ApiError::invalid(
-            "tool_choice",
-            "tool_choice naming one function is not supported: use auto, required or none",
-        )),
-    }
 }
 
 type Json = Option<(ResponseFormat, Arc<Grammar>)>;
@@ -260,18 +348,27 @@ fn prepare_completion(
     }
     let tok = ready.loaded.tokenizer.as_ref();
     let vocab = ready.loaded.lm.info().vocab_size;
-    let text = |t: &str| {
+    let text = |t: &str| -> Result<Vec<u32>, ApiError> {
+        if let Some(per) = ready.loaded.max_token_bytes {
+            check_length(
+                st,
+                ready,
+                "prompt",
+                bound::text_tokens_at_least(t, per),
+                t.len(),
+            )?;
+        }
         let mut ids = tok.encode(t);
         if let Some(b) = ready.loaded.bos
             && ids.first() != Some(&b)
         {
             ids.insert(0, b);
         }
-        ids
+        Ok(ids)
     };
     let prompt = match &req.prompt {
-        Prompt::Text(t) => text(t),
-        Prompt::Texts(v) if v.len() == 1 => text(&v[0]),
+        Prompt::Text(t) => text(t)?,
+        Prompt::Texts(v) if v.len() == 1 => text(&v[0])?,
         Prompt::Texts(v) => {
             return Err(ApiError::invalid(
                 "prompt",
@@ -305,189 +402,6 @@ fn prepare_completion(
         settings,
         max_new,
         thinking: false,
-        json: None,
+        plan: None,
     })
-}
-
-/// Queues the request and answers it.
-async fn run(st: &Arc<AppState>, ready: &Ready, p: Prepared) -> Result<Response, ApiError> {
-    let arrived = Instant::now();
-    let lm = &ready.loaded.lm;
-    let info = lm.info();
-    let prefix = if p.api == Api::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
-    };
-    let id = st.request_id(prefix);
-    let trie = p.json.as_ref().map(|_| {
-        ready
-            .trie
-            .get_or_init(|| {
-                Arc::new(crate::constraint::trie(
-                    ready.loaded.tokenizer.as_ref(),
-                    info.vocab_size,
-                ))
-            })
-            .clone()
-    });
-    // A chat reply also ends at its format's closing tokens (harmony's
-    // `<|return|>` and `<|call|>`).
-    let stop_ids = match (p.api, ready.loaded.chat.as_ref()) {
-        (Api::Chat, Some(f)) => f.stop_ids(ready.loaded.tokenizer.as_ref(), &info.eos_token_ids),
-        _ => info.eos_token_ids.clone(),
-    };
-    let mut reqs = Vec::new();
-    let mut parsers = Vec::new();
-    for choice in 0..p.settings.n {
-        let mut r = Request::new(p.prompt.clone(), p.max_new);
-        r.sampling = p.settings.sampling.clone();
-        r.choice = choice;
-        r.stop_ids = stop_ids.clone();
-        r.stop_strings = p.settings.stop.clone();
-        if let (Some((g, trigger)), Some(trie)) = (&p.json, &trie) {
-            let c = JsonConstraint::new(
-                g,
-                trie.clone(),
-                ready.loaded.tokenizer.clone(),
-                trigger.clone(),
-                stop_ids.clone(),
-                info.vocab_size,
-            );
-            r.constraint = Some(Box::new(c));
-        }
-        reqs.push(r);
-        parsers.push(match (p.api, ready.loaded.chat.as_ref()) {
-            (Api::Chat, Some(f)) => Some(f.reply_parser(p.thinking)),
-            _ => None,
-        });
-    }
-    let rx = crate::generate::submit(st, ready, id.clone(), reqs, p.stable_len)?;
-    let out = Output::new(
-        p.api,
-        id.clone(),
-        st.created,
-        st.cfg.model_id.clone(),
-        parsers,
-        p.prompt.len(),
-        p.settings.sampling.logprobs.is_some(),
-        ready.loaded.tokenizer.clone(),
-    );
-    let log = Log {
-        id,
-        arrived,
-        st: st.clone(),
-    };
-    if p.settings.stream {
-        Ok(stream(rx, out, p.settings.include_usage, log).into_response())
-    } else {
-        collect(rx, out, log)
-            .await
-            .map(|v| axum::Json(v).into_response())
-    }
-}
-
-/// Logs a request's figures when it ends.
-struct Log {
-    id: String,
-    arrived: Instant,
-    st: Arc<AppState>,
-}
-
-impl Log {
-    fn done(&self, out: &Output, admitted: Option<Instant>, first: Option<Instant>) {
-        let usage = out.usage();
-        let total = self.arrived.elapsed().as_secs_f64();
-        let ttft = first.map(|f| f.duration_since(self.arrived).as_secs_f64());
-        let generated = usage["completion_tokens"].as_u64().unwrap_or(0);
-        let decode_s = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
-        tracing::info!(
-            request_id = %self.id,
-            prompt_tokens = out.prompt_tokens,
-            cached_tokens = out.cached,
-            completion_tokens = generated,
-            queue_s = admitted.map_or(0.0, |a| a.duration_since(self.arrived).as_secs_f64()),
-            ttft_s = ttft.unwrap_or(0.0),
-            total_s = total,
-            tok_s = if decode_s > 0.0 { generated.saturating_sub(1) as f64 / decode_s } else { 0.0 },
-            "request done"
-        );
-        let _ = &self.st;
-    }
-}
-
-/// Notes when a request joined the engine and when its first token came.
-fn mark(msg: &Msg, admitted: &mut Option<Instant>, first: &mut Option<Instant>) {
-    match msg {
-        Msg::Started { .. } => *admitted = Some(Instant::now()),
-        Msg::Token { .. } if first.is_none() => *first = Some(Instant::now()),
-        _ => {}
-    }
-}
-
-async fn collect(
-    mut rx: UnboundedReceiver<Msg>,
-    mut out: Output,
-    log: Log,
-) -> Result<Value, ApiError> {
-    let (mut admitted, mut first) = (None, None);
-    while !out.all_done() {
-        let Some(msg) = rx.recv().await else {
-            return Err(ApiError::internal(
-                "the engine stopped before the request finished",
-            ));
-        };
-        mark(&msg, &mut admitted, &mut first);
-        out.on(msg);
-    }
-    log.done(&out, admitted, first);
-    out.response()
-}
-
-fn stream(
-    mut rx: UnboundedReceiver<Msg>,
-    mut out: Output,
-    usage: bool,
-    log: Log,
-) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
-    let (tx, events) = tokio::sync::mpsc::channel::<Event>(64);
-    tokio::spawn(async move {
-        let (mut admitted, mut first) = (None, None);
-        while !out.all_done() {
-            // A client that goes away is noticed at once (not only when a
-            // chunk is sent): dropping `rx` cancels the sequence, even while
-            // it waits in the queue.
-            let msg = tokio::select! {
-                _ = tx.closed() => return,
-                m = rx.recv() => m,
-            };
-            let Some(msg) = msg else {
-                let e = ApiError::internal("the engine stopped before the request finished");
-                let _ = tx.send(Event::default().data(e.body().to_string())).await;
-                return;
-            };
-            mark(&msg, &mut admitted, &mut first);
-            for chunk in out.on(msg) {
-                if tx
-                    .send(Event::default().data(chunk.to_string()))
-                    .await
-                    .is_err()
-                {
-                    // The client went away: dropping `rx` cancels the sequence.
-                    return;
-                }
-            }
-        }
-        if usage {
-            let _ = tx
-                .send(Event::default().data(out.usage_chunk().to_string()))
-                .await;
-        }
-        let _ = tx.send(Event::default().data("[DONE]")).await;
-        log.done(&out, admitted, first);
-    });
-    let s = futures_util::stream::unfold(events, |mut ev| async move {
-        ev.recv().await.map(|e| (Ok(e), ev))
-    });
-    Sse::new(s).keep_alive(KeepAlive::default())
 }

@@ -6,8 +6,12 @@
 //! JSON or server-sent events. The server speaks only the family-neutral
 //! model interface and the model's chat format.
 
+mod answer;
 mod api;
+mod bound;
+mod conn;
 mod constraint;
+mod disk;
 mod error;
 mod generate;
 mod handlers;
@@ -16,6 +20,7 @@ mod metrics;
 mod prefix;
 mod respond;
 mod routes;
+mod tools;
 mod worker;
 
 use std::net::SocketAddr;
@@ -29,6 +34,7 @@ use fathom_chat::ChatFormat;
 use fathom_model::CausalLm;
 use fathom_tokenizer::Tokenizer;
 
+pub use bound::max_token_bytes;
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use prefix::{PrefixCache, fingerprint};
@@ -52,12 +58,28 @@ pub struct ServeConfig {
     pub cors_origins: Vec<String>,
     /// Largest request body, bytes.
     pub max_body: usize,
+    /// Open connections at most (beyond: the longest-idle is closed, or
+    /// the new one refused).
+    pub max_connections: usize,
+    /// A request's headers must be complete within this of the connection
+    /// opening or answering its previous request (also the keep-alive
+    /// idle timeout).
+    pub header_timeout: Duration,
+    /// A request's body must arrive within this once its headers have.
+    pub body_timeout: Duration,
+    /// Host names answered besides the loopback ones; when bound to a
+    /// loopback address, requests naming any other Host get 403.
+    pub allowed_hosts: Vec<String>,
     pub shutdown_timeout: Duration,
     /// Prompt tokens between saved prefix states (0 = only chat turns).
     pub prefix_block: usize,
     /// RAM for saved prefix states (0 = no prefix cache).
     pub prefix_budget: u64,
     pub state_cache_dir: Option<PathBuf>,
+    /// Bytes of saved states kept in `state_cache_dir` at most (least
+    /// recently used removed first); `None`: a tenth of the free space
+    /// there at start, at most [`DEFAULT_STATE_CACHE_MAX`].
+    pub state_cache_max: Option<u64>,
     /// Run the engine on a thread of the global compute pool, so each
     /// parallel product of a step forks from a pool thread instead of waking
     /// and waiting on the engine's own thread (a fixed cost per product that
@@ -66,6 +88,9 @@ pub struct ServeConfig {
     /// several in one process, whose engines could hold every pool thread.
     pub engine_on_pool: bool,
 }
+
+/// Cap on the default `state_cache_max`.
+pub const DEFAULT_STATE_CACHE_MAX: u64 = 20 << 30;
 
 /// A loaded model and what goes with it.
 pub struct Loaded {
@@ -76,6 +101,10 @@ pub struct Loaded {
     pub bos: Option<u32>,
     /// Identity for saved prefix states.
     pub fingerprint: [u8; 32],
+    /// The most bytes of text one token covers, when the tokenizer keeps
+    /// every byte ([`max_token_bytes`]): a prompt far over the context is
+    /// then refused before it is tokenized.
+    pub max_token_bytes: Option<usize>,
 }
 
 /// Ready to serve.
@@ -83,6 +112,9 @@ pub(crate) struct Ready {
     pub loaded: Loaded,
     pub tx: std::sync::Mutex<std::sync::mpsc::Sender<worker::Cmd>>,
     pub trie: OnceLock<Arc<fathom_constrain::TokenTrie>>,
+    /// Every special id and stop id (text before an enforced tool call
+    /// may contain none).
+    pub banned: OnceLock<Arc<Vec<u32>>>,
 }
 
 pub(crate) struct AppState {
@@ -92,7 +124,14 @@ pub(crate) struct AppState {
     pub metrics: Arc<Metrics>,
     pub queued: worker::QueueDepth,
     pub next_id: AtomicU64,
-    pub created: u64,
+    /// Random per process: response ids differ across restarts.
+    pub id_salt: u64,
+    /// When the server started (`created` of `/v1/models`).
+    pub started: u64,
+    /// Bounds the rendering and tokenizing that runs at once (off the
+    /// HTTP threads).
+    pub prep: Arc<tokio::sync::Semaphore>,
+    pub hosts: routes::HostPolicy,
     /// Set at shutdown: new requests get 503.
     pub stopping: std::sync::atomic::AtomicBool,
 }
@@ -108,10 +147,31 @@ impl AppState {
         }
     }
 
+    /// A response id unique to this response: a bijective mix of a
+    /// per-process counter under a random salt.
     pub fn request_id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        format!("{prefix}-{:x}{n:06x}", self.created)
+        format!("{prefix}-{:016x}", mix(self.id_salt.wrapping_add(n)))
     }
+}
+
+/// The splitmix64 finaliser: a bijection on `u64`.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Rendering and tokenizing jobs at once: half the cores, at least one.
+fn prep_slots() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
 
 /// A running server: its address and how to stop it.
@@ -159,9 +219,17 @@ pub fn start(
         .with_context(|| format!("cannot listen on {addr} (--host/--port)"))?;
     let local = listener.local_addr()?;
     let cfg_on_pool = cfg.engine_on_pool;
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let limits = conn::Limits {
+        max_connections: cfg.max_connections,
+        header_timeout: cfg.header_timeout,
+    };
+    let id_salt = {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    };
+    let hosts = routes::HostPolicy::new(&cfg.host, &cfg.allowed_hosts);
     let state = Arc::new(AppState {
         metrics: Arc::new(Metrics::new(&cfg.model_id)),
         cfg,
@@ -169,7 +237,10 @@ pub fn start(
         load_error: OnceLock::new(),
         queued: Arc::new(AtomicUsize::new(0)),
         next_id: AtomicU64::new(0),
-        created,
+        id_salt,
+        started: unix_now(),
+        prep: Arc::new(tokio::sync::Semaphore::new(prep_slots())),
+        hosts,
         stopping: Default::default(),
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -191,6 +262,7 @@ pub fn start(
         .name("fathom-http".into())
         .spawn(move || -> Result<()> {
             let app = routes::router(st.clone());
+            let metrics = st.metrics.clone();
             rt.block_on(async move {
                 let stop = async move {
                     tokio::select! {
@@ -201,11 +273,8 @@ pub fn start(
                     tracing::info!("shutting down: no new requests; finishing what runs");
                     generate::begin_shutdown(&st);
                 };
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .await
-                    .context("the HTTP server failed")
-            })?;
+                conn::serve(listener, app, limits, metrics, stop).await
+            });
             if worker.join().is_err() {
                 anyhow::bail!("the engine thread panicked");
             }

@@ -1,10 +1,11 @@
 //! Server figures: Prometheus text for `/metrics`, JSON for `/stats` (the
 //! page's live panel).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use fathom_model::experts::ExpertStats;
 
@@ -15,6 +16,21 @@ const LATENCY_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+/// The window over which the queue's drain rate is measured.
+const DRAIN_WINDOW: Duration = Duration::from_secs(60);
+/// Bounds of `Retry-After`, seconds.
+pub const RETRY_MIN: u32 = 1;
+pub const RETRY_MAX: u32 = 60;
+
+/// Connection counts, kept by the accept loop.
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub open: AtomicUsize,
+    /// Refused at the cap, every connection answering a request.
+    pub refused: AtomicU64,
+    /// Idle connections closed to make room for new ones.
+    pub evicted: AtomicU64,
+}
 
 #[derive(Debug, Clone)]
 struct Histogram {
@@ -67,6 +83,8 @@ struct Inner {
     prefix: PrefixStats,
     /// (time, generated tokens) samples for a recent rate.
     recent: Vec<(Instant, u64)>,
+    /// When requests finished, over the last [`DRAIN_WINDOW`].
+    finished: VecDeque<Instant>,
 }
 
 /// Everything `/metrics` and `/stats` report.
@@ -74,12 +92,16 @@ struct Inner {
 pub struct Metrics {
     inner: Mutex<Inner>,
     model: String,
+    since: Instant,
+    pub conns: ConnStats,
 }
 
 impl Metrics {
     pub fn new(model: &str) -> Self {
         Metrics {
             model: model.to_string(),
+            since: Instant::now(),
+            conns: ConnStats::default(),
             inner: Mutex::new(Inner {
                 requests: BTreeMap::new(),
                 queued: 0,
@@ -93,6 +115,7 @@ impl Metrics {
                 experts: ExpertStats::default(),
                 prefix: PrefixStats::default(),
                 recent: Vec::new(),
+                finished: VecDeque::new(),
             }),
         }
     }
@@ -155,6 +178,45 @@ impl Metrics {
         });
     }
 
+    /// A request left the engine (all its sequences done).
+    pub fn finished(&self) {
+        self.finished_at(Instant::now());
+    }
+
+    fn finished_at(&self, now: Instant) {
+        self.with(|m| {
+            m.finished.push_back(now);
+            prune(&mut m.finished, now);
+        });
+    }
+
+    /// Seconds until a request refused now would likely find room in a
+    /// queue of `queued`: the requests ahead of it over the rate requests
+    /// finished at in the last minute (or since the start, if sooner);
+    /// [`RETRY_MAX`] before any has finished; within
+    /// [`RETRY_MIN`]..=[`RETRY_MAX`].
+    pub fn retry_after(&self, queued: usize) -> u32 {
+        self.retry_after_at(queued, Instant::now())
+    }
+
+    fn retry_after_at(&self, queued: usize, now: Instant) -> u32 {
+        self.with(|m| {
+            prune(&mut m.finished, now);
+            let n = m.finished.len();
+            if n == 0 {
+                return RETRY_MAX;
+            }
+            let span = now
+                .saturating_duration_since(self.since)
+                .min(DRAIN_WINDOW)
+                .as_secs_f64()
+                .max(1.0);
+            let rate = n as f64 / span;
+            let wait = (queued as f64 + 1.0) / rate;
+            (wait.ceil() as u32).clamp(RETRY_MIN, RETRY_MAX)
+        })
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         self.with(|m| {
@@ -169,6 +231,7 @@ impl Metrics {
                 ("fathom_expert_cache_hit_rate", "Share of requested experts found in RAM.", hit_rate(&m.experts).unwrap_or(0.0)),
                 ("fathom_prefix_cache_bytes", "Bytes of saved prefix states in RAM.", m.prefix.bytes as f64),
                 ("fathom_prefix_cache_entries", "Saved prefix states in RAM.", m.prefix.entries as f64),
+                ("fathom_open_connections", "Open HTTP connections.", self.conns.open.load(Ordering::Relaxed) as f64),
             ];
             for (name, help, v) in gauges {
                 let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -182,6 +245,10 @@ impl Metrics {
                 ("fathom_expert_hits_total", "Requested experts already in RAM.", m.experts.hits),
                 ("fathom_prefix_cache_hits_total", "Requests that reused a saved prefix state.", m.prefix.hits),
                 ("fathom_prefix_cache_lookups_total", "Prefix cache lookups.", m.prefix.lookups),
+                ("fathom_refused_connections_total", "Connections refused at --max-connections while every open one was answering.", self.conns.refused.load(Ordering::Relaxed)),
+                ("fathom_evicted_connections_total", "Idle connections closed at --max-connections to make room.", self.conns.evicted.load(Ordering::Relaxed)),
+                ("fathom_state_cache_disk_evicted_total", "Saved states removed from --state-cache-dir to stay within --state-cache-max.", m.prefix.disk_evicted),
+                ("fathom_state_cache_disk_bytes", "Bytes of saved states in --state-cache-dir.", m.prefix.disk_bytes),
             ];
             for (name, help, v) in counters {
                 let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
@@ -223,6 +290,49 @@ impl Metrics {
     }
 }
 
+/// Drops finish times older than the window.
+fn prune(q: &mut VecDeque<Instant>, now: Instant) {
+    while q
+        .front()
+        .is_some_and(|&t| now.saturating_duration_since(t) > DRAIN_WINDOW)
+    {
+        q.pop_front();
+    }
+}
+
 fn hit_rate(e: &ExpertStats) -> Option<f64> {
     (e.requested > 0).then(|| e.hits as f64 / e.requested as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_follows_the_drain_rate_within_bounds() {
+        let m = Metrics::new("m");
+        let t0 = m.since;
+        // Nothing finished yet: the upper bound.
+        assert_eq!(m.retry_after_at(3, t0 + Duration::from_secs(5)), RETRY_MAX);
+        // 10 requests over 20 s: 0.5 per second; 4 ahead + this one → 10 s.
+        for i in 0..10 {
+            m.finished_at(t0 + Duration::from_secs(2 * i + 1));
+        }
+        assert_eq!(m.retry_after_at(4, t0 + Duration::from_secs(20)), 10);
+        // A fast queue still says at least 1 s.
+        for _ in 0..1000 {
+            m.finished_at(t0 + Duration::from_secs(20));
+        }
+        assert_eq!(m.retry_after_at(0, t0 + Duration::from_secs(20)), RETRY_MIN);
+        // A long queue is capped.
+        assert_eq!(
+            m.retry_after_at(1_000_000, t0 + Duration::from_secs(20)),
+            RETRY_MAX
+        );
+        // Finishes older than the window no longer count.
+        assert_eq!(
+            m.retry_after_at(0, t0 + Duration::from_secs(200)),
+            RETRY_MAX
+        );
+    }
 }

@@ -9,15 +9,12 @@
 //! output never depends on the cache.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use fathom_model::{CausalLm, SeqState};
 use sha2::{Digest, Sha256};
 
-const MAGIC: &[u8; 8] = b"FATHOMPC";
-const VERSION: u32 = 1;
-const EXT: &str = "fps";
+pub use crate::disk::Disk;
 
 /// Hash of every prefix: `h[i]` covers `tokens[..i]`.
 pub fn prefix_hashes(tokens: &[u32]) -> Vec<u64> {
@@ -53,6 +50,10 @@ pub struct PrefixStats {
     pub entries: u64,
     pub disk_loaded: u64,
     pub disk_rejected: u64,
+    /// Files removed to stay within the directory's cap.
+    pub disk_evicted: u64,
+    /// Bytes of saved states in the directory.
+    pub disk_bytes: u64,
 }
 
 pub struct PrefixCache {
@@ -78,14 +79,11 @@ impl PrefixCache {
             disk,
             stats: PrefixStats::default(),
         };
-        let lens: Vec<usize> = c
-            .disk
-            .iter()
-            .flat_map(|d| d.index.values().map(|e| e.0))
-            .collect();
+        let lens: Vec<usize> = c.disk.iter().flat_map(|d| d.lens()).collect();
         for l in lens {
             *c.lens.entry(l).or_default() += 1;
         }
+        c.disk_stats();
         c
     }
 
@@ -140,9 +138,13 @@ impl PrefixCache {
             {
                 self.tick += 1;
                 e.last = self.tick;
+                let state = e.state.fork();
+                if let Some(d) = &mut self.disk {
+                    d.mark_used(h);
+                }
                 self.stats.hits += 1;
                 self.stats.hit_tokens += len as u64;
-                return Some((e.state.fork(), len));
+                return Some((state, len));
             }
         }
         None
@@ -158,10 +160,27 @@ impl PrefixCache {
         if state.bytes() as u64 + 4 * tokens.len() as u64 > self.budget {
             return;
         }
-        if let Some(d) = &mut self.disk {
-            d.save(h, &tokens, state.as_ref());
+        // A prefix on disk only is counted in `lens` already; `put` counts it again.
+        let on_disk = self.disk.as_ref().is_some_and(|d| d.contains(h));
+        if on_disk {
+            self.forget_len(tokens.len());
         }
+        if let Some(d) = &mut self.disk {
+            for (gone, len) in d.save(h, &tokens, state.as_ref()) {
+                if !self.entries.contains_key(&gone) {
+                    self.forget_len(len);
+                }
+            }
+        }
+        self.disk_stats();
         self.put(h, tokens, state);
+    }
+
+    fn disk_stats(&mut self) {
+        if let Some(d) = &self.disk {
+            self.stats.disk_evicted = d.evicted;
+            self.stats.disk_bytes = d.bytes();
+        }
     }
 
     fn put(&mut self, h: u64, tokens: Vec<u32>, state: Box<dyn SeqState>) {
@@ -199,7 +218,7 @@ impl PrefixCache {
     fn remove(&mut self, h: u64) {
         if let Some(e) = self.entries.remove(&h) {
             self.stats.bytes -= e.bytes;
-            let on_disk = self.disk.as_ref().is_some_and(|d| d.index.contains_key(&h));
+            let on_disk = self.disk.as_ref().is_some_and(|d| d.contains(h));
             if !on_disk {
                 self.forget_len(e.tokens.len());
             }
@@ -218,202 +237,24 @@ impl PrefixCache {
 
     fn load_from_disk(&mut self, lm: &dyn CausalLm, h: u64, tokens: &[u32]) {
         let Some(d) = &mut self.disk else { return };
-        let Some((_, path)) = d.index.get(&h).cloned() else {
+        let Some(loaded) = d.load(lm, h, tokens) else {
             return;
         };
-        match d.load(lm, &path, tokens) {
+        match loaded {
             Ok(state) => {
                 self.stats.disk_loaded += 1;
                 // Counted in `lens` already through the disk index.
                 self.forget_len(tokens.len());
                 self.put(h, tokens.to_vec(), state);
             }
-            Err(why) => {
-                tracing::warn!(file = %path.display(), "ignoring saved prefix state: {why}");
+            Err((path, why)) => {
+                tracing::warn!(file = %path.display(), "removed a damaged saved prefix state: {why}");
                 self.stats.disk_rejected += 1;
-                d.index.remove(&h);
                 self.forget_len(tokens.len());
             }
         }
+        self.disk_stats();
     }
-}
-
-/// Saved states in a directory: one file per prefix, written atomically,
-/// each checked (checksum, model fingerprint, tokens, the model's own
-/// decoder) before it is used.
-pub struct Disk {
-    dir: PathBuf,
-    fingerprint: [u8; 32],
-    /// Prefix hash → (length, file).
-    index: HashMap<u64, (usize, PathBuf)>,
-    seq: u64,
-}
-
-impl Disk {
-    /// Opens (creating) `dir` and indexes the files saved for this model.
-    pub fn open(dir: &Path, fingerprint: [u8; 32]) -> std::io::Result<Disk> {
-        std::fs::create_dir_all(dir)?;
-        let mut index = HashMap::new();
-        for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path();
-            if path.extension().and_then(|e| e.to_str()) != Some(EXT) {
-                continue;
-            }
-            match read_header(&path, &fingerprint) {
-                Ok(tokens) => {
-                    let h = *prefix_hashes(&tokens).last().expect("hash");
-                    index.insert(h, (tokens.len(), path));
-                }
-                Err(why) => {
-                    tracing::warn!(file = %path.display(), "ignoring saved prefix state: {why}")
-                }
-            }
-        }
-        Ok(Disk {
-            dir: dir.to_path_buf(),
-            fingerprint,
-            index,
-            seq: 0,
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    fn save(&mut self, h: u64, tokens: &[u32], state: &dyn SeqState) {
-        let path = self.dir.join(format!("{h:016x}-{}.{EXT}", tokens.len()));
-        self.seq += 1;
-        let tmp = self
-            .dir
-            .join(format!(".tmp-{}-{}", std::process::id(), self.seq));
-        let mut body = Vec::new();
-        body.extend_from_slice(MAGIC);
-        body.extend_from_slice(&VERSION.to_le_bytes());
-        body.extend_from_slice(&self.fingerprint);
-        body.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
-        for t in tokens {
-            body.extend_from_slice(&t.to_le_bytes());
-        }
-        let payload = match state.encode() {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(dir = %self.dir.display(), "cannot save a prefix state: {e}");
-                return;
-            }
-        };
-        body.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        body.extend_from_slice(&payload);
-        let sum = Sha256::digest(&body);
-        body.extend_from_slice(&sum);
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        };
-        match write() {
-            Ok(()) => {
-                self.index.insert(h, (tokens.len(), path));
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                tracing::warn!(dir = %self.dir.display(), "cannot save a prefix state: {e}");
-            }
-        }
-    }
-
-    fn load(
-        &self,
-        lm: &dyn CausalLm,
-        path: &Path,
-        tokens: &[u32],
-    ) -> Result<Box<dyn SeqState>, String> {
-        let mut body = Vec::new();
-        std::fs::File::open(path)
-            .and_then(|mut f| f.read_to_end(&mut body))
-            .map_err(|e| e.to_string())?;
-        if body.len() < 32 {
-            return Err("truncated".into());
-        }
-        let (data, sum) = body.split_at(body.len() - 32);
-        if Sha256::digest(data).as_slice() != sum {
-            return Err("checksum mismatch (damaged file)".into());
-        }
-        let saved = parse_header(data, &self.fingerprint)?;
-        if saved.0 != tokens {
-            return Err("its tokens differ from the prefix asked for".into());
-        }
-        let rest = &data[saved.1..];
-        if rest.len() < 8 {
-            return Err("truncated".into());
-        }
-        let n = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
-        if rest.len() - 8 != n {
-            return Err(format!(
-                "payload of {} bytes, header says {n}",
-                rest.len() - 8
-            ));
-        }
-        let state = lm.decode_state(&rest[8..]).map_err(|e| e.to_string())?;
-        if state.pos() != tokens.len() {
-            return Err(format!(
-                "state at position {}, expected {}",
-                state.pos(),
-                tokens.len()
-            ));
-        }
-        Ok(state)
-    }
-}
-
-/// Reads only a file's header (magic, version, fingerprint, tokens).
-fn read_header(path: &Path, fp: &[u8; 32]) -> Result<Vec<u32>, String> {
-    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut head = [0u8; 52];
-    f.read_exact(&mut head)
-        .map_err(|_| "truncated header".to_string())?;
-    let n = u64::from_le_bytes(head[44..52].try_into().expect("8"));
-    if n.saturating_mul(4) > meta.len() {
-        return Err(format!("claims {n} tokens, more than the file holds"));
-    }
-    let mut all = head.to_vec();
-    let mut toks = vec![0u8; n as usize * 4];
-    f.read_exact(&mut toks)
-        .map_err(|_| "truncated tokens".to_string())?;
-    all.extend_from_slice(&toks);
-    parse_header(&all, fp).map(|(t, _)| t)
-}
-
-/// Header fields; returns the tokens and the header's length.
-fn parse_header(b: &[u8], fp: &[u8; 32]) -> Result<(Vec<u32>, usize), String> {
-    if b.len() < 52 || &b[..8] != MAGIC {
-        return Err("not a fathom prefix state".into());
-    }
-    let v = u32::from_le_bytes(b[8..12].try_into().expect("4"));
-    if v != VERSION {
-        return Err(format!("format version {v}, this build reads {VERSION}"));
-    }
-    if &b[12..44] != fp {
-        return Err("saved for another model".into());
-    }
-    let n = u64::from_le_bytes(b[44..52].try_into().expect("8"));
-    let end = n
-        .checked_mul(4)
-        .and_then(|x| x.checked_add(52))
-        .filter(|&e| e <= b.len() as u64);
-    let Some(end) = end else {
-        return Err(format!("claims {n} tokens, more than the file holds"));
-    };
-    let tokens = b[52..end as usize]
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
-        .collect();
-    Ok((tokens, end as usize))
 }
 
 /// A model's identity for saved states: its config and its shard names and sizes.

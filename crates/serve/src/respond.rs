@@ -122,10 +122,7 @@ impl Output {
                 self.choices[i].finish = Some(done.reason.clone());
                 match &done.reason {
                     FinishReason::Error(e) => out.push(ApiError::internal(e.clone()).body()),
-                    FinishReason::Cancelled => out.push(
-                        ApiError::unavailable("the request was cancelled (server shutting down)")
-                            .body(),
-                    ),
+                    FinishReason::Cancelled => out.push(shutdown_error().body()),
                     _ => {
                         let reason = self.finish_name(i);
                         let delta = if self.api == Api::Chat {
@@ -295,11 +292,7 @@ impl Output {
         for c in &self.choices {
             match &c.finish {
                 Some(FinishReason::Error(e)) => return Err(ApiError::internal(e.clone())),
-                Some(FinishReason::Cancelled) | None => {
-                    return Err(ApiError::unavailable(
-                        "the request was cancelled (server shutting down)",
-                    ));
-                }
+                Some(FinishReason::Cancelled) | None => return Err(shutdown_error()),
                 _ => {}
             }
         }
@@ -353,6 +346,12 @@ impl Output {
             }
         }
     }
+}
+
+/// What a request the shutdown ended hears, whether it was queued or
+/// running (only a shutdown cancels a sequence whose client still listens).
+pub(crate) fn shutdown_error() -> ApiError {
+    ApiError::shutting_down("the server is shutting down: the request was not finished")
 }
 
 fn append(m: &mut serde_json::Map<String, Value>, key: &str, t: &str) {

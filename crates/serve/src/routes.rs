@@ -31,6 +31,7 @@ pub(crate) fn router(st: Arc<AppState>) -> Router {
         .merge(api)
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(st.clone(), host_check))
         .with_state(st.clone());
     if !st.cfg.cors_origins.is_empty() {
         let origins: Vec<HeaderValue> = st
@@ -48,21 +49,111 @@ pub(crate) fn router(st: Arc<AppState>) -> Router {
     app
 }
 
-/// Requires `Authorization: Bearer <key>` when the server has a key.
+/// Answers only requests whose `Host` the server serves (see [`HostPolicy`]).
+async fn host_check(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    if let Err(e) = st.hosts.check(host) {
+        st.metrics
+            .request(endpoint(req.uri().path()), e.status.as_u16());
+        tracing::info!(host = host.unwrap_or(""), "refused: {}", e.message);
+        return e.into_response();
+    }
+    next.run(req).await
+}
+
+/// Which `Host` names the server answers to. Bound to a loopback address,
+/// it answers loopback names only (so a web page whose name an attacker
+/// points at 127.0.0.1, DNS rebinding, cannot reach it) plus
+/// `--allowed-host` names; bound elsewhere, any name unless
+/// `--allowed-host` names some. `*` allows any.
+#[derive(Debug, Clone)]
+pub(crate) struct HostPolicy {
+    /// `None`: any host.
+    names: Option<Vec<String>>,
+}
+
+impl HostPolicy {
+    pub fn new(bind: &str, allowed: &[String]) -> HostPolicy {
+        let allowed: Vec<String> = allowed.iter().map(|h| host_name(h)).collect();
+        let loopback_bind = is_loopback(&host_name(bind));
+        let names = if allowed.iter().any(|h| h == "*") || (!loopback_bind && allowed.is_empty()) {
+            None
+        } else {
+            Some(allowed)
+        };
+        HostPolicy { names }
+    }
+
+    pub fn check(&self, host: Option<&str>) -> Result<(), ApiError> {
+        let Some(names) = &self.names else {
+            return Ok(());
+        };
+        let Some(host) = host.filter(|h| !h.is_empty()) else {
+            return Err(ApiError::bad_request(
+                "the request has no Host header: HTTP/1.1 requires one",
+            ));
+        };
+        let name = host_name(host);
+        if is_loopback(&name) || names.contains(&name) {
+            Ok(())
+        } else {
+            Err(ApiError::host_not_allowed(&name))
+        }
+    }
+}
+
+/// A Host value's name: without the port, lowercase, without a final dot;
+/// an IPv6 address keeps its brackets.
+fn host_name(host: &str) -> String {
+    let h = host.trim();
+    let name = if h.starts_with('[') {
+        h.find(']').map_or(h, |i| &h[..=i])
+    } else {
+        match h.rsplit_once(':') {
+            Some((n, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !n.contains(':') => n,
+            _ => h,
+        }
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// `localhost` or a loopback address (127.0.0.0/8, `[::1]`).
+fn is_loopback(name: &str) -> bool {
+    if name == "localhost" {
+        return true;
+    }
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Requires `Authorization: Bearer <key>` (the scheme in any case) when
+/// the server has a key.
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer)
             .unwrap_or("");
-        if !constant_time_eq(given.trim().as_bytes(), key.as_bytes()) {
+        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
             st.metrics.request(endpoint(req.uri().path()), 401);
             return ApiError::unauthorized().into_response();
         }
     }
     next.run(req).await
+}
+
+/// The token of a `Bearer` credential; the scheme is case-insensitive
+/// (RFC 9110, section 11.1).
+fn bearer(v: &str) -> Option<&str> {
+    let (scheme, token) = v.trim().split_once([' ', '\t'])?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Compares without stopping at the first difference.
@@ -88,8 +179,20 @@ pub(crate) fn endpoint(path: &str) -> &'static str {
     }
 }
 
-/// Reads a request body of at most `limit` bytes (413 beyond).
+/// Reads a request body of at most `limit` bytes (413 beyond) within
+/// `timeout` (408 beyond).
 pub(crate) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<axum::body::Bytes, ApiError> {
+    tokio::time::timeout(timeout, read_body_within(headers, body, limit))
+        .await
+        .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout.as_secs())))
+}
+
+async fn read_body_within(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -144,7 +247,7 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
     axum::Json(json!({"object": "list", "data": [{
         "id": st.cfg.model_id,
         "object": "model",
-        "created": st.created,
+        "created": st.started,
         "owned_by": "fathom",
         "max_model_len": st.cfg.context,
         "family": info.as_ref().map(|i| i.family),
@@ -169,4 +272,71 @@ async fn not_found(req: Request) -> Response {
     let mut e = ApiError::not_found("path", format!("no route for {} {path}", req.method()));
     e.code = Some("unknown_route");
     e.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_lose_port_case_and_final_dot() {
+        assert_eq!(host_name("LocalHost:8000"), "localhost");
+        assert_eq!(host_name("[::1]:8000"), "[::1]");
+        assert_eq!(host_name("[::1]"), "[::1]");
+        assert_eq!(host_name("example.test."), "example.test");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
+        // A bare IPv6 address (no brackets) keeps its colons.
+        assert_eq!(host_name("::1"), "::1");
+    }
+
+    #[test]
+    fn a_loopback_bind_answers_loopback_and_allowed_names_only() {
+        let p = HostPolicy::new("127.0.0.1", &["Proxy.Example:443".into()]);
+        for ok in [
+            "localhost",
+            "localhost:8000",
+            "127.0.0.1:1",
+            "127.1.2.3",
+            "[::1]:80",
+            "proxy.example",
+            "PROXY.example.:9",
+        ] {
+            assert!(p.check(Some(ok)).is_ok(), "{ok}");
+        }
+        for bad in [
+            "evil.test",
+            "evil.test:8000",
+            "localhost.evil.test",
+            "127.0.0.1.evil.test",
+            "10.0.0.1",
+        ] {
+            let e = p.check(Some(bad)).unwrap_err();
+            assert_eq!(e.status, StatusCode::FORBIDDEN, "{bad}");
+            assert_eq!(e.code, Some("host_not_allowed"));
+        }
+        assert_eq!(p.check(None).unwrap_err().status, StatusCode::BAD_REQUEST);
+        let any = HostPolicy::new("0.0.0.0", &[]);
+        assert!(any.check(Some("evil.test")).is_ok());
+        let star = HostPolicy::new("localhost", &["*".into()]);
+        assert!(star.check(Some("evil.test")).is_ok());
+        let listed = HostPolicy::new("0.0.0.0", &["api.example".into()]);
+        assert!(listed.check(Some("api.example:8000")).is_ok());
+        assert!(listed.check(Some("evil.test")).is_err());
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for v in [
+            "Bearer k",
+            "bearer k",
+            "BEARER k",
+            "BeArEr   k ",
+            "bearer\tk",
+        ] {
+            assert_eq!(bearer(v), Some("k"), "{v:?}");
+        }
+        assert_eq!(bearer("Basic k"), None);
+        assert_eq!(bearer("k"), None);
+        assert_eq!(bearer("Bearerk"), None);
+    }
 }

@@ -106,9 +106,11 @@ pub fn run(
             take(cmd, &mut waiting, &mut deadline);
         }
         if deadline.is_some() {
+            // Refused as a running sequence cancelled at the deadline is:
+            // the same answer for both.
             for job in waiting.drain(..) {
                 queued.fetch_sub(1, Ordering::SeqCst);
-                refuse(&job, "the server is shutting down");
+                refuse(&job, FinishReason::Cancelled);
             }
         }
         admit(
@@ -147,10 +149,10 @@ fn take(cmd: Cmd, waiting: &mut VecDeque<Box<Job>>, deadline: &mut Option<Instan
     }
 }
 
-fn refuse(job: &Job, why: &str) {
+fn refuse(job: &Job, reason: FinishReason) {
     for (choice, _) in job.reqs.iter().enumerate() {
         let done = Box::new(Summary {
-            reason: FinishReason::Error(why.to_string()),
+            reason: reason.clone(),
             text_tail: String::new(),
         });
         let _ = job.tx.send(Msg::Done {
@@ -246,6 +248,9 @@ fn dispatch(
         Event::Checkpoint { tokens, state, .. } => prefix.insert(tokens, state),
         Event::Finished { seq, done } => {
             let Some(l) = live.remove(&seq) else { return };
+            if !live.values().any(|o| o.job == l.job) {
+                metrics.finished();
+            }
             let f = *done;
             if let FinishReason::Error(e) = &f.reason {
                 tracing::warn!(request_id = %l.job, choice = l.choice, "sequence failed: {e}");

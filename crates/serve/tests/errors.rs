@@ -190,6 +190,8 @@ fn api_key_cors_page_and_health() {
             Some("Bearer wrong"),
             Some("Bearer s3cre"),
             Some("s3cret"),
+            Some("Basic s3cret"),
+            Some("Bearers3cret"),
         ] {
             let mut r = c.post(format!("{url}/v1/completions")).json(&body);
             if let Some(a) = auth {
@@ -198,14 +200,22 @@ fn api_key_cors_page_and_health() {
             let r = r.send().await.unwrap();
             assert_eq!(r.status(), 401, "{auth:?}");
         }
-        let r = c
-            .post(format!("{url}/v1/completions"))
-            .bearer_auth("s3cret")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        // The scheme is case-insensitive (RFC 9110).
+        for auth in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR  s3cret ",
+        ] {
+            let r = c
+                .post(format!("{url}/v1/completions"))
+                .header("authorization", auth)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{auth:?}");
+        }
         assert_eq!(
             c.get(format!("{url}/v1/models"))
                 .send()
@@ -275,7 +285,42 @@ fn a_full_queue_answers_429_with_retry_after() {
             .await
             .unwrap();
         assert_eq!(r.status(), 429);
-        assert_eq!(r.headers()["retry-after"], "1");
+        // Nothing has finished yet: no drain rate, the upper bound.
+        assert_eq!(r.headers()["retry-after"], "60");
+        let v: Value = r.json().await.unwrap();
+        assert!(error_of(&v).1.contains("retry in about 60 s"), "{v}");
+        assert_eq!(a.await.unwrap(), 200);
+        assert_eq!(b.await.unwrap(), 200);
+        // Two requests finished: the wait now follows their rate (two per
+        // the server's lifetime so far, within the bounds).
+        let a = tokio::spawn({
+            let url = url.clone();
+            let long = long.clone();
+            async move { post(&url, "/v1/completions", long).await.0 }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let b = tokio::spawn({
+            let url = url.clone();
+            let long = long.clone();
+            async move { post(&url, "/v1/completions", long).await.0 }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = client()
+            .post(format!("{url}/v1/completions"))
+            .json(&long)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 429);
+        let secs: u32 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&secs), "{secs}");
+        let v: Value = r.json().await.unwrap();
+        let msg = error_of(&v).1;
+        assert!(msg.contains(&format!("retry in about {secs} s")), "{msg}");
         assert_eq!(a.await.unwrap(), 200);
         assert_eq!(b.await.unwrap(), 200);
     });

@@ -50,6 +50,18 @@ pub struct ServeArgs {
     /// Largest request body.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     max_body: u64,
+    /// Open connections at most; beyond, the longest-idle one is closed, or the new one gets 503 when none is idle.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_connections: u32,
+    /// Seconds for a request's headers to arrive, from the connection opening or answering its last request (also the keep-alive idle timeout).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_timeout: u64,
+    /// Seconds for a request's body to arrive once its headers have.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    body_timeout: u64,
+    /// Also answer requests whose Host is NAME (repeatable; `*` = any). Bound to a loopback address, only loopback names are answered otherwise.
+    #[arg(long, value_name = "NAME")]
+    allowed_host: Vec<String>,
     /// Seconds to finish running requests after SIGINT/SIGTERM before cancelling them.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
@@ -62,6 +74,9 @@ pub struct ServeArgs {
     /// Keep saved prefix states in this directory too, across restarts.
     #[arg(long)]
     state_cache_dir: Option<PathBuf>,
+    /// Bytes of saved states in --state-cache-dir at most, least recently used removed first (default: a tenth of the free space there, at most 20 GiB).
+    #[arg(long, value_parser = parse_size)]
+    state_cache_max: Option<u64>,
     /// Precision of the resident spine matrices (int8 is lossy).
     #[arg(long, value_enum, default_value_t = SpineArg::Bf16)]
     spine: SpineArg,
@@ -92,6 +107,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.api_key.as_deref().is_some_and(str::is_empty) {
         bail!("--api-key (or FATHOM_API_KEY) is empty: give a key or leave it unset");
     }
+    if let Some(h) = a
+        .allowed_host
+        .iter()
+        .find(|h| h.is_empty() || h.contains(|c: char| c.is_whitespace() || c == '/' || c == ','))
+    {
+        bail!(
+            "--allowed-host {h:?} is not a host name: give one name per flag (e.g. --allowed-host api.example.com)"
+        );
+    }
     let max_body = usize::try_from(a.max_body)
         .unwrap_or(usize::MAX)
         .clamp(1024, 1 << 30);
@@ -116,10 +140,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
         api_key: a.api_key.clone(),
         cors_origins: a.cors_origin.clone(),
         max_body,
+        max_connections: a.max_connections as usize,
+        header_timeout: Duration::from_secs(a.header_timeout),
+        body_timeout: Duration::from_secs(a.body_timeout),
+        allowed_hosts: a.allowed_host.clone(),
         shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
         prefix_block: a.prefix_block,
         prefix_budget,
         state_cache_dir: a.state_cache_dir.clone(),
+        state_cache_max: a.state_cache_max,
         engine_on_pool: true,
     };
     let fix = "give a smaller --prefix-cache";
@@ -157,12 +186,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let bos = wants_bos(&dir, lm.info().bos_token_id);
         let fingerprint = fathom_serve::fingerprint(&dir)
             .with_context(|| format!("cannot read {}", dir.display()))?;
+        let max_token_bytes = fathom_serve::max_token_bytes(&dir, tok.as_ref());
         Ok(Loaded {
             lm,
             tokenizer: tok,
             chat,
             bos,
             fingerprint,
+            max_token_bytes,
         })
     });
     let server = fathom_serve::start(cfg, load, true)?;

@@ -64,10 +64,15 @@ pub fn config() -> ServeConfig {
         api_key: None,
         cors_origins: Vec::new(),
         max_body: 1 << 20,
+        max_connections: 256,
+        header_timeout: Duration::from_secs(10),
+        body_timeout: Duration::from_secs(60),
+        allowed_hosts: Vec::new(),
         shutdown_timeout: Duration::from_secs(20),
         prefix_block: 32,
         prefix_budget: 256 << 20,
         state_cache_dir: None,
+        state_cache_max: None,
         // Several servers run in one test process.
         engine_on_pool: false,
     }
@@ -76,12 +81,22 @@ pub fn config() -> ServeConfig {
 /// Starts a server over `lm` (which may wrap the model).
 pub fn start(cfg: ServeConfig, lm: Arc<dyn CausalLm>) -> (Server, String) {
     let (_, tok) = model().expect("checked by the caller");
+    start_with(cfg, lm, tok)
+}
+
+/// Starts a server over `lm` and `tok` (either may wrap the model's).
+pub fn start_with(
+    cfg: ServeConfig,
+    lm: Arc<dyn CausalLm>,
+    tok: Arc<dyn Tokenizer>,
+) -> (Server, String) {
     let dir = model_dir().unwrap();
     let load = Box::new(move || {
         let chat = ChatFormat::detect(&dir, tok.as_ref())?;
         Ok(Loaded {
             bos: lm.info().bos_token_id,
             lm,
+            max_token_bytes: fathom_serve::max_token_bytes(&dir, tok.as_ref()),
             tokenizer: tok,
             chat,
             fingerprint: fathom_serve::fingerprint(&dir)?,
