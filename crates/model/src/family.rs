@@ -233,3 +233,11 @@ fn experts<F: Family>(config: &ModelConfig, ck: &Checkpoint) -> Result<ExpertTab
 pub fn read_spec<F: Family>(dir: &Path) -> Result<F::Spec> {
     F::spec(ModelConfig::read(dir)?.json())
 }
+
+/// Spine weights `w` in `spine` precision (`int8` quantises them).
+pub(crate) fn in_spine<W>(mut w: W, spine: Spine, int8: fn(&mut W)) -> W {
+    if spine == Spine::Int8 {
+        int8(&mut w);
+    }
+    w
+}

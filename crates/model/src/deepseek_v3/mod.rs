@@ -85,11 +85,12 @@ impl Family for DeepseekV3 {
         ck: &Arc<Checkpoint>,
         spine: Spine,
     ) -> Result<DeepseekV3Weights> {
-        let mut w = DeepseekV3Weights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
+        let w = DeepseekV3Weights::load(spec, ck)?;
+        Ok(crate::family::in_spine(
+            w,
+            spine,
+            DeepseekV3Weights::quantize_spine_int8,
+        ))
     }
     /// With `mtp`, also the first multi-token-prediction layer, for
     /// `--draft mtp` (its experts join the expert table).

@@ -34,7 +34,7 @@ use self::weights::GptOssWeights;
 use crate::error::Result;
 use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
-use crate::kv_state::{KvLayout, KvParts, KvState};
+use crate::kv_state::{KvParts, KvState};
 use crate::linear::Spine;
 use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
@@ -64,23 +64,22 @@ impl Family for GptOss {
         tensors::expert_table(spec, ck)
     }
     fn weights(spec: &GptOssSpec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<GptOssWeights> {
-        let mut w = GptOssWeights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
+        let w = GptOssWeights::load(spec, ck)?;
+        Ok(crate::family::in_spine(
+            w,
+            spine,
+            GptOssWeights::quantize_spine_int8,
+        ))
     }
     fn parts(spec: &GptOssSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<KvParts> {
-        Ok(KvParts {
-            // The rotation of every head (YaRN when configured).
-            rope: spec.rope.rope(spec.head_dim),
-            layout: Arc::new(KvLayout {
-                family: Self::NAME,
-                magic: *b"GOST",
-                layers: spec.num_layers,
-                width: spec.kv_width(),
-            }),
-        })
+        // The rotation of every head (YaRN when configured).
+        Ok(KvParts::new(
+            spec.rope.rope(spec.head_dim),
+            Self::NAME,
+            *b"GOST",
+            spec.num_layers,
+            spec.kv_width(),
+        ))
     }
     fn info(spec: &GptOssSpec) -> ModelInfo {
         ModelInfo {

@@ -63,11 +63,12 @@ impl Family for KimiK3 {
         tensors::expert_table(spec, ck)
     }
     fn weights(spec: &K3Spec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<K3Weights> {
-        let mut w = K3Weights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
+        let w = K3Weights::load(spec, ck)?;
+        Ok(crate::family::in_spine(
+            w,
+            spine,
+            K3Weights::quantize_spine_int8,
+        ))
     }
     fn parts(spec: &K3Spec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<HybridParts> {
         Ok(Arc::new(spec.hybrid_dims()))

@@ -21,14 +21,14 @@ use fathom_kernels::ops::rms_norm_rows;
 use super::attention::{kda, mla};
 use super::attn_res::attn_res;
 use super::moe::{self, NextLayerHint, SpineFirst};
-use super::state::{KdaState, LayerState, MlaCache, SequenceState};
+use super::state::{SequenceState, kda_layers, mla_layers};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use super::{K3Model, Tracer};
 use crate::batch::{Segment, add, atomic_step, gather, logit_rows, split_logits};
 use crate::error::Result;
 use crate::lm::{Logits, StepError, StepInput};
 use crate::phase::{self, Phase, timed};
-use crate::trace::trace;
+use crate::trace::{routed, trace};
 
 /// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
 pub(super) fn step(
@@ -126,26 +126,8 @@ fn attention(
 ) -> Result<(Vec<f32>, bool)> {
     let spec = &*model.spec;
     match &lw.attn {
-        AttnWeights::Kda(aw) => {
-            let mut st: Vec<&mut KdaState> = states
-                .iter_mut()
-                .map(|s| match &mut s.layers[i] {
-                    LayerState::Kda(k) => k,
-                    LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
-                })
-                .collect();
-            kda(spec, aw, &mut st, segs, x, then)
-        }
-        AttnWeights::Mla(aw) => {
-            let mut st: Vec<&mut MlaCache> = states
-                .iter_mut()
-                .map(|s| match &mut s.layers[i] {
-                    LayerState::Mla(m) => m,
-                    LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
-                })
-                .collect();
-            mla(spec, aw, &mut st, segs, x, then)
-        }
+        AttnWeights::Kda(aw) => kda(spec, aw, &mut kda_layers(states, i), segs, x, then),
+        AttnWeights::Mla(aw) => mla(spec, aw, &mut mla_layers(states, i), segs, x, then),
     }
 }
 
@@ -178,13 +160,10 @@ fn ffn(
                 }),
                 FfnWeights::Dense(_) => None,
             });
-            let mut routes = tracer.as_ref().map(|_| Vec::new());
             let src = model.experts.as_ref();
-            let out = moe::moe(spec, i, mw, x, n, src, hint, routes.as_mut(), first)?;
-            if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
-                tr.routes(i, &r);
-            }
-            Ok(out)
+            routed(tracer, i, |routes| {
+                moe::moe(spec, i, mw, x, n, src, hint, routes, first)
+            })
         }
     }
 }

@@ -64,11 +64,12 @@ impl Family for KimiLinear {
         ck: &Arc<Checkpoint>,
         spine: Spine,
     ) -> Result<KimiLinearWeights> {
-        let mut w = KimiLinearWeights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
+        let w = KimiLinearWeights::load(spec, ck)?;
+        Ok(crate::family::in_spine(
+            w,
+            spine,
+            KimiLinearWeights::quantize_spine_int8,
+        ))
     }
     fn parts(spec: &KimiLinearSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<HybridParts> {
         Ok(Arc::new(spec.hybrid_dims()))

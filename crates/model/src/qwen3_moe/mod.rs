@@ -29,7 +29,7 @@ use self::weights::Qwen3MoeWeights;
 use crate::error::Result;
 use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
-use crate::kv_state::{KvLayout, KvParts, KvState};
+use crate::kv_state::{KvParts, KvState};
 use crate::linear::Spine;
 use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
@@ -59,22 +59,21 @@ impl Family for Qwen3Moe {
         tensors::expert_table(spec, ck)
     }
     fn weights(spec: &Qwen3MoeSpec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<Qwen3MoeWeights> {
-        let mut w = Qwen3MoeWeights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
+        let w = Qwen3MoeWeights::load(spec, ck)?;
+        Ok(crate::family::in_spine(
+            w,
+            spine,
+            Qwen3MoeWeights::quantize_spine_int8,
+        ))
     }
     fn parts(spec: &Qwen3MoeSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<KvParts> {
-        Ok(KvParts {
-            rope: spec.rope.rope(spec.head_dim),
-            layout: Arc::new(KvLayout {
-                family: Self::NAME,
-                magic: *b"Q3ST",
-                layers: spec.num_layers,
-                width: spec.kv_width(),
-            }),
-        })
+        Ok(KvParts::new(
+            spec.rope.rope(spec.head_dim),
+            Self::NAME,
+            *b"Q3ST",
+            spec.num_layers,
+            spec.kv_width(),
+        ))
     }
     fn info(spec: &Qwen3MoeSpec) -> ModelInfo {
         // The embedding is a row lookup, except when it is also the head.
