@@ -14,29 +14,7 @@ pub const PREFIX: &str = "model.";
 pub const LM_HEAD: &str = "lm_head.weight";
 
 /// What a tensor is for; residency follows from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Embedding,
-    Norm,
-    /// KDA and MLA projections and parameters.
-    Attention,
-    /// The dense MLP of the first layers.
-    DenseMlp,
-    /// Router weight and score-correction bias.
-    Router,
-    SharedExpert,
-    /// Routed expert `w1/w2/w3`.
-    RoutedExpert,
-    Head,
-}
-
-impl Role {
-    /// Everything but the routed experts is the resident "spine".
-    pub fn is_spine(self) -> bool {
-        self != Role::RoutedExpert
-    }
-}
+pub use crate::table::Role;
 
 /// An expert's matrices in the expert table's order: w1 (gate), w2 (down), w3 (up).
 pub const EXPERT_MATRICES: [&str; 3] = ["w1", "w2", "w3"];
@@ -48,25 +26,7 @@ pub fn expert_shape(spec: &KimiLinearSpec, i: usize) -> [usize; 2] {
 }
 
 /// One expected tensor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub role: Role,
-    pub layer: Option<usize>,
-}
-
-impl TensorSpec {
-    /// Bytes as released: bf16, but the router's score-correction bias in f32.
-    pub fn bytes(&self) -> u64 {
-        let per = if self.name.ends_with("e_score_correction_bias") {
-            4
-        } else {
-            2
-        };
-        per * self.shape.iter().product::<usize>() as u64
-    }
-}
+pub use crate::table::TensorSpec;
 
 pub fn layer_name(i: usize, rest: &str) -> String {
     format!("{PREFIX}layers.{i}.{rest}")

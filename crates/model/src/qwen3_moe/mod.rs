@@ -24,7 +24,6 @@ use std::sync::Arc;
 use fathom_weights::Checkpoint;
 
 use self::config::Qwen3MoeSpec;
-use self::tensors::Role;
 use self::weights::Qwen3MoeWeights;
 use crate::error::Result;
 use crate::experts::ExpertTable;
@@ -86,11 +85,12 @@ impl Family for Qwen3Moe {
             bos_token_id: spec.bos_token_id,
             eos_token_ids: spec.eos_token_ids.clone(),
             max_position_embeddings: spec.max_position_embeddings,
-            spine_bytes: tensors::tensor_table(spec)
-                .iter()
-                .filter(|t| t.role.is_spine() && (tied || t.role != Role::Embedding))
-                .map(tensors::TensorSpec::bytes)
-                .sum(),
+            spine_bytes: crate::table::spine_bytes(
+                tensors::tensor_table(spec)
+                    .iter()
+                    .map(|t| (t.role, t.bytes())),
+                tied,
+            ),
             experts_per_token: spec.top_k,
             ..ModelInfo::default()
         }
@@ -114,14 +114,11 @@ impl Family for Qwen3Moe {
 pub fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises the attention projections, dense MLPs and head.
-    let [spine, int8, emb, routed] =
-        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
-            shape: &t.shape,
-            bytes: t.bytes(),
-            embedding: t.role == Role::Embedding,
-            routed_expert: t.role == Role::RoutedExpert,
-            int8: matches!(t.role, Role::Attention | Role::DenseMlp | Role::Head),
-        }));
+    let [spine, int8, emb, routed] = crate::table::ledger(
+        table
+            .iter()
+            .map(|t| (&t.shape[..], t.bytes(), t.role, true)),
+    );
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
         family: Qwen3Moe::NAME,

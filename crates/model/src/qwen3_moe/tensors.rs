@@ -15,29 +15,7 @@ pub const PREFIX: &str = "model.";
 pub const LM_HEAD: &str = "lm_head.weight";
 
 /// What a tensor is for; residency follows from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Embedding,
-    /// RMSNorm weights (layer norms, per-head q/k norms, the final norm).
-    Norm,
-    /// q/k/v/o projections (and their biases).
-    Attention,
-    /// The dense MLP of `mlp_only_layers` (and non-sparse-step layers).
-    DenseMlp,
-    /// The router (`mlp.gate`).
-    Router,
-    /// Routed expert `gate/up/down_proj`.
-    RoutedExpert,
-    Head,
-}
-
-impl Role {
-    /// Everything but the routed experts is the resident "spine".
-    pub fn is_spine(self) -> bool {
-        self != Role::RoutedExpert
-    }
-}
+pub use crate::table::Role;
 
 /// An expert's three matrices, in the expert table's order.
 pub const EXPERT_MATRICES: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
@@ -49,20 +27,7 @@ pub fn expert_shape(spec: &Qwen3MoeSpec, i: usize) -> [usize; 2] {
 }
 
 /// One expected tensor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub role: Role,
-    pub layer: Option<usize>,
-}
-
-impl TensorSpec {
-    /// Bytes when stored in bf16 (as released).
-    pub fn bytes(&self) -> u64 {
-        2 * self.shape.iter().product::<usize>() as u64
-    }
-}
+pub use crate::table::TensorSpec;
 
 /// Name of layer `i`'s tensor `rest` (e.g. `"self_attn.q_proj.weight"`).
 pub fn layer_name(i: usize, rest: &str) -> String {
