@@ -81,3 +81,46 @@ pub fn spine_bytes(entries: impl Iterator<Item = (Role, u64)>, tied: bool) -> u6
         .map(|(_, bytes)| bytes)
         .sum()
 }
+
+/// What [`bf16_experts`] locates: `experts` routed experts in each layer
+/// of `moe_layers` (of `layers`), each of three bf16 matrices of `shapes`
+/// named by `name(layer, expert, matrix)`, `top_k` chosen a token.
+pub struct Bf16Experts<N: Fn(usize, usize, usize) -> String> {
+    pub layers: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub shapes: [[usize; 2]; 3],
+    pub name: N,
+}
+
+/// Locators of every routed expert of `ck` as `t` describes them.
+pub fn bf16_experts<N: Fn(usize, usize, usize) -> String>(
+    t: &Bf16Experts<N>,
+    moe_layers: impl Iterator<Item = usize>,
+    ck: &fathom_weights::Checkpoint,
+) -> crate::error::Result<crate::experts::ExpertTable> {
+    use crate::experts::{ExpertFormat, ExpertLoc, ExpertTable};
+    let mut layers = vec![Vec::new(); t.layers];
+    for l in moe_layers {
+        let mut v = Vec::with_capacity(t.experts);
+        for e in 0..t.experts {
+            let get = |m: usize| {
+                let n = (t.name)(l, e, m);
+                ck.get(&n)
+                    .cloned()
+                    .ok_or(fathom_weights::WeightsError::Missing(n))
+            };
+            v.push(ExpertLoc {
+                parts: [(get(0)?, None), (get(1)?, None), (get(2)?, None)],
+                format: ExpertFormat::Bf16,
+            });
+        }
+        layers[l] = v;
+    }
+    Ok(ExpertTable {
+        layers,
+        shapes: t.shapes,
+        top_k: t.top_k,
+        format: ExpertFormat::Bf16,
+    })
+}

@@ -32,10 +32,8 @@ use self::config::GptOssSpec;
 use self::tensors::Role;
 use self::weights::GptOssWeights;
 use crate::error::Result;
-use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
 use crate::kv_state::{KvParts, KvState};
-use crate::linear::Spine;
 use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
 
@@ -54,23 +52,7 @@ impl Family for GptOss {
     type Parts = KvParts;
     type State = KvState;
 
-    fn spec(config: &serde_json::Value) -> Result<GptOssSpec> {
-        GptOssSpec::from_json(config)
-    }
-    fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
-        memory_facts(spec)
-    }
-    fn expert_table(spec: &GptOssSpec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
-        tensors::expert_table(spec, ck)
-    }
-    fn weights(spec: &GptOssSpec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<GptOssWeights> {
-        let w = GptOssWeights::load(spec, ck)?;
-        Ok(crate::family::in_spine(
-            w,
-            spine,
-            GptOssWeights::quantize_spine_int8,
-        ))
-    }
+    crate::family::plain_family_fns!(GptOssSpec, GptOssWeights);
     fn parts(spec: &GptOssSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<KvParts> {
         // The rotation of every head (YaRN when configured).
         Ok(KvParts::new(

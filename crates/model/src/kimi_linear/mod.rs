@@ -26,11 +26,9 @@ use fathom_weights::Checkpoint;
 use self::config::KimiLinearSpec;
 use self::weights::KimiLinearWeights;
 use crate::error::Result;
-use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
 use crate::hybrid::state::SequenceState;
 use crate::hybrid::{HybridParts, state_io};
-use crate::linear::Spine;
 use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
 
@@ -49,27 +47,7 @@ impl Family for KimiLinear {
     type Parts = HybridParts;
     type State = SequenceState;
 
-    fn spec(config: &serde_json::Value) -> Result<KimiLinearSpec> {
-        KimiLinearSpec::from_json(config)
-    }
-    fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
-        memory_facts(spec)
-    }
-    fn expert_table(spec: &KimiLinearSpec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
-        tensors::expert_table(spec, ck)
-    }
-    fn weights(
-        spec: &KimiLinearSpec,
-        ck: &Arc<Checkpoint>,
-        spine: Spine,
-    ) -> Result<KimiLinearWeights> {
-        let w = KimiLinearWeights::load(spec, ck)?;
-        Ok(crate::family::in_spine(
-            w,
-            spine,
-            KimiLinearWeights::quantize_spine_int8,
-        ))
-    }
+    crate::family::plain_family_fns!(KimiLinearSpec, KimiLinearWeights);
     fn parts(spec: &KimiLinearSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<HybridParts> {
         Ok(Arc::new(spec.hybrid_dims()))
     }

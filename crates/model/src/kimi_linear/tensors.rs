@@ -6,7 +6,7 @@ use fathom_weights::{Checkpoint, Dtype};
 
 use super::config::{FfnKind, KimiLinearSpec};
 use crate::error::Result;
-use crate::experts::{ExpertFormat, ExpertLoc, ExpertTable};
+use crate::experts::ExpertTable;
 use crate::hybrid::AttnKind;
 
 /// Name prefix of the decoder's tensors.
@@ -216,31 +216,12 @@ pub fn check_tensors(spec: &KimiLinearSpec, ck: &Checkpoint) -> Vec<String> {
 
 /// Locators of every routed expert (bf16 w1, w2, w3).
 pub fn expert_table(spec: &KimiLinearSpec, ck: &Checkpoint) -> Result<ExpertTable> {
-    let mut layers = vec![Vec::new(); spec.num_layers];
-    for l in spec.moe_layers() {
-        let mut v = Vec::with_capacity(spec.num_experts);
-        for e in 0..spec.num_experts {
-            let get = |m: &str| {
-                let n = expert_name(l, e, m);
-                ck.get(&n)
-                    .cloned()
-                    .ok_or(fathom_weights::WeightsError::Missing(n))
-            };
-            v.push(ExpertLoc {
-                parts: [
-                    (get(EXPERT_MATRICES[0])?, None),
-                    (get(EXPERT_MATRICES[1])?, None),
-                    (get(EXPERT_MATRICES[2])?, None),
-                ],
-                format: ExpertFormat::Bf16,
-            });
-        }
-        layers[l] = v;
-    }
-    Ok(ExpertTable {
-        layers,
-        shapes: [0, 1, 2].map(|i| expert_shape(spec, i)),
+    let t = crate::table::Bf16Experts {
+        layers: spec.num_layers,
+        experts: spec.num_experts,
         top_k: spec.top_k,
-        format: ExpertFormat::Bf16,
-    })
+        shapes: [0, 1, 2].map(|i| expert_shape(spec, i)),
+        name: |l, e, m| expert_name(l, e, EXPERT_MATRICES[m]),
+    };
+    crate::table::bf16_experts(&t, spec.moe_layers(), ck)
 }

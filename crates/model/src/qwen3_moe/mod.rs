@@ -26,10 +26,8 @@ use fathom_weights::Checkpoint;
 use self::config::Qwen3MoeSpec;
 use self::weights::Qwen3MoeWeights;
 use crate::error::Result;
-use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
 use crate::kv_state::{KvParts, KvState};
-use crate::linear::Spine;
 use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
 
@@ -48,23 +46,7 @@ impl Family for Qwen3Moe {
     type Parts = KvParts;
     type State = KvState;
 
-    fn spec(config: &serde_json::Value) -> Result<Qwen3MoeSpec> {
-        Qwen3MoeSpec::from_json(config)
-    }
-    fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
-        memory_facts(spec)
-    }
-    fn expert_table(spec: &Qwen3MoeSpec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
-        tensors::expert_table(spec, ck)
-    }
-    fn weights(spec: &Qwen3MoeSpec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<Qwen3MoeWeights> {
-        let w = Qwen3MoeWeights::load(spec, ck)?;
-        Ok(crate::family::in_spine(
-            w,
-            spine,
-            Qwen3MoeWeights::quantize_spine_int8,
-        ))
-    }
+    crate::family::plain_family_fns!(Qwen3MoeSpec, Qwen3MoeWeights);
     fn parts(spec: &Qwen3MoeSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<KvParts> {
         Ok(KvParts::new(
             spec.rope.rope(spec.head_dim),
