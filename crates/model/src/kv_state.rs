@@ -342,3 +342,18 @@ impl KvParts {
         }
     }
 }
+
+/// What a key/value-cache family's pass starts from: the rows of
+/// `rows.tokens` embedded by `embed_tokens` (traced as `embeddings`) and
+/// their rotation angles by `rope`.
+pub(crate) fn prologue(
+    embed_tokens: &crate::linear::Linear,
+    rope: &fathom_kernels::rope::Rope,
+    states: &[&mut KvState],
+    rows: &crate::batch::Rows,
+    tracer: &mut Option<&mut dyn crate::trace::Tracer>,
+) -> (Vec<f32>, crate::rotary::Angles) {
+    let h = crate::batch::embed(embed_tokens, &rows.tokens);
+    crate::trace::trace(tracer, 0, "embeddings", &h);
+    (h, angles(rope, states, &rows.segs))
+}

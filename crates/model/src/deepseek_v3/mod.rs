@@ -144,7 +144,9 @@ impl Family for DeepseekV3 {
         batch: &mut [StepInput<'_>],
         tracer: Option<&mut dyn Tracer>,
     ) -> StepResult {
-        step::step(m, batch, tracer)
+        crate::batch::atomic_step::<KvState>(m.spec.vocab_size, batch, |states, rows| {
+            step::forward_rows(m, states, rows, tracer)
+        })
     }
     fn self_drafter(model: Arc<Model<Self>>) -> Option<Box<dyn SelfDrafter>> {
         model.parts.mtp.as_ref()?;

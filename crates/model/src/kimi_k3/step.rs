@@ -74,16 +74,12 @@ fn forward_rows(
         let mut x = h;
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         phase::add(Phase::MixAndHead, mix);
-        let kind = match lw.attn {
-            AttnWeights::Kda(_) => Phase::LinearAttention,
-            AttnWeights::Mla(_) => Phase::FullAttention,
-        };
         // With a device and no tracer, the MLP side's mix, norm and first
         // products may go in the attention's call (the same operations).
         let mut early = (tracer.is_none() && backend::installed().is_some())
             .then(|| Early::room(&lw.ffn, n, d));
         let then = early.as_mut().map(|e| e.then(model, lw, &partial, &blocks));
-        let (a, done) = timed(kind, || attention(model, lw, i, states, segs, &x, then))?;
+        let (a, done) = attention(model, lw, i, states, segs, &x, then)?;
         trace(&mut tracer, i, "attn_out", &a);
 
         // MLP side.
@@ -115,6 +111,8 @@ fn forward_rows(
     }))
 }
 
+/// The layer's attention over `x`, timed as its kind, and whether a
+/// device also did `then` in the same call.
 fn attention(
     model: &K3Model,
     lw: &LayerWeights,
@@ -126,8 +124,12 @@ fn attention(
 ) -> Result<(Vec<f32>, bool)> {
     let spec = &*model.spec;
     match &lw.attn {
-        AttnWeights::Kda(aw) => kda(spec, aw, &mut kda_layers(states, i), segs, x, then),
-        AttnWeights::Mla(aw) => mla(spec, aw, &mut mla_layers(states, i), segs, x, then),
+        AttnWeights::Kda(aw) => timed(Phase::LinearAttention, || {
+            kda(spec, aw, &mut kda_layers(states, i), segs, x, then)
+        }),
+        AttnWeights::Mla(aw) => timed(Phase::FullAttention, || {
+            mla(spec, aw, &mut mla_layers(states, i), segs, x, then)
+        }),
     }
 }
 

@@ -88,7 +88,9 @@ impl Family for Qwen3Moe {
         batch: &mut [StepInput<'_>],
         tracer: Option<&mut dyn Tracer>,
     ) -> StepResult {
-        step::step(m, batch, tracer)
+        crate::batch::atomic_step::<KvState>(m.spec.vocab_size, batch, |states, rows| {
+            step::forward_rows(m, states, rows, tracer)
+        })
     }
 }
 

@@ -17,29 +17,18 @@ use super::Qwen3MoeModel;
 use super::attention::attention;
 use super::moe::{self, NextLayerHint};
 use super::weights::FfnWeights;
-use crate::batch::{Head, Rows, Segment, add, atomic_step, embed};
+use crate::batch::{Head, Rows, Segment, add};
 use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
 use crate::kv::PagedRows;
 use crate::kv_state::{self, KvState};
-use crate::lm::{Logits, StepError, StepInput};
+use crate::lm::Logits;
 use crate::trace::{Tracer, routed, trace};
-
-/// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
-pub(super) fn step(
-    model: &Qwen3MoeModel,
-    batch: &mut [StepInput<'_>],
-    tracer: Option<&mut dyn Tracer>,
-) -> std::result::Result<Vec<Vec<f32>>, StepError> {
-    atomic_step::<KvState>(model.spec.vocab_size, batch, |states, rows| {
-        forward_rows(model, states, rows, tracer)
-    })
-}
 
 /// The layers over the stacked rows; per-sequence logits rows as asked.
 /// Traces `embeddings` (layer 0), each layer's output `layer_out`,
 /// `final_hidden` and each MoE layer's routes.
-fn forward_rows(
+pub(super) fn forward_rows(
     model: &Qwen3MoeModel,
     states: &mut [&mut KvState],
     rows: &Rows,
@@ -48,9 +37,8 @@ fn forward_rows(
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
     let segs = &rows.segs;
-    let mut h = embed(&w.embed_tokens, &rows.tokens);
-    trace(&mut tracer, 0, "embeddings", &h);
-    let angles = kv_state::angles(&model.parts.rope, states, segs);
+    let rope = &model.parts.rope;
+    let (mut h, angles) = kv_state::prologue(&w.embed_tokens, rope, states, rows, &mut tracer);
     for (i, lw) in w.layers.iter().enumerate() {
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
