@@ -161,3 +161,44 @@ pub(crate) fn split_logits(
 pub(crate) fn add(a: &mut [f32], b: &[f32]) {
     a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
 }
+
+/// The embedding rows `[N, D]` of `tokens` (a row lookup in `table`).
+pub(crate) fn embed(table: &crate::linear::Linear, tokens: &[u32]) -> Vec<f32> {
+    tokens
+        .iter()
+        .flat_map(|&id| table.row(id as usize))
+        .collect()
+}
+
+/// The last pass of a plain-residual stack: the final RMSNorm (weight
+/// `norm`) and `lm_head`, only over the rows `which` asks for, split per
+/// sequence. Traces `final_hidden`.
+pub(crate) struct Head<'a> {
+    pub norm: &'a [f32],
+    pub eps: f32,
+    pub lm_head: &'a crate::linear::Linear,
+    pub vocab: usize,
+}
+
+impl Head<'_> {
+    /// The logits of `h`'s rows as asked, per sequence.
+    pub(crate) fn logits(
+        &self,
+        h: &[f32],
+        segs: &[Segment],
+        which: &[Logits],
+        tracer: &mut Option<&mut dyn crate::trace::Tracer>,
+    ) -> Vec<Vec<f32>> {
+        let d = self.norm.len();
+        let rows = logit_rows(segs, which);
+        let mut hfin = gather(h, &rows, d);
+        fathom_kernels::ops::rms_norm_rows(&mut hfin, d, self.norm, self.eps);
+        crate::trace::trace(tracer, usize::MAX, "final_hidden", &hfin);
+        let logits = if rows.is_empty() {
+            Vec::new()
+        } else {
+            self.lm_head.forward(&hfin, rows.len())
+        };
+        split_logits(logits, segs, which, self.vocab)
+    }
+}

@@ -58,6 +58,19 @@ impl Ahead {
 }
 
 impl Early {
+    /// Room for the MLP side `ffn` when a device may do it in the
+    /// attention's call: one is installed and no tracer reads the rows in
+    /// between.
+    pub fn on_device(
+        tracer: &Option<&mut dyn crate::trace::Tracer>,
+        ffn: Ffn<'_>,
+        n: usize,
+        d: usize,
+    ) -> Option<Self> {
+        (tracer.is_none() && fathom_kernels::backend::installed().is_some())
+            .then(|| Early::room(ffn, n, d))
+    }
+
     /// Room for `n` rows of width `d` of the MLP side `ffn`.
     pub fn room(ffn: Ffn<'_>, n: usize, d: usize) -> Self {
         let ffn = match ffn {

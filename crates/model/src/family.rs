@@ -233,3 +233,47 @@ fn experts<F: Family>(config: &ModelConfig, ck: &Checkpoint) -> Result<ExpertTab
 pub fn read_spec<F: Family>(dir: &Path) -> Result<F::Spec> {
     F::spec(ModelConfig::read(dir)?.json())
 }
+
+/// Spine weights `w` in `spine` precision (`int8` quantises them).
+pub(crate) fn in_spine<W>(mut w: W, spine: Spine, int8: fn(&mut W)) -> W {
+    if spine == Spine::Int8 {
+        int8(&mut w);
+    }
+    w
+}
+
+/// The [`Family`] functions most families write alike, inside their
+/// `impl Family`: the spec from `Spec::from_json`, the RAM facts from the
+/// folder's `memory_facts`, the expert table from `tensors::expert_table`
+/// (no prediction layer), the spine from `Weights::load` in the asked
+/// precision.
+macro_rules! plain_family_fns {
+    ($spec:ty, $weights:ty) => {
+        fn spec(config: &serde_json::Value) -> $crate::error::Result<$spec> {
+            <$spec>::from_json(config)
+        }
+        fn memory_facts(spec: &$spec) -> $crate::memory::MemoryFacts {
+            memory_facts(spec)
+        }
+        fn expert_table(
+            spec: &$spec,
+            ck: &fathom_weights::Checkpoint,
+            _mtp: bool,
+        ) -> $crate::error::Result<$crate::experts::ExpertTable> {
+            tensors::expert_table(spec, ck)
+        }
+        fn weights(
+            spec: &$spec,
+            ck: &std::sync::Arc<fathom_weights::Checkpoint>,
+            spine: $crate::linear::Spine,
+        ) -> $crate::error::Result<$weights> {
+            let w = <$weights>::load(spec, ck)?;
+            Ok($crate::family::in_spine(
+                w,
+                spine,
+                <$weights>::quantize_spine_int8,
+            ))
+        }
+    };
+}
+pub(crate) use plain_family_fns;

@@ -23,6 +23,44 @@ impl<'a> Fields<'a> {
             msg: msg.into(),
         }
     }
+    /// `eps` (field `rms_norm_eps`): a number in (0, 1).
+    pub(crate) fn check_eps(&self, eps: f32) -> Result<()> {
+        if eps.is_finite() && eps > 0.0 && eps < 1.0 {
+            return Ok(());
+        }
+        let msg = format!("= {eps}: must be a number in (0, 1)");
+        Err(self.err("rms_norm_eps", msg))
+    }
+    /// `rsf` (field `routed_scaling_factor`): a number in (0, 10000].
+    pub(crate) fn check_scaling(&self, rsf: f32) -> Result<()> {
+        if rsf.is_finite() && rsf > 0.0 && rsf <= 1e4 {
+            return Ok(());
+        }
+        let msg = format!("= {rsf}: must be a number in (0, 10000]");
+        Err(self.err("routed_scaling_factor", msg))
+    }
+    /// A grouped sigmoid router's sizes: `g.experts` in groups of at least
+    /// 2, `topk_group` ≤ groups, `top_k` within the kept groups; `first_k`
+    /// dense layers ≤ `layers`.
+    pub(crate) fn check_groups(&self, g: &GroupFields<'_>) -> Result<()> {
+        let (e, g_n, tg, k) = (g.experts, g.groups, g.topk_group, g.top_k);
+        if !e.is_multiple_of(g_n) || (g_n > 1 && e / g_n < 2) || tg > g_n {
+            let msg = format!(
+                "= {g_n} with topk_group {tg}: needs groups of at least 2 of the {e} experts and topk_group ≤ {}",
+                g.groups_word
+            );
+            return Err(self.err(g.groups_key, msg));
+        }
+        if k > tg * (e / g_n) {
+            let msg = format!("= {k} exceeds the experts of the kept groups");
+            return Err(self.err(g.top_k_key, msg));
+        }
+        if g.first_k > g.layers {
+            let msg = format!("= {}: exceeds num_hidden_layers", g.first_k);
+            return Err(self.err("first_k_dense_replace", msg));
+        }
+        Ok(())
+    }
     pub(crate) fn get(&self, name: &str) -> Option<&'a Value> {
         self.v.get(name).filter(|v| !v.is_null())
     }
@@ -101,3 +139,17 @@ impl<'a> Fields<'a> {
 
 /// Largest size field accepted (layers, experts, widths, vocabulary).
 pub const MAX_DIM: usize = 1 << 24;
+
+/// The sizes [`Fields::check_groups`] checks, with the families' field names.
+pub(crate) struct GroupFields<'k> {
+    pub experts: usize,
+    pub groups: usize,
+    pub groups_key: &'k str,
+    /// How the message names the group count.
+    pub groups_word: &'k str,
+    pub topk_group: usize,
+    pub top_k: usize,
+    pub top_k_key: &'k str,
+    pub first_k: usize,
+    pub layers: usize,
+}

@@ -309,3 +309,51 @@ mod tests {
         assert_eq!((t.first, t.len(), t.is_empty()), (3, 0, true));
     }
 }
+
+/// The rotation angles of the stacked rows `segs` of `states`, each
+/// sequence's from its own position.
+pub(crate) fn angles(
+    rope: &fathom_kernels::rope::Rope,
+    states: &[&mut KvState],
+    segs: &[crate::batch::Segment],
+) -> crate::rotary::Angles {
+    let starts: Vec<usize> = states.iter().map(|s| s.pos).collect();
+    crate::rotary::Angles::new(rope, segs, &starts)
+}
+
+impl KvParts {
+    /// The parts of `layers` layers of `width` floats a token, rotated by
+    /// `rope`, saved under `family`'s `magic`.
+    pub fn new(
+        rope: fathom_kernels::rope::Rope,
+        family: &'static str,
+        magic: [u8; 4],
+        layers: usize,
+        width: usize,
+    ) -> Self {
+        KvParts {
+            rope,
+            layout: Arc::new(KvLayout {
+                family,
+                magic,
+                layers,
+                width,
+            }),
+        }
+    }
+}
+
+/// What a key/value-cache family's pass starts from: the rows of
+/// `rows.tokens` embedded by `embed_tokens` (traced as `embeddings`) and
+/// their rotation angles by `rope`.
+pub(crate) fn prologue(
+    embed_tokens: &crate::linear::Linear,
+    rope: &fathom_kernels::rope::Rope,
+    states: &[&mut KvState],
+    rows: &crate::batch::Rows,
+    tracer: &mut Option<&mut dyn crate::trace::Tracer>,
+) -> (Vec<f32>, crate::rotary::Angles) {
+    let h = crate::batch::embed(embed_tokens, &rows.tokens);
+    crate::trace::trace(tracer, 0, "embeddings", &h);
+    (h, angles(rope, states, &rows.segs))
+}

@@ -32,6 +32,7 @@ pub mod qwen3_moe;
 pub mod registry;
 pub mod rotary;
 mod state_codec;
+pub mod table;
 pub mod trace;
 
 pub use config::ModelConfig;

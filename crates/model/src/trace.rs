@@ -16,3 +16,18 @@ pub(crate) fn trace(tracer: &mut Option<&mut dyn Tracer>, layer: usize, name: &s
         t.tensor(layer, name, rows);
     }
 }
+
+/// Runs `f` with room for its routes when a tracer is there, then hands
+/// them to it as layer `layer`'s.
+pub(crate) fn routed<T>(
+    tracer: &mut Option<&mut dyn Tracer>,
+    layer: usize,
+    f: impl FnOnce(Option<&mut Vec<Route>>) -> crate::error::Result<T>,
+) -> crate::error::Result<T> {
+    let mut routes = tracer.as_ref().map(|_| Vec::new());
+    let out = f(routes.as_mut())?;
+    if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
+        tr.routes(layer, &r);
+    }
+    Ok(out)
+}

@@ -6,7 +6,7 @@ use fathom_kernels::rope::yarn_mscale;
 use serde_json::Value;
 
 use crate::error::Result;
-use crate::fields::Fields;
+use crate::fields::{Fields, GroupFields};
 use crate::hybrid::MlaDims;
 use crate::moe::{SigmoidMoe, SigmoidRouter};
 use crate::quant::{Method, Quant};
@@ -180,45 +180,19 @@ impl DeepseekV3Spec {
                 ),
             );
         }
-        let eps = self.rms_norm_eps;
-        if !(eps.is_finite() && eps > 0.0 && eps < 1.0) {
-            return bad(
-                "rms_norm_eps",
-                format!("= {eps}: must be a number in (0, 1)"),
-            );
-        }
-        let rsf = self.routed_scaling_factor;
-        if !(rsf.is_finite() && rsf > 0.0 && rsf <= 1e4) {
-            return bad(
-                "routed_scaling_factor",
-                format!("= {rsf}: must be a number in (0, 10000]"),
-            );
-        }
-        let (e, g, tg) = (self.n_routed_experts, self.n_group, self.topk_group);
-        if !e.is_multiple_of(g) || (g > 1 && e / g < 2) || tg > g {
-            return bad(
-                "n_group",
-                format!(
-                    "= {g} with topk_group {tg}: needs groups of at least 2 of the {e} experts and topk_group ≤ n_group"
-                ),
-            );
-        }
-        if self.top_k > tg * (e / g) {
-            return bad(
-                "num_experts_per_tok",
-                format!("= {} exceeds the experts of the kept groups", self.top_k),
-            );
-        }
-        if self.first_k_dense_replace > self.num_layers {
-            return bad(
-                "first_k_dense_replace",
-                format!(
-                    "= {}: exceeds num_hidden_layers",
-                    self.first_k_dense_replace
-                ),
-            );
-        }
-        Ok(())
+        f.check_eps(self.rms_norm_eps)?;
+        f.check_scaling(self.routed_scaling_factor)?;
+        f.check_groups(&GroupFields {
+            experts: self.n_routed_experts,
+            groups: self.n_group,
+            groups_key: "n_group",
+            groups_word: "n_group",
+            topk_group: self.topk_group,
+            top_k: self.top_k,
+            top_k_key: "num_experts_per_tok",
+            first_k: self.first_k_dense_replace,
+            layers: self.num_layers,
+        })
     }
 
     /// The FP8 tile when the checkpoint is FP8 block-quantized.

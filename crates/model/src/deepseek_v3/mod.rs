@@ -85,11 +85,12 @@ impl Family for DeepseekV3 {
         ck: &Arc<Checkpoint>,
         spine: Spine,
     ) -> Result<DeepseekV3Weights> {
-        let mut w = DeepseekV3Weights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
+        let w = DeepseekV3Weights::load(spec, ck)?;
+        Ok(crate::family::in_spine(
+            w,
+            spine,
+            DeepseekV3Weights::quantize_spine_int8,
+        ))
     }
     /// With `mtp`, also the first multi-token-prediction layer, for
     /// `--draft mtp` (its experts join the expert table).
@@ -118,11 +119,12 @@ impl Family for DeepseekV3 {
             bos_token_id: spec.bos_token_id,
             eos_token_ids: spec.eos_token_ids.clone(),
             max_position_embeddings: spec.max_position_embeddings,
-            spine_bytes: tensors::tensor_table(spec)
-                .iter()
-                .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
-                .map(tensors::TensorSpec::bytes)
-                .sum(),
+            spine_bytes: crate::table::spine_bytes(
+                tensors::tensor_table(spec)
+                    .iter()
+                    .map(|t| (t.role, t.bytes())),
+                false,
+            ),
             experts_per_token: spec.top_k,
             ..ModelInfo::default()
         }
@@ -142,7 +144,9 @@ impl Family for DeepseekV3 {
         batch: &mut [StepInput<'_>],
         tracer: Option<&mut dyn Tracer>,
     ) -> StepResult {
-        step::step(m, batch, tracer)
+        crate::batch::atomic_step::<KvState>(m.spec.vocab_size, batch, |states, rows| {
+            step::forward_rows(m, states, rows, tracer)
+        })
     }
     fn self_drafter(model: Arc<Model<Self>>) -> Option<Box<dyn SelfDrafter>> {
         model.parts.mtp.as_ref()?;
@@ -162,18 +166,15 @@ fn add_tap(m: &DeepseekV3Model, s: &mut KvState) {
 pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises attention, dense-MLP, shared-expert and head matrices.
-    let [spine, int8, emb, routed] =
-        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
-            shape: &t.shape,
-            bytes: t.bytes(),
-            embedding: t.role == Role::Embedding,
-            routed_expert: t.role == Role::RoutedExpert,
-            // FP8 matrices stay FP8 under `--spine int8`.
-            int8: matches!(
-                t.role,
-                Role::Attention | Role::DenseMlp | Role::SharedExpert | Role::Head
-            ) && t.storage == tensors::Storage::Float,
-        }));
+    let [spine, int8, emb, routed] = crate::table::ledger(table.iter().map(|t| {
+        // FP8 matrices stay FP8 under `--spine int8`.
+        (
+            &t.shape[..],
+            t.bytes(),
+            t.role,
+            t.storage == tensors::Storage::Float,
+        )
+    }));
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
         family: DeepseekV3::NAME,

@@ -9,37 +9,24 @@
 //! prompt was chunked. Atomic: a failure truncates every cache back to its
 //! position before the step.
 
-use fathom_kernels::backend;
 use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::DeepseekV3Model;
 use super::attention::attention;
 use super::weights::FfnWeights;
-use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::batch::{Head, Rows, Segment, add};
 use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
 use crate::hybrid::mla::MlaRope;
 use crate::kv::PagedRows;
-use crate::kv_state::KvState;
-use crate::lm::{Logits, StepError, StepInput};
-use crate::rotary::Angles;
-use crate::trace::{Tracer, trace};
-
-/// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
-pub(super) fn step(
-    model: &DeepseekV3Model,
-    batch: &mut [StepInput<'_>],
-    tracer: Option<&mut dyn Tracer>,
-) -> std::result::Result<Vec<Vec<f32>>, StepError> {
-    atomic_step::<KvState>(model.spec.vocab_size, batch, |states, rows| {
-        forward_rows(model, states, rows, tracer)
-    })
-}
+use crate::kv_state::{self, KvState};
+use crate::lm::Logits;
+use crate::trace::{Tracer, routed, trace};
 
 /// The layers over the stacked rows; per-sequence logits rows as asked.
 /// Traces `embeddings` (layer 0), each layer's output `layer_out`,
 /// `final_hidden` and each MoE layer's routes.
-fn forward_rows(
+pub(super) fn forward_rows(
     model: &DeepseekV3Model,
     states: &mut [&mut KvState],
     rows: &Rows,
@@ -48,14 +35,8 @@ fn forward_rows(
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
     let segs = &rows.segs;
-    let mut h: Vec<f32> = rows
-        .tokens
-        .iter()
-        .flat_map(|&id| w.embed_tokens.row(id as usize))
-        .collect();
-    trace(&mut tracer, 0, "embeddings", &h);
-    let starts: Vec<usize> = states.iter().map(|s| s.pos).collect();
-    let angles = Angles::new(&model.parts.rope, segs, &starts);
+    let rope = &model.parts.rope;
+    let (mut h, angles) = kv_state::prologue(&w.embed_tokens, rope, states, rows, &mut tracer);
     let rope = MlaRope {
         rope: &model.parts.rope,
         angles: &angles,
@@ -68,8 +49,7 @@ fn forward_rows(
         // With a device and no tracer, the MLP side's norm and first
         // products may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.mlp), &lw.post_attention_layernorm[..]);
-        let mut early =
-            (tracer.is_none() && backend::installed().is_some()).then(|| Early::room(side, n, d));
+        let mut early = Early::on_device(&tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
         let (a, done) = attention(spec, &lw.self_attn, &rope, &mut caches, segs, &x, then)?;
         add(&mut h, &a);
@@ -119,15 +99,11 @@ fn ffn(
                 FfnWeights::Moe(nw) => Some((i + 1, nw)),
                 FfnWeights::Dense(_) => None,
             });
-            let mut routes = tracer.as_ref().map(|_| Vec::new());
             let src = model.experts.as_ref();
-            let out = spec
-                .sparse_block()
-                .forward(i, mw, x, src, next, routes.as_mut(), first)?;
-            if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
-                tr.routes(i, &r);
-            }
-            Ok(out)
+            routed(tracer, i, |routes| {
+                spec.sparse_block()
+                    .forward(i, mw, x, src, next, routes, first)
+            })
         }
     }
 }
@@ -149,15 +125,11 @@ fn head(
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Vec<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    let d = spec.hidden_size;
-    let rows = logit_rows(segs, which);
-    let mut hfin = gather(h, &rows, d);
-    rms_norm_rows(&mut hfin, d, &w.norm, spec.rms_norm_eps);
-    trace(tracer, usize::MAX, "final_hidden", &hfin);
-    let logits = if rows.is_empty() {
-        Vec::new()
-    } else {
-        w.lm_head.forward(&hfin, rows.len())
+    let head = Head {
+        norm: &w.norm,
+        eps: spec.rms_norm_eps,
+        lm_head: &w.lm_head,
+        vocab: spec.vocab_size,
     };
-    split_logits(logits, segs, which, spec.vocab_size)
+    head.logits(h, segs, which, tracer)
 }

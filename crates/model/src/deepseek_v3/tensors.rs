@@ -22,29 +22,7 @@ pub const PREFIX: &str = "model.";
 pub const LM_HEAD: &str = "lm_head.weight";
 
 /// What a tensor is for; residency follows from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Embedding,
-    Norm,
-    /// MLA projections and norms.
-    Attention,
-    /// The dense MLP of the first layers.
-    DenseMlp,
-    /// Router weight and score-correction bias.
-    Router,
-    SharedExpert,
-    /// Routed expert `gate_proj`, `down_proj`, `up_proj`.
-    RoutedExpert,
-    Head,
-}
-
-impl Role {
-    /// Everything but the routed experts is the resident "spine".
-    pub fn is_spine(self) -> bool {
-        self != Role::RoutedExpert
-    }
-}
+pub use crate::table::Role;
 
 /// An expert's matrices in the expert table's order (what
 /// [`crate::moe::SigmoidMoe`] reads: gate, down, up).

@@ -32,10 +32,8 @@ use self::config::GptOssSpec;
 use self::tensors::Role;
 use self::weights::GptOssWeights;
 use crate::error::Result;
-use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
-use crate::kv_state::{KvLayout, KvParts, KvState};
-use crate::linear::Spine;
+use crate::kv_state::{KvParts, KvState};
 use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
 
@@ -54,33 +52,16 @@ impl Family for GptOss {
     type Parts = KvParts;
     type State = KvState;
 
-    fn spec(config: &serde_json::Value) -> Result<GptOssSpec> {
-        GptOssSpec::from_json(config)
-    }
-    fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
-        memory_facts(spec)
-    }
-    fn expert_table(spec: &GptOssSpec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
-        tensors::expert_table(spec, ck)
-    }
-    fn weights(spec: &GptOssSpec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<GptOssWeights> {
-        let mut w = GptOssWeights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
-    }
+    crate::family::plain_family_fns!(GptOssSpec, GptOssWeights);
     fn parts(spec: &GptOssSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<KvParts> {
-        Ok(KvParts {
-            // The rotation of every head (YaRN when configured).
-            rope: spec.rope.rope(spec.head_dim),
-            layout: Arc::new(KvLayout {
-                family: Self::NAME,
-                magic: *b"GOST",
-                layers: spec.num_layers,
-                width: spec.kv_width(),
-            }),
-        })
+        // The rotation of every head (YaRN when configured).
+        Ok(KvParts::new(
+            spec.rope.rope(spec.head_dim),
+            Self::NAME,
+            *b"GOST",
+            spec.num_layers,
+            spec.kv_width(),
+        ))
     }
     fn info(spec: &GptOssSpec) -> ModelInfo {
         ModelInfo {
@@ -111,7 +92,9 @@ impl Family for GptOss {
         batch: &mut [StepInput<'_>],
         tracer: Option<&mut dyn Tracer>,
     ) -> StepResult {
-        step::step(m, batch, tracer)
+        crate::batch::atomic_step::<KvState>(m.spec.vocab_size, batch, |states, rows| {
+            step::forward_rows(m, states, rows, tracer)
+        })
     }
 }
 

@@ -87,6 +87,36 @@ pub enum LayerState {
     Mla(MlaCache),
 }
 
+/// Layer `i`'s KDA states of every sequence of a step (layer kinds
+/// follow the spec, so every state's layer `i` is KDA).
+pub(crate) fn kda_layers<'a>(
+    states: &'a mut [&mut SequenceState],
+    i: usize,
+) -> Vec<&'a mut KdaState> {
+    states
+        .iter_mut()
+        .map(|s| match &mut s.layers[i] {
+            LayerState::Kda(k) => k,
+            LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
+        })
+        .collect()
+}
+
+/// Layer `i`'s latent caches of every sequence of a step (layer kinds
+/// follow the spec, so every state's layer `i` is MLA).
+pub(crate) fn mla_layers<'a>(
+    states: &'a mut [&mut SequenceState],
+    i: usize,
+) -> Vec<&'a mut MlaCache> {
+    states
+        .iter_mut()
+        .map(|s| match &mut s.layers[i] {
+            LayerState::Mla(m) => m,
+            LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
+        })
+        .collect()
+}
+
 /// The state of one sequence.
 #[derive(Debug, Clone)]
 pub struct SequenceState {

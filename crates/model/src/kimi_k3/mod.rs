@@ -27,10 +27,8 @@ use self::config::K3Spec;
 use self::state::SequenceState;
 use self::weights::K3Weights;
 use crate::error::Result;
-use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
 use crate::hybrid::{HybridParts, state_io};
-use crate::linear::Spine;
 use crate::lm::{ModelInfo, StepInput};
 
 /// Observer of a pass; K3 reports `attn_in`, `attn_out`, `mlp_in`, `mlp_out`
@@ -53,22 +51,7 @@ impl Family for KimiK3 {
     type Parts = HybridParts;
     type State = SequenceState;
 
-    fn spec(config: &serde_json::Value) -> Result<K3Spec> {
-        K3Spec::from_json(config)
-    }
-    fn memory_facts(spec: &K3Spec) -> crate::memory::MemoryFacts {
-        memory_facts(spec)
-    }
-    fn expert_table(spec: &K3Spec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
-        tensors::expert_table(spec, ck)
-    }
-    fn weights(spec: &K3Spec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<K3Weights> {
-        let mut w = K3Weights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
-    }
+    crate::family::plain_family_fns!(K3Spec, K3Weights);
     fn parts(spec: &K3Spec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<HybridParts> {
         Ok(Arc::new(spec.hybrid_dims()))
     }

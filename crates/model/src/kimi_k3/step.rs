@@ -21,14 +21,14 @@ use fathom_kernels::ops::rms_norm_rows;
 use super::attention::{kda, mla};
 use super::attn_res::attn_res;
 use super::moe::{self, NextLayerHint, SpineFirst};
-use super::state::{KdaState, LayerState, MlaCache, SequenceState};
+use super::state::{SequenceState, kda_layers, mla_layers};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use super::{K3Model, Tracer};
 use crate::batch::{Segment, add, atomic_step, gather, logit_rows, split_logits};
 use crate::error::Result;
 use crate::lm::{Logits, StepError, StepInput};
 use crate::phase::{self, Phase, timed};
-use crate::trace::trace;
+use crate::trace::{routed, trace};
 
 /// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
 pub(super) fn step(
@@ -74,16 +74,12 @@ fn forward_rows(
         let mut x = h;
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         phase::add(Phase::MixAndHead, mix);
-        let kind = match lw.attn {
-            AttnWeights::Kda(_) => Phase::LinearAttention,
-            AttnWeights::Mla(_) => Phase::FullAttention,
-        };
         // With a device and no tracer, the MLP side's mix, norm and first
         // products may go in the attention's call (the same operations).
         let mut early = (tracer.is_none() && backend::installed().is_some())
             .then(|| Early::room(&lw.ffn, n, d));
         let then = early.as_mut().map(|e| e.then(model, lw, &partial, &blocks));
-        let (a, done) = timed(kind, || attention(model, lw, i, states, segs, &x, then))?;
+        let (a, done) = attention(model, lw, i, states, segs, &x, then)?;
         trace(&mut tracer, i, "attn_out", &a);
 
         // MLP side.
@@ -115,6 +111,8 @@ fn forward_rows(
     }))
 }
 
+/// The layer's attention over `x`, timed as its kind, and whether a
+/// device also did `then` in the same call.
 fn attention(
     model: &K3Model,
     lw: &LayerWeights,
@@ -126,26 +124,12 @@ fn attention(
 ) -> Result<(Vec<f32>, bool)> {
     let spec = &*model.spec;
     match &lw.attn {
-        AttnWeights::Kda(aw) => {
-            let mut st: Vec<&mut KdaState> = states
-                .iter_mut()
-                .map(|s| match &mut s.layers[i] {
-                    LayerState::Kda(k) => k,
-                    LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
-                })
-                .collect();
-            kda(spec, aw, &mut st, segs, x, then)
-        }
-        AttnWeights::Mla(aw) => {
-            let mut st: Vec<&mut MlaCache> = states
-                .iter_mut()
-                .map(|s| match &mut s.layers[i] {
-                    LayerState::Mla(m) => m,
-                    LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
-                })
-                .collect();
-            mla(spec, aw, &mut st, segs, x, then)
-        }
+        AttnWeights::Kda(aw) => timed(Phase::LinearAttention, || {
+            kda(spec, aw, &mut kda_layers(states, i), segs, x, then)
+        }),
+        AttnWeights::Mla(aw) => timed(Phase::FullAttention, || {
+            mla(spec, aw, &mut mla_layers(states, i), segs, x, then)
+        }),
     }
 }
 
@@ -178,13 +162,10 @@ fn ffn(
                 }),
                 FfnWeights::Dense(_) => None,
             });
-            let mut routes = tracer.as_ref().map(|_| Vec::new());
             let src = model.experts.as_ref();
-            let out = moe::moe(spec, i, mw, x, n, src, hint, routes.as_mut(), first)?;
-            if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
-                tr.routes(i, &r);
-            }
-            Ok(out)
+            routed(tracer, i, |routes| {
+                moe::moe(spec, i, mw, x, n, src, hint, routes, first)
+            })
         }
     }
 }

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use crate::error::Result;
-use crate::fields::Fields;
+use crate::fields::{Fields, GroupFields};
 use crate::hybrid::{AttnKind, HybridDims, KdaDims, MlaDims};
 use crate::moe::{SigmoidMoe, SigmoidRouter};
 
@@ -186,45 +186,19 @@ impl KimiLinearSpec {
                 format!("= {h}: MLA needs it equal to num_attention_heads"),
             );
         }
-        let eps = self.rms_norm_eps;
-        if !(eps.is_finite() && eps > 0.0 && eps < 1.0) {
-            return bad(
-                "rms_norm_eps",
-                format!("= {eps}: must be a number in (0, 1)"),
-            );
-        }
-        let rsf = self.routed_scaling_factor;
-        if !(rsf.is_finite() && rsf > 0.0 && rsf <= 1e4) {
-            return bad(
-                "routed_scaling_factor",
-                format!("= {rsf}: must be a number in (0, 10000]"),
-            );
-        }
-        let (e, g, tg) = (self.num_experts, self.num_expert_group, self.topk_group);
-        if !e.is_multiple_of(g) || (g > 1 && e / g < 2) || tg > g {
-            return bad(
-                "num_expert_group",
-                format!(
-                    "= {g} with topk_group {tg}: needs groups of at least 2 of the {e} experts and topk_group ≤ groups"
-                ),
-            );
-        }
-        if self.top_k > tg * (e / g) {
-            return bad(
-                "num_experts_per_token",
-                format!("= {} exceeds the experts of the kept groups", self.top_k),
-            );
-        }
-        if self.first_k_dense_replace > self.num_layers {
-            return bad(
-                "first_k_dense_replace",
-                format!(
-                    "= {}: exceeds num_hidden_layers",
-                    self.first_k_dense_replace
-                ),
-            );
-        }
-        Ok(())
+        f.check_eps(self.rms_norm_eps)?;
+        f.check_scaling(self.routed_scaling_factor)?;
+        f.check_groups(&GroupFields {
+            experts: self.num_experts,
+            groups: self.num_expert_group,
+            groups_key: "num_expert_group",
+            groups_word: "groups",
+            topk_group: self.topk_group,
+            top_k: self.top_k,
+            top_k_key: "num_experts_per_token",
+            first_k: self.first_k_dense_replace,
+            layers: self.num_layers,
+        })
     }
 
     pub fn ffn_kind(&self, layer: usize) -> FfnKind {

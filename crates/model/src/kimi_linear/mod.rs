@@ -24,14 +24,11 @@ use std::sync::Arc;
 use fathom_weights::Checkpoint;
 
 use self::config::KimiLinearSpec;
-use self::tensors::Role;
 use self::weights::KimiLinearWeights;
 use crate::error::Result;
-use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
 use crate::hybrid::state::SequenceState;
 use crate::hybrid::{HybridParts, state_io};
-use crate::linear::Spine;
 use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
 
@@ -50,26 +47,7 @@ impl Family for KimiLinear {
     type Parts = HybridParts;
     type State = SequenceState;
 
-    fn spec(config: &serde_json::Value) -> Result<KimiLinearSpec> {
-        KimiLinearSpec::from_json(config)
-    }
-    fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
-        memory_facts(spec)
-    }
-    fn expert_table(spec: &KimiLinearSpec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
-        tensors::expert_table(spec, ck)
-    }
-    fn weights(
-        spec: &KimiLinearSpec,
-        ck: &Arc<Checkpoint>,
-        spine: Spine,
-    ) -> Result<KimiLinearWeights> {
-        let mut w = KimiLinearWeights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
-    }
+    crate::family::plain_family_fns!(KimiLinearSpec, KimiLinearWeights);
     fn parts(spec: &KimiLinearSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<HybridParts> {
         Ok(Arc::new(spec.hybrid_dims()))
     }
@@ -82,11 +60,12 @@ impl Family for KimiLinear {
             bos_token_id: spec.bos_token_id,
             eos_token_ids: spec.eos_token_ids.clone(),
             max_position_embeddings: spec.max_position_embeddings,
-            spine_bytes: tensors::tensor_table(spec)
-                .iter()
-                .filter(|t| t.role.is_spine() && t.role != Role::Embedding)
-                .map(tensors::TensorSpec::bytes)
-                .sum(),
+            spine_bytes: crate::table::spine_bytes(
+                tensors::tensor_table(spec)
+                    .iter()
+                    .map(|t| (t.role, t.bytes())),
+                false,
+            ),
             experts_per_token: spec.top_k,
             ..ModelInfo::default()
         }
@@ -113,17 +92,11 @@ impl Family for KimiLinear {
 pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises attention, dense-MLP, shared-expert and head matrices.
-    let [spine, int8, emb, routed] =
-        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
-            shape: &t.shape,
-            bytes: t.bytes(),
-            embedding: t.role == Role::Embedding,
-            routed_expert: t.role == Role::RoutedExpert,
-            int8: matches!(
-                t.role,
-                Role::Attention | Role::DenseMlp | Role::SharedExpert | Role::Head
-            ),
-        }));
+    let [spine, int8, emb, routed] = crate::table::ledger(
+        table
+            .iter()
+            .map(|t| (&t.shape[..], t.bytes(), t.role, true)),
+    );
     let dims = spec.hybrid_dims();
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {

@@ -9,19 +9,19 @@
 //! pass (KDA state and journal copied, MLA lengths noted) and put back if
 //! anything fails.
 
-use fathom_kernels::backend::{self, Then};
+use fathom_kernels::backend::Then;
 use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::KimiLinearModel;
 use super::attention::{kda, mla};
 use super::moe::{self, NextLayerHint};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
-use crate::batch::{Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::batch::{Head, Rows, Segment, add, atomic_step, embed};
 use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
-use crate::hybrid::state::{KdaState, LayerState, MlaCache, SequenceState};
+use crate::hybrid::state::{SequenceState, kda_layers, mla_layers};
 use crate::lm::{Logits, StepError, StepInput};
-use crate::trace::{Tracer, trace};
+use crate::trace::{Tracer, routed, trace};
 
 /// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
 pub(super) fn step(
@@ -45,11 +45,7 @@ fn forward_rows(
 ) -> Result<Vec<Vec<f32>>> {
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
-    let mut h: Vec<f32> = rows
-        .tokens
-        .iter()
-        .flat_map(|&id| w.embed_tokens.row(id as usize))
-        .collect();
+    let mut h = embed(&w.embed_tokens, &rows.tokens);
     trace(&mut tracer, 0, "embeddings", &h);
     for (i, lw) in w.layers.iter().enumerate() {
         let mut x = h.clone();
@@ -57,8 +53,7 @@ fn forward_rows(
         // With a device and no tracer, the MLP side's norm and first
         // products may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.ffn), &lw.post_attention_layernorm[..]);
-        let mut early =
-            (tracer.is_none() && backend::installed().is_some()).then(|| Early::room(side, n, d));
+        let mut early = Early::on_device(&tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
         let (a, done) = attention(model, lw, i, states, &rows.segs, &x, then)?;
         add(&mut h, &a);
@@ -86,26 +81,8 @@ fn attention(
 ) -> Result<(Vec<f32>, bool)> {
     let spec = &*model.spec;
     match &lw.attn {
-        AttnWeights::Kda(aw) => {
-            let mut st: Vec<&mut KdaState> = states
-                .iter_mut()
-                .map(|s| match &mut s.layers[i] {
-                    LayerState::Kda(k) => k,
-                    LayerState::Mla(_) => unreachable!("state layer kinds follow the spec"),
-                })
-                .collect();
-            kda(spec, aw, &mut st, segs, x, then)
-        }
-        AttnWeights::Mla(aw) => {
-            let mut st: Vec<&mut MlaCache> = states
-                .iter_mut()
-                .map(|s| match &mut s.layers[i] {
-                    LayerState::Mla(m) => m,
-                    LayerState::Kda(_) => unreachable!("state layer kinds follow the spec"),
-                })
-                .collect();
-            mla(spec, aw, &mut st, segs, x, then)
-        }
+        AttnWeights::Kda(aw) => kda(spec, aw, &mut kda_layers(states, i), segs, x, then),
+        AttnWeights::Mla(aw) => mla(spec, aw, &mut mla_layers(states, i), segs, x, then),
     }
 }
 
@@ -132,13 +109,10 @@ fn ffn(
                 }),
                 FfnWeights::Dense(_) => None,
             });
-            let mut routes = tracer.as_ref().map(|_| Vec::new());
             let src = model.experts.as_ref();
-            let out = moe::moe(spec, i, mw, x, src, hint, routes.as_mut(), first)?;
-            if let (Some(tr), Some(r)) = (tracer.as_deref_mut(), routes) {
-                tr.routes(i, &r);
-            }
-            Ok(out)
+            routed(tracer, i, |routes| {
+                moe::moe(spec, i, mw, x, src, hint, routes, first)
+            })
         }
     }
 }
@@ -160,15 +134,11 @@ fn head(
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Vec<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    let d = spec.hidden_size;
-    let rows = logit_rows(segs, which);
-    let mut hfin = gather(h, &rows, d);
-    rms_norm_rows(&mut hfin, d, &w.norm, spec.rms_norm_eps);
-    trace(tracer, usize::MAX, "final_hidden", &hfin);
-    let logits = if rows.is_empty() {
-        Vec::new()
-    } else {
-        w.lm_head.forward(&hfin, rows.len())
+    let head = Head {
+        norm: &w.norm,
+        eps: spec.rms_norm_eps,
+        lm_head: &w.lm_head,
+        vocab: spec.vocab_size,
     };
-    split_logits(logits, segs, which, spec.vocab_size)
+    head.logits(h, segs, which, tracer)
 }

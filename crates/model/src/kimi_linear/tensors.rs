@@ -6,7 +6,7 @@ use fathom_weights::{Checkpoint, Dtype};
 
 use super::config::{FfnKind, KimiLinearSpec};
 use crate::error::Result;
-use crate::experts::{ExpertFormat, ExpertLoc, ExpertTable};
+use crate::experts::ExpertTable;
 use crate::hybrid::AttnKind;
 
 /// Name prefix of the decoder's tensors.
@@ -14,29 +14,7 @@ pub const PREFIX: &str = "model.";
 pub const LM_HEAD: &str = "lm_head.weight";
 
 /// What a tensor is for; residency follows from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Embedding,
-    Norm,
-    /// KDA and MLA projections and parameters.
-    Attention,
-    /// The dense MLP of the first layers.
-    DenseMlp,
-    /// Router weight and score-correction bias.
-    Router,
-    SharedExpert,
-    /// Routed expert `w1/w2/w3`.
-    RoutedExpert,
-    Head,
-}
-
-impl Role {
-    /// Everything but the routed experts is the resident "spine".
-    pub fn is_spine(self) -> bool {
-        self != Role::RoutedExpert
-    }
-}
+pub use crate::table::Role;
 
 /// An expert's matrices in the expert table's order: w1 (gate), w2 (down), w3 (up).
 pub const EXPERT_MATRICES: [&str; 3] = ["w1", "w2", "w3"];
@@ -48,25 +26,7 @@ pub fn expert_shape(spec: &KimiLinearSpec, i: usize) -> [usize; 2] {
 }
 
 /// One expected tensor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub role: Role,
-    pub layer: Option<usize>,
-}
-
-impl TensorSpec {
-    /// Bytes as released: bf16, but the router's score-correction bias in f32.
-    pub fn bytes(&self) -> u64 {
-        let per = if self.name.ends_with("e_score_correction_bias") {
-            4
-        } else {
-            2
-        };
-        per * self.shape.iter().product::<usize>() as u64
-    }
-}
+pub use crate::table::TensorSpec;
 
 pub fn layer_name(i: usize, rest: &str) -> String {
     format!("{PREFIX}layers.{i}.{rest}")
@@ -256,31 +216,12 @@ pub fn check_tensors(spec: &KimiLinearSpec, ck: &Checkpoint) -> Vec<String> {
 
 /// Locators of every routed expert (bf16 w1, w2, w3).
 pub fn expert_table(spec: &KimiLinearSpec, ck: &Checkpoint) -> Result<ExpertTable> {
-    let mut layers = vec![Vec::new(); spec.num_layers];
-    for l in spec.moe_layers() {
-        let mut v = Vec::with_capacity(spec.num_experts);
-        for e in 0..spec.num_experts {
-            let get = |m: &str| {
-                let n = expert_name(l, e, m);
-                ck.get(&n)
-                    .cloned()
-                    .ok_or(fathom_weights::WeightsError::Missing(n))
-            };
-            v.push(ExpertLoc {
-                parts: [
-                    (get(EXPERT_MATRICES[0])?, None),
-                    (get(EXPERT_MATRICES[1])?, None),
-                    (get(EXPERT_MATRICES[2])?, None),
-                ],
-                format: ExpertFormat::Bf16,
-            });
-        }
-        layers[l] = v;
-    }
-    Ok(ExpertTable {
-        layers,
-        shapes: [0, 1, 2].map(|i| expert_shape(spec, i)),
+    let t = crate::table::Bf16Experts {
+        layers: spec.num_layers,
+        experts: spec.num_experts,
         top_k: spec.top_k,
-        format: ExpertFormat::Bf16,
-    })
+        shapes: [0, 1, 2].map(|i| expert_shape(spec, i)),
+        name: |l, e, m| expert_name(l, e, EXPERT_MATRICES[m]),
+    };
+    crate::table::bf16_experts(&t, spec.moe_layers(), ck)
 }

@@ -24,13 +24,10 @@ use std::sync::Arc;
 use fathom_weights::Checkpoint;
 
 use self::config::Qwen3MoeSpec;
-use self::tensors::Role;
 use self::weights::Qwen3MoeWeights;
 use crate::error::Result;
-use crate::experts::ExpertTable;
 use crate::family::{Family, Model, StepResult};
-use crate::kv_state::{KvLayout, KvParts, KvState};
-use crate::linear::Spine;
+use crate::kv_state::{KvParts, KvState};
 use crate::lm::{ModelInfo, StepInput};
 use crate::trace::Tracer;
 
@@ -49,32 +46,15 @@ impl Family for Qwen3Moe {
     type Parts = KvParts;
     type State = KvState;
 
-    fn spec(config: &serde_json::Value) -> Result<Qwen3MoeSpec> {
-        Qwen3MoeSpec::from_json(config)
-    }
-    fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
-        memory_facts(spec)
-    }
-    fn expert_table(spec: &Qwen3MoeSpec, ck: &Checkpoint, _mtp: bool) -> Result<ExpertTable> {
-        tensors::expert_table(spec, ck)
-    }
-    fn weights(spec: &Qwen3MoeSpec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<Qwen3MoeWeights> {
-        let mut w = Qwen3MoeWeights::load(spec, ck)?;
-        if spine == Spine::Int8 {
-            w.quantize_spine_int8();
-        }
-        Ok(w)
-    }
+    crate::family::plain_family_fns!(Qwen3MoeSpec, Qwen3MoeWeights);
     fn parts(spec: &Qwen3MoeSpec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<KvParts> {
-        Ok(KvParts {
-            rope: spec.rope.rope(spec.head_dim),
-            layout: Arc::new(KvLayout {
-                family: Self::NAME,
-                magic: *b"Q3ST",
-                layers: spec.num_layers,
-                width: spec.kv_width(),
-            }),
-        })
+        Ok(KvParts::new(
+            spec.rope.rope(spec.head_dim),
+            Self::NAME,
+            *b"Q3ST",
+            spec.num_layers,
+            spec.kv_width(),
+        ))
     }
     fn info(spec: &Qwen3MoeSpec) -> ModelInfo {
         // The embedding is a row lookup, except when it is also the head.
@@ -87,11 +67,12 @@ impl Family for Qwen3Moe {
             bos_token_id: spec.bos_token_id,
             eos_token_ids: spec.eos_token_ids.clone(),
             max_position_embeddings: spec.max_position_embeddings,
-            spine_bytes: tensors::tensor_table(spec)
-                .iter()
-                .filter(|t| t.role.is_spine() && (tied || t.role != Role::Embedding))
-                .map(tensors::TensorSpec::bytes)
-                .sum(),
+            spine_bytes: crate::table::spine_bytes(
+                tensors::tensor_table(spec)
+                    .iter()
+                    .map(|t| (t.role, t.bytes())),
+                tied,
+            ),
             experts_per_token: spec.top_k,
             ..ModelInfo::default()
         }
@@ -107,7 +88,9 @@ impl Family for Qwen3Moe {
         batch: &mut [StepInput<'_>],
         tracer: Option<&mut dyn Tracer>,
     ) -> StepResult {
-        step::step(m, batch, tracer)
+        crate::batch::atomic_step::<KvState>(m.spec.vocab_size, batch, |states, rows| {
+            step::forward_rows(m, states, rows, tracer)
+        })
     }
 }
 
@@ -115,14 +98,11 @@ impl Family for Qwen3Moe {
 pub fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises the attention projections, dense MLPs and head.
-    let [spine, int8, emb, routed] =
-        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
-            shape: &t.shape,
-            bytes: t.bytes(),
-            embedding: t.role == Role::Embedding,
-            routed_expert: t.role == Role::RoutedExpert,
-            int8: matches!(t.role, Role::Attention | Role::DenseMlp | Role::Head),
-        }));
+    let [spine, int8, emb, routed] = crate::table::ledger(
+        table
+            .iter()
+            .map(|t| (&t.shape[..], t.bytes(), t.role, true)),
+    );
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
         family: Qwen3Moe::NAME,

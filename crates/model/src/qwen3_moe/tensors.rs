@@ -7,7 +7,7 @@ use fathom_weights::{Checkpoint, Dtype};
 
 use super::config::{FfnKind, Qwen3MoeSpec};
 use crate::error::Result;
-use crate::experts::{ExpertFormat, ExpertLoc, ExpertTable};
+use crate::experts::ExpertTable;
 
 /// Name prefix of the decoder's tensors.
 pub const PREFIX: &str = "model.";
@@ -15,29 +15,7 @@ pub const PREFIX: &str = "model.";
 pub const LM_HEAD: &str = "lm_head.weight";
 
 /// What a tensor is for; residency follows from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Embedding,
-    /// RMSNorm weights (layer norms, per-head q/k norms, the final norm).
-    Norm,
-    /// q/k/v/o projections (and their biases).
-    Attention,
-    /// The dense MLP of `mlp_only_layers` (and non-sparse-step layers).
-    DenseMlp,
-    /// The router (`mlp.gate`).
-    Router,
-    /// Routed expert `gate/up/down_proj`.
-    RoutedExpert,
-    Head,
-}
-
-impl Role {
-    /// Everything but the routed experts is the resident "spine".
-    pub fn is_spine(self) -> bool {
-        self != Role::RoutedExpert
-    }
-}
+pub use crate::table::Role;
 
 /// An expert's three matrices, in the expert table's order.
 pub const EXPERT_MATRICES: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
@@ -49,20 +27,7 @@ pub fn expert_shape(spec: &Qwen3MoeSpec, i: usize) -> [usize; 2] {
 }
 
 /// One expected tensor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub role: Role,
-    pub layer: Option<usize>,
-}
-
-impl TensorSpec {
-    /// Bytes when stored in bf16 (as released).
-    pub fn bytes(&self) -> u64 {
-        2 * self.shape.iter().product::<usize>() as u64
-    }
-}
+pub use crate::table::TensorSpec;
 
 /// Name of layer `i`'s tensor `rest` (e.g. `"self_attn.q_proj.weight"`).
 pub fn layer_name(i: usize, rest: &str) -> String {
@@ -186,31 +151,12 @@ pub fn check_tensors(spec: &Qwen3MoeSpec, ck: &Checkpoint) -> Vec<String> {
 
 /// Locators of every routed expert (bf16 gate, up, down).
 pub fn expert_table(spec: &Qwen3MoeSpec, ck: &Checkpoint) -> Result<ExpertTable> {
-    let mut layers = vec![Vec::new(); spec.num_layers];
-    for l in spec.moe_layers() {
-        let mut v = Vec::with_capacity(spec.num_experts);
-        for e in 0..spec.num_experts {
-            let get = |m: &str| {
-                let n = expert_name(l, e, m);
-                ck.get(&n)
-                    .cloned()
-                    .ok_or(fathom_weights::WeightsError::Missing(n))
-            };
-            v.push(ExpertLoc {
-                parts: [
-                    (get(EXPERT_MATRICES[0])?, None),
-                    (get(EXPERT_MATRICES[1])?, None),
-                    (get(EXPERT_MATRICES[2])?, None),
-                ],
-                format: ExpertFormat::Bf16,
-            });
-        }
-        layers[l] = v;
-    }
-    Ok(ExpertTable {
-        layers,
-        shapes: [0, 1, 2].map(|i| expert_shape(spec, i)),
+    let t = crate::table::Bf16Experts {
+        layers: spec.num_layers,
+        experts: spec.num_experts,
         top_k: spec.top_k,
-        format: ExpertFormat::Bf16,
-    })
+        shapes: [0, 1, 2].map(|i| expert_shape(spec, i)),
+        name: |l, e, m| expert_name(l, e, EXPERT_MATRICES[m]),
+    };
+    crate::table::bf16_experts(&t, spec.moe_layers(), ck)
 }
