@@ -125,7 +125,7 @@ fn bad_inputs_give_clear_errors() {
             "--prompt-ids",
             "1",
         ],
-        "does not exist",
+        "no such directory: /definitely/not/here",
     );
     fails_with(
         &[
