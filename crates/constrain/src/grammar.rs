@@ -29,6 +29,8 @@ pub(crate) const T_ALL: u8 = T_OBJ | T_ARR | T_STR | T_NUM | T_BOOL | T_NULL;
 pub struct Grammar {
     pub(crate) nodes: Vec<Node>,
     pub(crate) root: NodeId,
+    /// Most consecutive structural whitespace bytes.
+    pub(crate) ws_cap: u8,
 }
 
 /// One schema node.
@@ -203,7 +205,16 @@ impl Grammar {
         Grammar {
             root: (nodes.len() - 1) as NodeId,
             nodes,
+            ws_cap: crate::frame::WS_CAP,
         }
+    }
+
+    /// The same documents with at most `n` consecutive structural
+    /// whitespace bytes (default 16): for output that should be compact,
+    /// so that a model fond of whitespace cannot spend its tokens on it.
+    pub fn with_max_whitespace(mut self, n: u8) -> Grammar {
+        self.ws_cap = n;
+        self
     }
 
     pub(crate) fn typed(&self, n: NodeId) -> &Typed {

@@ -8,7 +8,8 @@
 //! * [`TokenTrie`]: the vocabulary as a byte trie; [`TokenTrie::allowed`]
 //!   computes which tokens may come next from a matcher.
 //!
-//! Structural whitespace is capped at 16 consecutive bytes, and nothing may
+//! Structural whitespace is capped at 16 consecutive bytes (fewer with
+//! [`Grammar::with_max_whitespace`]), and nothing may
 //! follow the top-level value, so generation always terminates.
 
 #![forbid(unsafe_code)]

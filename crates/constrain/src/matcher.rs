@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use crate::frame::{
-    ADDITIONAL, ArrSt, Frame, NONE, ObjSt, Top, WS_CAP, can_end, is_ws, key_possible,
-    required_done, set_used, step_top,
+    ADDITIONAL, ArrSt, Frame, NONE, ObjSt, Top, can_end, is_ws, key_possible, required_done,
+    set_used, step_top,
 };
 use crate::grammar::{
     FALSE, Grammar, NULL, Node, NodeId, T_ARR, T_BOOL, T_INT, T_NULL, T_NUM, T_OBJ, T_STR, TRUE,
@@ -282,7 +282,7 @@ impl State {
                     stack.ws = 0;
                     i += 1;
                 }
-                Step::Ws if stack.ws < WS_CAP => {
+                Step::Ws if stack.ws < g.ws_cap => {
                     stack.ws += 1;
                     i += 1;
                 }

@@ -545,6 +545,7 @@ impl Grammar {
         let mut g = Grammar {
             nodes: c.nodes,
             root,
+            ws_cap: crate::frame::WS_CAP,
         };
         apply_filters(&mut g, &c.filters);
         prune(&mut g)?;

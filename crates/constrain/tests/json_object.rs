@@ -133,3 +133,14 @@ fn whitespace_runs_are_capped() {
         "spaces inside strings are content"
     );
 }
+
+#[test]
+fn a_lower_whitespace_cap_keeps_documents_compact() {
+    let g = std::sync::Arc::new(fathom_constrain::Grammar::json_object().with_max_whitespace(1));
+    assert!(valid(&g, "{\"a\": [1, 2], \"b\":\n{}}"));
+    assert!(!valid(&g, "{\"a\":  1}"));
+    assert!(!valid(&g, "{\"a\": 1,\n  \"b\": 2}"));
+    let none = std::sync::Arc::new(fathom_constrain::Grammar::json_object().with_max_whitespace(0));
+    assert!(valid(&none, "{\"a\":[1,2]}"));
+    assert!(!valid(&none, "{\"a\": 1}"));
+}

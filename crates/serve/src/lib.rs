@@ -169,9 +169,10 @@ pub(crate) fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Rendering and tokenizing jobs at once: half the cores, at least one.
+/// Rendering and tokenizing jobs at once: half the cores, at least two
+/// (so one long prompt does not hold every other request back).
 fn prep_slots() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    std::thread::available_parallelism().map_or(2, |n| (n.get() / 2).max(2))
 }
 
 /// A running server: its address and how to stop it.

@@ -11,8 +11,8 @@
 //! - harmony: the analysis message, then
 //!   `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>`.
 //!
-//! ARGS is a JSON object matching the function's `parameters` schema (any
-//! object when it has none). One call per reply.
+//! ARGS is a JSON object matching the function's `parameters` schema (`{}`
+//! when it has none: the function takes no arguments). One call per reply.
 
 use std::sync::Arc;
 
@@ -94,6 +94,11 @@ pub(crate) struct Tool {
     pub args: Arc<Grammar>,
 }
 
+/// Most consecutive whitespace bytes in arguments: `{"a": 1, "b": 2}`
+/// as written by hand or by `json.dumps`, no more (a model fond of
+/// whitespace would spend its tokens on it).
+const ARGS_WHITESPACE: u8 = 1;
+
 /// Longest function name (OpenAI's limit).
 const MAX_NAME: usize = 64;
 
@@ -136,12 +141,18 @@ pub(crate) fn callable(tools: Option<&Value>, choice: &Choice) -> Result<Vec<Too
         if out.iter().any(|t| t.name == name) {
             continue;
         }
-        let args = match f.get("parameters") {
-            None | Some(Value::Null) => Grammar::json_object(),
-            Some(schema) => Grammar::from_schema(schema).map_err(|e| {
-                ApiError::invalid("tools", format!("tools[{i}].function.parameters: {e}"))
-            })?,
+        // No `parameters`: the function takes none (OpenAI's reading).
+        let none =
+            serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false});
+        let schema = match f.get("parameters") {
+            None | Some(Value::Null) => &none,
+            Some(schema) => schema,
         };
+        let args = Grammar::from_schema(schema)
+            .map_err(|e| {
+                ApiError::invalid("tools", format!("tools[{i}].function.parameters: {e}"))
+            })?
+            .with_max_whitespace(ARGS_WHITESPACE);
         out.push(Tool {
             name: name.to_string(),
             args: Arc::new(args),
@@ -582,6 +593,14 @@ mod tests {
             "{}",
             e.message
         );
+        // A function without parameters takes none.
+        let t = callable(Some(&tools_json()), &Choice::Named("get_time".into())).unwrap();
+        let fed = |doc: &[u8]| {
+            let mut m = Matcher::new(&t[0].args);
+            m.feed(doc) && m.is_complete()
+        };
+        assert!(fed(b"{}") && fed(b"{ }") && !fed(b"{  }"));
+        assert!(!fed(b"{\"a\": 1}"));
         let bad_name = json!([{"type": "function", "function": {"name": "a b"}}]);
         let e = callable(Some(&bad_name), &Choice::Required).unwrap_err();
         assert!(e.message.contains("\"a b\""), "{}", e.message);
