@@ -5,8 +5,8 @@ The CUDA backend compiles `crates/kernels-cuda/src/*.cu` with NVRTC when it
 opens a device; CI has no GPU, so its tests run the kernels on the host
 emulator, which is a C++ compiler, not NVRTC. This script catches source
 that the emulator takes but NVRTC would refuse (a missing builtin, a
-misplaced attribute): it joins the files in the order `SOURCE` in
-`crates/kernels-cuda/src/lib.rs` gives and compiles them with the options
+misplaced attribute): it joins the files in the order `cu_files!` in
+`crates/kernels-cuda/src/kernel_list.rs` gives and compiles them with the options
 `kernels_ptx` in `device.rs` passes (keep the two in step) for every
 architecture the backend may pick. (It shows that this NVRTC accepts the
 source; an older NVRTC at run time is not covered.) CI installs NVRTC from the
@@ -64,11 +64,11 @@ def library(path):
 
 
 def source():
-    lib_rs = open(os.path.join(SRC, "lib.rs")).read()
-    block = re.search(r"pub const SOURCE: &str = concat!\((.*?)\);", lib_rs, re.S)
-    files = re.findall(r'include_str!\("([^"]+)"\)', block.group(1)) if block else []
+    listing = open(os.path.join(SRC, "kernel_list.rs")).read()
+    block = re.search(r"macro_rules! cu_files \{.*?\$then!\((.*?)\)", listing, re.S)
+    files = re.findall(r'"([^"]+\.cu)"', block.group(1)) if block else []
     if not files:
-        sys.exit("crates/kernels-cuda/src/lib.rs: no `SOURCE` of include_str! files found")
+        sys.exit("crates/kernels-cuda/src/kernel_list.rs: no `cu_files!` list of .cu files found")
     return files, "".join(open(os.path.join(SRC, f)).read() for f in files).encode()
 
 
