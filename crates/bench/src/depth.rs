@@ -17,6 +17,17 @@ pub enum DepthFill {
     Synthetic,
 }
 
+/// Tokens of the largest pass a sweep makes, the one the RAM ledger plans
+/// scratch and I/O buffers for: a decode step (`decode` tokens, as
+/// `fathom inspect` plans one) when the cache is filled synthetically, and
+/// also a prefill chunk of `chunk` tokens when a real prefill fills it.
+pub fn pass_tokens(how: DepthFill, chunk: usize, decode: usize) -> usize {
+    match how {
+        DepthFill::Synthetic => decode.max(1),
+        DepthFill::Prefill => chunk.max(decode).max(1),
+    }
+}
+
 /// One depth's figures.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DepthResult {

@@ -23,6 +23,17 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// `--max-new`: at least one token (0 would load the model to generate nothing).
+pub fn parse_max_new(s: &str) -> std::result::Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a token count"))?;
+    if n == 0 {
+        return Err("0 generates nothing: give at least 1 (tokens to generate at most)".into());
+    }
+    Ok(n)
+}
+
 /// The tokenizer shipped in the model directory, if any. A GGUF file or a
 /// Hugging Face cache root is refused with what to give instead.
 pub fn tokenizer(dir: &Path) -> Result<Option<std::sync::Arc<dyn Tokenizer>>> {

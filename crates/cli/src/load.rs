@@ -52,10 +52,12 @@ pub struct MemoryArgs {
     /// Where routed experts live.
     #[arg(long, value_enum, default_value_t = ExpertMode::Auto)]
     pub experts: ExpertMode,
-    /// Tokens of context a sequence may use (default: the model's
-    /// max_position_embeddings); a prompt plus --max-new beyond it is
-    /// refused. Cache pages are taken as a sequence grows: a long maximum
-    /// costs nothing until used.
+    /// Tokens of context a sequence may use (default: the most whose
+    /// attention cache fits its RAM share, --kv-ram or a quarter of the
+    /// budget, at least 4096 and at most the model's
+    /// max_position_embeddings; the plan line says which); a prompt plus
+    /// --max-new beyond it is refused. Beyond the RAM share the cache
+    /// spills to --kv-dir.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 26)))]
     pub context: Option<usize>,
     /// RAM for the attention cache of all sequences together, e.g. 2GB
@@ -185,11 +187,6 @@ impl MemoryArgs {
         self.request().budget()
     }
 
-    /// The context a sequence may use, given the model's declared maximum.
-    pub fn context_for(&self, declared: Option<usize>) -> usize {
-        self.request().context_for(declared)
-    }
-
     /// These flags with `bytes` set aside from the budget for something
     /// loaded beside the model (`what`, named with `fix` when it does not fit).
     pub fn set_aside(&self, bytes: u64, what: &str, fix: &str) -> Result<MemoryArgs> {
@@ -206,10 +203,16 @@ pub fn reserve_sequences(mem: &MemoryArgs, extra: usize) -> MemoryArgs {
     m
 }
 
-/// The context a sequence may use: `--context`, within the model's
-/// declared `max_position_embeddings`.
-pub fn context_limit(mem: &MemoryArgs, info: &fathom_model::ModelInfo) -> usize {
-    mem.context_for(info.max_position_embeddings)
+/// The plan of loading `config` with these flags (`fathom_runtime::plan`):
+/// the context, the ledger and where experts live, refused (naming the
+/// least budget that works) before anything is read.
+pub fn plan(
+    config: &fathom_model::ModelConfig,
+    mem: &MemoryArgs,
+    positions: usize,
+    spine: Spine,
+) -> Result<fathom_runtime::LoadPlan> {
+    fathom_runtime::plan(config, &mem.request(), positions, spine)
 }
 
 /// Loads the model in `dir` with these flags (`fathom_runtime::load`),

@@ -8,6 +8,7 @@ mod commands;
 mod common;
 mod device;
 mod load;
+mod progress;
 mod suggest;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -15,9 +15,11 @@ pub mod draft;
 pub mod heat;
 mod load;
 pub mod options;
+pub mod plan;
 mod progress;
 
 pub use device::Device;
 pub use draft::DraftChoice;
 pub use load::{LoadInfo, Loaded, load, load_config, read_config};
 pub use options::{ASSUMED_CONTEXT, ExpertMode, LoadRequest, check_context, default_kv_dir};
+pub use plan::{LoadPlan, plan};

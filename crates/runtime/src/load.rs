@@ -14,7 +14,7 @@ use fathom_stream::{StreamConfig, StreamedExperts};
 
 use crate::dir::check_model_dir;
 use crate::heat::{HeatHandle, heat_precheck, warm_from_heat};
-use crate::options::{ASSUMED_CONTEXT, ExpertMode, LoadRequest, default_kv_dir};
+use crate::options::{ASSUMED_CONTEXT, LoadRequest, default_kv_dir};
 use crate::progress::LoadProgress;
 
 /// What loading decided, for stats and logs.
@@ -31,6 +31,10 @@ pub struct LoadInfo {
     pub device_reason: Option<String>,
     /// The context a sequence may use.
     pub context: usize,
+    /// Why that context (the plan line says it).
+    pub context_source: String,
+    /// RAM set aside for the parsed tensor headers and index.
+    pub index_ram: u64,
     #[serde(skip)]
     pub heat: HeatHandle,
     #[serde(skip)]
@@ -62,6 +66,22 @@ impl LoadInfo {
     /// `None` on the CPU.
     pub fn device_since(&self, start: &BackendStats) -> Option<BackendStats> {
         self.device_stats().map(|s| s.since(start))
+    }
+
+    /// The plan line: the ledger, where the budget came from, the context
+    /// and why, where the experts live.
+    pub fn plan_line(&self) -> Option<String> {
+        self.ledger.as_ref().map(|l| {
+            format!(
+                "{}, tensor index {} ({}); context {} tokens ({}); experts {}",
+                l.describe(),
+                fathom_weights::units::format_bytes(self.index_ram),
+                self.budget_source,
+                self.context,
+                self.context_source,
+                self.experts
+            )
+        })
     }
 
     /// The backend the model's products run on (`None` on the CPU).
@@ -101,60 +121,34 @@ pub fn load_config(
 ) -> Result<Loaded> {
     let dir = config.dir().to_path_buf();
     let dir = dir.as_path();
+    // The one budget rule (config.json only): refused before anything is read.
+    let plan = crate::plan::plan(&config, req, positions, spine)?;
+    if plan.facts.max_position_embeddings.is_none() && req.context.is_none() {
+        tracing::info!(
+            "config.json declares no max_position_embeddings: assuming a context of {ASSUMED_CONTEXT} tokens (set --context)"
+        );
+    }
+    let crate::plan::LoadPlan {
+        facts: spec,
+        context,
+        ledger,
+        stream,
+        budget_source,
+        context_source,
+        index_ram,
+        ..
+    } = plan;
+    let kv_cfg = kv_config(req, &ledger.kv)?;
     let selected = crate::device::select(
         req.device,
         req.vram_budget,
         req.gpus.as_deref(),
         req.cuda_graphs,
     )?;
-    // The RAM ledger reads the family's memory facts (config.json only).
-    let mut spec = config
-        .memory_facts()
-        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-    if req.mtp {
-        spec = spec.with_mtp();
-    }
-    let (budget, budget_source) = req.budget()?;
-    let max_inflight = if req.prefetch {
-        2 * spec.top_k
-    } else {
-        spec.top_k
-    };
-    let context = req.context_for(spec.max_position_embeddings);
-    if spec.max_position_embeddings.is_none() && req.context.is_none() {
-        tracing::info!(
-            "config.json declares no max_position_embeddings: assuming a context of {ASSUMED_CONTEXT} tokens (set --context)"
-        );
-    }
-    let kv = KvPlan::new(
-        &spec,
-        context,
-        req.sequences,
-        req.kv_dtype,
-        req.kv_ram,
-        budget,
-    );
-    let ledger = Ledger::plan_kv(
-        &spec,
-        spine,
-        budget,
-        context,
-        kv,
-        positions.max(1),
-        max_inflight,
-    );
-    let kv_cfg = kv_config(req, &kv)?;
-    let stream = match req.experts {
-        ExpertMode::Resident => false,
-        ExpertMode::Stream => true,
-        ExpertMode::Auto => !matches!(&ledger, Ok(l) if l.holds_every_expert(&spec)),
-    };
     let (heat_model, heat_in) = heat_precheck(&config, req, stream)?;
     let t0 = Instant::now();
     let total = if stream {
-        ledger
-            .as_ref()
-            .map_or_else(|_| shard_bytes(dir), |l| l.spine)
+        ledger.spine
     } else {
         shard_bytes(dir)
     };
@@ -168,11 +162,13 @@ pub fn load_config(
         device: selected.name,
         device_reason: selected.reason,
         context,
+        context_source,
+        index_ram,
         heat: HeatHandle::default(),
         backend: selected.backend,
     };
     let model = if !stream {
-        info.ledger = ledger.ok();
+        info.ledger = Some(ledger);
         let opts = LoadOptions {
             spine,
             experts: None,
@@ -182,7 +178,6 @@ pub fn load_config(
         fathom_model::load_config(&config, opts)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
     } else {
-        let ledger = ledger.map_err(anyhow::Error::msg)?;
         let (model, store) = load_streamed(&config, req, &ledger, &spec, spine, kv_cfg)?;
         info.direct_io = Some(store.direct_io());
         info.heat = warm_from_heat(req, Some(store), heat_model, heat_in)?;

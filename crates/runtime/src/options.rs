@@ -42,8 +42,8 @@ pub struct LoadRequest {
     /// memory, minus a margin).
     pub ram_budget: Option<u64>,
     pub experts: ExpertMode,
-    /// Tokens of context a sequence may use (default: the model's
-    /// `max_position_embeddings`, else [`ASSUMED_CONTEXT`]).
+    /// Tokens of context a sequence may use (default: the most the budget
+    /// holds, [`crate::plan::context_for`]).
     pub context: Option<usize>,
     /// RAM for the attention cache of all sequences together.
     pub kv_ram: Option<u64>,
@@ -117,17 +117,6 @@ impl LoadRequest {
             ),
             None => default_budget(),
         })
-    }
-
-    /// The context a sequence may use: `context` within the model's
-    /// declared maximum, else that maximum (else [`ASSUMED_CONTEXT`]).
-    pub fn context_for(&self, declared: Option<usize>) -> usize {
-        match (self.context, declared) {
-            (Some(c), Some(d)) => c.min(d),
-            (Some(c), None) => c,
-            (None, Some(d)) => d,
-            (None, None) => ASSUMED_CONTEXT,
-        }
     }
 
     /// This request with `bytes` set aside from the budget for something

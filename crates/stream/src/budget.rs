@@ -140,10 +140,12 @@ pub fn scratch_bytes(spec: &MemoryFacts, positions: usize) -> u64 {
 }
 
 /// Expert reads in flight plus the experts of the layer being computed
-/// (`top_k` per position), each [`expert_ram_bytes`], and the read-buffer
-/// pool ([`read_pool_bytes`]).
+/// (`top_k` per position, at most the layer's `num_experts` distinct ones:
+/// a pass asks for each expert once), each [`expert_ram_bytes`], and the
+/// read-buffer pool ([`read_pool_bytes`]).
 pub fn io_buffer_bytes(spec: &MemoryFacts, positions: usize, max_inflight: usize) -> u64 {
-    (max_inflight + spec.top_k * positions) as u64 * expert_ram_bytes(spec) + read_pool_bytes(spec)
+    let layer = spec.top_k.saturating_mul(positions).min(spec.num_experts);
+    (max_inflight + layer) as u64 * expert_ram_bytes(spec) + read_pool_bytes(spec)
 }
 
 /// The most that freed expert read buffers kept for reuse can hold
@@ -407,6 +409,15 @@ mod tests {
         assert_eq!(
             io_buffer_bytes(&s, 1, 2),
             (2 + s.top_k as u64) * e + (64 << 20)
+        );
+        // A long pass holds each of the layer's experts once, not top-k per position.
+        assert_eq!(
+            io_buffer_bytes(&s, 512, 2),
+            (2 + s.num_experts as u64) * e + (64 << 20)
+        );
+        assert_eq!(
+            io_buffer_bytes(&s, 3, 2),
+            (2 + 3 * s.top_k as u64) * e + (64 << 20)
         );
         // Small pooled experts: at most four buffers.
         s.expert_bytes = 1 << 20;

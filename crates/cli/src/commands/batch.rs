@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::commands::run::{setup, with_bos};
 use crate::common::{SamplingArgs, SpineArg, announce_spine, check_vocab, decoder, tokenizer};
-use crate::load::{MemoryArgs, check_context, context_limit, load_model_with};
+use crate::load::{MemoryArgs, check_context, load_model_with};
 
 /// Most lines a prompts file may hold.
 const MAX_LINES: usize = 100_000;
@@ -34,7 +34,7 @@ pub struct BatchArgs {
     #[arg(long)]
     prompts: PathBuf,
     /// Tokens to generate at most per prompt (a line's max_new wins).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = crate::common::parse_max_new)]
     max_new: usize,
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
@@ -123,6 +123,12 @@ fn read_lines(a: &BatchArgs, base: &SamplingParams) -> Result<Vec<(Line, Samplin
         if line.prompt_ids.as_ref().is_some_and(Vec::is_empty) {
             bail!("{}: empty \"prompt_ids\"", at());
         }
+        if line.max_new == Some(0) {
+            bail!(
+                "{}: \"max_new\": 0 generates nothing: give at least 1",
+                at()
+            );
+        }
         let sp = line.sampling(base);
         sp.validate()
             .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
@@ -152,7 +158,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
         announce_spine(spine);
     }
     let eos = model.info().eos_token_ids.clone();
-    let limit = context_limit(&a.mem, model.info());
+    let limit = info.context;
     let opts = EngineOptions {
         max_step_tokens: a.max_step_tokens as usize,
         ..Default::default()

@@ -38,7 +38,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "NAME", conflicts_with_all = ["prompt", "prompt_ids", "prompts", "expect_ids", "depth", "batch_sizes"])]
     suite: Option<String>,
     /// Tokens each run generates (greedy; EOS may end a run earlier).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = crate::common::parse_max_new)]
     max_new: usize,
     /// Measured reps per arm (and per prompt); the summaries are over these.
     #[arg(long, default_value_t = 3)]
@@ -143,12 +143,16 @@ fn run_depth(a: &BenchArgs) -> Result<()> {
     // The ledger reserves state for the deepest depth plus the timed steps.
     let deepest = a.depth.iter().copied().max().unwrap_or(1);
     mem.context = Some(mem.context.unwrap_or(0).max(deepest + a.depth_steps + 1));
-    let (lm, _) =
-        crate::load::load_model_with(&a.model, &mem, a.depth_chunk, fathom_model::Spine::Bf16)?;
     let how = match a.depth_fill {
         DepthFillArg::Prefill => DepthFill::Prefill,
         DepthFillArg::Synthetic => DepthFill::Synthetic,
     };
+    // Planned as `fathom inspect` plans a decode step; a real prefill adds its chunk.
+    let pass = fathom_bench::depth::pass_tokens(how, a.depth_chunk, super::inspect::positions());
+    let (lm, info) = crate::load::load_model_with(&a.model, &mem, pass, fathom_model::Spine::Bf16)?;
+    if let Some(line) = info.plan_line() {
+        eprintln!("{line}");
+    }
     let depths = run_depths(&lm, &a.depth, how, a.depth_steps, a.depth_chunk, |l| {
         eprintln!("{l}")
     })?;

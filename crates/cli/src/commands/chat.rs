@@ -20,7 +20,7 @@ use fathom_engine::{FinishReason, Request, Session, TokenEvent};
 use fathom_tokenizer::StreamDecoder;
 
 use crate::common::tokenizer;
-use crate::load::{MemoryArgs, check_context, context_limit, load_model_with};
+use crate::load::{MemoryArgs, check_context, load_model_with};
 
 /// Chat with a model in the terminal.
 #[derive(Args)]
@@ -32,7 +32,7 @@ pub struct ChatArgs {
     #[arg(long)]
     system: Option<String>,
     /// Tokens to generate at most per reply.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::common::parse_max_new)]
     max_new: usize,
     /// Answer without the thinking channel (K3, templates that read
     /// `enable_thinking`; gpt-oss: reasoning effort low).
@@ -57,7 +57,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         ..ChatOptions::default()
     };
     let (model, info) = load_model_with(&a.model, &a.mem, 1, fathom_model::Spine::Bf16)?;
-    let limit = context_limit(&a.mem, model.info());
+    let limit = info.context;
     let load_s = info.load_s;
     let stop: Vec<u32> = format.stop_ids(tok.as_ref(), &model.info().eos_token_ids);
     eprintln!("loaded in {load_s:.2}s; type a message, Ctrl-C stops a reply, Ctrl-D quits");

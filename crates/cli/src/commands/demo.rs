@@ -40,7 +40,7 @@ pub struct DemoArgs {
     #[arg(long, value_parser = fathom_weights::units::parse_size)]
     ram_budget: Option<u64>,
     /// Tokens to generate.
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 24, value_parser = crate::common::parse_max_new)]
     max_new: usize,
     /// Synthetic preset of the demo model (k3-mini: the real expert count and
     /// top-k at smaller widths; tiny: a few MB, for a quick check).
@@ -71,26 +71,9 @@ fn marker(preset: &str, target: u64) -> serde_json::Value {
     serde_json::json!({"preset": preset, "target_bytes": target, "seed": 0, "version": DEMO_VERSION})
 }
 
-/// Writes the demo model unless a complete one made for the same
-/// (preset, size, seed, version) is already there; anything else in the
-/// directory (an interrupted write, another size) is replaced.
-fn ensure_model(dir: &Path, preset: &str, target: u64) -> Result<()> {
-    let want = marker(preset, target);
-    let found = std::fs::read_to_string(dir.join(MARKER))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-    if found.as_ref() == Some(&want) {
-        eprintln!("using the cached demo model in {}", dir.display());
-        return Ok(());
-    }
-    if dir.join("config.json").is_file() {
-        eprintln!(
-            "{} holds a demo model made for other settings (or an interrupted one): replacing it",
-            dir.display()
-        );
-        let _ = std::fs::remove_file(dir.join(MARKER));
-    }
-    let resolved = resolve(
+/// The demo model's shape for `target` bytes of `preset`.
+fn resolve_demo(preset: &str, target: u64) -> Result<fathom_synth::Model> {
+    Ok(resolve(
         Preset::from_name(preset)?,
         &Overrides {
             target_size: Some(target),
@@ -99,8 +82,129 @@ fn ensure_model(dir: &Path, preset: &str, target: u64) -> Result<()> {
             experts: (preset == "tiny").then_some(512),
             ..Default::default()
         },
+    )?
+    .model)
+}
+
+/// Bytes of tensor headers and index per routed expert of a synthetic K3
+/// model, for planning before its headers exist (measured on the tiny
+/// preset with 162 layers × 512 experts: 132.7 MB for 82,944 experts);
+/// the real headers are checked once planned, before writing.
+const INDEX_BYTES_PER_EXPERT: u64 = 1_600;
+
+/// The budget rule for a demo model of `model` streamed within `budget`
+/// (`index`: its tensor headers and index, else estimated).
+fn plan_demo(
+    model: &fathom_synth::Model,
+    dir: &Path,
+    budget: u64,
+    index: Option<u64>,
+    positions: usize,
+) -> Result<fathom_runtime::LoadPlan> {
+    let bytes = serde_json::to_vec(&model.config_json())?;
+    let config = fathom_model::ModelConfig::from_bytes(dir, bytes)?;
+    let facts = config.memory_facts()?;
+    let index = index.unwrap_or(facts.total_experts() as u64 * INDEX_BYTES_PER_EXPERT);
+    let req = demo_request(budget).request();
+    fathom_runtime::plan::plan_facts(
+        facts,
+        &req,
+        (budget, "--ram-budget".into()),
+        index,
+        positions,
+        fathom_model::Spine::Bf16,
+    )
+}
+
+/// The demo model's size for `budget`: three times it, or the most the
+/// budget's plan holds (at least the budget itself: the point is a model
+/// larger than RAM). Refused before anything is written, naming the least
+/// budget that works, when even a model of the budget's size does not fit.
+fn fit_target(preset: &str, dir: &Path, budget: u64, positions: usize) -> Result<u64> {
+    let fits = |b: u64, target: u64| {
+        resolve_demo(preset, target).is_ok_and(|m| plan_demo(&m, dir, b, None, positions).is_ok())
+    };
+    if fits(budget, 3 * budget) {
+        return Ok(3 * budget);
+    }
+    if !fits(budget, budget) {
+        let why = resolve_demo(preset, budget)
+            .and_then(|m| plan_demo(&m, dir, budget, None, positions).map(|_| ()))
+            .err()
+            .map_or(String::new(), |e| format!(" ({e})"));
+        // Searched up to 16 times the budget (or what the machine gives).
+        let (ceiling, _) = fathom_stream::budget::memory_ceiling();
+        let top = ceiling.min(budget.saturating_mul(16));
+        let least = fathom_runtime::plan::least_budget(budget, |b| b > top || fits(b, b));
+        if least > top {
+            anyhow::bail!(
+                "demo --preset {preset}: no budget up to {} holds a model larger than itself{why}: try --preset k3-mini",
+                format_bytes(top)
+            );
+        }
+        anyhow::bail!(
+            "demo --preset {preset}: a RAM budget of {} cannot stream a model larger than itself{why} — give at least --ram-budget {}MB",
+            format_bytes(budget),
+            least.div_ceil(1_000_000)
+        );
+    }
+    // The largest target in [budget, 3·budget] that fits, to 5 %.
+    let (mut lo, mut hi) = (budget, 3 * budget);
+    while hi - lo > budget / 20 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(budget, mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    eprintln!(
+        "a model 3x the budget would not fit it (its spine, state and tensor index grow with it): making one of {} instead",
+        format_bytes(lo)
+    );
+    Ok(lo)
+}
+
+/// Writes the demo model unless a complete one made for the same
+/// (preset, size, seed, version) is already there; anything else in the
+/// directory (an interrupted write, another size) is replaced. The plan of
+/// running it within `budget` is checked before any byte is written.
+fn ensure_model(
+    dir: &Path,
+    preset: &str,
+    target: u64,
+    budget: u64,
+    positions: usize,
+) -> Result<()> {
+    let want = marker(preset, target);
+    let found = std::fs::read_to_string(dir.join(MARKER))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    if found.as_ref() == Some(&want) {
+        eprintln!("using the cached demo model in {}", dir.display());
+        return Ok(());
+    }
+    let plan = Plan::new(
+        resolve_demo(preset, target)?,
+        0,
+        fathom_synth::DEFAULT_SHARD_SIZE,
     )?;
-    let plan = Plan::new(&resolved.model, 0, fathom_synth::DEFAULT_SHARD_SIZE)?;
+    // The real headers and index, checked before a byte is written.
+    let index = plan
+        .shards
+        .iter()
+        .map(|s| s.header.len() as u64)
+        .sum::<u64>()
+        + serde_json::to_vec(&plan.index_json())?.len() as u64;
+    plan_demo(&plan.model, dir, budget, Some(index), positions)
+        .with_context(|| format!("demo --preset {preset} within {}", format_bytes(budget)))?;
+    if dir.join("config.json").is_file() {
+        eprintln!(
+            "{} holds a demo model made for other settings (or an interrupted one): replacing it",
+            dir.display()
+        );
+        let _ = std::fs::remove_file(dir.join(MARKER));
+    }
     eprintln!(
         "making a {} {preset} model ({} layers, {} experts, top-{}) in {} — once",
         format_bytes(plan.file_bytes()),
@@ -122,25 +226,10 @@ fn ensure_model(dir: &Path, preset: &str, target: u64) -> Result<()> {
     Ok(())
 }
 
-pub fn run(a: DemoArgs) -> Result<()> {
-    let budget = match a.ram_budget {
-        Some(b) => check_budget(b).map_err(anyhow::Error::msg)?,
-        None => {
-            let (avail, src) = default_budget();
-            if avail < DEFAULT_BUDGET {
-                eprintln!("running within {} ({src})", format_bytes(avail));
-            }
-            avail.min(DEFAULT_BUDGET)
-        }
-    };
-    let dir = a
-        .dir
-        .clone()
-        .unwrap_or_else(|| default_dir(&a.preset, 3 * budget));
-    ensure_model(&dir, &a.preset, 3 * budget)?;
-    let tok = tokenizer(&dir)?.context("the demo model has no tokenizer")?;
-    let prompt = tok.encode(&a.prompt);
-    let mem = MemoryArgs {
+/// The demo's load request: streamed experts within `budget`, a
+/// 4096-token context.
+fn demo_request(budget: u64) -> MemoryArgs {
+    MemoryArgs {
         ram_budget: Some(budget),
         experts: ExpertMode::Stream,
         context: Some(4096),
@@ -161,18 +250,48 @@ pub fn run(a: DemoArgs) -> Result<()> {
         heat_out: None,
         mtp: false,
         records_heat: false,
+    }
+}
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    let budget = match a.ram_budget {
+        Some(b) => check_budget(b).map_err(anyhow::Error::msg)?,
+        None => {
+            let (avail, src) = default_budget();
+            if avail < DEFAULT_BUDGET {
+                eprintln!("running within {} ({src})", format_bytes(avail));
+            }
+            avail.min(DEFAULT_BUDGET)
+        }
     };
-    let (model, info) = load_model_with(&dir, &mem, prompt.len(), fathom_model::Spine::Bf16)?;
+    // The synthetic tokenizer's encoding of the prompt, for the plan's pass
+    // size before the model (and its tokenizer) is written: at most one
+    // token per byte, plus BOS.
+    let positions = a.prompt.len() + 1;
+    let target = fit_target(
+        &a.preset,
+        a.dir.as_deref().unwrap_or(Path::new(".")),
+        budget,
+        positions,
+    )?;
+    let dir = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| default_dir(&a.preset, target));
+    ensure_model(&dir, &a.preset, target, budget, positions)?;
+    let tok = tokenizer(&dir)?.context("the demo model has no tokenizer")?;
+    let prompt = tok.encode(&a.prompt);
+    let mem = demo_request(budget);
+    let (model, info) = load_model_with(&dir, &mem, positions, fathom_model::Spine::Bf16)?;
     let model_bytes: u64 = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok()?.metadata().ok())
         .map(|m| m.len())
         .sum();
-    if let Some(l) = &info.ledger {
+    if let Some(line) = info.plan_line() {
         eprintln!(
-            "model {} on disk, {:.1}x the budget; {}",
+            "model {} on disk, {:.1}x the budget; {line}",
             format_bytes(model_bytes),
             model_bytes as f64 / budget as f64,
-            l.describe()
         );
     }
     eprintln!(
@@ -185,6 +304,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let base = model.expert_stats();
     let mut n = 0usize;
     let req = fathom_engine::Request::new(prompt.clone(), a.max_new);
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut last_line = Instant::now();
     let g = generate(&model, req, None, |ev: &fathom_engine::TokenEvent| {
         let id = ev.sampled.token;
         n += 1;
@@ -201,18 +322,27 @@ pub fn run(a: DemoArgs) -> Result<()> {
             .rev()
             .map(|c| if c.is_control() { ' ' } else { c })
             .collect();
-        eprint!(
-            "\r\x1b[2K{tail:<32} | {n} tokens, {:.2} tok/s, {} read at {}/s, hit rate {:.0}%, I/O wait {:.0}%",
+        let figures = format!(
+            "{n} tokens, {:.2} tok/s, {} read at {}/s, hit rate {:.0}%, I/O wait {:.0}%",
             n as f64 / secs,
             format_bytes(s.bytes_read),
             format_bytes((s.bytes_read as f64 / secs) as u64),
             100.0 * s.hits as f64 / s.requested.max(1) as f64,
             100.0 * s.wait_s / secs.max(1e-9)
         );
+        if tty {
+            eprint!("\r\x1b[2K{tail:<32} | {figures}");
+        } else if n == 1 || last_line.elapsed().as_secs() >= 5 {
+            // Logs get plain lines: the first token, then every 5 s.
+            last_line = Instant::now();
+            eprintln!("{figures}");
+        }
         ControlFlow::Continue(())
     })?;
     text.push_str(&stream.finish());
-    eprintln!();
+    if tty {
+        eprintln!();
+    }
     let mut out = std::io::stdout();
     writeln!(out, "{text}")?;
     eprintln!(

@@ -10,7 +10,8 @@
 //! embedding, of which it reads one row, and `top_k` experts in each MoE
 //! layer. State, scratch, I/O buffers and the RAM ledger are
 //! [`fathom_stream::budget`]'s, the ones the loader sizes its cache with,
-//! for one-token passes with next-layer prefetch on (the `run` defaults).
+//! for a run's default pass (a verification of 8 drafted tokens) with
+//! next-layer prefetch on (the `run` defaults).
 
 use std::path::{Path, PathBuf};
 
@@ -127,8 +128,12 @@ pub(crate) fn shard_files(dir: &Path) -> Result<Option<(usize, u64)>> {
     Ok((n > 0).then_some((n, bytes)))
 }
 
-/// Tokens per pass the ledger is planned for: decode.
-const POSITIONS: usize = 1;
+/// Tokens per pass the ledger is planned for: a run's pass with its
+/// default drafting (a verification of `--draft-max` drafted tokens), the
+/// pass `fathom run` plans for a short prompt.
+pub(crate) fn positions() -> usize {
+    super::run::default_pass()
+}
 
 /// Expert reads in flight with next-layer prefetch on (as `load_model_with`).
 fn max_inflight(spec: &K3Spec) -> usize {
@@ -140,13 +145,20 @@ fn max_inflight(spec: &K3Spec) -> usize {
 pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs) -> Result<Value> {
     let plan = KvPlan::new(facts, kv.context, 1, kv.dtype, kv.ram, budget);
     let inflight = 2 * facts.top_k;
-    let min = Ledger::minimum(facts, spine, kv.context, plan, POSITIONS, inflight);
-    let fixed = min.fixed().max(min.load_peak);
+    let min = Ledger::minimum(facts, spine, kv.context, plan, positions(), inflight);
+    let fixed = min.least_budget().max(min.load_peak);
     let (fits, l) = match min.clone().with_budget(facts, budget) {
         Ok(l) => (true, l),
-        Err(_) => (false, Ledger { budget, ..min }),
+        Err(_) => (
+            false,
+            Ledger {
+                budget,
+                ..min.clone()
+            },
+        ),
     };
     let all = facts.total_experts();
+    let verdict = verdict(&min, &l, fits, fixed, all);
     let mut v = serde_json::to_value(&l)?;
     let extra = json!({
         "spine_bytes": l.spine,
@@ -160,12 +172,36 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
         "peak_bytes": l.peak(),
         "fits": fits,
         "min_budget_bytes": fixed,
+        "verdict": verdict,
         "cache_fraction": if all > 0 { l.cache_experts as f64 / all as f64 } else { 0.0 },
     });
     for (k, x) in extra.as_object().into_iter().flatten() {
         v[k] = x.clone();
     }
     Ok(v)
+}
+
+/// One column's verdict: fits or not, why, and the least budget that works.
+fn verdict(min: &Ledger, l: &Ledger, fits: bool, least: u64, all: usize) -> String {
+    let mb = least.div_ceil(1_000_000);
+    if fits {
+        return format!(
+            "fits: {} of {all} experts cached; the least budget that works is --ram-budget {mb}MB (no expert cache)",
+            l.cache_experts
+        );
+    }
+    if min.least_budget() >= min.load_peak {
+        format!(
+            "does not fit: the spine, state, scratch and I/O buffers alone need {} — give at least --ram-budget {mb}MB",
+            format_bytes(min.least_budget())
+        )
+    } else {
+        format!(
+            "does not fit: loading holds the spine as stored plus scratch ({}) before it is quantised to {} — give at least --ram-budget {mb}MB",
+            format_bytes(min.load_peak),
+            min.spine_repr
+        )
+    }
 }
 
 /// The attention-cache plan asked for.
@@ -226,8 +262,9 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
         },
         "state": {"context": context, "kda_bytes": kda, "mla_bytes": mla, "total_bytes": kda + mla,
                   "kv_dtype": kv.dtype.name()},
-        "scratch_bytes": scratch_bytes(&facts, POSITIONS),
-        "io_buffers_bytes": io_buffer_bytes(&facts, POSITIONS, max_inflight(spec)),
+        "pass_tokens": positions(),
+        "scratch_bytes": scratch_bytes(&facts, positions()),
+        "io_buffers_bytes": io_buffer_bytes(&facts, positions(), max_inflight(spec)),
         "ledger": ledgers,
         "files": files,
     }))
@@ -364,14 +401,15 @@ fn print_text(r: &Value) {
     );
     let st = &r["state"];
     println!(
-        "sequence state at {} tokens: {} (KDA {}, MLA {} as {}); scratch ≈ {}; I/O buffers {}",
+        "sequence state at {} tokens: {} (KDA {}, MLA {} as {}); scratch ≈ {}; I/O buffers {} (a pass of {} tokens, as run plans)",
         st["context"],
         b(&st["total_bytes"]),
         b(&st["kda_bytes"]),
         b(&st["mla_bytes"]),
         st["kv_dtype"].as_str().unwrap_or(""),
         b(&r["scratch_bytes"]),
-        b(&r["io_buffers_bytes"])
+        b(&r["io_buffers_bytes"]),
+        r["pass_tokens"]
     );
     if let Some(f) = r["files"].as_object() {
         println!("on disk: {} shard files, {}", f["shards"], b(&f["bytes"]));
@@ -414,11 +452,6 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
         experts("int8")
     );
     for k in ["bf16", "int8"] {
-        if l[k]["fits"] == false {
-            println!(
-                "the {k} spine does not fit: it needs a budget of at least {} (with no expert cache)",
-                b(&l[k]["min_budget_bytes"])
-            );
-        }
+        println!("{k} spine: {}", l[k]["verdict"].as_str().unwrap_or(""));
     }
 }

@@ -43,8 +43,9 @@ fn report(f: &MemoryFacts, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Resu
         "state": {"context": kv.context, "fixed_bytes": f.fixed_state_bytes,
                   "cache_bytes": cache, "total_bytes": f.fixed_state_bytes + cache,
                   "kv_dtype": kv.dtype.name()},
-        "scratch_bytes": scratch_bytes(f, 1),
-        "io_buffers_bytes": io_buffer_bytes(f, 1, 2 * f.top_k),
+        "pass_tokens": super::inspect::positions(),
+        "scratch_bytes": scratch_bytes(f, super::inspect::positions()),
+        "io_buffers_bytes": io_buffer_bytes(f, super::inspect::positions(), 2 * f.top_k),
         "ledger": ledgers,
         "files": shard_files(dir)?.map(|(n, b)| json!({"shards": n, "bytes": b})),
     }))

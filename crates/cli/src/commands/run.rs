@@ -19,7 +19,7 @@ use fathom_tokenizer::Tokenizer;
 use crate::common::{
     SamplingArgs, SpineArg, announce_spine, check_vocab, decoder, prompt_ids, tokenizer, wants_bos,
 };
-use crate::load::{LoadInfo, MemoryArgs, check_context, context_limit, load_model_config};
+use crate::load::{LoadInfo, MemoryArgs, check_context, load_model_config};
 pub use fathom_runtime::draft::{DraftChoice, draft_bytes, make_drafter, parse_draft};
 
 /// Generate from a prompt: greedy by default, sampled with --temperature.
@@ -52,7 +52,7 @@ pub struct RunArgs {
     #[arg(help_heading = "Model and prompt", long, requires = "chat")]
     no_thinking: bool,
     /// Tokens to generate at most.
-    #[arg(help_heading = "Model and prompt", long, default_value_t = 32)]
+    #[arg(help_heading = "Model and prompt", long, default_value_t = 32, value_parser = crate::common::parse_max_new)]
     max_new: usize,
     /// Keep generating past the end-of-sequence token.
     #[arg(help_heading = "Model and prompt", long)]
@@ -80,10 +80,10 @@ pub struct RunArgs {
     draft: String,
     /// Prompt tokens per prefill pass (the scratch is sized by it, not by
     /// the prompt); output does not depend on it.
-    #[arg(help_heading = "Memory and placement", long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    #[arg(help_heading = "Memory and placement", long, default_value_t = PREFILL_CHUNK, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     prefill_chunk: u32,
     /// Most tokens proposed per verification pass.
-    #[arg(help_heading = "Drafting", long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
+    #[arg(help_heading = "Drafting", long, default_value_t = DRAFT_MAX, value_parser = clap::value_parser!(u32).range(1..=32))]
     draft_max: u32,
     #[command(flatten)]
     mem: MemoryArgs,
@@ -105,6 +105,32 @@ pub fn with_bos(
         }
     }
     ids
+}
+
+/// `--prefill-chunk`'s default.
+const PREFILL_CHUNK: u32 = 512;
+/// `--draft-max`'s default.
+const DRAFT_MAX: u32 = 8;
+
+/// The pass a run with default flags and a short prompt plans for.
+pub fn default_pass() -> usize {
+    pass_positions(
+        1,
+        PREFILL_CHUNK as usize,
+        &DraftChoice::Ngram,
+        DRAFT_MAX as usize,
+    )
+}
+
+/// Tokens of the largest pass a run makes, the one its scratch and I/O
+/// buffers are planned for: the prompt's prefill (in chunks of `chunk`)
+/// or, with a drafter, a verification of `draft_max` drafted tokens.
+pub fn pass_positions(prompt: usize, chunk: usize, draft: &DraftChoice, draft_max: usize) -> usize {
+    let verify = match draft {
+        DraftChoice::Off => 1,
+        _ => draft_max + 1,
+    };
+    (prompt + 1).max(verify).min(chunk.max(verify))
 }
 
 /// How the model was set up, for the report.
@@ -154,16 +180,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         )?,
     };
     let spine = a.spine.spine();
-    // Cheap first: the context bound before loading (BOS may add one more).
     let config = fathom_runtime::read_config(&a.model)?;
-    check_context(
-        a.mem.context_for(config.declared_context()),
-        prompt.len(),
-        a.max_new,
-        "run",
-    )?;
     let chunk = a.prefill_chunk as usize;
-    let positions = (prompt.len() + 1).min(chunk.max(a.draft_max as usize + 1));
+    let positions = pass_positions(prompt.len(), chunk, &draft, a.draft_max as usize);
     // The draft model (if any) comes out of the same budget, checked before loading.
     let fix = "use --draft ngram or a larger --ram-budget";
     let mut mem = a
@@ -171,6 +190,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         .set_aside(draft_bytes(&draft, &config)?, "the draft model", fix)?;
     mem.mtp = matches!(draft, DraftChoice::Mtp);
     mem.records_heat = true;
+    // Cheap first: the budget rule and the context bound before loading
+    // (BOS may add one more token; checked again after).
+    let plan = crate::load::plan(&config, &mem, positions, spine)?;
+    check_context(plan.context, prompt.len(), a.max_new, "run")?;
     let (model, info) = load_model_config(config, &mem, positions, spine)?;
     let prompt = with_bos(
         prompt,
@@ -180,21 +203,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         a.no_bos,
     );
     check_vocab(&prompt, model.info().vocab_size)?;
-    check_context(
-        context_limit(&a.mem, model.info()),
-        prompt.len(),
-        a.max_new,
-        "run",
-    )?;
+    check_context(info.context, prompt.len(), a.max_new, "run")?;
     if !a.json || a.stats {
         announce_spine(spine);
-        if let Some(l) = &info.ledger {
-            eprintln!(
-                "{} ({}); experts {}",
-                l.describe(),
-                info.budget_source,
-                info.experts
-            );
+        if let Some(line) = info.plan_line() {
+            eprintln!("{line}");
         }
     }
     let mut req = Request::new(prompt.clone(), a.max_new);
@@ -226,6 +239,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut meter = TokenMeter::new(&*model, a.stats);
     let mut logprobs = Vec::new();
     let json = a.json;
+    // SIGINT ends the generation at the next token: the summary of what
+    // was generated is printed and the process exits 130.
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let flag = interrupted.clone();
+        ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))?;
+    }
     let on_token = |ev: &TokenEvent| {
         meter.tick(&*model);
         if phases0.is_none() {
@@ -250,6 +270,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             };
             let _ = stdout.write_all(piece.as_bytes());
             let _ = stdout.flush();
+        }
+        if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
+            return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
     };
@@ -292,7 +315,8 @@ pub fn run(a: RunArgs) -> Result<()> {
             stats,
         };
         writeln!(stdout, "{}", serde_json::to_string(&report)?)?;
-        return info.heat.record(positions);
+        info.heat.record(positions)?;
+        return exit_if_interrupted(&interrupted, &mut stdout);
     }
     stdout.write_all(f.text_tail.as_bytes())?;
     writeln!(stdout)?;
@@ -329,7 +353,19 @@ pub fn run(a: RunArgs) -> Result<()> {
             ))
         );
     }
-    info.heat.record(positions)
+    info.heat.record(positions)?;
+    exit_if_interrupted(&interrupted, &mut stdout)
+}
+
+/// After SIGINT (the summary printed): exit 130, as a shell expects of an
+/// interrupted command.
+fn exit_if_interrupted(flag: &std::sync::atomic::AtomicBool, out: &mut impl Write) -> Result<()> {
+    if flag.load(std::sync::atomic::Ordering::SeqCst) {
+        out.flush()?;
+        eprintln!("interrupted (SIGINT): stopped after the tokens above");
+        std::process::exit(130);
+    }
+    Ok(())
 }
 
 /// `--chat`: the prompt as one user message in the model's chat format.

@@ -128,7 +128,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "fathom".into())
     });
-    let declared = fathom_runtime::read_config(&a.model)?.declared_context();
+    let fix = "give a smaller --prefix-cache";
+    let mem = a.mem.set_aside(prefix_budget, "--prefix-cache", fix)?;
+    // Every admitted sequence's state for the context fits the budget too
+    // (the latent cache's RAM share, the rest on disk).
+    let mem = crate::load::reserve_sequences(&mem, a.max_seqs as usize - 1);
+    let spine = a.spine.spine();
+    let step = a.max_step_tokens as usize;
+    // The budget rule before the server starts: the context it serves.
+    let plan = crate::load::plan(&fathom_runtime::read_config(&a.model)?, &mem, step, spine)?;
     let cfg = ServeConfig {
         model_id,
         host: a.host.clone(),
@@ -136,7 +144,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_seqs: a.max_seqs as usize,
         max_queue: a.max_queue as usize,
         max_step_tokens: a.max_step_tokens as usize,
-        context: a.mem.context_for(declared),
+        context: plan.context,
         api_key: a.api_key.clone(),
         cors_origins: a.cors_origin.clone(),
         max_body,
@@ -151,14 +159,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         state_cache_max: a.state_cache_max,
         engine_on_pool: true,
     };
-    let fix = "give a smaller --prefix-cache";
-    let mem = a.mem.set_aside(prefix_budget, "--prefix-cache", fix)?;
-    // Every admitted sequence's state for the context fits the budget too
-    // (the latent cache's RAM share, the rest on disk).
-    let mem = crate::load::reserve_sequences(&mem, a.max_seqs as usize - 1);
     let dir = a.model.clone();
-    let spine = a.spine.spine();
-    let step = a.max_step_tokens as usize;
     let max_seqs = a.max_seqs as usize;
     let load = Box::new(move || -> Result<Loaded> {
         let Some(tok) = tokenizer(&dir)? else {

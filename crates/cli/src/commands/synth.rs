@@ -2,14 +2,12 @@
 //! (random, well-conditioned weights in the released byte layout and
 //! precision) of a chosen shape or size.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use fathom_synth::{Overrides, Plan, Preset, WriteOptions, resolve, write_model};
 use fathom_weights::units::{format_bytes, parse_size};
-use indicatif::{ProgressBar, ProgressStyle};
 
 /// Write a synthetic checkpoint of a released MoE model (Kimi K3,
 /// DeepSeek-V3, Kimi K2 / K2 Thinking, Qwen3-MoE, gpt-oss, Kimi-Linear):
@@ -88,21 +86,9 @@ pub struct SynthArgs {
     config_only: bool,
 }
 
-/// A byte progress bar on stderr (bytes, rate, ETA); hidden unless stderr
-/// is a terminal, so logs and pipes stay clean.
-pub(crate) fn byte_bar(total: u64, what: &str) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template(
-        "{msg} [{bar:32}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} ETA {eta}",
-    )
-    .expect("the template is valid")
-    .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_message(what.to_string());
-    bar
+/// Byte progress (a bar on a terminal, plain lines elsewhere).
+pub(crate) fn byte_bar(total: u64, what: &str) -> crate::progress::ByteProgress {
+    crate::progress::ByteProgress::new(total, what)
 }
 
 pub fn run(a: SynthArgs) -> Result<()> {

@@ -42,7 +42,7 @@ fn scan(ck: &Checkpoint, name: &str, loc: &TensorLoc) -> Result<Option<(u64, u64
 }
 
 /// Every problem found, one line each (file, tensor, count, first index).
-pub fn check_values(ck: &Checkpoint, bar: &indicatif::ProgressBar) -> Result<Vec<String>> {
+pub fn check_values(ck: &Checkpoint, bar: &crate::progress::ByteProgress) -> Result<Vec<String>> {
     let mut tensors: Vec<(&str, &TensorLoc)> = ck.tensors().collect();
     tensors.sort_by_key(|(n, _)| *n);
     let found: Vec<Result<Option<String>>> = tensors

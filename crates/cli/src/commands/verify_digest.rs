@@ -47,7 +47,7 @@ fn blob_digest(path: &Path) -> Option<String> {
         .then(|| name.to_ascii_lowercase())
 }
 
-fn sha256(path: &Path, bar: &indicatif::ProgressBar) -> Result<String> {
+fn sha256(path: &Path, bar: &crate::progress::ByteProgress) -> Result<String> {
     let mut f = File::open(path).with_context(|| format!("{}", path.display()))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 8 << 20];
