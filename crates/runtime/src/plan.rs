@@ -193,7 +193,8 @@ pub fn plan_facts(
     spine: Spine,
 ) -> Result<LoadPlan> {
     let index = index_ram(index);
-    let (context, context_source) = context_for(req, &facts, budget);
+    // The context's share is of what the ledger sees: the budget less the index.
+    let (context, context_source) = context_for(req, &facts, budget.saturating_sub(index));
     let max_inflight = inflight(req, &facts);
     let ledger_at = |b: u64| {
         let b = b.saturating_sub(index);

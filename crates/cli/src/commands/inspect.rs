@@ -143,11 +143,13 @@ fn max_inflight(spec: &K3Spec) -> usize {
 /// The budget ledger of one spine representation: its fields, plus whether
 /// it fits, the least budget that would, and the cached share of experts.
 pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs) -> Result<Value> {
-    let plan = KvPlan::new(facts, kv.context, 1, kv.dtype, kv.ram, budget);
+    // The parsed tensor index is set aside first, as a run does.
+    let rest = budget.saturating_sub(kv.index);
+    let plan = KvPlan::new(facts, kv.context, 1, kv.dtype, kv.ram, rest);
     let inflight = 2 * facts.top_k;
     let min = Ledger::minimum(facts, spine, kv.context, plan, positions(), inflight);
-    let fixed = min.least_budget().max(min.load_peak);
-    let (fits, l) = match min.clone().with_budget(facts, budget) {
+    let fixed = min.least_budget().max(min.load_peak) + kv.index;
+    let (fits, l) = match min.clone().with_budget(facts, rest) {
         Ok(l) => (true, l),
         Err(_) => (
             false,
@@ -158,7 +160,7 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
         ),
     };
     let all = facts.total_experts();
-    let verdict = verdict(&min, &l, fits, fixed, all);
+    let verdict = verdict(&min, &l, fits, fixed, all, kv.index);
     let mut v = serde_json::to_value(&l)?;
     let extra = json!({
         "spine_bytes": l.spine,
@@ -172,6 +174,7 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
         "peak_bytes": l.peak(),
         "fits": fits,
         "min_budget_bytes": fixed,
+        "tensor_index_bytes": kv.index,
         "verdict": verdict,
         "cache_fraction": if all > 0 { l.cache_experts as f64 / all as f64 } else { 0.0 },
     });
@@ -182,7 +185,7 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
 }
 
 /// One column's verdict: fits or not, why, and the least budget that works.
-fn verdict(min: &Ledger, l: &Ledger, fits: bool, least: u64, all: usize) -> String {
+fn verdict(min: &Ledger, l: &Ledger, fits: bool, least: u64, all: usize, index: u64) -> String {
     let mb = least.div_ceil(1_000_000);
     if fits {
         return format!(
@@ -192,13 +195,13 @@ fn verdict(min: &Ledger, l: &Ledger, fits: bool, least: u64, all: usize) -> Stri
     }
     if min.least_budget() >= min.load_peak {
         format!(
-            "does not fit: the spine, state, scratch and I/O buffers alone need {} — give at least --ram-budget {mb}MB",
-            format_bytes(min.least_budget())
+            "does not fit: the spine, state, scratch, I/O buffers and tensor index alone need {} — give at least --ram-budget {mb}MB",
+            format_bytes(min.least_budget() + index)
         )
     } else {
         format!(
-            "does not fit: loading holds the spine as stored plus scratch ({}) before it is quantised to {} — give at least --ram-budget {mb}MB",
-            format_bytes(min.load_peak),
+            "does not fit: loading holds the spine as stored plus scratch and the tensor index ({}) before the spine is quantised to {} — give at least --ram-budget {mb}MB",
+            format_bytes(min.load_peak + index),
             min.spine_repr
         )
     }
@@ -209,6 +212,8 @@ pub(crate) struct KvArgs {
     pub context: usize,
     pub ram: Option<u64>,
     pub dtype: fathom_model::KvDtype,
+    /// RAM for the parsed tensor index (`fathom_runtime::plan::index_ram`).
+    pub index: u64,
 }
 
 fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result<Value> {
@@ -305,6 +310,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
             .unwrap_or(crate::load::ASSUMED_CONTEXT),
         ram: a.kv_ram,
         dtype: a.kv_dtype.into(),
+        index: fathom_runtime::plan::index_ram(fathom_runtime::plan::index_bytes(&a.dir)),
     };
     let mut r = report(&spec, &a.dir, a.ram_budget, &kv)?;
     if let Some(v) = &vram {

@@ -67,6 +67,7 @@ pub fn run(
             .unwrap_or(crate::load::ASSUMED_CONTEXT),
         ram: kv_ram,
         dtype,
+        index: fathom_runtime::plan::index_ram(fathom_runtime::plan::index_bytes(dir)),
     };
     let mut r = report(&f, dir, budget, &kv)?;
     if let Some(v) = &vram {
