@@ -359,3 +359,75 @@ fn progress_off_a_terminal_is_plain_lines() {
     assert!(lines.last().unwrap().ends_with(", done"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What a process may hold beyond its `--ram-budget` in these checks: the
+/// cgroup also charges page cache and kernel memory the ledger does not plan.
+const CGROUP_MARGIN: u64 = 64 << 20;
+
+#[test]
+fn each_command_stays_within_its_budget_under_a_memory_cgroup() {
+    let own = match fathom_bench::cgroup::own() {
+        Ok(p) => p,
+        Err(e) => return eprintln!("skipped: no memory cgroup to nest in: {e}"),
+    };
+    let ck = ck();
+    let budget = 100_000_000u64;
+    let b = "100MB";
+    let cases: [Vec<&str>; 3] = [
+        vec![
+            "run",
+            "--model",
+            &ck,
+            "--prompt-ids",
+            "1,2,3",
+            "--max-new",
+            "8",
+            "--ram-budget",
+            b,
+        ],
+        vec![
+            "run",
+            "--model",
+            &ck,
+            "--prompt-ids",
+            "1,2,3",
+            "--max-new",
+            "8",
+            "--experts",
+            "stream",
+            "--ram-budget",
+            b,
+        ],
+        vec![
+            "logits",
+            "--model",
+            &ck,
+            "--prompt-ids",
+            "1,2,3",
+            "--ram-budget",
+            b,
+        ],
+    ];
+    for args in cases {
+        let child = match fathom_bench::cgroup::Child::create(&own, budget + CGROUP_MARGIN) {
+            Ok(c) => c,
+            Err(e) => return eprintln!("skipped: cannot create a child memory cgroup: {e}"),
+        };
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"));
+        cmd.args(&args);
+        child.attach_on_exec(&mut cmd);
+        let out = cmd.output().unwrap();
+        let usage = child.usage();
+        let _ = child.remove();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err} {usage:?}");
+        assert_eq!(usage.oom_kills.unwrap_or(0), 0, "{args:?}: {usage:?}");
+        match usage.peak_bytes {
+            Some(peak) => assert!(
+                peak <= budget + CGROUP_MARGIN,
+                "{args:?}: peak {peak} over the budget {budget} + {CGROUP_MARGIN}"
+            ),
+            None => eprintln!("{args:?}: the cgroup reports no peak here; the limit alone held"),
+        }
+    }
+}

@@ -145,7 +145,7 @@ fn demo_refuses_impossible_models_before_writing_anything() {
     let dir = std::env::temp_dir().join(format!("fathom-demo-refuse-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let d = dir.to_str().unwrap();
-    // The tiny preset cannot reach 9 GB without a header no reader accepts.
+    // The tiny preset cannot reach 3 GB without a header no reader accepts.
     fails_with(
         &[
             "demo",

@@ -92,6 +92,20 @@ fn resolve_demo(preset: &str, target: u64) -> Result<fathom_synth::Model> {
 /// the real headers are checked once planned, before writing.
 const INDEX_BYTES_PER_EXPERT: u64 = 1_600;
 
+/// Header bytes per routed expert of a synthetic K3 shard (the same model:
+/// 72.6 MB of headers).
+const HEADER_BYTES_PER_EXPERT: u64 = 875;
+
+/// Whether each shard's header of `model` (about `target` bytes in shards
+/// of the default size) stays within what readers accept, estimated
+/// before planning the shards (the plan checks it exactly).
+fn readable(model: &fathom_synth::Model, target: u64) -> bool {
+    let layers = model.num_layers() as u64;
+    let experts = layers * model.num_experts() as u64;
+    let shards = target.div_ceil(fathom_synth::DEFAULT_SHARD_SIZE).max(1);
+    experts * HEADER_BYTES_PER_EXPERT / shards <= fathom_weights::MAX_HEADER
+}
+
 /// The budget rule for a demo model of `model` streamed within `budget`
 /// (`index`: its tensor headers and index, else estimated).
 fn plan_demo(
@@ -122,12 +136,20 @@ fn plan_demo(
 /// budget that works, when even a model of the budget's size does not fit.
 fn fit_target(preset: &str, dir: &Path, budget: u64, positions: usize) -> Result<u64> {
     let fits = |b: u64, target: u64| {
-        resolve_demo(preset, target).is_ok_and(|m| plan_demo(&m, dir, b, None, positions).is_ok())
+        resolve_demo(preset, target)
+            .is_ok_and(|m| readable(&m, target) && plan_demo(&m, dir, b, None, positions).is_ok())
     };
     if fits(budget, 3 * budget) {
         return Ok(3 * budget);
     }
     if !fits(budget, budget) {
+        if resolve_demo(preset, budget).is_ok_and(|m| !readable(&m, budget)) {
+            anyhow::bail!(
+                "demo --preset {preset}: a model larger than the budget of {} would have shard headers over the {} MB readers accept: use --preset k3-mini or a smaller --ram-budget",
+                format_bytes(budget),
+                fathom_weights::MAX_HEADER >> 20
+            );
+        }
         let why = resolve_demo(preset, budget)
             .and_then(|m| plan_demo(&m, dir, budget, None, positions).map(|_| ()))
             .err()
