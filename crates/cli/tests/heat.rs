@@ -32,7 +32,7 @@ fn heat_is_recorded_warms_the_cache_and_changes_no_token() {
             "256",
             // A cache of about half the 256 experts: eviction happens.
             "--ram-budget",
-            "75MB",
+            "77MB",
             "--json",
         ];
         args.extend(extra);
