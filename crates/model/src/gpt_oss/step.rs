@@ -44,7 +44,7 @@ pub(super) fn forward_rows(
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
         // With a device and no tracer, the norm and the router's product
         // may go in the attention's call (the same operations).
-        let (side, norm) = (
+        let (side, norm): (Ffn<'_>, _) = (
             Ffn::Router(&lw.router.weight),
             &lw.post_attention_layernorm[..],
         );

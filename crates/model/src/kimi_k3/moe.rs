@@ -17,6 +17,7 @@ use fathom_kernels::ops::{GluAct, rms_norm};
 use super::config::K3Spec;
 use super::tensors::ExpertMatrix;
 use super::weights::{MlpWeights, MoeWeights};
+use crate::early::MoeFirst;
 use crate::error::Result;
 use crate::experts::ExpertSource;
 use crate::moe::{ExpertFetch, Finished, GluExpert, SigmoidRouter, Tail, guess_next};
@@ -64,12 +65,11 @@ fn routes_of(spec: &K3Spec, w: &MoeWeights, logits: &[f32]) -> Vec<Route> {
 /// experts' output — in one device call ([`backend::glu_mixed_taken`];
 /// each the bits of its own call); `None` when no device takes it.
 fn spine_first(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Option<SpineFirst> {
-    let mut logits = vec![0f32; t * w.gate.rows];
-    let mut z = vec![0f32; t * w.routed_expert_down_proj.rows];
-    let mut shared = w
-        .shared_experts
-        .as_ref()
-        .map(|sh| vec![0f32; t * sh.down_proj.rows]);
+    let SpineFirst {
+        mut logits,
+        mut z,
+        mut shared,
+    } = SpineFirst::room(w, t);
     let mut plain = [
         Product {
             w: w.gate.as_mat(),
@@ -103,9 +103,10 @@ pub(super) struct SpineFirst {
     pub(super) shared: Option<Vec<f32>>,
 }
 
-impl SpineFirst {
-    /// Room for `t` rows of `w`'s.
-    pub(super) fn room(w: &MoeWeights, t: usize) -> Self {
+impl MoeFirst for SpineFirst {
+    type Weights = MoeWeights;
+
+    fn room(w: &MoeWeights, t: usize) -> Self {
         SpineFirst {
             logits: vec![0f32; t * w.gate.rows],
             z: vec![0f32; t * w.routed_expert_down_proj.rows],
@@ -116,12 +117,8 @@ impl SpineFirst {
         }
     }
 
-    /// Its products as a [`fathom_kernels::backend::Then`]'s (the
-    /// router, the latent projection; the shared experts gated).
-    pub(super) fn then_parts<'a>(
-        &'a mut self,
-        w: &'a MoeWeights,
-    ) -> (Vec<ThenProduct<'a>>, Vec<ThenGlu<'a>>) {
+    /// The router, the latent projection; the shared experts gated.
+    fn then_parts<'a>(&'a mut self, w: &'a MoeWeights) -> (Vec<ThenProduct<'a>>, Vec<ThenGlu<'a>>) {
         let plain = vec![
             ThenProduct {
                 w: w.gate.as_mat(),

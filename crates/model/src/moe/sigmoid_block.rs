@@ -117,9 +117,10 @@ pub struct SigmoidFirst {
     pub shared: Option<Vec<f32>>,
 }
 
-impl SigmoidFirst {
-    /// Room for `t` rows of `w`'s.
-    pub fn room(w: &SigmoidMoeWeights, t: usize) -> Self {
+impl crate::early::MoeFirst for SigmoidFirst {
+    type Weights = SigmoidMoeWeights;
+
+    fn room(w: &SigmoidMoeWeights, t: usize) -> Self {
         SigmoidFirst {
             logits: vec![0f32; t * w.gate.rows],
             shared: w
@@ -129,9 +130,8 @@ impl SigmoidFirst {
         }
     }
 
-    /// Its products as a `Then`'s: the router plain, the shared experts
-    /// gated (SwiGLU).
-    pub fn then_parts<'a>(
+    /// The router plain, the shared experts gated (SwiGLU).
+    fn then_parts<'a>(
         &'a mut self,
         w: &'a SigmoidMoeWeights,
     ) -> (
