@@ -13,6 +13,7 @@
 use fathom_kernels::backend::{Then, ThenGlu, ThenProduct, rms_norm32_rows};
 use fathom_kernels::ops::GluAct;
 
+use crate::batch::Path;
 use crate::linear::Linear;
 use crate::mlp::MlpWeights;
 use crate::moe::SigmoidFirst;
@@ -105,16 +106,16 @@ impl<M> Ahead<M> {
 
 impl<M: MoeFirst> Early<M> {
     /// Room for the MLP side `ffn` when a device may do it in the
-    /// attention's call: one is installed and no tracer reads the rows in
-    /// between.
+    /// attention's call: the step's `path` is the device's and no tracer
+    /// reads the rows in between.
     pub fn on_device(
+        path: Path,
         tracer: &Option<&mut dyn crate::trace::Tracer>,
         ffn: Ffn<'_, M>,
         n: usize,
         d: usize,
     ) -> Option<Self> {
-        (tracer.is_none() && fathom_kernels::backend::installed().is_some())
-            .then(|| Early::room(ffn, n, d))
+        (tracer.is_none() && path.device()).then(|| Early::room(ffn, n, d))
     }
 
     /// Room for `n` rows of width `d` of the MLP side `ffn`.

@@ -17,6 +17,7 @@ use fathom_kernels::ops::{GluAct, rms_norm};
 use super::config::K3Spec;
 use super::tensors::ExpertMatrix;
 use super::weights::{MlpWeights, MoeWeights};
+use crate::batch::Path;
 use crate::early::MoeFirst;
 use crate::error::Result;
 use crate::experts::ExpertSource;
@@ -144,12 +145,14 @@ pub struct NextLayerHint<'a> {
     pub weights: &'a MoeWeights,
 }
 
-/// LatentMoE over `x [T, D]` (already `post_attention_layernorm`ed);
+/// LatentMoE over `x [T, D]` (already `post_attention_layernorm`ed) in a
+/// step on `path`;
 /// `early`, when a device already computed them, the layer's first
 /// products of `x`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn moe(
     spec: &K3Spec,
+    path: Path,
     layer: usize,
     w: &MoeWeights,
     x: &[f32],
@@ -163,19 +166,14 @@ pub(super) fn moe(
     // the shared experts go in one call (two round trips saved); on the
     // CPU the routes come first, so the expert reads start before the CPU
     // computes the rest while they arrive.
-    let early = early.or_else(|| {
-        backend::installed()
-            .is_some()
-            .then(|| spine_first(spec, w, x, t))
-            .flatten()
-    });
+    let early = early.or_else(|| path.device().then(|| spine_first(spec, w, x, t)).flatten());
     let routes = match &early {
         Some(e) => routes_of(spec, w, &e.logits),
         None => route(spec, w, x, t),
     };
     let guess =
         hint.and_then(|h| guess_next(source, h.layer, spec.top_k, || route(spec, h.weights, x, t)));
-    let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
+    let fetch = ExpertFetch::start(path, source, layer, &routes)?.with_guess(guess);
     let l = spec.latent_size;
     let (z, shared) = match early {
         Some(e) => (e.z, e.shared),

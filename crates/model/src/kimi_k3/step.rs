@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use fathom_kernels::backend::{self, Then};
+use fathom_kernels::backend::Then;
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::attention::{kda, mla};
@@ -24,7 +24,7 @@ use super::moe::{self, NextLayerHint, SpineFirst};
 use super::state::{SequenceState, kda_layers, mla_layers};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use super::{K3Model, Tracer};
-use crate::batch::{Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::batch::{Path, Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
 use crate::early::{self, Ahead, Early, Ffn, Residual};
 use crate::error::Result;
 use crate::lm::{Logits, StepError, StepInput};
@@ -38,7 +38,7 @@ pub(super) fn step(
     tracer: Option<&mut dyn Tracer>,
 ) -> std::result::Result<Vec<Vec<f32>>, StepError> {
     atomic_step::<SequenceState>(model.spec.vocab_size, batch, |states, rows| {
-        forward_rows(model, states, &rows.segs, &rows.tokens, &rows.which, tracer)
+        forward_rows(model, states, rows, tracer)
     })
 }
 
@@ -46,11 +46,10 @@ pub(super) fn step(
 fn forward_rows(
     model: &K3Model,
     states: &mut [&mut SequenceState],
-    segs: &[Segment],
-    tokens: &[u32],
-    which: &[Logits],
+    rows: &Rows,
     mut tracer: Option<&mut dyn Tracer>,
 ) -> Result<Vec<Vec<f32>>> {
+    let (segs, tokens, which) = (&rows.segs[..], &rows.tokens[..], &rows.which[..]);
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, n, eps) = (spec.hidden_size, tokens.len(), spec.rms_norm_eps);
     let mut partial: Vec<f32> = timed(Phase::MixAndHead, || {
@@ -78,7 +77,7 @@ fn forward_rows(
         // With a device and no tracer, the MLP side's mix, norm and first
         // products may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.ffn), &lw.post_attention_layernorm[..]);
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let res = Residual {
             partial: &partial,
             blocks: &blocks,
@@ -88,7 +87,7 @@ fn forward_rows(
         let then = early
             .as_mut()
             .map(|e| e.then_mixed(side, res, norm, eps, act));
-        let (a, done) = attention(model, lw, i, states, segs, &x, then)?;
+        let (a, done) = attention(model, rows.path, lw, i, states, segs, &x, then)?;
         trace(&mut tracer, i, "attn_out", &a);
 
         // MLP side.
@@ -105,7 +104,7 @@ fn forward_rows(
             FfnWeights::Dense(_) => Phase::Mlp,
             FfnWeights::Moe(_) => Phase::Moe,
         };
-        let m = timed(kind, || ffn(model, i, &x, n, early, &mut tracer))?;
+        let m = timed(kind, || ffn(model, rows.path, i, &x, n, early, &mut tracer))?;
         trace(&mut tracer, i, "mlp_out", &m);
         timed(Phase::MixAndHead, || add(&mut partial, &m));
     }
@@ -119,8 +118,10 @@ fn forward_rows(
 
 /// The layer's attention over `x`, timed as its kind, and whether a
 /// device also did `then` in the same call.
+#[allow(clippy::too_many_arguments)]
 fn attention(
     model: &K3Model,
+    path: Path,
     lw: &LayerWeights,
     i: usize,
     states: &mut [&mut SequenceState],
@@ -131,16 +132,17 @@ fn attention(
     let spec = &*model.spec;
     match &lw.attn {
         AttnWeights::Kda(aw) => timed(Phase::LinearAttention, || {
-            kda(spec, aw, &mut kda_layers(states, i), segs, x, then)
+            kda(spec, path, aw, &mut kda_layers(states, i), segs, x, then)
         }),
         AttnWeights::Mla(aw) => timed(Phase::FullAttention, || {
-            mla(spec, aw, &mut mla_layers(states, i), segs, x, then)
+            mla(spec, path, aw, &mut mla_layers(states, i), segs, x, then)
         }),
     }
 }
 
 fn ffn(
     model: &K3Model,
+    path: Path,
     i: usize,
     x: &[f32],
     n: usize,
@@ -162,7 +164,7 @@ fn ffn(
             });
             let src = model.experts.as_ref();
             routed(tracer, i, |routes| {
-                moe::moe(spec, i, mw, x, n, src, hint, routes, first)
+                moe::moe(spec, path, i, mw, x, n, src, hint, routes, first)
             })
         }
     }
