@@ -12,7 +12,7 @@ use fathom_model::{CausalLm, Spine};
 use fathom_weights::units::parse_size;
 
 pub use fathom_runtime::dir::{check_model_dir, not_a_model_dir};
-pub use fathom_runtime::{ASSUMED_CONTEXT, LoadInfo, check_context};
+pub use fathom_runtime::{ASSUMED_CONTEXT, LoadInfo, LoadRequest, check_context};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ExpertMode {
@@ -71,9 +71,6 @@ pub struct MemoryArgs {
     /// lossy: see docs/quality/kv-bf16.md).
     #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
     pub kv_dtype: KvDtypeArg,
-    /// Sequences whose context the ledger admits at once (set by batch and serve).
-    #[arg(skip = 1usize)]
-    pub sequences: usize,
     /// Parallel expert reads (I/O threads).
     #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub io_threads: usize,
@@ -123,13 +120,6 @@ pub struct MemoryArgs {
     /// a later --heat.
     #[arg(long)]
     pub heat_out: Option<std::path::PathBuf>,
-    /// Also load the checkpoint's multi-token-prediction layer (set by
-    /// `run --draft mtp`).
-    #[arg(skip = false)]
-    pub mtp: bool,
-    /// The command records `--heat-out` (set by run and batch).
-    #[arg(skip = false)]
-    pub records_heat: bool,
 }
 
 fn parse_pin(s: &str) -> std::result::Result<f64, String> {
@@ -154,16 +144,18 @@ impl From<ExpertMode> for fathom_runtime::ExpertMode {
 }
 
 impl MemoryArgs {
-    /// The flags as the library's load request.
-    pub fn request(&self) -> fathom_runtime::LoadRequest {
-        fathom_runtime::LoadRequest {
+    /// The flags as the library's load request, for one sequence; a
+    /// command builds it once and sets what its flags do not say (more
+    /// sequences, the prediction layer, heat recording) on it.
+    pub fn request(&self) -> LoadRequest {
+        LoadRequest {
             ram_budget: self.ram_budget,
             experts: self.experts.into(),
             context: self.context,
             kv_ram: self.kv_ram,
             kv_dir: self.kv_dir.clone(),
             kv_dtype: self.kv_dtype.into(),
-            sequences: self.sequences,
+            sequences: 1,
             io_threads: self.io_threads,
             prefetch: !self.no_prefetch,
             prefetch_depth: self.prefetch_depth,
@@ -175,63 +167,38 @@ impl MemoryArgs {
             heat: self.heat.clone(),
             heat_pin: self.heat_pin,
             heat_out: self.heat_out.clone(),
-            records_heat: self.records_heat,
-            mtp: self.mtp,
+            records_heat: false,
+            mtp: false,
         }
     }
-
-    /// The RAM budget and where it came from.
-    pub fn budget(&self) -> Result<(u64, String)> {
-        self.request().budget()
-    }
-
-    /// The context a sequence may use, given the model's declared maximum.
-    pub fn context_for(&self, declared: Option<usize>) -> usize {
-        self.request().context_for(declared)
-    }
-
-    /// These flags with `bytes` set aside from the budget for something
-    /// loaded beside the model (`what`, named with `fix` when it does not fit).
-    pub fn set_aside(&self, bytes: u64, what: &str, fix: &str) -> Result<MemoryArgs> {
-        let mut m = self.clone();
-        m.ram_budget = self.request().set_aside(bytes, what, fix)?.ram_budget;
-        Ok(m)
-    }
-}
-
-/// `mem` admitting `extra` more sequences (batch and serve).
-pub fn reserve_sequences(mem: &MemoryArgs, extra: usize) -> MemoryArgs {
-    let mut m = mem.clone();
-    m.sequences = mem.sequences.saturating_add(extra);
-    m
 }
 
 /// The context a sequence may use: `--context`, within the model's
 /// declared `max_position_embeddings`.
-pub fn context_limit(mem: &MemoryArgs, info: &fathom_model::ModelInfo) -> usize {
-    mem.context_for(info.max_position_embeddings)
+pub fn context_limit(req: &LoadRequest, info: &fathom_model::ModelInfo) -> usize {
+    req.context_for(info.max_position_embeddings)
 }
 
 /// Loads the model in `dir` with these flags (`fathom_runtime::load`),
 /// saying on stderr which device `--device auto` chose.
 pub fn load_model_with(
     dir: &Path,
-    mem: &MemoryArgs,
+    req: &LoadRequest,
     positions: usize,
     spine: Spine,
 ) -> Result<(Arc<dyn CausalLm>, LoadInfo)> {
-    load_model_config(fathom_runtime::read_config(dir)?, mem, positions, spine)
+    load_model_config(fathom_runtime::read_config(dir)?, req, positions, spine)
 }
 
 /// As [`load_model_with`], with `config.json` already read (by a command
 /// that checked cheap things against it first).
 pub fn load_model_config(
     config: fathom_model::ModelConfig,
-    mem: &MemoryArgs,
+    req: &LoadRequest,
     positions: usize,
     spine: Spine,
 ) -> Result<(Arc<dyn CausalLm>, LoadInfo)> {
-    let loaded = fathom_runtime::load_config(config, &mem.request(), positions, spine)?;
+    let loaded = fathom_runtime::load_config(config, req, positions, spine)?;
     if let Some(why) = &loaded.info.device_reason {
         eprintln!("--device auto: running on {} ({why})", loaded.info.device);
     }

@@ -96,6 +96,17 @@ impl ModelConfig {
         (self.arch.memory)(self)
     }
 
+    /// Every disagreement between the checkpoint `ck` and the family's
+    /// tensor table, one line each (none: the checkpoint is complete).
+    pub fn check_tensors(&self, ck: &fathom_weights::Checkpoint) -> Result<Vec<String>> {
+        (self.arch.check)(self, ck)
+    }
+
+    /// The layer plan and components, when the family draws them.
+    pub fn anatomy(&self) -> Result<Option<crate::anatomy::Anatomy>> {
+        (self.arch.anatomy)(self)
+    }
+
     /// The context the model declares (`max_position_embeddings`, at the top
     /// level or in `text_config`).
     pub fn declared_context(&self) -> Option<usize> {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use fathom_weights::Checkpoint;
 
+use crate::anatomy::Anatomy;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable};
@@ -54,6 +55,14 @@ pub trait Family: Sized + Send + Sync + 'static {
     fn memory_facts(spec: &Self::Spec) -> MemoryFacts;
     /// Where every routed expert lies (`mtp`: the prediction layer's too).
     fn expert_table(spec: &Self::Spec, ck: &Checkpoint, mtp: bool) -> Result<ExpertTable>;
+    /// Every disagreement between the checkpoint and the spec's tensor
+    /// table (missing, unexpected, mis-shaped, mis-typed), one line each.
+    fn check_tensors(spec: &Self::Spec, ck: &Checkpoint) -> Vec<String>;
+    /// The layer plan and the components, when the family draws them.
+    fn anatomy(spec: &Self::Spec) -> Option<Anatomy> {
+        let _ = spec;
+        None
+    }
     /// The spine, bound to the checkpoint's tensors, in `spine` precision.
     fn weights(spec: &Self::Spec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<Self::Weights>;
     /// The other parts (`mtp`: load the prediction layer too).
@@ -212,6 +221,8 @@ pub const fn architecture<F: Family>() -> Architecture {
         load: load_lm::<F>,
         memory: memory::<F>,
         experts: experts::<F>,
+        check: check::<F>,
+        anatomy: anatomy::<F>,
         mtp: F::MTP,
     }
 }
@@ -226,6 +237,14 @@ fn memory<F: Family>(config: &ModelConfig) -> Result<MemoryFacts> {
 
 fn experts<F: Family>(config: &ModelConfig, ck: &Checkpoint) -> Result<ExpertTable> {
     F::expert_table(&F::spec(config.json())?, ck, false)
+}
+
+fn check<F: Family>(config: &ModelConfig, ck: &Checkpoint) -> Result<Vec<String>> {
+    Ok(F::check_tensors(&F::spec(config.json())?, ck))
+}
+
+fn anatomy<F: Family>(config: &ModelConfig) -> Result<Option<Anatomy>> {
+    Ok(F::anatomy(&F::spec(config.json())?))
 }
 
 /// Reads `dir/config.json` and parses family `F`'s spec from it (tools and
@@ -245,10 +264,17 @@ pub(crate) fn in_spine<W>(mut w: W, spine: Spine, int8: fn(&mut W)) -> W {
 /// The [`Family`] functions most families write alike, inside their
 /// `impl Family`: the spec from `Spec::from_json`, the RAM facts from the
 /// folder's `memory_facts`, the expert table from `tensors::expert_table`
-/// (no prediction layer), the spine from `Weights::load` in the asked
-/// precision.
+/// (no prediction layer), the tensor check from `tensors::check_tensors`
+/// (or the function named third), the spine from `Weights::load` in the
+/// asked precision.
 macro_rules! plain_family_fns {
     ($spec:ty, $weights:ty) => {
+        $crate::family::plain_family_fns!($spec, $weights, tensors::check_tensors);
+    };
+    ($spec:ty, $weights:ty, $check:path) => {
+        fn check_tensors(spec: &$spec, ck: &fathom_weights::Checkpoint) -> Vec<String> {
+            $check(spec, ck)
+        }
         fn spec(config: &serde_json::Value) -> $crate::error::Result<$spec> {
             <$spec>::from_json(config)
         }

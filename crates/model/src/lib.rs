@@ -3,6 +3,7 @@
 //! The model reads weights through typed bindings made once at load, asks an
 //! [`experts::ExpertSource`] for routed experts, and never does I/O itself.
 
+pub mod anatomy;
 pub mod batch;
 mod bind;
 pub mod config;

@@ -54,6 +54,10 @@ pub struct Architecture {
     pub memory: fn(&ModelConfig) -> Result<crate::memory::MemoryFacts>,
     /// Where every routed expert of a checkpoint lies (bench ceilings, tools).
     pub experts: fn(&ModelConfig, &Checkpoint) -> Result<ExpertTable>,
+    /// Every disagreement between a checkpoint and the tensor table.
+    pub check: fn(&ModelConfig, &Checkpoint) -> Result<Vec<String>>,
+    /// The layer plan and components, when the family draws them.
+    pub anatomy: fn(&ModelConfig) -> Result<Option<crate::anatomy::Anatomy>>,
     /// Whether its checkpoints may carry a multi-token-prediction layer
     /// that `--draft mtp` reads.
     pub mtp: bool,

@@ -183,7 +183,8 @@ pub fn load_config(
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
     } else {
         let ledger = ledger.map_err(anyhow::Error::msg)?;
-        let (model, store) = load_streamed(&config, req, &ledger, &spec, spine, kv_cfg)?;
+        let (model, store) =
+            load_streamed(&config, req, (&ledger, max_inflight), &spec, spine, kv_cfg)?;
         info.direct_io = Some(store.direct_io());
         info.heat = warm_from_heat(req, Some(store), heat_model, heat_in)?;
         info.ledger = Some(ledger);
@@ -198,11 +199,12 @@ pub fn load_config(
 }
 
 /// The model with its routed experts read from the shards as the router
-/// asks for them, and the streamed store.
+/// asks for them (at most `max_inflight` reads in flight, as the ledger
+/// planned its I/O buffers), and the streamed store.
 fn load_streamed(
     config: &ModelConfig,
     req: &LoadRequest,
-    ledger: &Ledger,
+    (ledger, max_inflight): (&Ledger, usize),
     spec: &fathom_model::memory::MemoryFacts,
     spine: Spine,
     kv: KvConfig,
@@ -211,11 +213,7 @@ fn load_streamed(
         io_threads: req.io_threads.max(1),
         direct: !req.buffered_io,
         prefetch: req.prefetch,
-        max_inflight: if req.prefetch {
-            2 * spec.top_k
-        } else {
-            spec.top_k
-        },
+        max_inflight,
         prefetch_depth: req.prefetch_depth.unwrap_or(spec.top_k),
         ..StreamConfig::new(spec.top_k, ledger.cache_experts)
     };

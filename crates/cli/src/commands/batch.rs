@@ -145,14 +145,14 @@ pub fn run(a: BatchArgs) -> Result<()> {
         .max();
     let positions = (a.max_step_tokens as usize).max(longest.unwrap_or(0).min(4096));
     // Every prompt's state fits the one budget.
-    let mut mem = crate::load::reserve_sequences(&a.mem, lines.len() - 1);
-    mem.records_heat = true;
-    let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
+    let mut req = a.mem.request().with_sequences(lines.len() - 1);
+    req.records_heat = true;
+    let (model, info) = load_model_with(&a.model, &req, positions, spine)?;
     if !a.json {
         announce_spine(spine);
     }
     let eos = model.info().eos_token_ids.clone();
-    let limit = context_limit(&a.mem, model.info());
+    let limit = context_limit(&req, model.info());
     let opts = EngineOptions {
         max_step_tokens: a.max_step_tokens as usize,
         ..Default::default()

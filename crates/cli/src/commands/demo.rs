@@ -20,7 +20,7 @@ use fathom_tokenizer::StreamDecoder;
 use fathom_weights::units::format_bytes;
 
 use crate::common::tokenizer;
-use crate::load::{ExpertMode, MemoryArgs, load_model_with};
+use crate::load::{LoadRequest, load_model_with};
 use fathom_stream::budget::{check_budget, default_budget};
 
 /// The demo's budget when none is given (capped by what the machine gives).
@@ -140,29 +140,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
     ensure_model(&dir, &a.preset, 3 * budget)?;
     let tok = tokenizer(&dir)?.context("the demo model has no tokenizer")?;
     let prompt = tok.encode(&a.prompt);
-    let mem = MemoryArgs {
+    let req = LoadRequest {
         ram_budget: Some(budget),
-        experts: ExpertMode::Stream,
+        experts: fathom_runtime::ExpertMode::Stream,
         context: Some(4096),
-        kv_ram: None,
-        kv_dir: None,
-        kv_dtype: crate::load::KvDtypeArg::F32,
-        sequences: 1,
-        io_threads: 16,
-        no_prefetch: false,
-        prefetch_depth: None,
-        buffered_io: false,
-        device: crate::device::DeviceArg::Cpu,
-        vram_budget: None,
-        gpus: None,
-        no_cuda_graphs: false,
-        heat: None,
         heat_pin: 0.0,
-        heat_out: None,
-        mtp: false,
-        records_heat: false,
+        ..LoadRequest::default()
     };
-    let (model, info) = load_model_with(&dir, &mem, prompt.len(), fathom_model::Spine::Bf16)?;
+    let (model, info) = load_model_with(&dir, &req, prompt.len(), fathom_model::Spine::Bf16)?;
     let model_bytes: u64 = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok()?.metadata().ok())
         .map(|m| m.len())

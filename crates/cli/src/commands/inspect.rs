@@ -1,6 +1,10 @@
-//! `fathom inspect`: what a K3 checkpoint is and what running it costs,
+//! `fathom inspect`: what a checkpoint is and what running it costs,
 //! from `config.json` alone (so it answers before a download), plus the
 //! actual shard sizes when they are present.
+//!
+//! The report below is for a family that draws its layer plan and
+//! components ([`fathom_model::anatomy::Anatomy`]); every other family's is
+//! `inspect_facts`'s.
 //!
 //! Representations: the spine (everything but routed experts) as stored
 //! (bf16, a few f32 vectors) or as `--spine int8` leaves it (row-wise int8
@@ -17,9 +21,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use fathom_model::Spine;
-use fathom_model::kimi_k3::KimiK3;
-use fathom_model::kimi_k3::config::{AttnKind, FfnKind, K3Spec};
-use fathom_model::kimi_k3::tensors::{Role, expert_bytes, tensor_table};
+use fathom_model::anatomy::Anatomy;
 use fathom_model::memory::MemoryFacts;
 use fathom_stream::budget::{
     KvPlan, Ledger, expert_ram_bytes, io_buffer_bytes, kda_state_bytes, kv_bytes, scratch_bytes,
@@ -28,7 +30,7 @@ use fathom_stream::budget::{
 use fathom_weights::units::{format_bytes, parse_size};
 use serde_json::{Value, json};
 
-/// Describe a K3 model: layer plan, parameters and bytes by component,
+/// Describe a model: layer plan, parameters and bytes by component,
 /// bytes per decode token, and (with --ram-budget) how memory would be split.
 #[derive(Args)]
 pub struct InspectArgs {
@@ -62,56 +64,6 @@ pub struct InspectArgs {
     json: bool,
 }
 
-/// Components reported, in order, with the roles each sums.
-const COMPONENTS: [(&str, &[Role]); 9] = [
-    ("embedding", &[Role::Embedding]),
-    ("attention", &[Role::Attention]),
-    ("dense_mlp", &[Role::DenseMlp]),
-    ("router", &[Role::Router]),
-    ("latent", &[Role::Latent]),
-    ("shared_experts", &[Role::SharedExpert]),
-    ("routed_experts", &[Role::RoutedExpert]),
-    ("head", &[Role::Head]),
-    ("norms_attn_res", &[Role::Norm, Role::AttnRes]),
-];
-
-/// (name, params, stored bytes) per component, from the tensor table.
-fn components(spec: &K3Spec) -> Vec<(&'static str, u64, u64)> {
-    let mut components: Vec<(&str, u64, u64)> =
-        COMPONENTS.iter().map(|(n, _)| (*n, 0, 0)).collect();
-    for t in tensor_table(spec) {
-        let numel = t.shape.iter().product::<usize>() as u64;
-        let params = match t.role {
-            Role::RoutedExpert if t.name.ends_with("weight_packed") => 2 * numel,
-            Role::RoutedExpert => 0,
-            _ => numel,
-        };
-        let i = COMPONENTS
-            .iter()
-            .position(|(_, roles)| roles.contains(&t.role))
-            .expect("every role is in a component");
-        components[i].1 += params;
-        components[i].2 += t.bytes();
-    }
-    components
-}
-
-/// Compact layer plan: `K` = KDA, `M` = MLA; `D` = dense MLP, `E` = MoE.
-fn layer_plan(spec: &K3Spec) -> (String, String) {
-    let attn = spec
-        .attn_kinds
-        .iter()
-        .map(|k| if *k == AttnKind::Kda { 'K' } else { 'M' })
-        .collect();
-    let ffn = (0..spec.num_layers)
-        .map(|i| match spec.ffn_kind(i) {
-            FfnKind::Dense => 'D',
-            FfnKind::Moe => 'E',
-        })
-        .collect();
-    (attn, ffn)
-}
-
 /// Shard files present next to config.json: (count, bytes).
 pub(crate) fn shard_files(dir: &Path) -> Result<Option<(usize, u64)>> {
     let mut n = 0;
@@ -129,11 +81,6 @@ pub(crate) fn shard_files(dir: &Path) -> Result<Option<(usize, u64)>> {
 
 /// Tokens per pass the ledger is planned for: decode.
 const POSITIONS: usize = 1;
-
-/// Expert reads in flight with next-layer prefetch on (as `load_model_with`).
-fn max_inflight(spec: &K3Spec) -> usize {
-    2 * spec.top_k
-}
 
 /// The budget ledger of one spine representation: its fields, plus whether
 /// it fits, the least budget that would, and the cached share of experts.
@@ -175,49 +122,51 @@ pub(crate) struct KvArgs {
     pub dtype: fathom_model::KvDtype,
 }
 
-fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result<Value> {
+fn report(
+    facts: &MemoryFacts,
+    an: &Anatomy,
+    dir: &Path,
+    budget: Option<u64>,
+    kv: &KvArgs,
+) -> Result<Value> {
     let context = kv.context;
-    let components = components(spec);
-    let (attn, ffn) = layer_plan(spec);
-    let moe_layers = spec.moe_layers().count() as u64;
-    let eb = expert_bytes(spec);
-    let routed_per_token = spec.top_k as u64 * eb * moe_layers;
-    let facts = fathom_model::kimi_k3::memory_facts(spec);
-    let (kda, mla) = (kda_state_bytes(&facts), kv_bytes(&facts, context, kv.dtype));
+    let moe_layers = facts.moe_layers as u64;
+    let eb = facts.expert_bytes;
+    let routed_per_token = facts.top_k as u64 * eb * moe_layers;
+    let (kda, mla) = (kda_state_bytes(facts), kv_bytes(facts, context, kv.dtype));
     let (bf16, int8) = (
-        spine_bytes_for(&facts, Spine::Bf16),
-        spine_bytes_for(&facts, Spine::Int8),
+        spine_bytes_for(facts, Spine::Bf16),
+        spine_bytes_for(facts, Spine::Int8),
     );
-    let blocks: Vec<usize> = (0..spec.num_layers)
-        .step_by(spec.attn_res_block_size)
-        .collect();
     let mut comps = serde_json::Map::new();
-    for (name, p, b) in &components {
-        comps.insert(name.to_string(), json!({"params": p, "bytes": b}));
+    for c in &an.components {
+        comps.insert(c.name.into(), json!({"params": c.params, "bytes": c.bytes}));
     }
-    let params: u64 = components.iter().map(|c| c.1).sum();
-    let bytes: u64 = components.iter().map(|c| c.2).sum();
+    let params: u64 = an.components.iter().map(|c| c.params).sum();
+    let bytes: u64 = an.components.iter().map(|c| c.bytes).sum();
     let files = shard_files(dir)?.map(|(n, b)| json!({"shards": n, "bytes": b}));
     let ledgers = match budget {
         Some(b) => Some(json!({
             "budget_bytes": b,
-            "bf16": ledger(&facts, Spine::Bf16, b, kv)?,
-            "int8": ledger(&facts, Spine::Int8, b, kv)?,
+            "bf16": ledger(facts, Spine::Bf16, b, kv)?,
+            "int8": ledger(facts, Spine::Int8, b, kv)?,
         })),
         None => None,
     };
     Ok(json!({
         "model": {
-            "layers": spec.num_layers, "hidden_size": spec.hidden_size,
-            "vocab_size": spec.vocab_size, "experts": spec.num_experts,
-            "top_k": spec.top_k, "moe_layers": moe_layers,
-            "attention": attn, "ffn": ffn, "attn_res_blocks": blocks,
+            "family": facts.family, "layers": an.layers, "hidden_size": facts.hidden_size,
+            "vocab_size": facts.vocab_size, "experts": facts.num_experts,
+            "top_k": facts.top_k, "moe_layers": moe_layers,
+            "attention": an.attention.letters, "ffn": an.ffn.letters,
+            "legend": {"attention": an.attention.legend, "ffn": an.ffn.legend},
+            "attn_res_blocks": an.blocks,
         },
         "components": comps,
         "total": {"params": params, "bytes": bytes},
         "expert_bytes": eb,
-        "expert_ram_bytes": expert_ram_bytes(&facts),
-        "experts_total": spec.num_experts as u64 * moe_layers,
+        "expert_ram_bytes": expert_ram_bytes(facts),
+        "experts_total": facts.total_experts(),
         "spine": {"bf16_bytes": bf16, "int8_bytes": int8},
         "per_token": {
             "spine_bf16_bytes": facts.spine_bytes_per_token(false),
@@ -226,8 +175,9 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
         },
         "state": {"context": context, "kda_bytes": kda, "mla_bytes": mla, "total_bytes": kda + mla,
                   "kv_dtype": kv.dtype.name()},
-        "scratch_bytes": scratch_bytes(&facts, POSITIONS),
-        "io_buffers_bytes": io_buffer_bytes(&facts, POSITIONS, max_inflight(spec)),
+        "scratch_bytes": scratch_bytes(facts, POSITIONS),
+        // Expert reads in flight with next-layer prefetch on (as a load plans).
+        "io_buffers_bytes": io_buffer_bytes(facts, POSITIONS, 2 * facts.top_k),
         "ledger": ledgers,
         "files": files,
     }))
@@ -239,37 +189,30 @@ pub fn run(a: InspectArgs) -> Result<()> {
     }
     let config = fathom_model::ModelConfig::read(&a.dir)
         .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
-    let vram = match a.vram_budget {
-        Some(v) => Some(super::inspect_vram::plan(
-            &config
-                .memory_facts()
-                .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?,
-            v,
-            a.gpus.as_ref().map_or(1, |g| g.0.len()),
-        )),
-        None => None,
-    };
-    if config.family() != <KimiK3 as fathom_model::Family>::NAME {
+    let cannot = || format!("cannot read the model config in {}", a.dir.display());
+    let facts = config.memory_facts().with_context(cannot)?;
+    let vram = a
+        .vram_budget
+        .map(|v| super::inspect_vram::plan(&facts, v, a.gpus.as_ref().map_or(1, |g| g.0.len())));
+    let Some(anatomy) = config.anatomy().with_context(cannot)? else {
         return super::inspect_facts::run(
-            &a.dir,
+            (&facts, &a.dir),
             a.ram_budget,
             a.context,
             a.kv_ram,
             a.kv_dtype.into(),
             (a.json, vram),
         );
-    }
-    let spec = K3Spec::from_json(config.json())
-        .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
+    };
     let kv = KvArgs {
         context: a
             .context
-            .or(spec.max_position_embeddings)
+            .or(facts.max_position_embeddings)
             .unwrap_or(crate::load::ASSUMED_CONTEXT),
         ram: a.kv_ram,
         dtype: a.kv_dtype.into(),
     };
-    let mut r = report(&spec, &a.dir, a.ram_budget, &kv)?;
+    let mut r = report(&facts, &anatomy, &a.dir, a.ram_budget, &kv)?;
     if let Some(v) = &vram {
         r["vram"] = v.clone();
     }
@@ -321,16 +264,20 @@ fn runs(s: &str) -> String {
 fn print_text(r: &Value) {
     let m = &r["model"];
     println!(
-        "Kimi K3: {} layers, hidden {}, vocab {}, {} routed experts (top-{}) in {} MoE layers",
-        m["layers"], m["hidden_size"], m["vocab_size"], m["experts"], m["top_k"], m["moe_layers"]
+        "{}: {} layers, hidden {}, vocab {}, {} routed experts (top-{}) in {} MoE layers",
+        m["family"].as_str().unwrap_or(""),
+        m["layers"],
+        m["hidden_size"],
+        m["vocab_size"],
+        m["experts"],
+        m["top_k"],
+        m["moe_layers"]
     );
     let attn = m["attention"].as_str().unwrap_or("");
     let ffn = m["ffn"].as_str().unwrap_or("");
-    println!("  attention  {}   (K = KDA, M = MLA)", runs(attn));
-    println!(
-        "  ffn        {}   (D = dense MLP, E = LatentMoE)",
-        runs(ffn)
-    );
+    let legend = |k: &str| m["legend"][k].as_str().unwrap_or("").to_string();
+    println!("  attention  {}   ({})", runs(attn), legend("attention"));
+    println!("  ffn        {}   ({})", runs(ffn), legend("ffn"));
     println!("  attn-res blocks open at layers {}", m["attn_res_blocks"]);
     println!();
     println!("{:<16} {:>12} {:>12}", "component", "params", "bytes");

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use fathom_model::memory::MemoryFacts;
 use fathom_model::{KvDtype, Spine};
 use fathom_stream::budget::{expert_ram_bytes, io_buffer_bytes, kv_bytes, scratch_bytes};
@@ -51,15 +51,13 @@ fn report(f: &MemoryFacts, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Resu
 }
 
 pub fn run(
-    dir: &Path,
+    (f, dir): (&MemoryFacts, &Path),
     budget: Option<u64>,
     context: Option<usize>,
     kv_ram: Option<u64>,
     dtype: KvDtype,
     (json, vram): (bool, Option<Value>),
 ) -> Result<()> {
-    let f = fathom_model::memory::memory_facts(dir)
-        .with_context(|| format!("cannot read the model config in {}", dir.display()))?;
     let kv = KvArgs {
         context: context
             .or(f.max_position_embeddings)
@@ -67,7 +65,7 @@ pub fn run(
         ram: kv_ram,
         dtype,
     };
-    let mut r = report(&f, dir, budget, &kv)?;
+    let mut r = report(f, dir, budget, &kv)?;
     if let Some(v) = &vram {
         r["vram"] = v.clone();
     }

@@ -156,8 +156,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     let spine = a.spine.spine();
     // Cheap first: the context bound before loading (BOS may add one more).
     let config = fathom_runtime::read_config(&a.model)?;
+    let req = a.mem.request();
     check_context(
-        a.mem.context_for(config.declared_context()),
+        req.context_for(config.declared_context()),
         prompt.len(),
         a.max_new,
         "run",
@@ -166,9 +167,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let positions = (prompt.len() + 1).min(chunk.max(a.draft_max as usize + 1));
     // The draft model (if any) comes out of the same budget, checked before loading.
     let fix = "use --draft ngram or a larger --ram-budget";
-    let mut mem = a
-        .mem
-        .set_aside(draft_bytes(&draft, &config)?, "the draft model", fix)?;
+    let mut mem = req.set_aside(draft_bytes(&draft, &config)?, "the draft model", fix)?;
     mem.mtp = matches!(draft, DraftChoice::Mtp);
     mem.records_heat = true;
     let (model, info) = load_model_config(config, &mem, positions, spine)?;
@@ -181,7 +180,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     );
     check_vocab(&prompt, model.info().vocab_size)?;
     check_context(
-        context_limit(&a.mem, model.info()),
+        context_limit(&req, model.info()),
         prompt.len(),
         a.max_new,
         "run",

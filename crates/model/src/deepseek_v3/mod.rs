@@ -80,6 +80,9 @@ impl Family for DeepseekV3 {
     fn expert_table(spec: &DeepseekV3Spec, ck: &Checkpoint, mtp: bool) -> Result<ExpertTable> {
         tensors::expert_table(spec, ck, mtp)
     }
+    fn check_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
+        tensors::check_tensors(spec, ck)
+    }
     fn weights(
         spec: &DeepseekV3Spec,
         ck: &Arc<Checkpoint>,

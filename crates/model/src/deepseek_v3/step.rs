@@ -14,7 +14,7 @@ use fathom_kernels::ops::{GluAct, rms_norm_rows};
 use super::DeepseekV3Model;
 use super::attention::attention;
 use super::weights::FfnWeights;
-use crate::batch::{Head, Rows, Segment, add};
+use crate::batch::{Head, Path, Rows, Segment, add};
 use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
 use crate::hybrid::mla::MlaRope;
@@ -49,12 +49,21 @@ pub(super) fn forward_rows(
         // With a device and no tracer, the MLP side's norm and first
         // products may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.mlp), &lw.post_attention_layernorm[..]);
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
-        let (a, done) = attention(spec, &lw.self_attn, &rope, &mut caches, segs, &x, then)?;
+        let (a, done) = attention(
+            spec,
+            rows.path,
+            &lw.self_attn,
+            &rope,
+            &mut caches,
+            segs,
+            &x,
+            then,
+        )?;
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
-        let m = ffn(model, i, &x, n, early, &mut tracer)?;
+        let m = ffn(model, rows.path, i, &x, n, early, &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -83,6 +92,7 @@ fn tap(model: &DeepseekV3Model, states: &mut [&mut KvState], segs: &[Segment], h
 
 fn ffn(
     model: &DeepseekV3Model,
+    path: Path,
     i: usize,
     x: &[f32],
     n: usize,
@@ -102,7 +112,7 @@ fn ffn(
             let src = model.experts.as_ref();
             routed(tracer, i, |routes| {
                 spec.sparse_block()
-                    .forward(i, mw, x, src, next, routes, first)
+                    .forward(path, i, mw, x, src, next, routes, first)
             })
         }
     }

@@ -44,14 +44,15 @@ pub(super) fn forward_rows(
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
         // With a device and no tracer, the norm and the router's product
         // may go in the attention's call (the same operations).
-        let (side, norm) = (
+        let (side, norm): (Ffn<'_>, _) = (
             Ffn::Router(&lw.router.weight),
             &lw.post_attention_layernorm[..],
         );
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
         let (a, done) = attention(
             spec,
+            rows.path,
             i,
             &lw.self_attn,
             &model.parts.rope,
@@ -67,7 +68,9 @@ pub(super) fn forward_rows(
         let next = w.layers.get(i + 1).map(|nl| (i + 1, &nl.router));
         let src = model.experts.as_ref();
         let m = routed(&mut tracer, i, |routes| {
-            moe::moe(spec, i, &lw.router, &x, src, next, routes, product)
+            moe::moe(
+                spec, rows.path, i, &lw.router, &x, src, next, routes, product,
+            )
         })?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);

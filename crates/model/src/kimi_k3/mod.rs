@@ -8,6 +8,7 @@
 //! speculative verification and batches are the same code, and each
 //! position's result is bit-identical whatever the step holds besides it.
 
+mod anatomy;
 pub mod attention;
 pub mod attn_res;
 pub mod config;
@@ -51,7 +52,10 @@ impl Family for KimiK3 {
     type Parts = HybridParts;
     type State = SequenceState;
 
-    crate::family::plain_family_fns!(K3Spec, K3Weights);
+    crate::family::plain_family_fns!(K3Spec, K3Weights, weights::check_tensors);
+    fn anatomy(spec: &K3Spec) -> Option<crate::anatomy::Anatomy> {
+        Some(anatomy::anatomy(spec))
+    }
     fn parts(spec: &K3Spec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<HybridParts> {
         Ok(Arc::new(spec.hybrid_dims()))
     }

@@ -16,7 +16,7 @@ use super::KimiLinearModel;
 use super::attention::{kda, mla};
 use super::moe::{self, NextLayerHint};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
-use crate::batch::{Head, Rows, Segment, add, atomic_step, embed};
+use crate::batch::{Head, Path, Rows, Segment, add, atomic_step, embed};
 use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
 use crate::hybrid::state::{SequenceState, kda_layers, mla_layers};
@@ -53,12 +53,12 @@ fn forward_rows(
         // With a device and no tracer, the MLP side's norm and first
         // products may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.ffn), &lw.post_attention_layernorm[..]);
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
-        let (a, done) = attention(model, lw, i, states, &rows.segs, &x, then)?;
+        let (a, done) = attention(model, rows.path, lw, i, states, &rows.segs, &x, then)?;
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
-        let m = ffn(model, i, &x, n, early, &mut tracer)?;
+        let m = ffn(model, rows.path, i, &x, n, early, &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -70,8 +70,10 @@ fn forward_rows(
 
 /// The layer's attention over `x`, and whether a device also did `then`
 /// in the same call.
+#[allow(clippy::too_many_arguments)]
 fn attention(
     model: &KimiLinearModel,
+    path: Path,
     lw: &LayerWeights,
     i: usize,
     states: &mut [&mut SequenceState],
@@ -81,8 +83,8 @@ fn attention(
 ) -> Result<(Vec<f32>, bool)> {
     let spec = &*model.spec;
     match &lw.attn {
-        AttnWeights::Kda(aw) => kda(spec, aw, &mut kda_layers(states, i), segs, x, then),
-        AttnWeights::Mla(aw) => mla(spec, aw, &mut mla_layers(states, i), segs, x, then),
+        AttnWeights::Kda(aw) => kda(spec, path, aw, &mut kda_layers(states, i), segs, x, then),
+        AttnWeights::Mla(aw) => mla(spec, path, aw, &mut mla_layers(states, i), segs, x, then),
     }
 }
 
@@ -90,6 +92,7 @@ fn attention(
 /// attention's call (`early`).
 fn ffn(
     model: &KimiLinearModel,
+    path: Path,
     i: usize,
     x: &[f32],
     n: usize,
@@ -111,7 +114,7 @@ fn ffn(
             });
             let src = model.experts.as_ref();
             routed(tracer, i, |routes| {
-                moe::moe(spec, i, mw, x, src, hint, routes, first)
+                moe::moe(spec, path, i, mw, x, src, hint, routes, first)
             })
         }
     }

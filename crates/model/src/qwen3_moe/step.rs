@@ -17,7 +17,7 @@ use super::Qwen3MoeModel;
 use super::attention::attention;
 use super::moe::{self, NextLayerHint};
 use super::weights::FfnWeights;
-use crate::batch::{Head, Rows, Segment, add};
+use crate::batch::{Head, Path, Rows, Segment, add};
 use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
 use crate::kv::PagedRows;
@@ -46,10 +46,11 @@ pub(super) fn forward_rows(
         // With a device and no tracer, the MLP side's norm and first
         // product may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.mlp), &lw.post_attention_layernorm[..]);
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
         let (a, done) = attention(
             spec,
+            rows.path,
             &lw.self_attn,
             &model.parts.rope,
             &angles,
@@ -60,7 +61,15 @@ pub(super) fn forward_rows(
         )?;
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
-        let m = ffn(model, i, &x, n, early.map(|e| e.ffn), &mut tracer)?;
+        let m = ffn(
+            model,
+            rows.path,
+            i,
+            &x,
+            n,
+            early.map(|e| e.ffn),
+            &mut tracer,
+        )?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -82,6 +91,7 @@ fn ffn_ref(f: &FfnWeights) -> Ffn<'_> {
 /// attention's call (`ahead`).
 fn ffn(
     model: &Qwen3MoeModel,
+    path: Path,
     i: usize,
     x: &[f32],
     n: usize,
@@ -103,7 +113,7 @@ fn ffn(
             let src = model.experts.as_ref();
             let logits = ahead.and_then(Ahead::router);
             routed(tracer, i, |routes| {
-                moe::moe(spec, i, mw, x, src, hint, routes, logits)
+                moe::moe(spec, path, i, mw, x, src, hint, routes, logits)
             })
         }
     }
