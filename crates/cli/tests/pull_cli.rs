@@ -281,3 +281,76 @@ fn token_and_cache_come_from_the_environment() {
     let auth = hub.log().last().unwrap().auth.clone();
     assert_eq!(auth.as_deref(), Some("Bearer tok-123"));
 }
+
+/// A model whose routed experts live in shards of their own, pulled with
+/// `--include spine`, runs with its experts fetched on demand: the same
+/// ids as the whole model; the plan line says why; a second run asks the
+/// network nothing; a disk budget below one expert is refused.
+#[test]
+fn a_spine_pull_runs_with_experts_fetched_on_demand() {
+    let base = scratch("remote");
+    let whole = base.join("whole");
+    synth(&whole);
+    let src = base.join("src");
+    fathom_hub::fake::split_experts(&whole, &src, 3);
+    let hub = FakeHub::start();
+    hub.set_repo_dir(REPO, &src);
+    let home = base.join("hf");
+    let snap = PathBuf::from(
+        ok(cmd(&hub, &home, &["pull", REPO, "--include", "spine"])
+            .output()
+            .unwrap())
+        .trim(),
+    );
+    assert!(!snap.join("model-experts-00001.safetensors").exists());
+    let run = |model: &str, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            model,
+            "--prompt-ids",
+            "5,17,400,23",
+            "--max-new",
+            "6",
+            "--json",
+            "--stats",
+        ];
+        args.extend(extra);
+        cmd(&hub, &home, &args)
+            .env("XDG_CACHE_HOME", base.join("xdg"))
+            .output()
+            .unwrap()
+    };
+    let ids = |out: Output| {
+        let v: serde_json::Value = serde_json::from_str(ok(out).trim()).unwrap();
+        v["output_ids"].clone()
+    };
+    let want = ids(run(src.to_str().unwrap(), &[]));
+    assert_eq!(want.as_array().unwrap().len(), 6);
+
+    hub.clear_log();
+    let out = run(REPO, &[]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains("; experts remote (expert shards are not on disk)"),
+        "{err}"
+    );
+    assert_eq!(ids(out), want);
+    assert!(hub.log().iter().any(|l| l.path.starts_with("/cdn/")));
+
+    hub.clear_log();
+    let out = run(REPO, &["--experts", "remote", "--disk-budget", "1GB"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("; experts remote\n"), "{err}");
+    assert_eq!(ids(out), want);
+    assert!(hub.log().is_empty(), "the second run asked the network");
+
+    let out = run(REPO, &["--experts", "remote", "--disk-budget", "999"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains("--disk-budget 999 B cannot hold one routed expert: layer ")
+            && err.contains("give at least --disk-budget "),
+        "{err}"
+    );
+}

@@ -143,6 +143,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mem = MemoryArgs {
         ram_budget: Some(budget),
         experts: ExpertMode::Stream,
+        disk_budget: None,
         context: Some(4096),
         kv_ram: None,
         kv_dir: None,
