@@ -29,7 +29,7 @@ use crate::config::HubConfig;
 use crate::error::{HubError, Result};
 use crate::http::{Failure, Http, parse_content_range};
 use crate::repo::RepoRef;
-use crate::spans::{Key, Spans, covers, span_path};
+use crate::spans::{Key, Spans, covers_from, span_path};
 use crate::verify::{hex, is_hex, sha256_hex};
 
 /// Longest span one request may ask for.
@@ -272,13 +272,8 @@ impl RemoteExpertStore {
             Some(p) => read_at(&p, at, len),
             None => self.fetch_remote(&f, at, len),
         };
-        let path = self
-            .dir
-            .join("headers")
-            .join(&sha256_hex(file.as_bytes())[..24]);
         if self.local_file(file).is_none()
-            && let Ok(b) = std::fs::read(&path)
-            && header_len(&b).is_some_and(|n| b.len() as u64 == 8 + n && 8 + n <= f.size)
+            && let Some(b) = self.stored_header(&f)
         {
             return Ok(b);
         }
@@ -303,11 +298,27 @@ impl RemoteExpertStore {
         let mut out = n.to_le_bytes().to_vec();
         out.extend(read(8, n)?);
         if self.local_file(file).is_none() {
+            let path = self.header_path(file);
             let parent = path.parent().expect("headers folder");
             std::fs::create_dir_all(parent).map_err(|e| HubError::io(parent, e))?;
             write_atomic(&path, &out)?;
+            self.check_whole(&f)?;
         }
         Ok(out)
+    }
+
+    fn header_path(&self, file: &str) -> PathBuf {
+        self.dir
+            .join("headers")
+            .join(&sha256_hex(file.as_bytes())[..24])
+    }
+
+    /// `f`'s header kept in `headers/`, if there and of a header's shape.
+    fn stored_header(&self, f: &RemoteFile) -> Option<Vec<u8>> {
+        let b = std::fs::read(self.header_path(&f.path)).ok()?;
+        header_len(&b)
+            .is_some_and(|n| b.len() as u64 == 8 + n && 8 + n <= f.size)
+            .then_some(b)
     }
 
     fn fetch_remote(&self, f: &RemoteFile, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -415,24 +426,26 @@ impl RemoteExpertStore {
         Ok(())
     }
 
-    /// When `f`'s spans cover it whole and it is not yet verified, hashes
-    /// it; a mismatch evicts every span of it and fails.
+    /// When `f`'s spans (and its kept header) cover it whole and it is not
+    /// yet verified, hashes it; a mismatch evicts every span of it and its
+    /// header, and fails.
     fn check_whole(&self, f: &RemoteFile) -> Result<()> {
         let Some(want) = &f.sha256 else {
             return Ok(());
         };
+        let header = self.stored_header(f).unwrap_or_default();
         let spans = {
             let s = self.spans.lock().unwrap();
             if s.verified.contains(&f.path) {
                 return Ok(());
             }
             let spans = s.of_file(&f.path);
-            if !covers(&spans, f.size) {
+            if !covers_from(&spans, header.len() as u64, f.size) {
                 return Ok(());
             }
             spans
         };
-        let got = match self.hash_spans(&spans) {
+        let got = match self.hash_spans(&header, &spans) {
             Ok(h) => h,
             // A span evicted meanwhile: not whole any more.
             Err(_) => return Ok(()),
@@ -445,6 +458,7 @@ impl RemoteExpertStore {
             s.remove(&k)?;
             self.evicted.fetch_add(1, Ordering::Relaxed);
         }
+        let _ = std::fs::remove_file(self.header_path(&f.path));
         Err(HubError::Digest {
             file: f.path.clone(),
             algo: "SHA-256",
@@ -453,10 +467,12 @@ impl RemoteExpertStore {
         })
     }
 
-    /// SHA-256 of the bytes the spans (sorted by offset, covering) hold.
-    fn hash_spans(&self, spans: &[Key]) -> std::io::Result<String> {
+    /// SHA-256 of `head` followed by the bytes the spans (sorted by
+    /// offset, covering the rest) hold.
+    fn hash_spans(&self, head: &[u8], spans: &[Key]) -> std::io::Result<String> {
         let mut h = Sha256::new();
-        let mut pos = 0u64;
+        h.update(head);
+        let mut pos = head.len() as u64;
         let mut buf = vec![0u8; 1 << 20];
         for k in spans {
             let end = k.1 + k.2;

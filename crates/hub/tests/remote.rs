@@ -218,6 +218,45 @@ fn a_whole_shard_is_hashed_and_a_mismatch_evicts_it() {
     assert_eq!(st.local_span(&s.shard, 0, 10).unwrap(), None);
 }
 
+/// Fetches `[8 + n, len)` of the shard in 64 KiB spans; the last result.
+fn fetch_after_header(s: &Setup, st: &RemoteExpertStore, n: u64) -> fathom_hub::Result<Vec<u8>> {
+    let len = s.bytes.len() as u64;
+    let mut off = 8 + n;
+    let mut last = Ok(Vec::new());
+    while off < len {
+        let k = (64 << 10).min(len - off);
+        last = st.fetch_span(&s.shard, off, k);
+        off += k;
+    }
+    last
+}
+
+#[test]
+fn a_kept_header_and_spans_make_a_whole_shard() {
+    let s = setup("remote-header-whole");
+    let n = u64::from_le_bytes(s.bytes[..8].try_into().unwrap());
+    let st = open(&s, 64 << 20);
+    st.fetch_header(&s.shard).unwrap();
+    fetch_after_header(&s, &st, n).unwrap();
+    assert_eq!(st.verified_files(), [s.shard.clone()]);
+    drop(st);
+    std::fs::remove_dir_all(&s.store).unwrap();
+
+    // A corrupt span: the shard fails whole, and its header goes too.
+    let st = open(&s, 64 << 20);
+    st.fetch_header(&s.shard).unwrap();
+    s.hub.push_fault(&s.shard, Fault::Corrupt);
+    let e = fetch_after_header(&s, &st, n).unwrap_err().to_string();
+    assert!(e.contains("over its fetched spans (all evicted)"), "{e}");
+    assert_eq!(st.stats().stored_bytes, 0);
+    s.hub.clear_log();
+    assert_eq!(
+        st.fetch_header(&s.shard).unwrap(),
+        &s.bytes[..8 + n as usize]
+    );
+    assert_eq!(ranges(&s.hub).len(), 2, "the header was fetched again");
+}
+
 #[test]
 fn anything_but_the_exact_range_is_refused() {
     let s = setup("remote-refuse");
