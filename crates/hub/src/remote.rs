@@ -301,7 +301,7 @@ impl RemoteExpertStore {
             let path = self.header_path(file);
             let parent = path.parent().expect("headers folder");
             std::fs::create_dir_all(parent).map_err(|e| HubError::io(parent, e))?;
-            write_atomic(&path, &out)?;
+            write_atomic(&path, &out).map_err(store_write)?;
             self.check_whole(&f)?;
         }
         Ok(out)
@@ -403,7 +403,7 @@ impl RemoteExpertStore {
         };
         if let Err(e) = write() {
             let _ = std::fs::remove_file(&tmp);
-            return Err(HubError::io(&tmp, e));
+            return Err(store_write(HubError::io(&tmp, e)));
         }
         let mut s = self.spans.lock().unwrap();
         if s.map.contains_key(key) {
@@ -504,6 +504,18 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p))
     })
+}
+
+/// A full disk while storing a span or header, said for the store (a
+/// pull's advice does not apply); nothing of it is kept.
+fn store_write(e: HubError) -> HubError {
+    match e {
+        HubError::DiskFull { path, .. } => HubError::Store(format!(
+            "cannot write {}: no space left (disk full or file-size limit): lower --disk-budget or free space there",
+            path.display()
+        )),
+        e => e,
+    }
 }
 
 /// The length a safetensors header's first 8 bytes give.
