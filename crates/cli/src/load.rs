@@ -22,6 +22,11 @@ pub enum ExpertMode {
     Resident,
     /// Read routed experts from the shards as the router asks for them.
     Stream,
+    /// Streamed; shards of a pulled model that are not on disk (`fathom
+    /// pull --include spine`) are fetched from the Hub span by span as the
+    /// router asks, kept within --disk-budget (the default when such
+    /// shards are missing).
+    Remote,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -52,6 +57,11 @@ pub struct MemoryArgs {
     /// Where routed experts live.
     #[arg(long, value_enum, default_value_t = ExpertMode::Auto)]
     pub experts: ExpertMode,
+    /// Disk for expert spans fetched from the Hub (remote experts), e.g.
+    /// 200GB; the least recently used go first (default: no limit). Less
+    /// than one expert is refused.
+    #[arg(long, value_parser = parse_size)]
+    pub disk_budget: Option<u64>,
     /// Tokens of context a sequence may use (default: the model's
     /// max_position_embeddings); a prompt plus --max-new beyond it is
     /// refused. Cache pages are taken as a sequence grows: a long maximum
@@ -139,6 +149,7 @@ impl From<ExpertMode> for fathom_runtime::ExpertMode {
             ExpertMode::Auto => fathom_runtime::ExpertMode::Auto,
             ExpertMode::Resident => fathom_runtime::ExpertMode::Resident,
             ExpertMode::Stream => fathom_runtime::ExpertMode::Stream,
+            ExpertMode::Remote => fathom_runtime::ExpertMode::Remote,
         }
     }
 }
@@ -169,6 +180,8 @@ impl MemoryArgs {
             heat_out: self.heat_out.clone(),
             records_heat: false,
             mtp: false,
+            disk_budget: self.disk_budget,
+            ..Default::default()
         }
     }
 }

@@ -135,7 +135,10 @@ impl<F: Family> Model<F> {
     /// not their sum).
     pub fn load_config(config: &ModelConfig, opts: LoadOptions) -> Result<Self> {
         let spec = Arc::new(F::spec(config.json())?);
-        let ck = Arc::new(Checkpoint::open(config.dir())?);
+        let ck = match opts.checkpoint {
+            Some(ck) => ck,
+            None => Arc::new(Checkpoint::open(config.dir())?),
+        };
         let weights = F::weights(&spec, &ck, opts.spine)?;
         let parts = F::parts(&spec, &ck, opts.mtp)?;
         let expert_table = F::expert_table(&spec, &ck, opts.mtp)?;

@@ -39,6 +39,9 @@ pub struct LoadOptions {
     /// Also load the checkpoint's multi-token-prediction layer, for
     /// `--draft mtp` (families without one refuse it).
     pub mtp: bool,
+    /// The checkpoint, already opened (one with remote shards); `None`:
+    /// opened from the configuration's directory.
+    pub checkpoint: Option<Arc<Checkpoint>>,
 }
 
 /// One supported architecture (made by [`crate::family::architecture`]).

@@ -16,6 +16,7 @@ pub mod heat;
 mod load;
 pub mod options;
 mod progress;
+pub mod remote;
 
 pub use device::Device;
 pub use draft::DraftChoice;

@@ -1,5 +1,6 @@
 //! The one load call: the RAM ledger's plan, the device, the expert source
-//! (resident or streamed), heat and the attention cache's placement.
+//! (resident, streamed, or streamed with missing shards fetched from the
+//! Hub), heat and the attention cache's placement.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -35,6 +36,9 @@ pub struct LoadInfo {
     pub heat: HeatHandle,
     #[serde(skip)]
     backend: Option<Arc<dyn Backend>>,
+    /// The span store of `--experts remote`.
+    #[serde(skip)]
+    remote: Option<Arc<fathom_hub::RemoteExpertStore>>,
 }
 
 impl std::fmt::Debug for LoadInfo {
@@ -67,6 +71,11 @@ impl LoadInfo {
     /// The backend the model's products run on (`None` on the CPU).
     pub fn backend(&self) -> Option<&Arc<dyn Backend>> {
         self.backend.as_ref()
+    }
+
+    /// The span store's counters with `--experts remote`.
+    pub fn remote_stats(&self) -> Option<fathom_hub::StoreStats> {
+        self.remote.as_ref().map(|s| s.stats())
     }
 }
 
@@ -144,9 +153,11 @@ pub fn load_config(
         max_inflight,
     );
     let kv_cfg = kv_config(req, &kv)?;
+    let remote = remote_mode(dir, req.experts)?;
     let stream = match req.experts {
+        _ if remote.is_some() => true,
         ExpertMode::Resident => false,
-        ExpertMode::Stream => true,
+        ExpertMode::Stream | ExpertMode::Remote => true,
         ExpertMode::Auto => !matches!(&ledger, Ok(l) if l.holds_every_expert(&spec)),
     };
     let (heat_model, heat_in) = heat_precheck(&config, req, stream)?;
@@ -161,7 +172,11 @@ pub fn load_config(
     let _progress = LoadProgress::start(total);
     let mut info = LoadInfo {
         load_s: 0.0,
-        experts: if stream { "streamed" } else { "resident" },
+        experts: match (remote, stream) {
+            (Some(why), _) => why,
+            (None, true) => "streamed",
+            (None, false) => "resident",
+        },
         ledger: None,
         budget_source,
         direct_io: None,
@@ -170,6 +185,7 @@ pub fn load_config(
         context,
         heat: HeatHandle::default(),
         backend: selected.backend,
+        remote: None,
     };
     let model = if !stream {
         info.ledger = ledger.ok();
@@ -178,13 +194,31 @@ pub fn load_config(
             experts: None,
             kv: kv_cfg,
             mtp: req.mtp,
+            checkpoint: None,
         };
         fathom_model::load_config(&config, opts)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
     } else {
         let ledger = ledger.map_err(anyhow::Error::msg)?;
-        let (model, store) =
-            load_streamed(&config, req, (&ledger, max_inflight), &spec, spine, kv_cfg)?;
+        let remote = match remote {
+            Some(_) => Some(crate::remote::open(
+                dir,
+                req.hub.as_ref(),
+                req.span_dir.as_ref(),
+                req.disk_budget,
+            )?),
+            None => None,
+        };
+        info.remote = remote.as_ref().map(|r| r.store.clone());
+        let (model, store) = load_streamed(
+            &config,
+            req,
+            (&ledger, max_inflight),
+            &spec,
+            spine,
+            kv_cfg,
+            remote,
+        )?;
         info.direct_io = Some(store.direct_io());
         info.heat = warm_from_heat(req, Some(store), heat_model, heat_in)?;
         info.ledger = Some(ledger);
@@ -208,6 +242,7 @@ fn load_streamed(
     spec: &fathom_model::memory::MemoryFacts,
     spine: Spine,
     kv: KvConfig,
+    remote: Option<crate::remote::Remote>,
 ) -> Result<(Arc<dyn CausalLm>, Arc<StreamedExperts>)> {
     let cfg = StreamConfig {
         io_threads: req.io_threads.max(1),
@@ -219,15 +254,21 @@ fn load_streamed(
     };
     let store = Arc::new(std::sync::OnceLock::new());
     let s2 = store.clone();
+    let disk_budget = remote.as_ref().map(|r| r.disk_budget);
     let opts = LoadOptions {
         spine,
         experts: Some(Box::new(move |ck, table| {
+            if let Some(b) = disk_budget {
+                crate::remote::check_disk_budget(ck, table, b)
+                    .map_err(|e| fathom_model::ModelError::Experts(e.to_string()))?;
+            }
             let s = Arc::new(StreamedExperts::new(ck, table, &cfg)?);
             let _ = s2.set(s.clone());
             Ok(s)
         })),
         kv,
         mtp: req.mtp,
+        checkpoint: remote.map(|r| r.checkpoint),
     };
     let model = fathom_model::load_config(config, opts)
         .with_context(|| format!("cannot load the model in {}", config.dir().display()))?;
@@ -236,6 +277,27 @@ fn load_streamed(
         .cloned()
         .context("the streamed expert source was not made")?;
     Ok((model, store))
+}
+
+/// Whether routed experts come through the Hub span store, and the plan
+/// line's word for it: with `--experts remote`, or by default when shards
+/// of a pulled model are not on disk. Other modes refuse missing shards.
+fn remote_mode(dir: &Path, mode: ExpertMode) -> Result<Option<&'static str>> {
+    if mode == ExpertMode::Remote {
+        return Ok(Some("remote"));
+    }
+    let missing = crate::remote::missing_shards(dir);
+    let Some(first) = missing.first() else {
+        return Ok(None);
+    };
+    if mode == ExpertMode::Auto && fathom_hub::source_of(dir).is_ok() {
+        return Ok(Some("remote (expert shards are not on disk)"));
+    }
+    anyhow::bail!(
+        "{}: {} of the shards the index names are not on disk ({first}…): pull them (`fathom pull REPO --include all`), or, for a pulled model, fetch routed experts on demand with --experts remote",
+        dir.display(),
+        missing.len()
+    )
 }
 
 /// Bytes of the directory's safetensors shards (what a resident load reads).
