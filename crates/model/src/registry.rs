@@ -39,6 +39,9 @@ pub struct LoadOptions {
     /// Also load the checkpoint's multi-token-prediction layer, for
     /// `--draft mtp` (families without one refuse it).
     pub mtp: bool,
+    /// Which decoder layers of the spine stay resident; the others are
+    /// read from the checkpoint for every pass (default: all resident).
+    pub layers: crate::tiers::LayerPlan,
 }
 
 /// One supported architecture (made by [`crate::family::architecture`]).

@@ -59,7 +59,10 @@ fn forward_rows(
             .collect()
     });
     let mut blocks: Vec<Vec<f32>> = Vec::new();
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         // Attention side (§3): mix, maybe open a block, attend.
         let mix = Instant::now();
         let h = if blocks.is_empty() {
@@ -95,11 +98,11 @@ fn forward_rows(
             }
         };
         phase::add(Phase::MixAndHead, mix);
-        let kind = match w.layers[i].ffn {
+        let kind = match lw.ffn {
             FfnWeights::Dense(_) => Phase::Mlp,
             FfnWeights::Moe(_) => Phase::Moe,
         };
-        let m = timed(kind, || ffn(model, i, &x, n, early, &mut tracer))?;
+        let m = timed(kind, || ffn(model, i, lw, &x, n, early, &mut tracer))?;
         trace(&mut tracer, i, "mlp_out", &m);
         timed(Phase::MixAndHead, || add(&mut partial, &m));
     }
@@ -136,13 +139,14 @@ fn attention(
 fn ffn(
     model: &K3Model,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
     early: Option<Early>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].ffn, early) {
+    match (&lw.ffn, early) {
         (
             FfnWeights::Dense(_),
             Some(Early {
@@ -155,7 +159,8 @@ fn ffn(
                 Ahead::Moe(f) => Some(f),
                 Ahead::Mlp(_) => None,
             });
-            let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
+            let next = w.layers.peek(i + 1);
+            let hint = next.as_deref().and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
                     weights: nw,
