@@ -130,6 +130,11 @@ pub struct MemoryArgs {
     /// The command records `--heat-out` (set by run and batch).
     #[arg(skip = false)]
     pub records_heat: bool,
+    /// At most this many spine layers resident, the rest read for every
+    /// pass (tests and benchmarks of a streamed spine; default: as many as
+    /// the budget holds).
+    #[arg(long, hide = true)]
+    pub spine_resident_layers: Option<usize>,
 }
 
 fn parse_pin(s: &str) -> std::result::Result<f64, String> {
@@ -177,6 +182,7 @@ impl MemoryArgs {
             heat_out: self.heat_out.clone(),
             records_heat: self.records_heat,
             mtp: self.mtp,
+            resident_layers: self.spine_resident_layers,
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use fathom_kernels::backend::{Backend, BackendStats};
 use fathom_model::kv::KvConfig;
-use fathom_model::{CausalLm, LoadOptions, ModelConfig, Spine};
+use fathom_model::{CausalLm, LayerPlan, LoadOptions, ModelConfig, Spine};
 use fathom_stream::budget::{KvPlan, Ledger};
 use fathom_stream::{StreamConfig, StreamedExperts};
 
@@ -134,15 +134,26 @@ pub fn load_config(
         req.kv_ram,
         budget,
     );
-    let ledger = Ledger::plan_kv(
-        &spec,
-        spine,
-        budget,
-        context,
-        kv,
-        positions.max(1),
-        max_inflight,
-    );
+    // The spine's layers are placed first (resident as far as the budget
+    // holds them, the rest read for every pass), then the expert cache.
+    let ledger = Ledger::minimum(&spec, spine, context, kv, positions.max(1), max_inflight);
+    let ledger = match req.resident_layers {
+        Some(r) => ledger.cap_resident_layers(&spec, r),
+        None => ledger,
+    }
+    .with_budget(&spec, budget);
+    let layers = match (&ledger, req.resident_layers) {
+        (Ok(l), _) => l.tiers.plan(),
+        (Err(_), Some(r)) => LayerPlan::streamed(r, 2),
+        (Err(_), None) => LayerPlan::all(),
+    };
+    if layers.resident < spec.layers.len() {
+        tracing::info!(
+            "spine: {} of {} layers resident, the rest read for every pass",
+            layers.resident,
+            spec.layers.len()
+        );
+    }
     let kv_cfg = kv_config(req, &kv)?;
     let stream = match req.experts {
         ExpertMode::Resident => false,
@@ -178,12 +189,13 @@ pub fn load_config(
             experts: None,
             kv: kv_cfg,
             mtp: req.mtp,
+            layers,
         };
         fathom_model::load_config(&config, opts)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
     } else {
         let ledger = ledger.map_err(anyhow::Error::msg)?;
-        let (model, store) = load_streamed(&config, req, &ledger, &spec, spine, kv_cfg)?;
+        let (model, store) = load_streamed(&config, req, &ledger, &spec, (spine, layers), kv_cfg)?;
         info.direct_io = Some(store.direct_io());
         info.heat = warm_from_heat(req, Some(store), heat_model, heat_in)?;
         info.ledger = Some(ledger);
@@ -204,7 +216,7 @@ fn load_streamed(
     req: &LoadRequest,
     ledger: &Ledger,
     spec: &fathom_model::memory::MemoryFacts,
-    spine: Spine,
+    (spine, layers): (Spine, LayerPlan),
     kv: KvConfig,
 ) -> Result<(Arc<dyn CausalLm>, Arc<StreamedExperts>)> {
     let cfg = StreamConfig {
@@ -230,6 +242,7 @@ fn load_streamed(
         })),
         kv,
         mtp: req.mtp,
+        layers,
     };
     let model = fathom_model::load_config(config, opts)
         .with_context(|| format!("cannot load the model in {}", config.dir().display()))?;

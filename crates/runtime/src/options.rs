@@ -77,6 +77,10 @@ pub struct LoadRequest {
     pub records_heat: bool,
     /// Also load the checkpoint's multi-token-prediction layer.
     pub mtp: bool,
+    /// At most this many spine layers resident, the rest read for every
+    /// pass (tests and benchmarks of a streamed spine; `None`: as many as
+    /// the budget holds).
+    pub resident_layers: Option<usize>,
 }
 
 impl Default for LoadRequest {
@@ -102,6 +106,7 @@ impl Default for LoadRequest {
             heat_out: None,
             records_heat: false,
             mtp: false,
+            resident_layers: None,
         }
     }
 }

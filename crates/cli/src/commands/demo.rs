@@ -161,6 +161,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         heat_out: None,
         mtp: false,
         records_heat: false,
+        spine_resident_layers: None,
     };
     let (model, info) = load_model_with(&dir, &mem, prompt.len(), fathom_model::Spine::Bf16)?;
     let model_bytes: u64 = std::fs::read_dir(&dir)?
