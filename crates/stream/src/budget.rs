@@ -27,6 +27,8 @@ use fathom_weights::units::format_bytes;
 
 use fathom_platform::{memory, unified_memory};
 
+pub use crate::spine_tiers::{MAX_RING, SpineTiers, ring_layers};
+
 /// Fixed allowance for the process itself (binary, allocator, thread stacks).
 const BASELINE: u64 = 64 << 20;
 
@@ -54,104 +56,6 @@ pub struct Ledger {
     /// The latent cache: what `context` needs, what of it stays in RAM
     /// (counted in `state`) and what spills to disk.
     pub kv: KvPlan,
-}
-
-/// Where the spine's decoder layers are.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct SpineTiers {
-    pub layers: usize,
-    /// Layers kept in RAM (spread over the depth as
-    /// `fathom_model::tiers::resident_layers` picks them).
-    pub resident_layers: usize,
-    /// The embedding, final norm and head (always resident).
-    pub global_bytes: u64,
-    /// Bytes of the resident layers.
-    pub resident_bytes: u64,
-    /// Layers read for every pass, and their bytes (read once a pass).
-    pub streamed_layers: usize,
-    pub streamed_bytes: u64,
-    /// Layer buffers of the read-ahead ring (0 when nothing streams).
-    pub ring: usize,
-    /// RAM of the ring: the most `ring` streamed layers in a row (in the
-    /// cyclic order they are read) hold.
-    pub ring_bytes: u64,
-}
-
-impl SpineTiers {
-    /// `resident` of the spec's layers in RAM (`usize::MAX`: all), in
-    /// precision `int8`.
-    pub fn new(spec: &MemoryFacts, int8: bool, resident: usize) -> Self {
-        let n = spec.layers.len();
-        let keep = fathom_model::tiers::resident_layers(n, resident);
-        let (mut resident_bytes, mut streamed) = (0, Vec::new());
-        for (l, &k) in spec.layers.iter().zip(&keep) {
-            if k {
-                resident_bytes += l.bytes(int8);
-            } else {
-                streamed.push(l.bytes(int8));
-            }
-        }
-        let streamed_layers = streamed.len();
-        let resident_layers = n - streamed_layers;
-        let ring = if streamed_layers == 0 {
-            0
-        } else {
-            ring_layers(resident_layers, streamed_layers)
-        };
-        SpineTiers {
-            layers: n,
-            resident_layers,
-            global_bytes: spec.global_bytes(int8),
-            resident_bytes,
-            streamed_layers,
-            streamed_bytes: streamed.iter().sum(),
-            ring,
-            ring_bytes: ring_window(&streamed, ring),
-        }
-    }
-
-    /// Resident spine bytes: globals and resident layers.
-    pub fn resident_spine(&self) -> u64 {
-        self.global_bytes + self.resident_bytes
-    }
-
-    /// The plan the loader takes.
-    pub fn plan(&self) -> fathom_model::LayerPlan {
-        if self.streamed_layers == 0 {
-            fathom_model::LayerPlan::all()
-        } else {
-            fathom_model::LayerPlan::streamed(self.resident_layers, self.ring)
-        }
-    }
-
-    /// Seconds a pass spends reading the streamed layers at `bandwidth`
-    /// bytes per second.
-    pub fn read_seconds(&self, bandwidth: f64) -> f64 {
-        self.streamed_bytes as f64 / bandwidth.max(1.0)
-    }
-}
-
-/// The most bytes `k` consecutive entries of `sizes` hold, taken
-/// cyclically (all of them when `k` covers them).
-fn ring_window(sizes: &[u64], k: usize) -> u64 {
-    let m = sizes.len();
-    if k >= m {
-        return sizes.iter().sum();
-    }
-    (0..m)
-        .map(|j| (0..k).map(|t| sizes[(j + t) % m]).sum::<u64>())
-        .max()
-        .unwrap_or(0)
-}
-
-/// Most layer buffers a ring holds.
-pub const MAX_RING: usize = 8;
-
-/// Layer buffers of the read-ahead ring: the layer computed, the one being
-/// read, and one more for each resident layer between two streamed ones
-/// (the reader keeps reading while those compute), at most [`MAX_RING`].
-pub fn ring_layers(resident: usize, streamed: usize) -> usize {
-    (2 + resident.div_ceil(streamed.max(1))).min(MAX_RING)
 }
 
 /// Where the attention cache of the admitted context lives.
@@ -763,8 +667,8 @@ mod tests {
         let b: Vec<u64> = s.layers.iter().map(|x| x.stored).collect();
         let pairs = (0..9).map(|i| b[i] + b[(i + 1) % 9]).max().unwrap();
         assert_eq!((none.tiers.ring, none.tiers.ring_bytes), (2, pairs));
-        assert_eq!(super::ring_window(&[5, 1, 1, 4], 2), 9);
-        assert_eq!(super::ring_window(&[5, 1, 1, 4], 9), 11);
+        assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 2), 9);
+        assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 9), 11);
         assert_eq!(none.spine, s.global_bytes(false));
         assert_eq!(
             none.tiers.streamed_bytes,
