@@ -130,6 +130,11 @@ pub struct MemoryArgs {
     /// a later --heat.
     #[arg(long)]
     pub heat_out: Option<std::path::PathBuf>,
+    /// At most this many spine layers resident, the rest read for every
+    /// pass (tests and benchmarks of a streamed spine; default: as many as
+    /// the budget holds).
+    #[arg(long, hide = true)]
+    pub spine_resident_layers: Option<usize>,
 }
 
 fn parse_pin(s: &str) -> std::result::Result<f64, String> {
@@ -181,6 +186,7 @@ impl MemoryArgs {
             records_heat: false,
             mtp: false,
             disk_budget: self.disk_budget,
+            resident_layers: self.spine_resident_layers,
             ..Default::default()
         }
     }

@@ -22,6 +22,7 @@ use crate::linear::Spine;
 use crate::lm::{CausalLm, Logits, ModelInfo, SelfDrafter, SeqState, StepError, StepInput};
 use crate::memory::MemoryFacts;
 use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::tiers::LayerPlan;
 use crate::trace::Tracer;
 
 /// What a step returns: per entry, the logits its [`Logits`] asks for.
@@ -63,8 +64,14 @@ pub trait Family: Sized + Send + Sync + 'static {
         let _ = spec;
         None
     }
-    /// The spine, bound to the checkpoint's tensors, in `spine` precision.
-    fn weights(spec: &Self::Spec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<Self::Weights>;
+    /// The spine, bound to the checkpoint's tensors, in `spine` precision;
+    /// its decoder layers resident or streamed as `layers` places them.
+    fn weights(
+        spec: &Arc<Self::Spec>,
+        ck: &Arc<Checkpoint>,
+        spine: Spine,
+        layers: &LayerPlan,
+    ) -> Result<Self::Weights>;
     /// The other parts (`mtp`: load the prediction layer too).
     fn parts(spec: &Self::Spec, ck: &Arc<Checkpoint>, mtp: bool) -> Result<Self::Parts>;
     /// The model's description; the kit fills `family` and the routed
@@ -129,17 +136,16 @@ impl<F: Family> Model<F> {
         Self::load_config(&ModelConfig::read(dir)?, opts)
     }
 
-    /// Loads the model `config` describes. An int8 spine is quantised
-    /// before the expert source loads, so the stored matrices are freed
-    /// before resident experts arrive (peak RSS is the larger of the two,
-    /// not their sum).
+    /// Loads the model `config` describes. An int8 spine is quantised a
+    /// layer at a time as it is read, so the stored spine is never held
+    /// whole, and before the expert source loads.
     pub fn load_config(config: &ModelConfig, opts: LoadOptions) -> Result<Self> {
         let spec = Arc::new(F::spec(config.json())?);
         let ck = match opts.checkpoint {
             Some(ck) => ck,
             None => Arc::new(Checkpoint::open(config.dir())?),
         };
-        let weights = F::weights(&spec, &ck, opts.spine)?;
+        let weights = F::weights(&spec, &ck, opts.spine, &opts.layers)?;
         let parts = F::parts(&spec, &ck, opts.mtp)?;
         let expert_table = F::expert_table(&spec, &ck, opts.mtp)?;
         let make = opts
@@ -256,20 +262,12 @@ pub fn read_spec<F: Family>(dir: &Path) -> Result<F::Spec> {
     F::spec(ModelConfig::read(dir)?.json())
 }
 
-/// Spine weights `w` in `spine` precision (`int8` quantises them).
-pub(crate) fn in_spine<W>(mut w: W, spine: Spine, int8: fn(&mut W)) -> W {
-    if spine == Spine::Int8 {
-        int8(&mut w);
-    }
-    w
-}
-
 /// The [`Family`] functions most families write alike, inside their
 /// `impl Family`: the spec from `Spec::from_json`, the RAM facts from the
 /// folder's `memory_facts`, the expert table from `tensors::expert_table`
 /// (no prediction layer), the tensor check from `tensors::check_tensors`
 /// (or the function named third), the spine from `Weights::load` in the
-/// asked precision.
+/// asked precision and tiers.
 macro_rules! plain_family_fns {
     ($spec:ty, $weights:ty) => {
         $crate::family::plain_family_fns!($spec, $weights, tensors::check_tensors);
@@ -292,16 +290,12 @@ macro_rules! plain_family_fns {
             tensors::expert_table(spec, ck)
         }
         fn weights(
-            spec: &$spec,
+            spec: &std::sync::Arc<$spec>,
             ck: &std::sync::Arc<fathom_weights::Checkpoint>,
             spine: $crate::linear::Spine,
+            layers: &$crate::tiers::LayerPlan,
         ) -> $crate::error::Result<$weights> {
-            let w = <$weights>::load(spec, ck)?;
-            Ok($crate::family::in_spine(
-                w,
-                spine,
-                <$weights>::quantize_spine_int8,
-            ))
+            <$weights>::load(spec, ck, spine, layers)
         }
     };
 }

@@ -34,6 +34,7 @@ pub mod registry;
 pub mod rotary;
 mod state_codec;
 pub mod table;
+pub mod tiers;
 pub mod trace;
 
 pub use config::ModelConfig;
@@ -48,6 +49,7 @@ pub use linear::Spine;
 pub use lm::{CausalLm, Logits, ModelInfo, SeqState, StateSnapshot, StepError, StepInput};
 pub use qwen3_moe::Qwen3MoeModel;
 pub use registry::{LoadOptions, load, load_config};
+pub use tiers::LayerPlan;
 pub use trace::Tracer;
 
 /// Minimum items per rayon task for `n` items of `work_each` multiply-adds:

@@ -42,6 +42,9 @@ pub struct LoadOptions {
     /// The checkpoint, already opened (one with remote shards); `None`:
     /// opened from the configuration's directory.
     pub checkpoint: Option<Arc<Checkpoint>>,
+    /// Which decoder layers of the spine stay resident; the others are
+    /// read from the checkpoint for every pass (default: all resident).
+    pub layers: crate::tiers::LayerPlan,
 }
 
 /// One supported architecture (made by [`crate::family::architecture`]).

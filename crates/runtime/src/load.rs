@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use fathom_kernels::backend::{Backend, BackendStats};
 use fathom_model::kv::KvConfig;
-use fathom_model::{CausalLm, LoadOptions, ModelConfig, Spine};
+use fathom_model::{CausalLm, LayerPlan, LoadOptions, ModelConfig, Spine};
 use fathom_stream::budget::{KvPlan, Ledger};
 use fathom_stream::{StreamConfig, StreamedExperts};
 
@@ -143,15 +143,26 @@ pub fn load_config(
         req.kv_ram,
         budget,
     );
-    let ledger = Ledger::plan_kv(
-        &spec,
-        spine,
-        budget,
-        context,
-        kv,
-        positions.max(1),
-        max_inflight,
-    );
+    // The spine's layers are placed first (resident as far as the budget
+    // holds them, the rest read for every pass), then the expert cache.
+    let ledger = Ledger::minimum(&spec, spine, context, kv, positions.max(1), max_inflight);
+    let ledger = match req.resident_layers {
+        Some(r) => ledger.cap_resident_layers(&spec, r),
+        None => ledger,
+    }
+    .with_budget(&spec, budget);
+    let layers = match (&ledger, req.resident_layers) {
+        (Ok(l), _) => l.tiers.plan(),
+        (Err(_), Some(r)) => LayerPlan::streamed(r, 2),
+        (Err(_), None) => LayerPlan::all(),
+    };
+    if layers.resident < spec.layers.len() {
+        tracing::info!(
+            "spine: {} of {} layers resident, the rest read for every pass",
+            layers.resident,
+            spec.layers.len()
+        );
+    }
     let kv_cfg = kv_config(req, &kv)?;
     let remote = remote_mode(dir, req.experts)?;
     let stream = match req.experts {
@@ -195,6 +206,7 @@ pub fn load_config(
             kv: kv_cfg,
             mtp: req.mtp,
             checkpoint: None,
+            layers,
         };
         fathom_model::load_config(&config, opts)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
@@ -215,7 +227,7 @@ pub fn load_config(
             req,
             (&ledger, max_inflight),
             &spec,
-            spine,
+            (spine, layers),
             kv_cfg,
             remote,
         )?;
@@ -240,7 +252,7 @@ fn load_streamed(
     req: &LoadRequest,
     (ledger, max_inflight): (&Ledger, usize),
     spec: &fathom_model::memory::MemoryFacts,
-    spine: Spine,
+    (spine, layers): (Spine, LayerPlan),
     kv: KvConfig,
     remote: Option<crate::remote::Remote>,
 ) -> Result<(Arc<dyn CausalLm>, Arc<StreamedExperts>)> {
@@ -269,6 +281,7 @@ fn load_streamed(
         kv,
         mtp: req.mtp,
         checkpoint: remote.map(|r| r.checkpoint),
+        layers,
     };
     let model = fathom_model::load_config(config, opts)
         .with_context(|| format!("cannot load the model in {}", config.dir().display()))?;

@@ -90,6 +90,10 @@ pub struct LoadRequest {
     /// Where fetched spans live (default: `fathom/spans/…` in the user's
     /// cache directory).
     pub span_dir: Option<PathBuf>,
+    /// At most this many spine layers resident, the rest read for every
+    /// pass (tests and benchmarks of a streamed spine; `None`: as many as
+    /// the budget holds).
+    pub resident_layers: Option<usize>,
 }
 
 impl Default for LoadRequest {
@@ -118,6 +122,7 @@ impl Default for LoadRequest {
             disk_budget: None,
             hub: None,
             span_dir: None,
+            resident_layers: None,
         }
     }
 }

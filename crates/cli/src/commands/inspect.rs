@@ -59,6 +59,11 @@ pub struct InspectArgs {
     /// takes them (a count or a list), each with that budget.
     #[arg(long, value_parser = crate::device::parse_gpus, requires = "vram_budget")]
     gpus: Option<crate::device::Gpus>,
+    /// Disk read bandwidth the projected seconds per pass assume (bytes
+    /// per second, e.g. 7GB: a fast NVMe drive; `fathom bench` measures
+    /// yours).
+    #[arg(long, value_parser = parse_size, default_value = "7GB")]
+    disk_bw: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -88,12 +93,28 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
     let plan = KvPlan::new(facts, kv.context, 1, kv.dtype, kv.ram, budget);
     let inflight = 2 * facts.top_k;
     let min = Ledger::minimum(facts, spine, kv.context, plan, POSITIONS, inflight);
-    let fixed = min.fixed().max(min.load_peak);
+    // The least budget: every spine layer read for every pass.
+    let least = min.clone().cap_resident_layers(facts, 0);
+    let fixed = least.least_budget().max(least.load_peak);
     let (fits, l) = match min.clone().with_budget(facts, budget) {
         Ok(l) => (true, l),
-        Err(_) => (false, Ledger { budget, ..min }),
+        Err(_) => (false, Ledger { budget, ..least }),
     };
     let all = facts.total_experts();
+    let cached = if all > 0 {
+        l.cache_experts as f64 / all as f64
+    } else {
+        0.0
+    };
+    // A pass reads the streamed layers once and, with experts hit in
+    // proportion to the cache (no heat assumed), the missed share of its
+    // top-k experts in each MoE layer.
+    let bw = kv.disk_bw.max(1) as f64;
+    let routed = (facts.top_k * facts.moe_layers) as u64 * facts.expert_bytes;
+    let (spine_s, expert_s) = (
+        l.tiers.read_seconds(bw),
+        routed as f64 * (1.0 - cached) / bw,
+    );
     let mut v = serde_json::to_value(&l)?;
     let extra = json!({
         "spine_bytes": l.spine,
@@ -107,7 +128,13 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
         "peak_bytes": l.peak(),
         "fits": fits,
         "min_budget_bytes": fixed,
-        "cache_fraction": if all > 0 { l.cache_experts as f64 / all as f64 } else { 0.0 },
+        "cache_fraction": cached,
+        "projected": {
+            "disk_bw": kv.disk_bw,
+            "spine_read_s": spine_s,
+            "expert_read_s": expert_s,
+            "seconds_per_pass": spine_s + expert_s,
+        },
     });
     for (k, x) in extra.as_object().into_iter().flatten() {
         v[k] = x.clone();
@@ -115,11 +142,13 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
     Ok(v)
 }
 
-/// The attention-cache plan asked for.
+/// The attention-cache plan asked for, and the disk bandwidth the
+/// projections assume.
 pub(crate) struct KvArgs {
     pub context: usize,
     pub ram: Option<u64>,
     pub dtype: fathom_model::KvDtype,
+    pub disk_bw: u64,
 }
 
 fn report(
@@ -201,7 +230,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
             a.context,
             a.kv_ram,
             a.kv_dtype.into(),
-            (a.json, vram),
+            (a.json, vram, a.disk_bw),
         );
     };
     let kv = KvArgs {
@@ -211,6 +240,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
             .unwrap_or(crate::load::ASSUMED_CONTEXT),
         ram: a.kv_ram,
         dtype: a.kv_dtype.into(),
+        disk_bw: a.disk_bw,
     };
     let mut r = report(&facts, &anatomy, &a.dir, a.ram_budget, &kv)?;
     if let Some(v) = &vram {
@@ -340,6 +370,23 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
         )
     };
     row("resident spine", "spine_bytes");
+    let tier = |k: &str, f: &dyn Fn(&Value) -> String| {
+        println!(
+            "{k:<22} {:>14} {:>14}",
+            f(&l["bf16"]["tiers"]),
+            f(&l["int8"]["tiers"])
+        )
+    };
+    tier("  of it globals", &|t| b(&t["global_bytes"]));
+    tier("  resident layers", &|t| {
+        format!("{}/{}", t["resident_layers"], t["layers"])
+    });
+    tier("  of them bytes", &|t| b(&t["resident_bytes"]));
+    tier("streamed layers", &|t| t["streamed_layers"].to_string());
+    tier("  read per pass", &|t| b(&t["streamed_bytes"]));
+    tier("spine ring", &|t| {
+        format!("{} layers {}", t["ring"], b(&t["ring_bytes"]))
+    });
     row("sequence state", "state_bytes");
     row("  of it latent cache", "kv_ram_bytes");
     row("latent cache spilled", "kv_disk_bytes");
@@ -360,10 +407,30 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
         experts("bf16"),
         experts("int8")
     );
+    let proj = |k: &str, f: &str| l[k]["projected"][f].as_f64().unwrap_or(0.0);
+    let secs = |f: &str| {
+        println!(
+            "{:<22} {:>14} {:>14}",
+            match f {
+                "spine_read_s" => "spine read s/pass",
+                "expert_read_s" => "expert misses s/pass",
+                _ => "projected s/pass",
+            },
+            format!("{:.2}", proj("bf16", f)),
+            format!("{:.2}", proj("int8", f))
+        )
+    };
+    for f in ["spine_read_s", "expert_read_s", "seconds_per_pass"] {
+        secs(f);
+    }
+    println!(
+        "  (reads at {}/s; --disk-bw sets it)",
+        b(&l["bf16"]["projected"]["disk_bw"])
+    );
     for k in ["bf16", "int8"] {
         if l[k]["fits"] == false {
             println!(
-                "the {k} spine does not fit: it needs a budget of at least {} (with no expert cache)",
+                "the {k} plan does not fit: it needs a budget of at least {} (every spine layer read for every pass, no expert cache)",
                 b(&l[k]["min_budget_bytes"])
             );
         }

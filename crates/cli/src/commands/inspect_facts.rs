@@ -56,7 +56,7 @@ pub fn run(
     context: Option<usize>,
     kv_ram: Option<u64>,
     dtype: KvDtype,
-    (json, vram): (bool, Option<Value>),
+    (json, vram, disk_bw): (bool, Option<Value>, u64),
 ) -> Result<()> {
     let kv = KvArgs {
         context: context
@@ -64,6 +64,7 @@ pub fn run(
             .unwrap_or(crate::load::ASSUMED_CONTEXT),
         ram: kv_ram,
         dtype,
+        disk_bw,
     };
     let mut r = report(f, dir, budget, &kv)?;
     if let Some(v) = &vram {

@@ -13,7 +13,7 @@ use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::DeepseekV3Model;
 use super::attention::attention;
-use super::weights::FfnWeights;
+use super::weights::{FfnWeights, LayerWeights};
 use crate::batch::{Head, Path, Rows, Segment, add};
 use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
@@ -42,7 +42,10 @@ pub(super) fn forward_rows(
         angles: &angles,
         interleaved: spec.rope_interleave,
     };
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
@@ -63,7 +66,7 @@ pub(super) fn forward_rows(
         )?;
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
-        let m = ffn(model, rows.path, i, &x, n, early, &mut tracer)?;
+        let m = ffn(model, rows.path, i, lw, &x, n, early, &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -94,18 +97,20 @@ fn ffn(
     model: &DeepseekV3Model,
     path: Path,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
     early: Option<Early>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].mlp, early.map(|e| e.ffn)) {
+    match (&lw.mlp, early.map(|e| e.ffn)) {
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         (FfnWeights::Moe(mw), ahead) => {
             let first = ahead.and_then(Ahead::moe);
-            let next = w.layers.get(i + 1).and_then(|nl| match &nl.mlp {
+            let next_layer = w.layers.peek(i + 1);
+            let next = next_layer.as_deref().and_then(|nl| match &nl.mlp {
                 FfnWeights::Moe(nw) => Some((i + 1, nw)),
                 FfnWeights::Dense(_) => None,
             });

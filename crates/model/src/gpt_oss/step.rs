@@ -16,6 +16,7 @@ use fathom_kernels::ops::rms_norm_rows;
 use super::GptOssModel;
 use super::attention::attention;
 use super::moe;
+use super::weights::LayerWeights;
 use crate::batch::{Head, Rows, Segment, add};
 use crate::early::{self, Early, Ffn};
 use crate::error::Result;
@@ -38,7 +39,10 @@ pub(super) fn forward_rows(
     let segs = &rows.segs;
     let rope = &model.parts.rope;
     let (mut h, angles) = kv_state::prologue(&w.embed_tokens, rope, states, rows, &mut tracer);
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
@@ -65,7 +69,8 @@ pub(super) fn forward_rows(
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
         let product = early.and_then(|e| e.ffn.router());
-        let next = w.layers.get(i + 1).map(|nl| (i + 1, &nl.router));
+        let next_layer = w.layers.peek(i + 1);
+        let next = next_layer.as_deref().map(|nl| (i + 1, &nl.router));
         let src = model.experts.as_ref();
         let m = routed(&mut tracer, i, |routes| {
             moe::moe(

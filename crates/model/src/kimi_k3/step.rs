@@ -59,7 +59,10 @@ fn forward_rows(
             .collect()
     });
     let mut blocks: Vec<Vec<f32>> = Vec::new();
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         // Attention side (§3): mix, maybe open a block, attend.
         let mix = Instant::now();
         let h = if blocks.is_empty() {
@@ -100,11 +103,13 @@ fn forward_rows(
         };
         let (x, early) = early::normed_mixed(early, done, mlp_in, norm, eps);
         phase::add(Phase::MixAndHead, mix);
-        let kind = match w.layers[i].ffn {
+        let kind = match lw.ffn {
             FfnWeights::Dense(_) => Phase::Mlp,
             FfnWeights::Moe(_) => Phase::Moe,
         };
-        let m = timed(kind, || ffn(model, rows.path, i, &x, n, early, &mut tracer))?;
+        let m = timed(kind, || {
+            ffn(model, rows.path, i, lw, &x, n, early, &mut tracer)
+        })?;
         trace(&mut tracer, i, "mlp_out", &m);
         timed(Phase::MixAndHead, || add(&mut partial, &m));
     }
@@ -144,18 +149,20 @@ fn ffn(
     model: &K3Model,
     path: Path,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
     early: Option<Early<SpineFirst>>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].ffn, early.map(|e| e.ffn)) {
+    match (&lw.ffn, early.map(|e| e.ffn)) {
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(moe::mlp(spec, mw, x, n)),
         (FfnWeights::Moe(mw), ahead) => {
             let first = ahead.and_then(Ahead::moe);
-            let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
+            let next = w.layers.peek(i + 1);
+            let hint = next.as_deref().and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
                     weights: nw,

@@ -47,7 +47,10 @@ fn forward_rows(
     let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
     let mut h = embed(&w.embed_tokens, &rows.tokens);
     trace(&mut tracer, 0, "embeddings", &h);
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         // With a device and no tracer, the MLP side's norm and first
@@ -58,7 +61,7 @@ fn forward_rows(
         let (a, done) = attention(model, rows.path, lw, i, states, &rows.segs, &x, then)?;
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
-        let m = ffn(model, rows.path, i, &x, n, early, &mut tracer)?;
+        let m = ffn(model, rows.path, i, lw, &x, n, early, &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -94,18 +97,20 @@ fn ffn(
     model: &KimiLinearModel,
     path: Path,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
     early: Option<Early>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].ffn, early.map(|e| e.ffn)) {
+    match (&lw.ffn, early.map(|e| e.ffn)) {
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         (FfnWeights::Moe(mw), ahead) => {
             let first = ahead.and_then(Ahead::moe);
-            let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
+            let next_layer = w.layers.peek(i + 1);
+            let hint = next_layer.as_deref().and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
                     weights: nw,

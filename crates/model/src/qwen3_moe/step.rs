@@ -16,7 +16,7 @@ use fathom_kernels::ops::{GluAct, rms_norm_rows};
 use super::Qwen3MoeModel;
 use super::attention::attention;
 use super::moe::{self, NextLayerHint};
-use super::weights::FfnWeights;
+use super::weights::{FfnWeights, LayerWeights};
 use crate::batch::{Head, Path, Rows, Segment, add};
 use crate::early::{self, Ahead, Early, Ffn};
 use crate::error::Result;
@@ -39,7 +39,10 @@ pub(super) fn forward_rows(
     let segs = &rows.segs;
     let rope = &model.parts.rope;
     let (mut h, angles) = kv_state::prologue(&w.embed_tokens, rope, states, rows, &mut tracer);
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
@@ -65,6 +68,7 @@ pub(super) fn forward_rows(
             model,
             rows.path,
             i,
+            lw,
             &x,
             n,
             early.map(|e| e.ffn),
@@ -93,17 +97,19 @@ fn ffn(
     model: &Qwen3MoeModel,
     path: Path,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
     ahead: Option<Ahead>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].mlp, ahead) {
+    match (&lw.mlp, ahead) {
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         (FfnWeights::Moe(mw), ahead) => {
-            let hint = w.layers.get(i + 1).and_then(|nl| match &nl.mlp {
+            let next_layer = w.layers.peek(i + 1);
+            let hint = next_layer.as_deref().and_then(|nl| match &nl.mlp {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
                     weights: nw,
