@@ -16,7 +16,6 @@ use fathom_kernels::ops::GluAct;
 use crate::batch::Path;
 use crate::linear::Linear;
 use crate::mlp::MlpWeights;
-use crate::moe::SigmoidFirst;
 
 /// A MoE's products of its input before its routed experts, which a
 /// device may compute in the attention's call.
@@ -35,7 +34,7 @@ pub trait MoeFirst: Sized {
 /// A layer's MLP side: a dense gated MLP, a MoE whose first products are
 /// `M`'s, or a MoE whose first product is its router's (`Router`: the
 /// matrix, without a bias; the family adds its bias and routes).
-pub enum Ffn<'a, M: MoeFirst = SigmoidFirst> {
+pub enum Ffn<'a, M: MoeFirst> {
     Dense(&'a MlpWeights),
     Moe(&'a M::Weights),
     Router(&'a Linear),
@@ -74,12 +73,12 @@ impl<'a> Residual<'a> {
 /// What a device computed of a layer's MLP side in its attention's call:
 /// the normed rows `x`, and the MLP's output or the MoE's products before
 /// its experts.
-pub struct Early<M = SigmoidFirst> {
+pub struct Early<M> {
     pub x: Vec<f32>,
     pub ffn: Ahead<M>,
 }
 
-pub enum Ahead<M = SigmoidFirst> {
+pub enum Ahead<M> {
     Mlp(Vec<f32>),
     Moe(M),
     /// The router's product `[N, E]`.

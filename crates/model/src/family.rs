@@ -14,14 +14,13 @@ use std::sync::Arc;
 use fathom_weights::Checkpoint;
 
 use crate::anatomy::Anatomy;
-use crate::config::ModelConfig;
+use crate::config::{Architecture, LoadOptions, MakeSource, ModelConfig, resident_source};
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable};
 use crate::kv::KvPool;
 use crate::linear::Spine;
 use crate::lm::{CausalLm, Logits, ModelInfo, SelfDrafter, SeqState, StepError, StepInput};
 use crate::memory::MemoryFacts;
-use crate::registry::{Architecture, LoadOptions, MakeSource};
 use crate::tiers::LayerPlan;
 use crate::trace::Tracer;
 
@@ -118,7 +117,7 @@ pub struct Model<F: Family> {
 impl<F: Family> Model<F> {
     /// Loads a model with every expert resident in RAM.
     pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with_spine(dir, crate::registry::resident_source(), Spine::Bf16)
+        Self::load_with_spine(dir, resident_source(), Spine::Bf16)
     }
 
     /// Loads the spine and builds the expert source with `make_source`.
@@ -148,9 +147,7 @@ impl<F: Family> Model<F> {
         let weights = F::weights(&spec, &ck, opts.spine, &opts.layers)?;
         let parts = F::parts(&spec, &ck, opts.mtp)?;
         let expert_table = F::expert_table(&spec, &ck, opts.mtp)?;
-        let make = opts
-            .experts
-            .unwrap_or_else(crate::registry::resident_source);
+        let make = opts.experts.unwrap_or_else(resident_source);
         let experts = make(&ck, &expert_table)?;
         let mut info = F::info(&spec);
         info.family = F::NAME;

@@ -5,10 +5,6 @@
 //! tensor table; the ledger (`fathom-stream::budget`), the loader and the
 //! bench read only these numbers.
 
-use std::path::Path;
-
-use crate::error::Result;
-
 /// A model's memory-relevant figures.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct MemoryFacts {
@@ -113,12 +109,6 @@ pub fn int8_bytes(shape: &[usize], stored: u64, quantised: bool) -> u64 {
         [rows, cols] if quantised => (rows * cols + 4 * rows) as u64,
         _ => stored,
     }
-}
-
-/// The facts of the model in `dir`, by the family its config names (a
-/// caller that also loads reads [`crate::ModelConfig`] once and asks it).
-pub fn memory_facts(dir: &Path) -> Result<MemoryFacts> {
-    crate::ModelConfig::read(dir)?.memory_facts()
 }
 
 /// One tensor of a family's table as the ledger sees it.

@@ -22,6 +22,15 @@ use crate::glu::{Grouped, TailAsk};
 mod sigmoid_block;
 pub use sigmoid_block::{SigmoidFirst, SigmoidMoe, SigmoidMoeWeights};
 
+/// The early MLP side ([`crate::early`]) of the families whose MoE layers
+/// are [`SigmoidMoe`]s or have a router alone (their products before the
+/// experts are a [`SigmoidFirst`]).
+pub type Early = crate::early::Early<SigmoidFirst>;
+/// See [`Early`].
+pub type Ahead = crate::early::Ahead<SigmoidFirst>;
+/// See [`Early`].
+pub type Ffn<'a> = crate::early::Ffn<'a, SigmoidFirst>;
+
 /// The router's decision for one token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Route {

@@ -107,7 +107,7 @@ fn same_as_dequantised(block: [usize; 2], tag: &str) {
     ));
     assert!(matches!(m8.weights.lm_head.data, WeightData::Int8 { .. }));
     // The ledger's figures (from config.json alone) are the stored bytes.
-    let facts = fathom_model::memory::memory_facts(&qd).unwrap();
+    let facts = fathom_model::registry::memory_facts(&qd).unwrap();
     assert_eq!(facts.expert_bytes, m.expert_table.expert_bytes());
     let ck = fathom_weights::Checkpoint::open(&qd).unwrap();
     let spine: u64 = ck

@@ -486,7 +486,7 @@ mod tests {
     use super::*;
 
     fn tiny() -> MemoryFacts {
-        fathom_model::memory::memory_facts(
+        fathom_model::registry::memory_facts(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../model/tests/data/k3-tiny/checkpoint"),
         )

@@ -226,7 +226,12 @@ struct MtpDrafter {
 }
 
 impl SelfDrafter for MtpDrafter {
-    fn propose(&mut self, target: &dyn SeqState, ctx: &[u32], k: usize) -> crate::Result<Vec<u32>> {
+    fn propose(
+        &mut self,
+        target: &dyn SeqState,
+        ctx: &[u32],
+        k: usize,
+    ) -> crate::error::Result<Vec<u32>> {
         self.draft.propose(&self.model, target, ctx, k)
     }
 }

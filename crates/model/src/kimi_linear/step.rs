@@ -17,10 +17,11 @@ use super::attention::{kda, mla};
 use super::moe::{self, NextLayerHint};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use crate::batch::{Head, Path, Rows, Segment, add, atomic_step, embed};
-use crate::early::{self, Ahead, Early, Ffn};
+use crate::early;
 use crate::error::Result;
 use crate::hybrid::state::{SequenceState, kda_layers, mla_layers};
 use crate::lm::{Logits, StepError, StepInput};
+use crate::moe::{Ahead, Early, Ffn};
 use crate::trace::{Tracer, routed, trace};
 
 /// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].

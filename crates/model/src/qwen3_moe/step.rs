@@ -18,11 +18,12 @@ use super::attention::attention;
 use super::moe::{self, NextLayerHint};
 use super::weights::{FfnWeights, LayerWeights};
 use crate::batch::{Head, Path, Rows, Segment, add};
-use crate::early::{self, Ahead, Early, Ffn};
+use crate::early;
 use crate::error::Result;
 use crate::kv::PagedRows;
 use crate::kv_state::{self, KvState};
 use crate::lm::Logits;
+use crate::moe::{Ahead, Early, Ffn};
 use crate::trace::{Tracer, routed, trace};
 
 /// The layers over the stacked rows; per-sequence logits rows as asked.
