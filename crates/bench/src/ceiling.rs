@@ -276,7 +276,7 @@ pub fn decode_ceiling(
 /// Opens the model for the ceilings: what the ledger knows of it (any
 /// family, from config.json) and its checkpoint.
 pub fn open_model(dir: &Path) -> Result<(MemoryFacts, Checkpoint)> {
-    let facts = fathom_model::memory::memory_facts(dir)
+    let facts = fathom_model::registry::memory_facts(dir)
         .with_context(|| format!("reading {}/config.json", dir.display()))?;
     let ck = Checkpoint::open(dir)
         .with_context(|| format!("opening the checkpoint in {}", dir.display()))?;

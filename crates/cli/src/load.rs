@@ -12,7 +12,7 @@ use fathom_model::{CausalLm, Spine};
 use fathom_weights::units::parse_size;
 
 pub use fathom_runtime::dir::{check_model_dir, not_a_model_dir};
-pub use fathom_runtime::{ASSUMED_CONTEXT, LoadInfo, check_context};
+pub use fathom_runtime::{ASSUMED_CONTEXT, LoadInfo, LoadRequest, check_context};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ExpertMode {
@@ -22,6 +22,11 @@ pub enum ExpertMode {
     Resident,
     /// Read routed experts from the shards as the router asks for them.
     Stream,
+    /// Streamed; shards of a pulled model that are not on disk (`fathom
+    /// pull --include spine`) are fetched from the Hub span by span as the
+    /// router asks, kept within --disk-budget (the default when such
+    /// shards are missing).
+    Remote,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -52,6 +57,11 @@ pub struct MemoryArgs {
     /// Where routed experts live.
     #[arg(long, value_enum, default_value_t = ExpertMode::Auto)]
     pub experts: ExpertMode,
+    /// Disk for expert spans fetched from the Hub (remote experts), e.g.
+    /// 200GB; the least recently used go first (default: no limit). Less
+    /// than one expert is refused.
+    #[arg(long, value_parser = parse_size)]
+    pub disk_budget: Option<u64>,
     /// Tokens of context a sequence may use (default: the most whose
     /// attention cache fits its RAM share, --kv-ram or a quarter of the
     /// budget, at least 4096 and at most the model's
@@ -73,9 +83,6 @@ pub struct MemoryArgs {
     /// lossy: see docs/quality/kv-bf16.md).
     #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
     pub kv_dtype: KvDtypeArg,
-    /// Sequences whose context the ledger admits at once (set by batch and serve).
-    #[arg(skip = 1usize)]
-    pub sequences: usize,
     /// Parallel expert reads (I/O threads).
     #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub io_threads: usize,
@@ -125,13 +132,11 @@ pub struct MemoryArgs {
     /// a later --heat.
     #[arg(long)]
     pub heat_out: Option<std::path::PathBuf>,
-    /// Also load the checkpoint's multi-token-prediction layer (set by
-    /// `run --draft mtp`).
-    #[arg(skip = false)]
-    pub mtp: bool,
-    /// The command records `--heat-out` (set by run and batch).
-    #[arg(skip = false)]
-    pub records_heat: bool,
+    /// At most this many spine layers resident, the rest read for every
+    /// pass (tests and benchmarks of a streamed spine; default: as many as
+    /// the budget holds).
+    #[arg(long, hide = true)]
+    pub spine_resident_layers: Option<usize>,
 }
 
 fn parse_pin(s: &str) -> std::result::Result<f64, String> {
@@ -151,21 +156,24 @@ impl From<ExpertMode> for fathom_runtime::ExpertMode {
             ExpertMode::Auto => fathom_runtime::ExpertMode::Auto,
             ExpertMode::Resident => fathom_runtime::ExpertMode::Resident,
             ExpertMode::Stream => fathom_runtime::ExpertMode::Stream,
+            ExpertMode::Remote => fathom_runtime::ExpertMode::Remote,
         }
     }
 }
 
 impl MemoryArgs {
-    /// The flags as the library's load request.
-    pub fn request(&self) -> fathom_runtime::LoadRequest {
-        fathom_runtime::LoadRequest {
+    /// The flags as the library's load request, for one sequence; a
+    /// command builds it once and sets what its flags do not say (more
+    /// sequences, the prediction layer, heat recording) on it.
+    pub fn request(&self) -> LoadRequest {
+        LoadRequest {
             ram_budget: self.ram_budget,
             experts: self.experts.into(),
             context: self.context,
             kv_ram: self.kv_ram,
             kv_dir: self.kv_dir.clone(),
             kv_dtype: self.kv_dtype.into(),
-            sequences: self.sequences,
+            sequences: 1,
             io_threads: self.io_threads,
             prefetch: !self.no_prefetch,
             prefetch_depth: self.prefetch_depth,
@@ -177,64 +185,47 @@ impl MemoryArgs {
             heat: self.heat.clone(),
             heat_pin: self.heat_pin,
             heat_out: self.heat_out.clone(),
-            records_heat: self.records_heat,
-            mtp: self.mtp,
+            records_heat: false,
+            mtp: false,
+            disk_budget: self.disk_budget,
+            resident_layers: self.spine_resident_layers,
+            ..Default::default()
         }
     }
-
-    /// The RAM budget and where it came from.
-    pub fn budget(&self) -> Result<(u64, String)> {
-        self.request().budget()
-    }
-
-    /// These flags with `bytes` set aside from the budget for something
-    /// loaded beside the model (`what`, named with `fix` when it does not fit).
-    pub fn set_aside(&self, bytes: u64, what: &str, fix: &str) -> Result<MemoryArgs> {
-        let mut m = self.clone();
-        m.ram_budget = self.request().set_aside(bytes, what, fix)?.ram_budget;
-        Ok(m)
-    }
 }
 
-/// `mem` admitting `extra` more sequences (batch and serve).
-pub fn reserve_sequences(mem: &MemoryArgs, extra: usize) -> MemoryArgs {
-    let mut m = mem.clone();
-    m.sequences = mem.sequences.saturating_add(extra);
-    m
-}
-
-/// The plan of loading `config` with these flags (`fathom_runtime::plan`):
-/// the context, the ledger and where experts live, refused (naming the
-/// least budget that works) before anything is read.
+/// The plan of loading `config` under `req` (`fathom_runtime::plan`): the
+/// context, the ledger and where experts live, refused (naming the least
+/// budget that works) before anything is read.
 pub fn plan(
     config: &fathom_model::ModelConfig,
-    mem: &MemoryArgs,
+    req: &LoadRequest,
     positions: usize,
     spine: Spine,
 ) -> Result<fathom_runtime::LoadPlan> {
-    fathom_runtime::plan(config, &mem.request(), positions, spine)
+    fathom_runtime::plan(config, req, positions, spine)
 }
 
 /// Loads the model in `dir` with these flags (`fathom_runtime::load`),
 /// saying on stderr which device `--device auto` chose.
 pub fn load_model_with(
     dir: &Path,
-    mem: &MemoryArgs,
+    req: &LoadRequest,
     positions: usize,
     spine: Spine,
 ) -> Result<(Arc<dyn CausalLm>, LoadInfo)> {
-    load_model_config(fathom_runtime::read_config(dir)?, mem, positions, spine)
+    load_model_config(fathom_runtime::read_config(dir)?, req, positions, spine)
 }
 
 /// As [`load_model_with`], with `config.json` already read (by a command
 /// that checked cheap things against it first).
 pub fn load_model_config(
     config: fathom_model::ModelConfig,
-    mem: &MemoryArgs,
+    req: &LoadRequest,
     positions: usize,
     spine: Spine,
 ) -> Result<(Arc<dyn CausalLm>, LoadInfo)> {
-    let loaded = fathom_runtime::load_config(config, &mem.request(), positions, spine)?;
+    let loaded = fathom_runtime::load_config(config, req, positions, spine)?;
     if let Some(why) = &loaded.info.device_reason {
         eprintln!("--device auto: running on {} ({why})", loaded.info.device);
     }

@@ -180,3 +180,45 @@ fn inspect_states_every_familys_bytes_from_its_config() {
         assert_eq!(r["ledger"]["bf16"]["fits"], true, "{name}");
     }
 }
+
+#[test]
+fn verify_checks_every_familys_tensors() {
+    for (name, family) in FIXTURES.iter().zip([
+        "Qwen3-MoE",
+        "Kimi-Linear",
+        "DeepSeek-V3",
+        "DeepSeek-V3",
+        "GPT-OSS",
+    ]) {
+        let dir = fixture(name);
+        let out = fathom(&["verify", dir.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {text}");
+        assert!(text.starts_with("ok: 1 shard, "), "{name}: {text}");
+        // A vocabulary one token larger than the checkpoint's embedding.
+        let bad = std::env::temp_dir().join(format!("fathom-verify-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&bad);
+        std::fs::create_dir_all(&bad).unwrap();
+        let mut config: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let vocab = config["vocab_size"].as_u64().unwrap();
+        config["vocab_size"] = (vocab + 1).into();
+        std::fs::write(bad.join("config.json"), config.to_string()).unwrap();
+        std::fs::copy(dir.join("model.safetensors"), bad.join("model.safetensors")).unwrap();
+        let out = fathom(&["verify", bad.to_str().unwrap()]);
+        let (text, err) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(!out.status.success(), "{name}: {text}");
+        assert!(
+            text.starts_with("FAILED: ") && text.contains("embed_tokens"),
+            "{name}: {text}"
+        );
+        assert!(
+            err.contains(&format!("is not a valid {family} checkpoint")),
+            "{name}: {err}"
+        );
+        let _ = std::fs::remove_dir_all(&bad);
+    }
+}

@@ -281,3 +281,117 @@ fn token_and_cache_come_from_the_environment() {
     let auth = hub.log().last().unwrap().auth.clone();
     assert_eq!(auth.as_deref(), Some("Bearer tok-123"));
 }
+
+/// A model whose routed experts live in shards of their own, pulled with
+/// `--include spine`, runs with its experts fetched on demand: the same
+/// ids as the whole model; the plan line says why; a second run asks the
+/// network nothing; a disk budget below one expert is refused; a full
+/// disk while storing a span fails the run saying so.
+#[test]
+fn a_spine_pull_runs_with_experts_fetched_on_demand() {
+    let base = scratch("remote");
+    let whole = base.join("whole");
+    synth(&whole);
+    let src = base.join("src");
+    fathom_hub::fake::split_experts(&whole, &src, 3);
+    let hub = FakeHub::start();
+    hub.set_repo_dir(REPO, &src);
+    let home = base.join("hf");
+    let snap = PathBuf::from(
+        ok(cmd(&hub, &home, &["pull", REPO, "--include", "spine"])
+            .output()
+            .unwrap())
+        .trim(),
+    );
+    assert!(!snap.join("model-experts-00001.safetensors").exists());
+    let args = |model: &str, extra: &[&str]| -> Vec<String> {
+        let mut args = vec![
+            "run",
+            "--model",
+            model,
+            "--prompt-ids",
+            "5,17,400,23",
+            "--max-new",
+            "6",
+            "--json",
+            "--stats",
+        ];
+        args.extend(extra);
+        args.into_iter().map(String::from).collect()
+    };
+    let run = |model: &str, extra: &[&str]| {
+        let a = args(model, extra);
+        cmd(
+            &hub,
+            &home,
+            &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .env("XDG_CACHE_HOME", base.join("xdg"))
+        .output()
+        .unwrap()
+    };
+    let ids = |out: Output| {
+        let v: serde_json::Value = serde_json::from_str(ok(out).trim()).unwrap();
+        v["output_ids"].clone()
+    };
+    let want = ids(run(src.to_str().unwrap(), &[]));
+    assert_eq!(want.as_array().unwrap().len(), 6);
+
+    hub.clear_log();
+    let out = run(REPO, &[]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains("; experts remote (expert shards are not on disk)"),
+        "{err}"
+    );
+    assert_eq!(ids(out), want);
+    assert!(hub.log().iter().any(|l| l.path.starts_with("/cdn/")));
+
+    hub.clear_log();
+    let out = run(REPO, &["--experts", "remote", "--disk-budget", "1GB"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("; experts remote\n"), "{err}");
+    assert_eq!(ids(out), want);
+    assert!(hub.log().is_empty(), "the second run asked the network");
+
+    // Refused before any span is stored (the headers are, in a new store).
+    let full = base.join("xdg-full");
+    let a = args(REPO, &["--experts", "remote", "--disk-budget", "999"]);
+    let out = cmd(
+        &hub,
+        &home,
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .env("XDG_CACHE_HOME", &full)
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains("--disk-budget 999 B cannot hold one routed expert: layer ")
+            && err.contains("give at least --disk-budget "),
+        "{err}"
+    );
+    // Files of at most 4 KiB (RLIMIT_FSIZE, SIGXFSZ ignored): an expert
+    // span (about 10 kB) cannot be stored, as on a full disk.
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 8; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_fathom"))
+        .args(args(REPO, &["--experts", "remote"]))
+        .env("HF_ENDPOINT", hub.endpoint())
+        .env("HF_HOME", &home)
+        .env("XDG_CACHE_HOME", &full)
+        .env_remove("HF_HUB_CACHE")
+        .env_remove("HF_TOKEN");
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("cannot write {}", full.display()))
+            && err.contains(
+                "no space left (disk full or file-size limit): lower --disk-budget or free space there"
+            ),
+        "{err}"
+    );
+}

@@ -20,6 +20,8 @@ use sha2::{Digest, Sha256};
 
 use crate::verify::{git_blob_id, hex, sha256_hex};
 
+pub use crate::fake_split::split_experts;
+
 /// Files this large or named `*.safetensors` are stored as LFS files.
 pub const LFS_FROM: usize = 64 << 10;
 
@@ -189,6 +191,11 @@ impl FakeHub {
             .entry(path.to_string())
             .or_default()
             .push_back(fault);
+    }
+
+    /// Drops every queued fault.
+    pub fn clear_faults(&self) {
+        self.state.lock().unwrap().faults.clear();
     }
 
     /// Requires `Authorization: Bearer TOKEN` on the listing and resolve.

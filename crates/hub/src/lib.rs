@@ -27,6 +27,8 @@ mod verify;
 
 #[cfg(feature = "fake-hub")]
 pub mod fake;
+#[cfg(feature = "fake-hub")]
+mod fake_split;
 
 pub use api::{Listing, RemoteFile};
 pub use cache::{Layout, Source, pulled_snapshot, resolve_model, resolve_model_in, source_of};

@@ -8,6 +8,10 @@
 //! Nothing here guesses: a span is fetched only by an explicit
 //! [`RemoteExpertStore::fetch_span`]. Prefetchers call
 //! [`RemoteExpertStore::local_span`], which never touches the network.
+//!
+//! The HTTP client blocks; every request runs on a thread of its own, so
+//! the store can be used from any thread, one inside an async runtime
+//! included.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -25,8 +29,8 @@ use crate::config::HubConfig;
 use crate::error::{HubError, Result};
 use crate::http::{Failure, Http, parse_content_range};
 use crate::repo::RepoRef;
-use crate::spans::{Key, Spans, covers, span_path};
-use crate::verify::{hex, is_hex};
+use crate::spans::{Key, Spans, covers_from, span_path};
+use crate::verify::{hex, is_hex, sha256_hex};
 
 /// Longest span one request may ask for.
 pub const MAX_SPAN: u64 = 4 << 30;
@@ -112,8 +116,8 @@ impl RemoteExpertStore {
                 dir.display()
             )));
         }
-        let http = Http::new(&opts.config, Arc::new(AtomicBool::new(false)))?;
-        let listing = load_listing(&http, &dir, &src.repo, &src.commit)?;
+        let http = off_runtime(|| Http::new(&opts.config, Arc::new(AtomicBool::new(false))))?;
+        let listing = off_runtime(|| load_listing(&http, &dir, &src.repo, &src.commit))?;
         let files = listing
             .files
             .iter()
@@ -258,13 +262,32 @@ impl RemoteExpertStore {
     }
 
     /// The safetensors header of `file` (its 8-byte length and the JSON
-    /// after it), fetched as two spans.
+    /// after it): read from the file when it is local, else from
+    /// `headers/` in the store, else fetched (two requests) and kept
+    /// there. Headers are kept outside the disk budget (the checkpoint
+    /// cannot open without them).
     pub fn fetch_header(&self, file: &str) -> Result<Vec<u8>> {
-        let n = self.fetch_span(file, 0, 8)?;
-        let n = u64::from_le_bytes(n.try_into().expect("8 bytes"));
-        if n > MAX_HEADER {
+        let f = self.check_request(file, 0, 1)?.clone();
+        let read = |at: u64, len: u64| match self.local_file(file) {
+            Some(p) => read_at(&p, at, len),
+            None => self.fetch_remote(&f, at, len),
+        };
+        if self.local_file(file).is_none()
+            && let Some(b) = self.stored_header(&f)
+        {
+            return Ok(b);
+        }
+        if f.size < 8 {
             return Err(HubError::Store(format!(
-                "{file}: header of {n} bytes, over the {MAX_HEADER} fathom reads"
+                "{file}: {} bytes, too short for a safetensors header",
+                f.size
+            )));
+        }
+        let n = header_len(&read(0, 8)?).expect("8 bytes");
+        if n > MAX_HEADER || 8 + n > f.size {
+            return Err(HubError::Store(format!(
+                "{file}: header of {n} bytes, over the {MAX_HEADER} fathom reads or the file's {} bytes",
+                f.size
             )));
         }
         if n == 0 {
@@ -273,8 +296,29 @@ impl RemoteExpertStore {
             )));
         }
         let mut out = n.to_le_bytes().to_vec();
-        out.extend(self.fetch_span(file, 8, n)?);
+        out.extend(read(8, n)?);
+        if self.local_file(file).is_none() {
+            let path = self.header_path(file);
+            let parent = path.parent().expect("headers folder");
+            std::fs::create_dir_all(parent).map_err(|e| HubError::io(parent, e))?;
+            write_atomic(&path, &out).map_err(store_write)?;
+            self.check_whole(&f)?;
+        }
         Ok(out)
+    }
+
+    fn header_path(&self, file: &str) -> PathBuf {
+        self.dir
+            .join("headers")
+            .join(&sha256_hex(file.as_bytes())[..24])
+    }
+
+    /// `f`'s header kept in `headers/`, if there and of a header's shape.
+    fn stored_header(&self, f: &RemoteFile) -> Option<Vec<u8>> {
+        let b = std::fs::read(self.header_path(&f.path)).ok()?;
+        header_len(&b)
+            .is_some_and(|n| b.len() as u64 == 8 + n && 8 + n <= f.size)
+            .then_some(b)
     }
 
     fn fetch_remote(&self, f: &RemoteFile, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -285,55 +329,57 @@ impl RemoteExpertStore {
             &f.path,
         );
         let end = offset + len - 1;
-        let bytes = self.http.retry(&f.path, || {
-            let (head, resp) = self.http.get(&f.path, &url, Some((offset, end)))?;
-            if let (Some(e), Some(want)) = (&head.etag, &f.sha256)
-                && is_hex(e, 64)
-                && e != want
-            {
-                return Err(Failure::Fatal(HubError::Changed {
-                    file: f.path.clone(),
-                    expected: want.clone(),
-                    got: e.clone(),
-                }));
-            }
-            let cr = head.content_range.clone();
-            if head.status != 206
-                || cr.as_deref().and_then(parse_content_range) != Some((offset, end, f.size))
-                || head.content_length.is_some_and(|n| n != len)
-            {
-                return Err(Failure::Fatal(HubError::BadRange {
-                    file: f.path.clone(),
-                    start: offset,
-                    end,
-                    got: format!(
-                        "{} {}",
-                        head.status,
-                        cr.unwrap_or_else(|| "without Content-Range".into())
-                    ),
-                }));
-            }
-            let mut buf = vec![0u8; len as usize];
-            let mut got = 0usize;
-            let mut resp = resp;
-            while got < buf.len() {
-                match resp.read(&mut buf[got..]) {
-                    Ok(0) => {
-                        return Err(Failure::transient(format!(
-                            "{}: span body ended after {got} of {len} bytes",
-                            f.path
-                        )));
-                    }
-                    Ok(n) => got += n,
-                    Err(e) => {
-                        return Err(Failure::transient(format!(
-                            "{}: reading a span: {e}",
-                            f.path
-                        )));
+        let bytes = off_runtime(|| {
+            self.http.retry(&f.path, || {
+                let (head, resp) = self.http.get(&f.path, &url, Some((offset, end)))?;
+                if let (Some(e), Some(want)) = (&head.etag, &f.sha256)
+                    && is_hex(e, 64)
+                    && e != want
+                {
+                    return Err(Failure::Fatal(HubError::Changed {
+                        file: f.path.clone(),
+                        expected: want.clone(),
+                        got: e.clone(),
+                    }));
+                }
+                let cr = head.content_range.clone();
+                if head.status != 206
+                    || cr.as_deref().and_then(parse_content_range) != Some((offset, end, f.size))
+                    || head.content_length.is_some_and(|n| n != len)
+                {
+                    return Err(Failure::Fatal(HubError::BadRange {
+                        file: f.path.clone(),
+                        start: offset,
+                        end,
+                        got: format!(
+                            "{} {}",
+                            head.status,
+                            cr.unwrap_or_else(|| "without Content-Range".into())
+                        ),
+                    }));
+                }
+                let mut buf = vec![0u8; len as usize];
+                let mut got = 0usize;
+                let mut resp = resp;
+                while got < buf.len() {
+                    match resp.read(&mut buf[got..]) {
+                        Ok(0) => {
+                            return Err(Failure::transient(format!(
+                                "{}: span body ended after {got} of {len} bytes",
+                                f.path
+                            )));
+                        }
+                        Ok(n) => got += n,
+                        Err(e) => {
+                            return Err(Failure::transient(format!(
+                                "{}: reading a span: {e}",
+                                f.path
+                            )));
+                        }
                     }
                 }
-            }
-            Ok(buf)
+                Ok(buf)
+            })
         })?;
         self.fetches.fetch_add(1, Ordering::Relaxed);
         self.fetched_bytes.fetch_add(len, Ordering::Relaxed);
@@ -357,7 +403,7 @@ impl RemoteExpertStore {
         };
         if let Err(e) = write() {
             let _ = std::fs::remove_file(&tmp);
-            return Err(HubError::io(&tmp, e));
+            return Err(store_write(HubError::io(&tmp, e)));
         }
         let mut s = self.spans.lock().unwrap();
         if s.map.contains_key(key) {
@@ -380,24 +426,26 @@ impl RemoteExpertStore {
         Ok(())
     }
 
-    /// When `f`'s spans cover it whole and it is not yet verified, hashes
-    /// it; a mismatch evicts every span of it and fails.
+    /// When `f`'s spans (and its kept header) cover it whole and it is not
+    /// yet verified, hashes it; a mismatch evicts every span of it and its
+    /// header, and fails.
     fn check_whole(&self, f: &RemoteFile) -> Result<()> {
         let Some(want) = &f.sha256 else {
             return Ok(());
         };
+        let header = self.stored_header(f).unwrap_or_default();
         let spans = {
             let s = self.spans.lock().unwrap();
             if s.verified.contains(&f.path) {
                 return Ok(());
             }
             let spans = s.of_file(&f.path);
-            if !covers(&spans, f.size) {
+            if !covers_from(&spans, header.len() as u64, f.size) {
                 return Ok(());
             }
             spans
         };
-        let got = match self.hash_spans(&spans) {
+        let got = match self.hash_spans(&header, &spans) {
             Ok(h) => h,
             // A span evicted meanwhile: not whole any more.
             Err(_) => return Ok(()),
@@ -410,6 +458,7 @@ impl RemoteExpertStore {
             s.remove(&k)?;
             self.evicted.fetch_add(1, Ordering::Relaxed);
         }
+        let _ = std::fs::remove_file(self.header_path(&f.path));
         Err(HubError::Digest {
             file: f.path.clone(),
             algo: "SHA-256",
@@ -418,10 +467,12 @@ impl RemoteExpertStore {
         })
     }
 
-    /// SHA-256 of the bytes the spans (sorted by offset, covering) hold.
-    fn hash_spans(&self, spans: &[Key]) -> std::io::Result<String> {
+    /// SHA-256 of `head` followed by the bytes the spans (sorted by
+    /// offset, covering the rest) hold.
+    fn hash_spans(&self, head: &[u8], spans: &[Key]) -> std::io::Result<String> {
         let mut h = Sha256::new();
-        let mut pos = 0u64;
+        h.update(head);
+        let mut pos = head.len() as u64;
         let mut buf = vec![0u8; 1 << 20];
         for k in spans {
             let end = k.1 + k.2;
@@ -443,6 +494,33 @@ impl RemoteExpertStore {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Runs `f` on a thread of its own: the blocking HTTP client may neither
+/// be built nor wait inside an async runtime, and a caller may be in one.
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// A full disk while storing a span or header, said for the store (a
+/// pull's advice does not apply); nothing of it is kept.
+fn store_write(e: HubError) -> HubError {
+    match e {
+        HubError::DiskFull { path, .. } => HubError::Store(format!(
+            "cannot write {}: no space left (disk full or file-size limit): lower --disk-budget or free space there",
+            path.display()
+        )),
+        e => e,
+    }
+}
+
+/// The length a safetensors header's first 8 bytes give.
+fn header_len(b: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?))
 }
 
 fn read_at(p: &Path, offset: u64, len: u64) -> Result<Vec<u8>> {

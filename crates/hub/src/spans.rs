@@ -249,9 +249,9 @@ fn parse_line(l: &str) -> Option<Entry> {
     }
 }
 
-/// Whether the spans (sorted by offset) cover `[0, size)`.
-pub(crate) fn covers(spans: &[Key], size: u64) -> bool {
-    let mut reach = 0u64;
+/// Whether the spans (sorted by offset) cover `[from, size)`.
+pub(crate) fn covers_from(spans: &[Key], from: u64, size: u64) -> bool {
+    let mut reach = from;
     for k in spans {
         if k.1 > reach {
             return false;
@@ -269,6 +269,10 @@ mod tests {
         ("f".into(), off, len)
     }
 
+    fn covers(spans: &[Key], size: u64) -> bool {
+        covers_from(spans, 0, size)
+    }
+
     #[test]
     fn coverage() {
         assert!(covers(&[k(0, 5), k(5, 5)], 10));
@@ -276,6 +280,8 @@ mod tests {
         assert!(!covers(&[k(0, 5), k(6, 4)], 10));
         assert!(!covers(&[k(1, 9)], 10));
         assert!(!covers(&[k(0, 9)], 10));
+        assert!(covers_from(&[k(4, 6)], 4, 10));
+        assert!(!covers_from(&[k(5, 5)], 4, 10));
     }
 
     #[test]

@@ -105,7 +105,8 @@ fn spans_are_fetched_exactly_and_reused_after_a_restart() {
                 fetches: 3,
                 fetched_bytes: 500 + 8 + n as u64,
                 evicted: 0,
-                stored_bytes: 500 + 8 + n as u64
+                // Headers are kept apart, outside the budget.
+                stored_bytes: 500
             }
         );
         // A file the snapshot has whole is read from it.
@@ -128,7 +129,26 @@ fn spans_are_fetched_exactly_and_reused_after_a_restart() {
         st.fetch_span(&s.shard, 1000, 500).unwrap(),
         &s.bytes[1000..1500]
     );
+    let n = u64::from_le_bytes(s.bytes[..8].try_into().unwrap()) as usize;
+    assert_eq!(st.fetch_header(&s.shard).unwrap(), &s.bytes[..8 + n]);
     assert!(s.hub.log().is_empty(), "{:?}", s.hub.log());
+}
+
+#[test]
+fn the_store_is_used_and_dropped_inside_an_async_runtime() {
+    let s = setup("remote-async");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let got = rt.block_on(async {
+        let st = open(&s, 1 << 20);
+        let b = st.fetch_span(&s.shard, 64, 100).unwrap();
+        drop(st);
+        b
+    });
+    assert_eq!(got, &s.bytes[64..164]);
+    assert_eq!(ranges(&s.hub), [Some("bytes=64-163".to_string())]);
 }
 
 #[test]
@@ -196,6 +216,45 @@ fn a_whole_shard_is_hashed_and_a_mismatch_evicts_it() {
     assert!(st.verified_files().is_empty());
     assert_eq!(st.stats().stored_bytes, 0);
     assert_eq!(st.local_span(&s.shard, 0, 10).unwrap(), None);
+}
+
+/// Fetches `[8 + n, len)` of the shard in 64 KiB spans; the last result.
+fn fetch_after_header(s: &Setup, st: &RemoteExpertStore, n: u64) -> fathom_hub::Result<Vec<u8>> {
+    let len = s.bytes.len() as u64;
+    let mut off = 8 + n;
+    let mut last = Ok(Vec::new());
+    while off < len {
+        let k = (64 << 10).min(len - off);
+        last = st.fetch_span(&s.shard, off, k);
+        off += k;
+    }
+    last
+}
+
+#[test]
+fn a_kept_header_and_spans_make_a_whole_shard() {
+    let s = setup("remote-header-whole");
+    let n = u64::from_le_bytes(s.bytes[..8].try_into().unwrap());
+    let st = open(&s, 64 << 20);
+    st.fetch_header(&s.shard).unwrap();
+    fetch_after_header(&s, &st, n).unwrap();
+    assert_eq!(st.verified_files(), [s.shard.clone()]);
+    drop(st);
+    std::fs::remove_dir_all(&s.store).unwrap();
+
+    // A corrupt span: the shard fails whole, and its header goes too.
+    let st = open(&s, 64 << 20);
+    st.fetch_header(&s.shard).unwrap();
+    s.hub.push_fault(&s.shard, Fault::Corrupt);
+    let e = fetch_after_header(&s, &st, n).unwrap_err().to_string();
+    assert!(e.contains("over its fetched spans (all evicted)"), "{e}");
+    assert_eq!(st.stats().stored_bytes, 0);
+    s.hub.clear_log();
+    assert_eq!(
+        st.fetch_header(&s.shard).unwrap(),
+        &s.bytes[..8 + n as usize]
+    );
+    assert_eq!(ranges(&s.hub).len(), 2, "the header was fetched again");
 }
 
 #[test]

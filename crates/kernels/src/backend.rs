@@ -692,6 +692,14 @@ pub fn experts_crowded() -> bool {
     installed().is_some_and(|b| b.experts_crowded())
 }
 
+/// Hands the installed backend the routed experts `experts` lists to copy
+/// up now ([`Backend::preload`]); with none, nothing (the list is not made).
+pub fn preload<'a>(experts: impl FnOnce() -> Vec<Vec<MatRef<'a>>>) {
+    if let Some(b) = installed() {
+        b.preload(&experts());
+    }
+}
+
 /// The installed backend's counters now (zero with none).
 pub fn snapshot() -> BackendStats {
     installed().map_or_else(BackendStats::default, |b| b.stats())

@@ -23,12 +23,43 @@ pub(crate) trait Undo: SeqState + Sized {
     fn release(&mut self, _mark: Self::Mark) {}
 }
 
+/// Where a step's work may go: [`Path::Device`] when a device backend is
+/// installed as the step starts, else [`Path::Host`]. Decided once a step
+/// ([`atomic_step`]; a drafter's pass) and handed down, so every part of
+/// one step takes the same side and model code does not ask the global
+/// backend itself. On the device path the seam's functions still decline
+/// what they cannot take, which the host then computes: the bits are the
+/// same either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    Host,
+    Device,
+}
+
+impl Path {
+    /// The path of a step starting now.
+    pub fn now() -> Path {
+        if fathom_kernels::backend::installed().is_some() {
+            Path::Device
+        } else {
+            Path::Host
+        }
+    }
+
+    /// Whether a device may take the step's work.
+    pub fn device(self) -> bool {
+        self == Path::Device
+    }
+}
+
 /// The step's rows: every sequence's new tokens, stacked.
 pub(crate) struct Rows {
     /// Sequence i's rows.
     pub(crate) segs: Vec<Segment>,
     pub(crate) tokens: Vec<u32>,
     pub(crate) which: Vec<Logits>,
+    /// Where the step's work may go.
+    pub(crate) path: Path,
 }
 
 fn seq_err(i: usize, error: ModelError) -> StepError {
@@ -102,6 +133,7 @@ pub(crate) fn atomic_step<S: Undo>(
         segs,
         tokens,
         which,
+        path: Path::now(),
     };
     let out = match forward(&mut states, &rows) {
         Ok(out) => out,

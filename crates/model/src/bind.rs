@@ -37,6 +37,9 @@ impl<'a> Binder<'a> {
     }
     /// A matrix as stored: float, or FP8 with its `_scale_inv` tiles.
     pub(crate) fn linear(&self, name: &str) -> Result<Linear> {
+        self.linear_as_stored(name).map_err(|e| naming(e, name))
+    }
+    fn linear_as_stored(&self, name: &str) -> Result<Linear> {
         let loc = self.loc(name)?;
         if loc.dtype != Dtype::F8_E4M3 {
             return Linear::load(self.ck, name, loc);
@@ -50,7 +53,7 @@ impl<'a> Binder<'a> {
         Linear::load_fp8(self.ck, (name, loc), (&scale, self.loc(&scale)?), block)
     }
     pub(crate) fn vector(&self, name: &str) -> Result<Vec<f32>> {
-        load_vector(self.ck, name, self.loc(name)?)
+        load_vector(self.ck, name, self.loc(name)?).map_err(|e| naming(e, name))
     }
     /// `{prefix}gate_proj.weight`, `up_proj`, `down_proj`.
     pub(crate) fn mlp(&self, prefix: &str) -> Result<MlpWeights> {
@@ -59,6 +62,20 @@ impl<'a> Binder<'a> {
             up_proj: self.linear(&format!("{prefix}up_proj.weight"))?,
             down_proj: self.linear(&format!("{prefix}down_proj.weight"))?,
         })
+    }
+}
+
+/// A read error of tensor `name` that names the tensor beside its file.
+fn naming(e: ModelError, name: &str) -> ModelError {
+    match e {
+        ModelError::Weights(WeightsError::Io { path, err }) => {
+            ModelError::Weights(WeightsError::BadTensor {
+                path,
+                tensor: name.to_string(),
+                msg: err.to_string(),
+            })
+        }
+        e => e,
     }
 }
 

@@ -1,4 +1,6 @@
-//! A checkpoint's `config.json`, read and parsed once per load.
+//! A checkpoint's `config.json`, read and parsed once per load, and what a
+//! family offers the registry ([`Architecture`]) and how a load is asked
+//! for ([`LoadOptions`]).
 //!
 //! Everything that needs the configuration before or while loading — the
 //! registry's choice of family, the family's typed spec, the RAM ledger's
@@ -9,14 +11,72 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::error::{ModelError, Result};
+use std::sync::Arc;
+
+use fathom_weights::Checkpoint;
+
+use crate::error::Result;
+use crate::experts::{ExpertSource, ExpertTable};
 use crate::fields::Fields;
+use crate::linear::Spine;
+use crate::lm::CausalLm;
 use crate::memory::MemoryFacts;
-use crate::registry::Architecture;
 
 /// The largest `config.json` read (real ones are a few kB; a multimodal
 /// model's with its processor settings stays well under a megabyte).
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// Builds the expert source of a model being loaded from its checkpoint and
+/// expert table (resident when absent).
+pub type MakeSource =
+    Box<dyn FnOnce(&Arc<Checkpoint>, &ExpertTable) -> Result<Arc<dyn ExpertSource>> + Send>;
+
+/// Every routed expert read into RAM at load (the default source).
+pub fn resident_source() -> MakeSource {
+    Box::new(|ck, table| Ok(Arc::new(crate::experts::ResidentExperts::load(ck, table)?)))
+}
+
+/// How to load a model.
+#[derive(Default)]
+pub struct LoadOptions {
+    /// Precision of the resident spine.
+    pub spine: Spine,
+    /// Where routed experts come from; `None`: all resident.
+    pub experts: Option<MakeSource>,
+    /// The attention cache's RAM share, row format and spill target.
+    pub kv: crate::kv::KvConfig,
+    /// Also load the checkpoint's multi-token-prediction layer, for
+    /// `--draft mtp` (families without one refuse it).
+    pub mtp: bool,
+    /// The checkpoint, already opened (one with remote shards); `None`:
+    /// opened from the configuration's directory.
+    pub checkpoint: Option<Arc<Checkpoint>>,
+    /// Which decoder layers of the spine stay resident; the others are
+    /// read from the checkpoint for every pass (default: all resident).
+    pub layers: crate::tiers::LayerPlan,
+}
+
+/// One supported architecture (made by [`crate::family::architecture`]).
+#[derive(Debug)]
+pub struct Architecture {
+    pub family: &'static str,
+    /// `model_type` values it reads.
+    pub model_types: &'static [&'static str],
+    /// `architectures` entries it reads.
+    pub architectures: &'static [&'static str],
+    pub load: fn(&ModelConfig, LoadOptions) -> Result<Arc<dyn CausalLm>>,
+    /// What the RAM ledger needs, from config.json alone.
+    pub memory: fn(&ModelConfig) -> Result<crate::memory::MemoryFacts>,
+    /// Where every routed expert of a checkpoint lies (bench ceilings, tools).
+    pub experts: fn(&ModelConfig, &Checkpoint) -> Result<ExpertTable>,
+    /// Every disagreement between a checkpoint and the tensor table.
+    pub check: fn(&ModelConfig, &Checkpoint) -> Result<Vec<String>>,
+    /// The layer plan and components, when the family draws them.
+    pub anatomy: fn(&ModelConfig) -> Result<Option<crate::anatomy::Anatomy>>,
+    /// Whether its checkpoints may carry a multi-token-prediction layer
+    /// that `--draft mtp` reads.
+    pub mtp: bool,
+}
 
 /// A parsed `config.json` and the directory it came from.
 #[derive(Debug, Clone)]
@@ -27,43 +87,21 @@ pub struct ModelConfig {
     arch: &'static Architecture,
 }
 
-fn file_err(msg: String) -> ModelError {
-    ModelError::Config {
-        field: "(file)".into(),
-        msg,
-    }
-}
-
 impl ModelConfig {
-    /// Reads `dir/config.json` (at most [`MAX_CONFIG_BYTES`]), parses it and
-    /// names the family that reads it.
-    pub fn read(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let len = std::fs::metadata(&path)
-            .map_err(|e| file_err(format!("cannot read {}: {e}", path.display())))?
-            .len();
-        if len > MAX_CONFIG_BYTES {
-            return Err(file_err(format!(
-                "{} is {len} bytes: larger than any model configuration (at most {MAX_CONFIG_BYTES})",
-                path.display()
-            )));
-        }
-        let bytes = std::fs::read(&path)
-            .map_err(|e| file_err(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_bytes(dir, bytes)
-    }
-
-    /// A configuration from `bytes`, as if read from `dir/config.json`.
-    pub fn from_bytes(dir: &Path, bytes: Vec<u8>) -> Result<Self> {
-        let root: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| file_err(format!("config.json is not valid JSON: {e}")))?;
-        let arch = crate::registry::detect_value(&root)?;
-        Ok(ModelConfig {
+    /// A configuration whose family `arch` was named from `root`
+    /// ([`crate::registry`] reads and names).
+    pub(crate) fn parsed(
+        dir: &Path,
+        bytes: Vec<u8>,
+        root: Value,
+        arch: &'static Architecture,
+    ) -> Self {
+        ModelConfig {
             dir: dir.to_path_buf(),
             bytes,
             root,
             arch,
-        })
+        }
     }
 
     /// The checkpoint's directory.
@@ -94,6 +132,17 @@ impl ModelConfig {
     /// What the RAM ledger needs, by the family's typed spec.
     pub fn memory_facts(&self) -> Result<MemoryFacts> {
         (self.arch.memory)(self)
+    }
+
+    /// Every disagreement between the checkpoint `ck` and the family's
+    /// tensor table, one line each (none: the checkpoint is complete).
+    pub fn check_tensors(&self, ck: &fathom_weights::Checkpoint) -> Result<Vec<String>> {
+        (self.arch.check)(self, ck)
+    }
+
+    /// The layer plan and components, when the family draws them.
+    pub fn anatomy(&self) -> Result<Option<crate::anatomy::Anatomy>> {
+        (self.arch.anatomy)(self)
     }
 
     /// The context the model declares (`max_position_embeddings`, at the top

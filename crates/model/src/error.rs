@@ -27,6 +27,10 @@ pub enum ModelError {
     /// The attention cache could not be written or read back.
     #[error("{0}")]
     Cache(String),
+    /// A streamed spine layer could not be read for a pass (the message
+    /// names the file and the tensor); the pass changed nothing.
+    #[error("spine layer {layer}: {msg}")]
+    Spine { layer: usize, msg: String },
     /// Unknown `model_type`/`architectures`; the message lists what is supported.
     #[error("{0}")]
     Unsupported(String),

@@ -2,7 +2,7 @@
 //! one, on teacher-forced positions: both see the same tokens, and every
 //! position's next-token distribution is compared.
 
-use crate::Result;
+use crate::error::Result;
 use crate::lm::{CausalLm, Logits};
 
 /// Agreement of a test model's logits with a reference's.

@@ -627,16 +627,13 @@ impl ResidentExperts {
     /// copied on first use, still displaces experts when
     /// room runs out. Only copies depend on it, never a result.
     fn warm_device(&self) {
-        let Some(b) = backend::installed() else {
-            return;
-        };
-        let experts: Vec<Vec<MatRef<'_>>> = self
-            .layers
-            .iter()
-            .flatten()
-            .map(|e| e.device_mats())
-            .collect();
-        b.preload(&experts);
+        backend::preload(|| {
+            self.layers
+                .iter()
+                .flatten()
+                .map(|e| e.device_mats())
+                .collect()
+        });
     }
 }
 

@@ -13,14 +13,15 @@ use std::sync::Arc;
 
 use fathom_weights::Checkpoint;
 
-use crate::config::ModelConfig;
+use crate::anatomy::Anatomy;
+use crate::config::{Architecture, LoadOptions, MakeSource, ModelConfig, resident_source};
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertSource, ExpertStats, ExpertTable};
 use crate::kv::KvPool;
 use crate::linear::Spine;
 use crate::lm::{CausalLm, Logits, ModelInfo, SelfDrafter, SeqState, StepError, StepInput};
 use crate::memory::MemoryFacts;
-use crate::registry::{Architecture, LoadOptions, MakeSource};
+use crate::tiers::LayerPlan;
 use crate::trace::Tracer;
 
 /// What a step returns: per entry, the logits its [`Logits`] asks for.
@@ -54,8 +55,22 @@ pub trait Family: Sized + Send + Sync + 'static {
     fn memory_facts(spec: &Self::Spec) -> MemoryFacts;
     /// Where every routed expert lies (`mtp`: the prediction layer's too).
     fn expert_table(spec: &Self::Spec, ck: &Checkpoint, mtp: bool) -> Result<ExpertTable>;
-    /// The spine, bound to the checkpoint's tensors, in `spine` precision.
-    fn weights(spec: &Self::Spec, ck: &Arc<Checkpoint>, spine: Spine) -> Result<Self::Weights>;
+    /// Every disagreement between the checkpoint and the spec's tensor
+    /// table (missing, unexpected, mis-shaped, mis-typed), one line each.
+    fn check_tensors(spec: &Self::Spec, ck: &Checkpoint) -> Vec<String>;
+    /// The layer plan and the components, when the family draws them.
+    fn anatomy(spec: &Self::Spec) -> Option<Anatomy> {
+        let _ = spec;
+        None
+    }
+    /// The spine, bound to the checkpoint's tensors, in `spine` precision;
+    /// its decoder layers resident or streamed as `layers` places them.
+    fn weights(
+        spec: &Arc<Self::Spec>,
+        ck: &Arc<Checkpoint>,
+        spine: Spine,
+        layers: &LayerPlan,
+    ) -> Result<Self::Weights>;
     /// The other parts (`mtp`: load the prediction layer too).
     fn parts(spec: &Self::Spec, ck: &Arc<Checkpoint>, mtp: bool) -> Result<Self::Parts>;
     /// The model's description; the kit fills `family` and the routed
@@ -102,7 +117,7 @@ pub struct Model<F: Family> {
 impl<F: Family> Model<F> {
     /// Loads a model with every expert resident in RAM.
     pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with_spine(dir, crate::registry::resident_source(), Spine::Bf16)
+        Self::load_with_spine(dir, resident_source(), Spine::Bf16)
     }
 
     /// Loads the spine and builds the expert source with `make_source`.
@@ -120,19 +135,19 @@ impl<F: Family> Model<F> {
         Self::load_config(&ModelConfig::read(dir)?, opts)
     }
 
-    /// Loads the model `config` describes. An int8 spine is quantised
-    /// before the expert source loads, so the stored matrices are freed
-    /// before resident experts arrive (peak RSS is the larger of the two,
-    /// not their sum).
+    /// Loads the model `config` describes. An int8 spine is quantised a
+    /// layer at a time as it is read, so the stored spine is never held
+    /// whole, and before the expert source loads.
     pub fn load_config(config: &ModelConfig, opts: LoadOptions) -> Result<Self> {
         let spec = Arc::new(F::spec(config.json())?);
-        let ck = Arc::new(Checkpoint::open(config.dir())?);
-        let weights = F::weights(&spec, &ck, opts.spine)?;
+        let ck = match opts.checkpoint {
+            Some(ck) => ck,
+            None => Arc::new(Checkpoint::open(config.dir())?),
+        };
+        let weights = F::weights(&spec, &ck, opts.spine, &opts.layers)?;
         let parts = F::parts(&spec, &ck, opts.mtp)?;
         let expert_table = F::expert_table(&spec, &ck, opts.mtp)?;
-        let make = opts
-            .experts
-            .unwrap_or_else(crate::registry::resident_source);
+        let make = opts.experts.unwrap_or_else(resident_source);
         let experts = make(&ck, &expert_table)?;
         let mut info = F::info(&spec);
         info.family = F::NAME;
@@ -212,6 +227,8 @@ pub const fn architecture<F: Family>() -> Architecture {
         load: load_lm::<F>,
         memory: memory::<F>,
         experts: experts::<F>,
+        check: check::<F>,
+        anatomy: anatomy::<F>,
         mtp: F::MTP,
     }
 }
@@ -228,27 +245,34 @@ fn experts<F: Family>(config: &ModelConfig, ck: &Checkpoint) -> Result<ExpertTab
     F::expert_table(&F::spec(config.json())?, ck, false)
 }
 
+fn check<F: Family>(config: &ModelConfig, ck: &Checkpoint) -> Result<Vec<String>> {
+    Ok(F::check_tensors(&F::spec(config.json())?, ck))
+}
+
+fn anatomy<F: Family>(config: &ModelConfig) -> Result<Option<Anatomy>> {
+    Ok(F::anatomy(&F::spec(config.json())?))
+}
+
 /// Reads `dir/config.json` and parses family `F`'s spec from it (tools and
 /// tests; a load reads the file once through [`ModelConfig`]).
 pub fn read_spec<F: Family>(dir: &Path) -> Result<F::Spec> {
     F::spec(ModelConfig::read(dir)?.json())
 }
 
-/// Spine weights `w` in `spine` precision (`int8` quantises them).
-pub(crate) fn in_spine<W>(mut w: W, spine: Spine, int8: fn(&mut W)) -> W {
-    if spine == Spine::Int8 {
-        int8(&mut w);
-    }
-    w
-}
-
 /// The [`Family`] functions most families write alike, inside their
 /// `impl Family`: the spec from `Spec::from_json`, the RAM facts from the
 /// folder's `memory_facts`, the expert table from `tensors::expert_table`
-/// (no prediction layer), the spine from `Weights::load` in the asked
-/// precision.
+/// (no prediction layer), the tensor check from `tensors::check_tensors`
+/// (or the function named third), the spine from `Weights::load` in the
+/// asked precision and tiers.
 macro_rules! plain_family_fns {
     ($spec:ty, $weights:ty) => {
+        $crate::family::plain_family_fns!($spec, $weights, tensors::check_tensors);
+    };
+    ($spec:ty, $weights:ty, $check:path) => {
+        fn check_tensors(spec: &$spec, ck: &fathom_weights::Checkpoint) -> Vec<String> {
+            $check(spec, ck)
+        }
         fn spec(config: &serde_json::Value) -> $crate::error::Result<$spec> {
             <$spec>::from_json(config)
         }
@@ -263,16 +287,12 @@ macro_rules! plain_family_fns {
             tensors::expert_table(spec, ck)
         }
         fn weights(
-            spec: &$spec,
+            spec: &std::sync::Arc<$spec>,
             ck: &std::sync::Arc<fathom_weights::Checkpoint>,
             spine: $crate::linear::Spine,
+            layers: &$crate::tiers::LayerPlan,
         ) -> $crate::error::Result<$weights> {
-            let w = <$weights>::load(spec, ck)?;
-            Ok($crate::family::in_spine(
-                w,
-                spine,
-                <$weights>::quantize_spine_int8,
-            ))
+            <$weights>::load(spec, ck, spine, layers)
         }
     };
 }

@@ -16,7 +16,7 @@ use fathom_kernels::backend::{self, Biased, GqaWork, Then};
 use fathom_kernels::gqa::{GqaAccum, GqaQuery, GqaShape};
 use fathom_kernels::rope::Rope;
 
-use crate::batch::Segment;
+use crate::batch::{Path, Segment};
 use crate::error::Result;
 use crate::kv::{PagedRows, push_step_rows, step_blocks};
 use crate::linear::Proj;
@@ -93,6 +93,7 @@ pub struct GqaLinears<'a> {
 /// heads: the caller runs the steps on the host.
 #[allow(clippy::too_many_arguments)]
 pub fn gqa_projected(
+    path: Path,
     shape: GqaShape,
     sinks: Option<&[f32]>,
     lin: &GqaLinears<'_>,
@@ -102,7 +103,7 @@ pub fn gqa_projected(
     x: &[f32],
     then: Option<Then<'_>>,
 ) -> Result<Option<(Vec<f32>, bool)>> {
-    if backend::installed().is_none() || rope.head_dim() != shape.head_dim {
+    if !path.device() || rope.head_dim() != shape.head_dim {
         return Ok(None);
     }
     let n = segs.last().map_or(0, |s| s.end);

@@ -3,6 +3,7 @@
 //! The model reads weights through typed bindings made once at load, asks an
 //! [`experts::ExpertSource`] for routed experts, and never does I/O itself.
 
+pub mod anatomy;
 pub mod batch;
 mod bind;
 pub mod config;
@@ -33,6 +34,7 @@ pub mod registry;
 pub mod rotary;
 mod state_codec;
 pub mod table;
+pub mod tiers;
 pub mod trace;
 
 pub use config::ModelConfig;
@@ -47,6 +49,7 @@ pub use linear::Spine;
 pub use lm::{CausalLm, Logits, ModelInfo, SeqState, StateSnapshot, StepError, StepInput};
 pub use qwen3_moe::Qwen3MoeModel;
 pub use registry::{LoadOptions, load, load_config};
+pub use tiers::LayerPlan;
 pub use trace::Tracer;
 
 /// Minimum items per rayon task for `n` items of `work_each` multiply-adds:

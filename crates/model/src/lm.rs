@@ -137,7 +137,7 @@ pub trait CausalLm: Send + Sync {
     /// minutes; a step's cost does not depend on the values).
     fn synthetic_state(&self, depth: usize, seed: u64) -> Result<Box<dyn SeqState>> {
         let _ = (depth, seed);
-        Err(crate::ModelError::Unsupported(format!(
+        Err(crate::error::ModelError::Unsupported(format!(
             "{} has no synthetic states",
             self.info().family
         )))

@@ -5,10 +5,6 @@
 //! tensor table; the ledger (`fathom-stream::budget`), the loader and the
 //! bench read only these numbers.
 
-use std::path::Path;
-
-use crate::error::Result;
-
 /// A model's memory-relevant figures.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct MemoryFacts {
@@ -42,6 +38,26 @@ pub struct MemoryFacts {
     pub mtp_bytes: u64,
     /// Cache floats per token the prediction layer's own attention keeps.
     pub mtp_cache_floats_per_token: u64,
+    /// Each decoder layer's share of the spine (a spine tier's unit: a
+    /// layer is resident or read for every pass); the rest of the spine
+    /// (embedding, final norm, head) is [`MemoryFacts::global_bytes`].
+    pub layers: Vec<LayerBytes>,
+}
+
+/// One decoder layer's spine bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LayerBytes {
+    /// As stored.
+    pub stored: u64,
+    /// After `--spine int8`.
+    pub int8: u64,
+}
+
+impl LayerBytes {
+    /// Bytes in RAM for precision `int8`.
+    pub fn bytes(&self, int8: bool) -> u64 {
+        if int8 { self.int8 } else { self.stored }
+    }
 }
 
 impl MemoryFacts {
@@ -55,6 +71,17 @@ impl MemoryFacts {
             self.cache_floats_per_token += self.mtp_cache_floats_per_token;
         }
         self
+    }
+
+    /// The spine outside the decoder layers (embedding, final norm, head),
+    /// stored or after `--spine int8`.
+    pub fn global_bytes(&self, int8: bool) -> u64 {
+        let spine = if int8 {
+            self.spine_int8_bytes
+        } else {
+            self.spine_bytes
+        };
+        spine.saturating_sub(self.layers.iter().map(|l| l.bytes(int8)).sum())
     }
 
     /// Every routed expert of the model.
@@ -84,14 +111,10 @@ pub fn int8_bytes(shape: &[usize], stored: u64, quantised: bool) -> u64 {
     }
 }
 
-/// The facts of the model in `dir`, by the family its config names (a
-/// caller that also loads reads [`crate::ModelConfig`] once and asks it).
-pub fn memory_facts(dir: &Path) -> Result<MemoryFacts> {
-    crate::ModelConfig::read(dir)?.memory_facts()
-}
-
 /// One tensor of a family's table as the ledger sees it.
 pub struct TensorBytes<'a> {
+    /// The decoder layer it belongs to (`None`: embedding, final norm, head).
+    pub layer: Option<usize>,
     pub shape: &'a [usize],
     pub bytes: u64,
     pub embedding: bool,
@@ -115,4 +138,23 @@ pub fn table_sums<'a>(table: impl Iterator<Item = TensorBytes<'a>>) -> [u64; 4] 
         }
     }
     s
+}
+
+/// Each of `layers` decoder layers' spine bytes (stored, int8) from a
+/// table (routed experts and tensors of other layers left out).
+pub fn layer_sums<'a>(
+    layers: usize,
+    table: impl Iterator<Item = TensorBytes<'a>>,
+) -> Vec<LayerBytes> {
+    let mut v = vec![LayerBytes::default(); layers];
+    for t in table {
+        match t.layer {
+            Some(l) if l < layers && !t.routed_expert => {
+                v[l].stored += t.bytes;
+                v[l].int8 += int8_bytes(t.shape, t.bytes, t.int8);
+            }
+            _ => {}
+        }
+    }
+    v
 }

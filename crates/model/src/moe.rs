@@ -13,6 +13,7 @@ use fathom_kernels::backend::MatRef;
 use fathom_kernels::ops::sigmoid;
 use rayon::prelude::*;
 
+use crate::batch::Path;
 use crate::error::Result;
 use crate::experts::{ExpertSlot, ExpertSource, ExpertTicket, ExpertWeights};
 pub use crate::glu::GluExpert;
@@ -20,6 +21,15 @@ use crate::glu::{Grouped, TailAsk};
 
 mod sigmoid_block;
 pub use sigmoid_block::{SigmoidFirst, SigmoidMoe, SigmoidMoeWeights};
+
+/// The early MLP side ([`crate::early`]) of the families whose MoE layers
+/// are [`SigmoidMoe`]s or have a router alone (their products before the
+/// experts are a [`SigmoidFirst`]).
+pub type Early = crate::early::Early<SigmoidFirst>;
+/// See [`Early`].
+pub type Ahead = crate::early::Ahead<SigmoidFirst>;
+/// See [`Early`].
+pub type Ffn<'a> = crate::early::Ffn<'a, SigmoidFirst>;
 
 /// The router's decision for one token.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,11 +188,19 @@ pub struct ExpertFetch {
     ticket: ExpertTicket,
     /// The next MoE layer's guessed experts, for the device.
     guess: Option<Guess>,
+    /// Where the step's work may go.
+    path: Path,
 }
 
 impl ExpertFetch {
-    /// Requests the union of the experts `routes` chose.
-    pub fn start(source: &dyn ExpertSource, layer: usize, routes: &[Route]) -> Result<Self> {
+    /// Requests the union of the experts `routes` chose, for a step on
+    /// `path`.
+    pub fn start(
+        path: Path,
+        source: &dyn ExpertSource,
+        layer: usize,
+        routes: &[Route],
+    ) -> Result<Self> {
         let mut union: Vec<u32> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
         union.sort_unstable();
         union.dedup();
@@ -199,6 +217,7 @@ impl ExpertFetch {
             users,
             ticket,
             guess: None,
+            path,
         })
     }
 
@@ -236,7 +255,7 @@ impl ExpertFetch {
 
     /// [`ExpertFetch::finish`] with `batch`, which may run every expert of
     /// the union at once (given the experts, each one's gathered rows and
-    /// their count) when all are in RAM and a device is installed —
+    /// their count) when all are in RAM on the device path —
     /// typically each of the experts' products as one batched device call
     /// — and must then give exactly `expert`'s outputs; `None` leaves them
     /// to `expert` one by one. The sums run as in `finish`.
@@ -352,7 +371,8 @@ impl ExpertFetch {
             .slots
             .iter()
             .all(|s| matches!(s, ExpertSlot::Ready(_)));
-        let grouped = glu.filter(|_| all_ready && fathom_kernels::backend::installed().is_some());
+        let device = self.path.device();
+        let grouped = glu.filter(|_| all_ready && device);
         let outputs = if all_ready {
             let experts: Vec<Arc<ExpertWeights>> = source.collect(self.ticket)?;
             let n_union = self.union.len();
@@ -369,7 +389,7 @@ impl ExpertFetch {
                 return Ok(Finished::Tail(y));
             }
             let batched = || {
-                let b = batch.filter(|_| fathom_kernels::backend::installed().is_some())?;
+                let b = batch.filter(|_| device)?;
                 let inputs: Vec<Vec<f32>> = self.users.iter().map(|us| gather(us)).collect();
                 let ns: Vec<usize> = self.users.iter().map(Vec::len).collect();
                 b(&experts, &inputs, &ns)
@@ -607,6 +627,7 @@ mod tests {
                 ],
             },
             guess: None,
+            path: Path::Host,
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
@@ -659,6 +680,7 @@ mod tests {
                 ],
             },
             guess: None,
+            path: Path::Host,
         };
         let y = fetch
             .finish(&NoSource, &routes, &[1.0, 2.0], 2, 1, |e, rows, n| {

@@ -10,53 +10,54 @@ use std::sync::Arc;
 
 use fathom_weights::Checkpoint;
 
-use crate::config::ModelConfig;
+pub use crate::config::{Architecture, LoadOptions, MakeSource, resident_source};
+use crate::config::{MAX_CONFIG_BYTES, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::experts::{ExpertSource, ExpertTable};
+use crate::experts::ExpertTable;
 use crate::family::architecture;
-use crate::linear::Spine;
 use crate::lm::CausalLm;
+use crate::memory::MemoryFacts;
 
-/// Builds the expert source of a model being loaded from its checkpoint and
-/// expert table (resident when absent).
-pub type MakeSource =
-    Box<dyn FnOnce(&Arc<Checkpoint>, &ExpertTable) -> Result<Arc<dyn ExpertSource>> + Send>;
+/// Reading a configuration names its family from [`ARCHITECTURES`], so
+/// the readers live beside the list.
+impl ModelConfig {
+    /// Reads `dir/config.json` (at most [`MAX_CONFIG_BYTES`]), parses it and
+    /// names the family that reads it.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let len = std::fs::metadata(&path)
+            .map_err(|e| config_file_err(format!("cannot read {}: {e}", path.display())))?
+            .len();
+        if len > MAX_CONFIG_BYTES {
+            return Err(config_file_err(format!(
+                "{} is {len} bytes: larger than any model configuration (at most {MAX_CONFIG_BYTES})",
+                path.display()
+            )));
+        }
+        let bytes = std::fs::read(&path)
+            .map_err(|e| config_file_err(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_bytes(dir, bytes)
+    }
 
-/// Every routed expert read into RAM at load (the default source).
-pub fn resident_source() -> MakeSource {
-    Box::new(|ck, table| Ok(Arc::new(crate::experts::ResidentExperts::load(ck, table)?)))
+    /// A configuration from `bytes`, as if read from `dir/config.json`.
+    pub fn from_bytes(dir: &Path, bytes: Vec<u8>) -> Result<Self> {
+        let root: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| config_file_err(format!("config.json is not valid JSON: {e}")))?;
+        let arch = detect_value(&root)?;
+        Ok(ModelConfig::parsed(dir, bytes, root, arch))
+    }
 }
 
-/// How to load a model.
-#[derive(Default)]
-pub struct LoadOptions {
-    /// Precision of the resident spine.
-    pub spine: Spine,
-    /// Where routed experts come from; `None`: all resident.
-    pub experts: Option<MakeSource>,
-    /// The attention cache's RAM share, row format and spill target.
-    pub kv: crate::kv::KvConfig,
-    /// Also load the checkpoint's multi-token-prediction layer, for
-    /// `--draft mtp` (families without one refuse it).
-    pub mtp: bool,
+fn config_file_err(msg: String) -> ModelError {
+    ModelError::Config {
+        field: "(file)".into(),
+        msg,
+    }
 }
 
-/// One supported architecture (made by [`crate::family::architecture`]).
-#[derive(Debug)]
-pub struct Architecture {
-    pub family: &'static str,
-    /// `model_type` values it reads.
-    pub model_types: &'static [&'static str],
-    /// `architectures` entries it reads.
-    pub architectures: &'static [&'static str],
-    pub load: fn(&ModelConfig, LoadOptions) -> Result<Arc<dyn CausalLm>>,
-    /// What the RAM ledger needs, from config.json alone.
-    pub memory: fn(&ModelConfig) -> Result<crate::memory::MemoryFacts>,
-    /// Where every routed expert of a checkpoint lies (bench ceilings, tools).
-    pub experts: fn(&ModelConfig, &Checkpoint) -> Result<ExpertTable>,
-    /// Whether its checkpoints may carry a multi-token-prediction layer
-    /// that `--draft mtp` reads.
-    pub mtp: bool,
+/// What the RAM ledger needs for the model in `dir`, from its config.json.
+pub fn memory_facts(dir: &Path) -> Result<MemoryFacts> {
+    ModelConfig::read(dir)?.memory_facts()
 }
 
 /// Every architecture fathom runs.

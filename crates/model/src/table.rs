@@ -61,16 +61,27 @@ impl TensorSpec {
     }
 }
 
-/// (spine, spine after int8, embedding, routed experts) bytes of a table's
-/// `(shape, bytes, role, may be int8)` entries.
-pub fn ledger<'a>(entries: impl Iterator<Item = (&'a [usize], u64, Role, bool)>) -> [u64; 4] {
-    table_sums(entries.map(|(shape, bytes, role, may)| TensorBytes {
+/// A table's `(layer, shape, bytes, role, may be int8)` entry as the
+/// ledger sees it.
+pub fn tensor_bytes<'a>(
+    (layer, shape, bytes, role, may): (Option<usize>, &'a [usize], u64, Role, bool),
+) -> TensorBytes<'a> {
+    TensorBytes {
+        layer,
         shape,
         bytes,
         embedding: role == Role::Embedding,
         routed_expert: role == Role::RoutedExpert,
         int8: role.int8() && may,
-    }))
+    }
+}
+
+/// (spine, spine after int8, embedding, routed experts) bytes of a table's
+/// `(layer, shape, bytes, role, may be int8)` entries.
+pub fn ledger<'a>(
+    entries: impl Iterator<Item = (Option<usize>, &'a [usize], u64, Role, bool)>,
+) -> [u64; 4] {
+    table_sums(entries.map(tensor_bytes))
 }
 
 /// The resident spine's bytes of a table's `(role, bytes)` entries: the

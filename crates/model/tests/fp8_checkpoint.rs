@@ -89,19 +89,25 @@ fn same_as_dequantised(block: [usize; 2], tag: &str) {
     // The quantized copy really runs FP8: spine and experts.
     let m = DeepseekV3Model::load(&qd).unwrap();
     assert_eq!(m.expert_table.format, ExpertFormat::Fp8 { block });
-    let a = &m.weights.layers[2].self_attn;
+    let a = &m.weights.layers.resident_layer(2).unwrap().self_attn;
     assert!(matches!(a.o_proj.data, WeightData::Fp8 { .. }));
     assert!(matches!(a.kv_b_proj.uv.data, WeightData::Fp8 { .. }));
     // `--spine int8` leaves FP8 matrices FP8 (the bf16 head becomes int8).
     let mut m8 = DeepseekV3Model::load(&qd).unwrap();
     m8.weights.quantize_spine_int8();
     assert!(matches!(
-        m8.weights.layers[2].self_attn.o_proj.data,
+        m8.weights
+            .layers
+            .resident_layer(2)
+            .unwrap()
+            .self_attn
+            .o_proj
+            .data,
         WeightData::Fp8 { .. }
     ));
     assert!(matches!(m8.weights.lm_head.data, WeightData::Int8 { .. }));
     // The ledger's figures (from config.json alone) are the stored bytes.
-    let facts = fathom_model::memory::memory_facts(&qd).unwrap();
+    let facts = fathom_model::registry::memory_facts(&qd).unwrap();
     assert_eq!(facts.expert_bytes, m.expert_table.expert_bytes());
     let ck = fathom_weights::Checkpoint::open(&qd).unwrap();
     let spine: u64 = ck

@@ -44,7 +44,7 @@ fn negative_control_without_sliding_window() {
 #[test]
 fn negative_control_without_sinks() {
     let mut model = load();
-    for l in &mut model.weights.layers {
+    for (_, l) in model.weights.layers.resident_mut() {
         l.self_attn.sinks.iter_mut().for_each(|s| *s = -1e30);
     }
     let w = worst(&model);

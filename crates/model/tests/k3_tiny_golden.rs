@@ -259,7 +259,7 @@ fn negative_control_a_log_per_channel_fails_the_check() {
     let mut model = load();
     let ck = fathom_weights::Checkpoint::open(&data().join("checkpoint")).unwrap();
     let k = model.spec.kda_head_dim;
-    for (i, l) in model.weights.layers.iter_mut().enumerate() {
+    for (i, l) in model.weights.layers.resident_mut() {
         if let AttnWeights::Kda(w) = &mut l.attn {
             let loc = ck
                 .get(&format!("language_model.model.layers.{i}.self_attn.A_log"))
@@ -433,4 +433,41 @@ fn shared_properties_hold() {
     )
     .unwrap();
     common::assert_failed_steps_change_nothing(&failing, &prompt(0));
+}
+
+/// The model in `dir` with `resident` decoder layers in RAM and the rest
+/// read for every pass through a ring of two.
+fn load_tiered(dir: &std::path::Path, resident: usize) -> K3Model {
+    let opts = fathom_model::LoadOptions {
+        layers: fathom_model::LayerPlan::streamed(resident, 2),
+        ..Default::default()
+    };
+    K3Model::load_config(&fathom_model::ModelConfig::read(dir).unwrap(), opts).unwrap()
+}
+
+/// The spine wholly and partly streamed gives the resident bits: prefill,
+/// decode, batched steps, chunked prefill, snapshots, rollback (`keep`),
+/// forks and saved states.
+#[test]
+fn streamed_spine_is_bit_identical() {
+    let resident = load();
+    let layers = resident.spec.num_layers;
+    let prompts: Vec<Vec<u32>> = (0..3).map(prompt).collect();
+    for r in [0, layers / 2] {
+        let m = load_tiered(&data().join("checkpoint"), r);
+        assert_eq!(m.weights.layers.streamed(), layers - r);
+        common::assert_tiers_bit_identical(&resident, &m, &prompts);
+        common::assert_batched_equals_solo(&m, &prompt(0), &prompt(2), &prompt(1));
+        common::assert_chunked_equals_one_pass(&m, &prompt(2));
+        common::assert_state_contract(&m, &prompt(1), b"KLST");
+    }
+}
+
+/// A streamed layer that cannot be read fails the step, naming the shard
+/// and the tensor, and changes no state.
+#[test]
+fn a_spine_read_error_changes_nothing() {
+    let dir = common::fixture_copy("k3-tiny/checkpoint", "spine-cut");
+    let m = load_tiered(&dir, 0);
+    common::assert_spine_read_error_changes_nothing(&load(), &m, &dir, &prompt(0));
 }

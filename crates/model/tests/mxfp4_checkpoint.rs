@@ -121,7 +121,7 @@ fn released_blocks_equal_the_dequantised_reference() {
     let m = GptOssModel::load(&qd).unwrap();
     assert_eq!(m.expert_table.format, ExpertFormat::Mxfp4Bias);
     // The ledger's figures (from config.json alone) are the stored bytes.
-    let facts = fathom_model::memory::memory_facts(&qd).unwrap();
+    let facts = fathom_model::registry::memory_facts(&qd).unwrap();
     assert_eq!(facts.expert_bytes, m.expert_table.expert_bytes());
     let quantized = fathom_model::load(&qd, LoadOptions::default()).unwrap();
     let reference = fathom_model::load(&rd, LoadOptions::default()).unwrap();

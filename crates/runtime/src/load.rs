@@ -1,5 +1,6 @@
 //! The one load call: the RAM ledger's plan, the device, the expert source
-//! (resident or streamed), heat and the attention cache's placement.
+//! (resident, streamed, or streamed with missing shards fetched from the
+//! Hub), heat and the attention cache's placement.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,13 +9,13 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use fathom_kernels::backend::{Backend, BackendStats};
 use fathom_model::kv::KvConfig;
-use fathom_model::{CausalLm, LoadOptions, ModelConfig, Spine};
+use fathom_model::{CausalLm, LayerPlan, LoadOptions, ModelConfig, Spine};
 use fathom_stream::budget::{KvPlan, Ledger};
 use fathom_stream::{StreamConfig, StreamedExperts};
 
 use crate::dir::check_model_dir;
 use crate::heat::{HeatHandle, heat_precheck, warm_from_heat};
-use crate::options::{ASSUMED_CONTEXT, LoadRequest, default_kv_dir};
+use crate::options::{ASSUMED_CONTEXT, ExpertMode, LoadRequest, default_kv_dir};
 use crate::progress::LoadProgress;
 
 /// What loading decided, for stats and logs.
@@ -39,6 +40,9 @@ pub struct LoadInfo {
     pub heat: HeatHandle,
     #[serde(skip)]
     backend: Option<Arc<dyn Backend>>,
+    /// The span store of `--experts remote`.
+    #[serde(skip)]
+    remote: Option<Arc<fathom_hub::RemoteExpertStore>>,
 }
 
 impl std::fmt::Debug for LoadInfo {
@@ -88,6 +92,11 @@ impl LoadInfo {
     pub fn backend(&self) -> Option<&Arc<dyn Backend>> {
         self.backend.as_ref()
     }
+
+    /// The span store's counters with `--experts remote`.
+    pub fn remote_stats(&self) -> Option<fathom_hub::StoreStats> {
+        self.remote.as_ref().map(|s| s.stats())
+    }
 }
 
 /// A loaded model, its configuration and what loading decided.
@@ -136,6 +145,7 @@ pub fn load_config(
         budget_source,
         context_source,
         index_ram,
+        max_inflight,
         ..
     } = plan;
     let kv_cfg = kv_config(req, &ledger.kv)?;
@@ -145,6 +155,16 @@ pub fn load_config(
         req.gpus.as_deref(),
         req.cuda_graphs,
     )?;
+    let layers = ledger.tiers.plan();
+    if layers.resident < spec.layers.len() {
+        tracing::info!(
+            "spine: {} of {} layers resident, the rest read for every pass",
+            layers.resident,
+            spec.layers.len()
+        );
+    }
+    let remote = remote_mode(dir, req.experts)?;
+    let stream = stream || remote.is_some();
     let (heat_model, heat_in) = heat_precheck(&config, req, stream)?;
     let t0 = Instant::now();
     let total = if stream {
@@ -155,7 +175,11 @@ pub fn load_config(
     let _progress = LoadProgress::start(total);
     let mut info = LoadInfo {
         load_s: 0.0,
-        experts: if stream { "streamed" } else { "resident" },
+        experts: match (remote, stream) {
+            (Some(why), _) => why,
+            (None, true) => "streamed",
+            (None, false) => "resident",
+        },
         ledger: None,
         budget_source,
         direct_io: None,
@@ -166,6 +190,7 @@ pub fn load_config(
         index_ram,
         heat: HeatHandle::default(),
         backend: selected.backend,
+        remote: None,
     };
     let model = if !stream {
         info.ledger = Some(ledger);
@@ -174,11 +199,31 @@ pub fn load_config(
             experts: None,
             kv: kv_cfg,
             mtp: req.mtp,
+            checkpoint: None,
+            layers,
         };
         fathom_model::load_config(&config, opts)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?
     } else {
-        let (model, store) = load_streamed(&config, req, &ledger, &spec, spine, kv_cfg)?;
+        let remote = match remote {
+            Some(_) => Some(crate::remote::open(
+                dir,
+                req.hub.as_ref(),
+                req.span_dir.as_ref(),
+                req.disk_budget,
+            )?),
+            None => None,
+        };
+        info.remote = remote.as_ref().map(|r| r.store.clone());
+        let (model, store) = load_streamed(
+            &config,
+            req,
+            (&ledger, max_inflight),
+            &spec,
+            (spine, layers),
+            kv_cfg,
+            remote,
+        )?;
         info.direct_io = Some(store.direct_io());
         info.heat = warm_from_heat(req, Some(store), heat_model, heat_in)?;
         info.ledger = Some(ledger);
@@ -193,38 +238,43 @@ pub fn load_config(
 }
 
 /// The model with its routed experts read from the shards as the router
-/// asks for them, and the streamed store.
+/// asks for them (at most `max_inflight` reads in flight, as the ledger
+/// planned its I/O buffers), and the streamed store.
 fn load_streamed(
     config: &ModelConfig,
     req: &LoadRequest,
-    ledger: &Ledger,
+    (ledger, max_inflight): (&Ledger, usize),
     spec: &fathom_model::memory::MemoryFacts,
-    spine: Spine,
+    (spine, layers): (Spine, LayerPlan),
     kv: KvConfig,
+    remote: Option<crate::remote::Remote>,
 ) -> Result<(Arc<dyn CausalLm>, Arc<StreamedExperts>)> {
     let cfg = StreamConfig {
         io_threads: req.io_threads.max(1),
         direct: !req.buffered_io,
         prefetch: req.prefetch,
-        max_inflight: if req.prefetch {
-            2 * spec.top_k
-        } else {
-            spec.top_k
-        },
+        max_inflight,
         prefetch_depth: req.prefetch_depth.unwrap_or(spec.top_k),
         ..StreamConfig::new(spec.top_k, ledger.cache_experts)
     };
     let store = Arc::new(std::sync::OnceLock::new());
     let s2 = store.clone();
+    let disk_budget = remote.as_ref().map(|r| r.disk_budget);
     let opts = LoadOptions {
         spine,
         experts: Some(Box::new(move |ck, table| {
+            if let Some(b) = disk_budget {
+                crate::remote::check_disk_budget(ck, table, b)
+                    .map_err(|e| fathom_model::ModelError::Experts(e.to_string()))?;
+            }
             let s = Arc::new(StreamedExperts::new(ck, table, &cfg)?);
             let _ = s2.set(s.clone());
             Ok(s)
         })),
         kv,
         mtp: req.mtp,
+        checkpoint: remote.map(|r| r.checkpoint),
+        layers,
     };
     let model = fathom_model::load_config(config, opts)
         .with_context(|| format!("cannot load the model in {}", config.dir().display()))?;
@@ -233,6 +283,27 @@ fn load_streamed(
         .cloned()
         .context("the streamed expert source was not made")?;
     Ok((model, store))
+}
+
+/// Whether routed experts come through the Hub span store, and the plan
+/// line's word for it: with `--experts remote`, or by default when shards
+/// of a pulled model are not on disk. Other modes refuse missing shards.
+fn remote_mode(dir: &Path, mode: ExpertMode) -> Result<Option<&'static str>> {
+    if mode == ExpertMode::Remote {
+        return Ok(Some("remote"));
+    }
+    let missing = crate::remote::missing_shards(dir);
+    let Some(first) = missing.first() else {
+        return Ok(None);
+    };
+    if mode == ExpertMode::Auto && fathom_hub::source_of(dir).is_ok() {
+        return Ok(Some("remote (expert shards are not on disk)"));
+    }
+    anyhow::bail!(
+        "{}: {} of the shards the index names are not on disk ({first}…): pull them (`fathom pull REPO --include all`), or, for a pulled model, fetch routed experts on demand with --experts remote",
+        dir.display(),
+        missing.len()
+    )
 }
 
 /// Bytes of the directory's safetensors shards (what a resident load reads).

@@ -18,6 +18,10 @@ pub enum ExpertMode {
     Resident,
     /// Read routed experts from the shards as the router asks for them.
     Stream,
+    /// Streamed, with shards that are not on disk (a model pulled with
+    /// `--include spine`) fetched span by span from the Hub into a store
+    /// bounded by `disk_budget` (the default when such shards are missing).
+    Remote,
 }
 
 /// The context assumed for a model that declares no max_position_embeddings.
@@ -77,6 +81,19 @@ pub struct LoadRequest {
     pub records_heat: bool,
     /// Also load the checkpoint's multi-token-prediction layer.
     pub mtp: bool,
+    /// Most bytes of fetched expert spans kept on disk (remote experts;
+    /// default: no limit).
+    pub disk_budget: Option<u64>,
+    /// The Hub's address and patience for remote experts (default: from
+    /// the environment, `HF_ENDPOINT`, `HF_TOKEN`).
+    pub hub: Option<fathom_hub::HubConfig>,
+    /// Where fetched spans live (default: `fathom/spans/…` in the user's
+    /// cache directory).
+    pub span_dir: Option<PathBuf>,
+    /// At most this many spine layers resident, the rest read for every
+    /// pass (tests and benchmarks of a streamed spine; `None`: as many as
+    /// the budget holds).
+    pub resident_layers: Option<usize>,
 }
 
 impl Default for LoadRequest {
@@ -102,6 +119,10 @@ impl Default for LoadRequest {
             heat_out: None,
             records_heat: false,
             mtp: false,
+            disk_budget: None,
+            hub: None,
+            span_dir: None,
+            resident_layers: None,
         }
     }
 }

@@ -199,15 +199,12 @@ pub fn plan_facts(
     let ledger_at = |b: u64| {
         let b = b.saturating_sub(index);
         let kv = KvPlan::new(&facts, context, req.sequences, req.kv_dtype, req.kv_ram, b);
-        Ledger::plan_kv(
-            &facts,
-            spine,
-            b,
-            context,
-            kv,
-            positions.max(1),
-            max_inflight,
-        )
+        let least = Ledger::minimum(&facts, spine, context, kv, positions.max(1), max_inflight);
+        match req.resident_layers {
+            Some(r) => least.cap_resident_layers(&facts, r),
+            None => least,
+        }
+        .with_budget(&facts, b)
     };
     let ledger = ledger_at(budget).map_err(|e| {
         let least = least_budget(budget, |b| ledger_at(b).is_ok());
@@ -226,7 +223,7 @@ pub fn plan_facts(
     let ledger = Ledger { budget, ..ledger };
     let holds_all = ledger.holds_every_expert(&facts);
     let stream = match req.experts {
-        ExpertMode::Stream => true,
+        ExpertMode::Stream | ExpertMode::Remote => true,
         ExpertMode::Auto => !holds_all,
         ExpertMode::Resident => {
             if !holds_all {
@@ -286,7 +283,7 @@ mod tests {
     use super::*;
 
     fn tiny() -> MemoryFacts {
-        fathom_model::memory::memory_facts(
+        fathom_model::registry::memory_facts(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../model/tests/data/k3-tiny/checkpoint"),
         )

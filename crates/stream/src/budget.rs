@@ -1,15 +1,21 @@
 //! The RAM ledger: decided before loading, from the config alone.
 //!
 //! ```text
-//! budget = resident spine (as stored, or int8 after `--spine int8`)
+//! budget = resident spine (as stored, or int8 after `--spine int8`):
+//!          globals (embedding, final norm, head) + resident layers
+//!        + spine ring (layer buffers of the layers read for every pass)
 //!        + sequence state (for the admitted context)
 //!        + scratch (activations, logits, process baseline)
 //!        + I/O buffers (reads in flight + the layer being computed + freed
 //!          read buffers kept for reuse)
 //!        + expert cache (whatever is left, in whole experts)
 //! ```
-//! If the spine, state, scratch and buffers alone exceed the budget the plan
-//! fails and says what budget would work. This is the one home of these
+//! The spine's decoder layers come before the expert cache (each is read
+//! every pass, an expert only when routed to): as many layers stay
+//! resident as fit beside the state, scratch and buffers, the others are
+//! read for every pass through a ring of layer buffers ([`SpineTiers`]).
+//! If the globals, the ring, state, scratch and buffers alone exceed the
+//! budget the plan fails and says what budget would work. This is the one home of these
 //! formulas: the loader sizes the expert cache with them and `fathom
 //! inspect --ram-budget` prints them.
 
@@ -21,6 +27,8 @@ use fathom_weights::units::format_bytes;
 
 use fathom_platform::{memory, unified_memory};
 
+pub use crate::spine_tiers::{MAX_RING, SpineTiers, ring_layers};
+
 /// Fixed allowance for the process itself (binary, allocator, thread stacks).
 const BASELINE: u64 = 64 << 20;
 
@@ -29,7 +37,10 @@ pub struct Ledger {
     pub budget: u64,
     /// Precision the spine is counted at: `"bf16"` (as stored) or `"int8"`.
     pub spine_repr: &'static str,
+    /// The resident spine: globals and resident layers.
     pub spine: u64,
+    /// Where the spine's layers are: resident, or read for every pass.
+    pub tiers: SpineTiers,
     /// The most held while loading: the spine as stored plus scratch. An
     /// int8 spine is quantised from it before any expert is loaded, so it
     /// is not added to the expert cache.
@@ -219,11 +230,13 @@ impl Ledger {
         positions: usize,
         max_inflight: usize,
     ) -> Self {
+        let tiers = SpineTiers::new(spec, spine == Spine::Int8, usize::MAX);
         let mut l = Ledger {
             budget: 0,
             spine_repr: spine.name(),
             spine: spine_bytes_for(spec, spine),
-            load_peak: spine_bytes(spec) + scratch_bytes(spec, positions),
+            tiers,
+            load_peak: 0,
             state: kda_state_bytes(spec).saturating_mul(kv.sequences as u64) + kv.ram,
             scratch: scratch_bytes(spec, positions),
             io_buffers: io_buffer_bytes(spec, positions, max_inflight),
@@ -233,13 +246,65 @@ impl Ledger {
             context,
             kv,
         };
+        l.load_peak = l.peak_while_loading(spec);
         l.budget = l.fixed();
         l
     }
 
-    /// Spine, state, scratch and I/O buffers: everything but the cache.
+    /// This plan with the spine's layers placed as `tiers`.
+    fn with_tiers(mut self, spec: &MemoryFacts, tiers: SpineTiers) -> Self {
+        self.spine = tiers.resident_spine();
+        self.tiers = tiers;
+        self.load_peak = self.peak_while_loading(spec);
+        self
+    }
+
+    /// At most `resident` decoder layers resident (tests and benchmarks
+    /// of a streamed spine; the budget may keep fewer).
+    pub fn cap_resident_layers(self, spec: &MemoryFacts, resident: usize) -> Self {
+        if resident >= self.tiers.resident_layers {
+            return self;
+        }
+        let t = SpineTiers::new(spec, self.int8(), resident);
+        self.with_tiers(spec, t)
+    }
+
+    fn int8(&self) -> bool {
+        self.spine_repr == Spine::Int8.name()
+    }
+
+    /// The most held while loading: the resident spine, scratch, and for
+    /// an int8 spine one piece as stored before it is quantised (the
+    /// largest layer, or the globals' stored excess: the head).
+    fn peak_while_loading(&self, spec: &MemoryFacts) -> u64 {
+        let transient = if self.int8() {
+            let layer = spec.layers.iter().map(|l| l.stored).max().unwrap_or(0);
+            layer.max(spec.global_bytes(false) - spec.global_bytes(true))
+        } else {
+            0
+        };
+        self.spine + self.tiers.ring_bytes + self.scratch + transient
+    }
+
+    /// Spine (resident and its ring), state, scratch and I/O buffers:
+    /// everything but the cache.
     pub fn fixed(&self) -> u64 {
-        self.spine + self.state + self.scratch + self.io_buffers
+        self.spine + self.tiers.ring_bytes + self.state + self.scratch + self.io_buffers
+    }
+
+    /// The plan with as many spine layers resident as `budget` holds beside
+    /// the other fixed parts (at least none, all streamed).
+    fn fit_layers(self, spec: &MemoryFacts, budget: u64) -> Self {
+        let n = self.tiers.layers;
+        let mut r = self.tiers.resident_layers.min(n);
+        loop {
+            let t = SpineTiers::new(spec, self.int8(), r);
+            let l = self.clone().with_tiers(spec, t);
+            if r == 0 || (l.fixed() <= budget && l.load_peak <= budget) {
+                return l;
+            }
+            r -= 1;
+        }
     }
 
     /// The least budget whose own plan fits the fixed parts. With the
@@ -257,13 +322,33 @@ impl Ledger {
     /// in whole experts (at most every expert of the model); fails naming
     /// the parts when they alone exceed it.
     pub fn with_budget(self, spec: &MemoryFacts, budget: u64) -> Result<Self, String> {
+        let this = if self.fixed().max(self.load_peak) > budget {
+            self.fit_layers(spec, budget)
+        } else {
+            self
+        };
+        this.with_placed_budget(spec, budget)
+    }
+
+    fn with_placed_budget(self, spec: &MemoryFacts, budget: u64) -> Result<Self, String> {
         let fixed = self.fixed();
         if fixed > budget {
             return Err(format!(
-                "a RAM budget of {} is too small: the resident spine ({}) needs {}, state for {} sequence{} of {} tokens {} (recurrent state {}{}; latent cache in RAM {}: lower it with --kv-ram, the rest spills to --kv-dir), scratch {}, I/O buffers {} — give at least --ram-budget {}MB (no expert cache then)",
+                "a RAM budget of {} is too small: the resident spine ({}) needs {}{}, state for {} sequence{} of {} tokens {} (recurrent state {}{}; latent cache in RAM {}: lower it with --kv-ram, the rest spills to --kv-dir), scratch {}, I/O buffers {} — give at least --ram-budget {}MB (no expert cache then)",
                 format_bytes(budget),
                 self.spine_repr,
                 format_bytes(self.spine),
+                if self.tiers.streamed_layers > 0 {
+                    format!(
+                        " (embedding, norm and head; {} of {} layers read for every pass through a ring of {} layers, {})",
+                        self.tiers.streamed_layers,
+                        self.tiers.layers,
+                        self.tiers.ring,
+                        format_bytes(self.tiers.ring_bytes)
+                    )
+                } else {
+                    String::new()
+                },
                 self.kv.sequences,
                 if self.kv.sequences == 1 { "" } else { "s" },
                 self.context,
@@ -282,7 +367,7 @@ impl Ledger {
         }
         if self.load_peak > budget {
             return Err(format!(
-                "a RAM budget of {} is too small to load: the spine is read as stored ({}) before it is quantised to {} — give at least --ram-budget {}MB",
+                "a RAM budget of {} is too small to load: the spine is read a piece at a time as stored ({} at most with the rest) before it is quantised to {} — give at least --ram-budget {}MB",
                 format_bytes(budget),
                 format_bytes(self.load_peak),
                 self.spine_repr,
@@ -312,8 +397,22 @@ impl Ledger {
 
     /// A few lines for humans.
     pub fn describe(&self) -> String {
+        let t = &self.tiers;
+        let tiers = if t.streamed_layers > 0 {
+            format!(
+                "; {} of {} layers resident, {} read for every pass ({}) through a ring of {} layers ({})",
+                t.resident_layers,
+                t.layers,
+                t.streamed_layers,
+                format_bytes(t.streamed_bytes),
+                t.ring,
+                format_bytes(t.ring_bytes)
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "RAM budget {}: spine {} ({}), state {} ({} tokens × {} sequences; latent cache {} {} in RAM, {} on disk at full context), scratch {}, I/O buffers {}, expert cache {} ({} experts of {})",
+            "RAM budget {}: spine {} ({}{tiers}), state {} ({} tokens × {} sequences; latent cache {} {} in RAM, {} on disk at full context), scratch {}, I/O buffers {}, expert cache {} ({} experts of {})",
             format_bytes(self.budget),
             format_bytes(self.spine),
             self.spine_repr,
@@ -389,7 +488,7 @@ mod tests {
     use super::*;
 
     fn tiny() -> MemoryFacts {
-        fathom_model::memory::memory_facts(
+        fathom_model::registry::memory_facts(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../model/tests/data/k3-tiny/checkpoint"),
         )
@@ -493,6 +592,12 @@ mod tests {
         let global = 1024 * 128 * 2 + 3 * 128 * 2 + q(1024, 128);
         let want = 6 * kda + 3 * mla + 9 * per_layer + dense + 8 * moe + global;
         assert_eq!(want, 2_464_240);
+        // The layers' own figures add up to the same, the head and
+        // embedding left as the globals.
+        assert_eq!(s.layers.len(), 9);
+        let layers: u64 = s.layers.iter().map(|l| l.int8).sum();
+        assert_eq!(layers, 6 * kda + 3 * mla + 9 * per_layer + dense + 8 * moe);
+        assert_eq!(s.global_bytes(true), global);
         assert_eq!(spine_bytes_for(&s, Spine::Int8), want);
         let l = Ledger::plan_for(&s, Spine::Int8, 200 << 20, 4096, 1, 8).unwrap();
         assert_eq!((l.spine, l.spine_repr), (want, "int8"));
@@ -502,28 +607,92 @@ mod tests {
     }
 
     #[test]
-    fn an_int8_spine_is_quantised_before_the_experts_arrive() {
+    fn an_int8_spine_is_quantised_a_layer_at_a_time() {
         let s = tiny();
         let (l, b) = (
             Ledger::plan_for(&s, Spine::Int8, 200 << 20, 4096, 1, 8).unwrap(),
             Ledger::plan(&s, 200 << 20, 4096, 1, 8).unwrap(),
         );
-        // Loading holds the stored spine (plus scratch), never beside the cache.
-        assert_eq!(l.load_peak, spine_bytes(&s) + l.scratch);
-        assert_eq!(l.load_peak, b.load_peak);
+        // Loading holds the int8 spine and one piece as stored: the
+        // largest layer, or the head before it is quantised.
+        let largest = s.layers.iter().map(|x| x.stored).max().unwrap();
+        let head = s.global_bytes(false) - s.global_bytes(true);
+        assert_eq!(
+            l.load_peak,
+            spine_bytes_for(&s, Spine::Int8) + l.scratch + largest.max(head)
+        );
+        assert_eq!(b.load_peak, spine_bytes(&s) + b.scratch);
+        assert!(l.load_peak < b.load_peak);
         assert!(l.peak() < b.peak(), "{} vs {}", l.peak(), b.peak());
         assert_eq!(
             b.peak() - l.peak(),
             spine_bytes(&s) - spine_bytes_for(&s, Spine::Int8),
             "every expert cached in both: the int8 plan saves the spine difference"
         );
-        // A budget that holds the int8 steady state but not the stored spine
-        // at load is refused, naming the budget that works.
-        let small = Ledger::plan_for(&s, Spine::Int8, 200 << 20, 1, 1, 0).unwrap();
-        let tight = small.load_peak - 1;
-        assert!(small.fixed() < tight, "{} vs {tight}", small.fixed());
-        let e = Ledger::plan_for(&s, Spine::Int8, tight, 1, 1, 0).unwrap_err();
-        assert!(e.contains("too small to load") && e.contains("int8"), "{e}");
+    }
+
+    #[test]
+    fn layers_stream_when_the_spine_does_not_fit() {
+        let s = tiny();
+        let all = Ledger::plan(&s, 200 << 20, 4096, 1, 8).unwrap();
+        assert_eq!(all.tiers.streamed_layers, 0);
+        assert_eq!((all.tiers.ring, all.tiers.ring_bytes), (0, 0));
+        assert_eq!(all.spine, spine_bytes(&s));
+        // One byte short of the resident plan: a layer streams, the cache
+        // gets nothing, and what is counted fits.
+        let least_resident = Ledger::plan(&s, 200 << 20, 1, 1, 8).unwrap();
+        let fixed = least_resident.fixed();
+        let l = Ledger::plan(&s, fixed - 1, 1, 1, 8).unwrap();
+        let t = l.tiers;
+        assert!(t.streamed_layers >= 1, "{t:?}");
+        assert_eq!(t.resident_layers + t.streamed_layers, 9);
+        assert_eq!(
+            t.global_bytes + t.resident_bytes + t.streamed_bytes,
+            spine_bytes(&s)
+        );
+        assert_eq!(l.spine, t.global_bytes + t.resident_bytes);
+        assert!(l.fixed() < fixed, "{} vs {fixed}", l.fixed());
+        assert_eq!(t.ring, ring_layers(t.resident_layers, t.streamed_layers));
+        let keep = fathom_model::tiers::resident_layers(9, t.resident_layers);
+        let streamed: Vec<u64> = (0..9)
+            .filter(|&i| !keep[i])
+            .map(|i| s.layers[i].stored)
+            .collect();
+        let m = streamed.len();
+        let window = (0..m)
+            .map(|j| {
+                (0..t.ring.min(m))
+                    .map(|x| streamed[(j + x) % m])
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap();
+        assert_eq!(t.ring_bytes, window);
+        assert_eq!(
+            t.plan(),
+            fathom_model::LayerPlan::streamed(t.resident_layers, t.ring)
+        );
+        // Forced to none resident: a ring of two, the two largest
+        // neighbours (k3-tiny: layer 0, dense, beside a MoE layer).
+        let none = Ledger::minimum(&s, Spine::Bf16, 1, l.kv, 1, 8).cap_resident_layers(&s, 0);
+        let b: Vec<u64> = s.layers.iter().map(|x| x.stored).collect();
+        let pairs = (0..9).map(|i| b[i] + b[(i + 1) % 9]).max().unwrap();
+        assert_eq!((none.tiers.ring, none.tiers.ring_bytes), (2, pairs));
+        assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 2), 9);
+        assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 9), 11);
+        assert_eq!(none.spine, s.global_bytes(false));
+        assert_eq!(
+            none.tiers.streamed_bytes,
+            s.layers.iter().map(|x| x.stored).sum::<u64>()
+        );
+    }
+
+    #[test]
+    fn ring_layers_cover_the_resident_runs() {
+        assert_eq!(ring_layers(0, 9), 2);
+        assert_eq!(ring_layers(4, 5), 3);
+        assert_eq!(ring_layers(8, 1), MAX_RING);
+        assert_eq!(ring_layers(45, 48), 3);
     }
 
     #[test]

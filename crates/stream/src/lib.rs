@@ -20,6 +20,7 @@ pub mod cache;
 pub mod heat;
 pub mod kv_spill;
 pub mod reader;
+pub mod spine_tiers;
 pub mod store;
 
 pub use budget::{Ledger, default_budget};

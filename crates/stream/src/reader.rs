@@ -7,24 +7,59 @@
 //! the memory cgroup as page cache. Where the filesystem refuses (tmpfs,
 //! some overlays) the file is read buffered and the range dropped from the
 //! page cache right after.
+//!
+//! A shard that is not on disk (opened through the checkpoint's remote
+//! source) is read span by span through that source: a demand read may
+//! fetch a span, a prefetch guess only reads spans stored locally.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use fathom_platform::io::{Advice, advise, open_uncached};
 
 use fathom_model::experts::{ExpertLoc, ExpertShapes, ExpertWeights};
-use fathom_weights::{AlignedBuf, IO_ALIGN};
+use fathom_weights::{AlignedBuf, IO_ALIGN, RemoteShards, ShardData, ShardFile};
 
-/// One shard opened for expert reads.
+/// One shard opened for expert reads: a local file, or a shard read
+/// through the checkpoint's remote source.
 pub struct ShardReader {
-    file: File,
+    file: Option<File>,
+    remote: Option<(Arc<dyn RemoteShards>, String)>,
     len: u64,
     direct: bool,
 }
 
+/// Why an expert read gave no expert.
+#[derive(Debug)]
+pub enum ReadError {
+    Io(std::io::Error),
+    /// A read that may not fetch found the span not stored locally.
+    NotLocal,
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(e: std::io::Error) -> Self {
+        ReadError::Io(e)
+    }
+}
+
 impl ShardReader {
+    /// Opens a checkpoint's shard: its file (uncached if `want_direct`),
+    /// or its remote source.
+    pub fn for_shard(shard: &ShardFile, want_direct: bool) -> std::io::Result<Self> {
+        match &shard.data {
+            ShardData::Local(_) => Self::open(&shard.path, want_direct),
+            ShardData::Remote(r) => Ok(ShardReader {
+                file: None,
+                remote: Some((r.clone(), shard.name.clone())),
+                len: shard.len,
+                direct: false,
+            }),
+        }
+    }
+
     /// Opens `path` uncached if `want_direct` and the filesystem allows it.
     pub fn open(path: &Path, want_direct: bool) -> std::io::Result<Self> {
         let len = std::fs::metadata(path)?.len();
@@ -34,7 +69,8 @@ impl ShardReader {
                 let mut probe = AlignedBuf::zeroed(IO_ALIGN);
                 if file.read_at(&mut probe, 0).is_ok() {
                     return Ok(ShardReader {
-                        file,
+                        file: Some(file),
+                        remote: None,
                         len,
                         direct: true,
                     });
@@ -45,19 +81,55 @@ impl ShardReader {
         // A refused hint only leaves read-ahead on.
         advise(&file, 0, 0, Advice::Random);
         Ok(ShardReader {
-            file,
+            file: Some(file),
+            remote: None,
             len,
             direct: false,
         })
+    }
+
+    /// Whether its bytes come through a remote source.
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
     }
 
     pub fn is_direct(&self) -> bool {
         self.direct
     }
 
+    /// As [`Self::read_span`]; a remote shard's span comes from local
+    /// storage, else is fetched only when `fetch` (else [`ReadError::NotLocal`]).
+    pub fn read_span_as(
+        &self,
+        offset: u64,
+        len: u64,
+        fetch: bool,
+    ) -> Result<(AlignedBuf, u64), ReadError> {
+        let Some((src, name)) = &self.remote else {
+            return Ok(self.read_span(offset, len)?);
+        };
+        match src.span(name, offset, len, fetch) {
+            Ok(Some(b)) if b.len() as u64 == len => Ok((AlignedBuf::from_slice(&b), offset)),
+            Ok(Some(b)) => Err(ReadError::Io(std::io::Error::other(format!(
+                "{name}: {} bytes came back for a span of {len}",
+                b.len()
+            )))),
+            Ok(None) => Err(ReadError::NotLocal),
+            Err(e) => Err(ReadError::Io(std::io::Error::other(e))),
+        }
+    }
+
     /// Reads `[offset, offset + len)` (and the alignment slack around it) into
-    /// an aligned buffer. Returns the buffer and the file offset of its first byte.
+    /// an aligned buffer. Returns the buffer and the file offset of its first
+    /// byte. A remote shard's span is fetched when not stored locally.
     pub fn read_span(&self, offset: u64, len: u64) -> std::io::Result<(AlignedBuf, u64)> {
+        let Some(file) = &self.file else {
+            return match self.read_span_as(offset, len, true) {
+                Ok(r) => Ok(r),
+                Err(ReadError::Io(e)) => Err(e),
+                Err(ReadError::NotLocal) => Err(std::io::Error::other("span not stored")),
+            };
+        };
         let a = IO_ALIGN as u64;
         let start = offset / a * a;
         let end = (offset + len).div_ceil(a) * a;
@@ -66,7 +138,7 @@ impl ShardReader {
         let mut got = 0usize;
         while got < need {
             // A direct read must stay aligned: read whole remaining aligned blocks.
-            let n = self.file.read_at(&mut buf[got..], start + got as u64)?;
+            let n = file.read_at(&mut buf[got..], start + got as u64)?;
             if n == 0 {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
@@ -77,7 +149,7 @@ impl ShardReader {
         }
         if !self.direct {
             // A refused hint only leaves the range cached.
-            advise(&self.file, start, end - start, Advice::DontNeed);
+            advise(file, start, end - start, Advice::DontNeed);
         }
         Ok((buf, start))
     }
@@ -91,4 +163,18 @@ pub fn read_expert(
     loc: &ExpertLoc,
 ) -> std::io::Result<(ExpertWeights, u64)> {
     loc.read_with(shapes, |shard, off, len| shards[shard].read_span(off, len))
+}
+
+/// As [`read_expert`]; spans of remote shards are fetched only when
+/// `fetch` (a demand read), else must be stored locally
+/// ([`ReadError::NotLocal`] when not).
+pub fn read_expert_as(
+    shapes: &ExpertShapes,
+    shards: &[ShardReader],
+    loc: &ExpertLoc,
+    fetch: bool,
+) -> Result<(ExpertWeights, u64), ReadError> {
+    loc.read_with(shapes, |shard, off, len| {
+        shards[shard].read_span_as(off, len, fetch)
+    })
 }

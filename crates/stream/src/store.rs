@@ -10,6 +10,11 @@
 //! When that layer's real request arrives, guesses it did not ask for and
 //! that have not started are cancelled; finished ones go to the cache like
 //! any other expert and age out by LRU.
+//!
+//! Shards that are not on disk (read through the checkpoint's remote
+//! source) are fetched only for an expert a request asked for: a guess
+//! (a hint, or a heat warm-up) reads only spans stored locally and is
+//! dropped when they are not.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -26,7 +31,7 @@ use fathom_weights::Checkpoint;
 
 use crate::cache::{Key, LruCache};
 use crate::heat::Heat;
-use crate::reader::{ShardReader, read_expert};
+use crate::reader::{ReadError, ShardReader, read_expert_as};
 
 /// How the store runs.
 #[derive(Debug, Clone)]
@@ -80,15 +85,19 @@ struct Pending {
     cv: Condvar,
     started: AtomicBool,
     cancelled: AtomicBool,
+    /// A request asked for it (else it is a guess, which may not fetch
+    /// from a remote source). Set under `Inner`'s lock.
+    demanded: AtomicBool,
 }
 
 impl Pending {
-    fn new() -> Arc<Self> {
+    fn new(demanded: bool) -> Arc<Self> {
         Arc::new(Pending {
             done: Mutex::new(None),
             cv: Condvar::new(),
             started: AtomicBool::new(false),
             cancelled: AtomicBool::new(false),
+            demanded: AtomicBool::new(demanded),
         })
     }
     fn finish(&self, d: Done) {
@@ -182,7 +191,7 @@ impl StreamedExperts {
         let shards = ck
             .shards()
             .iter()
-            .map(|s| ShardReader::open(&s.path, cfg.direct).map_err(|e| io_err(&s.path, e)))
+            .map(|s| ShardReader::for_shard(s, cfg.direct).map_err(|e| io_err(&s.path, e)))
             .collect::<Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
             table: table.clone(),
@@ -264,6 +273,7 @@ impl StreamedExperts {
                 let p = match inner.inflight.get(&k) {
                     Some(p) => {
                         p.cancelled.store(false, Ordering::SeqCst);
+                        p.demanded.store(true, Ordering::SeqCst);
                         if !p.started.load(Ordering::SeqCst) {
                             demand.push(Job {
                                 key: k,
@@ -274,7 +284,7 @@ impl StreamedExperts {
                         p.clone()
                     }
                     None => {
-                        let p = Pending::new();
+                        let p = Pending::new(true);
                         inner.inflight.insert(k, p.clone());
                         demand.push(Job {
                             key: k,
@@ -356,7 +366,8 @@ impl StreamedExperts {
                 if !valid || inner.cache.contains(k) || inner.inflight.contains_key(&k) {
                     continue;
                 }
-                let p = Pending::new();
+                // A guess: a remote shard's span is used only if stored.
+                let p = Pending::new(false);
                 inner.inflight.insert(k, p.clone());
                 q.demand.push_back(Job {
                     key: k,
@@ -368,7 +379,11 @@ impl StreamedExperts {
         }
         s.queue_cv.notify_all();
         for p in waits {
-            p.wait().map_err(ModelError::Experts)?;
+            match p.wait() {
+                Ok(_) => {}
+                Err(_) if matches!(*p.done.lock().unwrap(), Some(Done::Cancelled)) => {}
+                Err(e) => return Err(ModelError::Experts(e)),
+            }
         }
         Ok(s.counters.bytes_read.load(Ordering::Relaxed) - before)
     }
@@ -423,19 +438,8 @@ fn io_loop(s: &Shared) {
                 continue;
             }
         }
-        let (layer, expert) = job.key;
-        let loc = &s.table.layers[layer as usize][expert as usize];
-        let t0 = Instant::now();
-        let result = read_expert(&s.table.shapes, &s.shards, loc);
-        s.counters
-            .read_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let done = match result {
-            Ok((e, n)) => {
-                s.counters.bytes_read.fetch_add(n, Ordering::Relaxed);
-                Done::Ready(Arc::new(e))
-            }
-            Err(e) => Done::Failed(format!("layer {layer} expert {expert}: {e}")),
+        let Some(done) = read_job(s, &job) else {
+            continue;
         };
         {
             let mut inner = s.inner.lock().unwrap();
@@ -449,6 +453,41 @@ fn io_loop(s: &Shared) {
         }
         job.pending.finish(done);
     }
+}
+
+/// Reads a job's expert. A guess whose bytes are not stored locally is
+/// dropped (`None`, finished as cancelled) unless a request asked for it
+/// meanwhile; then it is read as a demand read.
+fn read_job(s: &Shared, job: &Job) -> Option<Done> {
+    let (layer, expert) = job.key;
+    let loc = &s.table.layers[layer as usize][expert as usize];
+    let t0 = Instant::now();
+    let read = |fetch| read_expert_as(&s.table.shapes, &s.shards, loc, fetch);
+    let mut result = read(job.pending.demanded.load(Ordering::SeqCst));
+    if let Err(ReadError::NotLocal) = result {
+        let mut inner = s.inner.lock().unwrap();
+        if !job.pending.demanded.load(Ordering::SeqCst) {
+            remove_inflight(&mut inner, job.key, &job.pending);
+            drop(inner);
+            job.pending.finish(Done::Cancelled);
+            return None;
+        }
+        drop(inner);
+        result = read(true);
+    }
+    s.counters
+        .read_ns
+        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    Some(match result {
+        Ok((e, n)) => {
+            s.counters.bytes_read.fetch_add(n, Ordering::Relaxed);
+            Done::Ready(Arc::new(e))
+        }
+        Err(ReadError::Io(e)) => Done::Failed(format!("layer {layer} expert {expert}: {e}")),
+        Err(ReadError::NotLocal) => Done::Failed(format!(
+            "layer {layer} expert {expert}: its span is not stored locally"
+        )),
+    })
 }
 
 fn remove_inflight(inner: &mut Inner, key: Key, p: &Arc<Pending>) {
@@ -514,7 +553,7 @@ impl ExpertSource for StreamedExperts {
                 if inner.cache.contains(k) || inner.inflight.contains_key(&k) {
                     continue;
                 }
-                let p = Pending::new();
+                let p = Pending::new(false);
                 inner.inflight.insert(k, p.clone());
                 jobs.push(Job {
                     key: k,

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use safetensors::Dtype;
 use safetensors::tensor::TensorInfo;
@@ -31,12 +32,59 @@ pub fn bytes_read() -> u64 {
 /// Largest shard header (JSON) read; writers must stay under it.
 pub const MAX_HEADER: u64 = 100 << 20;
 
-/// One opened shard file.
+/// Shards that are not on disk, read from where the checkpoint came from
+/// (a Hub repository): its headers, and spans of it on demand.
+pub trait RemoteShards: Send + Sync {
+    /// The size of `file` (a name of the index's `weight_map`), if the
+    /// source has it.
+    fn size(&self, file: &str) -> Option<u64>;
+    /// `file`'s safetensors header: its 8-byte length and the JSON after it.
+    fn header(&self, file: &str) -> std::result::Result<Vec<u8>, String>;
+    /// The bytes `[offset, offset + len)` of `file`: from local storage if
+    /// there, else fetched when `fetch` (a read the model needs now), else
+    /// `None` (a guess never reaches the network). Errors name the file.
+    fn span(
+        &self,
+        file: &str,
+        offset: u64,
+        len: u64,
+        fetch: bool,
+    ) -> std::result::Result<Option<Vec<u8>>, String>;
+}
+
+/// Where a shard's bytes are.
+#[derive(Clone)]
+pub enum ShardData {
+    /// The file, open.
+    Local(Arc<File>),
+    /// Not on disk: read through the checkpoint's remote source.
+    Remote(Arc<dyn RemoteShards>),
+}
+
+impl std::fmt::Debug for ShardData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ShardData::Local(_) => "Local",
+            ShardData::Remote(_) => "Remote",
+        })
+    }
+}
+
+/// One opened shard.
 #[derive(Debug)]
 pub struct ShardFile {
     pub path: PathBuf,
-    pub file: File,
+    /// Its name in the model directory (the index's shard name).
+    pub name: String,
+    pub data: ShardData,
     pub len: u64,
+}
+
+impl ShardFile {
+    /// Whether its bytes come from the remote source.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.data, ShardData::Remote(_))
+    }
 }
 
 /// Where a tensor's bytes are: shard index, absolute byte offset and length,
@@ -73,17 +121,24 @@ struct IndexFile {
 impl Checkpoint {
     /// Opens `dir/model.safetensors.index.json` (+ shards) or `dir/model.safetensors`.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, None)
+    }
+
+    /// As [`Checkpoint::open`]; a shard the index names that is not in
+    /// `dir` is opened through `remote` (its header fetched from there,
+    /// its bytes read through it) when `remote` has it.
+    pub fn open_with(dir: &Path, remote: Option<Arc<dyn RemoteShards>>) -> Result<Self> {
         let index_path = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         if index_path.is_file() {
-            Self::open_indexed(dir, &index_path)
+            Self::open_indexed(dir, &index_path, remote)
         } else if single.is_file() {
             let mut ck = Checkpoint {
                 dir: dir.to_path_buf(),
                 shards: Vec::new(),
                 tensors: BTreeMap::new(),
             };
-            let header = ck.add_shard(&single)?;
+            let header = ck.add_shard(&single, "model.safetensors")?;
             for (name, loc) in header {
                 ck.tensors.insert(name, loc);
             }
@@ -95,7 +150,11 @@ impl Checkpoint {
         }
     }
 
-    fn open_indexed(dir: &Path, index_path: &Path) -> Result<Self> {
+    fn open_indexed(
+        dir: &Path,
+        index_path: &Path,
+        remote: Option<Arc<dyn RemoteShards>>,
+    ) -> Result<Self> {
         let text = std::fs::read(index_path).map_err(|e| WeightsError::io(index_path, e))?;
         let index: IndexFile =
             serde_json::from_slice(&text).map_err(|e| WeightsError::BadIndex {
@@ -119,7 +178,12 @@ impl Checkpoint {
         }
         for (file, names) in by_file {
             let path = dir.join(file);
-            let mut header = ck.add_shard(&path)?;
+            let mut header = match &remote {
+                Some(r) if !path.exists() && r.size(file).is_some() => {
+                    ck.add_remote_shard(&path, file, r.clone())?
+                }
+                _ => ck.add_shard(&path, file)?,
+            };
             for name in names {
                 let loc = header.remove(name).ok_or_else(|| WeightsError::BadTensor {
                     path: path.clone(),
@@ -140,7 +204,7 @@ impl Checkpoint {
     }
 
     /// Opens one shard, validates its header, returns its tensors.
-    fn add_shard(&mut self, path: &Path) -> Result<HashMap<String, TensorLoc>> {
+    fn add_shard(&mut self, path: &Path, name: &str) -> Result<HashMap<String, TensorLoc>> {
         // A FIFO, device or directory would block or mislead a read: refuse
         // anything but a regular file (symlinks to one are fine) before opening.
         let meta = std::fs::metadata(path).map_err(|e| WeightsError::io(path, e))?;
@@ -157,7 +221,31 @@ impl Checkpoint {
         let tensors = read_header(path, &file, len, shard)?;
         self.shards.push(ShardFile {
             path: path.to_path_buf(),
-            file,
+            name: name.to_string(),
+            data: ShardData::Local(Arc::new(file)),
+            len,
+        });
+        Ok(tensors)
+    }
+
+    /// A shard not on disk: its header from `remote`, validated as a
+    /// local one is.
+    fn add_remote_shard(
+        &mut self,
+        path: &Path,
+        name: &str,
+        remote: Arc<dyn RemoteShards>,
+    ) -> Result<HashMap<String, TensorLoc>> {
+        let len = remote.size(name).unwrap_or(0);
+        let header = remote
+            .header(name)
+            .map_err(|e| WeightsError::io(path, std::io::Error::other(e)))?;
+        let shard = self.shards.len();
+        let tensors = parse_header(path, &header, len, shard)?;
+        self.shards.push(ShardFile {
+            path: path.to_path_buf(),
+            name: name.to_string(),
+            data: ShardData::Remote(remote),
             len,
         });
         Ok(tensors)
@@ -195,15 +283,36 @@ impl Checkpoint {
     /// Reads `buf.len()` bytes at absolute `offset` of shard `shard`, then
     /// drops that range from the page cache where the system can (Linux):
     /// what fathom keeps, it keeps in its own (budgeted) memory, not twice.
+    /// A shard not on disk is read through its remote source (fetched
+    /// when not stored locally).
     pub fn read_into(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
         let s = &self.shards[shard];
-        s.file
-            .read_exact_at(buf, offset)
+        let file = match &s.data {
+            ShardData::Local(f) => f,
+            ShardData::Remote(r) => {
+                let io = |e: String| WeightsError::io(&s.path, std::io::Error::other(e));
+                let got = r
+                    .span(&s.name, offset, buf.len() as u64, true)
+                    .map_err(io)?
+                    .ok_or_else(|| io("the span was not returned".into()))?;
+                if got.len() != buf.len() {
+                    return Err(io(format!(
+                        "{} bytes came back for a span of {}",
+                        got.len(),
+                        buf.len()
+                    )));
+                }
+                buf.copy_from_slice(&got);
+                BYTES_READ.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                return Ok(());
+            }
+        };
+        file.read_exact_at(buf, offset)
             .map_err(|e| WeightsError::io(&s.path, e))?;
         BYTES_READ.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         // A refused hint only leaves the range cached.
         fathom_platform::io::advise(
-            &s.file,
+            file,
             offset,
             buf.len() as u64,
             fathom_platform::io::Advice::DontNeed,
@@ -286,28 +395,46 @@ fn read_header(
     file_len: u64,
     shard: usize,
 ) -> Result<HashMap<String, TensorLoc>> {
+    let mut n = [0u8; 8];
+    if file_len >= 8 {
+        file.read_exact_at(&mut n, 0)
+            .map_err(|e| WeightsError::io(path, e))?;
+    }
+    let len = u64::from_le_bytes(n);
+    let mut header = n.to_vec();
+    if file_len >= 8 && len <= MAX_HEADER && 8 + len <= file_len {
+        header.resize(8 + len as usize, 0);
+        file.read_exact_at(&mut header[8..], 8)
+            .map_err(|e| WeightsError::io(path, e))?;
+    }
+    parse_header(path, &header, file_len, shard)
+}
+
+/// Validates a shard header (`header`: the 8-byte length and the JSON)
+/// of a `file_len`-byte file. Offsets returned are absolute.
+fn parse_header(
+    path: &Path,
+    header: &[u8],
+    file_len: u64,
+    shard: usize,
+) -> Result<HashMap<String, TensorLoc>> {
     let bad = |msg: String| WeightsError::BadHeader {
         path: path.to_path_buf(),
         msg,
     };
-    if file_len < 8 {
+    if file_len < 8 || header.len() < 8 {
         return Err(bad(format!(
             "file is {file_len} bytes, too short for a header"
         )));
     }
-    let mut n = [0u8; 8];
-    file.read_exact_at(&mut n, 0)
-        .map_err(|e| WeightsError::io(path, e))?;
-    let n = u64::from_le_bytes(n);
-    if n > MAX_HEADER || 8 + n > file_len {
+    let n = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
+    if n > MAX_HEADER || 8 + n > file_len || header.len() as u64 != 8 + n {
         return Err(bad(format!(
             "header length {n} does not fit a {file_len}-byte file"
         )));
     }
-    let mut json = vec![0u8; n as usize];
-    file.read_exact_at(&mut json, 8)
-        .map_err(|e| WeightsError::io(path, e))?;
-    let entries: Entries = serde_json::from_slice(&json)
+    let json = &header[8..];
+    let entries: Entries = serde_json::from_slice(json)
         .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
     let mut raw = BTreeMap::new();
     for (name, value) in entries.0 {

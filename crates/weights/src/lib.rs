@@ -21,6 +21,8 @@ pub mod pool;
 pub mod units;
 
 pub use buf::{AlignedBuf, IO_ALIGN};
-pub use checkpoint::{Checkpoint, MAX_HEADER, ShardFile, TensorLoc, bytes_read};
+pub use checkpoint::{
+    Checkpoint, MAX_HEADER, RemoteShards, ShardData, ShardFile, TensorLoc, bytes_read,
+};
 pub use error::WeightsError;
 pub use safetensors::Dtype;

@@ -151,9 +151,9 @@ pub fn run(a: BatchArgs) -> Result<()> {
         .max();
     let positions = (a.max_step_tokens as usize).max(longest.unwrap_or(0).min(4096));
     // Every prompt's state fits the one budget.
-    let mut mem = crate::load::reserve_sequences(&a.mem, lines.len() - 1);
-    mem.records_heat = true;
-    let (model, info) = load_model_with(&a.model, &mem, positions, spine)?;
+    let mut req = a.mem.request().with_sequences(lines.len() - 1);
+    req.records_heat = true;
+    let (model, info) = load_model_with(&a.model, &req, positions, spine)?;
     if !a.json {
         announce_spine(spine);
     }

@@ -139,7 +139,8 @@ fn run_depth(a: &BenchArgs) -> Result<()> {
         .unwrap_or_default();
     let mut mem = ArmMemory::try_parse_from(std::iter::once("arm".to_string()).chain(flags))
         .map_err(|e| anyhow::anyhow!("--arm flags for --depth: {e}"))?
-        .mem;
+        .mem
+        .request();
     // The ledger reserves state for the deepest depth plus the timed steps.
     let deepest = a.depth.iter().copied().max().unwrap_or(1);
     mem.context = Some(mem.context.unwrap_or(0).max(deepest + a.depth_steps + 1));

@@ -56,7 +56,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
         thinking: Some(!a.no_thinking),
         ..ChatOptions::default()
     };
-    let (model, info) = load_model_with(&a.model, &a.mem, 1, fathom_model::Spine::Bf16)?;
+    let req = a.mem.request();
+    let (model, info) = load_model_with(&a.model, &req, 1, fathom_model::Spine::Bf16)?;
     let limit = info.context;
     let load_s = info.load_s;
     let stop: Vec<u32> = format.stop_ids(tok.as_ref(), &model.info().eos_token_ids);

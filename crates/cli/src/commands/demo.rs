@@ -20,7 +20,7 @@ use fathom_tokenizer::StreamDecoder;
 use fathom_weights::units::format_bytes;
 
 use crate::common::tokenizer;
-use crate::load::{ExpertMode, MemoryArgs, load_model_with};
+use crate::load::{LoadRequest, load_model_with};
 use fathom_stream::budget::{check_budget, default_budget};
 
 /// The demo's budget when none is given (capped by what the machine gives).
@@ -119,7 +119,7 @@ fn plan_demo(
     let config = fathom_model::ModelConfig::from_bytes(dir, bytes)?;
     let facts = config.memory_facts()?;
     let index = index.unwrap_or(facts.total_experts() as u64 * INDEX_BYTES_PER_EXPERT);
-    let req = demo_request(budget).request();
+    let req = demo_request(budget);
     fathom_runtime::plan::plan_facts(
         facts,
         &req,
@@ -250,28 +250,13 @@ fn ensure_model(
 
 /// The demo's load request: streamed experts within `budget`, a
 /// 4096-token context.
-fn demo_request(budget: u64) -> MemoryArgs {
-    MemoryArgs {
+fn demo_request(budget: u64) -> LoadRequest {
+    LoadRequest {
         ram_budget: Some(budget),
-        experts: ExpertMode::Stream,
+        experts: fathom_runtime::ExpertMode::Stream,
         context: Some(4096),
-        kv_ram: None,
-        kv_dir: None,
-        kv_dtype: crate::load::KvDtypeArg::F32,
-        sequences: 1,
-        io_threads: 16,
-        no_prefetch: false,
-        prefetch_depth: None,
-        buffered_io: false,
-        device: crate::device::DeviceArg::Cpu,
-        vram_budget: None,
-        gpus: None,
-        no_cuda_graphs: false,
-        heat: None,
         heat_pin: 0.0,
-        heat_out: None,
-        mtp: false,
-        records_heat: false,
+        ..LoadRequest::default()
     }
 }
 

@@ -16,7 +16,7 @@ use fathom_model::eval::{Agreement, argmax, compare};
 use fathom_model::{CausalLm, Logits, Spine};
 
 use crate::common::parse_ids;
-use crate::load::{KvDtypeArg, MemoryArgs, load_model_with};
+use crate::load::{MemoryArgs, load_model_with};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Variant {
@@ -101,15 +101,14 @@ pub fn run(a: EvalQuantArgs) -> Result<()> {
             .collect::<Result<_>>()?
     };
     // Two models under one budget: half each.
-    let (budget, _) = a.mem.budget()?;
-    let mut half = a.mem.clone();
-    half.ram_budget = Some(budget / 2);
+    let mut half = a.mem.request();
+    half.ram_budget = Some(half.budget()?.0 / 2);
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + a.tokens;
     let mut lossy_mem = half.clone();
     let (spine, what) = match a.variant {
         Variant::SpineInt8 => (Spine::Int8, "spine int8 (lossy) with bf16 (exact)"),
         Variant::KvBf16 => {
-            lossy_mem.kv_dtype = KvDtypeArg::Bf16;
+            lossy_mem.kv_dtype = fathom_model::KvDtype::Bf16;
             (Spine::Bf16, "latent cache bf16 (lossy) with f32 (exact)")
         }
     };
@@ -126,7 +125,7 @@ pub fn run(a: EvalQuantArgs) -> Result<()> {
         total.max_abs_dlogit = total.max_abs_dlogit.max(agg.max_abs_dlogit);
     }
     let spine_bytes = |i: &crate::load::LoadInfo| i.ledger.as_ref().map(|l| l.spine);
-    let kv_dtype = |m: &MemoryArgs| fathom_model::KvDtype::from(m.kv_dtype).name();
+    let kv_dtype = |m: &crate::load::LoadRequest| m.kv_dtype.name();
     if a.json {
         println!(
             "{}",

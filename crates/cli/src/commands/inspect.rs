@@ -1,6 +1,10 @@
-//! `fathom inspect`: what a K3 checkpoint is and what running it costs,
+//! `fathom inspect`: what a checkpoint is and what running it costs,
 //! from `config.json` alone (so it answers before a download), plus the
 //! actual shard sizes when they are present.
+//!
+//! The report below is for a family that draws its layer plan and
+//! components ([`fathom_model::anatomy::Anatomy`]); every other family's is
+//! `inspect_facts`'s.
 //!
 //! Representations: the spine (everything but routed experts) as stored
 //! (bf16, a few f32 vectors) or as `--spine int8` leaves it (row-wise int8
@@ -18,9 +22,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use fathom_model::Spine;
-use fathom_model::kimi_k3::KimiK3;
-use fathom_model::kimi_k3::config::{AttnKind, FfnKind, K3Spec};
-use fathom_model::kimi_k3::tensors::{Role, expert_bytes, tensor_table};
+use fathom_model::anatomy::Anatomy;
 use fathom_model::memory::MemoryFacts;
 use fathom_stream::budget::{
     KvPlan, Ledger, expert_ram_bytes, io_buffer_bytes, kda_state_bytes, kv_bytes, scratch_bytes,
@@ -29,7 +31,7 @@ use fathom_stream::budget::{
 use fathom_weights::units::{format_bytes, parse_size};
 use serde_json::{Value, json};
 
-/// Describe a K3 model: layer plan, parameters and bytes by component,
+/// Describe a model: layer plan, parameters and bytes by component,
 /// bytes per decode token, and (with --ram-budget) how memory would be split.
 #[derive(Args)]
 pub struct InspectArgs {
@@ -58,59 +60,14 @@ pub struct InspectArgs {
     /// takes them (a count or a list), each with that budget.
     #[arg(long, value_parser = crate::device::parse_gpus, requires = "vram_budget")]
     gpus: Option<crate::device::Gpus>,
+    /// Disk read bandwidth the projected seconds per pass assume (bytes
+    /// per second, e.g. 7GB: a fast NVMe drive; `fathom bench` measures
+    /// yours).
+    #[arg(long, value_parser = parse_size, default_value = "7GB")]
+    disk_bw: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-}
-
-/// Components reported, in order, with the roles each sums.
-const COMPONENTS: [(&str, &[Role]); 9] = [
-    ("embedding", &[Role::Embedding]),
-    ("attention", &[Role::Attention]),
-    ("dense_mlp", &[Role::DenseMlp]),
-    ("router", &[Role::Router]),
-    ("latent", &[Role::Latent]),
-    ("shared_experts", &[Role::SharedExpert]),
-    ("routed_experts", &[Role::RoutedExpert]),
-    ("head", &[Role::Head]),
-    ("norms_attn_res", &[Role::Norm, Role::AttnRes]),
-];
-
-/// (name, params, stored bytes) per component, from the tensor table.
-fn components(spec: &K3Spec) -> Vec<(&'static str, u64, u64)> {
-    let mut components: Vec<(&str, u64, u64)> =
-        COMPONENTS.iter().map(|(n, _)| (*n, 0, 0)).collect();
-    for t in tensor_table(spec) {
-        let numel = t.shape.iter().product::<usize>() as u64;
-        let params = match t.role {
-            Role::RoutedExpert if t.name.ends_with("weight_packed") => 2 * numel,
-            Role::RoutedExpert => 0,
-            _ => numel,
-        };
-        let i = COMPONENTS
-            .iter()
-            .position(|(_, roles)| roles.contains(&t.role))
-            .expect("every role is in a component");
-        components[i].1 += params;
-        components[i].2 += t.bytes();
-    }
-    components
-}
-
-/// Compact layer plan: `K` = KDA, `M` = MLA; `D` = dense MLP, `E` = MoE.
-fn layer_plan(spec: &K3Spec) -> (String, String) {
-    let attn = spec
-        .attn_kinds
-        .iter()
-        .map(|k| if *k == AttnKind::Kda { 'K' } else { 'M' })
-        .collect();
-    let ffn = (0..spec.num_layers)
-        .map(|i| match spec.ffn_kind(i) {
-            FfnKind::Dense => 'D',
-            FfnKind::Moe => 'E',
-        })
-        .collect();
-    (attn, ffn)
 }
 
 /// Shard files present next to config.json: (count, bytes).
@@ -135,11 +92,6 @@ pub(crate) fn positions() -> usize {
     super::run::default_pass()
 }
 
-/// Expert reads in flight with next-layer prefetch on (as `load_model_with`).
-fn max_inflight(spec: &K3Spec) -> usize {
-    2 * spec.top_k
-}
-
 /// The budget ledger of one spine representation: its fields, plus whether
 /// it fits, the least budget that would, and the cached share of experts.
 pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs) -> Result<Value> {
@@ -148,19 +100,35 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
     let plan = KvPlan::new(facts, kv.context, 1, kv.dtype, kv.ram, rest);
     let inflight = 2 * facts.top_k;
     let min = Ledger::minimum(facts, spine, kv.context, plan, positions(), inflight);
-    let fixed = min.least_budget().max(min.load_peak) + kv.index;
+    // The least budget: every spine layer read for every pass.
+    let least = min.clone().cap_resident_layers(facts, 0);
+    let fixed = least.least_budget().max(least.load_peak) + kv.index;
     let (fits, l) = match min.clone().with_budget(facts, rest) {
-        Ok(l) => (true, l),
+        Ok(l) => (true, Ledger { budget, ..l }),
         Err(_) => (
             false,
             Ledger {
                 budget,
-                ..min.clone()
+                ..least.clone()
             },
         ),
     };
     let all = facts.total_experts();
-    let verdict = verdict(&min, &l, fits, fixed, all, kv.index);
+    let verdict = verdict(&least, &l, fits, fixed, all, kv.index);
+    let cached = if all > 0 {
+        l.cache_experts as f64 / all as f64
+    } else {
+        0.0
+    };
+    // A pass reads the streamed layers once and, with experts hit in
+    // proportion to the cache (no heat assumed), the missed share of its
+    // top-k experts in each MoE layer.
+    let bw = kv.disk_bw.max(1) as f64;
+    let routed = (facts.top_k * facts.moe_layers) as u64 * facts.expert_bytes;
+    let (spine_s, expert_s) = (
+        l.tiers.read_seconds(bw),
+        routed as f64 * (1.0 - cached) / bw,
+    );
     let mut v = serde_json::to_value(&l)?;
     let extra = json!({
         "spine_bytes": l.spine,
@@ -176,7 +144,13 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
         "min_budget_bytes": fixed,
         "tensor_index_bytes": kv.index,
         "verdict": verdict,
-        "cache_fraction": if all > 0 { l.cache_experts as f64 / all as f64 } else { 0.0 },
+        "cache_fraction": cached,
+        "projected": {
+            "disk_bw": kv.disk_bw,
+            "spine_read_s": spine_s,
+            "expert_read_s": expert_s,
+            "seconds_per_pass": spine_s + expert_s,
+        },
     });
     for (k, x) in extra.as_object().into_iter().flatten() {
         v[k] = x.clone();
@@ -184,81 +158,93 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
     Ok(v)
 }
 
-/// One column's verdict: fits or not, why, and the least budget that works.
-fn verdict(min: &Ledger, l: &Ledger, fits: bool, least: u64, all: usize, index: u64) -> String {
-    let mb = least.div_ceil(1_000_000);
+/// One column's verdict: fits or not, why, and the least budget that
+/// works (`least`: the plan with every spine layer read for every pass).
+fn verdict(
+    least: &Ledger,
+    l: &Ledger,
+    fits: bool,
+    mb_least: u64,
+    all: usize,
+    index: u64,
+) -> String {
+    let mb = mb_least.div_ceil(1_000_000);
     if fits {
         return format!(
-            "fits: {} of {all} experts cached; the least budget that works is --ram-budget {mb}MB (no expert cache)",
-            l.cache_experts
+            "fits: {} of {} layers resident, {} of {all} experts cached; the least budget that works is --ram-budget {mb}MB (every layer read for every pass, no expert cache)",
+            l.tiers.resident_layers, l.tiers.layers, l.cache_experts
         );
     }
-    if min.least_budget() >= min.load_peak {
+    if least.least_budget() >= least.load_peak {
         format!(
-            "does not fit: the spine, state, scratch, I/O buffers and tensor index alone need {} — give at least --ram-budget {mb}MB",
-            format_bytes(min.least_budget() + index)
+            "does not fit: with every layer read for every pass, the spine's globals and ring, state, scratch, I/O buffers and tensor index need {} — give at least --ram-budget {mb}MB",
+            format_bytes(least.least_budget() + index)
         )
     } else {
         format!(
-            "does not fit: loading holds the spine as stored plus scratch and the tensor index ({}) before the spine is quantised to {} — give at least --ram-budget {mb}MB",
-            format_bytes(min.load_peak + index),
-            min.spine_repr
+            "does not fit: loading holds the spine's globals and ring, one layer as stored, scratch and the tensor index ({}) before it is quantised to {} — give at least --ram-budget {mb}MB",
+            format_bytes(least.load_peak + index),
+            least.spine_repr
         )
     }
 }
 
-/// The attention-cache plan asked for.
+/// The attention-cache plan asked for, the RAM set aside for the tensor
+/// index, and the disk bandwidth the projections assume.
 pub(crate) struct KvArgs {
     pub context: usize,
     pub ram: Option<u64>,
     pub dtype: fathom_model::KvDtype,
     /// RAM for the parsed tensor index (`fathom_runtime::plan::index_ram`).
     pub index: u64,
+    pub disk_bw: u64,
 }
 
-fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result<Value> {
+fn report(
+    facts: &MemoryFacts,
+    an: &Anatomy,
+    dir: &Path,
+    budget: Option<u64>,
+    kv: &KvArgs,
+) -> Result<Value> {
     let context = kv.context;
-    let components = components(spec);
-    let (attn, ffn) = layer_plan(spec);
-    let moe_layers = spec.moe_layers().count() as u64;
-    let eb = expert_bytes(spec);
-    let routed_per_token = spec.top_k as u64 * eb * moe_layers;
-    let facts = fathom_model::kimi_k3::memory_facts(spec);
-    let (kda, mla) = (kda_state_bytes(&facts), kv_bytes(&facts, context, kv.dtype));
+    let moe_layers = facts.moe_layers as u64;
+    let eb = facts.expert_bytes;
+    let routed_per_token = facts.top_k as u64 * eb * moe_layers;
+    let (kda, mla) = (kda_state_bytes(facts), kv_bytes(facts, context, kv.dtype));
     let (bf16, int8) = (
-        spine_bytes_for(&facts, Spine::Bf16),
-        spine_bytes_for(&facts, Spine::Int8),
+        spine_bytes_for(facts, Spine::Bf16),
+        spine_bytes_for(facts, Spine::Int8),
     );
-    let blocks: Vec<usize> = (0..spec.num_layers)
-        .step_by(spec.attn_res_block_size)
-        .collect();
     let mut comps = serde_json::Map::new();
-    for (name, p, b) in &components {
-        comps.insert(name.to_string(), json!({"params": p, "bytes": b}));
+    for c in &an.components {
+        comps.insert(c.name.into(), json!({"params": c.params, "bytes": c.bytes}));
     }
-    let params: u64 = components.iter().map(|c| c.1).sum();
-    let bytes: u64 = components.iter().map(|c| c.2).sum();
+    let params: u64 = an.components.iter().map(|c| c.params).sum();
+    let bytes: u64 = an.components.iter().map(|c| c.bytes).sum();
     let files = shard_files(dir)?.map(|(n, b)| json!({"shards": n, "bytes": b}));
     let ledgers = match budget {
         Some(b) => Some(json!({
             "budget_bytes": b,
-            "bf16": ledger(&facts, Spine::Bf16, b, kv)?,
-            "int8": ledger(&facts, Spine::Int8, b, kv)?,
+            "bf16": ledger(facts, Spine::Bf16, b, kv)?,
+            "int8": ledger(facts, Spine::Int8, b, kv)?,
         })),
         None => None,
     };
     Ok(json!({
         "model": {
-            "layers": spec.num_layers, "hidden_size": spec.hidden_size,
-            "vocab_size": spec.vocab_size, "experts": spec.num_experts,
-            "top_k": spec.top_k, "moe_layers": moe_layers,
-            "attention": attn, "ffn": ffn, "attn_res_blocks": blocks,
+            "family": facts.family, "layers": an.layers, "hidden_size": facts.hidden_size,
+            "vocab_size": facts.vocab_size, "experts": facts.num_experts,
+            "top_k": facts.top_k, "moe_layers": moe_layers,
+            "attention": an.attention.letters, "ffn": an.ffn.letters,
+            "legend": {"attention": an.attention.legend, "ffn": an.ffn.legend},
+            "attn_res_blocks": an.blocks,
         },
         "components": comps,
         "total": {"params": params, "bytes": bytes},
         "expert_bytes": eb,
-        "expert_ram_bytes": expert_ram_bytes(&facts),
-        "experts_total": spec.num_experts as u64 * moe_layers,
+        "expert_ram_bytes": expert_ram_bytes(facts),
+        "experts_total": facts.total_experts(),
         "spine": {"bf16_bytes": bf16, "int8_bytes": int8},
         "per_token": {
             "spine_bf16_bytes": facts.spine_bytes_per_token(false),
@@ -268,8 +254,9 @@ fn report(spec: &K3Spec, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Result
         "state": {"context": context, "kda_bytes": kda, "mla_bytes": mla, "total_bytes": kda + mla,
                   "kv_dtype": kv.dtype.name()},
         "pass_tokens": positions(),
-        "scratch_bytes": scratch_bytes(&facts, positions()),
-        "io_buffers_bytes": io_buffer_bytes(&facts, positions(), max_inflight(spec)),
+        "scratch_bytes": scratch_bytes(facts, positions()),
+        // Expert reads in flight with next-layer prefetch on (as a load plans).
+        "io_buffers_bytes": io_buffer_bytes(facts, positions(), 2 * facts.top_k),
         "ledger": ledgers,
         "files": files,
     }))
@@ -281,38 +268,32 @@ pub fn run(a: InspectArgs) -> Result<()> {
     }
     let config = fathom_model::ModelConfig::read(&a.dir)
         .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
-    let vram = match a.vram_budget {
-        Some(v) => Some(super::inspect_vram::plan(
-            &config
-                .memory_facts()
-                .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?,
-            v,
-            a.gpus.as_ref().map_or(1, |g| g.0.len()),
-        )),
-        None => None,
-    };
-    if config.family() != <KimiK3 as fathom_model::Family>::NAME {
+    let cannot = || format!("cannot read the model config in {}", a.dir.display());
+    let facts = config.memory_facts().with_context(cannot)?;
+    let vram = a
+        .vram_budget
+        .map(|v| super::inspect_vram::plan(&facts, v, a.gpus.as_ref().map_or(1, |g| g.0.len())));
+    let Some(anatomy) = config.anatomy().with_context(cannot)? else {
         return super::inspect_facts::run(
-            &a.dir,
+            (&facts, &a.dir),
             a.ram_budget,
             a.context,
             a.kv_ram,
             a.kv_dtype.into(),
-            (a.json, vram),
+            (a.json, vram, a.disk_bw),
         );
-    }
-    let spec = K3Spec::from_json(config.json())
-        .with_context(|| format!("cannot read the model config in {}", a.dir.display()))?;
+    };
     let kv = KvArgs {
         context: a
             .context
-            .or(spec.max_position_embeddings)
+            .or(facts.max_position_embeddings)
             .unwrap_or(crate::load::ASSUMED_CONTEXT),
         ram: a.kv_ram,
         dtype: a.kv_dtype.into(),
         index: fathom_runtime::plan::index_ram(fathom_runtime::plan::index_bytes(&a.dir)),
+        disk_bw: a.disk_bw,
     };
-    let mut r = report(&spec, &a.dir, a.ram_budget, &kv)?;
+    let mut r = report(&facts, &anatomy, &a.dir, a.ram_budget, &kv)?;
     if let Some(v) = &vram {
         r["vram"] = v.clone();
     }
@@ -364,16 +345,20 @@ fn runs(s: &str) -> String {
 fn print_text(r: &Value) {
     let m = &r["model"];
     println!(
-        "Kimi K3: {} layers, hidden {}, vocab {}, {} routed experts (top-{}) in {} MoE layers",
-        m["layers"], m["hidden_size"], m["vocab_size"], m["experts"], m["top_k"], m["moe_layers"]
+        "{}: {} layers, hidden {}, vocab {}, {} routed experts (top-{}) in {} MoE layers",
+        m["family"].as_str().unwrap_or(""),
+        m["layers"],
+        m["hidden_size"],
+        m["vocab_size"],
+        m["experts"],
+        m["top_k"],
+        m["moe_layers"]
     );
     let attn = m["attention"].as_str().unwrap_or("");
     let ffn = m["ffn"].as_str().unwrap_or("");
-    println!("  attention  {}   (K = KDA, M = MLA)", runs(attn));
-    println!(
-        "  ffn        {}   (D = dense MLP, E = LatentMoE)",
-        runs(ffn)
-    );
+    let legend = |k: &str| m["legend"][k].as_str().unwrap_or("").to_string();
+    println!("  attention  {}   ({})", runs(attn), legend("attention"));
+    println!("  ffn        {}   ({})", runs(ffn), legend("ffn"));
     println!("  attn-res blocks open at layers {}", m["attn_res_blocks"]);
     println!();
     println!("{:<16} {:>12} {:>12}", "component", "params", "bytes");
@@ -437,6 +422,23 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
         )
     };
     row("resident spine", "spine_bytes");
+    let tier = |k: &str, f: &dyn Fn(&Value) -> String| {
+        println!(
+            "{k:<22} {:>14} {:>14}",
+            f(&l["bf16"]["tiers"]),
+            f(&l["int8"]["tiers"])
+        )
+    };
+    tier("  of it globals", &|t| b(&t["global_bytes"]));
+    tier("  resident layers", &|t| {
+        format!("{}/{}", t["resident_layers"], t["layers"])
+    });
+    tier("  of them bytes", &|t| b(&t["resident_bytes"]));
+    tier("streamed layers", &|t| t["streamed_layers"].to_string());
+    tier("  read per pass", &|t| b(&t["streamed_bytes"]));
+    tier("spine ring", &|t| {
+        format!("{} layers {}", t["ring"], b(&t["ring_bytes"]))
+    });
     row("sequence state", "state_bytes");
     row("  of it latent cache", "kv_ram_bytes");
     row("latent cache spilled", "kv_disk_bytes");
@@ -456,6 +458,26 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
         "  in experts",
         experts("bf16"),
         experts("int8")
+    );
+    let proj = |k: &str, f: &str| l[k]["projected"][f].as_f64().unwrap_or(0.0);
+    let secs = |f: &str| {
+        println!(
+            "{:<22} {:>14} {:>14}",
+            match f {
+                "spine_read_s" => "spine read s/pass",
+                "expert_read_s" => "expert misses s/pass",
+                _ => "projected s/pass",
+            },
+            format!("{:.2}", proj("bf16", f)),
+            format!("{:.2}", proj("int8", f))
+        )
+    };
+    for f in ["spine_read_s", "expert_read_s", "seconds_per_pass"] {
+        secs(f);
+    }
+    println!(
+        "  (reads at {}/s; --disk-bw sets it)",
+        b(&l["bf16"]["projected"]["disk_bw"])
     );
     for k in ["bf16", "int8"] {
         println!("{k} spine: {}", l[k]["verdict"].as_str().unwrap_or(""));

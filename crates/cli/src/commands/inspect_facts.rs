@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use fathom_model::memory::MemoryFacts;
 use fathom_model::{KvDtype, Spine};
 use fathom_stream::budget::{expert_ram_bytes, io_buffer_bytes, kv_bytes, scratch_bytes};
@@ -52,15 +52,13 @@ fn report(f: &MemoryFacts, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Resu
 }
 
 pub fn run(
-    dir: &Path,
+    (f, dir): (&MemoryFacts, &Path),
     budget: Option<u64>,
     context: Option<usize>,
     kv_ram: Option<u64>,
     dtype: KvDtype,
-    (json, vram): (bool, Option<Value>),
+    (json, vram, disk_bw): (bool, Option<Value>, u64),
 ) -> Result<()> {
-    let f = fathom_model::memory::memory_facts(dir)
-        .with_context(|| format!("cannot read the model config in {}", dir.display()))?;
     let kv = KvArgs {
         context: context
             .or(f.max_position_embeddings)
@@ -68,8 +66,9 @@ pub fn run(
         ram: kv_ram,
         dtype,
         index: fathom_runtime::plan::index_ram(fathom_runtime::plan::index_bytes(dir)),
+        disk_bw,
     };
-    let mut r = report(&f, dir, budget, &kv)?;
+    let mut r = report(f, dir, budget, &kv)?;
     if let Some(v) = &vram {
         r["vram"] = v.clone();
     }

@@ -181,13 +181,12 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let spine = a.spine.spine();
     let config = fathom_runtime::read_config(&a.model)?;
+    let req = a.mem.request();
     let chunk = a.prefill_chunk as usize;
     let positions = pass_positions(prompt.len(), chunk, &draft, a.draft_max as usize);
     // The draft model (if any) comes out of the same budget, checked before loading.
     let fix = "use --draft ngram or a larger --ram-budget";
-    let mut mem = a
-        .mem
-        .set_aside(draft_bytes(&draft, &config)?, "the draft model", fix)?;
+    let mut mem = req.set_aside(draft_bytes(&draft, &config)?, "the draft model", fix)?;
     mem.mtp = matches!(draft, DraftChoice::Mtp);
     mem.records_heat = true;
     // Cheap first: the budget rule and the context bound before loading

@@ -10,7 +10,7 @@ use fathom_serve::{Loaded, ServeConfig};
 use fathom_weights::units::parse_size;
 
 use crate::common::{SpineArg, tokenizer, wants_bos};
-use crate::load::{MemoryArgs, check_model_dir, load_model_with};
+use crate::load::{MemoryArgs, check_model_dir, load_model_config};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -27,6 +27,7 @@ pub struct ServeArgs {
     /// Address to listen on; the default accepts local connections only.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Port to listen on (0: any free port, printed once listening).
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// The model name clients use (default: the directory's name).
@@ -119,7 +120,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let max_body = usize::try_from(a.max_body)
         .unwrap_or(usize::MAX)
         .clamp(1024, 1 << 30);
-    let (budget, _) = a.mem.budget()?;
+    let req = a.mem.request();
+    let (budget, _) = req.budget()?;
     let prefix_budget = a.prefix_cache.unwrap_or(budget / 10);
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         a.model
@@ -128,15 +130,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "fathom".into())
     });
+    let config = fathom_runtime::read_config(&a.model)?;
     let fix = "give a smaller --prefix-cache";
-    let mem = a.mem.set_aside(prefix_budget, "--prefix-cache", fix)?;
     // Every admitted sequence's state for the context fits the budget too
     // (the latent cache's RAM share, the rest on disk).
-    let mem = crate::load::reserve_sequences(&mem, a.max_seqs as usize - 1);
+    let mem = req
+        .set_aside(prefix_budget, "--prefix-cache", fix)?
+        .with_sequences(a.max_seqs as usize - 1);
     let spine = a.spine.spine();
     let step = a.max_step_tokens as usize;
     // The budget rule before the server starts: the context it serves.
-    let plan = crate::load::plan(&fathom_runtime::read_config(&a.model)?, &mem, step, spine)?;
+    let plan = crate::load::plan(&config, &mem, step, spine)?;
     let cfg = ServeConfig {
         model_id,
         host: a.host.clone(),
@@ -169,7 +173,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             );
         };
         let chat = ChatFormat::detect(&dir, tok.as_ref())?;
-        let (lm, info) = load_model_with(&dir, &mem, step, spine)?;
+        let (lm, info) = load_model_config(config, &mem, step, spine)?;
         if let Some(l) = &info.ledger {
             tracing::info!(
                 "RAM ledger: {}; prefix states {} (--prefix-cache); state of {} more sequences reserved",

@@ -1,16 +1,16 @@
-//! `fathom verify`: is this directory a complete, consistent K3 checkpoint?
+//! `fathom verify`: is this directory a complete, consistent checkpoint of
+//! the family its `config.json` names?
 //!
 //! Checks, in order: `config.json` parses into a valid spec; every shard
 //! header is valid (offsets inside the file, byte length = dtype × shape, no
 //! overlaps, index and shards agree — `Checkpoint::open`); every tensor the
 //! spec needs is present with the right shape and dtype and nothing else is
-//! (`check_tensors`). With `--digest`, also SHA-256 of every file.
+//! (the family's `check_tensors`). With `--digest`, also SHA-256 of every file.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use clap::Args;
-use fathom_model::kimi_k3::weights::check_tensors;
 use fathom_weights::Checkpoint;
 use fathom_weights::units::format_bytes;
 
@@ -82,7 +82,7 @@ pub fn run(a: VerifyArgs) -> Result<()> {
             );
             Ok(())
         }
-        Err(problems) => {
+        Err((what, problems)) => {
             for p in problems.iter().take(SHOWN) {
                 eprintln!("{p}");
             }
@@ -93,22 +93,31 @@ pub fn run(a: VerifyArgs) -> Result<()> {
                 String::new()
             };
             println!("FAILED: {}{tail}", problems[0]);
-            bail!("{} is not a valid K3 checkpoint", a.dir.display())
+            bail!("{} is not a valid {what}", a.dir.display())
         }
     }
 }
 
-/// The structural checks; on failure, every problem found, one line each.
-fn check(dir: &Path) -> Result<(Checkpoint, usize), Vec<String>> {
+/// The structural checks; on failure, what the directory was checked as
+/// and every problem found, one line each.
+fn check(dir: &Path) -> Result<(Checkpoint, usize), (String, Vec<String>)> {
+    let model = || "model directory".to_string();
     if !dir.is_dir() {
-        return Err(vec![format!("{}: no such directory", dir.display())]);
+        return Err((
+            model(),
+            vec![format!("{}: no such directory", dir.display())],
+        ));
     }
-    let spec = fathom_model::family::read_spec::<fathom_model::kimi_k3::KimiK3>(dir)
-        .map_err(|e| vec![format!("{}: {e}", dir.display())])?;
-    let ck = Checkpoint::open(dir).map_err(|e| vec![e.to_string()])?;
-    let problems = check_tensors(&spec, &ck);
+    let config = fathom_model::ModelConfig::read(dir)
+        .map_err(|e| (model(), vec![format!("{}: {e}", dir.display())]))?;
+    let what = format!("{} checkpoint", config.family());
+    let fail = |problems: Vec<String>| (what.clone(), problems);
+    let ck = Checkpoint::open(dir).map_err(|e| fail(vec![e.to_string()]))?;
+    let problems = config
+        .check_tensors(&ck)
+        .map_err(|e| fail(vec![format!("{}: {e}", dir.display())]))?;
     if !problems.is_empty() {
-        return Err(problems.iter().map(|p| with_file(&ck, p)).collect());
+        return Err(fail(problems.iter().map(|p| with_file(&ck, p)).collect()));
     }
     let n = ck.tensors().count();
     Ok((ck, n))

@@ -15,7 +15,7 @@ use fathom_kernels::ops::rms_norm_rows;
 
 use super::config::{DeepseekV3Spec, MLA_NORM_EPS};
 use super::weights::{AttnWeights, QueryProj};
-use crate::batch::Segment;
+use crate::batch::{Path, Segment};
 use crate::error::Result;
 use crate::hybrid::mla::{MlaLinears, MlaRope, mla_heads, mla_heads_projected};
 use crate::kv::PagedRows;
@@ -40,8 +40,10 @@ fn queries(spec: &DeepseekV3Spec, q: &QueryProj, x: &[f32], n: usize) -> Vec<f32
 /// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several
 /// sequences, each attending to its own latent cache. Returns `[N, D]`,
 /// and whether a device also did `then` in the same call.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     spec: &DeepseekV3Spec,
+    path: Path,
     w: &AttnWeights,
     rope: &MlaRope<'_>,
     caches: &mut [&mut PagedRows],
@@ -72,14 +74,23 @@ pub fn attention(
         o_proj: &w.o_proj,
     };
     // With a device: the projections in the attention's call (one round trip).
-    let projected =
-        mla_heads_projected(&d, &lin, &w.kv_b_proj, Some(rope), (caches, segs), x, then)?;
+    let projected = mla_heads_projected(
+        path,
+        &d,
+        &lin,
+        &w.kv_b_proj,
+        Some(rope),
+        (caches, segs),
+        x,
+        then,
+    )?;
     if let Some(done) = projected {
         return Ok(done);
     }
     let q = queries(spec, &w.q, x, n);
     let c = w.kv_a_proj_with_mqa.forward(x, n);
     mla_heads(
+        path,
         &d,
         &w.kv_a_layernorm,
         &w.kv_b_proj,

@@ -80,17 +80,16 @@ impl Family for DeepseekV3 {
     fn expert_table(spec: &DeepseekV3Spec, ck: &Checkpoint, mtp: bool) -> Result<ExpertTable> {
         tensors::expert_table(spec, ck, mtp)
     }
+    fn check_tensors(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Vec<String> {
+        tensors::check_tensors(spec, ck)
+    }
     fn weights(
-        spec: &DeepseekV3Spec,
+        spec: &Arc<DeepseekV3Spec>,
         ck: &Arc<Checkpoint>,
         spine: Spine,
+        layers: &crate::tiers::LayerPlan,
     ) -> Result<DeepseekV3Weights> {
-        let w = DeepseekV3Weights::load(spec, ck)?;
-        Ok(crate::family::in_spine(
-            w,
-            spine,
-            DeepseekV3Weights::quantize_spine_int8,
-        ))
+        DeepseekV3Weights::load(spec, ck, spine, layers)
     }
     /// With `mtp`, also the first multi-token-prediction layer, for
     /// `--draft mtp` (its experts join the expert table).
@@ -166,15 +165,19 @@ fn add_tap(m: &DeepseekV3Model, s: &mut KvState) {
 pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises attention, dense-MLP, shared-expert and head matrices.
-    let [spine, int8, emb, routed] = crate::table::ledger(table.iter().map(|t| {
-        // FP8 matrices stay FP8 under `--spine int8`.
-        (
-            &t.shape[..],
-            t.bytes(),
-            t.role,
-            t.storage == tensors::Storage::Float,
-        )
-    }));
+    // FP8 matrices stay FP8 under `--spine int8`.
+    let entries = || {
+        table.iter().map(|t| {
+            (
+                t.layer,
+                &t.shape[..],
+                t.bytes(),
+                t.role,
+                t.storage == tensors::Storage::Float,
+            )
+        })
+    };
+    let [spine, int8, emb, routed] = crate::table::ledger(entries());
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
         family: DeepseekV3::NAME,
@@ -209,6 +212,10 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
         } else {
             0
         },
+        layers: crate::memory::layer_sums(
+            spec.num_layers,
+            entries().map(crate::table::tensor_bytes),
+        ),
     }
 }
 
@@ -219,7 +226,12 @@ struct MtpDrafter {
 }
 
 impl SelfDrafter for MtpDrafter {
-    fn propose(&mut self, target: &dyn SeqState, ctx: &[u32], k: usize) -> crate::Result<Vec<u32>> {
+    fn propose(
+        &mut self,
+        target: &dyn SeqState,
+        ctx: &[u32],
+        k: usize,
+    ) -> crate::error::Result<Vec<u32>> {
         self.draft.propose(&self.model, target, ctx, k)
     }
 }

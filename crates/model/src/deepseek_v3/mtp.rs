@@ -26,7 +26,7 @@ use super::attention::attention;
 use super::config::DeepseekV3Spec;
 use super::tensors::{check_mtp_tensors, layer_name};
 use super::weights::{FfnWeights, LayerWeights, layer};
-use crate::batch::add;
+use crate::batch::{Path, add};
 use crate::bind::{Binder, require_none};
 use crate::error::{ModelError, Result};
 use crate::hybrid::mla::MlaRope;
@@ -144,7 +144,8 @@ impl MtpDraft {
         let hidden: Vec<f32> = pairs.iter().flat_map(|(h, _)| h.iter().copied()).collect();
         let toks: Vec<u32> = pairs.iter().map(|p| p.1).collect();
         let committed = self.cache.len() + toks.len();
-        let drafted = self.chain(model, w, (&hidden, &toks), k);
+        // One decision for the whole proposal, as a step makes one.
+        let drafted = self.chain(model, w, Path::now(), (&hidden, &toks), k);
         match &drafted {
             Ok(_) => {
                 self.cache.truncate(committed);
@@ -164,17 +165,18 @@ impl MtpDraft {
         &mut self,
         model: &DeepseekV3Model,
         w: &MtpWeights,
+        path: Path,
         (hidden, toks): (&[f32], &[u32]),
         k: usize,
     ) -> Result<Vec<u32>> {
         let d = model.spec.hidden_size;
         let mut out = Vec::with_capacity(k);
-        let (mut logits, mut h) = self.layer(model, w, hidden, toks)?;
+        let (mut logits, mut h) = self.layer(model, w, path, hidden, toks)?;
         for i in 0..k {
             let t = argmax(&logits);
             out.push(t);
             if i + 1 < k {
-                (logits, h) = self.layer(model, w, &h[h.len() - d..], &[t])?;
+                (logits, h) = self.layer(model, w, path, &h[h.len() - d..], &[t])?;
             }
         }
         Ok(out)
@@ -186,6 +188,7 @@ impl MtpDraft {
         &mut self,
         model: &DeepseekV3Model,
         w: &MtpWeights,
+        path: Path,
         hidden: &[f32],
         toks: &[u32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
@@ -217,6 +220,7 @@ impl MtpDraft {
         rms_norm_rows(&mut a, d, &lw.input_layernorm, eps);
         let att = attention(
             spec,
+            path,
             &lw.self_attn,
             &rope,
             &mut [&mut self.cache],
@@ -231,6 +235,7 @@ impl MtpDraft {
         let ffn = match &lw.mlp {
             FfnWeights::Dense(mw) => mw.forward(&f, m, fathom_kernels::ops::GluAct::Swiglu),
             FfnWeights::Moe(mw) => spec.sparse_block().forward(
+                path,
                 spec.num_layers,
                 mw,
                 &f,

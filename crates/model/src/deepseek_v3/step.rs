@@ -13,14 +13,15 @@ use fathom_kernels::ops::{GluAct, rms_norm_rows};
 
 use super::DeepseekV3Model;
 use super::attention::attention;
-use super::weights::FfnWeights;
-use crate::batch::{Head, Rows, Segment, add};
-use crate::early::{self, Ahead, Early, Ffn};
+use super::weights::{FfnWeights, LayerWeights};
+use crate::batch::{Head, Path, Rows, Segment, add};
+use crate::early;
 use crate::error::Result;
 use crate::hybrid::mla::MlaRope;
 use crate::kv::PagedRows;
 use crate::kv_state::{self, KvState};
 use crate::lm::Logits;
+use crate::moe::{Ahead, Early, Ffn};
 use crate::trace::{Tracer, routed, trace};
 
 /// The layers over the stacked rows; per-sequence logits rows as asked.
@@ -42,19 +43,31 @@ pub(super) fn forward_rows(
         angles: &angles,
         interleaved: spec.rope_interleave,
     };
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
         // With a device and no tracer, the MLP side's norm and first
         // products may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.mlp), &lw.post_attention_layernorm[..]);
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
-        let (a, done) = attention(spec, &lw.self_attn, &rope, &mut caches, segs, &x, then)?;
+        let (a, done) = attention(
+            spec,
+            rows.path,
+            &lw.self_attn,
+            &rope,
+            &mut caches,
+            segs,
+            &x,
+            then,
+        )?;
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
-        let m = ffn(model, i, &x, n, early, &mut tracer)?;
+        let m = ffn(model, rows.path, i, lw, &x, n, early, &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -83,26 +96,29 @@ fn tap(model: &DeepseekV3Model, states: &mut [&mut KvState], segs: &[Segment], h
 
 fn ffn(
     model: &DeepseekV3Model,
+    path: Path,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
     early: Option<Early>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].mlp, early.map(|e| e.ffn)) {
+    match (&lw.mlp, early.map(|e| e.ffn)) {
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         (FfnWeights::Moe(mw), ahead) => {
             let first = ahead.and_then(Ahead::moe);
-            let next = w.layers.get(i + 1).and_then(|nl| match &nl.mlp {
+            let next_layer = w.layers.peek(i + 1);
+            let next = next_layer.as_deref().and_then(|nl| match &nl.mlp {
                 FfnWeights::Moe(nw) => Some((i + 1, nw)),
                 FfnWeights::Dense(_) => None,
             });
             let src = model.experts.as_ref();
             routed(tracer, i, |routes| {
                 spec.sparse_block()
-                    .forward(i, mw, x, src, next, routes, first)
+                    .forward(path, i, mw, x, src, next, routes, first)
             })
         }
     }

@@ -1,6 +1,8 @@
 //! Binding: checkpoint names → typed per-layer weights, once, at load.
 //! After [`DeepseekV3Weights::load`] nothing is looked up by name again.
 
+use std::sync::Arc;
+
 use fathom_weights::Checkpoint;
 
 use super::config::{DeepseekV3Spec, FfnKind};
@@ -8,9 +10,10 @@ use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
 use crate::error::Result;
 use crate::hybrid::mla::AbsorbedKvB;
-use crate::linear::Linear;
+use crate::linear::{Linear, Spine};
 use crate::mlp::MlpWeights;
 use crate::moe::SigmoidMoeWeights;
+use crate::tiers::{LayerPlan, Layers, load_layers};
 
 /// How the queries are made.
 #[derive(Debug)]
@@ -55,7 +58,7 @@ pub struct LayerWeights {
 #[derive(Debug)]
 pub struct DeepseekV3Weights {
     pub embed_tokens: Linear,
-    pub layers: Vec<LayerWeights>,
+    pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     pub lm_head: Linear,
 }
@@ -105,56 +108,92 @@ pub(super) fn layer(spec: &DeepseekV3Spec, b: &Binder<'_>, i: usize) -> Result<L
 }
 
 impl DeepseekV3Weights {
-    /// Checks the checkpoint against the spec, then reads the spine (FP8
-    /// matrices stay FP8 with their tile scales).
-    pub fn load(spec: &DeepseekV3Spec, ck: &Checkpoint) -> Result<Self> {
+    /// Checks the checkpoint against the spec, then reads the spine in
+    /// `spine` precision (FP8 matrices stay FP8 with their tile scales),
+    /// its decoder layers placed by `plan`.
+    pub fn load(
+        spec: &Arc<DeepseekV3Spec>,
+        ck: &Arc<Checkpoint>,
+        spine: Spine,
+        plan: &LayerPlan,
+    ) -> Result<Self> {
         require_none(&check_tensors(spec, ck))?;
+        let layers = load_layers(spec, ck, spine, plan, spec.num_layers, load_layer)?;
         let b = Binder {
             ck,
             fp8_block: spec.fp8_block(),
         };
-        let layers = (0..spec.num_layers)
-            .map(|i| layer(spec, &b, i))
-            .collect::<Result<Vec<_>>>()?;
+        let mut lm_head = b.linear(LM_HEAD)?;
+        if spine == Spine::Int8 {
+            lm_head.quantize_int8();
+        }
         Ok(DeepseekV3Weights {
             embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
-            lm_head: b.linear(LM_HEAD)?,
+            lm_head,
         })
     }
 
-    /// Quantises every spine matrix to per-row int8 (`Spine::Int8`), except
-    /// the embedding (a row lookup) and the routers (they pick the experts).
+    /// Quantises every resident spine matrix to per-row int8 (see
+    /// [`LayerWeights::quantize_int8`]) and the head.
     pub fn quantize_spine_int8(&mut self) {
-        for layer in &mut self.layers {
-            let a = &mut layer.self_attn;
-            match &mut a.q {
-                QueryProj::LowRank {
-                    q_a_proj, q_b_proj, ..
-                } => {
-                    q_a_proj.quantize_int8();
-                    q_b_proj.quantize_int8();
-                }
-                QueryProj::Full { q_proj } => q_proj.quantize_int8(),
+        for (_, layer) in self.layers.resident_mut() {
+            layer.quantize_int8();
+        }
+        self.lm_head.quantize_int8();
+    }
+}
+
+/// Decoder layer `i`, read from the checkpoint (at load when resident, for
+/// every pass when streamed) and quantised right away for `Spine::Int8`.
+pub fn load_layer(
+    spec: &DeepseekV3Spec,
+    ck: &Checkpoint,
+    i: usize,
+    spine: Spine,
+) -> Result<LayerWeights> {
+    let b = Binder {
+        ck,
+        fp8_block: spec.fp8_block(),
+    };
+    let mut l = layer(spec, &b, i)?;
+    if spine == Spine::Int8 {
+        l.quantize_int8();
+    }
+    Ok(l)
+}
+
+impl LayerWeights {
+    /// Quantises the layer's float spine matrices to per-row int8
+    /// (`Spine::Int8`), except the router (it picks the experts); FP8
+    /// matrices stay FP8.
+    pub fn quantize_int8(&mut self) {
+        let a = &mut self.self_attn;
+        match &mut a.q {
+            QueryProj::LowRank {
+                q_a_proj, q_b_proj, ..
+            } => {
+                q_a_proj.quantize_int8();
+                q_b_proj.quantize_int8();
             }
-            for l in [
-                &mut a.kv_a_proj_with_mqa,
-                &mut a.kv_b_proj.uk_t,
-                &mut a.kv_b_proj.uv,
-                &mut a.o_proj,
-            ] {
-                l.quantize_int8();
-            }
-            match &mut layer.mlp {
-                FfnWeights::Dense(m) => m.quantize_int8(),
-                FfnWeights::Moe(m) => {
-                    if let Some(s) = &mut m.shared_experts {
-                        s.quantize_int8();
-                    }
+            QueryProj::Full { q_proj } => q_proj.quantize_int8(),
+        }
+        for l in [
+            &mut a.kv_a_proj_with_mqa,
+            &mut a.kv_b_proj.uk_t,
+            &mut a.kv_b_proj.uv,
+            &mut a.o_proj,
+        ] {
+            l.quantize_int8();
+        }
+        match &mut self.mlp {
+            FfnWeights::Dense(m) => m.quantize_int8(),
+            FfnWeights::Moe(m) => {
+                if let Some(s) = &mut m.shared_experts {
+                    s.quantize_int8();
                 }
             }
         }
-        self.lm_head.quantize_int8();
     }
 }

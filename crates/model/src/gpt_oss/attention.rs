@@ -20,7 +20,7 @@ use fathom_kernels::rope::Rope;
 
 use super::config::GptOssSpec;
 use super::weights::AttnWeights;
-use crate::batch::Segment;
+use crate::batch::{Path, Segment};
 use crate::error::Result;
 use crate::gqa::{GqaLinears, gqa_heads, gqa_projected};
 use crate::kv::PagedRows;
@@ -35,6 +35,7 @@ use crate::rotary::Angles;
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     spec: &GptOssSpec,
+    path: Path,
     layer: usize,
     w: &AttnWeights,
     rope: &Rope,
@@ -61,7 +62,17 @@ pub fn attention(
     };
     // With a device: the whole layer in one call (one round trip).
     let sinks = Some(&w.sinks[..]);
-    if let Some(done) = gqa_projected(shape, sinks, &lin, (rope, angles), caches, segs, x, then)? {
+    if let Some(done) = gqa_projected(
+        path,
+        shape,
+        sinks,
+        &lin,
+        (rope, angles),
+        caches,
+        segs,
+        x,
+        then,
+    )? {
         return Ok(done);
     }
     let mut q = w.q_proj.forward(x, n);

@@ -102,14 +102,17 @@ impl Family for GptOss {
 pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises the attention projections and the head.
-    let [spine, int8, emb, routed] =
-        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
+    let entries = || {
+        table.iter().map(|t| crate::memory::TensorBytes {
+            layer: t.layer,
             shape: &t.shape,
             bytes: t.bytes(),
             embedding: t.role == Role::Embedding,
             routed_expert: t.role == Role::RoutedExpert,
             int8: matches!(t.role, Role::Attention | Role::Head),
-        }));
+        })
+    };
+    let [spine, int8, emb, routed] = crate::memory::table_sums(entries());
     let experts = spec.num_layers * spec.num_experts;
     crate::memory::MemoryFacts {
         family: GptOss::NAME,
@@ -128,5 +131,6 @@ pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
         max_position_embeddings: spec.max_position_embeddings,
         mtp_bytes: 0,
         mtp_cache_floats_per_token: 0,
+        layers: crate::memory::layer_sums(spec.num_layers, entries()),
     }
 }

@@ -18,6 +18,7 @@ use fathom_kernels::ops::{sigmoid, softmax};
 
 use super::config::GptOssSpec;
 use super::weights::RouterWeights;
+use crate::batch::Path;
 use crate::error::Result;
 use crate::experts::{ExpertSource, ExpertWeights};
 use crate::moe::{ExpertFetch, Route, hint_order};
@@ -119,13 +120,14 @@ fn experts_batched(
 }
 
 /// The sparse block of layer `layer` over `x [T, D]` (already
-/// `post_attention_layernorm`ed). `next` is the next layer (index and
+/// `post_attention_layernorm`ed) in a step on `path`. `next` is the next layer (index and
 /// router), whose routes from this input are handed to the source as a
 /// guess; `routes_out` receives the routes (tracing); `product` is the
 /// router's product when a device made it in the attention's call.
 #[allow(clippy::too_many_arguments)]
 pub fn moe(
     spec: &GptOssSpec,
+    path: Path,
     layer: usize,
     w: &RouterWeights,
     x: &[f32],
@@ -144,7 +146,7 @@ pub fn moe(
         let guesses = route(spec, nw, x, t);
         source.hint(nl, &hint_order(&guesses, spec.top_k));
     }
-    let fetch = ExpertFetch::start(source, layer, &routes)?;
+    let fetch = ExpertFetch::start(path, source, layer, &routes)?;
     let work = 3 * spec.intermediate_size * d;
     let batch = |es: &[Arc<ExpertWeights>], xs: &[Vec<f32>], ns: &[usize]| {
         experts_batched(spec, es, xs, ns)

@@ -16,12 +16,14 @@ use fathom_kernels::ops::rms_norm_rows;
 use super::GptOssModel;
 use super::attention::attention;
 use super::moe;
+use super::weights::LayerWeights;
 use crate::batch::{Head, Rows, Segment, add};
-use crate::early::{self, Early, Ffn};
+use crate::early;
 use crate::error::Result;
 use crate::kv::PagedRows;
 use crate::kv_state::{self, KvState};
 use crate::lm::Logits;
+use crate::moe::{Early, Ffn};
 use crate::trace::{Tracer, routed, trace};
 
 /// The layers over the stacked rows; per-sequence logits rows as asked.
@@ -38,20 +40,24 @@ pub(super) fn forward_rows(
     let segs = &rows.segs;
     let rope = &model.parts.rope;
     let (mut h, angles) = kv_state::prologue(&w.embed_tokens, rope, states, rows, &mut tracer);
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
         // With a device and no tracer, the norm and the router's product
         // may go in the attention's call (the same operations).
-        let (side, norm) = (
+        let (side, norm): (Ffn<'_>, _) = (
             Ffn::Router(&lw.router.weight),
             &lw.post_attention_layernorm[..],
         );
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
         let (a, done) = attention(
             spec,
+            rows.path,
             i,
             &lw.self_attn,
             &model.parts.rope,
@@ -64,10 +70,13 @@ pub(super) fn forward_rows(
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
         let product = early.and_then(|e| e.ffn.router());
-        let next = w.layers.get(i + 1).map(|nl| (i + 1, &nl.router));
+        let next_layer = w.layers.peek(i + 1);
+        let next = next_layer.as_deref().map(|nl| (i + 1, &nl.router));
         let src = model.experts.as_ref();
         let m = routed(&mut tracer, i, |routes| {
-            moe::moe(spec, i, &lw.router, &x, src, next, routes, product)
+            moe::moe(
+                spec, rows.path, i, &lw.router, &x, src, next, routes, product,
+            )
         })?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);

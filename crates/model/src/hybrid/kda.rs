@@ -25,6 +25,7 @@ use rayon::prelude::*;
 
 use super::KdaDims;
 use super::state::{KdaJournal, KdaState};
+use crate::batch::Path;
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
 
@@ -64,6 +65,7 @@ pub struct KdaLinears<'a> {
 /// journaling sequence gets its delta-rule inputs back for its journal);
 /// else here.
 pub fn kda_heads(
+    path: Path,
     d: &KdaDims,
     w: &KdaParams<'_>,
     states: &mut [&mut KdaState],
@@ -72,7 +74,7 @@ pub fn kda_heads(
     lin: &KdaLinears<'_>,
 ) -> Result<Vec<f32>> {
     crate::phase::timed(crate::phase::Phase::LinearCore, || {
-        if let Some((out, inputs)) = on_device(d, w, states, segs, &proj, lin)? {
+        if let Some((out, inputs)) = on_device(path, d, w, states, segs, &proj, lin)? {
             if let Some(buf) = inputs {
                 record_journals(d, states, segs, &proj, &buf);
             }
@@ -91,13 +93,15 @@ pub fn kda_heads(
 /// [`kda_heads`] with the layer's six projections of `x [N, D]` (q, k, v,
 /// the forget gate's `f_a`, β, the output gate) inside the device's call:
 /// one round trip for the layer. `None`, nothing changed, when no device
-/// takes it — no backend, it declines, or a sequence journals (its journal
-/// keeps the pre-convolution rows, which then stay on the device) —: the
-/// caller computes the projections and calls [`kda_heads`]. With
+/// takes it — the step is on the host path, the device declines, or a
+/// sequence journals (its journal keeps the pre-convolution rows, which
+/// then stay on the device) —: the caller computes the projections and
+/// calls [`kda_heads`]. With
 /// `then`, the device may also compute the rest of the layer up to its
 /// experts' choice in the same call: the flag says whether it did.
 #[allow(clippy::too_many_arguments)]
 pub fn kda_heads_projected(
+    path: Path,
     d: &KdaDims,
     w: &KdaParams<'_>,
     states: &mut [&mut KdaState],
@@ -107,7 +111,7 @@ pub fn kda_heads_projected(
     lin: &KdaLinears<'_>,
     then: Option<Then<'_>>,
 ) -> Result<Option<(Vec<f32>, bool)>> {
-    if backend::installed().is_none() || states.iter().any(|s| s.journal.is_some()) {
+    if !path.device() || states.iter().any(|s| s.journal.is_some()) {
         return Ok(None);
     }
     crate::phase::timed(crate::phase::Phase::LinearCore, || {
@@ -150,6 +154,7 @@ type DeviceStep = (Vec<f32>, Option<Vec<f32>>);
 /// The step as one [`KdaJob`] for the backend; `None` when it declines
 /// (nothing changed), an error when the device failed part way.
 fn on_device(
+    path: Path,
     d: &KdaDims,
     w: &KdaParams<'_>,
     states: &mut [&mut KdaState],
@@ -157,7 +162,7 @@ fn on_device(
     proj: &KdaProjections,
     lin: &KdaLinears<'_>,
 ) -> Result<Option<DeviceStep>> {
-    if backend::installed().is_none() {
+    if !path.device() {
         return Ok(None);
     }
     let n = segs.last().map_or(0, |s| s.end);

@@ -41,7 +41,7 @@ use fathom_kernels::backend::{
 use fathom_kernels::ops::{rms_norm_rows, sigmoid_fixed};
 use fathom_kernels::rope::Rope;
 
-use crate::batch::Segment;
+use crate::batch::{Path, Segment};
 use crate::error::Result;
 use crate::rotary::{Angles, deinterleave};
 
@@ -118,6 +118,7 @@ impl MlaRope<'_> {
 /// [`mla_out_cpu`]: fathom_kernels::backend::mla_out_cpu
 #[allow(clippy::too_many_arguments)]
 pub fn mla_heads(
+    path: Path,
     d: &MlaDims,
     kv_a_layernorm: &[f32],
     kv_b: &AbsorbedKvB,
@@ -134,6 +135,7 @@ pub fn mla_heads(
     };
     let v = crate::phase::timed(crate::phase::Phase::FullCore, || {
         heads(
+            path,
             d,
             kv_a_layernorm,
             kv_b,
@@ -176,6 +178,7 @@ pub struct MlaLinears<'a> {
 /// it. `None`, nothing changed, when no device takes it or a cache is not
 /// all fp32 in RAM: the caller then runs [`mla_heads`] (without `then`).
 pub fn mla_heads_projected(
+    path: Path,
     d: &MlaDims,
     lin: &MlaLinears<'_>,
     kv_b: &AbsorbedKvB,
@@ -184,7 +187,7 @@ pub fn mla_heads_projected(
     x: &[f32],
     then: Option<Then<'_>>,
 ) -> Result<Option<(Vec<f32>, bool)>> {
-    if backend::installed().is_none() {
+    if !path.device() {
         return Ok(None);
     }
     let n = segs.last().map_or(0, |s| s.end);
@@ -245,6 +248,7 @@ enum MlaValues {
 
 #[allow(clippy::too_many_arguments)]
 fn heads(
+    path: Path,
     d: &MlaDims,
     kv_a_layernorm: &[f32],
     kv_b: &AbsorbedKvB,
@@ -279,7 +283,9 @@ fn heads(
         }
     }
     let queries = (&qn[..], &q_rope[..]);
-    if let Some(v) = on_device(d, kv_b, (caches, segs, &past), queries, (out, then)) {
+    if path.device()
+        && let Some(v) = on_device(d, kv_b, (caches, segs, &past), queries, (out, then))
+    {
         return Ok(v);
     }
     let q_lat = latent_queries(d, kv_b, &qn, n);
@@ -333,7 +339,6 @@ fn on_device(
     (qn, q_rope): (&[f32], &[f32]),
     (o, then): (MlaOut<'_>, Option<Then<'_>>),
 ) -> Option<MlaValues> {
-    backend::installed()?;
     let mut seqs = Vec::with_capacity(caches.len());
     let mut ns = Vec::new();
     for ((cache, seg), &p0) in caches.iter().zip(segs).zip(past) {

@@ -7,7 +7,7 @@ use fathom_kernels::ops::rms_norm_rows;
 
 use super::config::{K3Spec, MLA_LOW_RANK_NORM_EPS};
 use super::weights::{KdaWeights, MlaWeights};
-use crate::batch::Segment;
+use crate::batch::{Path, Segment};
 use crate::error::Result;
 use crate::hybrid::kda::{KdaLinears, KdaParams, KdaProjections, kda_heads, kda_heads_projected};
 use crate::hybrid::mla::{MlaLinears, mla_heads, mla_heads_projected};
@@ -39,6 +39,7 @@ impl Drop for KdaWeights {
 /// whether a device also did `then` in the same call.
 pub fn kda(
     spec: &K3Spec,
+    path: Path,
     w: &KdaWeights,
     states: &mut [&mut KdaState],
     segs: &[Segment],
@@ -61,7 +62,7 @@ pub fn kda(
     };
     let (d, params) = (spec.kda_dims(), w.params());
     // With a device: the projections in the core's call (one round trip).
-    if let Some(done) = kda_heads_projected(&d, &params, states, segs, x, mats, &lin, then)? {
+    if let Some(done) = kda_heads_projected(path, &d, &params, states, segs, x, mats, &lin, then)? {
         return Ok(done);
     }
     let [q, k, v, fa, b, g] = Linear::forward_many(mats, x, n);
@@ -71,7 +72,10 @@ pub fn kda(
         b,
         g,
     };
-    Ok((kda_heads(&d, &params, states, segs, proj, &lin)?, false))
+    Ok((
+        kda_heads(path, &d, &params, states, segs, proj, &lin)?,
+        false,
+    ))
 }
 
 /// Gated MLA for the rows `x [N, D]` (already `input_layernorm`ed) of
@@ -81,6 +85,7 @@ pub fn kda(
 /// may be too). Returns `[N, D]`, and whether the device did `then`.
 pub fn mla(
     spec: &K3Spec,
+    path: Path,
     w: &MlaWeights,
     caches: &mut [&mut MlaCache],
     segs: &[Segment],
@@ -102,7 +107,8 @@ pub fn mla(
         o_proj: &w.o_proj,
     };
     // With a device: the projections in the attention's call (one round trip).
-    if let Some(done) = mla_heads_projected(&d, &lin, &w.kv_b_proj, None, (caches, segs), x, then)?
+    if let Some(done) =
+        mla_heads_projected(path, &d, &lin, &w.kv_b_proj, None, (caches, segs), x, then)?
     {
         return Ok(done);
     }
@@ -116,6 +122,7 @@ pub fn mla(
     );
     let q = w.q_b_proj.forward(&qa, n); // [N, H·dq]
     mla_heads(
+        path,
         &d,
         &w.kv_a_layernorm,
         &w.kv_b_proj,

@@ -8,6 +8,7 @@
 //! speculative verification and batches are the same code, and each
 //! position's result is bit-identical whatever the step holds besides it.
 
+mod anatomy;
 pub mod attention;
 pub mod attn_res;
 pub mod config;
@@ -51,7 +52,10 @@ impl Family for KimiK3 {
     type Parts = HybridParts;
     type State = SequenceState;
 
-    crate::family::plain_family_fns!(K3Spec, K3Weights);
+    crate::family::plain_family_fns!(K3Spec, K3Weights, weights::check_tensors);
+    fn anatomy(spec: &K3Spec) -> Option<crate::anatomy::Anatomy> {
+        Some(anatomy::anatomy(spec))
+    }
     fn parts(spec: &K3Spec, _ck: &Arc<Checkpoint>, _mtp: bool) -> Result<HybridParts> {
         Ok(Arc::new(spec.hybrid_dims()))
     }
@@ -97,8 +101,9 @@ pub fn memory_facts(spec: &K3Spec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises every 2-D projection of attention, the dense
     // MLP, the LatentMoE projections, the shared experts and the head.
-    let [spine, int8, emb, _] =
-        crate::memory::table_sums(table.iter().map(|t| crate::memory::TensorBytes {
+    let entries = || {
+        table.iter().map(|t| crate::memory::TensorBytes {
+            layer: t.layer,
             shape: &t.shape,
             bytes: t.bytes(),
             embedding: t.role == Role::Embedding,
@@ -107,7 +112,9 @@ pub fn memory_facts(spec: &K3Spec) -> crate::memory::MemoryFacts {
                 t.role,
                 Role::Attention | Role::DenseMlp | Role::Latent | Role::SharedExpert | Role::Head
             ),
-        }));
+        })
+    };
+    let [spine, int8, emb, _] = crate::memory::table_sums(entries());
     let dims = spec.hybrid_dims();
     crate::memory::MemoryFacts {
         family: KimiK3::NAME,
@@ -126,5 +133,6 @@ pub fn memory_facts(spec: &K3Spec) -> crate::memory::MemoryFacts {
         max_position_embeddings: spec.max_position_embeddings,
         mtp_bytes: 0,
         mtp_cache_floats_per_token: 0,
+        layers: crate::memory::layer_sums(spec.num_layers, entries()),
     }
 }

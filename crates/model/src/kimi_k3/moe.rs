@@ -17,6 +17,8 @@ use fathom_kernels::ops::{GluAct, rms_norm};
 use super::config::K3Spec;
 use super::tensors::ExpertMatrix;
 use super::weights::{MlpWeights, MoeWeights};
+use crate::batch::Path;
+use crate::early::MoeFirst;
 use crate::error::Result;
 use crate::experts::ExpertSource;
 use crate::moe::{ExpertFetch, Finished, GluExpert, SigmoidRouter, Tail, guess_next};
@@ -64,12 +66,11 @@ fn routes_of(spec: &K3Spec, w: &MoeWeights, logits: &[f32]) -> Vec<Route> {
 /// experts' output — in one device call ([`backend::glu_mixed_taken`];
 /// each the bits of its own call); `None` when no device takes it.
 fn spine_first(spec: &K3Spec, w: &MoeWeights, x: &[f32], t: usize) -> Option<SpineFirst> {
-    let mut logits = vec![0f32; t * w.gate.rows];
-    let mut z = vec![0f32; t * w.routed_expert_down_proj.rows];
-    let mut shared = w
-        .shared_experts
-        .as_ref()
-        .map(|sh| vec![0f32; t * sh.down_proj.rows]);
+    let SpineFirst {
+        mut logits,
+        mut z,
+        mut shared,
+    } = SpineFirst::room(w, t);
     let mut plain = [
         Product {
             w: w.gate.as_mat(),
@@ -103,9 +104,10 @@ pub(super) struct SpineFirst {
     pub(super) shared: Option<Vec<f32>>,
 }
 
-impl SpineFirst {
-    /// Room for `t` rows of `w`'s.
-    pub(super) fn room(w: &MoeWeights, t: usize) -> Self {
+impl MoeFirst for SpineFirst {
+    type Weights = MoeWeights;
+
+    fn room(w: &MoeWeights, t: usize) -> Self {
         SpineFirst {
             logits: vec![0f32; t * w.gate.rows],
             z: vec![0f32; t * w.routed_expert_down_proj.rows],
@@ -116,12 +118,8 @@ impl SpineFirst {
         }
     }
 
-    /// Its products as a [`fathom_kernels::backend::Then`]'s (the
-    /// router, the latent projection; the shared experts gated).
-    pub(super) fn then_parts<'a>(
-        &'a mut self,
-        w: &'a MoeWeights,
-    ) -> (Vec<ThenProduct<'a>>, Vec<ThenGlu<'a>>) {
+    /// The router, the latent projection; the shared experts gated.
+    fn then_parts<'a>(&'a mut self, w: &'a MoeWeights) -> (Vec<ThenProduct<'a>>, Vec<ThenGlu<'a>>) {
         let plain = vec![
             ThenProduct {
                 w: w.gate.as_mat(),
@@ -147,12 +145,14 @@ pub struct NextLayerHint<'a> {
     pub weights: &'a MoeWeights,
 }
 
-/// LatentMoE over `x [T, D]` (already `post_attention_layernorm`ed);
+/// LatentMoE over `x [T, D]` (already `post_attention_layernorm`ed) in a
+/// step on `path`;
 /// `early`, when a device already computed them, the layer's first
 /// products of `x`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn moe(
     spec: &K3Spec,
+    path: Path,
     layer: usize,
     w: &MoeWeights,
     x: &[f32],
@@ -166,19 +166,14 @@ pub(super) fn moe(
     // the shared experts go in one call (two round trips saved); on the
     // CPU the routes come first, so the expert reads start before the CPU
     // computes the rest while they arrive.
-    let early = early.or_else(|| {
-        backend::installed()
-            .is_some()
-            .then(|| spine_first(spec, w, x, t))
-            .flatten()
-    });
+    let early = early.or_else(|| path.device().then(|| spine_first(spec, w, x, t)).flatten());
     let routes = match &early {
         Some(e) => routes_of(spec, w, &e.logits),
         None => route(spec, w, x, t),
     };
     let guess =
         hint.and_then(|h| guess_next(source, h.layer, spec.top_k, || route(spec, h.weights, x, t)));
-    let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
+    let fetch = ExpertFetch::start(path, source, layer, &routes)?.with_guess(guess);
     let l = spec.latent_size;
     let (z, shared) = match early {
         Some(e) => (e.z, e.shared),

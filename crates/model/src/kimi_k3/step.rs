@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use fathom_kernels::backend::{self, Then, rms_norm32_rows};
+use fathom_kernels::backend::Then;
 use fathom_kernels::ops::rms_norm_rows;
 
 use super::attention::{kda, mla};
@@ -24,7 +24,8 @@ use super::moe::{self, NextLayerHint, SpineFirst};
 use super::state::{SequenceState, kda_layers, mla_layers};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
 use super::{K3Model, Tracer};
-use crate::batch::{Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::batch::{Path, Rows, Segment, add, atomic_step, gather, logit_rows, split_logits};
+use crate::early::{self, Ahead, Early, Ffn, Residual};
 use crate::error::Result;
 use crate::lm::{Logits, StepError, StepInput};
 use crate::phase::{self, Phase, timed};
@@ -37,7 +38,7 @@ pub(super) fn step(
     tracer: Option<&mut dyn Tracer>,
 ) -> std::result::Result<Vec<Vec<f32>>, StepError> {
     atomic_step::<SequenceState>(model.spec.vocab_size, batch, |states, rows| {
-        forward_rows(model, states, &rows.segs, &rows.tokens, &rows.which, tracer)
+        forward_rows(model, states, rows, tracer)
     })
 }
 
@@ -45,11 +46,10 @@ pub(super) fn step(
 fn forward_rows(
     model: &K3Model,
     states: &mut [&mut SequenceState],
-    segs: &[Segment],
-    tokens: &[u32],
-    which: &[Logits],
+    rows: &Rows,
     mut tracer: Option<&mut dyn Tracer>,
 ) -> Result<Vec<Vec<f32>>> {
+    let (segs, tokens, which) = (&rows.segs[..], &rows.tokens[..], &rows.which[..]);
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, n, eps) = (spec.hidden_size, tokens.len(), spec.rms_norm_eps);
     let mut partial: Vec<f32> = timed(Phase::MixAndHead, || {
@@ -59,7 +59,10 @@ fn forward_rows(
             .collect()
     });
     let mut blocks: Vec<Vec<f32>> = Vec::new();
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         // Attention side (§3): mix, maybe open a block, attend.
         let mix = Instant::now();
         let h = if blocks.is_empty() {
@@ -76,30 +79,37 @@ fn forward_rows(
         phase::add(Phase::MixAndHead, mix);
         // With a device and no tracer, the MLP side's mix, norm and first
         // products may go in the attention's call (the same operations).
-        let mut early = (tracer.is_none() && backend::installed().is_some())
-            .then(|| Early::room(&lw.ffn, n, d));
-        let then = early.as_mut().map(|e| e.then(model, lw, &partial, &blocks));
-        let (a, done) = attention(model, lw, i, states, segs, &x, then)?;
+        let (side, norm) = (ffn_ref(&lw.ffn), &lw.post_attention_layernorm[..]);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
+        let res = Residual {
+            partial: &partial,
+            blocks: &blocks,
+            query: Some(&lw.mlp_res.query),
+        };
+        let act = moe::situ(spec);
+        let then = early
+            .as_mut()
+            .map(|e| e.then_mixed(side, res, norm, eps, act));
+        let (a, done) = attention(model, rows.path, lw, i, states, segs, &x, then)?;
         trace(&mut tracer, i, "attn_out", &a);
 
         // MLP side.
         let mix = Instant::now();
         add(&mut partial, &a);
-        let (x, early) = match early.filter(|_| done) {
-            Some(mut e) => (std::mem::take(&mut e.x), Some(e)),
-            None => {
-                let mut x = attn_res(&partial, &blocks, &lw.mlp_res, d, eps);
-                trace(&mut tracer, i, "mlp_in", &x);
-                rms_norm32_rows(&mut x, d, &lw.post_attention_layernorm, eps);
-                (x, None)
-            }
+        let mlp_in = || {
+            let x = attn_res(&partial, &blocks, &lw.mlp_res, d, eps);
+            trace(&mut tracer, i, "mlp_in", &x);
+            x
         };
+        let (x, early) = early::normed_mixed(early, done, mlp_in, norm, eps);
         phase::add(Phase::MixAndHead, mix);
-        let kind = match w.layers[i].ffn {
+        let kind = match lw.ffn {
             FfnWeights::Dense(_) => Phase::Mlp,
             FfnWeights::Moe(_) => Phase::Moe,
         };
-        let m = timed(kind, || ffn(model, i, &x, n, early, &mut tracer))?;
+        let m = timed(kind, || {
+            ffn(model, rows.path, i, lw, &x, n, early, &mut tracer)
+        })?;
         trace(&mut tracer, i, "mlp_out", &m);
         timed(Phase::MixAndHead, || add(&mut partial, &m));
     }
@@ -113,8 +123,10 @@ fn forward_rows(
 
 /// The layer's attention over `x`, timed as its kind, and whether a
 /// device also did `then` in the same call.
+#[allow(clippy::too_many_arguments)]
 fn attention(
     model: &K3Model,
+    path: Path,
     lw: &LayerWeights,
     i: usize,
     states: &mut [&mut SequenceState],
@@ -125,37 +137,32 @@ fn attention(
     let spec = &*model.spec;
     match &lw.attn {
         AttnWeights::Kda(aw) => timed(Phase::LinearAttention, || {
-            kda(spec, aw, &mut kda_layers(states, i), segs, x, then)
+            kda(spec, path, aw, &mut kda_layers(states, i), segs, x, then)
         }),
         AttnWeights::Mla(aw) => timed(Phase::FullAttention, || {
-            mla(spec, aw, &mut mla_layers(states, i), segs, x, then)
+            mla(spec, path, aw, &mut mla_layers(states, i), segs, x, then)
         }),
     }
 }
 
 fn ffn(
     model: &K3Model,
+    path: Path,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
-    early: Option<Early>,
+    early: Option<Early<SpineFirst>>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].ffn, early) {
-        (
-            FfnWeights::Dense(_),
-            Some(Early {
-                ffn: Ahead::Mlp(y), ..
-            }),
-        ) => Ok(y),
+    match (&lw.ffn, early.map(|e| e.ffn)) {
+        (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(moe::mlp(spec, mw, x, n)),
-        (FfnWeights::Moe(mw), early) => {
-            let first = early.and_then(|e| match e.ffn {
-                Ahead::Moe(f) => Some(f),
-                Ahead::Mlp(_) => None,
-            });
-            let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
+        (FfnWeights::Moe(mw), ahead) => {
+            let first = ahead.and_then(Ahead::moe);
+            let next = w.layers.peek(i + 1);
+            let hint = next.as_deref().and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
                     weights: nw,
@@ -164,67 +171,17 @@ fn ffn(
             });
             let src = model.experts.as_ref();
             routed(tracer, i, |routes| {
-                moe::moe(spec, i, mw, x, n, src, hint, routes, first)
+                moe::moe(spec, path, i, mw, x, n, src, hint, routes, first)
             })
         }
     }
 }
 
-/// What a device computed of a layer's MLP side in its attention's call
-/// ([`Then`]): the normed rows `x`, and the MLP's output or the MoE's
-/// products before its experts.
-struct Early {
-    x: Vec<f32>,
-    ffn: Ahead,
-}
-
-enum Ahead {
-    Mlp(Vec<f32>),
-    Moe(SpineFirst),
-}
-
-impl Early {
-    /// Room for `n` rows of the layer's MLP side `ffn`.
-    fn room(ffn: &FfnWeights, n: usize, d: usize) -> Self {
-        let ffn = match ffn {
-            FfnWeights::Dense(mw) => Ahead::Mlp(vec![0f32; n * mw.down_proj.rows]),
-            FfnWeights::Moe(mw) => Ahead::Moe(SpineFirst::room(mw, n)),
-        };
-        Early {
-            x: vec![0f32; n * d],
-            ffn,
-        }
-    }
-
-    /// The MLP side of layer `lw` up to its experts' choice as a [`Then`]
-    /// writing here: `partial + a` mixed with `blocks` by `mlp_res`,
-    /// `post_attention_layernorm`, then the products.
-    fn then<'a>(
-        &'a mut self,
-        model: &'a K3Model,
-        lw: &'a LayerWeights,
-        partial: &'a [f32],
-        blocks: &'a [Vec<f32>],
-    ) -> Then<'a> {
-        let spec = &*model.spec;
-        let (plain, glu) = match (&mut self.ffn, &lw.ffn) {
-            (Ahead::Mlp(y), FfnWeights::Dense(mw)) => (Vec::new(), vec![mw.then_glu(y)]),
-            (Ahead::Moe(f), FfnWeights::Moe(mw)) => f.then_parts(mw),
-            _ => unreachable!("room is made for the layer's own MLP side"),
-        };
-        Then {
-            d: spec.hidden_size,
-            partial,
-            blocks,
-            query: Some(&lw.mlp_res.query),
-            eps: spec.rms_norm_eps,
-            norm: &lw.post_attention_layernorm,
-            x: &mut self.x,
-            plain,
-            glu,
-            act: moe::situ(spec),
-            done: false,
-        }
+/// The layer's MLP side as [`Early`] names it.
+fn ffn_ref(f: &FfnWeights) -> Ffn<'_, SpineFirst> {
+    match f {
+        FfnWeights::Dense(mw) => Ffn::Dense(mw),
+        FfnWeights::Moe(mw) => Ffn::Moe(mw),
     }
 }
 

@@ -345,7 +345,7 @@ pub fn expert_bytes(spec: &K3Spec) -> u64 {
 pub fn expert_table(
     spec: &K3Spec,
     ck: &fathom_weights::Checkpoint,
-) -> crate::Result<crate::experts::ExpertTable> {
+) -> crate::error::Result<crate::experts::ExpertTable> {
     use crate::experts::{ExpertFormat, ExpertLoc, ExpertTable};
     let mut layers = vec![Vec::new(); spec.num_layers];
     for l in spec.moe_layers() {

@@ -9,7 +9,7 @@
 
 use super::config::KimiLinearSpec;
 use super::weights::{KdaWeights, MlaWeights};
-use crate::batch::Segment;
+use crate::batch::{Path, Segment};
 use crate::error::Result;
 use crate::hybrid::kda::{KdaLinears, KdaProjections, kda_heads, kda_heads_projected};
 use crate::hybrid::mla::{MlaLinears, mla_heads, mla_heads_projected};
@@ -25,6 +25,7 @@ use fathom_kernels::backend::{MlaQueryProj, Then};
 /// `[N, D]`, and whether the device did `then`.
 pub fn kda(
     spec: &KimiLinearSpec,
+    path: Path,
     w: &KdaWeights,
     states: &mut [&mut KdaState],
     segs: &[Segment],
@@ -46,7 +47,7 @@ pub fn kda(
         o_proj: &w.o_proj,
     };
     let (d, params) = (spec.kda_dims(), w.params());
-    if let Some(done) = kda_heads_projected(&d, &params, states, segs, x, mats, &lin, then)? {
+    if let Some(done) = kda_heads_projected(path, &d, &params, states, segs, x, mats, &lin, then)? {
         return Ok(done);
     }
     let [q, k, v, fa, b, ga] = Linear::forward_many(mats, x, n);
@@ -56,7 +57,10 @@ pub fn kda(
         b,
         g: ga,
     };
-    Ok((kda_heads(&d, &params, states, segs, proj, &lin)?, false))
+    Ok((
+        kda_heads(path, &d, &params, states, segs, proj, &lin)?,
+        false,
+    ))
 }
 
 /// MLA for the rows `x [N, D]` (already `input_layernorm`ed) of several
@@ -66,6 +70,7 @@ pub fn kda(
 /// too). Returns `[N, D]`, and whether the device did `then`.
 pub fn mla(
     spec: &KimiLinearSpec,
+    path: Path,
     w: &MlaWeights,
     caches: &mut [&mut MlaCache],
     segs: &[Segment],
@@ -82,12 +87,14 @@ pub fn mla(
         o_proj: &w.o_proj,
     };
     // With a device: the projections in the attention's call (one round trip).
-    if let Some(done) = mla_heads_projected(&d, &lin, &w.kv_b_proj, None, (caches, segs), x, then)?
+    if let Some(done) =
+        mla_heads_projected(path, &d, &lin, &w.kv_b_proj, None, (caches, segs), x, then)?
     {
         return Ok(done);
     }
     let [q, c] = Linear::forward_many([&w.q_proj, &w.kv_a_proj_with_mqa], x, n);
     mla_heads(
+        path,
         &d,
         &w.kv_a_layernorm,
         &w.kv_b_proj,

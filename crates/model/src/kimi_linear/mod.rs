@@ -92,11 +92,12 @@ impl Family for KimiLinear {
 pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises attention, dense-MLP, shared-expert and head matrices.
-    let [spine, int8, emb, routed] = crate::table::ledger(
+    let entries = || {
         table
             .iter()
-            .map(|t| (&t.shape[..], t.bytes(), t.role, true)),
-    );
+            .map(|t| (t.layer, &t.shape[..], t.bytes(), t.role, true))
+    };
+    let [spine, int8, emb, routed] = crate::table::ledger(entries());
     let dims = spec.hybrid_dims();
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
@@ -116,5 +117,9 @@ pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
         max_position_embeddings: spec.max_position_embeddings,
         mtp_bytes: 0,
         mtp_cache_floats_per_token: 0,
+        layers: crate::memory::layer_sums(
+            spec.num_layers,
+            entries().map(crate::table::tensor_bytes),
+        ),
     }
 }

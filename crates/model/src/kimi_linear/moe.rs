@@ -9,6 +9,7 @@
 
 use super::config::KimiLinearSpec;
 use super::weights::MoeWeights;
+use crate::batch::Path;
 use crate::error::Result;
 use crate::experts::ExpertSource;
 use crate::moe::{Route, SigmoidFirst};
@@ -24,12 +25,14 @@ pub struct NextLayerHint<'a> {
     pub weights: &'a MoeWeights,
 }
 
-/// The sparse block over `x [T, D]` (already `post_attention_layernorm`ed);
+/// The sparse block over `x [T, D]` (already `post_attention_layernorm`ed)
+/// in a step on `path`;
 /// `first`: its router's logits and shared experts' output when a device
 /// computed them in the attention's call.
 #[allow(clippy::too_many_arguments)]
 pub fn moe(
     spec: &KimiLinearSpec,
+    path: Path,
     layer: usize,
     w: &MoeWeights,
     x: &[f32],
@@ -40,5 +43,5 @@ pub fn moe(
 ) -> Result<Vec<f32>> {
     let next = hint.map(|h| (h.layer, h.weights));
     spec.sparse_block()
-        .forward(layer, w, x, source, next, routes_out, first)
+        .forward(path, layer, w, x, source, next, routes_out, first)
 }

@@ -16,11 +16,12 @@ use super::KimiLinearModel;
 use super::attention::{kda, mla};
 use super::moe::{self, NextLayerHint};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
-use crate::batch::{Head, Rows, Segment, add, atomic_step, embed};
-use crate::early::{self, Ahead, Early, Ffn};
+use crate::batch::{Head, Path, Rows, Segment, add, atomic_step, embed};
+use crate::early;
 use crate::error::Result;
 use crate::hybrid::state::{SequenceState, kda_layers, mla_layers};
 use crate::lm::{Logits, StepError, StepInput};
+use crate::moe::{Ahead, Early, Ffn};
 use crate::trace::{Tracer, routed, trace};
 
 /// Advances every entry of `batch`; see [`crate::lm::CausalLm::step`].
@@ -47,18 +48,21 @@ fn forward_rows(
     let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
     let mut h = embed(&w.embed_tokens, &rows.tokens);
     trace(&mut tracer, 0, "embeddings", &h);
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         // With a device and no tracer, the MLP side's norm and first
         // products may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.ffn), &lw.post_attention_layernorm[..]);
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
-        let (a, done) = attention(model, lw, i, states, &rows.segs, &x, then)?;
+        let (a, done) = attention(model, rows.path, lw, i, states, &rows.segs, &x, then)?;
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
-        let m = ffn(model, i, &x, n, early, &mut tracer)?;
+        let m = ffn(model, rows.path, i, lw, &x, n, early, &mut tracer)?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -70,8 +74,10 @@ fn forward_rows(
 
 /// The layer's attention over `x`, and whether a device also did `then`
 /// in the same call.
+#[allow(clippy::too_many_arguments)]
 fn attention(
     model: &KimiLinearModel,
+    path: Path,
     lw: &LayerWeights,
     i: usize,
     states: &mut [&mut SequenceState],
@@ -81,8 +87,8 @@ fn attention(
 ) -> Result<(Vec<f32>, bool)> {
     let spec = &*model.spec;
     match &lw.attn {
-        AttnWeights::Kda(aw) => kda(spec, aw, &mut kda_layers(states, i), segs, x, then),
-        AttnWeights::Mla(aw) => mla(spec, aw, &mut mla_layers(states, i), segs, x, then),
+        AttnWeights::Kda(aw) => kda(spec, path, aw, &mut kda_layers(states, i), segs, x, then),
+        AttnWeights::Mla(aw) => mla(spec, path, aw, &mut mla_layers(states, i), segs, x, then),
     }
 }
 
@@ -90,19 +96,22 @@ fn attention(
 /// attention's call (`early`).
 fn ffn(
     model: &KimiLinearModel,
+    path: Path,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
     early: Option<Early>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].ffn, early.map(|e| e.ffn)) {
+    match (&lw.ffn, early.map(|e| e.ffn)) {
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         (FfnWeights::Moe(mw), ahead) => {
             let first = ahead.and_then(Ahead::moe);
-            let hint = w.layers.get(i + 1).and_then(|nl| match &nl.ffn {
+            let next_layer = w.layers.peek(i + 1);
+            let hint = next_layer.as_deref().and_then(|nl| match &nl.ffn {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
                     weights: nw,
@@ -111,7 +120,7 @@ fn ffn(
             });
             let src = model.experts.as_ref();
             routed(tracer, i, |routes| {
-                moe::moe(spec, i, mw, x, src, hint, routes, first)
+                moe::moe(spec, path, i, mw, x, src, hint, routes, first)
             })
         }
     }

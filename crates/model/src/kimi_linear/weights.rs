@@ -1,6 +1,8 @@
 //! Binding: checkpoint names → typed per-layer weights, once, at load.
 //! After [`KimiLinearWeights::load`] nothing is looked up by name again.
 
+use std::sync::Arc;
+
 use fathom_weights::Checkpoint;
 
 use super::config::{FfnKind, KimiLinearSpec};
@@ -10,8 +12,9 @@ use crate::error::Result;
 use crate::hybrid::AttnKind;
 use crate::hybrid::kda::KdaParams;
 use crate::hybrid::mla::AbsorbedKvB;
-use crate::linear::Linear;
+use crate::linear::{Linear, Spine};
 use crate::mlp::MlpWeights;
+use crate::tiers::{LayerPlan, Layers, load_layers};
 
 #[derive(Debug)]
 pub struct KdaWeights {
@@ -91,7 +94,7 @@ pub struct LayerWeights {
 #[derive(Debug)]
 pub struct KimiLinearWeights {
     pub embed_tokens: Linear,
-    pub layers: Vec<LayerWeights>,
+    pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     pub lm_head: Linear,
 }
@@ -131,88 +134,120 @@ fn mla(spec: &KimiLinearSpec, b: &Binder<'_>, i: usize) -> Result<MlaWeights> {
 }
 
 impl KimiLinearWeights {
-    /// Checks the checkpoint against the spec, then reads the spine.
-    pub fn load(spec: &KimiLinearSpec, ck: &Checkpoint) -> Result<Self> {
+    /// Checks the checkpoint against the spec, then reads the spine in
+    /// `spine` precision, its decoder layers placed by `plan`.
+    pub fn load(
+        spec: &Arc<KimiLinearSpec>,
+        ck: &Arc<Checkpoint>,
+        spine: Spine,
+        plan: &LayerPlan,
+    ) -> Result<Self> {
         require_none(&check_tensors(spec, ck))?;
+        let layers = load_layers(spec, ck, spine, plan, spec.num_layers, layer)?;
         let b = Binder::new(ck);
-        let mut layers = Vec::with_capacity(spec.num_layers);
-        for i in 0..spec.num_layers {
-            let n = |rest: &str| layer_name(i, rest);
-            let attn = match spec.attn_kinds[i] {
-                AttnKind::Kda => AttnWeights::Kda(kda(spec, &b, i)?),
-                AttnKind::Mla => AttnWeights::Mla(mla(spec, &b, i)?),
-            };
-            let ffn = match spec.ffn_kind(i) {
-                FfnKind::Dense => FfnWeights::Dense(b.mlp(&n("mlp."))?),
-                FfnKind::Moe => {
-                    let p = |rest: &str| n(&format!("block_sparse_moe.{rest}"));
-                    FfnWeights::Moe(MoeWeights {
-                        gate: b.linear(&p("gate.weight"))?,
-                        e_score_correction_bias: b.vector(&p("gate.e_score_correction_bias"))?,
-                        shared_experts: if spec.num_shared_experts > 0 {
-                            Some(b.mlp(&p("shared_experts."))?)
-                        } else {
-                            None
-                        },
-                    })
-                }
-            };
-            layers.push(LayerWeights {
-                input_layernorm: b.vector(&n("input_layernorm.weight"))?,
-                post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
-                attn,
-                ffn,
-            });
+        let mut lm_head = b.linear(LM_HEAD)?;
+        if spine == Spine::Int8 {
+            lm_head.quantize_int8();
         }
         Ok(KimiLinearWeights {
             embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
-            lm_head: b.linear(LM_HEAD)?,
+            lm_head,
         })
     }
 
-    /// Quantises every spine matrix to per-row int8 (`Spine::Int8`), except
-    /// the embedding (a row lookup) and the routers (they pick the experts).
+    /// Quantises every resident spine matrix to per-row int8 (see
+    /// [`LayerWeights::quantize_int8`]) and the head.
     pub fn quantize_spine_int8(&mut self) {
-        for layer in &mut self.layers {
-            match &mut layer.attn {
-                AttnWeights::Kda(a) => {
-                    for l in [
-                        &mut a.q_proj,
-                        &mut a.k_proj,
-                        &mut a.v_proj,
-                        &mut a.f_a_proj,
-                        &mut a.f_b_proj,
-                        &mut a.b_proj,
-                        &mut a.g_a_proj,
-                        &mut a.g_b_proj,
-                        &mut a.o_proj,
-                    ] {
-                        l.quantize_int8();
-                    }
-                }
-                AttnWeights::Mla(a) => {
-                    for l in [
-                        &mut a.q_proj,
-                        &mut a.kv_a_proj_with_mqa,
-                        &mut a.kv_b_proj.uk_t,
-                        &mut a.kv_b_proj.uv,
-                        &mut a.o_proj,
-                    ] {
-                        l.quantize_int8();
-                    }
+        for (_, layer) in self.layers.resident_mut() {
+            layer.quantize_int8();
+        }
+        self.lm_head.quantize_int8();
+    }
+}
+
+/// Decoder layer `i`, read from the checkpoint (at load when resident, for
+/// every pass when streamed) and quantised right away for `Spine::Int8`.
+pub fn layer(
+    spec: &KimiLinearSpec,
+    ck: &Checkpoint,
+    i: usize,
+    spine: Spine,
+) -> Result<LayerWeights> {
+    let b = Binder::new(ck);
+    let n = |rest: &str| layer_name(i, rest);
+    let attn = match spec.attn_kinds[i] {
+        AttnKind::Kda => AttnWeights::Kda(kda(spec, &b, i)?),
+        AttnKind::Mla => AttnWeights::Mla(mla(spec, &b, i)?),
+    };
+    let ffn = match spec.ffn_kind(i) {
+        FfnKind::Dense => FfnWeights::Dense(b.mlp(&n("mlp."))?),
+        FfnKind::Moe => {
+            let p = |rest: &str| n(&format!("block_sparse_moe.{rest}"));
+            FfnWeights::Moe(MoeWeights {
+                gate: b.linear(&p("gate.weight"))?,
+                e_score_correction_bias: b.vector(&p("gate.e_score_correction_bias"))?,
+                shared_experts: if spec.num_shared_experts > 0 {
+                    Some(b.mlp(&p("shared_experts."))?)
+                } else {
+                    None
+                },
+            })
+        }
+    };
+    let mut l = LayerWeights {
+        input_layernorm: b.vector(&n("input_layernorm.weight"))?,
+        post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
+        attn,
+        ffn,
+    };
+    if spine == Spine::Int8 {
+        l.quantize_int8();
+    }
+    Ok(l)
+}
+
+impl LayerWeights {
+    /// Quantises the layer's attention, dense-MLP and shared-expert
+    /// matrices to per-row int8 (`Spine::Int8`); the router stays (it
+    /// picks the experts).
+    pub fn quantize_int8(&mut self) {
+        match &mut self.attn {
+            AttnWeights::Kda(a) => {
+                for l in [
+                    &mut a.q_proj,
+                    &mut a.k_proj,
+                    &mut a.v_proj,
+                    &mut a.f_a_proj,
+                    &mut a.f_b_proj,
+                    &mut a.b_proj,
+                    &mut a.g_a_proj,
+                    &mut a.g_b_proj,
+                    &mut a.o_proj,
+                ] {
+                    l.quantize_int8();
                 }
             }
-            match &mut layer.ffn {
-                FfnWeights::Dense(m) => m.quantize_int8(),
-                FfnWeights::Moe(m) => {
-                    if let Some(s) = &mut m.shared_experts {
-                        s.quantize_int8();
-                    }
+            AttnWeights::Mla(a) => {
+                for l in [
+                    &mut a.q_proj,
+                    &mut a.kv_a_proj_with_mqa,
+                    &mut a.kv_b_proj.uk_t,
+                    &mut a.kv_b_proj.uv,
+                    &mut a.o_proj,
+                ] {
+                    l.quantize_int8();
                 }
             }
         }
-        self.lm_head.quantize_int8();
+        match &mut self.ffn {
+            FfnWeights::Dense(m) => m.quantize_int8(),
+            FfnWeights::Moe(m) => {
+                if let Some(s) = &mut m.shared_experts {
+                    s.quantize_int8();
+                }
+            }
+        }
     }
 }

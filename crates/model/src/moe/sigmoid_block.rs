@@ -62,7 +62,8 @@ impl SigmoidMoe {
         }
     }
 
-    /// The block over `x [T, D]` (already normed) in layer `layer`. `next`
+    /// The block over `x [T, D]` (already normed) in layer `layer` of a
+    /// step on `path`. `next`
     /// is the next MoE layer (its index and weights), whose routes from
     /// this input are handed to the source as a guess; `routes_out`
     /// receives the routes (tracing); `first`, when a device already
@@ -70,6 +71,7 @@ impl SigmoidMoe {
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
+        path: Path,
         layer: usize,
         w: &SigmoidMoeWeights,
         x: &[f32],
@@ -88,7 +90,7 @@ impl SigmoidMoe {
             guess_next(source, nl, self.router.top_k, || self.route(nw, x, t))
         });
         // Start the reads, run the shared experts while they arrive.
-        let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
+        let fetch = ExpertFetch::start(path, source, layer, &routes)?.with_guess(guess);
         let shared = early_shared.unwrap_or_else(|| {
             w.shared_experts
                 .as_ref()
@@ -117,9 +119,10 @@ pub struct SigmoidFirst {
     pub shared: Option<Vec<f32>>,
 }
 
-impl SigmoidFirst {
-    /// Room for `t` rows of `w`'s.
-    pub fn room(w: &SigmoidMoeWeights, t: usize) -> Self {
+impl crate::early::MoeFirst for SigmoidFirst {
+    type Weights = SigmoidMoeWeights;
+
+    fn room(w: &SigmoidMoeWeights, t: usize) -> Self {
         SigmoidFirst {
             logits: vec![0f32; t * w.gate.rows],
             shared: w
@@ -129,9 +132,8 @@ impl SigmoidFirst {
         }
     }
 
-    /// Its products as a `Then`'s: the router plain, the shared experts
-    /// gated (SwiGLU).
-    pub fn then_parts<'a>(
+    /// The router plain, the shared experts gated (SwiGLU).
+    fn then_parts<'a>(
         &'a mut self,
         w: &'a SigmoidMoeWeights,
     ) -> (

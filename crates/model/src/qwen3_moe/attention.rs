@@ -20,7 +20,7 @@ use fathom_kernels::rope::Rope;
 
 use super::config::Qwen3MoeSpec;
 use super::weights::AttnWeights;
-use crate::batch::Segment;
+use crate::batch::{Path, Segment};
 use crate::error::Result;
 use crate::gqa::{GqaLinears, gqa_heads, gqa_projected};
 use crate::kv::PagedRows;
@@ -31,8 +31,10 @@ use crate::rotary::Angles;
 /// cache for this layer). With a device that takes it, the whole layer is
 /// one call (with `then`, the rest of the layer up to its experts' choice
 /// may be too). Returns `[N, D]`, and whether the device did `then`.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     spec: &Qwen3MoeSpec,
+    path: Path,
     w: &AttnWeights,
     rope: &Rope,
     angles: &Angles,
@@ -58,7 +60,17 @@ pub fn attention(
         qk_norm: Some((&w.q_norm, &w.k_norm, eps)),
     };
     // With a device: the whole layer in one call (one round trip).
-    if let Some(done) = gqa_projected(shape, None, &lin, (rope, angles), caches, segs, x, then)? {
+    if let Some(done) = gqa_projected(
+        path,
+        shape,
+        None,
+        &lin,
+        (rope, angles),
+        caches,
+        segs,
+        x,
+        then,
+    )? {
         return Ok(done);
     }
     let mut q = w.q_proj.forward(x, n);

@@ -98,11 +98,12 @@ impl Family for Qwen3Moe {
 pub fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
     let table = tensors::tensor_table(spec);
     // The int8 spine quantises the attention projections, dense MLPs and head.
-    let [spine, int8, emb, routed] = crate::table::ledger(
+    let entries = || {
         table
             .iter()
-            .map(|t| (&t.shape[..], t.bytes(), t.role, true)),
-    );
+            .map(|t| (t.layer, &t.shape[..], t.bytes(), t.role, true))
+    };
+    let [spine, int8, emb, routed] = crate::table::ledger(entries());
     let moe_layers = spec.moe_layers().count();
     crate::memory::MemoryFacts {
         family: Qwen3Moe::NAME,
@@ -121,5 +122,9 @@ pub fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
         max_position_embeddings: spec.max_position_embeddings,
         mtp_bytes: 0,
         mtp_cache_floats_per_token: 0,
+        layers: crate::memory::layer_sums(
+            spec.num_layers,
+            entries().map(crate::table::tensor_bytes),
+        ),
     }
 }

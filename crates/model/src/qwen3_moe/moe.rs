@@ -14,6 +14,7 @@ use fathom_kernels::ops::{GluAct, softmax};
 
 use super::config::Qwen3MoeSpec;
 use super::weights::MoeWeights;
+use crate::batch::Path;
 use crate::error::Result;
 use crate::experts::ExpertSource;
 use crate::moe::{ExpertFetch, GluExpert, Route, Tail, guess_next};
@@ -61,9 +62,12 @@ pub struct NextLayerHint<'a> {
     pub weights: &'a MoeWeights,
 }
 
-/// The sparse block over `x [T, D]` (already `post_attention_layernorm`ed).
+/// The sparse block over `x [T, D]` (already `post_attention_layernorm`ed)
+/// in a step on `path`.
+#[allow(clippy::too_many_arguments)]
 pub fn moe(
     spec: &Qwen3MoeSpec,
+    path: Path,
     layer: usize,
     w: &MoeWeights,
     x: &[f32],
@@ -80,7 +84,7 @@ pub fn moe(
     };
     let guess =
         hint.and_then(|h| guess_next(source, h.layer, spec.top_k, || route(spec, h.weights, x, t)));
-    let fetch = ExpertFetch::start(source, layer, &routes)?.with_guess(guess);
+    let fetch = ExpertFetch::start(path, source, layer, &routes)?.with_guess(guess);
     // One expert on `x [n, D]`: `down(SiLU(gate x) ⊙ up x)` → `[n, D]`.
     let expert = GluExpert {
         gate: 0,

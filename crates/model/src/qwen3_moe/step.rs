@@ -16,13 +16,14 @@ use fathom_kernels::ops::{GluAct, rms_norm_rows};
 use super::Qwen3MoeModel;
 use super::attention::attention;
 use super::moe::{self, NextLayerHint};
-use super::weights::FfnWeights;
-use crate::batch::{Head, Rows, Segment, add};
-use crate::early::{self, Ahead, Early, Ffn};
+use super::weights::{FfnWeights, LayerWeights};
+use crate::batch::{Head, Path, Rows, Segment, add};
+use crate::early;
 use crate::error::Result;
 use crate::kv::PagedRows;
 use crate::kv_state::{self, KvState};
 use crate::lm::Logits;
+use crate::moe::{Ahead, Early, Ffn};
 use crate::trace::{Tracer, routed, trace};
 
 /// The layers over the stacked rows; per-sequence logits rows as asked.
@@ -39,17 +40,21 @@ pub(super) fn forward_rows(
     let segs = &rows.segs;
     let rope = &model.parts.rope;
     let (mut h, angles) = kv_state::prologue(&w.embed_tokens, rope, states, rows, &mut tracer);
-    for (i, lw) in w.layers.iter().enumerate() {
+    let _pass = w.layers.pass();
+    for i in 0..w.layers.len() {
+        let guard = w.layers.get(i)?;
+        let lw: &LayerWeights = &guard;
         let mut x = h.clone();
         rms_norm_rows(&mut x, d, &lw.input_layernorm, eps);
         let mut caches: Vec<&mut PagedRows> = states.iter_mut().map(|s| &mut s.layers[i]).collect();
         // With a device and no tracer, the MLP side's norm and first
         // product may go in the attention's call (the same operations).
         let (side, norm) = (ffn_ref(&lw.mlp), &lw.post_attention_layernorm[..]);
-        let mut early = Early::on_device(&tracer, side, n, d);
+        let mut early = Early::on_device(rows.path, &tracer, side, n, d);
         let then = early.as_mut().map(|e| e.then(side, &h, norm, eps));
         let (a, done) = attention(
             spec,
+            rows.path,
             &lw.self_attn,
             &model.parts.rope,
             &angles,
@@ -60,7 +65,16 @@ pub(super) fn forward_rows(
         )?;
         add(&mut h, &a);
         let (x, early) = early::normed(early, done, &h, norm, eps);
-        let m = ffn(model, i, &x, n, early.map(|e| e.ffn), &mut tracer)?;
+        let m = ffn(
+            model,
+            rows.path,
+            i,
+            lw,
+            &x,
+            n,
+            early.map(|e| e.ffn),
+            &mut tracer,
+        )?;
         add(&mut h, &m);
         trace(&mut tracer, i, "layer_out", &h);
     }
@@ -82,18 +96,21 @@ fn ffn_ref(f: &FfnWeights) -> Ffn<'_> {
 /// attention's call (`ahead`).
 fn ffn(
     model: &Qwen3MoeModel,
+    path: Path,
     i: usize,
+    lw: &LayerWeights,
     x: &[f32],
     n: usize,
     ahead: Option<Ahead>,
     tracer: &mut Option<&mut dyn Tracer>,
 ) -> Result<Vec<f32>> {
     let (spec, w) = (&*model.spec, &model.weights);
-    match (&w.layers[i].mlp, ahead) {
+    match (&lw.mlp, ahead) {
         (FfnWeights::Dense(_), Some(Ahead::Mlp(y))) => Ok(y),
         (FfnWeights::Dense(mw), _) => Ok(mw.forward(x, n, GluAct::Swiglu)),
         (FfnWeights::Moe(mw), ahead) => {
-            let hint = w.layers.get(i + 1).and_then(|nl| match &nl.mlp {
+            let next_layer = w.layers.peek(i + 1);
+            let hint = next_layer.as_deref().and_then(|nl| match &nl.mlp {
                 FfnWeights::Moe(nw) => Some(NextLayerHint {
                     layer: i + 1,
                     weights: nw,
@@ -103,7 +120,7 @@ fn ffn(
             let src = model.experts.as_ref();
             let logits = ahead.and_then(Ahead::router);
             routed(tracer, i, |routes| {
-                moe::moe(spec, i, mw, x, src, hint, routes, logits)
+                moe::moe(spec, path, i, mw, x, src, hint, routes, logits)
             })
         }
     }

@@ -1,14 +1,17 @@
 //! Binding: checkpoint names → typed per-layer weights, once, at load.
 //! After [`Qwen3MoeWeights::load`] nothing is looked up by name again.
 
+use std::sync::Arc;
+
 use fathom_weights::Checkpoint;
 
 use super::config::{FfnKind, Qwen3MoeSpec};
 use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
 use crate::error::Result;
-use crate::linear::Linear;
+use crate::linear::{Linear, Spine};
 use crate::mlp::MlpWeights;
+use crate::tiers::{LayerPlan, Layers, load_layers};
 
 pub use crate::linear::Proj;
 
@@ -47,60 +50,37 @@ pub struct LayerWeights {
 #[derive(Debug)]
 pub struct Qwen3MoeWeights {
     pub embed_tokens: Linear,
-    pub layers: Vec<LayerWeights>,
+    pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     /// `lm_head`, or `None` when tied to `embed_tokens`.
     pub lm_head: Option<Linear>,
 }
 
 impl Qwen3MoeWeights {
-    /// Checks the checkpoint against the spec, then reads the spine.
-    pub fn load(spec: &Qwen3MoeSpec, ck: &Checkpoint) -> Result<Self> {
+    /// Checks the checkpoint against the spec, then reads the spine in
+    /// `spine` precision, its decoder layers placed by `plan`.
+    pub fn load(
+        spec: &Arc<Qwen3MoeSpec>,
+        ck: &Arc<Checkpoint>,
+        spine: Spine,
+        plan: &LayerPlan,
+    ) -> Result<Self> {
         require_none(&check_tensors(spec, ck))?;
+        let layers = load_layers(spec, ck, spine, plan, spec.num_layers, layer)?;
         let b = Binder::new(ck);
-        let proj = |name: &str| -> Result<Proj> {
-            Ok(Proj {
-                weight: b.linear(&format!("{name}.weight"))?,
-                bias: if spec.attention_bias {
-                    Some(b.vector(&format!("{name}.bias"))?)
-                } else {
-                    None
-                },
-            })
+        let mut lm_head = if spec.tie_word_embeddings {
+            None
+        } else {
+            Some(b.linear(LM_HEAD)?)
         };
-        let mut layers = Vec::with_capacity(spec.num_layers);
-        for i in 0..spec.num_layers {
-            let n = |rest: &str| layer_name(i, rest);
-            let self_attn = AttnWeights {
-                q_proj: proj(&n("self_attn.q_proj"))?,
-                k_proj: proj(&n("self_attn.k_proj"))?,
-                v_proj: proj(&n("self_attn.v_proj"))?,
-                o_proj: proj(&n("self_attn.o_proj"))?,
-                q_norm: b.vector(&n("self_attn.q_norm.weight"))?,
-                k_norm: b.vector(&n("self_attn.k_norm.weight"))?,
-            };
-            let mlp = match spec.ffn_kind(i) {
-                FfnKind::Dense => FfnWeights::Dense(b.mlp(&n("mlp."))?),
-                FfnKind::Moe => FfnWeights::Moe(MoeWeights {
-                    gate: b.linear(&n("mlp.gate.weight"))?,
-                }),
-            };
-            layers.push(LayerWeights {
-                input_layernorm: b.vector(&n("input_layernorm.weight"))?,
-                post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
-                self_attn,
-                mlp,
-            });
+        if let (Some(h), Spine::Int8) = (&mut lm_head, spine) {
+            h.quantize_int8();
         }
         Ok(Qwen3MoeWeights {
             embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
-            lm_head: if spec.tie_word_embeddings {
-                None
-            } else {
-                Some(b.linear(LM_HEAD)?)
-            },
+            lm_head,
         })
     }
 
@@ -109,21 +89,71 @@ impl Qwen3MoeWeights {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
-    /// Quantises every spine matrix to per-row int8 (`Spine::Int8`), except
-    /// the embedding (a row lookup; also the head when tied) and the
-    /// routers (they pick the experts).
+    /// Quantises every resident spine matrix to per-row int8 (see
+    /// [`LayerWeights::quantize_int8`]) and an untied head.
     pub fn quantize_spine_int8(&mut self) {
-        for layer in &mut self.layers {
-            let a = &mut layer.self_attn;
-            for p in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
-                p.weight.quantize_int8();
-            }
-            if let FfnWeights::Dense(m) = &mut layer.mlp {
-                m.quantize_int8();
-            }
+        for (_, layer) in self.layers.resident_mut() {
+            layer.quantize_int8();
         }
         if let Some(h) = &mut self.lm_head {
             h.quantize_int8();
+        }
+    }
+}
+
+/// Decoder layer `i`, read from the checkpoint (at load when resident, for
+/// every pass when streamed) and quantised right away for `Spine::Int8`.
+pub fn layer(spec: &Qwen3MoeSpec, ck: &Checkpoint, i: usize, spine: Spine) -> Result<LayerWeights> {
+    let b = Binder::new(ck);
+    let proj = |name: &str| -> Result<Proj> {
+        Ok(Proj {
+            weight: b.linear(&format!("{name}.weight"))?,
+            bias: if spec.attention_bias {
+                Some(b.vector(&format!("{name}.bias"))?)
+            } else {
+                None
+            },
+        })
+    };
+    let n = |rest: &str| layer_name(i, rest);
+    let self_attn = AttnWeights {
+        q_proj: proj(&n("self_attn.q_proj"))?,
+        k_proj: proj(&n("self_attn.k_proj"))?,
+        v_proj: proj(&n("self_attn.v_proj"))?,
+        o_proj: proj(&n("self_attn.o_proj"))?,
+        q_norm: b.vector(&n("self_attn.q_norm.weight"))?,
+        k_norm: b.vector(&n("self_attn.k_norm.weight"))?,
+    };
+    let mlp = match spec.ffn_kind(i) {
+        FfnKind::Dense => FfnWeights::Dense(b.mlp(&n("mlp."))?),
+        FfnKind::Moe => FfnWeights::Moe(MoeWeights {
+            gate: b.linear(&n("mlp.gate.weight"))?,
+        }),
+    };
+    let mut l = LayerWeights {
+        input_layernorm: b.vector(&n("input_layernorm.weight"))?,
+        post_attention_layernorm: b.vector(&n("post_attention_layernorm.weight"))?,
+        self_attn,
+        mlp,
+    };
+    if spine == Spine::Int8 {
+        l.quantize_int8();
+    }
+    Ok(l)
+}
+
+impl LayerWeights {
+    /// Quantises the layer's attention projections and dense MLP to
+    /// per-row int8 (`Spine::Int8`); the router stays (it picks the
+    /// experts), as does the embedding (a row lookup; also the head when
+    /// tied).
+    pub fn quantize_int8(&mut self) {
+        let a = &mut self.self_attn;
+        for p in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
+            p.weight.quantize_int8();
+        }
+        if let FfnWeights::Dense(m) = &mut self.mlp {
+            m.quantize_int8();
         }
     }
 }

@@ -450,6 +450,136 @@ pub fn assert_failed_steps_change_nothing(model: &dyn CausalLm, warm: &[u32]) {
     assert_eq!(a.encode().unwrap(), before);
 }
 
+/// Every golden prompt's logits at every position, and a few greedy
+/// decode steps through the state, are the same bits from `tiered` (some
+/// spine layers read for every pass) as from `resident`.
+pub fn assert_tiers_bit_identical(
+    resident: &dyn CausalLm,
+    tiered: &dyn CausalLm,
+    prompts: &[Vec<u32>],
+) {
+    let v = resident.info().vocab_size;
+    for (i, ids) in prompts.iter().enumerate() {
+        let (mut a, mut b) = (resident.new_state(), tiered.new_state());
+        let la = resident.forward(a.as_mut(), ids, Logits::All).unwrap();
+        let lb = tiered.forward(b.as_mut(), ids, Logits::All).unwrap();
+        assert!(la == lb, "prompt {i}: prefill logits differ");
+        let mut next = argmax(&la[la.len() - v..]);
+        for step in 0..3 {
+            let la = resident.forward(a.as_mut(), &[next], Logits::Last).unwrap();
+            let lb = tiered.forward(b.as_mut(), &[next], Logits::Last).unwrap();
+            assert!(la == lb, "prompt {i}: decode step {step} logits differ");
+            next = argmax(&la);
+        }
+        assert_eq!(
+            a.encode().unwrap(),
+            b.encode().unwrap(),
+            "prompt {i}: states"
+        );
+    }
+}
+
+/// A copy of fixture `name`'s model files in a fresh directory of its own
+/// (a test may damage it).
+pub fn fixture_copy(name: &str, tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "fathom-{tag}-{}-{}-{}",
+        name.replace('/', "-"),
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(data(name)).unwrap() {
+        let p = e.unwrap().path();
+        let file = p.file_name().unwrap().to_string_lossy().to_string();
+        if file.starts_with("golden") || p.is_dir() {
+            continue;
+        }
+        std::fs::copy(&p, dir.join(&file)).unwrap();
+    }
+    dir
+}
+
+/// Every shard of `dir` cut to its header (no tensor data left), in
+/// place (the same files, so an open checkpoint reads the cut ones);
+/// returns the shards' bytes to put back.
+pub fn cut_shards(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut kept = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if !p.to_string_lossy().ends_with(".safetensors") {
+            continue;
+        }
+        let bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(8 + n).unwrap();
+        kept.push((p, bytes));
+    }
+    assert!(!kept.is_empty(), "{}: no shards", dir.display());
+    kept
+}
+
+/// The shards [`cut_shards`] cut, whole again (written in place).
+pub fn restore_shards(kept: &[(PathBuf, Vec<u8>)]) {
+    use std::io::Write;
+    for (p, bytes) in kept {
+        let mut f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all(bytes).unwrap();
+    }
+}
+
+/// With every spine layer streamed (a ring of two), a spine read that
+/// fails (the shards cut after load) fails the step with an error that
+/// names the shard and the tensor, and changes no state: once the shards
+/// are whole again the same step from the same state gives the resident
+/// model's bits.
+pub fn assert_spine_read_error_changes_nothing(
+    resident: &dyn CausalLm,
+    streamed: &dyn CausalLm,
+    dir: &Path,
+    warm: &[u32],
+) {
+    let mut a = streamed.new_state();
+    streamed.forward(a.as_mut(), warm, Logits::None).unwrap();
+    let before = a.encode().unwrap();
+    let kept = cut_shards(dir);
+    let e = streamed
+        .step(&mut [StepInput {
+            state: a.as_mut(),
+            tokens: &[5, 6],
+            logits: Logits::Last,
+        }])
+        .unwrap_err();
+    let msg = e.to_string();
+    let names_a_shard = kept
+        .iter()
+        .any(|(p, _)| msg.contains(p.to_string_lossy().as_ref()));
+    assert_eq!(e.seq, None, "a spine read is the step's error: {msg}");
+    assert!(
+        msg.starts_with("spine layer ") && names_a_shard && msg.contains(": tensor "),
+        "{msg}"
+    );
+    assert!(msg.contains(".layers."), "{msg}");
+    assert_eq!(
+        a.encode().unwrap(),
+        before,
+        "the failed step changed the state"
+    );
+    restore_shards(&kept);
+    let got = streamed.forward(a.as_mut(), &[5, 6], Logits::Last).unwrap();
+    let mut r = resident.new_state();
+    resident.forward(r.as_mut(), warm, Logits::None).unwrap();
+    let want = resident.forward(r.as_mut(), &[5, 6], Logits::Last).unwrap();
+    assert!(
+        got == want,
+        "after the failed step: logits differ from resident"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Asserts each prompt's `what` logit error is within `tol` (3 prompts).
 pub fn within(fixture: &str, what: &str, errs: &[f32], tol: f32) {
     eprintln!("{fixture}: {what} max |Δlogit| per prompt: {errs:?}");
@@ -570,6 +700,50 @@ macro_rules! family_golden_tests {
             )
             .unwrap();
             crate::common::assert_failed_steps_change_nothing(&model, &golden().input_ids(0));
+        }
+
+        /// The model in `dir` with `resident` decoder layers in RAM and the
+        /// rest read for every pass through a ring of two.
+        pub fn load_tiered(dir: &std::path::Path, resident: usize) -> Model<$family> {
+            let opts = fathom_model::LoadOptions {
+                layers: fathom_model::LayerPlan::streamed(resident, 2),
+                ..Default::default()
+            };
+            Model::<$family>::load_config(&fathom_model::ModelConfig::read(dir).unwrap(), opts)
+                .unwrap_or_else(|e| panic!("{FIXTURE} loads with a streamed spine: {e}"))
+        }
+
+        /// The spine wholly and partly streamed gives the resident bits:
+        /// prefill, decode, batched steps, chunked prefill, snapshots,
+        /// rollback (`keep`), forks and saved states.
+        #[test]
+        fn streamed_spine_is_bit_identical() {
+            let (resident, g) = (load(), golden());
+            let layers = resident.spec.num_layers;
+            for r in [0, layers / 2] {
+                let m = load_tiered(&crate::common::data(FIXTURE), r);
+                assert_eq!(m.weights.layers.streamed(), layers - r);
+                let prompts: Vec<Vec<u32>> = (0..g.prompts).map(|i| g.input_ids(i)).collect();
+                crate::common::assert_tiers_bit_identical(&resident, &m, &prompts);
+                let (a, b, c) = (g.input_ids(0), g.input_ids(2), g.input_ids(1));
+                crate::common::assert_batched_equals_solo(&m, &a, &b, &c);
+                crate::common::assert_chunked_equals_one_pass(&m, &g.input_ids(2));
+                crate::common::assert_state_contract(&m, &g.input_ids(1), $foreign);
+            }
+        }
+
+        /// A streamed layer that cannot be read fails the step, naming the
+        /// shard and the tensor, and changes no state.
+        #[test]
+        fn a_spine_read_error_changes_nothing() {
+            let dir = crate::common::fixture_copy(FIXTURE, "spine-cut");
+            let m = load_tiered(&dir, 0);
+            crate::common::assert_spine_read_error_changes_nothing(
+                &load(),
+                &m,
+                &dir,
+                &golden().input_ids(0),
+            );
         }
     };
 }

@@ -1,0 +1,237 @@
+//! A spine deeper than the RAM budget: `run` reads the layers that do not
+//! fit for every pass and gives the resident run's tokens; `inspect` plans
+//! the full Kimi K3's spine tiers at 64 GB, 128 GB and 32 GB + a 24 GB GPU.
+
+mod common;
+
+use common::{code_small, fathom};
+use serde_json::Value;
+
+fn ok(args: &[&str]) -> (Value, String) {
+    let out = fathom(args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{args:?}: {err}");
+    (serde_json::from_slice(&out.stdout).expect("JSON"), err)
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_spine_larger_than_the_budget_gives_the_resident_tokens() {
+    let Some(m) = code_small() else {
+        eprintln!("skipped: shared/models/k3-code-small is not beside the repository");
+        return;
+    };
+    let m = m.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "def fibonacci(n):",
+            "--max-new",
+            "12",
+            "--json",
+            "--stats",
+        ];
+        a.extend_from_slice(extra);
+        ok(&a)
+    };
+    let (resident, err) = run(&[]);
+    assert!(!err.contains("read for every pass"), "{err}");
+    let want = ids(&resident);
+    assert_eq!(want.len(), 12);
+    // k3-code-small's spine is ~62 MB: at 100 MB some layers stream.
+    let (tight, err) = run(&["--ram-budget", "100MB"]);
+    assert!(err.contains("read for every pass"), "{err}");
+    assert_eq!(ids(&tight), want, "100 MB budget");
+    // Every layer read for every pass.
+    let (none, err) = run(&["--ram-budget", "100MB", "--spine-resident-layers", "0"]);
+    assert!(err.contains(" 0 of "), "{err}");
+    assert_eq!(ids(&none), want, "no layer resident");
+}
+
+#[test]
+fn a_budget_below_a_streamed_pass_names_the_least_that_works() {
+    let Some(m) = code_small() else {
+        eprintln!("skipped: shared/models/k3-code-small is not beside the repository");
+        return;
+    };
+    let m = m.to_str().unwrap();
+    let out = fathom(&[
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        "x",
+        "--max-new",
+        "1",
+        "--ram-budget",
+        "20MB",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let mb: u64 = err
+        .split("--ram-budget ")
+        .nth(1)
+        .and_then(|r| r.split("MB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no least budget named: {err}"));
+    let at = |mb: u64| {
+        fathom(&[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "x",
+            "--max-new",
+            "1",
+            "--ram-budget",
+            &format!("{mb}MB"),
+        ])
+        .status
+        .success()
+    };
+    assert!(at(mb), "{mb} MB (named by: {err}) is refused");
+    assert!(!at(mb - 1), "{} MB is accepted", mb - 1);
+}
+
+/// `inspect`'s plan of the full K3 config (written once) at `args`.
+fn k3_plan(args: &[&str]) -> Value {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("fathom-k3tiers-{}", std::process::id()));
+        let d = dir.to_str().unwrap();
+        let out = fathom(&["synth", "--out", d, "--preset", "k3", "--config-only"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    });
+    let mut a = vec![
+        "inspect",
+        dir.to_str().unwrap(),
+        "--context",
+        "4096",
+        "--json",
+    ];
+    a.extend_from_slice(args);
+    ok(&a).0
+}
+
+/// The figures every plan must satisfy: the tiers add up to the spine,
+/// the fixed parts and the cache fit the budget.
+fn check(l: &Value, spine: u64, budget: u64) -> &Value {
+    let t = &l["tiers"];
+    let u = |v: &Value| v.as_u64().unwrap();
+    assert_eq!(
+        u(&t["global_bytes"]) + u(&t["resident_bytes"]) + u(&t["streamed_bytes"]),
+        spine
+    );
+    assert_eq!(
+        u(&l["spine_bytes"]),
+        u(&t["global_bytes"]) + u(&t["resident_bytes"])
+    );
+    assert_eq!(
+        u(&t["resident_layers"]) + u(&t["streamed_layers"]),
+        u(&t["layers"])
+    );
+    assert_eq!(u(&t["layers"]), 93);
+    let fixed = u(&l["spine_bytes"])
+        + u(&t["ring_bytes"])
+        + u(&l["state_bytes"])
+        + u(&l["scratch_bytes"])
+        + u(&l["io_buffers_bytes"]);
+    assert!(fixed + u(&l["cache_bytes"]) <= budget);
+    assert_eq!(l["fits"], true);
+    t
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap()
+}
+
+/// The full K3 at 64 GB: the bf16 spine keeps 47 of 93 layers and reads
+/// the other 46 (59.4 GB) each pass through a ring of 4; the int8 spine
+/// is resident whole.
+#[test]
+fn inspect_plans_the_full_k3_at_64_gb() {
+    let r = k3_plan(&["--ram-budget", "64GB"]);
+    let (bf16, int8) = (&r["ledger"]["bf16"], &r["ledger"]["int8"]);
+    let spine = |k: &str| u(&r["spine"][format!("{k}_bytes")]);
+    let t = check(bf16, spine("bf16"), 64_000_000_000);
+    assert_eq!((u(&t["resident_layers"]), u(&t["ring"])), (47, 4));
+    assert_eq!(u(&t["streamed_bytes"]), 59_389_704_704);
+    assert_eq!(u(&t["ring_bytes"]), 6_144_445_952);
+    // Seconds a pass reads at the default 7 GB/s: the streamed layers,
+    // then the missed experts.
+    let p = &bf16["projected"];
+    assert_eq!(u(&p["disk_bw"]), 7_000_000_000);
+    let spine_s = p["spine_read_s"].as_f64().unwrap();
+    assert!((spine_s - 59_389_704_704.0 / 7e9).abs() < 1e-9, "{spine_s}");
+    let t = check(int8, spine("int8"), 64_000_000_000);
+    assert_eq!(
+        (u(&t["resident_layers"]), u(&t["streamed_layers"])),
+        (93, 0)
+    );
+    assert_eq!(int8["projected"]["spine_read_s"], 0.0);
+    // The least budget: every layer read for every pass.
+    assert_eq!(u(&bf16["min_budget_bytes"]), 10_442_177_024);
+    assert_eq!(u(&int8["min_budget_bytes"]), 7_747_951_872);
+}
+
+/// At 128 GB both spines are resident whole.
+#[test]
+fn inspect_plans_the_full_k3_at_128_gb() {
+    let r = k3_plan(&["--ram-budget", "128GB"]);
+    for k in ["bf16", "int8"] {
+        let t = check(
+            &r["ledger"][k],
+            u(&r["spine"][format!("{k}_bytes")]),
+            128_000_000_000,
+        );
+        assert_eq!(
+            (u(&t["resident_layers"]), u(&t["ring_bytes"])),
+            (93, 0),
+            "{k}"
+        );
+    }
+    assert_eq!(u(&r["ledger"]["bf16"]["spine_bytes"]), 113_509_540_864);
+}
+
+/// 32 GB of RAM beside a 24 GB GPU: the RAM plan streams most of the
+/// spine (17 bf16 or 40 int8 layers resident); the GPU plan is printed
+/// beside it (the spine is not placed in VRAM).
+#[test]
+fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
+    let r = k3_plan(&["--ram-budget", "32GB", "--vram-budget", "24GB"]);
+    let b = check(
+        &r["ledger"]["bf16"],
+        u(&r["spine"]["bf16_bytes"]),
+        32_000_000_000,
+    );
+    assert_eq!((u(&b["resident_layers"]), u(&b["ring"])), (17, 3));
+    assert_eq!(u(&b["streamed_bytes"]), 89_377_268_224);
+    let i = check(
+        &r["ledger"]["int8"],
+        u(&r["spine"]["int8_bytes"]),
+        32_000_000_000,
+    );
+    assert_eq!((u(&i["resident_layers"]), u(&i["ring"])), (40, 3));
+    assert_eq!(u(&i["streamed_bytes"]), 31_538_072_192);
+    assert_eq!(u(&r["vram"]["budget_bytes"]), 24_000_000_000);
+    // Below the least budget the plan is refused and names it.
+    let r = k3_plan(&["--ram-budget", "8GB"]);
+    assert_eq!(r["ledger"]["bf16"]["fits"], false);
+    assert_eq!(u(&r["ledger"]["bf16"]["min_budget_bytes"]), 10_442_177_024);
+}

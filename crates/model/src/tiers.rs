@@ -1,0 +1,457 @@
+//! Spine tiers: a family's decoder layers, each resident in RAM or read
+//! from the checkpoint for every pass.
+//!
+//! A streamed layer is built by the family's own per-layer loader from the
+//! same checkpoint bytes as a resident one (the same binding, the same
+//! int8 quantisation when asked), so what is resident never changes a bit
+//! of output. Streamed layers are needed in layer order, pass after pass:
+//! a reader thread reads them ahead, cyclically, into a ring of at most
+//! `ring` layers (the one being computed included), and
+//! [`Layers::get`] waits for the one asked for. A pass therefore reads
+//! each streamed layer once, whatever the batch or the drafted tokens it
+//! verifies. A read that fails is handed to the pass that asks for that
+//! layer, as its error; nothing else changes.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use fathom_weights::Checkpoint;
+
+use crate::error::{ModelError, Result};
+use crate::linear::Spine;
+
+/// Which decoder layers stay in RAM; the rest are read for every pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct LayerPlan {
+    /// How many layers stay resident (spread evenly over the depth, see
+    /// [`resident_layers`]); `usize::MAX`: all of them.
+    pub resident: usize,
+    /// Layers held at once by the read-ahead ring (at least 2: the one
+    /// being computed and the one being read).
+    pub ring: usize,
+}
+
+impl Default for LayerPlan {
+    fn default() -> Self {
+        LayerPlan::all()
+    }
+}
+
+impl LayerPlan {
+    /// Every layer resident.
+    pub const fn all() -> Self {
+        LayerPlan {
+            resident: usize::MAX,
+            ring: 2,
+        }
+    }
+
+    /// `resident` layers in RAM, the others read ahead through a ring of
+    /// `ring` layers (at least 2).
+    pub fn streamed(resident: usize, ring: usize) -> Self {
+        LayerPlan {
+            resident,
+            ring: ring.max(2),
+        }
+    }
+
+    /// Whether every one of `layers` layers is resident.
+    pub fn all_resident(&self, layers: usize) -> bool {
+        self.resident >= layers
+    }
+}
+
+/// Which of `layers` layers are resident when `resident` of them are:
+/// spread evenly over the depth (layer `i` is resident when
+/// `⌊(i+1)·r/L⌋ > ⌊i·r/L⌋`), so the reads of the streamed ones overlap
+/// the resident layers' compute all through a pass.
+pub fn resident_layers(layers: usize, resident: usize) -> Vec<bool> {
+    if resident >= layers {
+        return vec![true; layers];
+    }
+    (0..layers)
+        .map(|i| (i + 1) * resident / layers > i * resident / layers)
+        .collect()
+}
+
+/// Builds layer `i` from the checkpoint, in the given spine precision.
+pub type LoadLayer<L> = Arc<dyn Fn(usize) -> Result<L> + Send + Sync>;
+
+/// A family's decoder layers, resident or streamed.
+pub struct Layers<L> {
+    /// `Some` for a resident layer.
+    resident: Vec<Option<L>>,
+    ring: Option<Ring<L>>,
+    /// Held by a pass while layers are streamed: one pass at a time reads
+    /// the ring in order.
+    pass: Mutex<()>,
+}
+
+/// One layer's weights for the pass that asked: borrowed when resident,
+/// shared with the ring when streamed.
+pub enum LayerRef<'a, L> {
+    Resident(&'a L),
+    Streamed(Arc<L>),
+}
+
+impl<L> std::ops::Deref for LayerRef<'_, L> {
+    type Target = L;
+    fn deref(&self) -> &L {
+        match self {
+            LayerRef::Resident(l) => l,
+            LayerRef::Streamed(l) => l,
+        }
+    }
+}
+
+impl<L: std::fmt::Debug> std::fmt::Debug for Layers<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layers")
+            .field("layers", &self.resident.len())
+            .field("streamed", &self.streamed())
+            .finish()
+    }
+}
+
+impl<L> Layers<L> {
+    /// Number of layers.
+    pub fn len(&self) -> usize {
+        self.resident.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.resident.is_empty()
+    }
+
+    /// Layers read for every pass.
+    pub fn streamed(&self) -> usize {
+        self.resident.iter().filter(|l| l.is_none()).count()
+    }
+}
+
+impl<L: Send + Sync + 'static> Layers<L> {
+    /// Every layer resident.
+    pub fn resident(layers: Vec<L>) -> Self {
+        Layers {
+            resident: layers.into_iter().map(Some).collect(),
+            ring: None,
+            pass: Mutex::new(()),
+        }
+    }
+
+    /// `layers` layers placed by `plan`: the resident ones built now, in
+    /// order; the reader of the streamed ones started.
+    pub fn load(layers: usize, plan: &LayerPlan, load: LoadLayer<L>) -> Result<Self> {
+        let keep = resident_layers(layers, plan.resident);
+        let mut resident = Vec::with_capacity(layers);
+        for (i, &k) in keep.iter().enumerate() {
+            resident.push(if k { Some(load(i)?) } else { None });
+        }
+        let order: Vec<usize> = (0..layers).filter(|&i| !keep[i]).collect();
+        let ring = (!order.is_empty()).then(|| Ring::start(order, plan.ring.max(2), load, layers));
+        Ok(Layers {
+            resident,
+            ring,
+            pass: Mutex::new(()),
+        })
+    }
+
+    /// Layer `i`, waiting for its read when it is streamed; a failed read
+    /// is the error.
+    pub fn get(&self, i: usize) -> Result<LayerRef<'_, L>> {
+        match (&self.resident[i], &self.ring) {
+            (Some(l), _) => Ok(LayerRef::Resident(l)),
+            (None, Some(r)) => r.get(i).map(LayerRef::Streamed),
+            (None, None) => unreachable!("a layer that is not resident is streamed"),
+        }
+    }
+
+    /// Layer `i` if it is at hand now (resident, or already read): for
+    /// hints about the next layer, which never change the output.
+    pub fn peek(&self, i: usize) -> Option<LayerRef<'_, L>> {
+        match (self.resident.get(i)?, &self.ring) {
+            (Some(l), _) => Some(LayerRef::Resident(l)),
+            (None, Some(r)) => r.peek(i).map(LayerRef::Streamed),
+            (None, None) => None,
+        }
+    }
+
+    /// Held for a pass over the layers while some are streamed (`None`
+    /// when all are resident: passes may then run side by side).
+    pub fn pass(&self) -> Option<MutexGuard<'_, ()>> {
+        self.ring
+            .as_ref()
+            .map(|_| self.pass.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The resident layers, by index (tools and tests that edit weights).
+    pub fn resident_mut(&mut self) -> impl Iterator<Item = (usize, &mut L)> {
+        self.resident
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, l)| l.as_mut().map(|l| (i, l)))
+    }
+
+    /// Layer `i` when it is resident.
+    pub fn resident_layer(&self, i: usize) -> Option<&L> {
+        self.resident.get(i)?.as_ref()
+    }
+}
+
+/// `n` layers of a family, placed by `plan`, each built by `layer(spec,
+/// ck, i, spine)` — at load for the resident ones, for every pass for the
+/// others (the same function, so the same values).
+pub fn load_layers<S, L>(
+    spec: &Arc<S>,
+    ck: &Arc<Checkpoint>,
+    spine: Spine,
+    plan: &LayerPlan,
+    n: usize,
+    layer: fn(&S, &Checkpoint, usize, Spine) -> Result<L>,
+) -> Result<Layers<L>>
+where
+    S: Send + Sync + 'static,
+    L: Send + Sync + 'static,
+{
+    let (spec, ck) = (spec.clone(), ck.clone());
+    Layers::load(n, plan, Arc::new(move |i| layer(&spec, &ck, i, spine)))
+}
+
+/// The read-ahead of the streamed layers.
+struct Ring<L> {
+    shared: Arc<Shared<L>>,
+    /// Position of each layer in `order` (`None`: resident).
+    pos_of: Vec<Option<usize>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+struct Shared<L> {
+    state: Mutex<RingState<L>>,
+    wake: Condvar,
+    /// The streamed layers, in layer order.
+    order: Vec<usize>,
+    /// Layers held at once: computed + ready + being read.
+    depth: usize,
+    load: LoadLayer<L>,
+}
+
+struct RingState<L> {
+    /// Layers read, by position in `order`, oldest first.
+    ready: VecDeque<(usize, Result<Arc<L>>)>,
+    /// The position the reader reads next.
+    next: usize,
+    /// Bumped when the reader is sent elsewhere: a read of an older
+    /// generation is dropped when it lands.
+    generation: u64,
+    /// The read in flight: (position, generation).
+    reading: Option<(usize, u64)>,
+    stop: bool,
+}
+
+impl<L: Send + Sync + 'static> Ring<L> {
+    fn start(order: Vec<usize>, depth: usize, load: LoadLayer<L>, layers: usize) -> Self {
+        let mut pos_of = vec![None; layers];
+        for (p, &i) in order.iter().enumerate() {
+            pos_of[i] = Some(p);
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(RingState {
+                ready: VecDeque::new(),
+                next: 0,
+                generation: 0,
+                reading: None,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+            order,
+            depth,
+            load,
+        });
+        let s = shared.clone();
+        let reader = std::thread::Builder::new()
+            .name("fathom-spine-read".into())
+            .spawn(move || s.read_ahead())
+            .ok();
+        Ring {
+            shared,
+            pos_of,
+            reader,
+        }
+    }
+
+    fn get(&self, layer: usize) -> Result<Arc<L>> {
+        let pos = self.pos_of[layer].expect("a streamed layer has a position");
+        let sh = &*self.shared;
+        if self.reader.is_none() {
+            // No reader thread could be started: read in place.
+            return (sh.load)(layer)
+                .map(Arc::new)
+                .map_err(|e| layer_error(layer, e));
+        }
+        let mut s = sh.lock();
+        loop {
+            if let Some(at) = s.ready.iter().position(|e| e.0 == pos) {
+                s.ready.drain(..at);
+                let (_, r) = s.ready.pop_front().expect("found above");
+                sh.wake.notify_all();
+                return r.map_err(|e| layer_error(layer, e));
+            }
+            // What is ready comes before or after `pos` in another pass
+            // (one that stopped part-way): of no use now.
+            if !s.ready.is_empty() {
+                s.ready.clear();
+                sh.wake.notify_all();
+            }
+            let coming =
+                s.reading == Some((pos, s.generation)) || (s.reading.is_none() && s.next == pos);
+            if !coming {
+                s.generation += 1;
+                s.next = pos;
+                sh.wake.notify_all();
+            }
+            s = sh.wake.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn peek(&self, layer: usize) -> Option<Arc<L>> {
+        let pos = self.pos_of[layer]?;
+        let s = self.shared.lock();
+        s.ready.iter().find_map(|(p, r)| match r {
+            Ok(l) if *p == pos => Some(l.clone()),
+            _ => None,
+        })
+    }
+}
+
+impl<L: Send + Sync + 'static> Shared<L> {
+    fn lock(&self) -> MutexGuard<'_, RingState<L>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The reader: the next streamed layer whenever the ring has room.
+    fn read_ahead(&self) {
+        loop {
+            let (pos, generation) = {
+                let mut s = self.lock();
+                while !s.stop && s.ready.len() + 2 > self.depth {
+                    s = self.wake.wait(s).unwrap_or_else(|e| e.into_inner());
+                }
+                if s.stop {
+                    return;
+                }
+                let pos = s.next;
+                s.next = (pos + 1) % self.order.len();
+                s.reading = Some((pos, s.generation));
+                (pos, s.generation)
+            };
+            let r = (self.load)(self.order[pos]).map(Arc::new);
+            let mut s = self.lock();
+            s.reading = None;
+            if s.generation == generation && !s.stop {
+                s.ready.push_back((pos, r));
+            }
+            self.wake.notify_all();
+        }
+    }
+}
+
+impl<L> Drop for Ring<L> {
+    fn drop(&mut self) {
+        {
+            let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.stop = true;
+        }
+        self.shared.wake.notify_all();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+fn layer_error(layer: usize, e: ModelError) -> ModelError {
+    ModelError::Spine {
+        layer,
+        msg: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn counting(fail: Option<usize>) -> (LoadLayer<usize>, Arc<AtomicUsize>) {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let r = reads.clone();
+        let load: LoadLayer<usize> = Arc::new(move |i| {
+            r.fetch_add(1, Ordering::SeqCst);
+            if Some(i) == fail {
+                return Err(ModelError::Tensor(format!("layer {i} unreadable")));
+            }
+            Ok(i * 10)
+        });
+        (load, reads)
+    }
+
+    #[test]
+    fn resident_layers_are_spread_evenly() {
+        let pick = |l, r| {
+            resident_layers(l, r)
+                .iter()
+                .enumerate()
+                .filter(|x| *x.1)
+                .map(|x| x.0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pick(8, 0), Vec::<usize>::new());
+        assert_eq!(pick(8, 2), vec![3, 7]);
+        assert_eq!(pick(8, 4), vec![1, 3, 5, 7]);
+        assert_eq!(pick(3, 9), vec![0, 1, 2]);
+        assert_eq!(pick(5, 1), vec![4]);
+    }
+
+    #[test]
+    fn passes_read_each_streamed_layer_once_and_in_order() {
+        let (load, reads) = counting(None);
+        let layers = Layers::load(6, &LayerPlan::streamed(2, 3), load).unwrap();
+        assert_eq!(reads.load(Ordering::SeqCst), 2, "the resident ones at load");
+        assert_eq!(layers.streamed(), 4);
+        for pass in 0..3 {
+            let _p = layers.pass().expect("streamed layers hold a pass lock");
+            for i in 0..6 {
+                assert_eq!(*layers.get(i).unwrap(), i * 10, "pass {pass}");
+            }
+        }
+        // Each pass reads the four streamed layers once; the reader may be
+        // ahead by the ring's room (two layers) at most.
+        let n = reads.load(Ordering::SeqCst);
+        assert!((2 + 12..=2 + 12 + 2).contains(&n), "{n} reads");
+    }
+
+    #[test]
+    fn an_aborted_pass_and_a_failed_read_are_recovered() {
+        let (load, _) = counting(Some(3));
+        let layers = Layers::load(5, &LayerPlan::streamed(0, 2), load).unwrap();
+        assert_eq!(*layers.get(0).unwrap(), 0);
+        assert_eq!(*layers.get(1).unwrap(), 10);
+        // The pass stops here; the next starts again from layer 0.
+        assert_eq!(*layers.get(0).unwrap(), 0);
+        assert_eq!(*layers.get(1).unwrap(), 10);
+        assert_eq!(*layers.get(2).unwrap(), 20);
+        let e = layers.get(3).err().unwrap().to_string();
+        assert_eq!(e, "spine layer 3: tensor layer 3 unreadable");
+        assert_eq!(*layers.get(4).unwrap(), 40);
+        assert_eq!(*layers.get(0).unwrap(), 0);
+        assert!(layers.peek(9).is_none());
+    }
+
+    #[test]
+    fn all_resident_needs_no_pass_lock() {
+        let (load, reads) = counting(None);
+        let layers = Layers::load(4, &LayerPlan::all(), load).unwrap();
+        assert!(layers.pass().is_none());
+        assert_eq!(reads.load(Ordering::SeqCst), 4);
+        assert_eq!(*layers.peek(3).unwrap(), 30);
+    }
+}

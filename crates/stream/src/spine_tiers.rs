@@ -1,0 +1,103 @@
+//! The spine's tiers in the RAM ledger: which decoder layers stay
+//! resident and what reading the others for every pass costs (the ring
+//! of layer buffers, the bytes a pass reads).
+
+use fathom_model::memory::MemoryFacts;
+
+/// Where the spine's decoder layers are.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct SpineTiers {
+    pub layers: usize,
+    /// Layers kept in RAM (spread over the depth as
+    /// `fathom_model::tiers::resident_layers` picks them).
+    pub resident_layers: usize,
+    /// The embedding, final norm and head (always resident).
+    pub global_bytes: u64,
+    /// Bytes of the resident layers.
+    pub resident_bytes: u64,
+    /// Layers read for every pass, and their bytes (read once a pass).
+    pub streamed_layers: usize,
+    pub streamed_bytes: u64,
+    /// Layer buffers of the read-ahead ring (0 when nothing streams).
+    pub ring: usize,
+    /// RAM of the ring: the most `ring` streamed layers in a row (in the
+    /// cyclic order they are read) hold.
+    pub ring_bytes: u64,
+}
+
+impl SpineTiers {
+    /// `resident` of the spec's layers in RAM (`usize::MAX`: all), in
+    /// precision `int8`.
+    pub fn new(spec: &MemoryFacts, int8: bool, resident: usize) -> Self {
+        let n = spec.layers.len();
+        let keep = fathom_model::tiers::resident_layers(n, resident);
+        let (mut resident_bytes, mut streamed) = (0, Vec::new());
+        for (l, &k) in spec.layers.iter().zip(&keep) {
+            if k {
+                resident_bytes += l.bytes(int8);
+            } else {
+                streamed.push(l.bytes(int8));
+            }
+        }
+        let streamed_layers = streamed.len();
+        let resident_layers = n - streamed_layers;
+        let ring = if streamed_layers == 0 {
+            0
+        } else {
+            ring_layers(resident_layers, streamed_layers)
+        };
+        SpineTiers {
+            layers: n,
+            resident_layers,
+            global_bytes: spec.global_bytes(int8),
+            resident_bytes,
+            streamed_layers,
+            streamed_bytes: streamed.iter().sum(),
+            ring,
+            ring_bytes: ring_window(&streamed, ring),
+        }
+    }
+
+    /// Resident spine bytes: globals and resident layers.
+    pub fn resident_spine(&self) -> u64 {
+        self.global_bytes + self.resident_bytes
+    }
+
+    /// The plan the loader takes.
+    pub fn plan(&self) -> fathom_model::LayerPlan {
+        if self.streamed_layers == 0 {
+            fathom_model::LayerPlan::all()
+        } else {
+            fathom_model::LayerPlan::streamed(self.resident_layers, self.ring)
+        }
+    }
+
+    /// Seconds a pass spends reading the streamed layers at `bandwidth`
+    /// bytes per second.
+    pub fn read_seconds(&self, bandwidth: f64) -> f64 {
+        self.streamed_bytes as f64 / bandwidth.max(1.0)
+    }
+}
+
+/// The most bytes `k` consecutive entries of `sizes` hold, taken
+/// cyclically (all of them when `k` covers them).
+pub(crate) fn ring_window(sizes: &[u64], k: usize) -> u64 {
+    let m = sizes.len();
+    if k >= m {
+        return sizes.iter().sum();
+    }
+    (0..m)
+        .map(|j| (0..k).map(|t| sizes[(j + t) % m]).sum::<u64>())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Most layer buffers a ring holds.
+pub const MAX_RING: usize = 8;
+
+/// Layer buffers of the read-ahead ring: the layer computed, the one being
+/// read, and one more for each resident layer between two streamed ones
+/// (the reader keeps reading while those compute), at most [`MAX_RING`].
+pub fn ring_layers(resident: usize, streamed: usize) -> usize {
+    (2 + resident.div_ceil(streamed.max(1))).min(MAX_RING)
+}
