@@ -257,7 +257,7 @@ pub fn plan_facts(
 }
 
 /// The least budget above `known_bad` for which `fits` holds (`fits` is
-/// monotone in the budget), to 1 MB: a doubling search, then bisection.
+/// monotone in the budget), to the byte: a doubling search, then bisection.
 pub fn least_budget(known_bad: u64, fits: impl Fn(u64) -> bool) -> u64 {
     let (mut lo, mut hi) = (known_bad, known_bad.max(1 << 20).saturating_mul(2));
     while !fits(hi) {
@@ -267,7 +267,7 @@ pub fn least_budget(known_bad: u64, fits: impl Fn(u64) -> bool) -> u64 {
         lo = hi;
         hi = hi.saturating_mul(2);
     }
-    while hi - lo > 1_000_000 {
+    while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         if fits(mid) {
             hi = mid;
