@@ -209,7 +209,10 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
                 gpu: crate::gpu::bounds(&measured),
             };
             if !arm.is_peer() {
-                let per_token = r.median(Metric::ExpertBytesPerToken).unwrap_or(0.0);
+                // Storage reads per token: missed experts and the spine's
+                // streamed layers.
+                let per_token = r.median(Metric::ExpertBytesPerToken).unwrap_or(0.0)
+                    + r.median(Metric::SpineBytesPerToken).unwrap_or(0.0);
                 let spine = c.spine_bytes_of(&measured);
                 let (ceil, bound) = decode_ceiling(
                     c.storage.bytes_per_s,
@@ -347,6 +350,7 @@ fn fmt_value(m: Metric, v: f64) -> String {
         Unit::TokS => format!("{} tok/s", sig3(v)),
         Unit::Bytes => human_bytes(v),
         Unit::Fraction => format!("{:.1} %", v * 100.0),
+        Unit::Ratio => sig3(v),
     }
 }
 

@@ -16,6 +16,9 @@ pub enum Metric {
     CgroupPeakBytes,
     ExpertBytesPerToken,
     ExpertHitRate,
+    SpineBytesPerToken,
+    SpineBytesPerPass,
+    TokensPerPass,
 }
 
 /// How a metric prints.
@@ -25,10 +28,12 @@ pub enum Unit {
     TokS,
     Bytes,
     Fraction,
+    /// A plain number (tokens per pass).
+    Ratio,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 8] = [
+    pub const ALL: [Metric; 11] = [
         Metric::LoadS,
         Metric::PrefillTokS,
         Metric::FirstTokenS,
@@ -37,6 +42,9 @@ impl Metric {
         Metric::CgroupPeakBytes,
         Metric::ExpertBytesPerToken,
         Metric::ExpertHitRate,
+        Metric::SpineBytesPerToken,
+        Metric::SpineBytesPerPass,
+        Metric::TokensPerPass,
     ];
 
     /// The key in the JSON report.
@@ -50,6 +58,9 @@ impl Metric {
             Metric::CgroupPeakBytes => "cgroup_peak_bytes",
             Metric::ExpertBytesPerToken => "expert_bytes_per_token",
             Metric::ExpertHitRate => "expert_hit_rate",
+            Metric::SpineBytesPerToken => "spine_bytes_per_token",
+            Metric::SpineBytesPerPass => "spine_bytes_per_pass",
+            Metric::TokensPerPass => "tokens_per_pass",
         }
     }
 
@@ -63,6 +74,9 @@ impl Metric {
             Metric::CgroupPeakBytes => "cgroup peak",
             Metric::ExpertBytesPerToken => "expert bytes/token",
             Metric::ExpertHitRate => "expert hit rate",
+            Metric::SpineBytesPerToken => "spine read/token",
+            Metric::SpineBytesPerPass => "spine read/pass",
+            Metric::TokensPerPass => "tokens/pass",
         }
     }
 
@@ -70,20 +84,25 @@ impl Metric {
         match self {
             Metric::LoadS | Metric::FirstTokenS => Unit::Seconds,
             Metric::PrefillTokS | Metric::DecodeTokS => Unit::TokS,
-            Metric::PeakRssBytes | Metric::CgroupPeakBytes | Metric::ExpertBytesPerToken => {
-                Unit::Bytes
-            }
+            Metric::PeakRssBytes
+            | Metric::CgroupPeakBytes
+            | Metric::ExpertBytesPerToken
+            | Metric::SpineBytesPerToken
+            | Metric::SpineBytesPerPass => Unit::Bytes,
             Metric::ExpertHitRate => Unit::Fraction,
+            Metric::TokensPerPass => Unit::Ratio,
         }
     }
 }
 
 /// One value per [`Metric::ALL`] entry, `None` where the run did not report it.
-pub type Metrics = [Option<f64>; 8];
+pub type Metrics = [Option<f64>; 11];
 
 /// Reads the metrics from `fathom run --json`'s `stats` object. Expert bytes
 /// per token divide by every position processed (prompt and generated), as
-/// the run reports only the total.
+/// the run reports only the total. The streamed spine's figures are over
+/// decode (the tokens after the first, as `decode_tok_s`), and absent when
+/// the spine was resident.
 pub fn fathom_metrics(stats: &Value, cgroup_peak: Option<u64>) -> Metrics {
     let f = |k: &str| stats.get(k).and_then(Value::as_f64);
     let positions = f("prompt_tokens").unwrap_or(0.0) + f("generated_tokens").unwrap_or(0.0);
@@ -91,6 +110,14 @@ pub fn fathom_metrics(stats: &Value, cgroup_peak: Option<u64>) -> Metrics {
         Some(b) if positions > 0.0 => Some(b / positions),
         _ => None,
     };
+    let decoded = f("generated_tokens").unwrap_or(0.0) - 1.0;
+    let passes = f("spine_decode_passes").filter(|&p| p > 0.0);
+    let spine = f("spine_decode_bytes_read").filter(|_| passes.is_some());
+    let per = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let decoded = (decoded > 0.0).then_some(decoded);
     [
         f("load_s"),
         f("prefill_tok_s"),
@@ -100,12 +127,15 @@ pub fn fathom_metrics(stats: &Value, cgroup_peak: Option<u64>) -> Metrics {
         cgroup_peak.map(|b| b as f64),
         per_token,
         f("expert_hit_rate"),
+        per(spine, decoded),
+        per(spine, passes),
+        per(decoded, passes),
     ]
 }
 
 /// The metrics a peer reports about itself (plus the cgroup's peak).
 pub fn peer_metrics(r: &PeerRates, cgroup_peak: Option<u64>) -> Metrics {
-    let mut m: Metrics = [None; 8];
+    let mut m: Metrics = [None; 11];
     m[0] = r.load_s;
     m[1] = r.prefill_tok_s;
     m[3] = r.decode_tok_s;
@@ -180,6 +210,18 @@ mod tests {
         assert_eq!(m[Metric::ExpertBytesPerToken as usize], Some(100.0));
         assert_eq!(m[Metric::CgroupPeakBytes as usize], Some(1000.0));
         assert_eq!(m[Metric::ExpertHitRate as usize], None);
+        assert_eq!(
+            m[Metric::SpineBytesPerToken as usize],
+            None,
+            "a resident spine"
+        );
+        // A streamed spine: 4 passes of 1 MB for the 8 tokens after the first.
+        let streamed = r#"{"output_ids":[1],"stats":{"prompt_tokens":2,"generated_tokens":9,"spine_passes":5,"spine_bytes_read":5000000,"spine_decode_passes":4,"spine_decode_bytes_read":4000000}}"#;
+        let (_, stats) = parse_run_json(streamed).unwrap();
+        let m = fathom_metrics(&stats, None);
+        assert_eq!(m[Metric::SpineBytesPerToken as usize], Some(500_000.0));
+        assert_eq!(m[Metric::SpineBytesPerPass as usize], Some(1_000_000.0));
+        assert_eq!(m[Metric::TokensPerPass as usize], Some(2.0));
         assert!(parse_run_json("").is_err());
         assert!(parse_run_json("{\"output_ids\":[-1],\"stats\":{}}").is_err());
         assert!(parse_run_json("{\"output_ids\":[1]}").is_err());

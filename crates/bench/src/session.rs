@@ -174,7 +174,7 @@ fn run_one(
         cgroup_peak_bytes: None,
         oom_kills: None,
         raw: serde_json::Value::Null,
-        metrics: [None; 8],
+        metrics: [None; 11],
     };
     // `fathom --threads N bench` reaches the arms through the environment (an
     // arm's own --threads flag still wins); peers get {threads} instead.

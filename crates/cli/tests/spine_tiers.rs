@@ -49,6 +49,9 @@ fn a_spine_larger_than_the_budget_gives_the_resident_tokens() {
     assert!(!err.contains("read for every pass"), "{err}");
     let want = ids(&resident);
     assert_eq!(want.len(), 12);
+    let n = |v: &Value, k: &str| v["stats"][k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    assert_eq!(n(&resident, "spine_passes"), 0);
+    assert_eq!(n(&resident, "spine_bytes_read"), 0);
     // k3-code-small's spine is ~62 MB: at 110 MB some layers stream.
     let (tight, err) = run(&["--ram-budget", "110MB"]);
     assert!(err.contains("read for every pass"), "{err}");
@@ -57,6 +60,26 @@ fn a_spine_larger_than_the_budget_gives_the_resident_tokens() {
     let (none, err) = run(&["--ram-budget", "110MB", "--spine-resident-layers", "0"]);
     assert!(err.contains(" 0 of "), "{err}");
     assert_eq!(ids(&none), want, "no layer resident");
+    // Every pass read every layer once: about the plan's streamed bytes a
+    // pass (which counts the layers as held in RAM: a few small tensors
+    // are widened to f32 there), plus at most the ring's read-ahead past
+    // the last pass.
+    let per_pass = n(&none, "spine_streamed_bytes") as f64;
+    assert_eq!(n(&none, "spine_streamed_layers"), 12);
+    let (passes, bytes) = (n(&none, "spine_passes"), n(&none, "spine_bytes_read"));
+    assert!(passes >= 2, "{none}");
+    let per = bytes as f64 / passes as f64;
+    assert!(
+        per >= 0.98 * per_pass && per <= (1.0 + 1.0 / passes as f64) * per_pass,
+        "{bytes} bytes in {passes} passes of {per_pass}"
+    );
+    // Decode alone: the passes after the first token.
+    let (dp, db) = (
+        n(&none, "spine_decode_passes"),
+        n(&none, "spine_decode_bytes_read"),
+    );
+    assert!(dp > 0 && dp < passes, "{none}");
+    assert!(db as f64 >= 0.98 * per_pass * dp as f64, "{none}");
 }
 
 #[test]

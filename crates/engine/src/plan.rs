@@ -159,9 +159,8 @@ pub(crate) fn absorb(
         }
         accepted += 1;
     }
-    let secs = step_s + w.draft_s;
     if k == 0 {
-        s.policy.after_plain(secs);
+        s.policy.after_plain(step_s);
         if let Some(d) = s.dstats.as_mut() {
             d.plain_steps += 1;
             d.plain_s += step_s;
@@ -171,7 +170,7 @@ pub(crate) fn absorb(
     if let Err(err) = s.state.keep(accepted + 1) {
         s.done = Some(FinishReason::Error(err.to_string()));
     }
-    s.policy.after_round(k, accepted, secs);
+    s.policy.after_round(k, accepted, step_s, w.draft_s);
     if let Some(d) = s.dstats.as_mut() {
         d.verify_passes += 1;
         d.proposed += k as u64;

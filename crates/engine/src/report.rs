@@ -2,8 +2,8 @@
 //! the server's metrics all read and write. No JSON key is spelled twice.
 
 use fathom_kernels::backend::BackendStats;
-use fathom_model::KvStats;
 use fathom_model::experts::ExpertStats;
+use fathom_model::{KvStats, SpineReads};
 use serde::{Deserialize, Serialize};
 
 use crate::speculative::DraftStats;
@@ -51,6 +51,18 @@ pub struct IoStats {
     pub kv_bytes_disk: u64,
     pub kv_blocks_spilled: u64,
     pub kv_bytes_read: u64,
+    /// Passes over the spine while some of its layers were read for every
+    /// pass, the checkpoint bytes they read and the seconds passes waited
+    /// for a layer (all zero when the spine is resident).
+    pub spine_passes: u64,
+    pub spine_bytes_read: u64,
+    pub spine_wait_s: f64,
+    /// The same from the first generated token on (decode alone), where
+    /// the caller marked that point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spine_decode_passes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spine_decode_bytes_read: Option<u64>,
 }
 
 fn ratio(a: u64, b: u64) -> Option<f64> {
@@ -73,6 +85,17 @@ impl IoStats {
             compute_s: (wall_s - s.wait_s).max(0.0),
             ..IoStats::default()
         }
+    }
+
+    /// With the streamed spine's figures over the interval (`total`) and
+    /// from the first generated token on (`decode`).
+    pub fn with_spine(mut self, total: &SpineReads, decode: Option<&SpineReads>) -> Self {
+        self.spine_passes = total.passes;
+        self.spine_bytes_read = total.bytes_read;
+        self.spine_wait_s = total.wait_s;
+        self.spine_decode_passes = decode.map(|d| d.passes);
+        self.spine_decode_bytes_read = decode.map(|d| d.bytes_read);
+        self
     }
 
     /// With the attention cache's figures: `now`, and what changed since `start`.
@@ -107,6 +130,11 @@ pub struct RunSetup {
     pub direct_io: Option<bool>,
     pub ram_budget_bytes: Option<u64>,
     pub expert_cache_slots: Option<usize>,
+    /// Spine layers the plan reads for every pass, and their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spine_streamed_layers: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spine_streamed_bytes: Option<u64>,
     /// `cpu` or the device backend's name.
     pub device: String,
     /// Experts `--heat` read into the cache before the first step (their

@@ -71,6 +71,8 @@ pub trait Family: Sized + Send + Sync + 'static {
         spine: Spine,
         layers: &LayerPlan,
     ) -> Result<Self::Weights>;
+    /// What reading the spine's streamed layers has cost so far.
+    fn spine_reads(weights: &Self::Weights) -> crate::tiers::SpineReads;
     /// The other parts (`mtp`: load the prediction layer too).
     fn parts(spec: &Self::Spec, ck: &Arc<Checkpoint>, mtp: bool) -> Result<Self::Parts>;
     /// The model's description; the kit fills `family` and the routed
@@ -207,6 +209,9 @@ impl<F: Family> CausalLm for Model<F> {
     fn kv_stats(&self) -> crate::kv::KvStats {
         self.kv.stats()
     }
+    fn spine_reads(&self) -> crate::tiers::SpineReads {
+        F::spine_reads(&self.weights)
+    }
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>> {
         Ok(Box::new(F::decode_state(self, bytes)?))
     }
@@ -264,7 +269,7 @@ pub fn read_spec<F: Family>(dir: &Path) -> Result<F::Spec> {
 /// folder's `memory_facts`, the expert table from `tensors::expert_table`
 /// (no prediction layer), the tensor check from `tensors::check_tensors`
 /// (or the function named third), the spine from `Weights::load` in the
-/// asked precision and tiers.
+/// asked precision and tiers, and the read counters of its `layers`.
 macro_rules! plain_family_fns {
     ($spec:ty, $weights:ty) => {
         $crate::family::plain_family_fns!($spec, $weights, tensors::check_tensors);
@@ -293,6 +298,9 @@ macro_rules! plain_family_fns {
             layers: &$crate::tiers::LayerPlan,
         ) -> $crate::error::Result<$weights> {
             <$weights>::load(spec, ck, spine, layers)
+        }
+        fn spine_reads(w: &$weights) -> $crate::tiers::SpineReads {
+            w.layers.reads()
         }
     };
 }

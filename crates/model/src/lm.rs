@@ -129,6 +129,11 @@ pub trait CausalLm: Send + Sync {
     fn kv_stats(&self) -> crate::kv::KvStats {
         crate::kv::KvStats::default()
     }
+    /// What reading the spine's streamed layers has cost so far (zero when
+    /// every layer is resident).
+    fn spine_reads(&self) -> crate::tiers::SpineReads {
+        crate::tiers::SpineReads::default()
+    }
     /// A state from [`SeqState::encode`]'s bytes; an error names what does
     /// not fit this model (never trusted blindly).
     fn decode_state(&self, bytes: &[u8]) -> Result<Box<dyn SeqState>>;

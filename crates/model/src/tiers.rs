@@ -13,8 +13,10 @@
 //! layer, as its error; nothing else changes.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use fathom_weights::Checkpoint;
 
@@ -73,6 +75,71 @@ pub fn resident_layers(layers: usize, resident: usize) -> Vec<bool> {
     (0..layers)
         .map(|i| (i + 1) * resident / layers > i * resident / layers)
         .collect()
+}
+
+/// What reading the streamed layers has cost so far (all zero when every
+/// layer is resident).
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct SpineReads {
+    /// Passes over the layers while some were streamed.
+    pub passes: u64,
+    /// Streamed layers read (a read the pass no longer wanted included).
+    pub layers_read: u64,
+    /// Checkpoint bytes those reads took.
+    pub bytes_read: u64,
+    /// Seconds the reads took (read and build, on the reader's thread).
+    pub read_s: f64,
+    /// Seconds passes spent waiting for a layer not yet read.
+    pub wait_s: f64,
+}
+
+impl SpineReads {
+    /// Counters accumulated since `before`.
+    pub fn since(&self, before: &SpineReads) -> SpineReads {
+        SpineReads {
+            passes: self.passes.saturating_sub(before.passes),
+            layers_read: self.layers_read.saturating_sub(before.layers_read),
+            bytes_read: self.bytes_read.saturating_sub(before.bytes_read),
+            read_s: (self.read_s - before.read_s).max(0.0),
+            wait_s: (self.wait_s - before.wait_s).max(0.0),
+        }
+    }
+}
+
+/// The ring's counters (nanoseconds for the times).
+#[derive(Default)]
+struct Counters {
+    passes: AtomicU64,
+    layers: AtomicU64,
+    bytes: AtomicU64,
+    read_ns: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+impl Counters {
+    fn read(&self) -> SpineReads {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SpineReads {
+            passes: l(&self.passes),
+            layers_read: l(&self.layers),
+            bytes_read: l(&self.bytes),
+            read_s: l(&self.read_ns) as f64 * 1e-9,
+            wait_s: l(&self.wait_ns) as f64 * 1e-9,
+        }
+    }
+
+    /// Builds `layer` with `load`, counting its bytes and time.
+    fn timed<L>(&self, load: &LoadLayer<L>, layer: usize) -> Result<L> {
+        let (t0, b0) = (Instant::now(), fathom_weights::thread_bytes_read());
+        let r = load(layer);
+        let ns = t0.elapsed().as_nanos() as u64;
+        let bytes = fathom_weights::thread_bytes_read() - b0;
+        self.layers.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.read_ns.fetch_add(ns, Ordering::Relaxed);
+        r
+    }
 }
 
 /// Builds layer `i` from the checkpoint, in the given spine precision.
@@ -180,9 +247,18 @@ impl<L: Send + Sync + 'static> Layers<L> {
     /// Held for a pass over the layers while some are streamed (`None`
     /// when all are resident: passes may then run side by side).
     pub fn pass(&self) -> Option<MutexGuard<'_, ()>> {
+        self.ring.as_ref().map(|r| {
+            let g = self.pass.lock().unwrap_or_else(|e| e.into_inner());
+            r.shared.counters.passes.fetch_add(1, Ordering::Relaxed);
+            g
+        })
+    }
+
+    /// What the streamed layers' reads have cost so far.
+    pub fn reads(&self) -> SpineReads {
         self.ring
             .as_ref()
-            .map(|_| self.pass.lock().unwrap_or_else(|e| e.into_inner()))
+            .map_or_else(SpineReads::default, |r| r.shared.counters.read())
     }
 
     /// The resident layers, by index (tools and tests that edit weights).
@@ -234,6 +310,7 @@ struct Shared<L> {
     /// Layers held at once: computed + ready + being read.
     depth: usize,
     load: LoadLayer<L>,
+    counters: Counters,
 }
 
 struct RingState<L> {
@@ -267,6 +344,7 @@ impl<L: Send + Sync + 'static> Ring<L> {
             order,
             depth,
             load,
+            counters: Counters::default(),
         });
         let s = shared.clone();
         let reader = std::thread::Builder::new()
@@ -285,16 +363,21 @@ impl<L: Send + Sync + 'static> Ring<L> {
         let sh = &*self.shared;
         if self.reader.is_none() {
             // No reader thread could be started: read in place.
-            return (sh.load)(layer)
+            return sh
+                .counters
+                .timed(&sh.load, layer)
                 .map(Arc::new)
                 .map_err(|e| layer_error(layer, e));
         }
+        let t0 = Instant::now();
         let mut s = sh.lock();
         loop {
             if let Some(at) = s.ready.iter().position(|e| e.0 == pos) {
                 s.ready.drain(..at);
                 let (_, r) = s.ready.pop_front().expect("found above");
                 sh.wake.notify_all();
+                let waited = t0.elapsed().as_nanos() as u64;
+                sh.counters.wait_ns.fetch_add(waited, Ordering::Relaxed);
                 return r.map_err(|e| layer_error(layer, e));
             }
             // What is ready comes before or after `pos` in another pass
@@ -345,7 +428,10 @@ impl<L: Send + Sync + 'static> Shared<L> {
                 s.reading = Some((pos, s.generation));
                 (pos, s.generation)
             };
-            let r = (self.load)(self.order[pos]).map(Arc::new);
+            let r = self
+                .counters
+                .timed(&self.load, self.order[pos])
+                .map(Arc::new);
             let mut s = self.lock();
             s.reading = None;
             if s.generation == generation && !s.stop {
@@ -427,6 +513,18 @@ mod tests {
         // ahead by the ring's room (two layers) at most.
         let n = reads.load(Ordering::SeqCst);
         assert!((2 + 12..=2 + 12 + 2).contains(&n), "{n} reads");
+        let r = layers.reads();
+        assert_eq!(r.passes, 3);
+        assert_eq!(
+            r.layers_read,
+            n as u64 - 2,
+            "only streamed reads are counted"
+        );
+        // The stand-in loader reads no checkpoint bytes.
+        assert_eq!(r.bytes_read, 0);
+        let all = Layers::load(3, &LayerPlan::all(), counting(None).0).unwrap();
+        assert!(all.pass().is_none());
+        assert_eq!(all.reads(), SpineReads::default());
     }
 
     #[test]

@@ -29,6 +29,22 @@ pub fn bytes_read() -> u64 {
     BYTES_READ.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+thread_local! {
+    static THREAD_BYTES_READ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Tensor bytes the calling thread has read through
+/// [`Checkpoint::read_into`] so far (what one reader's reads cost, with
+/// other threads reading beside it).
+pub fn thread_bytes_read() -> u64 {
+    THREAD_BYTES_READ.with(|c| c.get())
+}
+
+fn count_read(n: usize) {
+    BYTES_READ.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    THREAD_BYTES_READ.with(|c| c.set(c.get() + n as u64));
+}
+
 /// Largest shard header (JSON) read; writers must stay under it.
 pub const MAX_HEADER: u64 = 100 << 20;
 
@@ -303,13 +319,13 @@ impl Checkpoint {
                     )));
                 }
                 buf.copy_from_slice(&got);
-                BYTES_READ.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                count_read(buf.len());
                 return Ok(());
             }
         };
         file.read_exact_at(buf, offset)
             .map_err(|e| WeightsError::io(&s.path, e))?;
-        BYTES_READ.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        count_read(buf.len());
         // A refused hint only leaves the range cached.
         fathom_platform::io::advise(
             file,

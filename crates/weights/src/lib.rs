@@ -23,6 +23,7 @@ pub mod units;
 pub use buf::{AlignedBuf, IO_ALIGN};
 pub use checkpoint::{
     Checkpoint, MAX_HEADER, RemoteShards, ShardData, ShardFile, TensorLoc, bytes_read,
+    thread_bytes_read,
 };
 pub use error::WeightsError;
 pub use safetensors::Dtype;

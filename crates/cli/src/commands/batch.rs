@@ -205,6 +205,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
         ids.push(engine.submit(req)?);
     }
     let before = model.expert_stats();
+    let spine0 = model.spine_reads();
     let kv0 = model.kv_stats();
     let device0 = info.device_snapshot();
     let mut done: Vec<Option<Finished>> = (0..ids.len()).map(|_| None).collect();
@@ -243,7 +244,8 @@ pub fn run(a: BatchArgs) -> Result<()> {
     });
     let es = engine.stats();
     let io = IoStats::from_experts(&model.expert_stats().since(&before), es.wall_s)
-        .with_kv(&model.kv_stats(), &kv0);
+        .with_kv(&model.kv_stats(), &kv0)
+        .with_spine(&model.spine_reads().since(&spine0), None);
     let results: Vec<BatchResult> = done
         .into_iter()
         .zip(prompts)

@@ -148,6 +148,8 @@ pub fn setup(info: &LoadInfo, spine: fathom_model::Spine) -> RunSetup {
         direct_io: info.direct_io,
         ram_budget_bytes: info.ledger.as_ref().map(|l| l.budget),
         expert_cache_slots: info.ledger.as_ref().map(|l| l.cache_experts),
+        spine_streamed_layers: info.ledger.as_ref().map(|l| l.tiers.streamed_layers),
+        spine_streamed_bytes: info.ledger.as_ref().map(|l| l.tiers.streamed_bytes),
         device: info.device.clone(),
         heat_warmed_experts: info.heat.warmed.map(|w| w.0),
         heat_pinned_experts: info.heat.warmed.map(|w| w.1),
@@ -229,6 +231,9 @@ pub fn run(a: RunArgs) -> Result<()> {
 
     let mut stdout = std::io::stdout().lock();
     let start_stats = model.expert_stats();
+    let spine0 = model.spine_reads();
+    // The spine's reads when the first token is out: what follows is decode.
+    let mut spine1: Option<fathom_model::SpineReads> = None;
     let device0 = info.device_snapshot();
     let gpu_on = info.backend().is_some();
     // The backend's counts when the first token is out: what follows is decode.
@@ -249,6 +254,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         meter.tick(&*model);
         if phases0.is_none() {
             phases0 = Some(fathom_model::phase::snapshot());
+            spine1 = Some(model.spine_reads());
         }
         if gpu_on && decode0.is_none() {
             decode0 = Some(info.device_snapshot());
@@ -281,11 +287,17 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let f = generate_with(&model, req, opts, decoder(tok.as_ref()), on_token)?;
     let total = model.expert_stats().since(&start_stats);
+    let spine_now = model.spine_reads();
     let positions = (f.stats.prompt_tokens + f.stats.generated_tokens) as u64;
     let wall = f.stats.prefill_s + f.stats.decode_s;
     let stats = RunStats {
         seq: f.stats.clone(),
-        io: IoStats::from_experts(&total, wall).with_kv(&model.kv_stats(), &kv0),
+        io: IoStats::from_experts(&total, wall)
+            .with_kv(&model.kv_stats(), &kv0)
+            .with_spine(
+                &spine_now.since(&spine0),
+                spine1.map(|s| spine_now.since(&s)).as_ref(),
+            ),
         setup: setup(&info, spine),
         finish_reason: f.reason.name().into(),
         draft: f.draft.clone(),

@@ -91,6 +91,9 @@ impl Family for DeepseekV3 {
     ) -> Result<DeepseekV3Weights> {
         DeepseekV3Weights::load(spec, ck, spine, layers)
     }
+    fn spine_reads(w: &DeepseekV3Weights) -> crate::tiers::SpineReads {
+        w.layers.reads()
+    }
     /// With `mtp`, also the first multi-token-prediction layer, for
     /// `--draft mtp` (its experts join the expert table).
     fn parts(spec: &DeepseekV3Spec, ck: &Arc<Checkpoint>, mtp: bool) -> Result<DsParts> {

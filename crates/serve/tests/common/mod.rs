@@ -283,6 +283,12 @@ impl CausalLm for Poisoned {
     fn expert_stats(&self) -> ExpertStats {
         self.inner.expert_stats()
     }
+    fn kv_stats(&self) -> fathom_model::KvStats {
+        self.inner.kv_stats()
+    }
+    fn spine_reads(&self) -> fathom_model::SpineReads {
+        self.inner.spine_reads()
+    }
     fn decode_state(&self, bytes: &[u8]) -> fathom_model::Result<Box<dyn SeqState>> {
         self.inner.decode_state(bytes)
     }
