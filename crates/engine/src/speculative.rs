@@ -127,18 +127,22 @@ impl PassFit {
     }
 }
 
-/// The proposal length in `1..=max_k` with the most expected tokens per
-/// second: `p` the chance a draft is accepted after an accepted one, a
-/// pass of `n` positions `a + b·n` seconds, a proposed token `d` seconds.
-pub(crate) fn best_length(max_k: usize, p: f64, (a, b): (f64, f64), d: f64) -> usize {
+/// Expected tokens per second of proposing `k`: `p` the chance a draft is
+/// accepted after an accepted one, a pass of `n` positions `a + b·n`
+/// seconds, a proposed token `d` seconds.
+pub(crate) fn expected_rate(k: usize, p: f64, (a, b): (f64, f64), d: f64) -> f64 {
     let p = p.clamp(0.0, 0.999);
+    // 1 + p + … + p^k: the model's own token and the accepted drafts.
+    let expected = (0..=k).map(|i| p.powi(i as i32)).sum::<f64>();
+    expected / (a + b * (k + 1) as f64 + d * k as f64).max(1e-12)
+}
+
+/// The proposal length in `1..=max_k` with the most expected tokens per
+/// second ([`expected_rate`]).
+pub(crate) fn best_length(max_k: usize, p: f64, line: (f64, f64), d: f64) -> usize {
     let mut best = (1, f64::MIN);
-    let (mut expected, mut pk) = (1.0, 1.0);
     for k in 1..=max_k.max(1) {
-        pk *= p;
-        expected += pk;
-        let secs = a + b * (k + 1) as f64 + d * k as f64;
-        let rate = expected / secs.max(1e-12);
+        let rate = expected_rate(k, p, line, d);
         if rate > best.1 * (1.0 + 1e-9) {
             best = (k, rate);
         }
@@ -186,13 +190,19 @@ impl Policy {
         let refused = usize::from(accepted < proposed);
         self.hits = 0.8 * self.hits + accepted as f64;
         self.tries = 0.8 * self.tries + (accepted + refused) as f64;
-        self.k = match self.fit.line() {
-            Some(line) => best_length(
-                self.max_k,
-                self.hits / self.tries.max(1e-9),
-                line,
-                self.draft_cost.unwrap_or(0.0),
-            ),
+        let p = self.hits / self.tries.max(1e-9);
+        let d = self.draft_cost.unwrap_or(0.0);
+        let line = self.fit.line();
+        if let Some((a, b)) = line {
+            // The fit prices a plain step too (one position): drafting
+            // stops for a while when its best length returns less.
+            let k = best_length(self.max_k, p, (a, b), d);
+            if expected_rate(k, p, (a, b), d) < 1.0 / (a + b).max(1e-12) {
+                self.off_for = 16;
+            }
+        }
+        self.k = match line {
+            Some(line) => best_length(self.max_k, p, line, d),
             None if accepted == proposed => (self.k + 1).min(self.max_k),
             None if self.accept_ema < 0.3 => self.k.saturating_sub(1).max(1),
             // Another width, so the fit can see the slope.
@@ -254,6 +264,22 @@ mod tests {
     }
 
     #[test]
+    fn drafting_stops_when_a_wider_pass_costs_more_than_it_returns() {
+        let mut p = Policy::new(DraftOptions {
+            max_k: 8,
+            adaptive: true,
+        });
+        // A position costs as much as a pass (5 ms each), drafts 1 ms, and
+        // half are accepted: plain steps return more.
+        for _ in 0..6 {
+            let k = p.k;
+            p.after_round(k, k / 2, 0.005 * (k + 1) as f64, 0.001 * k as f64);
+        }
+        assert!(!p.drafting());
+        assert_eq!(p.k, 1);
+    }
+
+    #[test]
     fn a_streamed_spine_grows_the_length_to_its_maximum() {
         let mut p = Policy::new(DraftOptions {
             max_k: 8,
@@ -270,6 +296,7 @@ mod tests {
             }
         }
         assert_eq!(p.k, 8);
+        assert!(p.drafting());
     }
 }
 
