@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fathom_weights::units::format_bytes;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 /// Seconds between plain lines.
 const EVERY: Duration = Duration::from_secs(5);
@@ -26,17 +26,7 @@ pub struct ByteProgress {
 impl ByteProgress {
     pub fn new(total: u64, what: &str) -> Self {
         let tty = std::io::stderr().is_terminal();
-        let bar = tty.then(|| {
-            let bar = ProgressBar::new(total);
-            let style = ProgressStyle::with_template(
-                "{msg} [{bar:32}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} ETA {eta}",
-            )
-            .expect("the template is valid")
-            .progress_chars("=> ");
-            bar.set_style(style);
-            bar.set_message(what.to_string());
-            bar
-        });
+        let bar = tty.then(|| fathom_runtime::byte_bar(total, what));
         if !tty {
             eprintln!("{what}: 0 B of {}", format_bytes(total));
         }

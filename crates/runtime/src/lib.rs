@@ -17,6 +17,7 @@ mod load;
 pub mod options;
 pub mod plan;
 mod progress;
+pub use progress::byte_bar;
 pub mod remote;
 
 pub use device::Device;
