@@ -432,3 +432,55 @@ fn each_command_stays_within_its_budget_under_a_memory_cgroup() {
         }
     }
 }
+
+/// `demo` writes its model and then runs it in one process: the writing
+/// (a plan of ~500k tensors, the write buffers, the index) stays within
+/// the budget the run is then held to. The run's own peak RSS line covers
+/// both phases (the process's high-water mark).
+#[test]
+fn demo_writes_its_model_and_runs_within_its_budget() {
+    let dir = std::env::temp_dir().join(format!("fathom-demo-peak-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let budget = 300_000_000u64;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"));
+    cmd.args([
+        "demo",
+        "--preset",
+        "tiny",
+        "--ram-budget",
+        "300MB",
+        "--max-new",
+        "4",
+        "--dir",
+    ])
+    .arg(&dir);
+    let child = fathom_bench::cgroup::own()
+        .and_then(|own| fathom_bench::cgroup::Child::create(&own, budget + CGROUP_MARGIN));
+    match &child {
+        Ok(c) => c.attach_on_exec(&mut cmd),
+        Err(e) => eprintln!("no memory cgroup ({e}): checking the reported peak alone"),
+    }
+    let out = cmd.output().unwrap();
+    if let Ok(c) = child {
+        let usage = c.usage();
+        let _ = c.remove();
+        assert_eq!(usage.oom_kills.unwrap_or(0), 0, "{usage:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("making a "),
+        "the model was not written: {err}"
+    );
+    let peak: u64 = err
+        .split("peak RSS ")
+        .nth(1)
+        .and_then(|t| t.split(" MB").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak RSS line: {err}"));
+    assert!(
+        peak * 1_000_000 <= budget,
+        "peak RSS {peak} MB over the 300 MB budget: {err}"
+    );
+}

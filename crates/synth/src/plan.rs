@@ -11,10 +11,9 @@
 //! are one unit) so no expert straddles two files. Tensors are contiguous
 //! with no gaps, as the safetensors format requires.
 
-use std::collections::BTreeMap;
+use std::io::Write;
 
 use fathom_weights::Dtype;
-use serde_json::{Map, Value, json};
 
 use crate::error::Result;
 use crate::init::Stream;
@@ -151,9 +150,12 @@ impl Plan {
         self.shards.iter().map(|s| s.tensors.len()).sum()
     }
 
-    /// `model.safetensors.index.json`: total size and name → shard, names sorted.
-    pub fn index_json(&self) -> Value {
-        let map: BTreeMap<&str, &str> = self
+    /// `model.safetensors.index.json`, as serde_json's pretty printer
+    /// writes it with a final newline: total size and name → shard, names
+    /// sorted. Written straight into bytes (a model of 500k tensors would
+    /// hold several times its index as JSON values).
+    pub fn index_bytes(&self) -> Vec<u8> {
+        let mut names: Vec<(&str, &str)> = self
             .shards
             .iter()
             .flat_map(|s| {
@@ -162,32 +164,44 @@ impl Plan {
                     .map(move |t| (t.tensor.name.as_str(), s.file_name.as_str()))
             })
             .collect();
-        json!({
-            "metadata": {"total_size": self.data_bytes},
-            "weight_map": map,
-        })
+        names.sort_unstable();
+        names.dedup_by(|a, b| a.0 == b.0);
+        let mut out = Vec::with_capacity(names.iter().map(|(n, f)| n.len() + f.len() + 12).sum());
+        let _ = write!(
+            out,
+            "{{\n  \"metadata\": {{\n    \"total_size\": {}\n  }},\n  \"weight_map\": {{",
+            self.data_bytes
+        );
+        for (i, (name, file)) in names.iter().enumerate() {
+            out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+            json_string(&mut out, name);
+            out.extend_from_slice(b": ");
+            json_string(&mut out, file);
+        }
+        out.extend_from_slice(if names.is_empty() {
+            b"}\n}\n"
+        } else {
+            b"\n  }\n}\n"
+        });
+        out
     }
 }
 
+/// Appends `s` as a JSON string (quoted and escaped by serde_json).
+fn json_string(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("a string serialises into memory");
+}
+
 fn shard_plan(seed: u64, file_name: String, group: Vec<SynthTensor>) -> ShardPlan {
-    let mut header = Map::new();
-    header.insert("__metadata__".into(), json!({"format": "pt"}));
-    let mut pos = 0u64;
     let mut rel = Vec::with_capacity(group.len());
+    let mut pos = 0u64;
     for t in &group {
-        let end = pos + t.bytes();
-        header.insert(
-            t.name.clone(),
-            json!({"dtype": dtype_name(t.dtype), "shape": t.shape, "data_offsets": [pos, end]}),
-        );
         rel.push(pos);
-        pos = end;
+        pos += t.bytes();
     }
-    let mut json = serde_json::to_vec(&Value::Object(header)).expect("a JSON map serialises");
-    while !json.len().is_multiple_of(8) {
-        json.push(b' ');
-    }
-    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    let json = header_json(&group, &rel);
+    let mut bytes = Vec::with_capacity(8 + json.len());
+    bytes.extend_from_slice(&(json.len() as u64).to_le_bytes());
     bytes.extend_from_slice(&json);
     let base = bytes.len() as u64;
     let tensors = group
@@ -205,6 +219,32 @@ fn shard_plan(seed: u64, file_name: String, group: Vec<SynthTensor>) -> ShardPla
         tensors,
         len: base + pos,
     }
+}
+
+/// A shard's JSON header as serde_json writes it (the workspace keeps maps
+/// in insertion order; no spaces), space-padded to a multiple of 8:
+/// `__metadata__`, then each tensor in file order with its `dtype`, `shape`
+/// and `data_offsets`. Written straight into bytes: JSON values of a
+/// shard's ~250k entries would be several times the header.
+fn header_json(group: &[SynthTensor], rel: &[u64]) -> Vec<u8> {
+    let mut json = Vec::with_capacity(group.iter().map(|t| t.name.len() + 64).sum::<usize>() + 40);
+    json.extend_from_slice(br#"{"__metadata__":{"format":"pt"}"#);
+    for (t, &r) in group.iter().zip(rel) {
+        json.push(b',');
+        json_string(&mut json, &t.name);
+        json.extend_from_slice(br#":{"dtype":"#);
+        json_string(&mut json, &dtype_name(t.dtype));
+        json.extend_from_slice(br#","shape":["#);
+        for (d, n) in t.shape.iter().enumerate() {
+            let _ = write!(json, "{}{n}", if d == 0 { "" } else { "," });
+        }
+        let _ = write!(json, r#"],"data_offsets":[{},{}]}}"#, r, r + t.bytes());
+    }
+    json.push(b'}');
+    while !json.len().is_multiple_of(8) {
+        json.push(b' ');
+    }
+    json
 }
 
 impl ShardPlan {
@@ -238,6 +278,72 @@ impl ShardPlan {
 mod tests {
     use super::*;
     use crate::preset::Preset;
+    use serde_json::{Map, Value, json};
+
+    /// The header and index as JSON values serialised by serde_json: the
+    /// bytes the direct writers must give.
+    fn by_values(p: &Plan) -> (Vec<Vec<u8>>, Vec<u8>) {
+        let headers = p
+            .shards
+            .iter()
+            .map(|s| {
+                let mut m = Map::new();
+                m.insert("__metadata__".into(), json!({"format": "pt"}));
+                let base = s.header.len() as u64;
+                for t in &s.tensors {
+                    let (b, e) = (t.offset - base, t.offset - base + t.tensor.bytes());
+                    m.insert(
+                        t.tensor.name.clone(),
+                        json!({"dtype": dtype_name(t.tensor.dtype), "shape": t.tensor.shape, "data_offsets": [b, e]}),
+                    );
+                }
+                let mut j = serde_json::to_vec(&Value::Object(m)).unwrap();
+                while j.len() % 8 != 0 {
+                    j.push(b' ');
+                }
+                let mut out = (j.len() as u64).to_le_bytes().to_vec();
+                out.extend(j);
+                out
+            })
+            .collect();
+        let map: std::collections::BTreeMap<&str, &str> = p
+            .shards
+            .iter()
+            .flat_map(|s| {
+                s.tensors
+                    .iter()
+                    .map(move |t| (t.tensor.name.as_str(), s.file_name.as_str()))
+            })
+            .collect();
+        let mut index = serde_json::to_vec_pretty(&json!({
+            "metadata": {"total_size": p.data_bytes},
+            "weight_map": map,
+        }))
+        .unwrap();
+        index.push(b'\n');
+        (headers, index)
+    }
+
+    #[test]
+    fn headers_and_index_are_serde_jsons_bytes() {
+        for preset in [Preset::Tiny, Preset::K3Mini] {
+            let p = Plan::new(preset.model(), 1, 4 << 30).unwrap();
+            let (headers, index) = by_values(&p);
+            for (s, h) in p.shards.iter().zip(&headers) {
+                assert_eq!(s.header, *h, "{}", s.file_name);
+            }
+            assert_eq!(p.index_bytes(), index);
+        }
+    }
+
+    #[test]
+    fn an_empty_shard_and_index_keep_their_shape() {
+        let h = header_json(&[], &[]);
+        assert_eq!(
+            std::str::from_utf8(&h).unwrap(),
+            r#"{"__metadata__":{"format":"pt"}}"#
+        );
+    }
 
     #[test]
     fn tiny_is_two_contiguous_shards_with_whole_experts() {

@@ -375,10 +375,7 @@ pub fn write_model(
         pretty(&generation_config(&config)),
     ));
     small.push(("config.json".into(), pretty(&config)));
-    small.push((
-        "model.safetensors.index.json".into(),
-        pretty(&plan.index_json()),
-    ));
+    small.push(("model.safetensors.index.json".into(), plan.index_bytes()));
     // config.json and the index last: their presence means "complete".
     for (name, bytes) in &small {
         atomic_write(dir, name, bytes)?;

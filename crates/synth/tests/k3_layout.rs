@@ -225,7 +225,7 @@ fn k3_with_three_layers_matches_the_released_table() {
         }
     }
     // Index: every tensor once, total size = Σ tensor bytes.
-    let index = plan.index_json();
+    let index: serde_json::Value = serde_json::from_slice(&plan.index_bytes()).unwrap();
     assert_eq!(index["weight_map"].as_object().unwrap().len(), all.len());
     let total: u64 = all.values().map(|(_, (_, _, b, e))| e - b).sum();
     assert_eq!(index["metadata"]["total_size"].as_u64(), Some(total));

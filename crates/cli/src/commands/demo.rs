@@ -217,7 +217,7 @@ fn ensure_model(
         .iter()
         .map(|s| s.header.len() as u64)
         .sum::<u64>()
-        + serde_json::to_vec(&plan.index_json())?.len() as u64;
+        + plan.index_bytes().len() as u64;
     plan_demo(&plan.model, dir, budget, Some(index), positions)
         .with_context(|| format!("demo --preset {preset} within {}", format_bytes(budget)))?;
     if dir.join("config.json").is_file() {
@@ -236,8 +236,11 @@ fn ensure_model(
         dir.display()
     );
     let bar = crate::commands::synth::byte_bar(plan.file_bytes(), "writing");
+    // Three write buffers circulate: a sixteenth of the budget each keeps
+    // the writing within what the run itself will use.
     let opts = WriteOptions {
         force: true,
+        buffer_size: (budget / 16).clamp(4 << 20, 64 << 20) as usize,
         ..Default::default()
     };
     write_model(&plan, dir, &opts, &|n| bar.inc(n))
