@@ -73,6 +73,18 @@ fn a_spine_larger_than_the_budget_gives_the_resident_tokens() {
         per >= 0.98 * per_pass && per <= (1.0 + 1.0 / passes as f64) * per_pass,
         "{bytes} bytes in {passes} passes of {per_pass}"
     );
+    // Reads of 64 KiB and more (all but ~6 % of these layers' bytes: norms
+    // and small projections) bypass the page cache where the filesystem
+    // allows, so each pass's bytes come from storage.
+    let direct = n(&none, "spine_direct_bytes_read");
+    if direct == 0 {
+        eprintln!("the model's filesystem refuses uncached reads: every spine read was buffered");
+    } else {
+        assert!(
+            direct as f64 >= 0.9 * bytes as f64 && direct <= bytes,
+            "{direct} of {bytes} bytes uncached"
+        );
+    }
     // Decode alone: the passes after the first token.
     let (dp, db) = (
         n(&none, "spine_decode_passes"),

@@ -56,6 +56,9 @@ pub struct IoStats {
     /// for a layer (all zero when the spine is resident).
     pub spine_passes: u64,
     pub spine_bytes_read: u64,
+    /// Of `spine_bytes_read`, the bytes read uncached (from storage, not
+    /// the page cache).
+    pub spine_direct_bytes_read: u64,
     pub spine_wait_s: f64,
     /// The same from the first generated token on (decode alone), where
     /// the caller marked that point.
@@ -92,6 +95,7 @@ impl IoStats {
     pub fn with_spine(mut self, total: &SpineReads, decode: Option<&SpineReads>) -> Self {
         self.spine_passes = total.passes;
         self.spine_bytes_read = total.bytes_read;
+        self.spine_direct_bytes_read = total.direct_bytes_read;
         self.spine_wait_s = total.wait_s;
         self.spine_decode_passes = decode.map(|d| d.passes);
         self.spine_decode_bytes_read = decode.map(|d| d.bytes_read);

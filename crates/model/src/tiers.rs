@@ -88,6 +88,9 @@ pub struct SpineReads {
     pub layers_read: u64,
     /// Checkpoint bytes those reads took.
     pub bytes_read: u64,
+    /// Of those, the bytes read uncached (the page cache bypassed: every
+    /// one came from storage).
+    pub direct_bytes_read: u64,
     /// Seconds the reads took (read and build, on the reader's thread).
     pub read_s: f64,
     /// Seconds passes spent waiting for a layer not yet read.
@@ -101,6 +104,9 @@ impl SpineReads {
             passes: self.passes.saturating_sub(before.passes),
             layers_read: self.layers_read.saturating_sub(before.layers_read),
             bytes_read: self.bytes_read.saturating_sub(before.bytes_read),
+            direct_bytes_read: self
+                .direct_bytes_read
+                .saturating_sub(before.direct_bytes_read),
             read_s: (self.read_s - before.read_s).max(0.0),
             wait_s: (self.wait_s - before.wait_s).max(0.0),
         }
@@ -113,6 +119,7 @@ struct Counters {
     passes: AtomicU64,
     layers: AtomicU64,
     bytes: AtomicU64,
+    direct: AtomicU64,
     read_ns: AtomicU64,
     wait_ns: AtomicU64,
 }
@@ -124,6 +131,7 @@ impl Counters {
             passes: l(&self.passes),
             layers_read: l(&self.layers),
             bytes_read: l(&self.bytes),
+            direct_bytes_read: l(&self.direct),
             read_s: l(&self.read_ns) as f64 * 1e-9,
             wait_s: l(&self.wait_ns) as f64 * 1e-9,
         }
@@ -132,11 +140,14 @@ impl Counters {
     /// Builds `layer` with `load`, counting its bytes and time.
     fn timed<L>(&self, load: &LoadLayer<L>, layer: usize) -> Result<L> {
         let (t0, b0) = (Instant::now(), fathom_weights::thread_bytes_read());
+        let d0 = fathom_weights::thread_direct_bytes_read();
         let r = load(layer);
         let ns = t0.elapsed().as_nanos() as u64;
         let bytes = fathom_weights::thread_bytes_read() - b0;
+        let direct = fathom_weights::thread_direct_bytes_read() - d0;
         self.layers.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.direct.fetch_add(direct, Ordering::Relaxed);
         self.read_ns.fetch_add(ns, Ordering::Relaxed);
         r
     }

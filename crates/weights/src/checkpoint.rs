@@ -40,6 +40,15 @@ pub fn thread_bytes_read() -> u64 {
     THREAD_BYTES_READ.with(|c| c.get())
 }
 
+thread_local! {
+    static THREAD_DIRECT_BYTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Of [`thread_bytes_read`], the bytes read uncached (page cache bypassed).
+pub fn thread_direct_bytes_read() -> u64 {
+    THREAD_DIRECT_BYTES.with(|c| c.get())
+}
+
 fn count_read(n: usize) {
     BYTES_READ.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     THREAD_BYTES_READ.with(|c| c.set(c.get() + n as u64));
@@ -94,6 +103,8 @@ pub struct ShardFile {
     pub name: String,
     pub data: ShardData,
     pub len: u64,
+    /// Its uncached handle, for large reads.
+    uncached: crate::direct::Uncached,
 }
 
 impl ShardFile {
@@ -127,6 +138,8 @@ pub struct Checkpoint {
     dir: PathBuf,
     shards: Vec<ShardFile>,
     tensors: BTreeMap<String, TensorLoc>,
+    /// Whether large reads bypass the page cache (on by default).
+    buffered_only: std::sync::atomic::AtomicBool,
 }
 
 #[derive(serde::Deserialize)]
@@ -153,6 +166,7 @@ impl Checkpoint {
                 dir: dir.to_path_buf(),
                 shards: Vec::new(),
                 tensors: BTreeMap::new(),
+                buffered_only: Default::default(),
             };
             let header = ck.add_shard(&single, "model.safetensors")?;
             for (name, loc) in header {
@@ -181,6 +195,7 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             shards: Vec::new(),
             tensors: BTreeMap::new(),
+            buffered_only: Default::default(),
         };
         let mut by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (name, file) in &index.weight_map {
@@ -240,6 +255,7 @@ impl Checkpoint {
             name: name.to_string(),
             data: ShardData::Local(Arc::new(file)),
             len,
+            uncached: Default::default(),
         });
         Ok(tensors)
     }
@@ -263,6 +279,7 @@ impl Checkpoint {
             name: name.to_string(),
             data: ShardData::Remote(remote),
             len,
+            uncached: Default::default(),
         });
         Ok(tensors)
     }
@@ -296,9 +313,20 @@ impl Checkpoint {
         Ok(buf)
     }
 
-    /// Reads `buf.len()` bytes at absolute `offset` of shard `shard`, then
-    /// drops that range from the page cache where the system can (Linux):
-    /// what fathom keeps, it keeps in its own (budgeted) memory, not twice.
+    /// `true` reads every range buffered; `false` (the default) reads
+    /// ranges from [`crate::direct::DIRECT_MIN`] up uncached where the
+    /// filesystem allows. Either gives the same bytes.
+    pub fn set_buffered_only(&self, on: bool) {
+        self.buffered_only
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Reads `buf.len()` bytes at absolute `offset` of shard `shard`:
+    /// uncached from [`crate::direct::DIRECT_MIN`] up where the filesystem
+    /// allows (`crate::direct`), else buffered and then dropped from the
+    /// page cache where the system can (Linux): what fathom keeps, it
+    /// keeps in its own (budgeted) memory, not twice, and a streamed
+    /// spine's every pass is read from storage.
     /// A shard not on disk is read through its remote source (fetched
     /// when not stored locally).
     pub fn read_into(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -323,6 +351,18 @@ impl Checkpoint {
                 return Ok(());
             }
         };
+        if buf.len() >= crate::direct::DIRECT_MIN
+            && !self
+                .buffered_only
+                .load(std::sync::atomic::Ordering::Relaxed)
+            && s.uncached
+                .read(&s.path, offset, buf)
+                .map_err(|e| WeightsError::io(&s.path, e))?
+        {
+            count_read(buf.len());
+            THREAD_DIRECT_BYTES.with(|c| c.set(c.get() + buf.len() as u64));
+            return Ok(());
+        }
         file.read_exact_at(buf, offset)
             .map_err(|e| WeightsError::io(&s.path, e))?;
         count_read(buf.len());

@@ -14,6 +14,7 @@
 pub mod buf;
 pub mod checkpoint;
 pub mod convert;
+pub mod direct;
 pub mod error;
 pub mod mxfp4;
 pub mod numa;
@@ -23,7 +24,7 @@ pub mod units;
 pub use buf::{AlignedBuf, IO_ALIGN};
 pub use checkpoint::{
     Checkpoint, MAX_HEADER, RemoteShards, ShardData, ShardFile, TensorLoc, bytes_read,
-    thread_bytes_read,
+    thread_bytes_read, thread_direct_bytes_read,
 };
 pub use error::WeightsError;
 pub use safetensors::Dtype;

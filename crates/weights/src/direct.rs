@@ -1,0 +1,115 @@
+//! Uncached reads of any byte range of a shard.
+//!
+//! `O_DIRECT` (and macOS's `F_NOCACHE`, where aligning is cheaper but not
+//! required) wants the buffer address, file offset and length aligned to
+//! [`DIRECT_ALIGN`]; a tensor's range and its destination vector are not.
+//! So a range is read in aligned spans into a per-thread aligned bounce
+//! buffer and copied out: one memory copy (tens of GB/s) per byte read from
+//! storage (a few GB/s), and no byte of it left in the page cache. This is
+//! how a streamed spine reads each pass without the page cache serving some
+//! of it or holding a second copy outside the budget.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fathom_platform::io::DIRECT_ALIGN;
+
+use crate::buf::AlignedBuf;
+
+/// Reads shorter than this stay buffered (headers, norms, biases): the
+/// aligned over-read (up to 8 KiB a read) would cost more than it saves.
+/// From here up it is at most an eighth of the read.
+pub const DIRECT_MIN: usize = 64 << 10;
+
+/// Each reading thread's bounce buffer.
+pub const BOUNCE: usize = 4 << 20;
+
+thread_local! {
+    static BOUNCE_BUF: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+}
+
+/// One shard's uncached handle: opened on first use; `None` (and every
+/// read buffered) when the filesystem refuses uncached I/O at open or at
+/// the first read.
+#[derive(Default)]
+pub(crate) struct Uncached {
+    file: OnceLock<Option<File>>,
+    refused: AtomicBool,
+}
+
+impl std::fmt::Debug for Uncached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.file.get() {
+            None => "unopened",
+            Some(None) => "refused",
+            Some(Some(_)) if self.refused.load(Ordering::Relaxed) => "refused",
+            Some(Some(_)) => "open",
+        })
+    }
+}
+
+impl Uncached {
+    /// Reads `buf.len()` bytes at `offset` of `path` uncached. `Ok(false)`
+    /// when uncached reads are not possible there (the caller reads
+    /// buffered); an error for a failed read.
+    pub fn read(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        if self.refused.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let Some(file) = self
+            .file
+            .get_or_init(|| fathom_platform::io::open_uncached(path).ok())
+        else {
+            return Ok(false);
+        };
+        match read_spans(file, offset, buf) {
+            Ok(()) => Ok(true),
+            // Accepted at open, refused at the first transfer (tmpfs and
+            // some overlays): buffered from now on.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                self.refused.store(true, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Reads `[offset, offset + buf.len())` of `file` in aligned spans through
+/// this thread's bounce buffer.
+fn read_spans(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    BOUNCE_BUF.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let bounce = slot.get_or_insert_with(|| AlignedBuf::zeroed(BOUNCE));
+        let a = DIRECT_ALIGN as u64;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let start = pos / a * a;
+            let skip = (pos - start) as usize;
+            let want = (BOUNCE - skip).min(buf.len() - done);
+            let span = (skip + want).next_multiple_of(DIRECT_ALIGN);
+            let mut got = 0usize;
+            while got < skip + want {
+                // Only the file's end gives a short read, so `got` stays
+                // aligned until the bytes wanted are in.
+                let n = file.read_at(&mut bounce[got..span], start + got as u64)?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("the file ends before byte {}", pos + want as u64),
+                    ));
+                }
+                got += n;
+            }
+            buf[done..done + want].copy_from_slice(&bounce[skip..skip + want]);
+            done += want;
+        }
+        Ok(())
+    })
+}
