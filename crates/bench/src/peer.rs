@@ -32,7 +32,9 @@ pub struct PeerRates {
     pub format: &'static str,
 }
 
-/// Parses a peer's stdout and stderr; fails if no decode rate is found.
+/// Parses a peer's stdout and stderr; fails if neither a decode nor a
+/// prefill rate is found (a prefill-only run, `llama-bench -n 0`, is
+/// compared on prefill alone).
 pub fn parse_peer_output(stdout: &str, stderr: &str) -> Result<PeerRates> {
     for text in [stdout, stderr] {
         if let Some(r) = parse_bench_json(text) {
@@ -49,7 +51,7 @@ pub fn parse_peer_output(stdout: &str, stderr: &str) -> Result<PeerRates> {
         return Ok(r);
     }
     bail!(
-        "no decode rate in the peer's output (expected llama.cpp's `eval time = … tokens per second` line, or llama-bench's table or JSON with a tg test)"
+        "no decode or prefill rate in the peer's output (expected llama.cpp's `eval time = … tokens per second` lines, or llama-bench's table or JSON with a tg or pp test)"
     )
 }
 
@@ -75,7 +77,7 @@ fn parse_perf_lines(text: &str) -> Option<PeerRates> {
             _ => {}
         }
     }
-    r.decode_tok_s.is_some().then_some(r)
+    (r.decode_tok_s.is_some() || r.prefill_tok_s.is_some()).then_some(r)
 }
 
 /// `… ( 73.37 ms per token, 13.63 tokens per second)` → 13.63.
@@ -123,7 +125,7 @@ fn parse_bench_json(text: &str) -> Option<PeerRates> {
             r.prefill_tok_s = Some(ts);
         }
     }
-    r.decode_tok_s.is_some().then_some(r)
+    (r.decode_tok_s.is_some() || r.prefill_tok_s.is_some()).then_some(r)
 }
 
 /// Format 3: llama-bench's markdown table.
@@ -161,7 +163,7 @@ fn parse_bench_table(text: &str) -> Option<PeerRates> {
             r.prefill_tok_s = Some(rate);
         }
     }
-    r.decode_tok_s.is_some().then_some(r)
+    (r.decode_tok_s.is_some() || r.prefill_tok_s.is_some()).then_some(r)
 }
 
 #[cfg(test)]
@@ -175,6 +177,21 @@ llama_perf_context_print: prompt eval time =      95.33 ms /     5 tokens (   19
 llama_perf_context_print:        eval time =     293.49 ms /     4 runs   (   73.37 ms per token,    13.63 tokens per second)
 llama_perf_context_print:       total time =     390.57 ms /     9 tokens
 ";
+
+    #[test]
+    fn a_prefill_only_run_gives_its_prefill_rate() {
+        let json = r#"[{"n_prompt": 512, "n_gen": 0, "avg_ts": 20595.82}]"#;
+        let r = parse_peer_output(json, "").unwrap();
+        assert_eq!((r.decode_tok_s, r.prefill_tok_s), (None, Some(20595.82)));
+        let table =
+            "| model | test | t/s |\n| --- | ---: | ---: |\n| k3 | pp4096 | 25220.60 ± 137.40 |\n";
+        let r = parse_peer_output(table, "").unwrap();
+        assert_eq!((r.decode_tok_s, r.prefill_tok_s), (None, Some(25220.6)));
+        let e = parse_peer_output("nothing here", "")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no decode or prefill rate"), "{e}");
+    }
 
     #[test]
     fn llama_perf_summary() {

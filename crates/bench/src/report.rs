@@ -135,6 +135,9 @@ pub struct ArmReport {
     pub decode_vs_ceiling: Option<f64>,
     /// Peer name → this arm's median decode ÷ the peer's.
     pub vs_peers: BTreeMap<String, f64>,
+    /// Peer name → this arm's median prefill rate ÷ the peer's.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub vs_peers_prefill: BTreeMap<String, f64>,
     /// Device bounds, for an arm whose runs computed on a GPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<crate::gpu::GpuBounds>,
@@ -206,6 +209,7 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
                 spine_bytes_per_token: None,
                 decode_vs_ceiling: None,
                 vs_peers: BTreeMap::new(),
+                vs_peers_prefill: BTreeMap::new(),
                 gpu: crate::gpu::bounds(&measured),
             };
             if !arm.is_peer() {
@@ -230,19 +234,27 @@ pub fn summarize_arms(cfg: &BenchConfig, samples: &[Sample], c: &Ceilings) -> Ve
             r
         })
         .collect();
-    let peers: Vec<(String, f64)> = reports
-        .iter()
-        .filter(|r| r.kind == "peer" && r.status == Status::Accepted)
-        .filter_map(|r| Some((r.name.clone(), r.median(Metric::DecodeTokS)?)))
-        .collect();
-    for r in reports
-        .iter_mut()
-        .filter(|r| r.kind == "fathom" && r.status == Status::Accepted)
-    {
-        if let Some(d) = r.median(Metric::DecodeTokS) {
+    for (metric, prefill) in [(Metric::DecodeTokS, false), (Metric::PrefillTokS, true)] {
+        let peers: Vec<(String, f64)> = reports
+            .iter()
+            .filter(|r| r.kind == "peer" && r.status == Status::Accepted)
+            .filter_map(|r| Some((r.name.clone(), r.median(metric)?)))
+            .collect();
+        for r in reports
+            .iter_mut()
+            .filter(|r| r.kind == "fathom" && r.status == Status::Accepted)
+        {
+            let Some(d) = r.median(metric).filter(|d| *d > 0.0) else {
+                continue;
+            };
+            let into = if prefill {
+                &mut r.vs_peers_prefill
+            } else {
+                &mut r.vs_peers
+            };
             for (p, pd) in &peers {
                 if *pd > 0.0 {
-                    r.vs_peers.insert(p.clone(), d / pd);
+                    into.insert(p.clone(), d / pd);
                 }
             }
         }
@@ -500,6 +512,37 @@ pub fn render_table(r: &Report) -> String {
                 peers.join(", ")
             }
         );
+    }
+    if r.arms.iter().any(|a| !a.vs_peers_prefill.is_empty()) {
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "{:<14} {:>30}  ÷ peer (prefill)",
+            "arm", "prefill tok/s median [min–max]"
+        );
+        for a in r
+            .arms
+            .iter()
+            .filter(|a| a.kind == "fathom" || a.median(Metric::PrefillTokS).is_some())
+        {
+            let p = a
+                .summary
+                .get(Metric::PrefillTokS.key())
+                .map_or("-".into(), |s| {
+                    format!("{} [{}–{}]", sig3(s.median), sig3(s.min), sig3(s.max))
+                });
+            let vs: Vec<String> = a
+                .vs_peers_prefill
+                .iter()
+                .map(|(p, v)| format!("{}× {p}", sig3(*v)))
+                .collect();
+            let vs = if vs.is_empty() {
+                "-".into()
+            } else {
+                vs.join(", ")
+            };
+            let _ = writeln!(o, "{:<14} {:>30}  {vs}", a.name, p);
+        }
     }
     o
 }

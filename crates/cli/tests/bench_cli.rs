@@ -179,6 +179,26 @@ fn peer_rates_are_parsed_and_compared() {
 }
 
 #[test]
+fn a_prefill_only_peer_is_compared_on_prefill() {
+    let json = tmp("peer-pp.json");
+    // A stand-in for `llama-bench -p N -n 0 -o json`: a pp row and no tg row.
+    let peer = r#"pp=echo '[{"n_prompt":3,"n_gen":0,"avg_ts":50.0}]'"#;
+    let o = bench("1", &["--peer", peer, "--json", json.to_str().unwrap()]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (ours, pp) = (&r["arms"][0], &r["arms"][1]);
+    assert_eq!(pp["status"].as_str(), Some("accepted"), "{out}");
+    assert_eq!(pp["summary"]["prefill_tok_s"]["median"], 50.0);
+    assert!(pp["summary"].get("decode_tok_s").is_none());
+    assert!(ours["vs_peers"].get("pp").is_none(), "no decode to compare");
+    let ratio = ours["vs_peers_prefill"]["pp"].as_f64().unwrap();
+    let p = ours["summary"]["prefill_tok_s"]["median"].as_f64().unwrap();
+    assert!((ratio - p / 50.0).abs() < 1e-9);
+    assert!(out.contains("÷ peer (prefill)"), "{out}");
+}
+
+#[test]
 fn bad_input_is_one_error_line() {
     for (args, want) in [
         (&["--arm", "noequals"][..], "NAME="),

@@ -1,7 +1,15 @@
-//! Device copies of host byte segments, least recently used first out,
-//! within a byte budget. Routed experts are the cache proper; the spine
+//! Device copies of host byte segments within a byte budget. Routed
+//! experts are the cache proper, least recently used first out; the spine
 //! (every other matrix) stays once uploaded: an expert only ever displaces
 //! experts, and a spine matrix displaces experts before other spine.
+//!
+//! A spine larger than the budget is the VRAM tier of the placement: every
+//! pass uses every spine matrix in the same order, and for such a cyclic
+//! scan the least recently used entry is the one needed soonest, so LRU
+//! would copy the whole spine up every pass. Spine therefore leaves most
+//! recently used first: each pass then copies up only the bytes beyond
+//! the budget (for a scan, the least any policy copies), the rest staying
+//! in place.
 
 use foldhash::{HashMap, HashMapExt, HashSet};
 use std::ops::Range;
@@ -107,11 +115,17 @@ impl<B> Cache<B> {
         }
         let mut gone = Vec::new();
         while self.bytes + self.outside + need > self.budget {
+            // Experts least recently used first, then spine most recently
+            // used first.
+            let rank = |c: Class, t: u64| match c {
+                Class::Expert => (false, t),
+                Class::Spine => (true, u64::MAX - t),
+            };
             let victim = self
                 .map
                 .iter()
                 .filter(|(k, (_, _, c))| may_go(k, *c))
-                .min_by_key(|(_, (_, t, c))| (*c == Class::Spine, *t))
+                .min_by_key(|(_, (_, t, c))| rank(*c, *t))
                 .map(|(k, _)| *k);
             let k = victim.expect("the evictable bytes cover the need");
             if let Some((b, _, c)) = self.map.remove(&k) {
@@ -230,11 +244,34 @@ mod tests {
             "only 50 bytes are experts'"
         );
         assert!(c.contains(&(0, 50)) && c.bytes() == 90);
-        // A spine matrix evicts experts first, then older spine.
+        // A spine matrix evicts experts first, then spine.
         assert!(c.make_room(50, &[], s).is_some());
         assert!(c.contains(&(0, 50)), "experts went first");
         c.insert((1000, 50), 'z', s);
         assert!(c.make_room(50, &[(1000, 50)], s).is_some());
         assert!(!c.contains(&(0, 50)) && c.contains(&(1000, 50)));
+    }
+
+    /// Passes over a spine of ten matrices with room for four: LRU would
+    /// copy all ten every pass; most recently used out copies six, the
+    /// least any policy can (ten used, four held).
+    #[test]
+    fn a_spine_larger_than_the_budget_keeps_what_fits_across_passes() {
+        let s = Class::Spine;
+        let mut c = Cache::new(40);
+        let mut copies = Vec::new();
+        for _pass in 0..4 {
+            let mut n = 0;
+            for m in 0..10usize {
+                let k = (m * 100, 10);
+                if c.touch(&k).is_none() {
+                    assert!(c.make_room(10, &[k], s).is_some());
+                    c.insert(k, m, s);
+                    n += 1;
+                }
+            }
+            copies.push(n);
+        }
+        assert_eq!(copies, [10, 6, 6, 6]);
     }
 }
