@@ -10,7 +10,7 @@
 #   bash scripts/gpu-peer.sh check   # the GGUF is the same model (prompt ids, greedy ids)
 #   bash scripts/gpu-peer.sh bench [i ii iii]   # (i) resident and (v) the CPU,
 #                                    # 16 threads; (ii) experts in host RAM;
-#                                    # (iii) prefill 512 (default: all three)
+#                                    # (iii) prefill 512 and 4,096 (default: all three)
 #
 # Output lines go to stdout and to $OUT/peer.log (or target/gpu/peer.log).
 set -uo pipefail
@@ -91,13 +91,15 @@ bench)
     tail -10
   fi
   if [[ $want == *" iii "* ]]; then
-  echo "== (iii) prefill of 512 tokens, resident and with experts in host RAM"
-  timeout 300 $fathom bench --model "$m" --prompt-ids "$(ids 512)" --max-new 1 --reps 2 --warmup 1 \
-    --arm 'gpu=--experts resident --device cuda --context 4096' \
-    --arm 'hybrid=--experts resident --device cuda --context 4096 --vram-budget 9GB' \
-    --peer llama-gpu="$bin/llama-bench -m $gguf -p 512 -n 0 -r 1 -ngl 99 -o json" \
-    --peer llama-exps-cpu="$bin/llama-bench -m $gguf -p 512 -n 0 -r 1 -ngl 99 -ot exps=CPU -o json" |
-    tail -14
+  for n in 512 4096; do
+  echo "== (iii) prefill of $n tokens, resident and with experts in host RAM"
+  timeout 280 $fathom bench --model "$m" --prompt-ids "$(ids $n)" --max-new 1 --reps 2 --warmup 1 \
+    --arm 'gpu=--experts resident --device cuda --context 8192' \
+    --arm 'hybrid=--experts resident --device cuda --context 8192 --vram-budget 9GB' \
+    --peer llama-gpu="$bin/llama-bench -m $gguf -p $n -n 0 -r 1 -ngl 99 -o json" \
+    --peer llama-exps-cpu="$bin/llama-bench -m $gguf -p $n -n 0 -r 1 -ngl 99 -ot exps=CPU -o json" |
+    tail -6
+  done
   fi
   ;;
 *)
