@@ -567,7 +567,8 @@ fn a_batch_gives_each_products_bits() {
 
 /// A batch whose weights cannot all be in the budget at once is declined
 /// as a whole (the seam then offers its products one by one) and evicts
-/// nothing; each product alone still fits.
+/// nothing; a product that fits alone comes in once the spine holding the
+/// room has gone.
 #[test]
 fn a_batch_larger_than_the_budget_is_declined_whole() {
     let Some(b) = open(Some(20 << 10)) else {
@@ -607,9 +608,16 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
         held,
         "a declined batch evicts nothing"
     );
+    // Alone it would fit, but only by pushing out the spine matrix held:
+    // spine never displaces spine (the caller computes it on the CPU).
+    assert!(
+        !b.matmul(&m2, Role::Spine, &x, 1, &mut y2),
+        "m1 keeps its room"
+    );
+    assert_eq!(b.stats().vram_weight_bytes, held);
+    drop_all(&b, &m1);
     assert!(b.matmul(&m2, Role::Spine, &x, 1, &mut y2), "alone it fits");
     assert!(y2.iter().all(|&v| v == 128.0), "{y2:?}");
-    drop_all(&b, &m1);
     drop_all(&b, &m2);
 }
 

@@ -495,11 +495,10 @@ pub(super) fn make_room(st: &mut State, need: u64, keep: &[Key], class: Class) -
 }
 
 /// Makes room for the `missing` segments of the products `ws` (their
-/// segments `segs`), never evicting one of `keys`: the experts' bytes by
-/// evicting experts only, then the spine's by evicting experts first,
-/// then spine ([`make_room`] for each class in turn), so an expert never
-/// pushes out a spine matrix. `false` when they cannot all fit; experts
-/// evicted for the first part stay evicted.
+/// segments `segs`), never evicting one of `keys`: the experts' bytes,
+/// then the spine's, each by evicting experts only ([`make_room`] for each
+/// class in turn), so nothing pushes out a spine matrix. `false` when they
+/// cannot all fit; experts evicted for the first part stay evicted.
 fn room_by_class(
     st: &mut State,
     ws: &[(MatRef<'_>, Role)],
