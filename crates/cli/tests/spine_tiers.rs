@@ -265,6 +265,15 @@ fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
     );
     assert_eq!((u(&i["resident_layers"]), u(&i["ring"])), (37, 3));
     assert_eq!(u(&i["streamed_bytes"]), 33_461_249_792);
+    // A pass reads them as stored (bf16) and quantises each after its
+    // read: about twice what they hold in RAM, and the projection counts
+    // what is read.
+    assert_eq!(u(&b["read_bytes"]), u(&b["streamed_bytes"]));
+    assert_eq!(u(&i["read_bytes"]), 66_139_426_304);
+    let s = r["ledger"]["int8"]["projected"]["spine_read_s"]
+        .as_f64()
+        .unwrap();
+    assert!((s - 66_139_426_304.0 / 7e9).abs() < 1e-9, "{s}");
     assert_eq!(u(&r["vram"]["budget_bytes"]), 24_000_000_000);
     // Below the least budget the plan is refused and names it.
     let r = k3_plan(&["--ram-budget", "8GB"]);

@@ -134,7 +134,8 @@ pub struct RunSetup {
     pub direct_io: Option<bool>,
     pub ram_budget_bytes: Option<u64>,
     pub expert_cache_slots: Option<usize>,
-    /// Spine layers the plan reads for every pass, and their bytes.
+    /// Spine layers the plan reads for every pass, and the bytes a pass
+    /// reads of them (as stored, whatever the spine's precision in RAM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spine_streamed_layers: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -400,11 +400,11 @@ impl Ledger {
         let t = &self.tiers;
         let tiers = if t.streamed_layers > 0 {
             format!(
-                "; {} of {} layers resident, {} read for every pass ({}) through a ring of {} layers ({})",
+                "; {} of {} layers resident, {} read for every pass ({} read) through a ring of {} layers ({})",
                 t.resident_layers,
                 t.layers,
                 t.streamed_layers,
-                format_bytes(t.streamed_bytes),
+                format_bytes(t.read_bytes),
                 t.ring,
                 format_bytes(t.ring_bytes)
             )
@@ -685,6 +685,14 @@ mod tests {
             none.tiers.streamed_bytes,
             s.layers.iter().map(|x| x.stored).sum::<u64>()
         );
+        assert_eq!(none.tiers.read_bytes, none.tiers.streamed_bytes);
+        // An int8 spine holds its layers quantised but reads them as stored.
+        let int8 = Ledger::minimum(&s, Spine::Int8, 1, l.kv, 1, 8).cap_resident_layers(&s, 0);
+        assert_eq!(
+            int8.tiers.streamed_bytes,
+            s.layers.iter().map(|x| x.int8).sum::<u64>()
+        );
+        assert_eq!(int8.tiers.read_bytes, none.tiers.read_bytes);
     }
 
     #[test]

@@ -15,9 +15,12 @@ pub struct SpineTiers {
     pub global_bytes: u64,
     /// Bytes of the resident layers.
     pub resident_bytes: u64,
-    /// Layers read for every pass, and their bytes (read once a pass).
+    /// Layers read for every pass, and their bytes in RAM.
     pub streamed_layers: usize,
     pub streamed_bytes: u64,
+    /// What a pass reads of them: their bytes as stored (an int8 spine
+    /// is read as stored and quantised after each read).
+    pub read_bytes: u64,
     /// Layer buffers of the read-ahead ring (0 when nothing streams).
     pub ring: usize,
     /// RAM of the ring: the most `ring` streamed layers in a row (in the
@@ -31,12 +34,13 @@ impl SpineTiers {
     pub fn new(spec: &MemoryFacts, int8: bool, resident: usize) -> Self {
         let n = spec.layers.len();
         let keep = fathom_model::tiers::resident_layers(n, resident);
-        let (mut resident_bytes, mut streamed) = (0, Vec::new());
+        let (mut resident_bytes, mut streamed, mut read_bytes) = (0, Vec::new(), 0);
         for (l, &k) in spec.layers.iter().zip(&keep) {
             if k {
                 resident_bytes += l.bytes(int8);
             } else {
                 streamed.push(l.bytes(int8));
+                read_bytes += l.stored;
             }
         }
         let streamed_layers = streamed.len();
@@ -53,6 +57,7 @@ impl SpineTiers {
             resident_bytes,
             streamed_layers,
             streamed_bytes: streamed.iter().sum(),
+            read_bytes,
             ring,
             ring_bytes: ring_window(&streamed, ring),
         }
@@ -75,7 +80,7 @@ impl SpineTiers {
     /// Seconds a pass spends reading the streamed layers at `bandwidth`
     /// bytes per second.
     pub fn read_seconds(&self, bandwidth: f64) -> f64 {
-        self.streamed_bytes as f64 / bandwidth.max(1.0)
+        self.read_bytes as f64 / bandwidth.max(1.0)
     }
 }
 

@@ -435,7 +435,7 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
     });
     tier("  of them bytes", &|t| b(&t["resident_bytes"]));
     tier("streamed layers", &|t| t["streamed_layers"].to_string());
-    tier("  read per pass", &|t| b(&t["streamed_bytes"]));
+    tier("  read per pass", &|t| b(&t["read_bytes"]));
     tier("spine ring", &|t| {
         format!("{} layers {}", t["ring"], b(&t["ring_bytes"]))
     });

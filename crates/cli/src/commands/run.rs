@@ -149,7 +149,7 @@ pub fn setup(info: &LoadInfo, spine: fathom_model::Spine) -> RunSetup {
         ram_budget_bytes: info.ledger.as_ref().map(|l| l.budget),
         expert_cache_slots: info.ledger.as_ref().map(|l| l.cache_experts),
         spine_streamed_layers: info.ledger.as_ref().map(|l| l.tiers.streamed_layers),
-        spine_streamed_bytes: info.ledger.as_ref().map(|l| l.tiers.streamed_bytes),
+        spine_streamed_bytes: info.ledger.as_ref().map(|l| l.tiers.read_bytes),
         device: info.device.clone(),
         heat_warmed_experts: info.heat.warmed.map(|w| w.0),
         heat_pinned_experts: info.heat.warmed.map(|w| w.1),
