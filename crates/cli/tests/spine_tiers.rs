@@ -223,7 +223,9 @@ fn inspect_plans_the_full_k3_at_64_gb() {
     // The least budget: every layer read for every pass (with the I/O
     // buffers of a 9-token pass, 3.16 GB).
     assert_eq!(u(&bf16["min_budget_bytes"]), 12_713_654_784);
-    assert_eq!(u(&int8["min_budget_bytes"]), 9_743_550_720);
+    // The int8 least holds the largest layer (the dense first, 2.34 GB)
+    // as stored while it is read and quantised.
+    assert_eq!(u(&int8["min_budget_bytes"]), 12_084_763_904);
 }
 
 /// At 128 GB both spines are resident whole.
@@ -246,7 +248,7 @@ fn inspect_plans_the_full_k3_at_128_gb() {
 }
 
 /// 32 GB of RAM beside a 24 GB GPU: the RAM plan streams most of the
-/// spine (16 bf16 or 37 int8 layers resident); the GPU plan is printed
+/// spine (16 bf16 or 33 int8 layers resident); the GPU plan is printed
 /// beside it (the spine is not placed in VRAM).
 #[test]
 fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
@@ -263,17 +265,17 @@ fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
         u(&r["spine"]["int8_bytes"]),
         32_000_000_000,
     );
-    assert_eq!((u(&i["resident_layers"]), u(&i["ring"])), (37, 3));
-    assert_eq!(u(&i["streamed_bytes"]), 33_461_249_792);
+    assert_eq!((u(&i["resident_layers"]), u(&i["ring"])), (33, 3));
+    assert_eq!(u(&i["streamed_bytes"]), 35_601_408_000);
     // A pass reads them as stored (bf16) and quantises each after its
     // read: about twice what they hold in RAM, and the projection counts
     // what is read.
     assert_eq!(u(&b["read_bytes"]), u(&b["streamed_bytes"]));
-    assert_eq!(u(&i["read_bytes"]), 66_139_426_304);
+    assert_eq!(u(&i["read_bytes"]), 70_363_586_048);
     let s = r["ledger"]["int8"]["projected"]["spine_read_s"]
         .as_f64()
         .unwrap();
-    assert!((s - 66_139_426_304.0 / 7e9).abs() < 1e-9, "{s}");
+    assert!((s - 70_363_586_048.0 / 7e9).abs() < 1e-9, "{s}");
     assert_eq!(u(&r["vram"]["budget_bytes"]), 24_000_000_000);
     // Below the least budget the plan is refused and names it.
     let r = k3_plan(&["--ram-budget", "8GB"]);

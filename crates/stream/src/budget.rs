@@ -273,12 +273,22 @@ impl Ledger {
         self.spine_repr == Spine::Int8.name()
     }
 
-    /// The most held while loading: the resident spine, scratch, and for
-    /// an int8 spine one piece as stored before it is quantised (the
-    /// largest layer, or the globals' stored excess: the head).
+    /// The most held while loading: the resident spine, the ring, scratch,
+    /// and for an int8 spine one piece loaded as stored before it is
+    /// quantised (the largest resident layer, or the globals' stored
+    /// excess: the head; the ring counts its own layer read as stored).
     fn peak_while_loading(&self, spec: &MemoryFacts) -> u64 {
         let transient = if self.int8() {
-            let layer = spec.layers.iter().map(|l| l.stored).max().unwrap_or(0);
+            let keep =
+                fathom_model::tiers::resident_layers(spec.layers.len(), self.tiers.resident_layers);
+            let layer = spec
+                .layers
+                .iter()
+                .zip(&keep)
+                .filter(|(_, k)| **k)
+                .map(|(l, _)| l.stored)
+                .max()
+                .unwrap_or(0);
             layer.max(spec.global_bytes(false) - spec.global_bytes(true))
         } else {
             0
@@ -693,6 +703,11 @@ mod tests {
             s.layers.iter().map(|x| x.int8).sum::<u64>()
         );
         assert_eq!(int8.tiers.read_bytes, none.tiers.read_bytes);
+        // Its ring also holds the layer being read as stored until it is
+        // quantised.
+        let q: Vec<u64> = s.layers.iter().map(|x| x.int8).collect();
+        let pairs = (0..9).map(|i| q[i] + q[(i + 1) % 9]).max().unwrap();
+        assert_eq!(int8.tiers.ring_bytes, pairs + b.iter().max().unwrap());
     }
 
     #[test]

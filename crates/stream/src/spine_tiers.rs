@@ -24,7 +24,9 @@ pub struct SpineTiers {
     /// Layer buffers of the read-ahead ring (0 when nothing streams).
     pub ring: usize,
     /// RAM of the ring: the most `ring` streamed layers in a row (in the
-    /// cyclic order they are read) hold.
+    /// cyclic order they are read) hold, and for an int8 spine the layer
+    /// being read as stored before it is quantised (the largest streamed
+    /// one).
     pub ring_bytes: u64,
 }
 
@@ -50,6 +52,17 @@ impl SpineTiers {
         } else {
             ring_layers(resident_layers, streamed_layers)
         };
+        let as_stored = if int8 {
+            spec.layers
+                .iter()
+                .zip(&keep)
+                .filter(|(_, k)| !**k)
+                .map(|(l, _)| l.stored)
+                .max()
+                .unwrap_or(0)
+        } else {
+            0
+        };
         SpineTiers {
             layers: n,
             resident_layers,
@@ -59,7 +72,7 @@ impl SpineTiers {
             streamed_bytes: streamed.iter().sum(),
             read_bytes,
             ring,
-            ring_bytes: ring_window(&streamed, ring),
+            ring_bytes: ring_window(&streamed, ring) + as_stored,
         }
     }
 
