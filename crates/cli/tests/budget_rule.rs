@@ -439,7 +439,10 @@ fn each_command_stays_within_its_budget_under_a_memory_cgroup() {
 /// both phases (the process's high-water mark).
 #[test]
 fn demo_writes_its_model_and_runs_within_its_budget() {
-    let dir = std::env::temp_dir().join(format!("fathom-demo-peak-{}", std::process::id()));
+    // On the target directory's disk: a tmpfs would charge the written
+    // model to the cgroup as memory it cannot reclaim.
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fathom-demo-peak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let budget = 300_000_000u64;
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"));
@@ -473,14 +476,23 @@ fn demo_writes_its_model_and_runs_within_its_budget() {
         err.contains("making a "),
         "the model was not written: {err}"
     );
-    let peak: u64 = err
+    let peak = err
         .split("peak RSS ")
         .nth(1)
-        .and_then(|t| t.split(" MB").next())
-        .and_then(|n| n.trim().parse().ok())
+        .and_then(|t| {
+            let mut w = t.split_whitespace();
+            let n: f64 = w.next()?.parse().ok()?;
+            let unit = match w.next()? {
+                "kB" => 1e3,
+                "MB" => 1e6,
+                "GB" => 1e9,
+                _ => return None,
+            };
+            Some(n * unit)
+        })
         .unwrap_or_else(|| panic!("no peak RSS line: {err}"));
     assert!(
-        peak * 1_000_000 <= budget,
-        "peak RSS {peak} MB over the 300 MB budget: {err}"
+        peak <= budget as f64,
+        "peak RSS {peak} B over the 300 MB budget: {err}"
     );
 }

@@ -1,16 +1,15 @@
 //! Device copies of host byte segments within a byte budget. Routed
 //! experts are the cache proper, least recently used first out; the spine
-//! (every other matrix, and the attention caches' blocks and KDA states)
-//! stays once uploaded: any entry displaces only experts.
+//! (every other matrix, and the attention caches' blocks) stays once
+//! uploaded: a weight displaces only experts. Sequence state, which a
+//! step cannot run without, displaces experts and then spine.
 //!
 //! A spine larger than the budget is the spine's VRAM tier: what came
 //! first stays and the rest is computed on the CPU, call by call. Every
 //! pass uses every spine matrix in one order, so evicting spine for spine
 //! would copy the bytes beyond the budget up every pass (LRU: the whole
-//! spine), from pageable memory; a decode step's CPU product reads them at
-//! RAM bandwidth instead. On an H100 host, K3DIM's 8 GB spine in 5 GB of
-//! VRAM decoded at 1.9 tok/s with the spine's bytes beyond the budget
-//! copied every pass, against 14 tok/s for the whole model on the CPU.
+//! spine) from pageable memory, where a decode step's CPU product reads
+//! them at RAM bandwidth (`docs/cuda.md`, "Residency").
 
 use foldhash::{HashMap, HashMapExt, HashSet};
 use std::ops::Range;
@@ -18,11 +17,13 @@ use std::ops::Range;
 /// A host segment: (address, length in bytes).
 pub type Key = (usize, usize);
 
-/// What an entry holds: a routed expert's matrix or a spine matrix.
+/// What an entry holds: a routed expert's matrix or a spine matrix; or,
+/// asking for room only, sequence state (held outside the entries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
     Expert,
     Spine,
+    State,
 }
 
 pub struct Cache<B> {
@@ -92,7 +93,9 @@ impl<B> Cache<B> {
     }
 
     /// Makes `need` more bytes fit for an entry of `class`, never evicting
-    /// one of `keep`, evicting only experts (least recently used first).
+    /// one of `keep`: weights evict only experts (least recently used
+    /// first), state evicts experts and then spine (most recently used
+    /// first: in a pass's order that keeps the most of the spine's start).
     /// Returns the evicted entries (for the caller to retire); `None`, and
     /// nothing evicted, when they cannot fit (an expert that cannot come
     /// in marks the cache crowded).
@@ -102,7 +105,8 @@ impl<B> Cache<B> {
             return Some(Vec::new());
         }
         let keep: HashSet<&Key> = keep.iter().collect();
-        let may_go = |k: &Key, c: Class| !keep.contains(k) && c == Class::Expert;
+        let may_go =
+            |k: &Key, c: Class| !keep.contains(k) && (c == Class::Expert || class == Class::State);
         let evictable: u64 = self
             .map
             .iter()
@@ -115,11 +119,15 @@ impl<B> Cache<B> {
         }
         let mut gone = Vec::new();
         while self.bytes + self.outside + need > self.budget {
+            let rank = |c: Class, t: u64| match c {
+                Class::Expert => (false, t),
+                _ => (true, u64::MAX - t),
+            };
             let victim = self
                 .map
                 .iter()
                 .filter(|(k, (_, _, c))| may_go(k, *c))
-                .min_by_key(|(_, (_, t, _))| *t)
+                .min_by_key(|(_, (_, t, c))| rank(*c, *t))
                 .map(|(k, _)| *k);
             let k = victim.expect("the evictable bytes cover the need");
             if let Some((b, _, c)) = self.map.remove(&k) {
@@ -244,6 +252,10 @@ mod tests {
         c.insert((1000, 50), 'z', s);
         assert!(c.make_room(10, &[], s).is_none(), "only spine is left");
         assert!(c.contains(&(0, 50)) && c.contains(&(1000, 50)));
+        // Sequence state may push out spine, the most recently used first.
+        c.touch(&(0, 50));
+        assert!(c.make_room(10, &[], Class::State).is_some());
+        assert!(c.contains(&(1000, 50)) && !c.contains(&(0, 50)));
     }
 
     /// Passes over a spine of ten matrices with room for four: the first

@@ -165,7 +165,10 @@ impl Plan {
             })
             .collect();
         names.sort_unstable();
-        names.dedup_by(|a, b| a.0 == b.0);
+        debug_assert!(
+            names.windows(2).all(|w| w[0].0 != w[1].0),
+            "a tensor name is planned twice"
+        );
         let mut out = Vec::with_capacity(names.iter().map(|(n, f)| n.len() + f.len() + 12).sum());
         let _ = write!(
             out,
@@ -337,7 +340,7 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_shard_and_index_keep_their_shape() {
+    fn an_empty_shard_header_is_the_metadata_alone() {
         let h = header_json(&[], &[]);
         assert_eq!(
             std::str::from_utf8(&h).unwrap(),

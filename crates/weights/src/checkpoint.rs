@@ -351,7 +351,9 @@ impl Checkpoint {
                 return Ok(());
             }
         };
+        // A range past the file's end is read buffered, which reports it.
         if buf.len() >= crate::direct::DIRECT_MIN
+            && offset.saturating_add(buf.len() as u64) <= s.len
             && !self
                 .buffered_only
                 .load(std::sync::atomic::Ordering::Relaxed)

@@ -26,52 +26,70 @@ use crate::buf::AlignedBuf;
 /// From here up it is at most an eighth of the read.
 pub const DIRECT_MIN: usize = 64 << 10;
 
-/// Each reading thread's bounce buffer.
+/// Each reading thread's bounce buffer, kept for the thread's life (a
+/// resident load's threads and a streamed spine's reader): part of the
+/// process allowance the RAM ledger sets aside.
 pub const BOUNCE: usize = 4 << 20;
 
 thread_local! {
     static BOUNCE_BUF: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
 }
 
-/// One shard's uncached handle: opened on first use; `None` (and every
-/// read buffered) when the filesystem refuses uncached I/O at open or at
-/// the first read.
+/// One shard's uncached handle: opened on first use; refused (every read
+/// buffered from then on) when the filesystem refuses uncached I/O at open
+/// or at a transfer. Any other failure to open is tried again next read.
 #[derive(Default)]
 pub(crate) struct Uncached {
-    file: OnceLock<Option<File>>,
+    file: OnceLock<File>,
     refused: AtomicBool,
 }
 
 impl std::fmt::Debug for Uncached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self.file.get() {
-            None => "unopened",
-            Some(None) => "refused",
-            Some(Some(_)) if self.refused.load(Ordering::Relaxed) => "refused",
-            Some(Some(_)) => "open",
+        f.write_str(if self.refused.load(Ordering::Relaxed) {
+            "refused"
+        } else if self.file.get().is_some() {
+            "open"
+        } else {
+            "unopened"
         })
     }
 }
 
+/// Whether an error says the filesystem does not take uncached I/O.
+fn refusal(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported
+    )
+}
+
 impl Uncached {
-    /// Reads `buf.len()` bytes at `offset` of `path` uncached. `Ok(false)`
-    /// when uncached reads are not possible there (the caller reads
-    /// buffered); an error for a failed read.
+    /// Reads `buf.len()` bytes at `offset` of `path` uncached; the range
+    /// must lie inside the file (the caller checks). `Ok(false)` when
+    /// uncached reads are not possible there (the caller reads buffered);
+    /// an error for a failed read.
     pub fn read(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
         if self.refused.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        let Some(file) = self
-            .file
-            .get_or_init(|| fathom_platform::io::open_uncached(path).ok())
-        else {
-            return Ok(false);
+        let file = match self.file.get() {
+            Some(f) => f,
+            None => match fathom_platform::io::open_uncached(path) {
+                Ok(f) => self.file.get_or_init(|| f),
+                Err(e) => {
+                    if refusal(&e) {
+                        self.refused.store(true, Ordering::Relaxed);
+                    }
+                    return Ok(false);
+                }
+            },
         };
         match read_spans(file, offset, buf) {
             Ok(()) => Ok(true),
-            // Accepted at open, refused at the first transfer (tmpfs and
-            // some overlays): buffered from now on.
-            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+            // Accepted at open, refused at a transfer (tmpfs and some
+            // overlays): buffered from now on.
+            Err(e) if refusal(&e) => {
                 self.refused.store(true, Ordering::Relaxed);
                 Ok(false)
             }
@@ -98,7 +116,11 @@ fn read_spans(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
             while got < skip + want {
                 // Only the file's end gives a short read, so `got` stays
                 // aligned until the bytes wanted are in.
-                let n = file.read_at(&mut bounce[got..span], start + got as u64)?;
+                let n = match file.read_at(&mut bounce[got..span], start + got as u64) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
                 if n == 0 {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,

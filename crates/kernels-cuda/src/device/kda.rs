@@ -481,7 +481,7 @@ impl CudaBackend {
     /// Room in the VRAM budget for `bytes` more of states.
     fn room_for_state(&self, st: &mut State, bytes: u64, keep: &[Key]) -> Result<(), CudaError> {
         st.cache.set_outside(st.state_bytes);
-        if make_room(st, bytes, keep, Class::Spine) {
+        if make_room(st, bytes, keep, Class::State) {
             Ok(())
         } else {
             Err(CudaError::Driver(format!(
