@@ -3,19 +3,18 @@
 //! `O_DIRECT` (and macOS's `F_NOCACHE`, where aligning is cheaper but not
 //! required) wants the buffer address, file offset and length aligned to
 //! [`DIRECT_ALIGN`]; a tensor's range and its destination vector are not.
-//! So a range is read in aligned spans into a per-thread aligned bounce
+//! So a range is read in aligned spans into an aligned bounce
 //! buffer and copied out: one memory copy (tens of GB/s) per byte read from
 //! storage (a few GB/s), and no byte of it left in the page cache. This is
 //! how a streamed spine reads each pass without the page cache serving some
 //! of it or holding a second copy outside the budget.
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use fathom_platform::io::DIRECT_ALIGN;
 
@@ -26,13 +25,29 @@ use crate::buf::AlignedBuf;
 /// From here up it is at most an eighth of the read.
 pub const DIRECT_MIN: usize = 64 << 10;
 
-/// Each reading thread's bounce buffer, kept for the thread's life (a
-/// resident load's threads and a streamed spine's reader): part of the
-/// process allowance the RAM ledger sets aside.
-pub const BOUNCE: usize = 4 << 20;
+/// A bounce buffer's size. A read holds one while it runs; one idle
+/// buffer is kept for the next read (part of the process allowance the RAM
+/// ledger sets aside), so idle threads hold none.
+pub const BOUNCE: usize = 2 << 20;
 
-thread_local! {
-    static BOUNCE_BUF: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+/// The idle bounce buffer.
+static IDLE: Mutex<Option<AlignedBuf>> = Mutex::new(None);
+
+/// Takes the idle bounce buffer, or maps a new one.
+fn take_bounce() -> AlignedBuf {
+    IDLE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .unwrap_or_else(|| AlignedBuf::zeroed(BOUNCE))
+}
+
+/// Keeps `b` for the next read unless one is kept already (then it is
+/// unmapped).
+fn give_bounce(b: AlignedBuf) {
+    let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+    if idle.is_none() {
+        *idle = Some(b);
+    }
 }
 
 /// One shard's uncached handle: opened on first use; refused (every read
@@ -99,39 +114,47 @@ impl Uncached {
 }
 
 /// Reads `[offset, offset + buf.len())` of `file` in aligned spans through
-/// this thread's bounce buffer.
+/// a bounce buffer.
 fn read_spans(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-    BOUNCE_BUF.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let bounce = slot.get_or_insert_with(|| AlignedBuf::zeroed(BOUNCE));
-        let a = DIRECT_ALIGN as u64;
-        let mut done = 0usize;
-        while done < buf.len() {
-            let pos = offset + done as u64;
-            let start = pos / a * a;
-            let skip = (pos - start) as usize;
-            let want = (BOUNCE - skip).min(buf.len() - done);
-            let span = (skip + want).next_multiple_of(DIRECT_ALIGN);
-            let mut got = 0usize;
-            while got < skip + want {
-                // Only the file's end gives a short read, so `got` stays
-                // aligned until the bytes wanted are in.
-                let n = match file.read_at(&mut bounce[got..span], start + got as u64) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                };
-                if n == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("the file ends before byte {}", pos + want as u64),
-                    ));
-                }
-                got += n;
+    let mut bounce = take_bounce();
+    let r = read_spans_with(file, offset, buf, &mut bounce);
+    give_bounce(bounce);
+    r
+}
+
+fn read_spans_with(
+    file: &File,
+    offset: u64,
+    buf: &mut [u8],
+    bounce: &mut AlignedBuf,
+) -> io::Result<()> {
+    let a = DIRECT_ALIGN as u64;
+    let mut done = 0usize;
+    while done < buf.len() {
+        let pos = offset + done as u64;
+        let start = pos / a * a;
+        let skip = (pos - start) as usize;
+        let want = (BOUNCE - skip).min(buf.len() - done);
+        let span = (skip + want).next_multiple_of(DIRECT_ALIGN);
+        let mut got = 0usize;
+        while got < skip + want {
+            // Only the file's end gives a short read, so `got` stays
+            // aligned until the bytes wanted are in.
+            let n = match file.read_at(&mut bounce[got..span], start + got as u64) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the file ends before byte {}", pos + want as u64),
+                ));
             }
-            buf[done..done + want].copy_from_slice(&bounce[skip..skip + want]);
-            done += want;
+            got += n;
         }
-        Ok(())
-    })
+        buf[done..done + want].copy_from_slice(&bounce[skip..skip + want]);
+        done += want;
+    }
+    Ok(())
 }

@@ -289,6 +289,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| default_dir(&a.preset, target));
     ensure_model(&dir, &a.preset, target, budget, positions)?;
+    // Writing freed its plan and buffers; the run is measured against the
+    // budget from here.
+    fathom_platform::memory::release_free_heap();
     let tok = tokenizer(&dir)?.context("the demo model has no tokenizer")?;
     let prompt = tok.encode(&a.prompt);
     let mem = demo_request(budget);
