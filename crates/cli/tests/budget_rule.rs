@@ -470,13 +470,44 @@ fn demo_writes_its_model_and_runs_within_its_budget() {
         let _ = c.remove();
         assert_eq!(usage.oom_kills.unwrap_or(0), 0, "{usage:?}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("making a "),
+        err.contains("making a ") && err.contains("direct I/O"),
         "the model was not written: {err}"
     );
+    // Fitted: three times the budget would not hold tiny's tensor index,
+    // but the model is larger than the budget and is streamed.
+    assert!(
+        err.contains("a model 3x the budget would not fit it"),
+        "{err}"
+    );
+    let on_disk: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(
+        on_disk > budget,
+        "the model should be larger than the 300 MB budget, is {on_disk}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("def fibonacci(n):"));
+    // A second run reuses the cached model.
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args([
+            "demo",
+            "--preset",
+            "tiny",
+            "--ram-budget",
+            "300MB",
+            "--max-new",
+            "4",
+            "--dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&again.stderr).contains("using the cached demo model"));
+    let _ = std::fs::remove_dir_all(&dir);
     let peak = err
         .split("peak RSS ")
         .nth(1)

@@ -362,49 +362,6 @@ fn batch_equals_run_per_prompt() {
 }
 
 #[test]
-fn demo_makes_a_model_larger_than_its_budget_and_streams_it() {
-    let dir = std::env::temp_dir().join(format!("fathom-demo-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let d = dir.to_str().unwrap();
-    let args = [
-        "demo",
-        "--dir",
-        d,
-        "--preset",
-        "tiny",
-        "--ram-budget",
-        "300MB",
-        "--max-new",
-        "4",
-    ];
-    let out = fathom(&args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(
-        err.contains("making a") && err.contains("direct I/O"),
-        "{err}"
-    );
-    let on_disk: u64 = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum();
-    // Fitted: three times the budget would not hold tiny's tensor index.
-    assert!(
-        err.contains("a model 3x the budget would not fit it"),
-        "{err}"
-    );
-    assert!(
-        on_disk > 300_000_000,
-        "model should be larger than the 300 MB budget, is {on_disk}"
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("def fibonacci(n):"));
-    // Second run reuses the cached model.
-    let out = fathom(&args);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("using the cached demo model"));
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[test]
 fn chat_works_on_a_synth_model() {
     use std::io::Write;
     use std::process::Stdio;
