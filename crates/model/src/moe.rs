@@ -479,7 +479,8 @@ impl ExpertFetch {
     /// reads still outstanding overlap the compute of the experts already
     /// here. Before blocking, this thread runs queued pool work itself (with
     /// one pool thread nothing would run otherwise). Outputs come back in
-    /// the ticket's order.
+    /// the ticket's order; a failed read is returned once the ticket's other
+    /// reads have ended.
     fn as_they_arrive(
         source: &dyn ExpertSource,
         ticket: ExpertTicket,
@@ -517,6 +518,12 @@ impl ExpertFetch {
                         });
                     }
                     Err(err) => {
+                        // The step fails, but only once its other reads
+                        // have ended: a read left running would be joined
+                        // by the next step and could fail that one too.
+                        for (_, p) in pending.drain(..) {
+                            let _ = p.wait();
+                        }
                         failed = Some(err);
                         break;
                     }
@@ -694,5 +701,66 @@ mod tests {
         // ranks: expert 1 (×0.5), expert 0 (×0.25), expert 2 (×2.0).
         let want = 0.5 * 2.0 + 0.25 * 1.0 + 2.0 * 3.0;
         assert_eq!(y, vec![want; 2]);
+    }
+    /// A read that fails at once, and one that ends a while later.
+    struct Fails;
+
+    impl PendingExpert for Fails {
+        fn wait(&self) -> Result<Arc<ExpertWeights>> {
+            Err(ModelError::Experts("expert 0: the read failed".into()))
+        }
+        fn is_ready(&self) -> bool {
+            true
+        }
+    }
+
+    struct Slow(Arc<std::sync::atomic::AtomicBool>);
+
+    impl PendingExpert for Slow {
+        fn wait(&self) -> Result<Arc<ExpertWeights>> {
+            std::thread::sleep(Duration::from_millis(200));
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(expert(1))
+        }
+        fn is_ready(&self) -> bool {
+            false
+        }
+    }
+
+    /// A failed read fails the layer, but only after the ticket's other
+    /// read has ended: none of the failed step's reads outlives it.
+    #[test]
+    fn a_failed_read_returns_once_the_other_reads_end() {
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let routes = vec![Route {
+            ids: vec![0, 1],
+            weights: vec![1.0, 1.0],
+            margin: 1.0,
+        }];
+        let fetch = ExpertFetch {
+            union: vec![0, 1],
+            users: vec![vec![(0, 0)], vec![(0, 1)]],
+            ticket: ExpertTicket {
+                layer: 0,
+                ids: vec![0, 1],
+                slots: vec![
+                    ExpertSlot::Pending(Arc::new(Fails)),
+                    ExpertSlot::Pending(Arc::new(Slow(ended.clone()))),
+                ],
+            },
+            guess: None,
+            path: Path::Host,
+        };
+        let e = fetch
+            .finish(&NoSource, &routes, &[1.0], 1, 1, |_, _, _| vec![1.0])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            ModelError::Experts("expert 0: the read failed".into()).to_string()
+        );
+        assert!(
+            ended.load(std::sync::atomic::Ordering::SeqCst),
+            "returned while a read ran"
+        );
     }
 }
