@@ -1,8 +1,11 @@
 //! AVX2 + FMA-class kernels: 32 lanes = four ymm accumulators per position.
 //!
-//! Same structure as `avx512.rs` with two positions per pass over a row
-//! (eight accumulators of the sixteen ymm registers). Each weight is one
-//! `vfmadd` into its lane, as the scalar reference's `mul_add`; dispatch
+//! Same structure as `avx512.rs`: two rows per pass (eight accumulators of
+//! the sixteen ymm registers), one position at a time. With four positions
+//! or more, each pair of rows is dequantised once into an f32 copy and the
+//! four accumulators of a (row, position) are run one after another, one
+//! register each, so four positions share every weight load. Each weight is
+//! one `vfmadd` into its lane, as the scalar reference's `mul_add`; dispatch
 //! requires FMA beside AVX2 (every AVX2 CPU but a few VIA parts has it).
 
 use std::arch::x86_64::*;
@@ -323,8 +326,155 @@ unsafe fn rows_of<W: Load256, const R: usize>(
     }
 }
 
+/// Rows `r0 .. r0 + R` dequantised into `buf` (`R × cols` f32, natural
+/// column order) with the format's own loads: the values `dots` would use.
+#[inline(always)]
+unsafe fn dequantise<W: Load256, const R: usize>(w: &W, r0: usize, buf: &mut [f32]) {
+    let n = w.cols();
+    for i in 0..R {
+        let row = &mut buf[i * n..(i + 1) * n];
+        for c in (0..n).step_by(LANES) {
+            // SAFETY: `n` is a multiple of 32 (the caller checks), so
+            // `c + 32 <= n`; `row[c..c + 32]` holds 32 f32.
+            unsafe {
+                let v = w.load(r0 + i, c);
+                let p = row[c..c + LANES].as_mut_ptr();
+                for (k, vk) in v.into_iter().enumerate() {
+                    _mm256_storeu_ps(p.add(8 * k), vk);
+                }
+            }
+        }
+    }
+}
+
+/// Group `k` (lanes of columns `c + 8k ..`, `c = 0, 32, 64, …` in order)
+/// of the dot products of f32 rows `w[i]` with positions `x[j]`: the same
+/// additions in the same order as `dots`' accumulator `k`. Two rows and
+/// four positions: eight independent sums, each weight and activation
+/// loaded once for the four or two products that use it.
+#[inline(always)]
+unsafe fn group_2x4(
+    w: [*const f32; 2],
+    x: [*const f32; 4],
+    n: usize,
+    k: usize,
+) -> [[__m256; 4]; 2] {
+    // SAFETY: the caller guarantees `n` readable f32 at each pointer, `n`
+    // a multiple of 32, so every `c + 8 <= n`.
+    unsafe {
+        let z = _mm256_setzero_ps();
+        let (mut a00, mut a01, mut a02, mut a03) = (z, z, z, z);
+        let (mut a10, mut a11, mut a12, mut a13) = (z, z, z, z);
+        let mut c = 8 * k;
+        while c < n {
+            let w0 = _mm256_loadu_ps(w[0].add(c));
+            let w1 = _mm256_loadu_ps(w[1].add(c));
+            let x0 = _mm256_loadu_ps(x[0].add(c));
+            a00 = _mm256_fmadd_ps(x0, w0, a00);
+            a10 = _mm256_fmadd_ps(x0, w1, a10);
+            let x1 = _mm256_loadu_ps(x[1].add(c));
+            a01 = _mm256_fmadd_ps(x1, w0, a01);
+            a11 = _mm256_fmadd_ps(x1, w1, a11);
+            let x2 = _mm256_loadu_ps(x[2].add(c));
+            a02 = _mm256_fmadd_ps(x2, w0, a02);
+            a12 = _mm256_fmadd_ps(x2, w1, a12);
+            let x3 = _mm256_loadu_ps(x[3].add(c));
+            a03 = _mm256_fmadd_ps(x3, w0, a03);
+            a13 = _mm256_fmadd_ps(x3, w1, a13);
+            c += LANES;
+        }
+        [[a00, a01, a02, a03], [a10, a11, a12, a13]]
+    }
+}
+
+/// The group kernel of `R` rows and `K` positions.
+type Group<const R: usize, const K: usize> =
+    unsafe fn([*const f32; R], [*const f32; K], usize, usize) -> [[__m256; K]; R];
+
+/// All positions of rows `r0 .. r0 + R`: dequantised once into `buf`, then
+/// `K` positions at a time through `group`; the last `t % K` as `dots`
+/// takes them, two rows at a time.
+#[inline(always)]
+unsafe fn rows_grouped<W: Load256, const R: usize, const K: usize>(
+    (w, group): (&W, Group<R, K>),
+    r0: usize,
+    x: &[f32],
+    t: usize,
+    buf: &mut [f32],
+    out: &mut [f32],
+) {
+    let n = w.cols();
+    assert!(x.len() >= t * n && buf.len() >= R * n && n % LANES == 0 && R % 2 == 0);
+    // SAFETY: forwarded from the caller.
+    unsafe { dequantise::<W, R>(w, r0, buf) };
+    let rows: [*const f32; R] = std::array::from_fn(|i| buf[i * n..].as_ptr());
+    let mut j = 0;
+    while j + K <= t {
+        let pos: [*const f32; K] = std::array::from_fn(|jj| x[(j + jj) * n..].as_ptr());
+        // SAFETY: register-only.
+        let mut parts = unsafe { [[[_mm256_setzero_ps(); 4]; K]; R] };
+        for k in 0..4 {
+            // SAFETY: the R rows of `buf` and positions j .. j + K of `x`
+            // hold `n` f32 each (asserted above).
+            let g = unsafe { group(rows, pos, n, k) };
+            for (pi, gi) in parts.iter_mut().zip(g) {
+                for (pij, a) in pi.iter_mut().zip(gi) {
+                    pij[k] = a;
+                }
+            }
+        }
+        for (i, pi) in parts.into_iter().enumerate() {
+            for (jj, a) in pi.into_iter().enumerate() {
+                // SAFETY: register-only folding.
+                out[i * t + j + jj] = w.finish(r0 + i, unsafe { fold(a) });
+            }
+        }
+        j += K;
+    }
+    while j < t {
+        for i in (0..R).step_by(2) {
+            // SAFETY: forwarded from the caller.
+            unsafe { dots::<W, 2, 1>(w, r0 + i, x, t, j, &mut out[i * t..]) };
+        }
+        j += 1;
+    }
+}
+
+/// Rows of `rows` in groups of `R` through [`rows_grouped`], the last
+/// `len % R` one position at a time.
+#[inline(always)]
+unsafe fn block_grouped<W: Load256, const R: usize, const K: usize>(
+    wg: (&W, Group<R, K>),
+    x: &[f32],
+    t: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let mut buf = vec![0f32; R * wg.0.cols()];
+    let mut r = rows.start;
+    while r + R <= rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        // SAFETY: forwarded from the caller.
+        unsafe { rows_grouped(wg, r, x, t, &mut buf, o) };
+        r += R;
+    }
+    while r < rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        // SAFETY: forwarded from the caller.
+        unsafe { rows_of::<W, 1>(wg.0, r, x, t, o) };
+        r += 1;
+    }
+}
+
 #[target_feature(enable = "avx2,fma")]
 fn block<W: Load256>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    // Four positions or more: each weight is dequantised once, not once a
+    // position (with two or three the copy costs what it saves).
+    if t >= 4 && w.cols() % LANES == 0 {
+        // SAFETY: this function is compiled with, and only reached on, AVX2 + FMA.
+        unsafe { block_grouped::<W, 2, 4>((w, group_2x4), x, t, rows, out) };
+        return;
+    }
     let mut r = rows.start;
     while r + NR <= rows.end {
         let o = &mut out[(r - rows.start) * t..];

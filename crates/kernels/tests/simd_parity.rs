@@ -61,9 +61,21 @@ fn check(what: &str, mut f: impl FnMut(&Kernels) -> Vec<f32>) {
 
 #[test]
 fn dense_formats_are_bit_identical_to_scalar() {
-    let mut g = Rng(1);
-    for case in 0..60 {
-        let (t, rows, cols) = (1 + g.below(16), 1 + g.below(40), 1 + g.below(300));
+    dense_cases(1, 60, |g| 1 + g.below(300));
+}
+
+/// Whole 32-column groups: several positions take the path that
+/// dequantises each weight row once for all of them.
+#[test]
+fn dense_formats_on_whole_column_groups_are_bit_identical_to_scalar() {
+    dense_cases(4, 40, |g| 32 * (1 + g.below(24)));
+}
+
+fn dense_cases(seed: u64, cases: usize, cols: impl Fn(&mut Rng) -> usize) {
+    let mut g = Rng(seed);
+    for case in 0..cases {
+        let (t, rows) = (1 + g.below(16), 1 + g.below(40));
+        let cols = cols(&mut g);
         let x = g.values(t * cols);
         let wf = g.values(rows * cols);
         let wb: Vec<u16> = wf.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
