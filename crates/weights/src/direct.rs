@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use fathom_platform::io::DIRECT_ALIGN;
@@ -25,28 +25,35 @@ use crate::buf::AlignedBuf;
 /// From here up it is at most an eighth of the read.
 pub const DIRECT_MIN: usize = 64 << 10;
 
-/// A bounce buffer's size. A read holds one while it runs; one idle
-/// buffer is kept for the next read (part of the process allowance the RAM
-/// ledger sets aside), so idle threads hold none.
+/// A bounce buffer's size. A read holds one while it runs; up to
+/// [`PARTS`] idle buffers are kept for the next reads (part of the process
+/// allowance the RAM ledger sets aside), so idle threads hold none.
 pub const BOUNCE: usize = 2 << 20;
 
-/// The idle bounce buffer.
-static IDLE: Mutex<Option<AlignedBuf>> = Mutex::new(None);
+/// A range this long or longer is read as up to [`PARTS`] parts side by
+/// side: one transfer at a time leaves most of an SSD's queues idle.
+pub const PARALLEL_MIN: usize = 4 * BOUNCE;
 
-/// Takes the idle bounce buffer, or maps a new one.
+/// The most parts of one range read at once.
+pub const PARTS: usize = 4;
+
+/// The idle bounce buffers.
+static IDLE: Mutex<Vec<AlignedBuf>> = Mutex::new(Vec::new());
+
+/// Takes an idle bounce buffer, or maps a new one.
 fn take_bounce() -> AlignedBuf {
     IDLE.lock()
         .unwrap_or_else(|e| e.into_inner())
-        .take()
+        .pop()
         .unwrap_or_else(|| AlignedBuf::zeroed(BOUNCE))
 }
 
-/// Keeps `b` for the next read unless one is kept already (then it is
-/// unmapped).
+/// Keeps `b` for a later read unless [`PARTS`] are kept already (then it
+/// is unmapped).
 fn give_bounce(b: AlignedBuf) {
     let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
-    if idle.is_none() {
-        *idle = Some(b);
+    if idle.len() < PARTS {
+        idle.push(b);
     }
 }
 
@@ -113,9 +120,51 @@ impl Uncached {
     }
 }
 
-/// Reads `[offset, offset + buf.len())` of `file` in aligned spans through
-/// a bounce buffer.
+/// Reads `[offset, offset + buf.len())` of `file`: a long range as up to
+/// [`PARTS`] consecutive parts on their own threads, each in aligned spans
+/// through its own bounce buffer. The bytes are the same however it is
+/// split; the first error is returned.
 fn read_spans(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    let parts = (buf.len() / (PARALLEL_MIN / PARTS)).clamp(1, PARTS);
+    if buf.len() < PARALLEL_MIN || parts < 2 {
+        return read_part(file, offset, buf);
+    }
+    let each = buf.len().div_ceil(parts);
+    // Parts are claimed in turn by this thread and helpers (a helper that
+    // cannot be started leaves its share to the others).
+    let slots: Vec<Mutex<&mut [u8]>> = buf.chunks_mut(each).map(Mutex::new).collect();
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut r = Ok(());
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(slot) = slots.get(i) else { return r };
+            let mut part = slot.lock().unwrap_or_else(|e| e.into_inner());
+            r = r.and(read_part(file, offset + (i * each) as u64, &mut part));
+        }
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..slots.len())
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("fathom-read-part".into())
+                    .spawn_scoped(s, work)
+                    .ok()
+            })
+            .collect();
+        let mut r = work();
+        for h in helpers {
+            let part = h
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a read thread panicked")));
+            r = r.and(part);
+        }
+        r
+    })
+}
+
+/// One part of [`read_spans`], on the calling thread.
+fn read_part(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
     let mut bounce = take_bounce();
     let r = read_spans_with(file, offset, buf, &mut bounce);
     give_bounce(bounce);

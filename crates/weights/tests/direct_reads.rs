@@ -1,10 +1,11 @@
 //! Large reads bypass the page cache through aligned spans and a bounce
-//! buffer: the bytes equal buffered reads for any offset and length, the
-//! file's unaligned end included.
+//! buffer (the longest as parts read side by side): the bytes equal
+//! buffered reads for any offset and length, the file's unaligned end
+//! included.
 
 use std::path::PathBuf;
 
-use fathom_weights::direct::{BOUNCE, DIRECT_MIN};
+use fathom_weights::direct::{BOUNCE, DIRECT_MIN, PARALLEL_MIN};
 use fathom_weights::{Checkpoint, thread_direct_bytes_read};
 
 /// On the target directory's filesystem (a disk; the system temp
@@ -30,9 +31,10 @@ fn uncached_works(path: &std::path::Path) -> bool {
 #[test]
 fn uncached_reads_give_the_buffered_bytes_at_any_offset_and_length() {
     let d = dir();
-    // A tensor of 2.5 bounce buffers and an odd tail, starting at an
-    // unaligned offset (the header's length), then a short one.
-    let n = BOUNCE * 5 / 2 + 12_345;
+    // A tensor long enough to be read in parallel parts, plus 2.5 bounce
+    // buffers and an odd tail, starting at an unaligned offset (the
+    // header's length), then a short one.
+    let n = PARALLEL_MIN + BOUNCE * 5 / 2 + 12_345;
     let header = format!(
         r#"{{"a":{{"dtype":"U8","shape":[{n}],"data_offsets":[0,{n}]}},"b":{{"dtype":"U8","shape":[7],"data_offsets":[{n},{}]}}}}"#,
         n + 7
@@ -55,6 +57,7 @@ fn uncached_reads_give_the_buffered_bytes_at_any_offset_and_length() {
         (0u64, n),                                 // the whole tensor
         (1, DIRECT_MIN),                           // just large enough, odd start
         (4095, BOUNCE + 1),                        // across a bounce boundary
+        (3, PARALLEL_MIN + 1),                     // parts, odd start and length
         ((n - DIRECT_MIN) as u64, DIRECT_MIN + 7), // to the file's unaligned end
     ];
     let before = thread_direct_bytes_read();
