@@ -441,9 +441,16 @@ impl Linear {
         if matches!(self.data, WeightData::Int8 { .. } | WeightData::Fp8 { .. }) {
             return;
         }
-        let (q, scale) = quantize_rows_int8(self.rows, self.cols, |r, out| {
-            for (c, o) in out.iter_mut().enumerate() {
-                *o = self.at(r, c);
+        let (q, scale) = quantize_rows_int8(self.rows, self.cols, |r, out| match &self.data {
+            WeightData::Bf16(w) => {
+                for (o, &b) in out.iter_mut().zip(&w[r * self.cols..]) {
+                    *o = f32::from_bits((b as u32) << 16);
+                }
+            }
+            _ => {
+                for (c, o) in out.iter_mut().enumerate() {
+                    *o = self.at(r, c);
+                }
             }
         });
         self.forget_data();
