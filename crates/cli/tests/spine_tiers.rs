@@ -164,13 +164,20 @@ fn k3_plan(args: &[&str]) -> Value {
     ok(&a).0
 }
 
-/// The figures every plan must satisfy: the tiers add up to the spine,
-/// the fixed parts and the cache fit the budget.
+/// The figures every plan must satisfy: the tiers (and the embedding,
+/// when its rows are read as asked) add up to the spine, the fixed parts
+/// and the cache fit the budget.
 fn check(l: &Value, spine: u64, budget: u64) -> &Value {
     let t = &l["tiers"];
     let u = |v: &Value| v.as_u64().unwrap();
+    // K3's embedding: 163,840 × 7,168 bf16.
+    let embedding = if t["embedding_on_disk"] == true {
+        2_348_810_240
+    } else {
+        0
+    };
     assert_eq!(
-        u(&t["global_bytes"]) + u(&t["resident_bytes"]) + u(&t["streamed_bytes"]),
+        u(&t["global_bytes"]) + embedding + u(&t["resident_bytes"]) + u(&t["streamed_bytes"]),
         spine
     );
     assert_eq!(
@@ -197,35 +204,36 @@ fn u(v: &Value) -> u64 {
 }
 
 /// The full K3 at 64 GB, planned for a run's 9-token verification pass:
-/// the bf16 spine keeps 43 of 93 layers and reads the other 50 (58.5 GB)
-/// each pass through a ring of 3; the int8 spine is resident whole.
+/// the bf16 spine leaves the embedding's rows on disk, keeps 40 of 93
+/// layers (the largest) and reads the other 53 (57.0 GB) each pass through
+/// a ring of 4; the int8 spine is resident whole.
 #[test]
 fn inspect_plans_the_full_k3_at_64_gb() {
     let r = k3_plan(&["--ram-budget", "64GB"]);
     let (bf16, int8) = (&r["ledger"]["bf16"], &r["ledger"]["int8"]);
     let spine = |k: &str| u(&r["spine"][format!("{k}_bytes")]);
     let t = check(bf16, spine("bf16"), 64_000_000_000);
-    assert_eq!((u(&t["resident_layers"]), u(&t["ring"])), (43, 3));
-    assert_eq!(u(&t["streamed_bytes"]), 58_532_960_768);
-    assert_eq!(u(&t["ring_bytes"]), 4_453_293_056);
+    assert_eq!((u(&t["resident_layers"]), u(&t["ring"])), (40, 4));
+    assert_eq!(u(&t["streamed_bytes"]), 57_028_638_208);
+    assert_eq!(u(&t["ring_bytes"]), 4_647_568_384);
     // Seconds a pass reads at the default 7 GB/s: the streamed layers,
     // then the missed experts.
     let p = &bf16["projected"];
     assert_eq!(u(&p["disk_bw"]), 7_000_000_000);
     let spine_s = p["spine_read_s"].as_f64().unwrap();
-    assert!((spine_s - 58_532_960_768.0 / 7e9).abs() < 1e-9, "{spine_s}");
+    assert!((spine_s - 57_028_638_208.0 / 7e9).abs() < 1e-9, "{spine_s}");
     let t = check(int8, spine("int8"), 64_000_000_000);
     assert_eq!(
         (u(&t["resident_layers"]), u(&t["streamed_layers"])),
         (93, 0)
     );
     assert_eq!(int8["projected"]["spine_read_s"], 0.0);
-    // The least budget: every layer read for every pass (with the I/O
-    // buffers of a 9-token pass, 3.16 GB).
-    assert_eq!(u(&bf16["min_budget_bytes"]), 12_713_654_784);
+    // The least budget: every layer and the embedding read for every pass
+    // (with the I/O buffers of a 9-token pass, 3.16 GB).
+    assert_eq!(u(&bf16["min_budget_bytes"]), 10_364_844_544);
     // The int8 least holds the largest layer (the dense first, 2.34 GB)
     // as stored while it is read and quantised.
-    assert_eq!(u(&int8["min_budget_bytes"]), 12_084_763_904);
+    assert_eq!(u(&int8["min_budget_bytes"]), 9_735_953_664);
 }
 
 /// At 128 GB both spines are resident whole.
@@ -248,7 +256,7 @@ fn inspect_plans_the_full_k3_at_128_gb() {
 }
 
 /// 32 GB of RAM beside a 24 GB GPU: the RAM plan streams most of the
-/// spine (16 bf16 or 33 int8 layers resident); the GPU plan is printed
+/// spine (16 bf16 or 35 int8 layers resident); the GPU plan is printed
 /// beside it (the spine is not placed in VRAM).
 #[test]
 fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
@@ -259,26 +267,26 @@ fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
         32_000_000_000,
     );
     assert_eq!((u(&b["resident_layers"]), u(&b["ring"])), (16, 3));
-    assert_eq!(u(&b["streamed_bytes"]), 91_068_421_120);
+    assert_eq!(u(&b["streamed_bytes"]), 87_454_500_352);
     let i = check(
         &r["ledger"]["int8"],
         u(&r["spine"]["int8_bytes"]),
         32_000_000_000,
     );
-    assert_eq!((u(&i["resident_layers"]), u(&i["ring"])), (33, 3));
-    assert_eq!(u(&i["streamed_bytes"]), 35_601_408_000);
+    assert_eq!((u(&i["resident_layers"]), u(&i["ring"])), (35, 3));
+    assert_eq!(u(&i["streamed_bytes"]), 32_092_490_496);
     // A pass reads them as stored (bf16) and quantises each after its
     // read: about twice what they hold in RAM, and the projection counts
     // what is read.
     assert_eq!(u(&b["read_bytes"]), u(&b["streamed_bytes"]));
-    assert_eq!(u(&i["read_bytes"]), 70_363_586_048);
+    assert_eq!(u(&i["read_bytes"]), 63_367_359_488);
     let s = r["ledger"]["int8"]["projected"]["spine_read_s"]
         .as_f64()
         .unwrap();
-    assert!((s - 70_363_586_048.0 / 7e9).abs() < 1e-9, "{s}");
+    assert!((s - 63_367_359_488.0 / 7e9).abs() < 1e-9, "{s}");
     assert_eq!(u(&r["vram"]["budget_bytes"]), 24_000_000_000);
     // Below the least budget the plan is refused and names it.
     let r = k3_plan(&["--ram-budget", "8GB"]);
     assert_eq!(r["ledger"]["bf16"]["fits"], false);
-    assert_eq!(u(&r["ledger"]["bf16"]["min_budget_bytes"]), 12_713_654_784);
+    assert_eq!(u(&r["ledger"]["bf16"]["min_budget_bytes"]), 10_364_844_544);
 }

@@ -194,14 +194,6 @@ pub(crate) fn add(a: &mut [f32], b: &[f32]) {
     a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
 }
 
-/// The embedding rows `[N, D]` of `tokens` (a row lookup in `table`).
-pub(crate) fn embed(table: &crate::linear::Linear, tokens: &[u32]) -> Vec<f32> {
-    tokens
-        .iter()
-        .flat_map(|&id| table.row(id as usize))
-        .collect()
-}
-
 /// The last pass of a plain-residual stack: the final RMSNorm (weight
 /// `norm`) and `lm_head`, only over the rows `which` asks for, split per
 /// sequence. Traces `final_hidden`.

@@ -347,13 +347,13 @@ impl KvParts {
 /// `rows.tokens` embedded by `embed_tokens` (traced as `embeddings`) and
 /// their rotation angles by `rope`.
 pub(crate) fn prologue(
-    embed_tokens: &crate::linear::Linear,
+    embed_tokens: &crate::embedding::Embedding,
     rope: &fathom_kernels::rope::Rope,
     states: &[&mut KvState],
     rows: &crate::batch::Rows,
     tracer: &mut Option<&mut dyn crate::trace::Tracer>,
-) -> (Vec<f32>, crate::rotary::Angles) {
-    let h = crate::batch::embed(embed_tokens, &rows.tokens);
+) -> crate::error::Result<(Vec<f32>, crate::rotary::Angles)> {
+    let h = embed_tokens.rows(&rows.tokens)?;
     crate::trace::trace(tracer, 0, "embeddings", &h);
-    (h, angles(rope, states, &rows.segs))
+    Ok((h, angles(rope, states, &rows.segs)))
 }

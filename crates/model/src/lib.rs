@@ -9,6 +9,7 @@ mod bind;
 pub mod config;
 pub mod deepseek_v3;
 pub mod early;
+pub mod embedding;
 pub mod error;
 pub mod eval;
 pub mod experts;

@@ -24,7 +24,7 @@ use crate::error::{ModelError, Result};
 use crate::linear::Spine;
 
 /// Which decoder layers stay in RAM; the rest are read for every pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LayerPlan {
     /// How many layers stay resident (spread evenly over the depth, see
     /// [`resident_layers`]); `usize::MAX`: all of them.
@@ -32,6 +32,14 @@ pub struct LayerPlan {
     /// Layers held at once by the read-ahead ring (at least 2: the one
     /// being computed and the one being read).
     pub ring: usize,
+    /// The token embedding left in the checkpoint, its rows read as a pass
+    /// asks (`crate::embedding`; a family whose head is the embedding
+    /// keeps it resident).
+    pub embedding_on_disk: bool,
+    /// Which layers stay resident, as the ledger ranked them
+    /// ([`ranked_layers`]); `None`: `resident` of them spread evenly
+    /// ([`resident_layers`]).
+    pub keep: Option<Vec<bool>>,
 }
 
 impl Default for LayerPlan {
@@ -41,20 +49,24 @@ impl Default for LayerPlan {
 }
 
 impl LayerPlan {
-    /// Every layer resident.
+    /// Every layer and the embedding resident.
     pub const fn all() -> Self {
         LayerPlan {
             resident: usize::MAX,
             ring: 2,
+            embedding_on_disk: false,
+            keep: None,
         }
     }
 
     /// `resident` layers in RAM, the others read ahead through a ring of
-    /// `ring` layers (at least 2).
+    /// `ring` layers (at least 2); the embedding's rows read as asked.
     pub fn streamed(resident: usize, ring: usize) -> Self {
         LayerPlan {
             resident,
             ring: ring.max(2),
+            embedding_on_disk: true,
+            keep: None,
         }
     }
 
@@ -75,6 +87,31 @@ pub fn resident_layers(layers: usize, resident: usize) -> Vec<bool> {
     (0..layers)
         .map(|i| (i + 1) * resident / layers > i * resident / layers)
         .collect()
+}
+
+/// Which layers stay resident when `resident` of them fit, ranked by the
+/// bytes a pass reads of each (`sizes`) when streamed: the largest stay, so
+/// the fewest bytes are read; among layers of one size, those kept are
+/// spread evenly over that size's layers ([`resident_layers`]; models whose
+/// layers are all alike get exactly that).
+pub fn ranked_layers(sizes: &[u64], resident: usize) -> Vec<bool> {
+    let mut keep = vec![false; sizes.len()];
+    let mut classes: Vec<u64> = sizes.to_vec();
+    classes.sort_unstable_by(|a, b| b.cmp(a));
+    classes.dedup();
+    let mut left = resident.min(sizes.len());
+    for size in classes {
+        if left == 0 {
+            break;
+        }
+        let members: Vec<usize> = (0..sizes.len()).filter(|&i| sizes[i] == size).collect();
+        let take = resident_layers(members.len(), left);
+        for (&i, k) in members.iter().zip(take) {
+            keep[i] = k;
+        }
+        left -= left.min(members.len());
+    }
+    keep
 }
 
 /// What reading the streamed layers has cost so far (all zero when every
@@ -221,7 +258,10 @@ impl<L: Send + Sync + 'static> Layers<L> {
     /// `layers` layers placed by `plan`: the resident ones built now, in
     /// order; the reader of the streamed ones started.
     pub fn load(layers: usize, plan: &LayerPlan, load: LoadLayer<L>) -> Result<Self> {
-        let keep = resident_layers(layers, plan.resident);
+        let keep = match &plan.keep {
+            Some(k) if k.len() == layers => k.clone(),
+            _ => resident_layers(layers, plan.resident),
+        };
         let mut resident = Vec::with_capacity(layers);
         for (i, &k) in keep.iter().enumerate() {
             resident.push(if k { Some(load(i)?) } else { None });
@@ -476,6 +516,27 @@ fn layer_error(layer: usize, e: ModelError) -> ModelError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranking_keeps_the_largest_and_spreads_alike_layers() {
+        // All alike: the even spread.
+        for r in 0..=7 {
+            assert_eq!(ranked_layers(&[5; 7], r), resident_layers(7, r), "{r}");
+        }
+        // A large first layer and large every fourth: those first, then
+        // the small ones spread over the small ones.
+        let sizes = [9, 2, 2, 4, 2, 2, 2, 4, 2];
+        let keep = |r| -> Vec<usize> {
+            let k = ranked_layers(&sizes, r);
+            (0..sizes.len()).filter(|&i| k[i]).collect()
+        };
+        assert_eq!(keep(1), vec![0]);
+        assert_eq!(keep(2), vec![0, 7]);
+        assert_eq!(keep(3), vec![0, 3, 7]);
+        assert_eq!(keep(5), vec![0, 3, 4, 7, 8]);
+        assert_eq!(keep(9), (0..9).collect::<Vec<_>>());
+        assert_eq!(keep(20), (0..9).collect::<Vec<_>>());
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn counting(fail: Option<usize>) -> (LoadLayer<usize>, Arc<AtomicUsize>) {

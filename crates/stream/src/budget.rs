@@ -279,12 +279,11 @@ impl Ledger {
     /// excess: the head; the ring counts its own layer read as stored).
     fn peak_while_loading(&self, spec: &MemoryFacts) -> u64 {
         let transient = if self.int8() {
-            let keep =
-                fathom_model::tiers::resident_layers(spec.layers.len(), self.tiers.resident_layers);
+            let keep = &self.tiers.keep;
             let layer = spec
                 .layers
                 .iter()
-                .zip(&keep)
+                .zip(keep)
                 .filter(|(_, k)| **k)
                 .map(|(l, _)| l.stored)
                 .max()
@@ -304,13 +303,24 @@ impl Ledger {
 
     /// The plan with as many spine layers resident as `budget` holds beside
     /// the other fixed parts (at least none, all streamed).
+    /// The embedding goes first (a pass reads only its tokens' rows), then
+    /// layers one by one.
     fn fit_layers(self, spec: &MemoryFacts, budget: u64) -> Self {
         let n = self.tiers.layers;
         let mut r = self.tiers.resident_layers.min(n);
+        let fits = |l: &Ledger| l.fixed() <= budget && l.load_peak <= budget;
+        if r == n {
+            let t = SpineTiers::new(spec, self.int8(), n).with_embedding_on_disk(spec);
+            let l = self.clone().with_tiers(spec, t);
+            if fits(&l) || n == 0 {
+                return l;
+            }
+            r -= 1;
+        }
         loop {
             let t = SpineTiers::new(spec, self.int8(), r);
             let l = self.clone().with_tiers(spec, t);
-            if r == 0 || (l.fixed() <= budget && l.load_peak <= budget) {
+            if r == 0 || fits(&l) {
                 return l;
             }
             r -= 1;
@@ -350,7 +360,12 @@ impl Ledger {
                 format_bytes(self.spine),
                 if self.tiers.streamed_layers > 0 {
                     format!(
-                        " (embedding, norm and head; {} of {} layers read for every pass through a ring of {} layers, {})",
+                        " ({}; {} of {} layers read for every pass through a ring of {} layers, {})",
+                        if self.tiers.embedding_on_disk {
+                            "norm and head, the embedding's rows read as asked"
+                        } else {
+                            "embedding, norm and head"
+                        },
                         self.tiers.streamed_layers,
                         self.tiers.layers,
                         self.tiers.ring,
@@ -410,14 +425,21 @@ impl Ledger {
         let t = &self.tiers;
         let tiers = if t.streamed_layers > 0 {
             format!(
-                "; {} of {} layers resident, {} read for every pass ({} read) through a ring of {} layers ({})",
+                "; {} of {} layers resident, {} read for every pass ({} read) through a ring of {} layers ({}){}",
                 t.resident_layers,
                 t.layers,
                 t.streamed_layers,
                 format_bytes(t.read_bytes),
                 t.ring,
-                format_bytes(t.ring_bytes)
+                format_bytes(t.ring_bytes),
+                if t.embedding_on_disk {
+                    ", the embedding's rows read as asked"
+                } else {
+                    ""
+                }
             )
+        } else if t.embedding_on_disk {
+            "; the embedding's rows read as asked".to_string()
         } else {
             String::new()
         };
@@ -648,26 +670,39 @@ mod tests {
         assert_eq!(all.tiers.streamed_layers, 0);
         assert_eq!((all.tiers.ring, all.tiers.ring_bytes), (0, 0));
         assert_eq!(all.spine, spine_bytes(&s));
-        // One byte short of the resident plan: a layer streams, the cache
-        // gets nothing, and what is counted fits.
+        // One byte short of the resident plan: the embedding goes first (a
+        // pass reads only its tokens' rows), every layer stays.
         let least_resident = Ledger::plan(&s, 200 << 20, 1, 1, 8).unwrap();
         let fixed = least_resident.fixed();
         let l = Ledger::plan(&s, fixed - 1, 1, 1, 8).unwrap();
-        let t = l.tiers;
-        assert!(t.streamed_layers >= 1, "{t:?}");
+        assert!(l.tiers.embedding_on_disk && l.tiers.streamed_layers == 0);
+        assert_eq!(l.spine, spine_bytes(&s) - s.embedding_bytes);
+        assert!(l.tiers.plan().embedding_on_disk);
+        // Short by more than the embedding: a layer streams, the cache
+        // gets nothing, and what is counted fits.
+        let l = Ledger::plan(&s, fixed - s.embedding_bytes - 1, 1, 1, 8).unwrap();
+        let t = l.tiers.clone();
+        assert!(t.streamed_layers >= 1 && t.embedding_on_disk, "{t:?}");
         assert_eq!(t.resident_layers + t.streamed_layers, 9);
         assert_eq!(
-            t.global_bytes + t.resident_bytes + t.streamed_bytes,
+            t.global_bytes + s.embedding_bytes + t.resident_bytes + t.streamed_bytes,
             spine_bytes(&s)
         );
         assert_eq!(l.spine, t.global_bytes + t.resident_bytes);
         assert!(l.fixed() < fixed, "{} vs {fixed}", l.fixed());
-        assert_eq!(t.ring, ring_layers(t.resident_layers, t.streamed_layers));
-        let keep = fathom_model::tiers::resident_layers(9, t.resident_layers);
-        let streamed: Vec<u64> = (0..9)
-            .filter(|&i| !keep[i])
-            .map(|i| s.layers[i].stored)
-            .collect();
+        // The largest layers stay (ranked by what a pass reads of them).
+        let sizes: Vec<u64> = s.layers.iter().map(|x| x.stored).collect();
+        let keep = fathom_model::tiers::ranked_layers(&sizes, t.resident_layers);
+        assert_eq!(t.keep, keep);
+        let kept_least = (0..9).filter(|&i| keep[i]).map(|i| sizes[i]).min();
+        let streamed_most = (0..9).filter(|&i| !keep[i]).map(|i| sizes[i]).max();
+        assert!(kept_least >= streamed_most, "{sizes:?} {keep:?}");
+        assert_eq!(
+            t.ring,
+            ring_layers(t.resident_layers, t.streamed_layers)
+                .max(crate::spine_tiers::ring_for(&keep))
+        );
+        let streamed: Vec<u64> = (0..9).filter(|&i| !keep[i]).map(|i| sizes[i]).collect();
         let m = streamed.len();
         let window = (0..m)
             .map(|j| {
@@ -680,7 +715,10 @@ mod tests {
         assert_eq!(t.ring_bytes, window);
         assert_eq!(
             t.plan(),
-            fathom_model::LayerPlan::streamed(t.resident_layers, t.ring)
+            fathom_model::LayerPlan {
+                keep: Some(keep),
+                ..fathom_model::LayerPlan::streamed(t.resident_layers, t.ring)
+            }
         );
         // Forced to none resident: a ring of two, the two largest
         // neighbours (k3-tiny: layer 0, dense, beside a MoE layer).
@@ -690,7 +728,7 @@ mod tests {
         assert_eq!((none.tiers.ring, none.tiers.ring_bytes), (2, pairs));
         assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 2), 9);
         assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 9), 11);
-        assert_eq!(none.spine, s.global_bytes(false));
+        assert_eq!(none.spine, s.global_bytes(false) - s.embedding_bytes);
         assert_eq!(
             none.tiers.streamed_bytes,
             s.layers.iter().map(|x| x.stored).sum::<u64>()

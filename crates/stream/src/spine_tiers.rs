@@ -5,14 +5,20 @@
 use fathom_model::memory::MemoryFacts;
 
 /// Where the spine's decoder layers are.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SpineTiers {
     pub layers: usize,
     /// Layers kept in RAM (spread over the depth as
     /// `fathom_model::tiers::resident_layers` picks them).
     pub resident_layers: usize,
-    /// The embedding, final norm and head (always resident).
+    /// The final norm, head and output mixing, and the embedding unless
+    /// its rows are read as asked (always resident).
     pub global_bytes: u64,
+    /// The embedding left in the checkpoint, a pass reading only its
+    /// tokens' rows: the first weight out of RAM when the spine does not
+    /// fit (never when the head is the embedding: the family then reports
+    /// no embedding bytes).
+    pub embedding_on_disk: bool,
     /// Bytes of the resident layers.
     pub resident_bytes: u64,
     /// Layers read for every pass, and their bytes in RAM.
@@ -28,14 +34,18 @@ pub struct SpineTiers {
     /// being read as stored before it is quantised (the largest streamed
     /// one).
     pub ring_bytes: u64,
+    /// Which layers are resident ([`fathom_model::tiers::ranked_layers`]).
+    #[serde(skip)]
+    pub keep: Vec<bool>,
 }
 
 impl SpineTiers {
     /// `resident` of the spec's layers in RAM (`usize::MAX`: all), in
-    /// precision `int8`.
+    /// precision `int8`; the embedding on disk when any layer streams.
     pub fn new(spec: &MemoryFacts, int8: bool, resident: usize) -> Self {
         let n = spec.layers.len();
-        let keep = fathom_model::tiers::resident_layers(n, resident);
+        let stored: Vec<u64> = spec.layers.iter().map(|l| l.stored).collect();
+        let keep = fathom_model::tiers::ranked_layers(&stored, resident);
         let (mut resident_bytes, mut streamed, mut read_bytes) = (0, Vec::new(), 0);
         for (l, &k) in spec.layers.iter().zip(&keep) {
             if k {
@@ -50,7 +60,7 @@ impl SpineTiers {
         let ring = if streamed_layers == 0 {
             0
         } else {
-            ring_layers(resident_layers, streamed_layers)
+            ring_layers(resident_layers, streamed_layers).max(ring_for(&keep))
         };
         let as_stored = if int8 {
             spec.layers
@@ -63,17 +73,34 @@ impl SpineTiers {
         } else {
             0
         };
-        SpineTiers {
+        let t = SpineTiers {
             layers: n,
             resident_layers,
             global_bytes: spec.global_bytes(int8),
+            embedding_on_disk: false,
             resident_bytes,
             streamed_layers,
             streamed_bytes: streamed.iter().sum(),
             read_bytes,
             ring,
             ring_bytes: ring_window(&streamed, ring) + as_stored,
+            keep,
+        };
+        if streamed_layers > 0 {
+            t.with_embedding_on_disk(spec)
+        } else {
+            t
         }
+    }
+
+    /// These tiers with the embedding's rows read as asked (no change when
+    /// the family reports no embedding apart from the head).
+    pub fn with_embedding_on_disk(mut self, spec: &MemoryFacts) -> Self {
+        if !self.embedding_on_disk && spec.embedding_bytes > 0 {
+            self.embedding_on_disk = true;
+            self.global_bytes = self.global_bytes.saturating_sub(spec.embedding_bytes);
+        }
+        self
     }
 
     /// Resident spine bytes: globals and resident layers.
@@ -84,9 +111,15 @@ impl SpineTiers {
     /// The plan the loader takes.
     pub fn plan(&self) -> fathom_model::LayerPlan {
         if self.streamed_layers == 0 {
-            fathom_model::LayerPlan::all()
+            fathom_model::LayerPlan {
+                embedding_on_disk: self.embedding_on_disk,
+                ..fathom_model::LayerPlan::all()
+            }
         } else {
-            fathom_model::LayerPlan::streamed(self.resident_layers, self.ring)
+            fathom_model::LayerPlan {
+                keep: Some(self.keep.clone()),
+                ..fathom_model::LayerPlan::streamed(self.resident_layers, self.ring)
+            }
         }
     }
 
@@ -118,4 +151,24 @@ pub const MAX_RING: usize = 8;
 /// (the reader keeps reading while those compute), at most [`MAX_RING`].
 pub fn ring_layers(resident: usize, streamed: usize) -> usize {
     (2 + resident.div_ceil(streamed.max(1))).min(MAX_RING)
+}
+
+/// [`ring_layers`] for the longest run of resident layers in `keep`
+/// between two streamed ones, taken cyclically (a pass's last layers and
+/// the next pass's first run back to back); 0 when none streams.
+pub fn ring_for(keep: &[bool]) -> usize {
+    let n = keep.len();
+    if keep.iter().all(|&k| k) {
+        return 0;
+    }
+    let (mut run, mut longest) = (0usize, 0usize);
+    for i in 0..2 * n {
+        if keep[i % n] {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    (2 + longest).min(MAX_RING)
 }

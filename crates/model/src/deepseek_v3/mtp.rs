@@ -194,10 +194,7 @@ impl MtpDraft {
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let (spec, m) = (&*model.spec, toks.len());
         let (d, eps) = (spec.hidden_size, spec.rms_norm_eps);
-        let mut e: Vec<f32> = toks
-            .iter()
-            .flat_map(|&t| model.weights.embed_tokens.row(t as usize))
-            .collect();
+        let mut e = model.weights.embed_tokens.rows(toks)?;
         rms_norm_rows(&mut e, d, &w.enorm, eps);
         let mut hn = hidden.to_vec();
         rms_norm_rows(&mut hn, d, &w.hnorm, eps);

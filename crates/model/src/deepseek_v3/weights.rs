@@ -8,6 +8,7 @@ use fathom_weights::Checkpoint;
 use super::config::{DeepseekV3Spec, FfnKind};
 use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
+use crate::embedding::Embedding;
 use crate::error::Result;
 use crate::hybrid::mla::AbsorbedKvB;
 use crate::linear::{Linear, Spine};
@@ -57,7 +58,7 @@ pub struct LayerWeights {
 /// The resident spine: everything but the routed experts.
 #[derive(Debug)]
 pub struct DeepseekV3Weights {
-    pub embed_tokens: Linear,
+    pub embed_tokens: Embedding,
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     pub lm_head: Linear,
@@ -128,7 +129,11 @@ impl DeepseekV3Weights {
             lm_head.quantize_int8();
         }
         Ok(DeepseekV3Weights {
-            embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
+            embed_tokens: Embedding::load(
+                ck,
+                &format!("{PREFIX}embed_tokens.weight"),
+                plan.embedding_on_disk,
+            )?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
             lm_head,

@@ -8,6 +8,7 @@ use fathom_weights::Checkpoint;
 use super::config::GptOssSpec;
 use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
+use crate::embedding::Embedding;
 use crate::error::Result;
 use crate::linear::{Linear, Proj, Spine};
 use crate::tiers::{LayerPlan, Layers, load_layers};
@@ -42,7 +43,7 @@ pub struct LayerWeights {
 /// biases, which travel with them).
 #[derive(Debug)]
 pub struct GptOssWeights {
-    pub embed_tokens: Linear,
+    pub embed_tokens: Embedding,
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     pub lm_head: Linear,
@@ -65,7 +66,11 @@ impl GptOssWeights {
             lm_head.quantize_int8();
         }
         Ok(GptOssWeights {
-            embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
+            embed_tokens: Embedding::load(
+                ck,
+                &format!("{PREFIX}embed_tokens.weight"),
+                plan.embedding_on_disk,
+            )?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
             lm_head,

@@ -52,12 +52,7 @@ fn forward_rows(
     let (segs, tokens, which) = (&rows.segs[..], &rows.tokens[..], &rows.which[..]);
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, n, eps) = (spec.hidden_size, tokens.len(), spec.rms_norm_eps);
-    let mut partial: Vec<f32> = timed(Phase::MixAndHead, || {
-        tokens
-            .iter()
-            .flat_map(|&id| w.embed_tokens.row(id as usize))
-            .collect()
-    });
+    let mut partial: Vec<f32> = timed(Phase::MixAndHead, || w.embed_tokens.rows(tokens))?;
     let mut blocks: Vec<Vec<f32>> = Vec::new();
     let _pass = w.layers.pass();
     for i in 0..w.layers.len() {

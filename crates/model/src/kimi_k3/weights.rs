@@ -11,6 +11,7 @@ use fathom_weights::{Checkpoint, Dtype};
 use super::config::{AttnKind, FfnKind, K3Spec};
 use super::tensors::{LM_HEAD, PREFIX, TensorSpec, layer_name, tensor_table};
 use crate::bind::{Binder, is_float, require_none};
+use crate::embedding::Embedding;
 use crate::error::Result;
 use crate::linear::{Linear, Spine};
 pub use crate::mlp::MlpWeights;
@@ -152,7 +153,7 @@ pub struct LayerWeights {
 /// The resident spine: everything but the routed experts.
 #[derive(Debug)]
 pub struct K3Weights {
-    pub embed_tokens: Linear,
+    pub embed_tokens: Embedding,
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     pub output_attn_res: AttnResWeights,
@@ -185,7 +186,11 @@ impl K3Weights {
             lm_head.quantize_int8();
         }
         Ok(K3Weights {
-            embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
+            embed_tokens: Embedding::load(
+                ck,
+                &format!("{PREFIX}embed_tokens.weight"),
+                plan.embedding_on_disk,
+            )?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
             output_attn_res: attn_res(

@@ -16,7 +16,7 @@ use super::KimiLinearModel;
 use super::attention::{kda, mla};
 use super::moe::{self, NextLayerHint};
 use super::weights::{AttnWeights, FfnWeights, LayerWeights};
-use crate::batch::{Head, Path, Rows, Segment, add, atomic_step, embed};
+use crate::batch::{Head, Path, Rows, Segment, add, atomic_step};
 use crate::early;
 use crate::error::Result;
 use crate::hybrid::state::{SequenceState, kda_layers, mla_layers};
@@ -46,7 +46,7 @@ fn forward_rows(
 ) -> Result<Vec<Vec<f32>>> {
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
-    let mut h = embed(&w.embed_tokens, &rows.tokens);
+    let mut h = w.embed_tokens.rows(&rows.tokens)?;
     trace(&mut tracer, 0, "embeddings", &h);
     let _pass = w.layers.pass();
     for i in 0..w.layers.len() {

@@ -8,6 +8,7 @@ use fathom_weights::Checkpoint;
 use super::config::{FfnKind, KimiLinearSpec};
 use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
+use crate::embedding::Embedding;
 use crate::error::Result;
 use crate::hybrid::AttnKind;
 use crate::hybrid::kda::KdaParams;
@@ -93,7 +94,7 @@ pub struct LayerWeights {
 /// The resident spine: everything but the routed experts.
 #[derive(Debug)]
 pub struct KimiLinearWeights {
-    pub embed_tokens: Linear,
+    pub embed_tokens: Embedding,
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     pub lm_head: Linear,
@@ -150,7 +151,11 @@ impl KimiLinearWeights {
             lm_head.quantize_int8();
         }
         Ok(KimiLinearWeights {
-            embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
+            embed_tokens: Embedding::load(
+                ck,
+                &format!("{PREFIX}embed_tokens.weight"),
+                plan.embedding_on_disk,
+            )?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
             lm_head,

@@ -111,7 +111,9 @@ pub fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
         vocab_size: spec.vocab_size,
         spine_bytes: spine,
         spine_int8_bytes: int8,
-        embedding_bytes: emb,
+        // A head tied to the embedding reads all of it: none of it is a
+        // row lookup alone.
+        embedding_bytes: if spec.tie_word_embeddings { 0 } else { emb },
         fixed_state_bytes: 0,
         cache_floats_per_token: (spec.num_layers * spec.kv_width()) as u64,
         top_k: spec.top_k,

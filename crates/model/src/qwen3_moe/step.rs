@@ -39,7 +39,7 @@ pub(super) fn forward_rows(
     let (d, n, eps) = (spec.hidden_size, rows.tokens.len(), spec.rms_norm_eps);
     let segs = &rows.segs;
     let rope = &model.parts.rope;
-    let (mut h, angles) = kv_state::prologue(&w.embed_tokens, rope, states, rows, &mut tracer);
+    let (mut h, angles) = kv_state::prologue(&w.embed_tokens, rope, states, rows, &mut tracer)?;
     let _pass = w.layers.pass();
     for i in 0..w.layers.len() {
         let guard = w.layers.get(i)?;

@@ -8,6 +8,7 @@ use fathom_weights::Checkpoint;
 use super::config::{FfnKind, Qwen3MoeSpec};
 use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
+use crate::embedding::Embedding;
 use crate::error::Result;
 use crate::linear::{Linear, Spine};
 use crate::mlp::MlpWeights;
@@ -49,7 +50,7 @@ pub struct LayerWeights {
 /// The resident spine: everything but the routed experts.
 #[derive(Debug)]
 pub struct Qwen3MoeWeights {
-    pub embed_tokens: Linear,
+    pub embed_tokens: Embedding,
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     /// `lm_head`, or `None` when tied to `embed_tokens`.
@@ -77,7 +78,11 @@ impl Qwen3MoeWeights {
             h.quantize_int8();
         }
         Ok(Qwen3MoeWeights {
-            embed_tokens: b.linear(&format!("{PREFIX}embed_tokens.weight"))?,
+            embed_tokens: Embedding::load(
+                ck,
+                &format!("{PREFIX}embed_tokens.weight"),
+                plan.embedding_on_disk && !spec.tie_word_embeddings,
+            )?,
             layers,
             norm: b.vector(&format!("{PREFIX}norm.weight"))?,
             lm_head,
@@ -86,7 +91,11 @@ impl Qwen3MoeWeights {
 
     /// The output head (the embedding when tied).
     pub fn head(&self) -> &Linear {
-        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+        match (&self.lm_head, self.embed_tokens.resident()) {
+            (Some(h), _) => h,
+            (None, Some(t)) => t,
+            (None, None) => unreachable!("a head tied to the embedding keeps it resident"),
+        }
     }
 
     /// Quantises every resident spine matrix to per-row int8 (see
