@@ -538,3 +538,67 @@ fn demo_writes_its_model_and_runs_within_its_budget() {
         "peak RSS {peak} B over the 300 MB budget: {err}"
     );
 }
+
+/// A draft model comes out of the same budget first: a budget too small
+/// for both says so and names the least with the draft added back, and
+/// that budget runs.
+#[test]
+fn a_budget_too_small_beside_a_draft_model_names_the_least_for_both() {
+    let (Some(m), Some(d)) = (code_small(), code_draft()) else {
+        return eprintln!(
+            "skipped: shared/models/k3-code-small or k3-code-draft is not beside the repository"
+        );
+    };
+    let (m, draft) = (
+        m.to_str().unwrap(),
+        format!("model:{}", d.to_str().unwrap()),
+    );
+    let args = |budget: &str| -> Vec<String> {
+        [
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "def add(a, b):",
+            "--max-new",
+            "4",
+            "--draft",
+            &draft,
+            "--ram-budget",
+            budget,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let fails = |budget: &str, needle: &str| {
+        let a = args(budget);
+        fails_quietly(&a.iter().map(String::as_str).collect::<Vec<_>>(), needle)
+    };
+    let out = fails("90MB", "is too small");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("(90.0 MB less the draft model's "), "{err}");
+    let both = least_mb(&err);
+    // The model alone, streamed, needs less than that by the draft's share.
+    let out = fails_quietly(
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1,2",
+            "--ram-budget",
+            "60MB",
+        ],
+        "is too small",
+    );
+    let alone = least_mb(&String::from_utf8_lossy(&out.stderr));
+    assert!(both > alone + 5 && both < alone + 15, "{both} vs {alone}");
+    let a = args(&format!("{both}MB"));
+    let ok = fathom(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    fails(&format!("{}MB", both - 1), "less the draft model's");
+}

@@ -94,6 +94,10 @@ pub struct LoadRequest {
     /// pass (tests and benchmarks of a streamed spine; `None`: as many as
     /// the budget holds).
     pub resident_layers: Option<usize>,
+    /// What [`LoadRequest::set_aside`] took from the budget before the
+    /// model's plan (what, bytes): a plan that does not fit names the least
+    /// budget with it added back.
+    pub aside: Option<(String, u64)>,
 }
 
 impl Default for LoadRequest {
@@ -123,6 +127,7 @@ impl Default for LoadRequest {
             hub: None,
             span_dir: None,
             resident_layers: None,
+            aside: None,
         }
     }
 }
@@ -156,6 +161,10 @@ impl LoadRequest {
             );
         }
         m.ram_budget = Some(budget - bytes);
+        m.aside = Some(match &self.aside {
+            Some((w, b)) => (format!("{w} and {what}"), b + bytes),
+            None => (what.to_string(), bytes),
+        });
         Ok(m)
     }
 

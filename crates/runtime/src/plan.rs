@@ -206,6 +206,20 @@ pub fn plan_facts(
         }
         .with_budget(&facts, b)
     };
+    // What was set aside before this plan (a draft model) is said beside
+    // the budget and added back to the least named.
+    let (said, aside) = match &req.aside {
+        Some((what, b)) => (
+            format!(
+                "{} ({} less {what}'s {})",
+                format_bytes(budget),
+                format_bytes(budget + b),
+                format_bytes(*b)
+            ),
+            *b,
+        ),
+        None => (format_bytes(budget), 0),
+    };
     let ledger = ledger_at(budget).map_err(|e| {
         let least = least_budget(budget, |b| ledger_at(b).is_ok());
         // The ledger saw the budget less the tensor index and named its
@@ -213,10 +227,9 @@ pub fn plan_facts(
         let head = e.split(" — give at least").next().unwrap_or(&e);
         let parts = head.split_once(" is too small").map_or(head, |(_, p)| p);
         anyhow::anyhow!(
-            "a RAM budget of {} is too small{parts}, the checkpoint's tensor index {} — give at least --ram-budget {}MB",
-            format_bytes(budget),
+            "a RAM budget of {said} is too small{parts}, the checkpoint's tensor index {} — give at least --ram-budget {}MB",
             format_bytes(index),
-            least.div_ceil(1_000_000)
+            (least + aside).div_ceil(1_000_000)
         )
     })?;
     // Said for the whole budget; the tensor index is named beside it.
@@ -231,13 +244,12 @@ pub fn plan_facts(
                     ledger_at(b).is_ok_and(|l| l.holds_every_expert(&facts))
                 });
                 bail!(
-                    "--experts resident: a RAM budget of {} holds {} of the model's {} routed experts ({} each) beside the spine, state, scratch, I/O buffers and tensor index ({}) — give at least --ram-budget {}MB, or leave --experts out to stream the rest from disk",
-                    format_bytes(budget),
+                    "--experts resident: a RAM budget of {said} holds {} of the model's {} routed experts ({} each) beside the spine, state, scratch, I/O buffers and tensor index ({}) — give at least --ram-budget {}MB, or leave --experts out to stream the rest from disk",
                     ledger.cache_experts,
                     facts.total_experts(),
                     format_bytes(ledger.expert_bytes),
                     format_bytes(ledger.fixed() + index),
-                    least.div_ceil(1_000_000)
+                    (least + aside).div_ceil(1_000_000)
                 );
             }
             false

@@ -11,7 +11,19 @@ pub fn tiny() -> PathBuf {
 
 /// The trained k3-code-small beside the repository, if it is there.
 pub fn code_small() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/k3-code-small");
+    shared_model("k3-code-small")
+}
+
+/// k3-code-small's distilled draft model, when it is beside the repository.
+#[allow(dead_code)]
+pub fn code_draft() -> Option<PathBuf> {
+    shared_model("k3-code-draft")
+}
+
+fn shared_model(name: &str) -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/models")
+        .join(name);
     p.join("config.json").is_file().then_some(p)
 }
 
