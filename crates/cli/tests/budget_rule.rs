@@ -453,18 +453,23 @@ fn demo_writes_its_model_and_runs_within_its_budget() {
         .join(format!("fathom-demo-peak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let budget = 300_000_000u64;
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"));
-    cmd.args([
-        "demo",
-        "--preset",
-        "tiny",
-        "--ram-budget",
-        "300MB",
-        "--max-new",
-        "4",
-        "--dir",
-    ])
-    .arg(&dir);
+    // The same demo, at 300 MB, into `dir`.
+    let demo = || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"));
+        cmd.args([
+            "demo",
+            "--preset",
+            "tiny",
+            "--ram-budget",
+            "300MB",
+            "--max-new",
+            "4",
+            "--dir",
+        ])
+        .arg(&dir);
+        cmd
+    };
+    let mut cmd = demo();
     let child = fathom_bench::cgroup::own()
         .and_then(|own| fathom_bench::cgroup::Child::create(&own, budget + CGROUP_MARGIN));
     match &child {
@@ -499,20 +504,7 @@ fn demo_writes_its_model_and_runs_within_its_budget() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("def fibonacci(n):"));
     // A second run reuses the cached model.
-    let again = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"))
-        .args([
-            "demo",
-            "--preset",
-            "tiny",
-            "--ram-budget",
-            "300MB",
-            "--max-new",
-            "4",
-            "--dir",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
+    let again = demo().output().unwrap();
     assert!(String::from_utf8_lossy(&again.stderr).contains("using the cached demo model"));
     let _ = std::fs::remove_dir_all(&dir);
     let peak = err

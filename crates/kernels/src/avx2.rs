@@ -387,16 +387,12 @@ unsafe fn group_2x4(
     }
 }
 
-/// The group kernel of `R` rows and `K` positions.
-type Group<const R: usize, const K: usize> =
-    unsafe fn([*const f32; R], [*const f32; K], usize, usize) -> [[__m256; K]; R];
-
-/// All positions of rows `r0 .. r0 + R`: dequantised once into `buf`, then
-/// `K` positions at a time through `group`; the last `t % K` as `dots`
-/// takes them, two rows at a time.
+/// All positions of rows `r0`, `r0 + 1`: dequantised once into `buf`, then
+/// four positions at a time through [`group_2x4`]; the last `t % 4` as
+/// `dots` takes them.
 #[inline(always)]
-unsafe fn rows_grouped<W: Load256, const R: usize, const K: usize>(
-    (w, group): (&W, Group<R, K>),
+unsafe fn pair_grouped<W: Load256>(
+    w: &W,
     r0: usize,
     x: &[f32],
     t: usize,
@@ -404,19 +400,19 @@ unsafe fn rows_grouped<W: Load256, const R: usize, const K: usize>(
     out: &mut [f32],
 ) {
     let n = w.cols();
-    assert!(x.len() >= t * n && buf.len() >= R * n && n % LANES == 0 && R % 2 == 0);
+    assert!(x.len() >= t * n && buf.len() >= 2 * n && n % LANES == 0);
     // SAFETY: forwarded from the caller.
-    unsafe { dequantise::<W, R>(w, r0, buf) };
-    let rows: [*const f32; R] = std::array::from_fn(|i| buf[i * n..].as_ptr());
+    unsafe { dequantise::<W, 2>(w, r0, buf) };
+    let rows = [buf.as_ptr(), buf[n..].as_ptr()];
     let mut j = 0;
-    while j + K <= t {
-        let pos: [*const f32; K] = std::array::from_fn(|jj| x[(j + jj) * n..].as_ptr());
+    while j + 4 <= t {
+        let pos: [*const f32; 4] = std::array::from_fn(|jj| x[(j + jj) * n..].as_ptr());
         // SAFETY: register-only.
-        let mut parts = unsafe { [[[_mm256_setzero_ps(); 4]; K]; R] };
+        let mut parts = unsafe { [[[_mm256_setzero_ps(); 4]; 4]; 2] };
         for k in 0..4 {
-            // SAFETY: the R rows of `buf` and positions j .. j + K of `x`
+            // SAFETY: both rows of `buf` and positions j .. j + 4 of `x`
             // hold `n` f32 each (asserted above).
-            let g = unsafe { group(rows, pos, n, k) };
+            let g = unsafe { group_2x4(rows, pos, n, k) };
             for (pi, gi) in parts.iter_mut().zip(g) {
                 for (pij, a) in pi.iter_mut().zip(gi) {
                     pij[k] = a;
@@ -429,50 +425,33 @@ unsafe fn rows_grouped<W: Load256, const R: usize, const K: usize>(
                 out[i * t + j + jj] = w.finish(r0 + i, unsafe { fold(a) });
             }
         }
-        j += K;
+        j += 4;
     }
     while j < t {
-        for i in (0..R).step_by(2) {
-            // SAFETY: forwarded from the caller.
-            unsafe { dots::<W, 2, 1>(w, r0 + i, x, t, j, &mut out[i * t..]) };
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { dots::<W, 2, 1>(w, r0, x, t, j, out) };
         j += 1;
-    }
-}
-
-/// Rows of `rows` in groups of `R` through [`rows_grouped`], the last
-/// `len % R` one position at a time.
-#[inline(always)]
-unsafe fn block_grouped<W: Load256, const R: usize, const K: usize>(
-    wg: (&W, Group<R, K>),
-    x: &[f32],
-    t: usize,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    let mut buf = vec![0f32; R * wg.0.cols()];
-    let mut r = rows.start;
-    while r + R <= rows.end {
-        let o = &mut out[(r - rows.start) * t..];
-        // SAFETY: forwarded from the caller.
-        unsafe { rows_grouped(wg, r, x, t, &mut buf, o) };
-        r += R;
-    }
-    while r < rows.end {
-        let o = &mut out[(r - rows.start) * t..];
-        // SAFETY: forwarded from the caller.
-        unsafe { rows_of::<W, 1>(wg.0, r, x, t, o) };
-        r += 1;
     }
 }
 
 #[target_feature(enable = "avx2,fma")]
 fn block<W: Load256>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
-    // Four positions or more: each weight is dequantised once, not once a
-    // position (with two or three the copy costs what it saves).
+    // Four positions or more: each pair of rows is dequantised once, not
+    // once a position (with two or three the copy costs what it saves).
     if t >= 4 && w.cols() % LANES == 0 {
-        // SAFETY: this function is compiled with, and only reached on, AVX2 + FMA.
-        unsafe { block_grouped::<W, 2, 4>((w, group_2x4), x, t, rows, out) };
+        let mut buf = vec![0f32; 2 * w.cols()];
+        let mut r = rows.start;
+        while r + 2 <= rows.end {
+            let o = &mut out[(r - rows.start) * t..];
+            // SAFETY: this function is compiled with, and only reached on, AVX2 + FMA.
+            unsafe { pair_grouped(w, r, x, t, &mut buf, o) };
+            r += 2;
+        }
+        if r < rows.end {
+            let o = &mut out[(r - rows.start) * t..];
+            // SAFETY: as above.
+            unsafe { rows_of::<W, 1>(w, r, x, t, o) };
+        }
         return;
     }
     let mut r = rows.start;

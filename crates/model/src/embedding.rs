@@ -78,25 +78,21 @@ impl Embedding {
     /// The rows of `tokens`, `[tokens.len(), hidden]`; an id past the table
     /// or a failed read is the error (naming the file).
     pub fn rows(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        match self {
-            Embedding::Resident(t) => {
-                let mut out = Vec::with_capacity(tokens.len() * t.cols);
-                for &id in tokens {
-                    if id as usize >= t.rows {
-                        return Err(ModelError::TokenOutOfRange { id, vocab: t.rows });
-                    }
-                    out.extend(t.row(id as usize));
-                }
-                Ok(out)
-            }
-            Embedding::OnDisk(d) => {
-                let mut out = Vec::with_capacity(tokens.len() * d.cols);
-                for &id in tokens {
-                    out.extend(d.row(id)?);
-                }
-                Ok(out)
+        let (rows, cols) = match self {
+            Embedding::Resident(t) => (t.rows, t.cols),
+            Embedding::OnDisk(d) => (d.rows, d.cols),
+        };
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= rows) {
+            return Err(ModelError::TokenOutOfRange { id, vocab: rows });
+        }
+        let mut out = vec![0f32; tokens.len() * cols];
+        for (&id, row) in tokens.iter().zip(out.chunks_exact_mut(cols.max(1))) {
+            match self {
+                Embedding::Resident(t) => t.row_into(id as usize, row),
+                Embedding::OnDisk(d) => d.read_row(id, row)?,
             }
         }
+        Ok(out)
     }
 
     /// The table when it is in RAM (a head tied to the embedding).
@@ -114,22 +110,13 @@ impl Embedding {
 }
 
 impl RowsOnDisk {
-    fn row(&self, id: u32) -> Result<Vec<f32>> {
-        let r = id as usize;
-        if r >= self.rows {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                vocab: self.rows,
-            });
-        }
+    /// Row `id` (inside the table: the caller checks) into `out`.
+    fn read_row(&self, id: u32, out: &mut [f32]) -> Result<()> {
         let width = self.loc.len as usize / self.rows.max(1);
         let mut bytes = vec![0u8; width];
+        let at = self.loc.offset + (id as usize * width) as u64;
         self.ck
-            .read_into(
-                self.loc.shard,
-                self.loc.offset + (r * width) as u64,
-                &mut bytes,
-            )
+            .read_into(self.loc.shard, at, &mut bytes)
             .map_err(|e| ModelError::Tensor(format!("{}: row {id}: {e}", self.name)))?;
         let row = convert::to_f32(self.loc.dtype, &bytes).ok_or_else(|| {
             ModelError::Tensor(format!(
@@ -137,8 +124,8 @@ impl RowsOnDisk {
                 self.name, self.loc.dtype
             ))
         })?;
-        debug_assert_eq!(row.len(), self.cols);
-        Ok(row)
+        out.copy_from_slice(&row);
+        Ok(())
     }
 }
 

@@ -441,35 +441,32 @@ impl Linear {
         if matches!(self.data, WeightData::Int8 { .. } | WeightData::Fp8 { .. }) {
             return;
         }
-        let (q, scale) = quantize_rows_int8(self.rows, self.cols, |r, out| match &self.data {
-            WeightData::Bf16(w) => {
-                for (o, &b) in out.iter_mut().zip(&w[r * self.cols..]) {
-                    *o = f32::from_bits((b as u32) << 16);
-                }
-            }
-            _ => {
-                for (c, o) in out.iter_mut().enumerate() {
-                    *o = self.at(r, c);
-                }
-            }
-        });
+        let (q, scale) = quantize_rows_int8(self.rows, self.cols, |r, out| self.row_into(r, out));
         self.forget_data();
         self.data = WeightData::Int8 { q, scale };
     }
 
-    /// Row `r` as f32 (embedding lookup; exact for bf16).
-    pub fn row(&self, r: usize) -> Vec<f32> {
+    /// Row `r` as f32 into `out` (`cols` long; exact for bf16): an
+    /// embedding lookup, a row to quantise.
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
         let range = r * self.cols..(r + 1) * self.cols;
         match &self.data {
-            WeightData::Bf16(w) => w[range]
-                .iter()
-                .map(|&b| f32::from_bits((b as u32) << 16))
-                .collect(),
-            WeightData::F32(w) => w[range].to_vec(),
-            WeightData::Int8 { q, scale } => {
-                q[range].iter().map(|&v| v as f32 * scale[r]).collect()
+            WeightData::Bf16(w) => {
+                for (o, &b) in out.iter_mut().zip(&w[range]) {
+                    *o = f32::from_bits((b as u32) << 16);
+                }
             }
-            WeightData::Fp8 { .. } => (0..self.cols).map(|c| self.at(r, c)).collect(),
+            WeightData::F32(w) => out.copy_from_slice(&w[range]),
+            WeightData::Int8 { q, scale } => {
+                for (o, &v) in out.iter_mut().zip(&q[range]) {
+                    *o = v as f32 * scale[r];
+                }
+            }
+            WeightData::Fp8 { .. } => {
+                for (c, o) in out.iter_mut().enumerate() {
+                    *o = self.at(r, c);
+                }
+            }
         }
     }
 

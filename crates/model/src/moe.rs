@@ -607,11 +607,9 @@ mod tests {
         }
     }
 
-    /// With one pool thread, the layer (on that thread) runs the expert in
-    /// RAM itself while the other is read: blocking first would never end.
-    #[test]
-    fn one_pool_thread_computes_while_waiting() {
-        let ran = Arc::new(Ran::default());
+    /// One row routed to experts 0 and 1 (weights 1 and 1), and the fetch
+    /// of those two with `slots`.
+    fn two_experts(slots: Vec<ExpertSlot>) -> (Vec<Route>, ExpertFetch) {
         let routes = vec![Route {
             ids: vec![0, 1],
             weights: vec![1.0, 1.0],
@@ -623,19 +621,28 @@ mod tests {
             ticket: ExpertTicket {
                 layer: 0,
                 ids: vec![0, 1],
-                slots: vec![
-                    ExpertSlot::Ready(expert(0)),
-                    ExpertSlot::Pending(Arc::new(Gate {
-                        ran: ran.clone(),
-                        needs: vec![0],
-                        e: expert(1),
-                        ready: false,
-                    })),
-                ],
+                slots,
             },
             guess: None,
             path: Path::Host,
         };
+        (routes, fetch)
+    }
+
+    /// With one pool thread, the layer (on that thread) runs the expert in
+    /// RAM itself while the other is read: blocking first would never end.
+    #[test]
+    fn one_pool_thread_computes_while_waiting() {
+        let ran = Arc::new(Ran::default());
+        let (routes, fetch) = two_experts(vec![
+            ExpertSlot::Ready(expert(0)),
+            ExpertSlot::Pending(Arc::new(Gate {
+                ran: ran.clone(),
+                needs: vec![0],
+                e: expert(1),
+                ready: false,
+            })),
+        ]);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
@@ -732,25 +739,10 @@ mod tests {
     #[test]
     fn a_failed_read_returns_once_the_other_reads_end() {
         let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let routes = vec![Route {
-            ids: vec![0, 1],
-            weights: vec![1.0, 1.0],
-            margin: 1.0,
-        }];
-        let fetch = ExpertFetch {
-            union: vec![0, 1],
-            users: vec![vec![(0, 0)], vec![(0, 1)]],
-            ticket: ExpertTicket {
-                layer: 0,
-                ids: vec![0, 1],
-                slots: vec![
-                    ExpertSlot::Pending(Arc::new(Fails)),
-                    ExpertSlot::Pending(Arc::new(Slow(ended.clone()))),
-                ],
-            },
-            guess: None,
-            path: Path::Host,
-        };
+        let (routes, fetch) = two_experts(vec![
+            ExpertSlot::Pending(Arc::new(Fails)),
+            ExpertSlot::Pending(Arc::new(Slow(ended.clone()))),
+        ]);
         let e = fetch
             .finish(&NoSource, &routes, &[1.0], 1, 1, |_, _, _| vec![1.0])
             .unwrap_err();

@@ -306,21 +306,13 @@ impl Ledger {
     /// The embedding goes first (a pass reads only its tokens' rows), then
     /// layers one by one.
     fn fit_layers(self, spec: &MemoryFacts, budget: u64) -> Self {
-        let n = self.tiers.layers;
-        let mut r = self.tiers.resident_layers.min(n);
-        let fits = |l: &Ledger| l.fixed() <= budget && l.load_peak <= budget;
-        if r == n {
-            let t = SpineTiers::new(spec, self.int8(), n).with_embedding_on_disk(spec);
-            let l = self.clone().with_tiers(spec, t);
-            if fits(&l) || n == 0 {
-                return l;
-            }
-            r -= 1;
-        }
+        // Every candidate has the embedding on disk (fewer layers than all
+        // put it there anyway), from the most layers resident down.
+        let mut r = self.tiers.resident_layers.min(self.tiers.layers);
         loop {
-            let t = SpineTiers::new(spec, self.int8(), r);
+            let t = SpineTiers::new(spec, self.int8(), r).with_embedding_on_disk(spec);
             let l = self.clone().with_tiers(spec, t);
-            if r == 0 || fits(&l) {
+            if r == 0 || (l.fixed() <= budget && l.load_peak <= budget) {
                 return l;
             }
             r -= 1;

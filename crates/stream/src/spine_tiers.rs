@@ -60,7 +60,7 @@ impl SpineTiers {
         let ring = if streamed_layers == 0 {
             0
         } else {
-            ring_layers(resident_layers, streamed_layers).max(ring_for(&keep))
+            ring_for(&keep)
         };
         let as_stored = if int8 {
             spec.layers
@@ -155,7 +155,8 @@ pub fn ring_layers(resident: usize, streamed: usize) -> usize {
 
 /// [`ring_layers`] for the longest run of resident layers in `keep`
 /// between two streamed ones, taken cyclically (a pass's last layers and
-/// the next pass's first run back to back); 0 when none streams.
+/// the next pass's first run back to back; never shorter than
+/// `⌈resident ÷ streamed⌉`, the runs' mean); 0 when none streams.
 pub fn ring_for(keep: &[bool]) -> usize {
     let n = keep.len();
     if keep.iter().all(|&k| k) {

@@ -125,11 +125,10 @@ impl Uncached {
 /// through its own bounce buffer. The bytes are the same however it is
 /// split; the first error is returned.
 fn read_spans(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-    let parts = (buf.len() / (PARALLEL_MIN / PARTS)).clamp(1, PARTS);
-    if buf.len() < PARALLEL_MIN || parts < 2 {
+    if buf.len() < PARALLEL_MIN {
         return read_part(file, offset, buf);
     }
-    let each = buf.len().div_ceil(parts);
+    let each = buf.len().div_ceil(PARTS);
     // Parts are claimed in turn by this thread and helpers (a helper that
     // cannot be started leaves its share to the others).
     let slots: Vec<Mutex<&mut [u8]>> = buf.chunks_mut(each).map(Mutex::new).collect();
