@@ -52,6 +52,7 @@ enum Command {
     Synth(commands::synth::SynthArgs),
     Inspect(commands::inspect::InspectArgs),
     Verify(commands::verify::VerifyArgs),
+    Convert(commands::convert::ConvertArgs),
     EvalQuant(commands::eval_quant::EvalQuantArgs),
     Pull(commands::pull::PullArgs),
 }
@@ -183,6 +184,7 @@ fn main() {
         Command::Synth(a) => commands::synth::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Verify(a) => commands::verify::run(a),
+        Command::Convert(a) => on_pool(move || commands::convert::run(a)),
         Command::EvalQuant(a) => commands::eval_quant::run(a),
         Command::Pull(a) => commands::pull::run(a),
     };

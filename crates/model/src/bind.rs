@@ -2,10 +2,10 @@
 //! reporting every disagreement between a checkpoint and a family's tensor
 //! table at once.
 
-use fathom_weights::{Checkpoint, Dtype, TensorLoc, WeightsError};
+use fathom_weights::{Checkpoint, Dtype, TensorLoc, WeightsError, int8_spine};
 
 use crate::error::{ModelError, Result};
-use crate::linear::{Linear, load_vector};
+use crate::linear::{Linear, WeightData, load_vector};
 use crate::mlp::MlpWeights;
 
 /// Whether a dtype is a float format the spine loader converts.
@@ -35,9 +35,31 @@ impl<'a> Binder<'a> {
             .get(name)
             .ok_or_else(|| WeightsError::Missing(name.to_string()).into())
     }
-    /// A matrix as stored: float, or FP8 with its `_scale_inv` tiles.
+    /// A matrix as stored: float, or FP8 with its `_scale_inv` tiles; or,
+    /// where an int8 spine file is attached (`--spine int8`) and holds it,
+    /// its int8 codes and row scales from there, the matrix a load would
+    /// quantise it to.
     pub(crate) fn linear(&self, name: &str) -> Result<Linear> {
-        self.linear_as_stored(name).map_err(|e| naming(e, name))
+        if let Some(q) = self.ck.get(&int8_spine::q_name(name)) {
+            return self.stored_int8(name, q).map_err(|e| naming(e, name));
+        }
+        let l = self.linear_as_stored(name).map_err(|e| naming(e, name))?;
+        crate::int8_record::note(name, &l);
+        Ok(l)
+    }
+    /// Matrix `name` from the int8 spine file (its shapes were checked
+    /// when the file was attached).
+    fn stored_int8(&self, name: &str, q: &TensorLoc) -> Result<Linear> {
+        let scale = self.loc(&int8_spine::scale_name(name))?;
+        let (rows, cols) = (q.shape[0], q.shape[1]);
+        let q: Vec<i8> = self.ck.read(q)?.into_iter().map(|b| b as i8).collect();
+        let scale = fathom_weights::convert::to_f32(Dtype::F32, &self.ck.read(scale)?)
+            .expect("f32 converts to f32");
+        Ok(Linear {
+            rows,
+            cols,
+            data: WeightData::Int8 { q, scale },
+        })
     }
     fn linear_as_stored(&self, name: &str) -> Result<Linear> {
         let loc = self.loc(name)?;

@@ -142,10 +142,17 @@ impl<F: Family> Model<F> {
     /// whole, and before the expert source loads.
     pub fn load_config(config: &ModelConfig, opts: LoadOptions) -> Result<Self> {
         let spec = Arc::new(F::spec(config.json())?);
-        let ck = match opts.checkpoint {
+        let mut ck = match opts.checkpoint {
             Some(ck) => ck,
             None => Arc::new(Checkpoint::open(config.dir())?),
         };
+        // An int8 spine is read from the int8 spine file where one was
+        // written (`fathom convert`), else quantised as it is read.
+        if opts.spine == Spine::Int8
+            && let Some(ck) = Arc::get_mut(&mut ck)
+        {
+            ck.attach_int8_spine()?;
+        }
         let weights = F::weights(&spec, &ck, opts.spine, &opts.layers)?;
         let parts = F::parts(&spec, &ck, opts.mtp)?;
         let expert_table = F::expert_table(&spec, &ck, opts.mtp)?;

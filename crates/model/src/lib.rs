@@ -19,6 +19,7 @@ pub mod glu;
 pub mod gpt_oss;
 pub mod gqa;
 pub mod hybrid;
+pub mod int8_record;
 pub mod kimi_k3;
 pub mod kimi_linear;
 pub mod kv;

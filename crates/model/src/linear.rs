@@ -441,7 +441,13 @@ impl Linear {
         if matches!(self.data, WeightData::Int8 { .. } | WeightData::Fp8 { .. }) {
             return;
         }
+        let noted = crate::int8_record::active()
+            .then(|| crate::int8_record::key(self))
+            .flatten();
         let (q, scale) = quantize_rows_int8(self.rows, self.cols, |r, out| self.row_into(r, out));
+        if let Some(k) = noted {
+            crate::int8_record::quantized(k, self.rows, self.cols, &q, &scale);
+        }
         self.forget_data();
         self.data = WeightData::Int8 { q, scale };
     }

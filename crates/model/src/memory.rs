@@ -61,6 +61,16 @@ impl LayerBytes {
 }
 
 impl MemoryFacts {
+    /// The facts of a `--spine int8` load beside an int8 spine file
+    /// (`fathom_weights::int8_spine`): a streamed layer then reads its
+    /// int8 bytes, not the bytes stored in the checkpoint.
+    pub fn with_int8_file(mut self) -> Self {
+        for l in &mut self.layers {
+            l.stored = l.int8;
+        }
+        self
+    }
+
     /// The facts of the model loaded with its multi-token-prediction layer
     /// (`--draft mtp`): one more MoE layer of routed experts and one more
     /// layer of attention cache (its spine, `mtp_bytes`, is set aside by

@@ -9,6 +9,7 @@
 //! into a `LoadRequest` and call this; none of them loads a model another
 //! way.
 
+pub mod convert;
 pub mod device;
 pub mod dir;
 pub mod draft;

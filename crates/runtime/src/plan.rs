@@ -135,6 +135,14 @@ pub fn plan(
     if req.mtp {
         facts = facts.with_mtp();
     }
+    if spine == Spine::Int8
+        && config
+            .dir()
+            .join(fathom_weights::int8_spine::FILE_NAME)
+            .is_file()
+    {
+        facts = facts.with_int8_file();
+    }
     let (budget, budget_source) = req.budget()?;
     let index = index_bytes(config.dir());
     plan_facts(facts, req, (budget, budget_source), index, positions, spine)

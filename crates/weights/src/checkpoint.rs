@@ -138,6 +138,10 @@ pub struct Checkpoint {
     dir: PathBuf,
     shards: Vec<ShardFile>,
     tensors: BTreeMap<String, TensorLoc>,
+    /// Tensors of a file attached beside the shards (the int8 spine
+    /// file): found by [`Checkpoint::get`], not listed by
+    /// [`Checkpoint::tensors`] (they are not the checkpoint's).
+    companion: HashMap<String, TensorLoc>,
     /// Whether large reads bypass the page cache (on by default).
     buffered_only: std::sync::atomic::AtomicBool,
 }
@@ -166,6 +170,7 @@ impl Checkpoint {
                 dir: dir.to_path_buf(),
                 shards: Vec::new(),
                 tensors: BTreeMap::new(),
+                companion: HashMap::new(),
                 buffered_only: Default::default(),
             };
             let header = ck.add_shard(&single, "model.safetensors")?;
@@ -195,6 +200,7 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             shards: Vec::new(),
             tensors: BTreeMap::new(),
+            companion: HashMap::new(),
             buffered_only: Default::default(),
         };
         let mut by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -284,6 +290,30 @@ impl Checkpoint {
         Ok(tensors)
     }
 
+    /// Opens `path`, a safetensors file beside the shards that is not in
+    /// the index (`crate::int8_spine`), validating its header as a shard's:
+    /// its tensors, not yet visible, for [`Checkpoint::insert_companion`].
+    pub(crate) fn add_companion(
+        &mut self,
+        path: &Path,
+        name: &str,
+    ) -> Result<HashMap<String, TensorLoc>> {
+        let added = self.add_shard(path, name)?;
+        if let Some(t) = added.keys().find(|t| self.tensors.contains_key(*t)) {
+            return Err(WeightsError::BadTensor {
+                path: path.to_path_buf(),
+                tensor: t.clone(),
+                msg: "also a tensor of the checkpoint".into(),
+            });
+        }
+        Ok(added)
+    }
+
+    /// Makes a companion file's tensors found by [`Checkpoint::get`].
+    pub(crate) fn insert_companion(&mut self, tensors: HashMap<String, TensorLoc>) {
+        self.companion.extend(tensors);
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -292,8 +322,9 @@ impl Checkpoint {
         &self.shards
     }
 
+    /// A tensor of the checkpoint, or of a file attached beside it.
     pub fn get(&self, name: &str) -> Option<&TensorLoc> {
-        self.tensors.get(name)
+        self.tensors.get(name).or_else(|| self.companion.get(name))
     }
 
     /// All tensors, sorted by name.

@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod convert;
 pub mod direct;
 pub mod error;
+pub mod int8_spine;
 pub mod mxfp4;
 pub mod numa;
 pub mod pool;

@@ -2,6 +2,7 @@ pub mod batch;
 pub mod bench;
 pub mod bench_serve;
 pub mod chat;
+pub mod convert;
 pub mod demo;
 pub mod eval_quant;
 pub mod inspect;
