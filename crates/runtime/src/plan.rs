@@ -118,6 +118,42 @@ pub fn context_for(req: &LoadRequest, facts: &MemoryFacts, budget: u64) -> (usiz
     }
 }
 
+/// The default context `picked` lowered, when the plan does not fit with
+/// it, to the most whole cache blocks that `fits` (at least
+/// [`ASSUMED_CONTEXT`] or the declared maximum if less: below that the
+/// plan is refused). A `--context` given is kept.
+fn fit_context(
+    req: &LoadRequest,
+    facts: &MemoryFacts,
+    picked: (usize, String),
+    fits: impl Fn(usize) -> bool,
+) -> (usize, String) {
+    let floor = ASSUMED_CONTEXT.min(facts.max_position_embeddings.unwrap_or(ASSUMED_CONTEXT));
+    if req.context.is_some() || picked.0 <= floor || fits(picked.0) {
+        return picked;
+    }
+    if !fits(floor) {
+        return (floor, format!("at least {floor}"));
+    }
+    // `lo` blocks fit (or are the floor), `hi` do not.
+    let (mut lo, mut hi) = (floor / BLOCK, picked.0 / BLOCK);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits((mid * BLOCK).max(floor)) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (
+        (lo * BLOCK).max(floor),
+        format!(
+            "the most the budget holds beside the spine, state, scratch and I/O buffers; the model allows {}: set --context for more, spilled to --kv-dir",
+            facts.max_position_embeddings.unwrap_or(ASSUMED_CONTEXT)
+        ),
+    )
+}
+
 /// Plans loading the model of `config` under `req` for passes of up to
 /// `positions` tokens with the spine in `spine` precision. Refuses, naming
 /// the least `--ram-budget` that works, a plan whose fixed parts exceed the
@@ -201,10 +237,8 @@ pub fn plan_facts(
     spine: Spine,
 ) -> Result<LoadPlan> {
     let index = index_ram(index);
-    // The context's share is of what the ledger sees: the budget less the index.
-    let (context, context_source) = context_for(req, &facts, budget.saturating_sub(index));
     let max_inflight = inflight(req, &facts);
-    let ledger_at = |b: u64| {
+    let ledger_with = |b: u64, context: usize| {
         let b = b.saturating_sub(index);
         let kv = KvPlan::new(&facts, context, req.sequences, req.kv_dtype, req.kv_ram, b);
         let least = Ledger::minimum(&facts, spine, context, kv, positions.max(1), max_inflight);
@@ -214,6 +248,13 @@ pub fn plan_facts(
         }
         .with_budget(&facts, b)
     };
+    // The context's share is of what the ledger sees: the budget less the
+    // index; a default context the rest of the plan leaves no room for is
+    // lowered until it fits.
+    let picked = context_for(req, &facts, budget.saturating_sub(index));
+    let (context, context_source) =
+        fit_context(req, &facts, picked, |c| ledger_with(budget, c).is_ok());
+    let ledger_at = |b: u64| ledger_with(b, context);
     // What was set aside before this plan (a draft model) is said beside
     // the budget and added back to the least named.
     let (said, aside) = match &req.aside {
@@ -407,6 +448,44 @@ mod tests {
         assert_eq!(context_for(&r, &f, 1 << 20).0, 5000);
         r.context = Some(2 << 20);
         assert_eq!(context_for(&r, &f, 1 << 20).0, 1 << 20);
+    }
+
+    #[test]
+    fn a_default_context_the_plan_has_no_room_for_is_lowered_until_it_fits() {
+        let mut f = tiny();
+        f.max_position_embeddings = Some(1 << 20);
+        let r = req(0);
+        let plan = |b: u64, r: &LoadRequest| {
+            plan_facts(f.clone(), r, (b, String::new()), 0, 1, Spine::Bf16)
+        };
+        // The least budget with a 4096-token context, and a little more:
+        // a quarter of it would hold more context than the rest leaves room for.
+        let mut fixed = r.clone();
+        fixed.context = Some(4096);
+        let least = least_budget(1, |b| plan(b, &fixed).is_ok());
+        let b = least + 2_000_000;
+        let quarter = context_for(&r, &f, b).0;
+        let p = plan(b, &r).unwrap();
+        assert!(
+            p.context > 4096 && p.context < quarter,
+            "{} of {quarter}",
+            p.context
+        );
+        assert_eq!(p.context % BLOCK, 0);
+        assert!(
+            p.context_source.starts_with("the most the budget holds"),
+            "{}",
+            p.context_source
+        );
+        // One more block does not fit.
+        fixed.context = Some(p.context + BLOCK);
+        assert!(plan(b, &fixed).is_err());
+        // Below the least, the refusal names the least for 4096 tokens.
+        let e = plan(least - 1_000_000, &r).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("--ram-budget {}MB", least.div_ceil(1_000_000))),
+            "{e}"
+        );
     }
 
     #[test]
