@@ -11,6 +11,7 @@ FATHOM_BIN (the fathom binary), FATHOM_MODEL (model directory), FATHOM_API_KEY
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -245,6 +246,36 @@ def test_chat_stream():
         expect(usage[0] is chunks[-1], f"{prompt!r}: usage chunk is the last")
         expect_eq(len(usage[0].choices), 0, f"{prompt!r}: usage chunk choices")
         expect(usage[0].usage.completion_tokens > 0, f"{prompt!r}: completion_tokens > 0")
+
+
+def readme_example():
+    """README's Python example: the one ```python block that makes an OpenAI client."""
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        blocks = re.findall(r"^```python\n(.*?)^```", f.read(), re.S | re.M)
+    clients = [b for b in blocks if "OpenAI(" in b]
+    expect_eq(len(clients), 1, "README's Python blocks that make an OpenAI client")
+    return clients[0]
+
+
+def test_readme_example():
+    code = readme_example()
+    # Pointed at this server: its URL, key and model id.
+    code, n = re.subn(r'base_url="http://[^"]*"', lambda _: f"base_url={URL + '/v1'!r}", code)
+    expect_eq(n, 1, "base_url= in README's example")
+    key = os.environ.get("FATHOM_API_KEY") or "none"
+    code, n = re.subn(r'api_key="[^"]*"', lambda _: f"api_key={key!r}", code)
+    expect_eq(n, 1, "api_key= in README's example")
+    code, n = re.subn(r'model="[^"]*"', lambda _: f"model={model_id()!r}", code)
+    expect_eq(n, 1, "model= in README's example")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise Failure(f"README's example did not finish within {CLI_TIMEOUT_S} s") from None
+    expect_eq(out.returncode, 0, f"README's example's exit status (stderr: {out.stderr.strip()[-800:]!r})")
+    expect(out.stdout.strip() != "", f"README's example printed no reply: {out.stdout!r}")
 
 
 def test_chat_concurrent():

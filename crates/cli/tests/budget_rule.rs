@@ -381,7 +381,16 @@ fn each_command_stays_within_its_budget_under_a_memory_cgroup() {
     let ck = ck();
     let budget = 100_000_000u64;
     let b = "100MB";
-    let cases: [Vec<&str>; 3] = [
+    let prompts = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fathom-cgroup-batch-{}.jsonl", std::process::id()));
+    std::fs::write(
+        &prompts,
+        "{\"prompt_ids\": [1, 2, 3]}\n{\"prompt_ids\": [4, 5], \"max_new\": 4}\n{\"prompt_ids\": [6, 7, 8, 9]}\n",
+    )
+    .unwrap();
+    let p = prompts.to_str().unwrap();
+    let arm = format!("a=--ram-budget {b}");
+    let cases: [Vec<&str>; 5] = [
         vec![
             "run",
             "--model",
@@ -415,11 +424,45 @@ fn each_command_stays_within_its_budget_under_a_memory_cgroup() {
             "--ram-budget",
             b,
         ],
+        // Steps of 16 positions: the default step's scratch alone is
+        // most of 100 MB on k3-tiny (refused at it, naming 102 MB).
+        vec![
+            "batch",
+            "--model",
+            &ck,
+            "--prompts",
+            p,
+            "--max-new",
+            "8",
+            "--max-step-tokens",
+            "16",
+            "--json",
+            "--ram-budget",
+            b,
+        ],
+        // The bench mode that loads the model in its own process (the
+        // others run `fathom run` per arm, and measure the machine first).
+        vec![
+            "bench",
+            "--model",
+            &ck,
+            "--depth",
+            "64",
+            "--depth-fill",
+            "synthetic",
+            "--depth-steps",
+            "2",
+            "--arm",
+            &arm,
+        ],
     ];
     for args in cases {
         let child = match fathom_bench::cgroup::Child::create(&own, budget + CGROUP_MARGIN) {
             Ok(c) => c,
-            Err(e) => return eprintln!("skipped: cannot create a child memory cgroup: {e}"),
+            Err(e) => {
+                let _ = std::fs::remove_file(&prompts);
+                return eprintln!("skipped: cannot create a child memory cgroup: {e}");
+            }
         };
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fathom"));
         cmd.args(&args);
@@ -430,6 +473,33 @@ fn each_command_stays_within_its_budget_under_a_memory_cgroup() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{args:?}: {err} {usage:?}");
         assert_eq!(usage.oom_kills.unwrap_or(0), 0, "{args:?}: {usage:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // `logits` and `batch` print no plan line.
+        if matches!(args[0], "run" | "bench") {
+            assert!(
+                err.contains("RAM budget 100 MB: "),
+                "{args:?}: the plan is not the budget's: {err}"
+            );
+        }
+        match args[0] {
+            "batch" => {
+                let r: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+                let lens: Vec<usize> = r["results"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x["output_ids"].as_array().unwrap().len())
+                    .collect();
+                assert_eq!(lens, [8, 4, 8], "{stdout}");
+            }
+            "bench" => assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with("64 ") && l.contains("synthetic")),
+                "no row for depth 64: {stdout}"
+            ),
+            _ => {}
+        }
         match usage.peak_bytes {
             Some(peak) => assert!(
                 peak <= budget + CGROUP_MARGIN,
@@ -438,6 +508,7 @@ fn each_command_stays_within_its_budget_under_a_memory_cgroup() {
             None => eprintln!("{args:?}: the cgroup reports no peak here; the limit alone held"),
         }
     }
+    let _ = std::fs::remove_file(&prompts);
 }
 
 /// `demo` writes its model and then runs it in one process: the writing

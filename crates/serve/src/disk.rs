@@ -357,10 +357,17 @@ fn touch(path: &Path) {
         .and_then(|f| f.set_modified(SystemTime::now()));
 }
 
-/// The default cap: a tenth of the space free for states (the free space
-/// plus `held`, what they already take), at most the default maximum.
+/// The default cap for the states in `dir`, which already take `held`
+/// bytes: [`default_max_of`] the free space there.
 fn default_max(dir: &Path, held: u64) -> u64 {
-    match free_space(dir) {
+    default_max_of(free_space(dir), held)
+}
+
+/// The default cap: a tenth of the space free for states (`free`, the
+/// free space, plus `held`, what they already take), at most the default
+/// maximum; [`FALLBACK_MAX`] when the free space is unknown.
+fn default_max_of(free: Option<u64>, held: u64) -> u64 {
+    match free {
         Some(free) => (free.saturating_add(held) / FREE_SHARE).min(crate::DEFAULT_STATE_CACHE_MAX),
         None => FALLBACK_MAX,
     }
@@ -437,4 +444,50 @@ fn parse_header(b: &[u8], fp: &[u8; 32]) -> Result<(Vec<u32>, usize), String> {
         .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
         .collect();
     Ok((tokens, end as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1_000_000_000;
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_default_cap_is_a_tenth_of_the_free_space_up_to_20_gib() {
+        assert_eq!(crate::DEFAULT_STATE_CACHE_MAX, 20 * GIB);
+        // A tenth of what is free, plus what the states already take.
+        assert_eq!(default_max_of(Some(13 * GB), 0), 1_300_000_000);
+        assert_eq!(default_max_of(Some(13 * GB), 2 * GB), 1_500_000_000);
+        assert_eq!(default_max_of(Some(100 * GIB), 0), 10 * GIB);
+        assert_eq!(default_max_of(Some(12_345), 0), 1_234);
+        assert_eq!(default_max_of(Some(0), 0), 0);
+        // At most 20 GiB: reached at 200 GiB free.
+        assert_eq!(default_max_of(Some(200 * GIB - 10), 0), 20 * GIB - 1);
+        assert_eq!(default_max_of(Some(200 * GIB), 0), 20 * GIB);
+        assert_eq!(default_max_of(Some(4_000 * GB), 0), 20 * GIB);
+        assert_eq!(default_max_of(Some(150 * GIB), 100 * GIB), 20 * GIB);
+        assert_eq!(default_max_of(Some(u64::MAX), u64::MAX), 20 * GIB);
+        // The free space unreadable: 1 GiB.
+        assert_eq!(default_max_of(None, 0), GIB);
+        assert_eq!(default_max_of(None, 50 * GIB), GIB);
+    }
+
+    #[test]
+    fn an_opened_directory_takes_the_default_of_its_free_space() {
+        let dir = std::env::temp_dir().join(format!("fathom-disk-default-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (d, _) = Disk::open(&dir, [7; 32], None).unwrap();
+        let free = free_space(&dir).expect("statvfs of a temp directory");
+        // The free space moves while other processes write: within 64 MB of it.
+        let want = default_max_of(Some(free), 0);
+        assert!(
+            d.max().abs_diff(want) <= (64 << 20) / FREE_SHARE,
+            "{} vs {want}",
+            d.max()
+        );
+        let (d, _) = Disk::open(&dir, [7; 32], Some(12_345)).unwrap();
+        assert_eq!(d.max(), 12_345);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

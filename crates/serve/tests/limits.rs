@@ -1,6 +1,7 @@
 //! What a client cannot do to the server: hold it with half-sent requests,
-//! fill every connection, reach it through a foreign Host name, or make it
-//! tokenize a prompt far over the context.
+//! fill every connection, reach it through a foreign Host name, make it
+//! tokenize a prompt far over the context, or stall it with long
+//! preparations.
 
 mod common;
 
@@ -8,9 +9,10 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
+use fathom_chat::{ChatFormat, ChatOptions, Message};
 use fathom_tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
@@ -227,20 +229,53 @@ fn a_loopback_server_answers_loopback_and_allowed_host_names_only() {
     server.stop().unwrap();
 }
 
-/// The model's tokenizer, counting the texts it encodes.
+/// Texts this long or longer are "long" to [`Counting`].
+const LONG: usize = 64 << 10;
+
+/// The model's tokenizer, counting the texts it encodes; a long text
+/// takes `linger` more to encode, and the long texts being encoded at once
+/// are counted.
 struct Counting {
     inner: Arc<dyn Tokenizer>,
     encoded: AtomicUsize,
+    linger: Duration,
+    /// Long texts being encoded now.
+    busy: AtomicUsize,
+    /// The most long texts encoded at once.
+    most: AtomicUsize,
+}
+
+impl Counting {
+    fn new(inner: Arc<dyn Tokenizer>, linger: Duration) -> Arc<Counting> {
+        Arc::new(Counting {
+            inner,
+            encoded: AtomicUsize::new(0),
+            linger,
+            busy: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        })
+    }
+
+    fn count(&self, text: &str, encode: impl FnOnce() -> Vec<u32>) -> Vec<u32> {
+        self.encoded.fetch_add(1, Ordering::SeqCst);
+        if text.len() < LONG {
+            return encode();
+        }
+        let now = self.busy.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(self.linger);
+        let ids = encode();
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        ids
+    }
 }
 
 impl Tokenizer for Counting {
     fn encode(&self, text: &str) -> Vec<u32> {
-        self.encoded.fetch_add(1, Ordering::SeqCst);
-        self.inner.encode(text)
+        self.count(text, || self.inner.encode(text))
     }
     fn encode_trusted(&self, text: &str) -> Vec<u32> {
-        self.encoded.fetch_add(1, Ordering::SeqCst);
-        self.inner.encode_trusted(text)
+        self.count(text, || self.inner.encode_trusted(text))
     }
     fn decode(&self, ids: &[u32]) -> String {
         self.inner.decode(ids)
@@ -264,10 +299,7 @@ fn a_prompt_far_over_the_context_is_refused_before_it_is_tokenized() {
     let (lm, tok) = need_model!();
     let per = fathom_serve::max_token_bytes(&model_dir().unwrap(), tok.as_ref())
         .expect("a tiktoken tokenizer keeps every byte");
-    let counting = Arc::new(Counting {
-        inner: tok,
-        encoded: AtomicUsize::new(0),
-    });
+    let counting = Counting::new(tok, Duration::ZERO);
     let mut cfg = config();
     cfg.max_body = 32 << 20;
     let (server, url) = start_with(cfg, lm, counting.clone());
@@ -298,6 +330,85 @@ fn a_prompt_far_over_the_context_is_refused_before_it_is_tokenized() {
         let (st, _) = post(&url, "/v1/completions", json!({"prompt": "def f(x):", "max_tokens": 2})).await;
         assert_eq!(st, 200);
     });
+    server.stop().unwrap();
+}
+
+#[test]
+fn long_preparations_run_off_the_http_threads_a_bounded_number_at_once() {
+    let (lm, tok) = need_model!();
+    let dir = model_dir().unwrap();
+    let per = fathom_serve::max_token_bytes(&dir, tok.as_ref())
+        .expect("a tiktoken tokenizer keeps every byte");
+    // The server's bound on preparations at once: half the cores, at least two.
+    let slots = std::thread::available_parallelism().map_or(2, |n| (n.get() / 2).max(2));
+    // Each long text takes a second more to encode; a chat prompt is
+    // encoded twice (whole, and without the generation prompt).
+    let counting = Counting::new(tok.clone(), Duration::from_secs(1));
+    let mut cfg = config();
+    cfg.max_body = 32 << 20;
+    let (server, url) = start_with(cfg, lm, counting.clone());
+    let addr = server.addr;
+    // Just under the length refused before tokenizing: each is tokenized,
+    // then refused by its token count.
+    let text = "x = 1\n".repeat(per * 4095 / 6);
+    assert!(text.len() >= LONG, "{} bytes", text.len());
+    let format = ChatFormat::detect(&dir, tok.as_ref()).unwrap().unwrap();
+    let n = format
+        .prompt(
+            tok.as_ref(),
+            &[Message::new("user", text.as_str())],
+            &ChatOptions::default(),
+        )
+        .unwrap()
+        .ids
+        .len();
+    assert!(n > 4096, "{n} tokens");
+    let want = format!("the prompt has {n} tokens; the context holds 4096: shorten it");
+    let body = json!({"messages": [{"role": "user", "content": text}], "max_tokens": 4});
+    let big: Vec<_> = (0..slots + 4)
+        .map(|_| {
+            let (url, body) = (url.clone(), body.clone());
+            std::thread::spawn(move || rt().block_on(post(&url, "/v1/chat/completions", body)))
+        })
+        .collect();
+    let t = Instant::now();
+    while counting.busy.load(Ordering::SeqCst) < slots {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the slots never filled"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // While they are prepared, /health answers at once; run on the HTTP
+    // threads, the preparations would hold both for seconds at a time.
+    let mut during = 0;
+    while !big.iter().all(|h| h.is_finished()) {
+        let busy = counting.busy.load(Ordering::SeqCst);
+        let t = Instant::now();
+        let h = get(addr, "/health", "127.0.0.1");
+        let took = t.elapsed();
+        assert_eq!(status(&h), 200, "{h}");
+        assert!(
+            took < Duration::from_secs(1),
+            "/health took {took:?} beside {busy} preparations"
+        );
+        if busy > 0 && counting.busy.load(Ordering::SeqCst) > 0 {
+            during += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        during >= 10,
+        "/health asked {during} times during preparations"
+    );
+    for h in big {
+        let (st, v) = h.join().unwrap();
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["error"]["param"], "messages");
+        assert_eq!(v["error"]["message"], want);
+    }
+    assert_eq!(counting.most.load(Ordering::SeqCst), slots);
+    assert_eq!(counting.busy.load(Ordering::SeqCst), 0);
     server.stop().unwrap();
 }
 
