@@ -66,6 +66,8 @@ impl MemoryFacts {
     /// int8 bytes, not the bytes stored in the checkpoint.
     pub fn with_int8_file(mut self) -> Self {
         for l in &mut self.layers {
+            // The globals (the spine less its layers) keep their bytes.
+            self.spine_bytes -= l.stored - l.int8;
             l.stored = l.int8;
         }
         self

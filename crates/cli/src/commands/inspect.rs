@@ -200,6 +200,16 @@ pub(crate) struct KvArgs {
     pub disk_bw: u64,
 }
 
+/// The facts an int8 plan of `dir` uses: beside an int8 spine file, a
+/// streamed layer reads its int8 bytes (as `fathom_runtime::plan` plans).
+pub(crate) fn int8_facts(facts: &MemoryFacts, dir: &Path) -> MemoryFacts {
+    if dir.join(fathom_weights::int8_spine::FILE_NAME).is_file() {
+        facts.clone().with_int8_file()
+    } else {
+        facts.clone()
+    }
+}
+
 fn report(
     facts: &MemoryFacts,
     an: &Anatomy,
@@ -227,7 +237,7 @@ fn report(
         Some(b) => Some(json!({
             "budget_bytes": b,
             "bf16": ledger(facts, Spine::Bf16, b, kv)?,
-            "int8": ledger(facts, Spine::Int8, b, kv)?,
+            "int8": ledger(&int8_facts(facts, dir), Spine::Int8, b, kv)?,
         })),
         None => None,
     };

@@ -21,7 +21,7 @@ fn report(f: &MemoryFacts, dir: &Path, budget: Option<u64>, kv: &KvArgs) -> Resu
         Some(b) => Some(json!({
             "budget_bytes": b,
             "bf16": ledger(f, Spine::Bf16, b, kv)?,
-            "int8": ledger(f, Spine::Int8, b, kv)?,
+            "int8": ledger(&super::inspect::int8_facts(f, dir), Spine::Int8, b, kv)?,
         })),
         None => None,
     };
