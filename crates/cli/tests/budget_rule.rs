@@ -220,6 +220,33 @@ fn the_default_context_is_the_most_the_budget_holds() {
     // --context is kept.
     let err = run(&["--context", "5000"]);
     assert!(err.contains("context 5000 tokens (--context)"), "{err}");
+    // logits and batch say the same plan line.
+    let prompts = dir.join("p.jsonl");
+    std::fs::write(&prompts, "{\"prompt_ids\": [1, 2]}\n").unwrap();
+    for args in [
+        vec!["logits", "--model", d, "--prompt-ids", "1,2"],
+        vec![
+            "batch",
+            "--model",
+            d,
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--max-new",
+            "1",
+        ],
+    ] {
+        let mut args = args;
+        args.extend(["--ram-budget", "200MB", "--kv-ram", "20MB"]);
+        let out = fathom(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "context {want} tokens (the most whose attention cache fits --kv-ram"
+            )),
+            "{args:?}: {err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

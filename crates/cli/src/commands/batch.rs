@@ -156,6 +156,9 @@ pub fn run(a: BatchArgs) -> Result<()> {
     let (model, info) = load_model_with(&a.model, &req, positions, spine)?;
     if !a.json {
         announce_spine(spine);
+        if let Some(line) = info.plan_line() {
+            eprintln!("{line}");
+        }
     }
     let eos = model.info().eos_token_ids.clone();
     let limit = info.context;

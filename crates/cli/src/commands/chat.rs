@@ -60,6 +60,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let (model, info) = load_model_with(&a.model, &req, 1, fathom_model::Spine::Bf16)?;
     let limit = info.context;
     let load_s = info.load_s;
+    if let Some(line) = info.plan_line() {
+        eprintln!("{line}");
+    }
     let stop: Vec<u32> = format.stop_ids(tok.as_ref(), &model.info().eos_token_ids);
     eprintln!("loaded in {load_s:.2}s; type a message, Ctrl-C stops a reply, Ctrl-D quits");
 

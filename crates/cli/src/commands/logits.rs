@@ -33,7 +33,10 @@ pub struct LogitsArgs {
 
 pub fn run(a: LogitsArgs) -> Result<()> {
     let prompt = parse_ids(&a.prompt_ids)?;
-    let (model, _) = load_model_with(&a.model, &a.mem.request(), prompt.len(), a.spine.spine())?;
+    let (model, info) = load_model_with(&a.model, &a.mem.request(), prompt.len(), a.spine.spine())?;
+    if let Some(line) = info.plan_line() {
+        eprintln!("{line}");
+    }
     check_vocab(&prompt, model.info().vocab_size)?;
     let mut state = model.new_state();
     let logits = model.forward(state.as_mut(), &prompt, Logits::Last)?;

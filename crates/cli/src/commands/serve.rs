@@ -185,6 +185,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         tracing::info!(
             experts = info.experts,
             load_s = info.load_s,
+            context = info.context,
+            context_source = %info.context_source,
             chat = chat.as_ref().map(|c| c.name()),
             "model loaded"
         );
