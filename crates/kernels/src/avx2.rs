@@ -348,25 +348,29 @@ unsafe fn dequantise<W: Load256, const R: usize>(w: &W, r0: usize, buf: &mut [f3
 }
 
 /// Group `k` (lanes of columns `c + 8k ..`, `c = 0, 32, 64, …` in order)
-/// of the dot products of f32 rows `w[i]` with positions `x[j]`: the same
-/// additions in the same order as `dots`' accumulator `k`. Two rows and
-/// four positions: eight independent sums, each weight and activation
-/// loaded once for the four or two products that use it.
+/// of the dot products of f32 rows `w[i]` with positions `x[j]`, over the
+/// columns `cols` (a range of whole 32-column blocks), added to `acc`: the
+/// same additions in the same order as `dots`' accumulator `k` when the
+/// ranges are taken in order. Two rows and four positions: eight
+/// independent sums, each weight and activation loaded once for the four
+/// or two products that use it.
 #[inline(always)]
 unsafe fn group_2x4(
     w: [*const f32; 2],
     x: [*const f32; 4],
-    n: usize,
+    cols: Range<usize>,
     k: usize,
-) -> [[__m256; 4]; 2] {
-    // SAFETY: the caller guarantees `n` readable f32 at each pointer, `n`
-    // a multiple of 32, so every `c + 8 <= n`.
+    acc: &mut [[__m256; 4]; 2],
+) {
+    // SAFETY: the caller guarantees `cols.end` readable f32 at each
+    // pointer, `cols` whole 32-column blocks, so every `c + 8 <= cols.end`.
     unsafe {
-        let z = _mm256_setzero_ps();
-        let (mut a00, mut a01, mut a02, mut a03) = (z, z, z, z);
-        let (mut a10, mut a11, mut a12, mut a13) = (z, z, z, z);
-        let mut c = 8 * k;
-        while c < n {
+        let [
+            [mut a00, mut a01, mut a02, mut a03],
+            [mut a10, mut a11, mut a12, mut a13],
+        ] = *acc;
+        let mut c = cols.start + 8 * k;
+        while c < cols.end {
             let w0 = _mm256_loadu_ps(w[0].add(c));
             let w1 = _mm256_loadu_ps(w[1].add(c));
             let x0 = _mm256_loadu_ps(x[0].add(c));
@@ -383,9 +387,14 @@ unsafe fn group_2x4(
             a13 = _mm256_fmadd_ps(x3, w1, a13);
             c += LANES;
         }
-        [[a00, a01, a02, a03], [a10, a11, a12, a13]]
+        *acc = [[a00, a01, a02, a03], [a10, a11, a12, a13]];
     }
 }
+
+/// Columns a chunk of [`pair_grouped`] covers: the two rows and four
+/// positions of a chunk (6 × 4 KiB) stay in L1 while its four lane groups
+/// walk them, instead of each group streaming whole rows from L2.
+const CHUNK: usize = 1024;
 
 /// All positions of rows `r0`, `r0 + 1`: dequantised once into `buf`, then
 /// four positions at a time through [`group_2x4`]; the last `t % 4` as
@@ -407,15 +416,26 @@ unsafe fn pair_grouped<W: Load256>(
     let mut j = 0;
     while j + 4 <= t {
         let pos: [*const f32; 4] = std::array::from_fn(|jj| x[(j + jj) * n..].as_ptr());
+        // Lane group k's eight sums, carried from chunk to chunk.
+        // SAFETY: register-only.
+        let mut acc = unsafe { [[[_mm256_setzero_ps(); 4]; 2]; 4] };
+        let mut c0 = 0;
+        while c0 < n {
+            let cols = c0..(c0 + CHUNK).min(n);
+            for (k, a) in acc.iter_mut().enumerate() {
+                // SAFETY: both rows of `buf` and positions j .. j + 4 of
+                // `x` hold `n` f32 each (asserted above); `n` and CHUNK
+                // are multiples of 32.
+                unsafe { group_2x4(rows, pos, cols.clone(), k, a) };
+            }
+            c0 += CHUNK;
+        }
         // SAFETY: register-only.
         let mut parts = unsafe { [[[_mm256_setzero_ps(); 4]; 4]; 2] };
-        for k in 0..4 {
-            // SAFETY: both rows of `buf` and positions j .. j + 4 of `x`
-            // hold `n` f32 each (asserted above).
-            let g = unsafe { group_2x4(rows, pos, n, k) };
-            for (pi, gi) in parts.iter_mut().zip(g) {
-                for (pij, a) in pi.iter_mut().zip(gi) {
-                    pij[k] = a;
+        for (k, a) in acc.into_iter().enumerate() {
+            for (pi, gi) in parts.iter_mut().zip(a) {
+                for (pij, v) in pi.iter_mut().zip(gi) {
+                    pij[k] = v;
                 }
             }
         }

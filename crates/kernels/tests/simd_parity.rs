@@ -71,6 +71,20 @@ fn dense_formats_on_whole_column_groups_are_bit_identical_to_scalar() {
     dense_cases(4, 40, |g| 32 * (1 + g.below(24)));
 }
 
+/// Rows wider than the multi-position path's column chunk (1,024): the
+/// sums carried from chunk to chunk in order, exact chunk multiples and
+/// a last chunk cut short.
+#[test]
+fn dense_formats_across_several_column_chunks_are_bit_identical_to_scalar() {
+    let widths = [1024, 2048, 1056, 3072 + 96];
+    let i = std::cell::Cell::new(0);
+    dense_cases(7, 12, |g| {
+        let k = i.get();
+        i.set(k + 1);
+        widths.get(k).copied().unwrap_or(32 * (33 + g.below(80)))
+    });
+}
+
 fn dense_cases(seed: u64, cases: usize, cols: impl Fn(&mut Rng) -> usize) {
     let mut g = Rng(seed);
     for case in 0..cases {
