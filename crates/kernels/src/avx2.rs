@@ -127,22 +127,16 @@ impl Load256 for Mxfp4Rows<'_> {
             let mag = _mm256_setr_ps(
                 E2M1[0], E2M1[1], E2M1[2], E2M1[3], E2M1[4], E2M1[5], E2M1[6], E2M1[7],
             );
-            let b = _mm_loadu_si128(bytes.cast());
-            let mask = _mm_set1_epi8(0x0F);
-            let lo = _mm_and_si128(b, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
-            let cols = [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)];
             // Scaling the table gives the same products; the sign flip commutes with it.
             let mag = _mm256_mul_ps(mag, _mm256_set1_ps(scale));
             let sign = _mm256_set1_epi32(i32::MIN);
+            // Four packed bytes are eight columns, column j in bits 4j .. 4j + 3:
+            // each lane shifts its own nibble down (one shuffle per eight
+            // values, the vpermps, where unpacking bytes took three).
+            let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
             each4!(|k| {
-                let half = cols[k / 2];
-                let eight = if k % 2 == 0 {
-                    half
-                } else {
-                    _mm_srli_si128::<8>(half)
-                };
-                let code = _mm256_cvtepu8_epi32(eight);
+                let word = _mm256_set1_epi32(bytes.add(4 * k).cast::<i32>().read_unaligned());
+                let code = _mm256_srlv_epi32(word, shifts);
                 // vpermps reads the low three bits (the magnitude); bit 3 becomes the sign.
                 let m = _mm256_permutevar8x32_ps(mag, code);
                 let sg = _mm256_and_si256(_mm256_slli_epi32::<28>(code), sign);
