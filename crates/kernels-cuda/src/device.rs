@@ -199,7 +199,50 @@ pub struct CudaBackend {
     /// pairs a warp of them takes (`launch.rs`).
     bf16_slots: std::sync::atomic::AtomicUsize,
     bf16_pairs: std::sync::atomic::AtomicUsize,
+    /// The fewest positions for which a spine product the budget has no
+    /// room for is copied up, pushing other spine out, rather than left
+    /// to the CPU ([`spine_copy_min_t`]).
+    spine_copy_min: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
+}
+
+/// The fewest positions from which copying a bf16 spine matrix up from
+/// pageable memory (about a third of `h2d`, the page-locked rate) takes
+/// less time than the CPU's product at `cpu_flops`: the CPU's time grows
+/// with the positions (2 flops per weight and position), the copy's does
+/// not. At least 2; `usize::MAX` (never) when either rate is unknown.
+pub fn spine_copy_min_t(cpu_flops: f64, h2d: f64) -> usize {
+    if cpu_flops <= 0.0 || h2d <= 0.0 {
+        return usize::MAX;
+    }
+    // A bf16 weight is 2 bytes: the CPU takes 2·t flops for what the copy
+    // moves in 2 bytes, so they cost the same at t = cpu_flops / copy rate.
+    let t = (cpu_flops / (h2d / 3.0)).ceil();
+    if t.is_finite() {
+        (t as usize).max(2)
+    } else {
+        usize::MAX
+    }
+}
+
+/// The CPU's rate (flops/s) at the products of many positions a spine
+/// matrix takes when the device declines it: a 512 × 1024 bf16 product
+/// of 16 positions on the current thread pool, the best of three.
+fn cpu_flops() -> f64 {
+    use fathom_kernels::backend::MatRef;
+    let (rows, cols, t) = (512, 1024, 16);
+    let w = vec![0x3F80u16; rows * cols];
+    let x = vec![0.5f32; t * cols];
+    let mut y = vec![0f32; t * rows];
+    let m = MatRef::Bf16 { w: &w, rows, cols };
+    let best = (0..3)
+        .map(|_| {
+            let t0 = Instant::now();
+            m.cpu(&x, t, &mut y);
+            t0.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    2.0 * (rows * cols * t) as f64 / best.max(1e-9)
 }
 
 fn ptx_cache_path(arch: &str, nvrtc: (i32, i32), defines: &[String]) -> Option<PathBuf> {
@@ -380,6 +423,7 @@ impl CudaBackend {
             mla_scratch: mla::SCRATCH_FLOATS.into(),
             bf16_slots: slots.into(),
             bf16_pairs: pairs.into(),
+            spine_copy_min: 0.into(),
             state: Mutex::new(State {
                 cache: Cache::new(budget),
                 guesses: GuessLog::default(),
@@ -436,6 +480,33 @@ impl CudaBackend {
     /// every call's operations one by one; the bits are the same either way.
     pub fn set_graphs(&self, on: bool) {
         self.lock().tape.set_graphs(on);
+    }
+
+    /// The fewest positions for which a spine product that does not fit
+    /// beside the spine here is copied up, pushing other spine out: from
+    /// the host → device rate measured when the backend opened (`h2d`)
+    /// and the CPU's, measured the first time it is asked for
+    /// ([`spine_copy_min_t`]).
+    pub(super) fn spine_copy_min_t_with(&self, h2d: f64) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.spine_copy_min.load(Relaxed) {
+            0 => {
+                let t = spine_copy_min_t(cpu_flops(), h2d);
+                self.spine_copy_min.store(t, Relaxed);
+                t
+            }
+            t => t,
+        }
+    }
+
+    /// Sets the threshold of [`CudaBackend::spine_copy_min_t_with`]
+    /// (`None`: measured again when next asked for), so that tests choose
+    /// either side; the bits are the same either way.
+    pub fn set_spine_copy_min_t(&self, t: Option<usize>) {
+        self.spine_copy_min.store(
+            t.map_or(0, |t| t.max(2)),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// The weight budget in bytes.

@@ -30,7 +30,7 @@ mod guess;
 mod pin;
 mod probe_bw;
 
-pub use device::{CudaBackend, DEFAULT_MARGIN, DeviceInfo, probe};
+pub use device::{CudaBackend, DEFAULT_MARGIN, DeviceInfo, probe, spine_copy_min_t};
 pub use pin::CudaHostPin;
 
 /// Why the CUDA backend is not available.

@@ -142,6 +142,10 @@ pub struct BackendStats {
     /// Weight bytes copied up from memory that was not page-locked
     /// (staged by the driver, about a third of the page-locked speed).
     pub h2d_pageable_bytes: u64,
+    /// Spine bytes copied up for products of many positions by pushing
+    /// other spine out (a spine larger than the device's budget), part of
+    /// `h2d_bytes`.
+    pub h2d_spine_displacing_bytes: u64,
     /// Bytes copied device → host.
     pub d2h_bytes: u64,
     /// Wall time inside device calls (copies, kernels, synchronisation).
@@ -227,6 +231,8 @@ impl BackendStats {
             cpu_expert_products: self.cpu_expert_products - start.cpu_expert_products,
             cpu_expert_bytes: self.cpu_expert_bytes - start.cpu_expert_bytes,
             h2d_pageable_bytes: self.h2d_pageable_bytes - start.h2d_pageable_bytes,
+            h2d_spine_displacing_bytes: self.h2d_spine_displacing_bytes
+                - start.h2d_spine_displacing_bytes,
             d2h_bytes: self.d2h_bytes - start.d2h_bytes,
             device_calls: self.device_calls - start.device_calls,
             gpu_ms: self.gpu_ms - start.gpu_ms,
@@ -271,6 +277,8 @@ impl BackendStats {
             cpu_expert_products: self.cpu_expert_products + o.cpu_expert_products,
             cpu_expert_bytes: self.cpu_expert_bytes + o.cpu_expert_bytes,
             h2d_pageable_bytes: self.h2d_pageable_bytes + o.h2d_pageable_bytes,
+            h2d_spine_displacing_bytes: self.h2d_spine_displacing_bytes
+                + o.h2d_spine_displacing_bytes,
             d2h_bytes: self.d2h_bytes + o.d2h_bytes,
             device_calls: self.device_calls + o.device_calls,
             gpu_ms: self.gpu_ms + o.gpu_ms,

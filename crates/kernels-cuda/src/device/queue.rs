@@ -31,7 +31,9 @@ impl CudaBackend {
             return Ok(false);
         }
         let ws: Vec<(MatRef<'_>, Role)> = jobs.iter().map(|j| (j.w, j.role)).collect();
-        let Some(st) = self.round_trip(&ws, hints, |st, p| self.queue(st, jobs, p))? else {
+        let positions = jobs.iter().map(|j| j.t).min().unwrap_or(0);
+        let queue = |st: &mut State, p: &Prepared<'_>| self.queue(st, jobs, p);
+        let Some(st) = self.round_trip_at(&ws, positions, hints, queue)? else {
             return Ok(false);
         };
         scatter(results(&st)?, jobs.iter_mut().map(|j| &mut *j.y));
@@ -51,10 +53,23 @@ impl CudaBackend {
         hints: &Hints<'_, '_>,
         queue: impl FnOnce(&mut State, &Prepared<'_>) -> Result<(), CudaError>,
     ) -> Result<Option<MutexGuard<'_, State>>, CudaError> {
+        self.round_trip_at(ws, 0, hints, queue)
+    }
+
+    /// [`Self::round_trip`] of products of at least `positions` positions
+    /// each (0: unknown): spine products of enough positions may push
+    /// other spine out for their copies ([`spine_copy_room`]).
+    pub(super) fn round_trip_at(
+        &self,
+        ws: &[(MatRef<'_>, Role)],
+        positions: usize,
+        hints: &Hints<'_, '_>,
+        queue: impl FnOnce(&mut State, &Prepared<'_>) -> Result<(), CudaError>,
+    ) -> Result<Option<MutexGuard<'_, State>>, CudaError> {
         let mut guard = self.lock_timed();
         let st = &mut *guard;
         st.tape.begin();
-        let Some(p) = self.prepare(st, ws, hints) else {
+        let Some(p) = self.prepare(st, ws, positions, hints) else {
             return Ok(None);
         };
         let queued = self
@@ -91,6 +106,7 @@ impl CudaBackend {
         &self,
         st: &mut State,
         ws: &[(MatRef<'w>, Role)],
+        positions: usize,
         hints: &Hints<'_, '_>,
     ) -> Option<Prepared<'w>> {
         let segs: Vec<Vec<&[u8]>> = ws.iter().map(|(w, _)| segments(w)).collect();
@@ -107,7 +123,11 @@ impl CudaBackend {
             .collect();
         missing.sort_unstable();
         missing.dedup();
-        if !room_by_class(st, ws, &segs, &missing, &keys) {
+        if !room_by_class(st, ws, &segs, &missing, &keys)
+            && !(positions >= 2
+                && positions >= self.spine_copy_min_t_with(st.stats.h2d_bytes_per_s)
+                && spine_copy_room(st, ws, &missing, &keys))
+        {
             return None;
         }
         for ((_, role), s) in ws.iter().zip(&segs) {
@@ -520,6 +540,31 @@ fn room_by_class(
     let [expert, spine] = need;
     (expert == 0 || make_room(st, expert, keys, Class::Expert))
         && (spine == 0 || make_room(st, expert + spine, keys, Class::Spine))
+}
+
+/// Room for a call of spine products only whose weights do not fit
+/// beside the spine already here: made by pushing out experts, then other
+/// spine, most recently used first (as sequence state does), never one of
+/// `keys`. Taken only for products of many positions (the caller checks
+/// them against `CudaBackend::spine_copy_min_t_with`), where copying the
+/// matrix up costs less than the CPU's product; a pass's other spine
+/// products then find theirs gone and go to the CPU or, with enough
+/// positions, are copied up in turn.
+fn spine_copy_room(
+    st: &mut State,
+    ws: &[(MatRef<'_>, Role)],
+    missing: &[Key],
+    keys: &[Key],
+) -> bool {
+    if ws.iter().any(|(_, r)| *r != Role::Spine) {
+        return false;
+    }
+    let need: u64 = missing.iter().map(|k| k.1 as u64).sum();
+    if !make_room(st, need, keys, Class::State) {
+        return false;
+    }
+    st.stats.h2d_spine_displacing_bytes += need;
+    true
 }
 
 /// Whether `bytes` are page-locked host memory (their copy up is direct
