@@ -1,7 +1,7 @@
-//! aarch64 NEON kernels: 32 lanes = eight q-register accumulators, one
-//! position per pass. Compile-checked on x86 CI (`cargo check --target
-//! aarch64-unknown-linux-gnu`); the operations mirror `formats::block_scalar`
-//! one for one, so the scalar tests describe what this code must produce.
+//! aarch64 NEON kernels: 32 lanes = eight q-register accumulators per row
+//! and position, two rows or two positions per pass. The operations mirror
+//! `formats::block_scalar` one for one; CI runs the kernels' tests for
+//! aarch64 under qemu-user, comparing every result bit for bit with it.
 
 use std::arch::aarch64::*;
 use std::ops::Range;
@@ -191,39 +191,94 @@ unsafe fn fold(a: V) -> f32 {
     }
 }
 
-fn block<W: LoadNeon>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+/// Dot products of rows `r0 .. r0 + R` with positions `j0 .. j0 + P`:
+/// `out[i·t + j0 + p]`. Each (row, position) keeps its own eight
+/// accumulators, adding its columns in order as `formats::block_scalar`
+/// does, so the grouping never changes a result; a block of weights is
+/// decoded once for all P positions, and the R·P·8 independent sums keep
+/// the FMA pipes busy through the instruction's latency. The columns past
+/// the last full block are zero-padded, as the scalar reference pads.
+#[inline(always)]
+unsafe fn dots<W: LoadNeon, const R: usize, const P: usize>(
+    w: &W,
+    r0: usize,
+    x: &[f32],
+    t: usize,
+    j0: usize,
+    out: &mut [f32],
+) {
     let n = w.cols();
     let full = n / LANES * LANES;
-    for (k, r) in rows.enumerate() {
-        for j in 0..t {
-            let xr = &x[j * n..(j + 1) * n];
-            let mut wb = [0f32; LANES];
-            let mut xb = [0f32; LANES];
-            for i in full..n {
-                wb[i - full] = w.at(r, i);
-                xb[i - full] = xr[i];
-            }
-            // SAFETY: NEON is part of the aarch64 baseline; loads stay inside `xr`, `wb`, `xb`.
-            unsafe {
-                let mut acc: V = [vdupq_n_f32(0.0); 8];
-                let mut c = 0;
-                while c < n {
-                    let (wv, xp) = if c < full {
-                        (w.load(r, c), xr.as_ptr().add(c))
-                    } else {
-                        (
-                            std::array::from_fn(|q| vld1q_f32(wb.as_ptr().add(4 * q))),
-                            xb.as_ptr(),
-                        )
-                    };
-                    for (q, a) in acc.iter_mut().enumerate() {
-                        *a = vfmaq_f32(*a, vld1q_f32(xp.add(4 * q)), wv[q]);
+    let xs: [&[f32]; P] = std::array::from_fn(|p| &x[(j0 + p) * n..(j0 + p + 1) * n]);
+    let mut wb = [[0f32; LANES]; R];
+    let mut xb = [[0f32; LANES]; P];
+    for col in full..n {
+        for (i, row) in wb.iter_mut().enumerate() {
+            row[col - full] = w.at(r0 + i, col);
+        }
+        for (p, row) in xb.iter_mut().enumerate() {
+            row[col - full] = xs[p][col];
+        }
+    }
+    // SAFETY: NEON is part of the aarch64 baseline; every load reads 32
+    // f32 inside `xs[p]` (c + 32 <= full <= n), `wb` or `xb`.
+    unsafe {
+        let mut acc: [[V; P]; R] = [[[vdupq_n_f32(0.0); 8]; P]; R];
+        let mut c = 0;
+        while c < full {
+            for (i, ai) in acc.iter_mut().enumerate() {
+                let wv = w.load(r0 + i, c);
+                for (a, xr) in ai.iter_mut().zip(&xs) {
+                    let xp = xr.as_ptr().add(c);
+                    for (q, aq) in a.iter_mut().enumerate() {
+                        *aq = vfmaq_f32(*aq, vld1q_f32(xp.add(4 * q)), wv[q]);
                     }
-                    c += LANES;
                 }
-                out[k * t + j] = w.finish(r, fold(acc));
+            }
+            c += LANES;
+        }
+        if full < n {
+            for (ai, wr) in acc.iter_mut().zip(&wb) {
+                let wv: V = std::array::from_fn(|q| vld1q_f32(wr.as_ptr().add(4 * q)));
+                for (a, xr) in ai.iter_mut().zip(&xb) {
+                    for (q, aq) in a.iter_mut().enumerate() {
+                        *aq = vfmaq_f32(*aq, vld1q_f32(xr.as_ptr().add(4 * q)), wv[q]);
+                    }
+                }
             }
         }
+        for (i, ai) in acc.into_iter().enumerate() {
+            for (p, a) in ai.into_iter().enumerate() {
+                out[i * t + j0 + p] = w.finish(r0 + i, fold(a));
+            }
+        }
+    }
+}
+
+/// Rows `rows` at `t` positions: one position takes two rows at a time
+/// (sixteen sums in flight); several take one row at a time, two positions
+/// sharing each decoded block of weights.
+fn block<W: LoadNeon>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32]) {
+    let mut r = rows.start;
+    while r < rows.end {
+        let o = &mut out[(r - rows.start) * t..];
+        if t == 1 && r + 2 <= rows.end {
+            // SAFETY: rows r, r + 1 and position 0 are in range.
+            unsafe { dots::<W, 2, 1>(w, r, x, t, 0, o) };
+            r += 2;
+            continue;
+        }
+        let mut j = 0;
+        while j + 2 <= t {
+            // SAFETY: row r and positions j, j + 1 are in range.
+            unsafe { dots::<W, 1, 2>(w, r, x, t, j, o) };
+            j += 2;
+        }
+        if j < t {
+            // SAFETY: row r and position j are in range.
+            unsafe { dots::<W, 1, 1>(w, r, x, t, j, o) };
+        }
+        r += 1;
     }
 }
 
