@@ -63,6 +63,11 @@ pub trait Load256: Rows {
     /// [`PF_NEXT_MAX_COLS`].
     #[inline(always)]
     fn prefetch(&self, _r: usize, _c: usize) {}
+
+    /// Four rows in flight at fewer than four positions rather than
+    /// [`NR`]: int8, whose loads are cheapest, needs more independent sums
+    /// to keep up with memory (measured with `bench_kernels`).
+    const FOUR_ROWS: bool = false;
 }
 
 impl Load256 for F32Rows<'_> {
@@ -99,6 +104,8 @@ impl Load256 for Bf16Rows<'_> {
 }
 
 impl Load256 for Int8Rows<'_> {
+    const FOUR_ROWS: bool = true;
+
     #[inline(always)]
     fn prefetch(&self, r: usize, c: usize) {
         prefetch_line(self.q.as_ptr().wrapping_add(r * self.cols + c));
@@ -469,6 +476,14 @@ fn block<W: Load256>(w: &W, x: &[f32], t: usize, rows: Range<usize>, out: &mut [
         return;
     }
     let mut r = rows.start;
+    if W::FOUR_ROWS {
+        while r + 4 <= rows.end {
+            let o = &mut out[(r - rows.start) * t..];
+            // SAFETY: this function is compiled with, and only reached on, AVX2 + FMA.
+            unsafe { rows_of::<W, 4>(w, r, x, t, o) };
+            r += 4;
+        }
+    }
     while r + NR <= rows.end {
         let o = &mut out[(r - rows.start) * t..];
         // SAFETY: this function is compiled with, and only reached on, AVX2 + FMA.
