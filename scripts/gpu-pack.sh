@@ -32,7 +32,7 @@ cargo build --release -p fathom-kernels-cuda --example bench_cuda
 cargo build --release -p fathom-model --example host_time
 tests=$(cargo test --release --no-run --message-format=json \
   -p fathom-kernels-cuda -p fathom-cli \
-  --test parity --test mxfp4 --test sets --test glu --test graphs --test mla --test gqa --test kda --test device |
+  --test parity --test spine_copy --test mxfp4 --test sets --test glu --test graphs --test mla --test gqa --test kda --test device |
   python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -82,7 +82,7 @@ steps=("\$@"); [ \${#steps[@]} -eq 0 ] && steps=(tests graphs bench)
 for step in "\${steps[@]}"; do
   case "\$step" in
   tests)
-    for t in parity mxfp4 sets glu graphs mla gqa kda; do
+    for t in parity spine_copy mxfp4 sets glu graphs mla gqa kda; do
       check "\$t" timeout 300 "\$bin/\$t"
     done
     check device timeout 900 "\$bin/device" --test-threads 2

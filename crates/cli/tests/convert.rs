@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use common::{fails_quietly, fathom, fixture, run_json, tiny};
 use serde_json::Value;
 
-const FILE: &str = "spine-int8.fathom.safetensors";
+const FILE: &str = "spine-int8.fathom";
 
 /// A private copy of the checkpoint in `src`.
 fn copy_of(src: &Path, tag: &str) -> PathBuf {
@@ -92,8 +92,49 @@ fn every_family_reads_its_int8_file_to_the_same_logits() {
         );
         assert_eq!(logits(&m, "int8"), int8, "{tag}: int8 from the file");
         assert_eq!(logits(&m, "bf16"), bf16, "{tag}: bf16 beside the file");
+        // The file is what the load reads: a code changed in it (the
+        // receipt covers the source, not the codes) changes the logits.
+        flip_a_code(&m.join(FILE));
+        assert_ne!(
+            logits(&m, "int8"),
+            int8,
+            "{tag}: a changed code in the file"
+        );
+        assert_eq!(logits(&m, "bf16"), bf16, "{tag}: bf16 never reads it");
         std::fs::remove_dir_all(&m).unwrap();
     }
+}
+
+/// Adds 64 to the first code of the file's largest decoder-layer matrix
+/// (every logit depends on it; a head row would move one logit only).
+fn flip_a_code(file: &Path) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut n = [0u8; 8];
+    f.read_exact_at(&mut n, 0).unwrap();
+    let len = u64::from_le_bytes(n);
+    let mut h = vec![0u8; len as usize];
+    f.read_exact_at(&mut h, 8).unwrap();
+    let v: Value = serde_json::from_slice(&h).unwrap();
+    let (a, b) = v
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.ends_with("#int8") && k.contains("layers."))
+        .map(|(_, e)| {
+            let o = &e["data_offsets"];
+            (o[0].as_u64().unwrap(), o[1].as_u64().unwrap())
+        })
+        .max_by_key(|(a, b)| b - a)
+        .unwrap();
+    assert!(b > a);
+    let mut c = [0u8; 1];
+    f.read_exact_at(&mut c, 8 + len + a).unwrap();
+    f.write_all_at(&[c[0].wrapping_add(64)], 8 + len + a)
+        .unwrap();
 }
 
 #[test]

@@ -203,6 +203,8 @@ pub struct CudaBackend {
     /// room for is copied up, pushing other spine out, rather than left
     /// to the CPU ([`spine_copy_min_t`]).
     spine_copy_min: std::sync::atomic::AtomicUsize,
+    /// Host → device bytes/s from page-locked memory, measured at open.
+    h2d: f64,
     state: Mutex<State>,
 }
 
@@ -424,6 +426,7 @@ impl CudaBackend {
             bf16_slots: slots.into(),
             bf16_pairs: pairs.into(),
             spine_copy_min: 0.into(),
+            h2d,
             state: Mutex::new(State {
                 cache: Cache::new(budget),
                 guesses: GuessLog::default(),
@@ -487,11 +490,11 @@ impl CudaBackend {
     /// the host → device rate measured when the backend opened (`h2d`)
     /// and the CPU's, measured the first time it is asked for
     /// ([`spine_copy_min_t`]).
-    pub(super) fn spine_copy_min_t_with(&self, h2d: f64) -> usize {
+    pub fn spine_copy_min_t(&self) -> usize {
         use std::sync::atomic::Ordering::Relaxed;
         match self.spine_copy_min.load(Relaxed) {
             0 => {
-                let t = spine_copy_min_t(cpu_flops(), h2d);
+                let t = spine_copy_min_t(cpu_flops(), self.h2d);
                 self.spine_copy_min.store(t, Relaxed);
                 t
             }
@@ -499,7 +502,7 @@ impl CudaBackend {
         }
     }
 
-    /// Sets the threshold of [`CudaBackend::spine_copy_min_t_with`]
+    /// Sets the threshold of [`CudaBackend::spine_copy_min_t`]
     /// (`None`: measured again when next asked for), so that tests choose
     /// either side; the bits are the same either way.
     pub fn set_spine_copy_min_t(&self, t: Option<usize>) {

@@ -138,8 +138,8 @@ impl Load256 for Mxfp4Rows<'_> {
             let mag = _mm256_mul_ps(mag, _mm256_set1_ps(scale));
             let sign = _mm256_set1_epi32(i32::MIN);
             // Four packed bytes are eight columns, column j in bits 4j .. 4j + 3:
-            // each lane shifts its own nibble down (one shuffle per eight
-            // values, the vpermps, where unpacking bytes took three).
+            // each lane shifts its own nibble down, so the table lookup
+            // (vpermps) is the one shuffle per eight values.
             let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
             each4!(|k| {
                 let word = _mm256_set1_epi32(bytes.add(4 * k).cast::<i32>().read_unaligned());
@@ -396,6 +396,7 @@ unsafe fn group_2x4(
 /// positions of a chunk (6 × 4 KiB) stay in L1 while its four lane groups
 /// walk them, instead of each group streaming whole rows from L2.
 const CHUNK: usize = 1024;
+const _: () = assert!(CHUNK.is_multiple_of(LANES));
 
 /// All positions of rows `r0`, `r0 + 1`: dequantised once into `buf`, then
 /// four positions at a time through [`group_2x4`]; the last `t % 4` as

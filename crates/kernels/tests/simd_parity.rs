@@ -61,34 +61,36 @@ fn check(what: &str, mut f: impl FnMut(&Kernels) -> Vec<f32>) {
 
 #[test]
 fn dense_formats_are_bit_identical_to_scalar() {
-    dense_cases(1, 60, |g| 1 + g.below(300));
+    dense_cases(1, 60, (1, 1), |g| 1 + g.below(300));
 }
 
 /// Whole 32-column groups: several positions take the path that
 /// dequantises each weight row once for all of them.
 #[test]
 fn dense_formats_on_whole_column_groups_are_bit_identical_to_scalar() {
-    dense_cases(4, 40, |g| 32 * (1 + g.below(24)));
+    dense_cases(4, 40, (1, 1), |g| 32 * (1 + g.below(24)));
 }
 
-/// Rows wider than the multi-position path's column chunk (1,024): the
-/// sums carried from chunk to chunk in order, exact chunk multiples and
-/// a last chunk cut short.
+/// Rows wider than the multi-position path's column chunk (1,024), at
+/// four positions or more and two rows or more (the path's own): the sums
+/// carried from chunk to chunk in order, exact chunk multiples and a last
+/// chunk cut short.
 #[test]
 fn dense_formats_across_several_column_chunks_are_bit_identical_to_scalar() {
     let widths = [1024, 2048, 1056, 3072 + 96];
     let i = std::cell::Cell::new(0);
-    dense_cases(7, 12, |g| {
+    dense_cases(7, 12, (4, 2), |g| {
         let k = i.get();
         i.set(k + 1);
         widths.get(k).copied().unwrap_or(32 * (33 + g.below(80)))
     });
 }
 
-fn dense_cases(seed: u64, cases: usize, cols: impl Fn(&mut Rng) -> usize) {
+/// `cases` random products (at least `least` = (positions, rows) each).
+fn dense_cases(seed: u64, cases: usize, least: (usize, usize), cols: impl Fn(&mut Rng) -> usize) {
     let mut g = Rng(seed);
     for case in 0..cases {
-        let (t, rows) = (1 + g.below(16), 1 + g.below(40));
+        let (t, rows) = (least.0.max(1 + g.below(16)), least.1.max(1 + g.below(40)));
         let cols = cols(&mut g);
         let x = g.values(t * cols);
         let wf = g.values(rows * cols);

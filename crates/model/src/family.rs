@@ -148,10 +148,20 @@ impl<F: Family> Model<F> {
         };
         // An int8 spine is read from the int8 spine file where one was
         // written (`fathom convert`), else quantised as it is read.
-        if opts.spine == Spine::Int8
-            && let Some(ck) = Arc::get_mut(&mut ck)
-        {
-            ck.attach_int8_spine()?;
+        if opts.spine == Spine::Int8 {
+            let file = ck.dir().join(fathom_weights::int8_spine::FILE_NAME);
+            match Arc::get_mut(&mut ck) {
+                Some(ck) => {
+                    ck.attach_int8_spine()?;
+                }
+                None if file.exists() => {
+                    return Err(ModelError::Tensor(format!(
+                        "{}: the checkpoint handed in is shared, so the int8 spine file cannot be attached",
+                        file.display()
+                    )));
+                }
+                None => {}
+            }
         }
         let weights = F::weights(&spec, &ck, opts.spine, &opts.layers)?;
         let parts = F::parts(&spec, &ck, opts.mtp)?;

@@ -9,7 +9,8 @@
 //! (never a router, which stays exact), each named by the tensor it came
 //! from. A matrix made from another (a tied head's copy of the embedding,
 //! a split of one) has other data and is not recorded: a load quantises it
-//! as before. One recording at a time, per process.
+//! itself. One recording at a time, per process: a conversion runs alone in
+//! its process (`fathom convert`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -67,7 +67,9 @@ impl MemoryFacts {
     pub fn with_int8_file(mut self) -> Self {
         for l in &mut self.layers {
             // The globals (the spine less its layers) keep their bytes.
-            self.spine_bytes -= l.stored - l.int8;
+            self.spine_bytes = self
+                .spine_bytes
+                .saturating_sub(l.stored.saturating_sub(l.int8));
             l.stored = l.int8;
         }
         self

@@ -1,6 +1,8 @@
 //! The int8 spine file: a model's spine matrices quantised once to
 //! per-row int8 (`fathom convert --spine int8`), kept beside the
-//! checkpoint as one safetensors file, [`FILE_NAME`]. A `--spine int8`
+//! checkpoint as one file in the safetensors format, [`FILE_NAME`] (not
+//! named `*.safetensors`, so nothing that lists a checkpoint's shards
+//! counts it). A `--spine int8`
 //! load reads each matrix the file holds as its codes and row scales
 //! instead of reading the stored matrix and quantising it, so a streamed
 //! int8 layer reads about half the bytes, and no bf16 copy is ever made.
@@ -27,7 +29,7 @@ use crate::checkpoint::{Checkpoint, MAX_HEADER};
 use crate::error::{Result, WeightsError};
 
 /// The file's name in the model directory.
-pub const FILE_NAME: &str = "spine-int8.fathom.safetensors";
+pub const FILE_NAME: &str = "spine-int8.fathom";
 /// The format this build writes and reads (the receipt's `format`).
 pub const FORMAT: &str = "fathom int8 spine 1";
 /// The quantiser (the receipt's `quantiser`): a file made by another is

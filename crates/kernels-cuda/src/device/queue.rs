@@ -66,10 +66,17 @@ impl CudaBackend {
         hints: &Hints<'_, '_>,
         queue: impl FnOnce(&mut State, &Prepared<'_>) -> Result<(), CudaError>,
     ) -> Result<Option<MutexGuard<'_, State>>, CudaError> {
+        // Measured (once) before the lock: the CPU's probe runs on the
+        // thread pool, whose tasks may call the backend.
+        let copy_min = if positions >= 2 {
+            self.spine_copy_min_t()
+        } else {
+            usize::MAX
+        };
         let mut guard = self.lock_timed();
         let st = &mut *guard;
         st.tape.begin();
-        let Some(p) = self.prepare(st, ws, positions, hints) else {
+        let Some(p) = self.prepare(st, ws, positions >= copy_min, hints) else {
             return Ok(None);
         };
         let queued = self
@@ -106,7 +113,7 @@ impl CudaBackend {
         &self,
         st: &mut State,
         ws: &[(MatRef<'w>, Role)],
-        positions: usize,
+        spine_may_push: bool,
         hints: &Hints<'_, '_>,
     ) -> Option<Prepared<'w>> {
         let segs: Vec<Vec<&[u8]>> = ws.iter().map(|(w, _)| segments(w)).collect();
@@ -124,9 +131,7 @@ impl CudaBackend {
         missing.sort_unstable();
         missing.dedup();
         if !room_by_class(st, ws, &segs, &missing, &keys)
-            && !(positions >= 2
-                && positions >= self.spine_copy_min_t_with(st.stats.h2d_bytes_per_s)
-                && spine_copy_room(st, ws, &missing, &keys))
+            && !(spine_may_push && spine_copy_room(st, ws, &missing, &keys))
         {
             return None;
         }
@@ -546,7 +551,7 @@ fn room_by_class(
 /// beside the spine already here: made by pushing out experts, then other
 /// spine, most recently used first (as sequence state does), never one of
 /// `keys`. Taken only for products of many positions (the caller checks
-/// them against `CudaBackend::spine_copy_min_t_with`), where copying the
+/// them against [`CudaBackend::spine_copy_min_t`]), where copying the
 /// matrix up costs less than the CPU's product; a pass's other spine
 /// products then find theirs gone and go to the CPU or, with enough
 /// positions, are copied up in turn.
