@@ -200,7 +200,7 @@ pub(crate) fn add(a: &mut [f32], b: &[f32]) {
 pub(crate) struct Head<'a> {
     pub norm: &'a [f32],
     pub eps: f32,
-    pub lm_head: &'a crate::linear::Linear,
+    pub lm_head: crate::head::HeadRef<'a>,
     pub vocab: usize,
 }
 
@@ -212,7 +212,7 @@ impl Head<'_> {
         segs: &[Segment],
         which: &[Logits],
         tracer: &mut Option<&mut dyn crate::trace::Tracer>,
-    ) -> Vec<Vec<f32>> {
+    ) -> crate::error::Result<Vec<Vec<f32>>> {
         let d = self.norm.len();
         let rows = logit_rows(segs, which);
         let mut hfin = gather(h, &rows, d);
@@ -221,8 +221,8 @@ impl Head<'_> {
         let logits = if rows.is_empty() {
             Vec::new()
         } else {
-            self.lm_head.forward(&hfin, rows.len())
+            self.lm_head.forward(&hfin, rows.len())?
         };
-        split_logits(logits, segs, which, self.vocab)
+        Ok(split_logits(logits, segs, which, self.vocab))
     }
 }

@@ -31,6 +31,10 @@ pub enum ModelError {
     /// names the file and the tensor); the pass changed nothing.
     #[error("spine layer {layer}: {msg}")]
     Spine { layer: usize, msg: String },
+    /// A block of a head read in row blocks could not be read (the message
+    /// names the tensor, its rows and the file); the pass changed nothing.
+    #[error("spine head: {0}")]
+    SpineHead(String),
     /// Unknown `model_type`/`architectures`; the message lists what is supported.
     #[error("{0}")]
     Unsupported(String),

@@ -317,7 +317,7 @@ macro_rules! plain_family_fns {
             <$weights>::load(spec, ck, spine, layers)
         }
         fn spine_reads(w: &$weights) -> $crate::tiers::SpineReads {
-            w.layers.reads()
+            w.layers.reads().with_head(w.head_reads())
         }
     };
 }

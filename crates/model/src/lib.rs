@@ -18,6 +18,7 @@ mod fields;
 pub mod glu;
 pub mod gpt_oss;
 pub mod gqa;
+pub mod head;
 pub mod hybrid;
 pub mod int8_record;
 pub mod kimi_k3;

@@ -42,6 +42,9 @@ pub struct MemoryFacts {
     /// layer is resident or read for every pass); the rest of the spine
     /// (embedding, final norm, head) is [`MemoryFacts::global_bytes`].
     pub layers: Vec<LayerBytes>,
+    /// The output head, part of the globals (zero when it is the
+    /// embedding): read whole for every pass when it leaves RAM.
+    pub head: LayerBytes,
 }
 
 /// One decoder layer's spine bytes.
@@ -72,6 +75,8 @@ impl MemoryFacts {
                 .saturating_sub(l.stored.saturating_sub(l.int8));
             l.stored = l.int8;
         }
+        // A head read in blocks reads its codes and scales from the file.
+        self.head.stored = self.head.int8;
         self
     }
 
@@ -132,6 +137,8 @@ pub struct TensorBytes<'a> {
     pub shape: &'a [usize],
     pub bytes: u64,
     pub embedding: bool,
+    /// The output head (not one tied to the embedding).
+    pub head: bool,
     pub routed_expert: bool,
     /// Quantised by `--spine int8`.
     pub int8: bool,
@@ -152,6 +159,16 @@ pub fn table_sums<'a>(table: impl Iterator<Item = TensorBytes<'a>>) -> [u64; 4] 
         }
     }
     s
+}
+
+/// The head's bytes (stored, int8) in a table.
+pub fn head_sums<'a>(table: impl Iterator<Item = TensorBytes<'a>>) -> LayerBytes {
+    let mut h = LayerBytes::default();
+    for t in table.filter(|t| t.head) {
+        h.stored += t.bytes;
+        h.int8 += int8_bytes(t.shape, t.bytes, t.int8);
+    }
+    h
 }
 
 /// Each of `layers` decoder layers' spine bytes (stored, int8) from a

@@ -71,6 +71,7 @@ pub fn tensor_bytes<'a>(
         shape,
         bytes,
         embedding: role == Role::Embedding,
+        head: role == Role::Head,
         routed_expert: role == Role::RoutedExpert,
         int8: role.int8() && may,
     }

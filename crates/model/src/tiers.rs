@@ -36,6 +36,9 @@ pub struct LayerPlan {
     /// asks (`crate::embedding`; a family whose head is the embedding
     /// keeps it resident).
     pub embedding_on_disk: bool,
+    /// The head left in the checkpoint and read in row blocks for every
+    /// pass (`crate::head`; the last spine weight out of RAM).
+    pub head_on_disk: bool,
     /// Which layers stay resident, as the ledger ranked them
     /// ([`ranked_layers`]); `None`: `resident` of them spread evenly
     /// ([`resident_layers`]).
@@ -55,6 +58,7 @@ impl LayerPlan {
             resident: usize::MAX,
             ring: 2,
             embedding_on_disk: false,
+            head_on_disk: false,
             keep: None,
         }
     }
@@ -66,6 +70,7 @@ impl LayerPlan {
             resident,
             ring: ring.max(2),
             embedding_on_disk: true,
+            head_on_disk: false,
             keep: None,
         }
     }
@@ -135,6 +140,19 @@ pub struct SpineReads {
 }
 
 impl SpineReads {
+    /// These layer reads with the head's block reads (`crate::head`)
+    /// added: their bytes and seconds; passes and layers are the layers'.
+    pub fn with_head(self, head: SpineReads) -> SpineReads {
+        SpineReads {
+            passes: self.passes.max(head.passes),
+            bytes_read: self.bytes_read + head.bytes_read,
+            direct_bytes_read: self.direct_bytes_read + head.direct_bytes_read,
+            read_s: self.read_s + head.read_s,
+            wait_s: self.wait_s + head.wait_s,
+            ..self
+        }
+    }
+
     /// Counters accumulated since `before`.
     pub fn since(&self, before: &SpineReads) -> SpineReads {
         SpineReads {

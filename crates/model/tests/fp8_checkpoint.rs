@@ -105,7 +105,10 @@ fn same_as_dequantised(block: [usize; 2], tag: &str) {
             .data,
         WeightData::Fp8 { .. }
     ));
-    assert!(matches!(m8.weights.lm_head.data, WeightData::Int8 { .. }));
+    assert!(matches!(
+        m8.weights.lm_head.resident().unwrap().data,
+        WeightData::Int8 { .. }
+    ));
     // The ledger's figures (from config.json alone) are the stored bytes.
     let facts = fathom_model::registry::memory_facts(&qd).unwrap();
     assert_eq!(facts.expert_bytes, m.expert_table.expert_bytes());

@@ -436,10 +436,14 @@ fn shared_properties_hold() {
 }
 
 /// The model in `dir` with `resident` decoder layers in RAM and the rest
-/// read for every pass through a ring of two.
+/// read for every pass through a ring of two (with none, the head too, in
+/// row blocks).
 fn load_tiered(dir: &std::path::Path, resident: usize) -> K3Model {
     let opts = fathom_model::LoadOptions {
-        layers: fathom_model::LayerPlan::streamed(resident, 2),
+        layers: fathom_model::LayerPlan {
+            head_on_disk: resident == 0,
+            ..fathom_model::LayerPlan::streamed(resident, 2)
+        },
         ..Default::default()
     };
     K3Model::load_config(&fathom_model::ModelConfig::read(dir).unwrap(), opts).unwrap()
@@ -460,6 +464,8 @@ fn streamed_spine_is_bit_identical() {
         common::assert_batched_equals_solo(&m, &prompt(0), &prompt(2), &prompt(1));
         common::assert_chunked_equals_one_pass(&m, &prompt(2));
         common::assert_state_contract(&m, &prompt(1), b"KLST");
+        let head = m.weights.head_reads();
+        assert_eq!(head.bytes_read > 0, r == 0, "head read in blocks: {head:?}");
     }
 }
 

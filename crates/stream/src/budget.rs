@@ -261,12 +261,31 @@ impl Ledger {
 
     /// At most `resident` decoder layers resident (tests and benchmarks
     /// of a streamed spine; the budget may keep fewer).
+    /// At 0, the head is read in row blocks too: nothing of the spine but
+    /// its norms and mixing vectors stays in RAM.
     pub fn cap_resident_layers(self, spec: &MemoryFacts, resident: usize) -> Self {
-        if resident >= self.tiers.resident_layers {
+        if resident >= self.tiers.resident_layers && (resident > 0 || self.tiers.head_on_disk) {
             return self;
         }
-        let t = SpineTiers::new(spec, self.int8(), resident);
+        let mut t = SpineTiers::new(spec, self.int8(), resident);
+        if resident == 0 {
+            t = t.with_head_on_disk(spec, self.int8());
+        }
         self.with_tiers(spec, t)
+    }
+
+    /// The smallest plan: every layer read for every pass, and the head
+    /// too when reading it in blocks holds less than keeping it.
+    pub fn all_streamed(self, spec: &MemoryFacts) -> Self {
+        let t = SpineTiers::new(spec, self.int8(), 0).with_embedding_on_disk(spec);
+        let kept = self.clone().with_tiers(spec, t.clone());
+        let read = self.with_tiers(spec, t.with_head_on_disk(spec, kept.int8()));
+        let need = |l: &Ledger| l.fixed().max(l.load_peak);
+        if need(&read) < need(&kept) {
+            read
+        } else {
+            kept
+        }
     }
 
     fn int8(&self) -> bool {
@@ -288,7 +307,14 @@ impl Ledger {
                 .map(|(l, _)| l.stored)
                 .max()
                 .unwrap_or(0);
-            layer.max(spec.global_bytes(false) - spec.global_bytes(true))
+            // The head loaded whole as stored, unless it is read in blocks
+            // (the ring counts a block as stored).
+            let head = if self.tiers.head_on_disk {
+                0
+            } else {
+                spec.global_bytes(false) - spec.global_bytes(true)
+            };
+            layer.max(head)
         } else {
             0
         };
@@ -310,9 +336,18 @@ impl Ledger {
         // put it there anyway), from the most layers resident down.
         let mut r = self.tiers.resident_layers.min(self.tiers.layers);
         loop {
+            if r == 0 {
+                // A head already read in blocks (every layer asked to
+                // stream) stays so.
+                return if self.tiers.head_on_disk {
+                    self
+                } else {
+                    self.all_streamed(spec)
+                };
+            }
             let t = SpineTiers::new(spec, self.int8(), r).with_embedding_on_disk(spec);
             let l = self.clone().with_tiers(spec, t);
-            if r == 0 || (l.fixed() <= budget && l.load_peak <= budget) {
+            if l.fixed() <= budget && l.load_peak <= budget {
                 return l;
             }
             r -= 1;
@@ -353,7 +388,9 @@ impl Ledger {
                 if self.tiers.streamed_layers > 0 {
                     format!(
                         " ({}; {} of {} layers read for every pass through a ring of {} layers, {})",
-                        if self.tiers.embedding_on_disk {
+                        if self.tiers.head_on_disk {
+                            "norms; the embedding's rows read as asked, the head in blocks"
+                        } else if self.tiers.embedding_on_disk {
                             "norm and head, the embedding's rows read as asked"
                         } else {
                             "embedding, norm and head"
@@ -424,10 +461,10 @@ impl Ledger {
                 format_bytes(t.read_bytes),
                 t.ring,
                 format_bytes(t.ring_bytes),
-                if t.embedding_on_disk {
-                    ", the embedding's rows read as asked"
-                } else {
-                    ""
+                match (t.embedding_on_disk, t.head_on_disk) {
+                    (_, true) => ", the embedding's rows read as asked, the head in row blocks",
+                    (true, false) => ", the embedding's rows read as asked",
+                    _ => "",
                 }
             )
         } else if t.embedding_on_disk {
@@ -713,19 +750,37 @@ mod tests {
             }
         );
         // Forced to none resident: a ring of two, the two largest
-        // neighbours (k3-tiny: layer 0, dense, beside a MoE layer).
+        // neighbours (k3-tiny: layer 0, dense, beside a MoE layer), and the
+        // head read in row blocks, two of its eight blocks held.
         let none = Ledger::minimum(&s, Spine::Bf16, 1, l.kv, 1, 8).cap_resident_layers(&s, 0);
         let b: Vec<u64> = s.layers.iter().map(|x| x.stored).collect();
         let pairs = (0..9).map(|i| b[i] + b[(i + 1) % 9]).max().unwrap();
-        assert_eq!((none.tiers.ring, none.tiers.ring_bytes), (2, pairs));
+        let (rows, h) = (s.vocab_size as u64, s.head);
+        assert!(h.stored > 0 && h.int8 < h.stored);
+        let block = fathom_model::head::block_rows(rows as usize, h.stored / rows) as u64;
+        assert_eq!(block, rows.div_ceil(8));
+        let head_ring = 2 * block * (h.stored / rows);
+        assert!(none.tiers.head_on_disk && none.tiers.plan().head_on_disk);
+        assert_eq!(
+            (none.tiers.ring, none.tiers.ring_bytes),
+            (2, pairs + head_ring)
+        );
+        // Reading the head in blocks holds less than keeping it: the least
+        // plan reads it too.
+        let least = Ledger::minimum(&s, Spine::Bf16, 1, l.kv, 1, 8).all_streamed(&s);
+        assert!(least.tiers.head_on_disk);
+        assert_eq!(least.fixed(), none.fixed());
         assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 2), 9);
         assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 9), 11);
-        assert_eq!(none.spine, s.global_bytes(false) - s.embedding_bytes);
+        assert_eq!(
+            none.spine,
+            s.global_bytes(false) - s.embedding_bytes - h.stored
+        );
         assert_eq!(
             none.tiers.streamed_bytes,
             s.layers.iter().map(|x| x.stored).sum::<u64>()
         );
-        assert_eq!(none.tiers.read_bytes, none.tiers.streamed_bytes);
+        assert_eq!(none.tiers.read_bytes, none.tiers.streamed_bytes + h.stored);
         // An int8 spine holds its layers quantised but reads them as stored.
         let int8 = Ledger::minimum(&s, Spine::Int8, 1, l.kv, 1, 8).cap_resident_layers(&s, 0);
         assert_eq!(
@@ -734,10 +789,14 @@ mod tests {
         );
         assert_eq!(int8.tiers.read_bytes, none.tiers.read_bytes);
         // Its ring also holds the layer being read as stored until it is
-        // quantised.
+        // quantised, and a head block likewise.
         let q: Vec<u64> = s.layers.iter().map(|x| x.int8).collect();
         let pairs = (0..9).map(|i| q[i] + q[(i + 1) % 9]).max().unwrap();
-        assert_eq!(int8.tiers.ring_bytes, pairs + b.iter().max().unwrap());
+        let head_ring = 2 * block * h.int8.div_ceil(rows) + block * (h.stored / rows);
+        assert_eq!(
+            int8.tiers.ring_bytes,
+            pairs + b.iter().max().unwrap() + head_ring
+        );
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub struct SpineTiers {
     /// fit (never when the head is the embedding: the family then reports
     /// no embedding bytes).
     pub embedding_on_disk: bool,
+    /// The head left in the checkpoint, read in row blocks for every pass
+    /// (`fathom_model::head`): the last spine weight out of RAM, when every
+    /// layer streams and the plan still does not fit.
+    pub head_on_disk: bool,
     /// Bytes of the resident layers.
     pub resident_bytes: u64,
     /// Layers read for every pass, and their bytes in RAM.
@@ -78,6 +82,7 @@ impl SpineTiers {
             resident_layers,
             global_bytes: spec.global_bytes(int8),
             embedding_on_disk: false,
+            head_on_disk: false,
             resident_bytes,
             streamed_layers,
             streamed_bytes: streamed.iter().sum(),
@@ -103,6 +108,30 @@ impl SpineTiers {
         self
     }
 
+    /// These tiers with the head read in row blocks for every pass: its
+    /// bytes leave the globals, a pass reads it as stored, and its ring of
+    /// blocks (and, quantising, one block as stored) joins the layers'.
+    /// No change when the head is the embedding.
+    pub fn with_head_on_disk(mut self, spec: &MemoryFacts, int8: bool) -> Self {
+        let h = spec.head;
+        if self.head_on_disk || h.stored == 0 {
+            return self;
+        }
+        let rows = spec.vocab_size.max(1) as u64;
+        let block = fathom_model::head::block_rows(rows as usize, h.stored.div_ceil(rows)) as u64;
+        let held = block * h.bytes(int8).div_ceil(rows);
+        let as_stored = if int8 && h.stored != h.int8 {
+            block * h.stored.div_ceil(rows)
+        } else {
+            0
+        };
+        self.head_on_disk = true;
+        self.global_bytes = self.global_bytes.saturating_sub(h.bytes(int8));
+        self.read_bytes += h.stored;
+        self.ring_bytes += fathom_model::head::HEAD_RING as u64 * held + as_stored;
+        self
+    }
+
     /// Resident spine bytes: globals and resident layers.
     pub fn resident_spine(&self) -> u64 {
         self.global_bytes + self.resident_bytes
@@ -113,11 +142,13 @@ impl SpineTiers {
         if self.streamed_layers == 0 {
             fathom_model::LayerPlan {
                 embedding_on_disk: self.embedding_on_disk,
+                head_on_disk: self.head_on_disk,
                 ..fathom_model::LayerPlan::all()
             }
         } else {
             fathom_model::LayerPlan {
                 keep: Some(self.keep.clone()),
+                head_on_disk: self.head_on_disk,
                 ..fathom_model::LayerPlan::streamed(self.resident_layers, self.ring)
             }
         }

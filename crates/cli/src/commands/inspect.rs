@@ -100,8 +100,9 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
     let plan = KvPlan::new(facts, kv.context, 1, kv.dtype, kv.ram, rest);
     let inflight = 2 * facts.top_k;
     let min = Ledger::minimum(facts, spine, kv.context, plan, positions(), inflight);
-    // The least budget: every spine layer read for every pass.
-    let least = min.clone().cap_resident_layers(facts, 0);
+    // The least budget: every spine layer read for every pass (and the
+    // head, where reading it in blocks holds less).
+    let least = min.clone().all_streamed(facts);
     let fixed = least.least_budget().max(least.load_peak) + kv.index;
     let (fits, l) = match min.clone().with_budget(facts, rest) {
         Ok(l) => (true, Ledger { budget, ..l }),
@@ -169,15 +170,20 @@ fn verdict(
     index: u64,
 ) -> String {
     let mb = mb_least.div_ceil(1_000_000);
+    let every = if least.tiers.head_on_disk {
+        "every layer and the head"
+    } else {
+        "every layer"
+    };
     if fits {
         return format!(
-            "fits: {} of {} layers resident, {} of {all} experts cached; the least budget that works is --ram-budget {mb}MB (every layer read for every pass, no expert cache)",
+            "fits: {} of {} layers resident, {} of {all} experts cached; the least budget that works is --ram-budget {mb}MB ({every} read for every pass, no expert cache)",
             l.tiers.resident_layers, l.tiers.layers, l.cache_experts
         );
     }
     if least.least_budget() >= least.load_peak {
         format!(
-            "does not fit: with every layer read for every pass, the spine's globals and ring, state, scratch, I/O buffers and tensor index need {} — give at least --ram-budget {mb}MB",
+            "does not fit: with {every} read for every pass, the spine's globals and ring, state, scratch, I/O buffers and tensor index need {} — give at least --ram-budget {mb}MB",
             format_bytes(least.least_budget() + index)
         )
     } else {
@@ -445,6 +451,13 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
     });
     tier("  of them bytes", &|t| b(&t["resident_bytes"]));
     tier("streamed layers", &|t| t["streamed_layers"].to_string());
+    tier("  head", &|t| {
+        if t["head_on_disk"] == true {
+            "row blocks".into()
+        } else {
+            "resident".into()
+        }
+    });
     tier("  read per pass", &|t| b(&t["read_bytes"]));
     tier("spine ring", &|t| {
         format!("{} layers {}", t["ring"], b(&t["ring_bytes"]))

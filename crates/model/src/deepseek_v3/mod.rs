@@ -92,7 +92,7 @@ impl Family for DeepseekV3 {
         DeepseekV3Weights::load(spec, ck, spine, layers)
     }
     fn spine_reads(w: &DeepseekV3Weights) -> crate::tiers::SpineReads {
-        w.layers.reads()
+        w.layers.reads().with_head(w.head_reads())
     }
     /// With `mtp`, also the first multi-token-prediction layer, for
     /// `--draft mtp` (its experts join the expert table).
@@ -219,6 +219,7 @@ pub fn memory_facts(spec: &DeepseekV3Spec) -> crate::memory::MemoryFacts {
             spec.num_layers,
             entries().map(crate::table::tensor_bytes),
         ),
+        head: crate::memory::head_sums(entries().map(crate::table::tensor_bytes)),
     }
 }
 

@@ -75,7 +75,7 @@ pub(super) fn forward_rows(
     for (s, seg) in states.iter_mut().zip(segs) {
         s.pos += seg.len();
     }
-    Ok(head(model, &h, segs, &rows.which, &mut tracer))
+    head(model, &h, segs, &rows.which, &mut tracer)
 }
 
 /// Keeps the rows the head reads (after the final norm) for the
@@ -139,12 +139,12 @@ fn head(
     segs: &[Segment],
     which: &[Logits],
     tracer: &mut Option<&mut dyn Tracer>,
-) -> Vec<Vec<f32>> {
+) -> Result<Vec<Vec<f32>>> {
     let (spec, w) = (&*model.spec, &model.weights);
     let head = Head {
         norm: &w.norm,
         eps: spec.rms_norm_eps,
-        lm_head: &w.lm_head,
+        lm_head: crate::head::HeadRef::Head(&w.lm_head),
         vocab: spec.vocab_size,
     };
     head.logits(h, segs, which, tracer)

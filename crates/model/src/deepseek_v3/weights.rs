@@ -10,6 +10,7 @@ use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
 use crate::embedding::Embedding;
 use crate::error::Result;
+use crate::head::LmHead;
 use crate::hybrid::mla::AbsorbedKvB;
 use crate::linear::{Linear, Spine};
 use crate::mlp::MlpWeights;
@@ -61,7 +62,7 @@ pub struct DeepseekV3Weights {
     pub embed_tokens: Embedding,
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
-    pub lm_head: Linear,
+    pub lm_head: LmHead,
 }
 
 fn attention(spec: &DeepseekV3Spec, b: &Binder<'_>, i: usize) -> Result<AttnWeights> {
@@ -109,6 +110,11 @@ pub(super) fn layer(spec: &DeepseekV3Spec, b: &Binder<'_>, i: usize) -> Result<L
 }
 
 impl DeepseekV3Weights {
+    /// What reading the head in row blocks has cost (zero when resident).
+    pub fn head_reads(&self) -> crate::tiers::SpineReads {
+        self.lm_head.reads()
+    }
+
     /// Checks the checkpoint against the spec, then reads the spine in
     /// `spine` precision (FP8 matrices stay FP8 with their tile scales),
     /// its decoder layers placed by `plan`.
@@ -124,10 +130,7 @@ impl DeepseekV3Weights {
             ck,
             fp8_block: spec.fp8_block(),
         };
-        let mut lm_head = b.linear(LM_HEAD)?;
-        if spine == Spine::Int8 {
-            lm_head.quantize_int8();
-        }
+        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_on_disk, || b.linear(LM_HEAD))?;
         Ok(DeepseekV3Weights {
             embed_tokens: Embedding::load(
                 ck,

@@ -108,6 +108,7 @@ pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
             shape: &t.shape,
             bytes: t.bytes(),
             embedding: t.role == Role::Embedding,
+            head: t.role == Role::Head,
             routed_expert: t.role == Role::RoutedExpert,
             int8: matches!(t.role, Role::Attention | Role::Head),
         })
@@ -132,5 +133,6 @@ pub fn memory_facts(spec: &GptOssSpec) -> crate::memory::MemoryFacts {
         mtp_bytes: 0,
         mtp_cache_floats_per_token: 0,
         layers: crate::memory::layer_sums(spec.num_layers, entries()),
+        head: crate::memory::head_sums(entries()),
     }
 }

@@ -111,9 +111,9 @@ fn forward_rows(
     for (s, seg) in states.iter_mut().zip(segs) {
         s.pos += seg.len();
     }
-    Ok(timed(Phase::MixAndHead, || {
+    timed(Phase::MixAndHead, || {
         head(model, &partial, &blocks, segs, which, &mut tracer)
-    }))
+    })
 }
 
 /// The layer's attention over `x`, timed as its kind, and whether a
@@ -188,7 +188,7 @@ fn head(
     segs: &[Segment],
     which: &[Logits],
     tracer: &mut Option<&mut dyn Tracer>,
-) -> Vec<Vec<f32>> {
+) -> Result<Vec<Vec<f32>>> {
     let (spec, w) = (&*model.spec, &model.weights);
     let (d, eps) = (spec.hidden_size, spec.rms_norm_eps);
     let rows = logit_rows(segs, which);
@@ -201,7 +201,7 @@ fn head(
     let logits = if rows.is_empty() {
         Vec::new()
     } else {
-        w.lm_head.forward(&hfin, rows.len())
+        w.lm_head.forward(&hfin, rows.len())?
     };
-    split_logits(logits, segs, which, spec.vocab_size)
+    Ok(split_logits(logits, segs, which, spec.vocab_size))
 }

@@ -13,6 +13,7 @@ use super::tensors::{LM_HEAD, PREFIX, TensorSpec, layer_name, tensor_table};
 use crate::bind::{Binder, is_float, require_none};
 use crate::embedding::Embedding;
 use crate::error::Result;
+use crate::head::LmHead;
 use crate::linear::{Linear, Spine};
 pub use crate::mlp::MlpWeights;
 use crate::tiers::{LayerPlan, Layers, load_layers};
@@ -157,7 +158,7 @@ pub struct K3Weights {
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     pub output_attn_res: AttnResWeights,
-    pub lm_head: Linear,
+    pub lm_head: LmHead,
 }
 
 /// A site's pseudo-query with its norm weight folded in.
@@ -170,6 +171,11 @@ fn attn_res(b: &Binder<'_>, norm: &str, proj: &str) -> Result<AttnResWeights> {
 }
 
 impl K3Weights {
+    /// What reading the head in row blocks has cost (zero when resident).
+    pub fn head_reads(&self) -> crate::tiers::SpineReads {
+        self.lm_head.reads()
+    }
+
     /// Checks the checkpoint against the spec, then reads the spine in
     /// `spine` precision, its decoder layers placed by `plan`.
     pub fn load(
@@ -181,10 +187,7 @@ impl K3Weights {
         require_tensors(spec, ck)?;
         let layers = load_layers(spec, ck, spine, plan, spec.num_layers, layer)?;
         let b = Binder::new(ck);
-        let mut lm_head = b.linear(LM_HEAD)?;
-        if spine == Spine::Int8 {
-            lm_head.quantize_int8();
-        }
+        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_on_disk, || b.linear(LM_HEAD))?;
         Ok(K3Weights {
             embed_tokens: Embedding::load(
                 ck,

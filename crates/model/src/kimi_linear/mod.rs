@@ -121,5 +121,6 @@ pub fn memory_facts(spec: &KimiLinearSpec) -> crate::memory::MemoryFacts {
             spec.num_layers,
             entries().map(crate::table::tensor_bytes),
         ),
+        head: crate::memory::head_sums(entries().map(crate::table::tensor_bytes)),
     }
 }

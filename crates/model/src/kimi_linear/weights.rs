@@ -10,6 +10,7 @@ use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
 use crate::embedding::Embedding;
 use crate::error::Result;
+use crate::head::LmHead;
 use crate::hybrid::AttnKind;
 use crate::hybrid::kda::KdaParams;
 use crate::hybrid::mla::AbsorbedKvB;
@@ -97,7 +98,7 @@ pub struct KimiLinearWeights {
     pub embed_tokens: Embedding,
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
-    pub lm_head: Linear,
+    pub lm_head: LmHead,
 }
 
 fn kda(spec: &KimiLinearSpec, b: &Binder<'_>, i: usize) -> Result<KdaWeights> {
@@ -135,6 +136,11 @@ fn mla(spec: &KimiLinearSpec, b: &Binder<'_>, i: usize) -> Result<MlaWeights> {
 }
 
 impl KimiLinearWeights {
+    /// What reading the head in row blocks has cost (zero when resident).
+    pub fn head_reads(&self) -> crate::tiers::SpineReads {
+        self.lm_head.reads()
+    }
+
     /// Checks the checkpoint against the spec, then reads the spine in
     /// `spine` precision, its decoder layers placed by `plan`.
     pub fn load(
@@ -146,10 +152,7 @@ impl KimiLinearWeights {
         require_none(&check_tensors(spec, ck))?;
         let layers = load_layers(spec, ck, spine, plan, spec.num_layers, layer)?;
         let b = Binder::new(ck);
-        let mut lm_head = b.linear(LM_HEAD)?;
-        if spine == Spine::Int8 {
-            lm_head.quantize_int8();
-        }
+        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_on_disk, || b.linear(LM_HEAD))?;
         Ok(KimiLinearWeights {
             embed_tokens: Embedding::load(
                 ck,

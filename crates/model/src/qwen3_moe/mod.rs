@@ -128,5 +128,6 @@ pub fn memory_facts(spec: &Qwen3MoeSpec) -> crate::memory::MemoryFacts {
             spec.num_layers,
             entries().map(crate::table::tensor_bytes),
         ),
+        head: crate::memory::head_sums(entries().map(crate::table::tensor_bytes)),
     }
 }

@@ -81,7 +81,7 @@ pub(super) fn forward_rows(
     for (s, seg) in states.iter_mut().zip(segs) {
         s.pos += seg.len();
     }
-    Ok(head(model, &h, segs, &rows.which, &mut tracer))
+    head(model, &h, segs, &rows.which, &mut tracer)
 }
 
 /// The layer's MLP side as [`Early`] names it.
@@ -133,7 +133,7 @@ fn head(
     segs: &[Segment],
     which: &[Logits],
     tracer: &mut Option<&mut dyn Tracer>,
-) -> Vec<Vec<f32>> {
+) -> Result<Vec<Vec<f32>>> {
     let (spec, w) = (&*model.spec, &model.weights);
     let head = Head {
         norm: &w.norm,

@@ -10,6 +10,7 @@ use super::tensors::{LM_HEAD, PREFIX, check_tensors, layer_name};
 use crate::bind::{Binder, require_none};
 use crate::embedding::Embedding;
 use crate::error::Result;
+use crate::head::{HeadRef, LmHead};
 use crate::linear::{Linear, Spine};
 use crate::mlp::MlpWeights;
 use crate::tiers::{LayerPlan, Layers, load_layers};
@@ -54,10 +55,17 @@ pub struct Qwen3MoeWeights {
     pub layers: Layers<LayerWeights>,
     pub norm: Vec<f32>,
     /// `lm_head`, or `None` when tied to `embed_tokens`.
-    pub lm_head: Option<Linear>,
+    pub lm_head: Option<LmHead>,
 }
 
 impl Qwen3MoeWeights {
+    /// What reading the head in row blocks has cost (zero when resident).
+    pub fn head_reads(&self) -> crate::tiers::SpineReads {
+        self.lm_head
+            .as_ref()
+            .map_or_else(Default::default, LmHead::reads)
+    }
+
     /// Checks the checkpoint against the spec, then reads the spine in
     /// `spine` precision, its decoder layers placed by `plan`.
     pub fn load(
@@ -69,14 +77,13 @@ impl Qwen3MoeWeights {
         require_none(&check_tensors(spec, ck))?;
         let layers = load_layers(spec, ck, spine, plan, spec.num_layers, layer)?;
         let b = Binder::new(ck);
-        let mut lm_head = if spec.tie_word_embeddings {
+        let lm_head = if spec.tie_word_embeddings {
             None
         } else {
-            Some(b.linear(LM_HEAD)?)
+            Some(LmHead::load(ck, LM_HEAD, spine, plan.head_on_disk, || {
+                b.linear(LM_HEAD)
+            })?)
         };
-        if let (Some(h), Spine::Int8) = (&mut lm_head, spine) {
-            h.quantize_int8();
-        }
         Ok(Qwen3MoeWeights {
             embed_tokens: Embedding::load(
                 ck,
@@ -90,10 +97,10 @@ impl Qwen3MoeWeights {
     }
 
     /// The output head (the embedding when tied).
-    pub fn head(&self) -> &Linear {
+    pub fn head(&self) -> HeadRef<'_> {
         match (&self.lm_head, self.embed_tokens.resident()) {
-            (Some(h), _) => h,
-            (None, Some(t)) => t,
+            (Some(h), _) => HeadRef::Head(h),
+            (None, Some(t)) => HeadRef::Tied(t),
             (None, None) => unreachable!("a head tied to the embedding keeps it resident"),
         }
     }

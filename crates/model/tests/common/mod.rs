@@ -704,10 +704,14 @@ macro_rules! family_golden_tests {
         }
 
         /// The model in `dir` with `resident` decoder layers in RAM and the
-        /// rest read for every pass through a ring of two.
+        /// rest read for every pass through a ring of two (with none, the head
+        /// too, in row blocks).
         pub fn load_tiered(dir: &std::path::Path, resident: usize) -> Model<$family> {
             let opts = fathom_model::LoadOptions {
-                layers: fathom_model::LayerPlan::streamed(resident, 2),
+                layers: fathom_model::LayerPlan {
+                    head_on_disk: resident == 0,
+                    ..fathom_model::LayerPlan::streamed(resident, 2)
+                },
                 ..Default::default()
             };
             Model::<$family>::load_config(&fathom_model::ModelConfig::read(dir).unwrap(), opts)
@@ -730,6 +734,8 @@ macro_rules! family_golden_tests {
                 crate::common::assert_batched_equals_solo(&m, &a, &b, &c);
                 crate::common::assert_chunked_equals_one_pass(&m, &g.input_ids(2));
                 crate::common::assert_state_contract(&m, &g.input_ids(1), $foreign);
+                let head = m.weights.head_reads();
+                assert_eq!(head.bytes_read > 0, r == 0, "head read in blocks: {head:?}");
             }
         }
 
