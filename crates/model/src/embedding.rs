@@ -135,28 +135,7 @@ mod tests {
 
     /// A one-tensor checkpoint of `dtype` (bf16 or f32) in a fresh directory.
     fn table(dtype: &str, rows: usize, cols: usize) -> (std::path::PathBuf, Arc<Checkpoint>) {
-        let d =
-            std::env::temp_dir().join(format!("fathom-embedding-{dtype}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        let n = rows * cols;
-        let value = |i: usize| ((i * 7919) % 251) as f32 / 17.0 - 7.0;
-        let data: Vec<u8> = match dtype {
-            "BF16" => (0..n)
-                .flat_map(|i| ((value(i).to_bits() >> 16) as u16).to_le_bytes())
-                .collect(),
-            _ => (0..n).flat_map(|i| value(i).to_le_bytes()).collect(),
-        };
-        let header = format!(
-            r#"{{"model.embed_tokens.weight":{{"dtype":"{dtype}","shape":[{rows},{cols}],"data_offsets":[0,{}]}}}}"#,
-            data.len()
-        );
-        let mut file = (header.len() as u64).to_le_bytes().to_vec();
-        file.extend(header.as_bytes());
-        file.extend(data);
-        std::fs::write(d.join("model.safetensors"), file).unwrap();
-        let ck = Arc::new(Checkpoint::open(&d).unwrap());
-        (d, ck)
+        crate::testing::one_matrix("embedding", "model.embed_tokens.weight", dtype, rows, cols)
     }
 
     #[test]

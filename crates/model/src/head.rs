@@ -293,26 +293,7 @@ mod tests {
         rows: usize,
         cols: usize,
     ) -> (std::path::PathBuf, Arc<Checkpoint>) {
-        let d = std::env::temp_dir().join(format!("fathom-head-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        let n = rows * cols;
-        let value = |i: usize| ((i * 7919) % 263) as f32 / 19.0 - 6.5;
-        let data: Vec<u8> = match dtype {
-            "BF16" => (0..n)
-                .flat_map(|i| ((value(i).to_bits() >> 16) as u16).to_le_bytes())
-                .collect(),
-            _ => (0..n).flat_map(|i| value(i).to_le_bytes()).collect(),
-        };
-        let header = format!(
-            r#"{{"lm_head.weight":{{"dtype":"{dtype}","shape":[{rows},{cols}],"data_offsets":[0,{}]}}}}"#,
-            data.len()
-        );
-        let mut file = (header.len() as u64).to_le_bytes().to_vec();
-        file.extend(header.as_bytes());
-        file.extend(data);
-        std::fs::write(d.join("model.safetensors"), file).unwrap();
-        (d.clone(), Arc::new(Checkpoint::open(&d).unwrap()))
+        crate::testing::one_matrix(&format!("head-{tag}"), "lm_head.weight", dtype, rows, cols)
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {

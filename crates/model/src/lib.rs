@@ -37,6 +37,8 @@ pub mod registry;
 pub mod rotary;
 mod state_codec;
 pub mod table;
+#[cfg(test)]
+mod testing;
 pub mod tiers;
 pub mod trace;
 
