@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{code_small, fathom};
+use common::{code_draft, code_small, fathom};
 use serde_json::Value;
 
 fn ok(args: &[&str]) -> (Value, String) {
@@ -59,7 +59,25 @@ fn a_spine_larger_than_the_budget_gives_the_resident_tokens() {
     // Every layer read for every pass.
     let (none, err) = run(&["--ram-budget", "110MB", "--spine-resident-layers", "0"]);
     assert!(err.contains(" 0 of "), "{err}");
+    assert!(err.contains("the head in row blocks"), "{err}");
     assert_eq!(ids(&none), want, "no layer resident");
+    // Verifying drafted tokens through the streamed layers and head.
+    if let Some(d) = code_draft() {
+        let draft = format!("model:{}", d.display());
+        let (drafted, _) = run(&[
+            "--ram-budget",
+            "130MB",
+            "--spine-resident-layers",
+            "0",
+            "--draft",
+            &draft,
+        ]);
+        assert_eq!(ids(&drafted), want, "drafting on a streamed spine");
+        assert!(
+            drafted["stats"]["draft"]["verify_passes"].as_u64().unwrap() > 0,
+            "{drafted}"
+        );
+    }
     // Every pass read every layer once: about the plan's streamed bytes a
     // pass (which counts the layers as held in RAM: a few small tensors
     // are widened to f32 there), plus at most the ring's read-ahead past
