@@ -445,8 +445,16 @@ impl<L: Send + Sync + 'static> Ring<L> {
                 s.ready.drain(..at);
                 let (_, r) = s.ready.pop_front().expect("found above");
                 sh.wake.notify_all();
+                drop(s);
                 let waited = t0.elapsed().as_nanos() as u64;
                 sh.counters.wait_ns.fetch_add(waited, Ordering::Relaxed);
+                // A read ahead that failed may have failed before the fault
+                // was mended (a file restored after a failed pass): it is
+                // read once more, in place, before the pass fails.
+                let r = match r {
+                    Ok(l) => Ok(l),
+                    Err(_) => sh.counters.timed(&sh.load, layer).map(Arc::new),
+                };
                 return r.map_err(|e| layer_error(layer, e));
             }
             // What is ready comes before or after `pos` in another pass
@@ -632,6 +640,53 @@ mod tests {
         assert_eq!(*layers.get(4).unwrap(), 40);
         assert_eq!(*layers.get(0).unwrap(), 0);
         assert!(layers.peek(9).is_none());
+    }
+
+    #[test]
+    fn a_read_ahead_that_failed_before_a_fault_was_mended_is_read_again() {
+        use std::sync::atomic::AtomicBool;
+        let broken = Arc::new(AtomicBool::new(false));
+        let reads: Arc<[AtomicUsize; 3]> = Arc::new(Default::default());
+        let (b, r) = (broken.clone(), reads.clone());
+        let load: LoadLayer<usize> = Arc::new(move |i| {
+            let cut = b.load(Ordering::SeqCst);
+            r[i].fetch_add(1, Ordering::SeqCst);
+            if cut {
+                return Err(ModelError::Tensor(format!("layer {i} cut")));
+            }
+            Ok(i * 10)
+        });
+        // Waits until layer `i` has been read `n` times, and for the read
+        // to land in the ring.
+        let t0 = Instant::now();
+        let read = |i: usize, n: usize| {
+            while reads[i].load(Ordering::SeqCst) < n {
+                assert!(
+                    t0.elapsed().as_secs() < 20,
+                    "layer {i} never read {n} times"
+                );
+                std::thread::yield_now();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let layers = Layers::load(3, &LayerPlan::streamed(0, 2), load).unwrap();
+        assert_eq!(*layers.get(0).unwrap(), 0);
+        read(1, 1);
+        broken.store(true, Ordering::SeqCst);
+        assert_eq!(*layers.get(1).unwrap(), 10, "read before the cut");
+        // Layer 2 is read ahead while the file is cut: the pass fails there
+        // (read again in place, still cut).
+        read(2, 1);
+        let e = layers.get(2).err().unwrap().to_string();
+        assert_eq!(e, "spine layer 2: tensor layer 2 cut");
+        assert_eq!(reads[2].load(Ordering::SeqCst), 2);
+        // The next pass's layer 0 is read ahead while cut, then the fault
+        // is mended: the stale failure is read again.
+        read(0, 2);
+        broken.store(false, Ordering::SeqCst);
+        assert_eq!(*layers.get(0).unwrap(), 0, "a stale failure is read again");
+        assert_eq!(*layers.get(1).unwrap(), 10);
+        assert_eq!(*layers.get(2).unwrap(), 20);
     }
 
     #[test]
