@@ -261,3 +261,46 @@ fn fathom_ok(args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_budget_that_reads_the_head_in_blocks_is_refused_naming_one_that_keeps_it() {
+    let m = copy_of(&tiny().join("checkpoint"), "head");
+    let ms = m.to_str().unwrap();
+    // k3-tiny's int8 plans: below ~73.5 MB nothing fits, a band above it
+    // reads the head in blocks (two of eight held), then it is kept.
+    let at = |bytes: u64| {
+        fathom(&[
+            "convert",
+            "--model",
+            ms,
+            "--spine",
+            "int8",
+            "--force",
+            "--ram-budget",
+            &bytes.to_string(),
+        ])
+    };
+    let refused = (72_000..76_000u64)
+        .step_by(50)
+        .map(|k| at(k * 1000))
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .find(|e| e.contains("quantises the head whole"))
+        .expect("a budget that reads the head in row blocks");
+    assert!(
+        refused.contains("reads it in row blocks — give at least --ram-budget "),
+        "{refused}"
+    );
+    let mb: u64 = refused
+        .split("--ram-budget ")
+        .nth(1)
+        .and_then(|r| r.split("MB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let ok = at(mb * 1_000_000);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    std::fs::remove_dir_all(&m).unwrap();
+}

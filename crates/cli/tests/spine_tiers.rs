@@ -77,6 +77,8 @@ fn a_spine_larger_than_the_budget_gives_the_resident_tokens() {
             drafted["stats"]["draft"]["verify_passes"].as_u64().unwrap() > 0,
             "{drafted}"
         );
+    } else {
+        eprintln!("drafting skipped: shared/models/k3-code-draft is not beside the repository");
     }
     // Every pass read every layer once: about the plan's streamed bytes a
     // pass (which counts the layers as held in RAM: a few small tensors

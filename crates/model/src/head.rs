@@ -237,38 +237,58 @@ impl BlockSource {
         }
     }
 
-    /// Bytes `r` of tensor `loc`, whose rows are `rows` long.
-    fn read_rows(&self, loc: &TensorLoc, r: &std::ops::Range<usize>) -> Result<Vec<u8>> {
-        let width = loc.len as usize / self.rows.max(1);
-        let mut bytes = vec![0u8; r.len() * width];
+    /// Rows `r` of tensor `loc`, as a location of their own.
+    fn rows_of(&self, loc: &TensorLoc, r: &std::ops::Range<usize>) -> TensorLoc {
+        let width = loc.len / self.rows.max(1) as u64;
+        let mut shape = loc.shape.clone();
+        shape[0] = r.len();
+        TensorLoc {
+            shard: loc.shard,
+            offset: loc.offset + r.start as u64 * width,
+            len: r.len() as u64 * width,
+            dtype: loc.dtype,
+            shape,
+        }
+    }
+
+    /// Rows `r` of tensor `loc` (named `what`) as bytes.
+    fn read_rows(
+        &self,
+        loc: &TensorLoc,
+        what: &str,
+        r: &std::ops::Range<usize>,
+    ) -> Result<Vec<u8>> {
         self.ck
-            .read_into(loc.shard, loc.offset + (r.start * width) as u64, &mut bytes)
-            .map_err(|e| ModelError::Tensor(format!("{}: rows {r:?}: {e}", self.name)))?;
-        Ok(bytes)
+            .read(&self.rows_of(loc, r))
+            .map_err(|e| ModelError::Tensor(format!("{what}: rows {r:?}: {e}")))
     }
 
     /// Rows `r` as a matrix in the head's precision.
     fn block(&self, r: std::ops::Range<usize>) -> Result<Linear> {
         let data = if let Some((q, scale)) = &self.int8_file {
+            let (qn, sn) = (
+                int8_spine::q_name(&self.name),
+                int8_spine::scale_name(&self.name),
+            );
             let q = self
-                .read_rows(q, &r)?
+                .read_rows(q, &qn, &r)?
                 .into_iter()
                 .map(|b| b as i8)
                 .collect();
-            let scale = convert::to_f32(Dtype::F32, &self.read_rows(scale, &r)?)
+            let scale = convert::to_f32(Dtype::F32, &self.read_rows(scale, &sn, &r)?)
                 .expect("f32 converts to f32");
             WeightData::Int8 { q, scale }
+        } else if self.stored.dtype == Dtype::BF16 {
+            // Read straight into the block's storage (no second copy).
+            let w = self
+                .ck
+                .read_u16(&self.rows_of(&self.stored, &r))
+                .map_err(|e| ModelError::Tensor(format!("{}: rows {r:?}: {e}", self.name)))?;
+            WeightData::Bf16(w)
         } else {
-            let bytes = self.read_rows(&self.stored, &r)?;
-            match self.stored.dtype {
-                Dtype::BF16 => WeightData::Bf16(
-                    bytes
-                        .chunks_exact(2)
-                        .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                        .collect(),
-                ),
-                dt => WeightData::F32(convert::to_f32(dt, &bytes).expect("checked when bound")),
-            }
+            let bytes = self.read_rows(&self.stored, &self.name, &r)?;
+            let dt = self.stored.dtype;
+            WeightData::F32(convert::to_f32(dt, &bytes).expect("checked when bound"))
         };
         let mut l = Linear {
             rows: r.len(),

@@ -37,6 +37,36 @@ pub struct Converted {
     pub seconds: f64,
 }
 
+/// The head's codes are recorded from the whole head as a load quantises
+/// it: a budget that would read the head in row blocks is refused, naming
+/// the least that keeps it (a plan that does not fit at all is refused by
+/// the load itself, naming its own least).
+fn refuse_a_head_in_blocks(config: &fathom_model::ModelConfig, req: &LoadRequest) -> Result<()> {
+    let plan = |r: &LoadRequest| crate::plan::plan(config, r, 1, Spine::Int8);
+    let Ok(p) = plan(req) else { return Ok(()) };
+    if !p.ledger.tiers.head_on_disk {
+        return Ok(());
+    }
+    let keeps = |b: u64| {
+        let r = LoadRequest {
+            ram_budget: Some(b),
+            ..req.clone()
+        };
+        plan(&r).is_ok_and(|p| !p.ledger.tiers.head_on_disk)
+    };
+    let least = crate::plan::least_budget(p.budget, keeps);
+    if least == u64::MAX {
+        bail!(
+            "fathom convert quantises the head whole, but this load reads it in row blocks whatever the budget: leave out --spine-resident-layers"
+        );
+    }
+    bail!(
+        "fathom convert quantises the head whole, but a RAM budget of {} reads it in row blocks — give at least --ram-budget {}MB",
+        fathom_weights::units::format_bytes(p.budget),
+        least.div_ceil(1_000_000)
+    )
+}
+
 /// Writes `dir`'s int8 spine file; an existing one is replaced only when
 /// `force`.
 pub fn int8_spine(dir: &Path, req: &LoadRequest, force: bool) -> Result<Converted> {
@@ -48,6 +78,7 @@ pub fn int8_spine(dir: &Path, req: &LoadRequest, force: bool) -> Result<Converte
         );
     }
     let config = read_config(dir)?;
+    refuse_a_head_in_blocks(&config, req)?;
     let ck = Checkpoint::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
     if dest.exists() {
         std::fs::remove_file(&dest)
