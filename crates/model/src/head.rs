@@ -1,9 +1,9 @@
 //! The output head: a matrix held in RAM, or left in the checkpoint and
 //! read in row blocks for every pass.
 //!
-//! Every pass reads the whole head (K3's is 2.35 GB), so once every decoder
-//! layer streams and the plan still does not fit, the head is the last
-//! spine weight to leave RAM (`fathom_stream::spine_tiers`). Its row blocks
+//! Every pass reads the whole head (K3's is 2.35 GB), so it is the last
+//! spine weight to leave RAM: once no decoder layer can stay resident
+//! (`fathom_stream::spine_tiers`). Its row blocks
 //! are read ahead through the same ring as streamed layers
 //! ([`crate::tiers::Layers`]), block after block, the first block of the
 //! next pass read while that pass's layers compute. Each logit is one row's

@@ -338,16 +338,12 @@ impl Ledger {
         loop {
             if r == 0 {
                 // A head already read in blocks (every layer asked to
-                // stream) stays so; otherwise it is kept while that fits.
-                if self.tiers.head_on_disk {
-                    return self;
-                }
-                let t = SpineTiers::new(spec, self.int8(), 0).with_embedding_on_disk(spec);
-                let kept = self.clone().with_tiers(spec, t);
-                if kept.fixed() <= budget && kept.load_peak <= budget {
-                    return kept;
-                }
-                return self.all_streamed(spec);
+                // stream) stays so.
+                return if self.tiers.head_on_disk {
+                    self
+                } else {
+                    self.all_streamed(spec)
+                };
             }
             let t = SpineTiers::new(spec, self.int8(), r).with_embedding_on_disk(spec);
             let l = self.clone().with_tiers(spec, t);

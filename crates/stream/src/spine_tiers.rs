@@ -20,8 +20,8 @@ pub struct SpineTiers {
     /// no embedding bytes).
     pub embedding_on_disk: bool,
     /// The head left in the checkpoint, read in row blocks for every pass
-    /// (`fathom_model::head`): the last spine weight out of RAM, when every
-    /// layer streams and the plan still does not fit.
+    /// (`fathom_model::head`): the last spine weight out of RAM, once no
+    /// layer can stay resident (and reading it holds less).
     pub head_on_disk: bool,
     /// Bytes of the resident layers.
     pub resident_bytes: u64,
