@@ -180,6 +180,12 @@ pub fn expert_ram_bytes(spec: &MemoryFacts) -> u64 {
     spec.expert_bytes.div_ceil(IO_ALIGN as u64) * IO_ALIGN as u64 + IO_ALIGN as u64
 }
 
+/// The least a head read in row blocks must free to be read so: its
+/// reader's thread and read buffers are not in the plan, so a head of a
+/// few MB is kept (a 300 MB demo model's run went ~2 % over its budget
+/// reading one).
+pub const HEAD_BLOCKS_SAVE: u64 = 64 << 20;
+
 impl Ledger {
     /// Plans a budget for up to `context` tokens of state and `positions`
     /// tokens per pass, with `max_inflight` reads in flight, the spine
@@ -275,13 +281,14 @@ impl Ledger {
     }
 
     /// The smallest plan: every layer read for every pass, and the head
-    /// too when reading it in blocks holds less than keeping it.
+    /// too when reading it in blocks holds at least [`HEAD_BLOCKS_SAVE`]
+    /// less than keeping it.
     pub fn all_streamed(self, spec: &MemoryFacts) -> Self {
         let t = SpineTiers::new(spec, self.int8(), 0).with_embedding_on_disk(spec);
         let kept = self.clone().with_tiers(spec, t.clone());
         let read = self.with_tiers(spec, t.with_head_on_disk(spec, kept.int8()));
         let need = |l: &Ledger| l.fixed().max(l.load_peak);
-        if need(&read) < need(&kept) {
+        if need(&read) + HEAD_BLOCKS_SAVE <= need(&kept) {
             read
         } else {
             kept

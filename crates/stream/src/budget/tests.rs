@@ -208,11 +208,11 @@ fn layers_stream_when_the_spine_does_not_fit() {
         (none.tiers.ring, none.tiers.ring_bytes),
         (2, pairs + head_ring)
     );
-    // Reading the head in blocks holds less than keeping it: the least
-    // plan reads it too.
+    // Reading k3-tiny's 262 kB head in blocks frees less than
+    // HEAD_BLOCKS_SAVE: the least plan keeps it.
     let least = Ledger::minimum(&s, Spine::Bf16, 1, l.kv, 1, 8).all_streamed(&s);
-    assert!(least.tiers.head_on_disk);
-    assert_eq!(least.fixed(), none.fixed());
+    assert!(!least.tiers.head_on_disk);
+    assert!(least.fixed() > none.fixed() && least.fixed() < none.fixed() + HEAD_BLOCKS_SAVE);
     assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 2), 9);
     assert_eq!(crate::spine_tiers::ring_window(&[5, 1, 1, 4], 9), 11);
     assert_eq!(
