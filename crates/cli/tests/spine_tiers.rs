@@ -162,17 +162,25 @@ fn a_budget_below_a_streamed_pass_names_the_least_that_works() {
 /// `inspect`'s plan of the full K3 config (written once) at `args`.
 fn k3_plan(args: &[&str]) -> Value {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("fathom-k3tiers-{}", std::process::id()));
-        let d = dir.to_str().unwrap();
-        let out = fathom(&["synth", "--out", d, "--preset", "k3", "--config-only"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dir
-    });
+    let dir = DIR.get_or_init(|| k3_config("plain"));
+    plan_of(dir, args)
+}
+
+/// The full K3 config in a fresh folder named by `tag`.
+fn k3_config(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fathom-k3tiers-{tag}-{}", std::process::id()));
+    let d = dir.to_str().unwrap();
+    let out = fathom(&["synth", "--out", d, "--preset", "k3", "--config-only"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// `inspect DIR --context 4096 --json` with `args`.
+fn plan_of(dir: &std::path::Path, args: &[&str]) -> Value {
     let mut a = vec![
         "inspect",
         dir.to_str().unwrap(),
@@ -197,7 +205,11 @@ fn check(l: &Value, spine: u64, budget: u64) -> &Value {
         0
     };
     assert_eq!(
-        u(&t["global_bytes"]) + embedding + u(&t["resident_bytes"]) + u(&t["streamed_bytes"]),
+        u(&t["global_bytes"])
+            + embedding
+            + u(&t["resident_bytes"])
+            + u(&t["device_bytes"])
+            + u(&t["streamed_bytes"]),
         spine
     );
     assert_eq!(
@@ -205,7 +217,7 @@ fn check(l: &Value, spine: u64, budget: u64) -> &Value {
         u(&t["global_bytes"]) + u(&t["resident_bytes"])
     );
     assert_eq!(
-        u(&t["resident_layers"]) + u(&t["streamed_layers"]),
+        u(&t["resident_layers"]) + u(&t["device_layers"]) + u(&t["streamed_layers"]),
         u(&t["layers"])
     );
     assert_eq!(u(&t["layers"]), 93);
@@ -276,9 +288,11 @@ fn inspect_plans_the_full_k3_at_128_gb() {
     assert_eq!(u(&r["ledger"]["bf16"]["spine_bytes"]), 113_509_540_864);
 }
 
-/// 32 GB of RAM beside a 24 GB GPU: the RAM plan streams most of the
-/// spine (16 bf16 or 35 int8 layers resident); the GPU plan is printed
-/// beside it (the spine is not placed in VRAM).
+/// 32 GB of RAM beside a 24 GB GPU: the RAM plan keeps 16 bf16 or 35
+/// int8 layers resident; of the rest, as many as seven eighths of the
+/// VRAM budget hold go to the device (their matrices there, their norms
+/// in RAM) and the others are read for every pass. Without the int8
+/// spine file an int8 layer is quantised in RAM, so none is held.
 #[test]
 fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
     let r = k3_plan(&["--ram-budget", "32GB", "--vram-budget", "24GB"]);
@@ -288,13 +302,20 @@ fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
         32_000_000_000,
     );
     assert_eq!((u(&b["resident_layers"]), u(&b["ring"])), (16, 3));
-    assert_eq!(u(&b["streamed_bytes"]), 87_454_500_352);
+    assert_eq!(
+        (u(&b["device_layers"]), u(&b["device_bytes"])),
+        (16, 20_272_578_560)
+    );
+    assert!(u(&b["device_bytes"]) <= 24_000_000_000 / 8 * 7);
+    assert_eq!(u(&b["streamed_layers"]), 61);
+    assert_eq!(u(&b["streamed_bytes"]), 67_170_592_256);
     let i = check(
         &r["ledger"]["int8"],
         u(&r["spine"]["int8_bytes"]),
         32_000_000_000,
     );
     assert_eq!((u(&i["resident_layers"]), u(&i["ring"])), (35, 3));
+    assert_eq!(u(&i["device_layers"]), 0);
     assert_eq!(u(&i["streamed_bytes"]), 32_092_490_496);
     // A pass reads them as stored (bf16) and quantises each after its
     // read: about twice what they hold in RAM, and the projection counts
@@ -306,6 +327,26 @@ fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
         .unwrap();
     assert!((s - 63_367_359_488.0 / 7e9).abs() < 1e-9, "{s}");
     assert_eq!(u(&r["vram"]["budget_bytes"]), 24_000_000_000);
+    // Beside the int8 spine file, the int8 layers' codes and scales are
+    // held as they are stored: 32 on the device, 26 read for every pass.
+    let dir = k3_config("int8file");
+    std::fs::write(dir.join("spine-int8.fathom"), b"").unwrap();
+    let r8 = plan_of(&dir, &["--ram-budget", "32GB", "--vram-budget", "24GB"]);
+    let l = &r8["ledger"]["int8"];
+    let t = &l["tiers"];
+    assert_eq!(
+        (
+            u(&t["resident_layers"]),
+            u(&t["device_layers"]),
+            u(&t["streamed_layers"])
+        ),
+        (35, 32, 26)
+    );
+    assert_eq!(u(&t["device_bytes"]), 20_491_235_328);
+    assert_eq!(u(&t["read_bytes"]), 11_578_596_096);
+    let s = l["projected"]["spine_read_s"].as_f64().unwrap();
+    assert!((s - 11_578_596_096.0 / 7e9).abs() < 1e-9, "{s}");
+    std::fs::remove_dir_all(&dir).unwrap();
     // Below the least budget the plan is refused and names it.
     let r = k3_plan(&["--ram-budget", "8GB"]);
     assert_eq!(r["ledger"]["bf16"]["fits"], false);

@@ -140,6 +140,13 @@ pub struct RunSetup {
     pub spine_streamed_layers: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spine_streamed_bytes: Option<u64>,
+    /// Spine layers held on the device instead of read for every pass
+    /// (their matrices mapped from the checkpoint, copied up once), and
+    /// those matrices' bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spine_device_layers: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spine_device_bytes: Option<u64>,
     /// `cpu` or the device backend's name.
     pub device: String,
     /// Experts `--heat` read into the cache before the first step (their

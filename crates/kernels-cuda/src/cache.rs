@@ -4,6 +4,11 @@
 //! uploaded: a weight displaces only experts. Sequence state, which a
 //! step cannot run without, displaces experts and then spine.
 //!
+//! A spine matrix held on the device (`fathom_weights::mapped`: its host
+//! bytes are the checkpoint's, mapped and dropped from RAM once copied)
+//! outranks one whose bytes stay in RAM: it may push that one out (which
+//! the CPU then computes from RAM), and only sequence state pushes it out.
+//!
 //! A spine larger than the budget is the spine's VRAM tier: what came
 //! first stays and the rest is computed on the CPU, call by call. Every
 //! pass uses every spine matrix in one order, so evicting spine for spine
@@ -17,13 +22,28 @@ use std::ops::Range;
 /// A host segment: (address, length in bytes).
 pub type Key = (usize, usize);
 
-/// What an entry holds: a routed expert's matrix or a spine matrix; or,
-/// asking for room only, sequence state (held outside the entries).
+/// What an entry holds: a routed expert's matrix, a spine matrix, or a
+/// spine matrix held on the device (no copy of it in RAM); or, asking for
+/// room only, sequence state (held outside the entries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
     Expert,
     Spine,
+    Held,
     State,
+}
+
+impl Class {
+    /// Whether an entry of class `victim` may leave to make room for this
+    /// class: experts for anything, spine for held spine and state, held
+    /// spine for state only.
+    fn may_evict(self, victim: Class) -> bool {
+        match victim {
+            Class::Expert => true,
+            Class::Spine => matches!(self, Class::Held | Class::State),
+            Class::Held | Class::State => self == Class::State,
+        }
+    }
 }
 
 pub struct Cache<B> {
@@ -93,9 +113,10 @@ impl<B> Cache<B> {
     }
 
     /// Makes `need` more bytes fit for an entry of `class`, never evicting
-    /// one of `keep`: weights evict only experts (least recently used
-    /// first), state evicts experts and then spine (most recently used
-    /// first: in a pass's order that keeps the most of the spine's start).
+    /// one of `keep`: weights evict experts (least recently used first),
+    /// held spine also spine, state also held spine (spine most recently
+    /// used first: in a pass's order that keeps the most of the spine's
+    /// start; RAM-backed spine before held).
     /// Returns the evicted entries (for the caller to retire); `None`, and
     /// nothing evicted, when they cannot fit (an expert that cannot come
     /// in marks the cache crowded).
@@ -105,8 +126,7 @@ impl<B> Cache<B> {
             return Some(Vec::new());
         }
         let keep: HashSet<&Key> = keep.iter().collect();
-        let may_go =
-            |k: &Key, c: Class| !keep.contains(k) && (c == Class::Expert || class == Class::State);
+        let may_go = |k: &Key, c: Class| !keep.contains(k) && class.may_evict(c);
         let evictable: u64 = self
             .map
             .iter()
@@ -120,8 +140,9 @@ impl<B> Cache<B> {
         let mut gone = Vec::new();
         while self.bytes + self.outside + need > self.budget {
             let rank = |c: Class, t: u64| match c {
-                Class::Expert => (false, t),
-                _ => (true, u64::MAX - t),
+                Class::Expert => (0, t),
+                Class::Spine => (1, u64::MAX - t),
+                _ => (2, u64::MAX - t),
             };
             let victim = self
                 .map
@@ -256,6 +277,40 @@ mod tests {
         c.touch(&(0, 50));
         assert!(c.make_room(10, &[], Class::State).is_some());
         assert!(c.contains(&(1000, 50)) && !c.contains(&(0, 50)));
+    }
+
+    #[test]
+    fn held_spine_pushes_out_ram_spine_and_only_state_pushes_it_out() {
+        let (s, h) = (Class::Spine, Class::Held);
+        let mut c = Cache::new(100);
+        c.insert((0, 40), 'a', s);
+        c.insert((100, 40), 'b', s);
+        c.insert((200, 20), 'e', Class::Expert);
+        assert!(
+            c.make_room(20, &[], s).is_some(),
+            "a spine matrix evicts the expert"
+        );
+        assert!(!c.contains(&(200, 20)));
+        c.insert((300, 20), 'c', s);
+        assert!(
+            c.make_room(40, &[], s).is_none(),
+            "spine never evicts spine"
+        );
+        // Held spine evicts RAM spine, the most recently used first.
+        c.touch(&(0, 40));
+        assert!(c.make_room(40, &[], h).is_some());
+        assert!(!c.contains(&(0, 40)) && c.contains(&(100, 40)));
+        c.insert((400, 40), 'h', h);
+        assert!(
+            c.make_room(80, &[(100, 40)], h).is_none(),
+            "held never evicts held"
+        );
+        assert!(c.contains(&(400, 40)));
+        // State evicts RAM spine before held spine.
+        assert!(c.make_room(60, &[], Class::State).is_some());
+        assert!(c.contains(&(400, 40)) && !c.contains(&(100, 40)) && !c.contains(&(300, 20)));
+        assert!(c.make_room(70, &[], Class::State).is_some());
+        assert!(!c.contains(&(400, 40)));
     }
 
     /// Passes over a spine of ten matrices with room for four: the first

@@ -146,6 +146,10 @@ pub struct BackendStats {
     /// other spine out (a spine larger than the device's budget), part of
     /// `h2d_bytes`.
     pub h2d_spine_displacing_bytes: u64,
+    /// Spine bytes held on the device copied up (their host bytes a
+    /// checkpoint map, dropped from RAM after the copy), part of
+    /// `h2d_bytes`: each held matrix once unless state pushed it out.
+    pub h2d_held_bytes: u64,
     /// Bytes copied device → host.
     pub d2h_bytes: u64,
     /// Wall time inside device calls (copies, kernels, synchronisation).
@@ -231,6 +235,7 @@ impl BackendStats {
             cpu_expert_products: self.cpu_expert_products - start.cpu_expert_products,
             cpu_expert_bytes: self.cpu_expert_bytes - start.cpu_expert_bytes,
             h2d_pageable_bytes: self.h2d_pageable_bytes - start.h2d_pageable_bytes,
+            h2d_held_bytes: self.h2d_held_bytes - start.h2d_held_bytes,
             h2d_spine_displacing_bytes: self.h2d_spine_displacing_bytes
                 - start.h2d_spine_displacing_bytes,
             d2h_bytes: self.d2h_bytes - start.d2h_bytes,
@@ -277,6 +282,7 @@ impl BackendStats {
             cpu_expert_products: self.cpu_expert_products + o.cpu_expert_products,
             cpu_expert_bytes: self.cpu_expert_bytes + o.cpu_expert_bytes,
             h2d_pageable_bytes: self.h2d_pageable_bytes + o.h2d_pageable_bytes,
+            h2d_held_bytes: self.h2d_held_bytes + o.h2d_held_bytes,
             h2d_spine_displacing_bytes: self.h2d_spine_displacing_bytes
                 + o.h2d_spine_displacing_bytes,
             d2h_bytes: self.d2h_bytes + o.d2h_bytes,

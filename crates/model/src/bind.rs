@@ -7,6 +7,7 @@ use fathom_weights::{Checkpoint, Dtype, TensorLoc, WeightsError, int8_spine};
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, WeightData, load_vector};
 use crate::mlp::MlpWeights;
+use crate::words::Words;
 
 /// Whether a dtype is a float format the spine loader converts.
 pub(crate) fn is_float(d: Dtype) -> bool {
@@ -52,13 +53,23 @@ impl<'a> Binder<'a> {
     fn stored_int8(&self, name: &str, q: &TensorLoc) -> Result<Linear> {
         let scale = self.loc(&int8_spine::scale_name(name))?;
         let (rows, cols) = (q.shape[0], q.shape[1]);
+        if crate::linear::holding()
+            && let (Some(qm), Some(sm)) = (self.ck.map(q)?, self.ck.map(scale)?)
+            && let (Some(q), Some(scale)) = (Words::held(qm), Words::held(sm))
+        {
+            let data = WeightData::Int8 { q, scale };
+            return Ok(Linear { rows, cols, data });
+        }
         let q: Vec<i8> = self.ck.read(q)?.into_iter().map(|b| b as i8).collect();
         let scale = fathom_weights::convert::to_f32(Dtype::F32, &self.ck.read(scale)?)
             .expect("f32 converts to f32");
         Ok(Linear {
             rows,
             cols,
-            data: WeightData::Int8 { q, scale },
+            data: WeightData::Int8 {
+                q: q.into(),
+                scale: scale.into(),
+            },
         })
     }
     fn linear_as_stored(&self, name: &str) -> Result<Linear> {

@@ -270,25 +270,32 @@ impl BlockSource {
                 int8_spine::q_name(&self.name),
                 int8_spine::scale_name(&self.name),
             );
-            let q = self
+            let q: Vec<i8> = self
                 .read_rows(q, &qn, &r)?
                 .into_iter()
                 .map(|b| b as i8)
                 .collect();
             let scale = convert::to_f32(Dtype::F32, &self.read_rows(scale, &sn, &r)?)
                 .expect("f32 converts to f32");
-            WeightData::Int8 { q, scale }
+            WeightData::Int8 {
+                q: q.into(),
+                scale: scale.into(),
+            }
         } else if self.stored.dtype == Dtype::BF16 {
             // Read straight into the block's storage (no second copy).
             let w = self
                 .ck
                 .read_u16(&self.rows_of(&self.stored, &r))
                 .map_err(|e| ModelError::Tensor(format!("{}: rows {r:?}: {e}", self.name)))?;
-            WeightData::Bf16(w)
+            WeightData::Bf16(w.into())
         } else {
             let bytes = self.read_rows(&self.stored, &self.name, &r)?;
             let dt = self.stored.dtype;
-            WeightData::F32(convert::to_f32(dt, &bytes).expect("checked when bound"))
+            WeightData::F32(
+                convert::to_f32(dt, &bytes)
+                    .expect("checked when bound")
+                    .into(),
+            )
         };
         let mut l = Linear {
             rows: r.len(),

@@ -41,6 +41,7 @@ pub mod table;
 mod testing;
 pub mod tiers;
 pub mod trace;
+pub mod words;
 
 pub use config::ModelConfig;
 pub use deepseek_v3::DeepseekV3Model;

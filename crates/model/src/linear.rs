@@ -11,15 +11,38 @@ use fathom_kernels::quant::quantize_rows_int8;
 use fathom_weights::{Checkpoint, Dtype, TensorLoc, convert};
 
 use crate::error::{ModelError, Result};
+use crate::words::Words;
+
+thread_local! {
+    /// Set by [`loading_held`]: matrices as stored are mapped, not read.
+    static HOLD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a [`loading_held`] load is running on this thread.
+pub fn holding() -> bool {
+    HOLD.get()
+}
+
+/// Runs `load` with the matrices it loads as stored (bf16, f32, or int8
+/// from the int8 spine file) mapped from the checkpoint and registered as held on the device
+/// (`fathom_weights::mapped`) instead of read into RAM: a spine layer of
+/// the device tier (`crate::tiers`). Matrices the load changes (int8,
+/// transposed) become RAM copies; where a map is refused they are read.
+pub fn loading_held<R>(load: impl FnOnce() -> R) -> R {
+    let before = HOLD.replace(true);
+    let r = load();
+    HOLD.set(before);
+    r
+}
 
 #[derive(Debug, Clone)]
 pub enum WeightData {
-    Bf16(Vec<u16>),
-    F32(Vec<f32>),
+    Bf16(Words<u16>),
+    F32(Words<f32>),
     /// `W[r][c] = q[r·cols + c] · scale[r]` (see `fathom_kernels::quant`).
     Int8 {
-        q: Vec<i8>,
-        scale: Vec<f32>,
+        q: Words<i8>,
+        scale: Words<f32>,
     },
     /// E4M3 codes with one f32 scale per `block = [br, bc]` tile (powers
     /// of two, `bc ≥ 32`): `W[r][c] = e4m3(q[r·cols + c]) · scale[r / br][c /
@@ -76,13 +99,42 @@ impl Linear {
                 )));
             }
         };
+        if HOLD.get()
+            && let Some(data) = Self::held(ck, loc)?
+        {
+            return Ok(Linear { rows, cols, data });
+        }
         let data = match loc.dtype {
-            Dtype::BF16 => WeightData::Bf16(ck.read_u16(loc)?),
-            dt => WeightData::F32(convert::to_f32(dt, &ck.read(loc)?).ok_or_else(|| {
-                ModelError::Tensor(format!("{name}: {dt:?} is not a float dtype"))
-            })?),
+            Dtype::BF16 => WeightData::Bf16(ck.read_u16(loc)?.into()),
+            dt => WeightData::F32(
+                convert::to_f32(dt, &ck.read(loc)?)
+                    .ok_or_else(|| {
+                        ModelError::Tensor(format!("{name}: {dt:?} is not a float dtype"))
+                    })?
+                    .into(),
+            ),
         };
         Ok(Linear { rows, cols, data })
+    }
+
+    /// A bf16 or f32 matrix's bytes mapped and held ([`loading_held`]);
+    /// `None` for other dtypes or where the map is refused.
+    fn held(ck: &Checkpoint, loc: &TensorLoc) -> Result<Option<WeightData>> {
+        Ok(match loc.dtype {
+            Dtype::BF16 => ck.map(loc)?.and_then(Words::held).map(WeightData::Bf16),
+            Dtype::F32 => ck.map(loc)?.and_then(Words::held).map(WeightData::F32),
+            _ => None,
+        })
+    }
+
+    /// Whether every value of this matrix is the checkpoint's mapped bytes
+    /// held on the device.
+    pub fn is_held(&self) -> bool {
+        match &self.data {
+            WeightData::Bf16(w) => w.is_held(),
+            WeightData::F32(w) => w.is_held(),
+            _ => false,
+        }
     }
 
     /// Reads an FP8 matrix `name` (`F8_E4M3 [rows, cols]`) with its
@@ -318,7 +370,7 @@ impl Linear {
                 let mut t = Linear {
                     rows: c,
                     cols: n,
-                    data: WeightData::F32(f),
+                    data: WeightData::F32(f.into()),
                 };
                 t.quantize_int8();
                 return t;
@@ -352,25 +404,27 @@ impl Linear {
             _ => true,
         };
         if !(same && fp8_ok) {
-            let f = parts.iter().flat_map(Linear::dequantized).collect();
+            let f: Vec<f32> = parts.iter().flat_map(Linear::dequantized).collect();
             return Linear {
                 rows,
                 cols,
-                data: WeightData::F32(f),
+                data: WeightData::F32(f.into()),
             };
         }
         let mut it = parts.into_iter();
-        let mut data = it.next().map_or(WeightData::F32(Vec::new()), |mut p| {
-            std::mem::replace(&mut p.data, WeightData::F32(Vec::new()))
-        });
+        let mut data = it
+            .next()
+            .map_or(WeightData::F32(Vec::new().into()), |mut p| {
+                std::mem::replace(&mut p.data, WeightData::F32(Vec::new().into()))
+            });
         for mut p in it {
-            let pd = std::mem::replace(&mut p.data, WeightData::F32(Vec::new()));
+            let pd = std::mem::replace(&mut p.data, WeightData::F32(Vec::new().into()));
             match (&mut data, pd) {
-                (WeightData::Bf16(a), WeightData::Bf16(b)) => a.extend(b),
-                (WeightData::F32(a), WeightData::F32(b)) => a.extend(b),
+                (WeightData::Bf16(a), WeightData::Bf16(b)) => a.vec_mut().extend_from_slice(&b),
+                (WeightData::F32(a), WeightData::F32(b)) => a.vec_mut().extend_from_slice(&b),
                 (WeightData::Int8 { q, scale }, WeightData::Int8 { q: q2, scale: s2 }) => {
-                    q.extend(q2);
-                    scale.extend(s2);
+                    q.vec_mut().extend_from_slice(&q2);
+                    scale.vec_mut().extend_from_slice(&s2);
                 }
                 (
                     WeightData::Fp8 { q, scale, .. },
@@ -391,11 +445,13 @@ impl Linear {
     pub fn select_rows(&self, rows: std::ops::Range<usize>) -> Linear {
         let c = self.cols;
         let data = match &self.data {
-            WeightData::Bf16(w) => WeightData::Bf16(w[rows.start * c..rows.end * c].to_vec()),
-            WeightData::F32(w) => WeightData::F32(w[rows.start * c..rows.end * c].to_vec()),
+            WeightData::Bf16(w) => {
+                WeightData::Bf16(w[rows.start * c..rows.end * c].to_vec().into())
+            }
+            WeightData::F32(w) => WeightData::F32(w[rows.start * c..rows.end * c].to_vec().into()),
             WeightData::Int8 { q, scale } => WeightData::Int8 {
-                q: q[rows.start * c..rows.end * c].to_vec(),
-                scale: scale[rows.clone()].to_vec(),
+                q: q[rows.start * c..rows.end * c].to_vec().into(),
+                scale: scale[rows.clone()].to_vec().into(),
             },
             WeightData::Fp8 { q, scale, block } => {
                 let [br, bc] = *block;
@@ -449,7 +505,10 @@ impl Linear {
             crate::int8_record::quantized(k, self.rows, self.cols, &q, &scale);
         }
         self.forget_data();
-        self.data = WeightData::Int8 { q, scale };
+        self.data = WeightData::Int8 {
+            q: q.into(),
+            scale: scale.into(),
+        };
     }
 
     /// Row `r` as f32 into `out` (`cols` long; exact for bf16): an
@@ -558,7 +617,7 @@ mod tests {
         Linear {
             rows: m.rows,
             cols: m.cols,
-            data: WeightData::F32(m.dequantized()),
+            data: WeightData::F32(m.dequantized().into()),
         }
     }
 

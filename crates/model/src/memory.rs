@@ -54,6 +54,11 @@ pub struct LayerBytes {
     pub stored: u64,
     /// After `--spine int8`.
     pub int8: u64,
+    /// Of `stored`, the matrices (two-dimensional tensors: projections,
+    /// routers): what a layer held on the device keeps out of RAM.
+    pub matrices: u64,
+    /// The matrices after `--spine int8`.
+    pub matrices_int8: u64,
 }
 
 impl LayerBytes {
@@ -74,10 +79,18 @@ impl MemoryFacts {
                 .spine_bytes
                 .saturating_sub(l.stored.saturating_sub(l.int8));
             l.stored = l.int8;
+            l.matrices = l.matrices_int8;
         }
         // A head read in blocks reads its codes and scales from the file.
         self.head.stored = self.head.int8;
         self
+    }
+
+    /// Whether an int8 spine's layers are stored as int8 (these are the
+    /// facts [`MemoryFacts::with_int8_file`] gives, or nothing is
+    /// quantised): their matrices can then be mapped as they are.
+    pub fn int8_as_stored(&self) -> bool {
+        self.layers.iter().all(|l| l.matrices == l.matrices_int8)
     }
 
     /// The facts of the model loaded with its multi-token-prediction layer
@@ -183,6 +196,10 @@ pub fn layer_sums<'a>(
             Some(l) if l < layers && !t.routed_expert => {
                 v[l].stored += t.bytes;
                 v[l].int8 += int8_bytes(t.shape, t.bytes, t.int8);
+                if t.shape.len() == 2 {
+                    v[l].matrices += t.bytes;
+                    v[l].matrices_int8 += int8_bytes(t.shape, t.bytes, t.int8);
+                }
             }
             _ => {}
         }

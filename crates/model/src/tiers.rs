@@ -43,6 +43,11 @@ pub struct LayerPlan {
     /// ([`ranked_layers`]); `None`: `resident` of them spread evenly
     /// ([`resident_layers`]).
     pub keep: Option<Vec<bool>>,
+    /// Layers held on the device instead of read for every pass (the
+    /// device tier; empty: none): their matrices are the checkpoint's bytes
+    /// mapped (`crate::linear::loading_held`), copied up on first use and
+    /// then out of RAM. Only layers not kept resident are held.
+    pub device: Vec<bool>,
 }
 
 impl Default for LayerPlan {
@@ -60,6 +65,7 @@ impl LayerPlan {
             embedding_on_disk: false,
             head_on_disk: false,
             keep: None,
+            device: Vec::new(),
         }
     }
 
@@ -72,7 +78,13 @@ impl LayerPlan {
             embedding_on_disk: true,
             head_on_disk: false,
             keep: None,
+            device: Vec::new(),
         }
+    }
+
+    /// Whether layer `i` is held on the device.
+    pub fn on_device(&self, i: usize) -> bool {
+        self.device.get(i).copied().unwrap_or(false)
     }
 
     /// Whether every one of `layers` layers is resident.
@@ -219,6 +231,8 @@ pub struct Layers<L> {
     /// Held by a pass while layers are streamed: one pass at a time reads
     /// the ring in order.
     pass: Mutex<()>,
+    /// Layers held on the device (counted among the resident ones).
+    held: usize,
 }
 
 /// One layer's weights for the pass that asked: borrowed when resident,
@@ -261,6 +275,12 @@ impl<L> Layers<L> {
     pub fn streamed(&self) -> usize {
         self.resident.iter().filter(|l| l.is_none()).count()
     }
+
+    /// Layers held on the device: their matrices mapped from the
+    /// checkpoint, not read for every pass.
+    pub fn on_device(&self) -> usize {
+        self.held
+    }
 }
 
 impl<L: Send + Sync + 'static> Layers<L> {
@@ -270,6 +290,7 @@ impl<L: Send + Sync + 'static> Layers<L> {
             resident: layers.into_iter().map(Some).collect(),
             ring: None,
             pass: Mutex::new(()),
+            held: 0,
         }
     }
 
@@ -281,8 +302,16 @@ impl<L: Send + Sync + 'static> Layers<L> {
             _ => resident_layers(layers, plan.resident),
         };
         let mut resident = Vec::with_capacity(layers);
+        let mut held = 0;
         for (i, &k) in keep.iter().enumerate() {
-            resident.push(if k { Some(load(i)?) } else { None });
+            resident.push(if k {
+                Some(load(i)?)
+            } else if plan.on_device(i) {
+                held += 1;
+                Some(crate::linear::loading_held(|| load(i))?)
+            } else {
+                None
+            });
         }
         let order: Vec<usize> = (0..layers).filter(|&i| !keep[i]).collect();
         let ring = (!order.is_empty()).then(|| Ring::start(order, plan.ring.max(2), load, layers));
@@ -290,6 +319,7 @@ impl<L: Send + Sync + 'static> Layers<L> {
             resident,
             ring,
             pass: Mutex::new(()),
+            held,
         })
     }
 

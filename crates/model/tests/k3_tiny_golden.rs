@@ -469,6 +469,29 @@ fn streamed_spine_is_bit_identical() {
     }
 }
 
+/// Every other layer held for the device (its matrices mapped from the
+/// checkpoint) with no device installed: the CPU computes them from the
+/// map, the rest streamed, with the resident bits.
+#[test]
+fn held_layers_read_from_the_map_are_bit_identical() {
+    let resident = load();
+    let layers = resident.spec.num_layers;
+    let opts = fathom_model::LoadOptions {
+        layers: fathom_model::LayerPlan {
+            device: (0..layers).map(|i| i % 2 == 0).collect(),
+            ..fathom_model::LayerPlan::streamed(0, 2)
+        },
+        ..Default::default()
+    };
+    let dir = data().join("checkpoint");
+    let m = K3Model::load_config(&fathom_model::ModelConfig::read(&dir).unwrap(), opts).unwrap();
+    assert_eq!(m.weights.layers.on_device(), layers.div_ceil(2));
+    assert_eq!(m.weights.layers.streamed(), layers / 2);
+    let prompts: Vec<Vec<u32>> = (0..3).map(prompt).collect();
+    common::assert_tiers_bit_identical(&resident, &m, &prompts);
+    common::assert_batched_equals_solo(&m, &prompt(0), &prompt(2), &prompt(1));
+}
+
 /// A streamed layer that cannot be read fails the step, naming the shard
 /// and the tensor, and changes no state.
 #[test]

@@ -200,14 +200,60 @@ pub fn map_anonymous(len: usize) -> Option<NonNull<u8>> {
     NonNull::new(p.cast())
 }
 
-/// Returns a mapping made by [`map_anonymous`] to the system.
+/// Returns a mapping made by [`map_anonymous`] or [`map_file_readonly`] to
+/// the system.
 ///
 /// # Safety
-/// `ptr` and `len` are exactly those of one live [`map_anonymous`]
-/// mapping, unmapped once, with no reference into it left.
+/// `ptr` and `len` are exactly those of one live mapping made here, unmapped once, with no reference into it left.
 pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
     // SAFETY: the caller hands a live mapping of exactly this length.
     unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+}
+
+/// A read-only shared mapping of the first `len` bytes of `file`
+/// (page-aligned; its pages are the page cache's, read from the file as
+/// they are touched and dropped again by [`drop_mapped_pages`]); `None`
+/// when the system refuses it or `len` is 0. Free it with [`unmap`].
+pub fn map_file_readonly(file: &File, len: usize) -> Option<NonNull<u8>> {
+    use std::os::unix::io::AsRawFd as _;
+    if len == 0 {
+        return None;
+    }
+    // SAFETY: a new read-only shared mapping of an open descriptor; no
+    // existing memory is touched, and nothing can write through it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    NonNull::new(p.cast())
+}
+
+/// Drops the pages of `[ptr, ptr + len)` (widened to whole pages) from this
+/// process's memory: a later read of the range faults them in from the
+/// file again, with the same bytes.
+///
+/// # Safety
+/// The range lies inside one live [`map_file_readonly`] mapping (widened
+/// to whole pages, it still does: mappings are page-aligned and whole pages).
+pub unsafe fn drop_mapped_pages(ptr: *const u8, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let page = page_size();
+    let start = ptr as usize / page * page;
+    let end = (ptr as usize + len).div_ceil(page) * page;
+    // SAFETY: the caller's range lies in a read-only file mapping: dropping
+    // its pages loses nothing (they are the file's, re-read on the next touch).
+    unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
 }
 
 #[cfg(test)]

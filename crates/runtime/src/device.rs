@@ -40,6 +40,9 @@ pub struct Selected {
     /// The backend the model's products run on (installed for the model
     /// code); `None` on the CPU.
     pub backend: Option<Arc<dyn Backend>>,
+    /// The first device's VRAM budget for weights (where the spine goes);
+    /// `None` on the CPU.
+    pub vram: Option<u64>,
 }
 
 impl Selected {
@@ -48,6 +51,7 @@ impl Selected {
             name: "cpu".into(),
             reason,
             backend: None,
+            vram: None,
         }
     }
 }
@@ -85,6 +89,7 @@ pub fn select(
         .map_err(|e| anyhow::anyhow!("--device {}: {e}", device.flag()))?;
     devs.iter().for_each(|d| d.set_graphs(graphs));
     fathom_weights::pool::install_host_pin(Arc::new(devs[0].host_pin()));
+    let vram = devs.first().map(|d| d.budget());
     let mut all: Vec<Arc<dyn Backend>> = devs.into_iter().map(|b| b as Arc<dyn Backend>).collect();
     let b: Arc<dyn Backend> = if all.len() == 1 {
         all.remove(0)
@@ -100,6 +105,7 @@ pub fn select(
         reason: (device == Device::Auto).then(|| "a CUDA device is present".to_string()),
         name,
         backend: Some(b),
+        vram,
     })
 }
 

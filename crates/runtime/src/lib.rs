@@ -23,6 +23,6 @@ pub mod remote;
 
 pub use device::Device;
 pub use draft::DraftChoice;
-pub use load::{LoadInfo, Loaded, load, load_config, read_config};
+pub use load::{LoadInfo, Loaded, device_room, load, load_config, read_config};
 pub use options::{ASSUMED_CONTEXT, ExpertMode, LoadRequest, check_context, default_kv_dir};
 pub use plan::{LoadPlan, plan};

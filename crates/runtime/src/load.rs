@@ -155,8 +155,22 @@ pub fn load_config(
         req.gpus.as_deref(),
         req.cuda_graphs,
     )?;
+    let ledger = match selected.vram {
+        Some(v) => ledger.with_device(&spec, device_room(v)),
+        None => ledger,
+    };
     let layers = ledger.tiers.plan();
-    if layers.resident < spec.layers.len() {
+    let t = &ledger.tiers;
+    if t.device_layers > 0 {
+        tracing::info!(
+            "spine: {} of {} layers resident, {} held on the device ({}), {} read for every pass",
+            t.resident_layers,
+            t.layers,
+            t.device_layers,
+            fathom_weights::units::format_bytes(t.device_bytes),
+            t.streamed_layers
+        );
+    } else if layers.resident < spec.layers.len() {
         tracing::info!(
             "spine: {} of {} layers resident, the rest read for every pass",
             layers.resident,
@@ -235,6 +249,14 @@ pub fn load_config(
         config,
         info,
     })
+}
+
+/// VRAM the device tier may give spine layers that would otherwise be
+/// read for every pass: seven eighths of the device's weight budget, the
+/// rest left for sequence state and caches' blocks (which may push held
+/// layers out; the CPU then computes them from the mapped checkpoint).
+pub fn device_room(vram_budget: u64) -> u64 {
+    vram_budget / 8 * 7
 }
 
 /// The model with its routed experts read from the shards as the router

@@ -295,6 +295,21 @@ impl Ledger {
         }
     }
 
+    /// This plan with the layers it reads for every pass held on the
+    /// device as far as `room` bytes of VRAM go
+    /// ([`SpineTiers::with_device`]), the expert cache resized to what the
+    /// budget then leaves; unchanged when none is held or the layers'
+    /// RAM parts would not fit.
+    pub fn with_device(self, spec: &MemoryFacts, room: u64) -> Self {
+        let t = self.tiers.clone().with_device(spec, room, self.int8());
+        if t.device_layers == 0 {
+            return self;
+        }
+        let budget = self.budget;
+        let l = self.clone().with_tiers(spec, t);
+        l.with_placed_budget(spec, budget).unwrap_or(self)
+    }
+
     fn int8(&self) -> bool {
         self.spine_repr == Spine::Int8.name()
     }

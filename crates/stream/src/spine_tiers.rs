@@ -41,6 +41,13 @@ pub struct SpineTiers {
     /// Which layers are resident ([`fathom_model::tiers::ranked_layers`]).
     #[serde(skip)]
     pub keep: Vec<bool>,
+    /// Layers held on the device instead of read for every pass
+    /// ([`SpineTiers::with_device`]; counted neither resident nor
+    /// streamed), and their matrices' bytes in VRAM.
+    pub device_layers: usize,
+    pub device_bytes: u64,
+    #[serde(skip)]
+    pub device: Vec<bool>,
 }
 
 impl SpineTiers {
@@ -90,6 +97,9 @@ impl SpineTiers {
             ring,
             ring_bytes: ring_window(&streamed, ring) + as_stored,
             keep,
+            device_layers: 0,
+            device_bytes: 0,
+            device: Vec::new(),
         };
         if streamed_layers > 0 {
             t.with_embedding_on_disk(spec)
@@ -132,6 +142,80 @@ impl SpineTiers {
         self
     }
 
+    /// These tiers with layers that would be read for every pass held on
+    /// the device instead (`fathom_model::tiers`'s device tier), the
+    /// largest first, as many as `room` bytes of VRAM hold: their
+    /// matrices are mapped from the checkpoint and copied up once, the
+    /// rest of each (norms, small vectors) stays in RAM. A pass no longer
+    /// reads them, and the ring shrinks to the layers still streamed. An
+    /// int8 spine holds layers only from the int8 spine file
+    /// ([`MemoryFacts::int8_as_stored`]); quantised in RAM, it holds none.
+    pub fn with_device(mut self, spec: &MemoryFacts, room: u64, int8: bool) -> Self {
+        if (int8 && !spec.int8_as_stored()) || self.streamed_layers == 0 || self.device_layers > 0 {
+            return self;
+        }
+        let n = self.layers;
+        let streamed: Vec<usize> = (0..n).filter(|&i| !self.keep[i]).collect();
+        let sizes: Vec<u64> = streamed.iter().map(|&i| spec.layers[i].matrices).collect();
+        // The most layers that fit, chosen as the resident ones are (the
+        // largest first, spread evenly among layers of a size, so the
+        // reads of the others still overlap compute all through a pass).
+        let mut k = streamed.len();
+        let (device, used) = loop {
+            let pick = fathom_model::tiers::ranked_layers(&sizes, k);
+            let used: u64 = sizes
+                .iter()
+                .zip(&pick)
+                .filter(|(_, p)| **p)
+                .map(|(s, _)| s)
+                .sum();
+            if used <= room || k == 0 {
+                let mut device = vec![false; n];
+                for (&i, &p) in streamed.iter().zip(&pick) {
+                    device[i] = p && spec.layers[i].matrices > 0;
+                }
+                break (device, used);
+            }
+            k -= 1;
+        };
+        if used == 0 {
+            return self;
+        }
+        let placed: Vec<bool> = (0..n).map(|i| self.keep[i] || device[i]).collect();
+        let streamed: Vec<u64> = (0..n)
+            .filter(|&i| !placed[i])
+            .map(|i| spec.layers[i].stored)
+            .collect();
+        let held_ram: u64 = (0..n)
+            .filter(|&i| device[i])
+            .map(|i| spec.layers[i].stored - spec.layers[i].matrices)
+            .sum();
+        let head = if self.head_on_disk {
+            spec.head.stored
+        } else {
+            0
+        };
+        let head_ring = self.ring_bytes.saturating_sub(ring_window(
+            &(0..n)
+                .filter(|&i| !self.keep[i])
+                .map(|i| spec.layers[i].stored)
+                .collect::<Vec<_>>(),
+            self.ring,
+        ));
+        // A held layer computes on the device, too fast to read ahead
+        // behind: the ring never grows for it.
+        self.ring = ring_for(&placed).min(self.ring);
+        self.ring_bytes = ring_window(&streamed, self.ring) + head_ring;
+        self.streamed_layers = streamed.len();
+        self.streamed_bytes = streamed.iter().sum();
+        self.read_bytes = self.streamed_bytes + head;
+        self.resident_bytes += held_ram;
+        self.device_layers = device.iter().filter(|&&d| d).count();
+        self.device_bytes = used;
+        self.device = device;
+        self
+    }
+
     /// Resident spine bytes: globals and resident layers.
     pub fn resident_spine(&self) -> u64 {
         self.global_bytes + self.resident_bytes
@@ -139,7 +223,7 @@ impl SpineTiers {
 
     /// The plan the loader takes.
     pub fn plan(&self) -> fathom_model::LayerPlan {
-        if self.streamed_layers == 0 {
+        if self.streamed_layers == 0 && self.device_layers == 0 {
             fathom_model::LayerPlan {
                 embedding_on_disk: self.embedding_on_disk,
                 head_on_disk: self.head_on_disk,
@@ -148,6 +232,7 @@ impl SpineTiers {
         } else {
             fathom_model::LayerPlan {
                 keep: Some(self.keep.clone()),
+                device: self.device.clone(),
                 head_on_disk: self.head_on_disk,
                 ..fathom_model::LayerPlan::streamed(self.resident_layers, self.ring)
             }

@@ -144,6 +144,8 @@ pub struct Checkpoint {
     companion: HashMap<String, TensorLoc>,
     /// Whether large reads bypass the page cache (on by default).
     buffered_only: std::sync::atomic::AtomicBool,
+    /// Each local shard's read-only map, made on the first [`Checkpoint::map`].
+    maps: Vec<std::sync::OnceLock<Option<Arc<crate::mapped::ShardMap>>>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -172,6 +174,7 @@ impl Checkpoint {
                 tensors: BTreeMap::new(),
                 companion: HashMap::new(),
                 buffered_only: Default::default(),
+                maps: Vec::new(),
             };
             let header = ck.add_shard(&single, "model.safetensors")?;
             for (name, loc) in header {
@@ -202,6 +205,7 @@ impl Checkpoint {
             tensors: BTreeMap::new(),
             companion: HashMap::new(),
             buffered_only: Default::default(),
+            maps: Vec::new(),
         };
         let mut by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (name, file) in &index.weight_map {
@@ -263,6 +267,7 @@ impl Checkpoint {
             len,
             uncached: Default::default(),
         });
+        self.maps.push(Default::default());
         Ok(tensors)
     }
 
@@ -287,6 +292,7 @@ impl Checkpoint {
             len,
             uncached: Default::default(),
         });
+        self.maps.push(Default::default());
         Ok(tensors)
     }
 
@@ -407,6 +413,41 @@ impl Checkpoint {
             fathom_platform::io::Advice::DontNeed,
         );
         Ok(())
+    }
+
+    /// A tensor's bytes mapped read-only instead of read (`crate::mapped`):
+    /// `None` for a shard not on disk or one the system will not map (the
+    /// caller reads it instead).
+    pub fn map(&self, loc: &TensorLoc) -> Result<Option<crate::mapped::Mapped>> {
+        let s = &self.shards[loc.shard];
+        let ShardData::Local(file) = &s.data else {
+            return Ok(None);
+        };
+        let (Ok(off), Ok(len), Ok(whole)) = (
+            usize::try_from(loc.offset),
+            usize::try_from(loc.len),
+            usize::try_from(s.len),
+        ) else {
+            return Ok(None);
+        };
+        let Some(cell) = self.maps.get(loc.shard) else {
+            return Ok(None);
+        };
+        let map = cell.get_or_init(|| crate::mapped::ShardMap::new(file.clone(), whole));
+        match map {
+            Some(m) => crate::mapped::Mapped::new(m.clone(), off, len)
+                .map(Some)
+                .ok_or_else(|| {
+                    WeightsError::io(
+                        &s.path,
+                        std::io::Error::other(format!(
+                            "bytes {off}..{} lie past the file's {whole}",
+                            off + len
+                        )),
+                    )
+                }),
+            None => Ok(None),
+        }
     }
 
     /// Reads a 16-bit tensor (BF16/F16) straight into its element vector, with

@@ -9,6 +9,8 @@
 //! * [`mxfp4`] is the compressed-tensors `mxfp4-pack-quantized` format of the
 //!   routed experts (E2M1 nibbles, E8M0 scale per 32 columns).
 //! * [`convert`] turns stored bytes into fp32 (bf16 is a shift, so exact).
+//! * [`mapped`] maps a tensor's bytes instead of reading them, for
+//!   matrices held on a device (their pages dropped once copied up).
 //! * [`units`] parses and prints byte sizes (`40GB`, `512MiB`, `63.2 MB`).
 
 pub mod buf;
@@ -17,6 +19,7 @@ pub mod convert;
 pub mod direct;
 pub mod error;
 pub mod int8_spine;
+pub mod mapped;
 pub mod mxfp4;
 pub mod numa;
 pub mod pool;

@@ -105,7 +105,13 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
     let least = min.clone().all_streamed(facts);
     let fixed = least.least_budget().max(least.load_peak) + kv.index;
     let (fits, l) = match min.clone().with_budget(facts, rest) {
-        Ok(l) => (true, Ledger { budget, ..l }),
+        Ok(l) => {
+            let l = match kv.vram {
+                Some(v) => l.with_device(facts, fathom_runtime::device_room(v)),
+                None => l,
+            };
+            (true, Ledger { budget, ..l })
+        }
         Err(_) => (
             false,
             Ledger {
@@ -204,6 +210,9 @@ pub(crate) struct KvArgs {
     /// RAM for the parsed tensor index (`fathom_runtime::plan::index_ram`).
     pub index: u64,
     pub disk_bw: u64,
+    /// `--vram-budget`: layers the plan reads for every pass are held on
+    /// the device as far as it goes (as `run --device cuda` places them).
+    pub vram: Option<u64>,
 }
 
 /// The facts an int8 plan of `dir` uses: beside an int8 spine file, a
@@ -308,6 +317,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
         dtype: a.kv_dtype.into(),
         index: fathom_runtime::plan::index_ram(fathom_runtime::plan::index_bytes(&a.dir)),
         disk_bw: a.disk_bw,
+        vram: a.vram_budget,
     };
     let mut r = report(&facts, &anatomy, &a.dir, a.ram_budget, &kv)?;
     if let Some(v) = &vram {
@@ -450,6 +460,11 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
         format!("{}/{}", t["resident_layers"], t["layers"])
     });
     tier("  of them bytes", &|t| b(&t["resident_bytes"]));
+    if l["bf16"]["tiers"]["device_layers"].as_u64().unwrap_or(0) > 0 {
+        tier("layers on the device", &|t| {
+            format!("{} {}", t["device_layers"], b(&t["device_bytes"]))
+        });
+    }
     tier("streamed layers", &|t| t["streamed_layers"].to_string());
     tier("  head", &|t| {
         if t["head_on_disk"] == true {

@@ -67,6 +67,7 @@ pub fn run(
         dtype,
         index: fathom_runtime::plan::index_ram(fathom_runtime::plan::index_bytes(dir)),
         disk_bw,
+        vram: vram.as_ref().and_then(|v| v["budget_bytes"].as_u64()),
     };
     let mut r = report(f, dir, budget, &kv)?;
     if let Some(v) = &vram {

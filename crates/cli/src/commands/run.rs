@@ -150,6 +150,16 @@ pub fn setup(info: &LoadInfo, spine: fathom_model::Spine) -> RunSetup {
         expert_cache_slots: info.ledger.as_ref().map(|l| l.cache_experts),
         spine_streamed_layers: info.ledger.as_ref().map(|l| l.tiers.streamed_layers),
         spine_streamed_bytes: info.ledger.as_ref().map(|l| l.tiers.read_bytes),
+        spine_device_layers: info
+            .ledger
+            .as_ref()
+            .map(|l| l.tiers.device_layers)
+            .filter(|&n| n > 0),
+        spine_device_bytes: info
+            .ledger
+            .as_ref()
+            .map(|l| l.tiers.device_bytes)
+            .filter(|&n| n > 0),
         device: info.device.clone(),
         heat_warmed_experts: info.heat.warmed.map(|w| w.0),
         heat_pinned_experts: info.heat.warmed.map(|w| w.1),

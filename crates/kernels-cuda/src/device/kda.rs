@@ -10,7 +10,7 @@ use fathom_kernels::state_buf::{StateBuf, StateKey};
 
 use super::launch::Ready;
 use super::layout::{Layout, conflicting, relayout};
-use super::queue::{grow, key, make_room, pinned};
+use super::queue::{grow, held_copied, key, make_room, pinned, spine_class};
 use super::tape::{Arg, Tape};
 use super::then;
 use super::{CudaBackend, Resident, State};
@@ -418,13 +418,19 @@ impl CudaBackend {
             .filter(|(_, k)| !st.cache.contains(k) && seen.insert(**k))
             .map(|(s, _)| s.len() as u64)
             .sum();
-        if missing > 0 && !make_room(st, missing, &keys, Class::Spine) {
+        let class = if segs.iter().any(|s| spine_class(s) == Class::Held) {
+            Class::Held
+        } else {
+            Class::Spine
+        };
+        if missing > 0 && !make_room(st, missing, &keys, class) {
             return Ok(None);
         }
         let mut ptrs = Vec::with_capacity(segs.len());
         for (seg, k) in segs.iter().zip(&keys) {
             if st.cache.touch(k).is_none() {
                 let buf = self.stream.clone_htod(*seg)?;
+                held_copied(st, seg);
                 let layout = layout(k);
                 if let Some(m) = firsts.get(k) {
                     self.lay_out(&self.stream, m, layout, &buf)?;
@@ -435,7 +441,7 @@ impl CudaBackend {
                     ready: None,
                     layout,
                 };
-                st.cache.insert(*k, r, Class::Spine);
+                st.cache.insert(*k, r, spine_class(seg));
             } else if let Some(ready) = st.cache.get(k).and_then(|r| r.ready.as_ref()) {
                 // A copy still running on the copy stream (made for a batch
                 // of products): the launches wait for it.

@@ -214,7 +214,14 @@ impl CudaBackend {
         if !page_locked(self.stream.context(), seg) {
             st.stats.h2d_pageable_bytes += seg.len() as u64;
         }
+        let class = match class {
+            Class::Spine => spine_class(seg),
+            c => c,
+        };
         let buf = self.copies.clone_htod(seg)?;
+        // Pageable bytes are staged before the copy returns: a held
+        // segment's pages may leave RAM now.
+        held_copied(st, seg);
         let layout = Layout::of(w, i);
         self.lay_out(&self.copies, w, layout, &buf)?;
         let ready = Some(self.copies.record_event(None)?);
@@ -531,26 +538,52 @@ fn room_by_class(
     missing: &[Key],
     keys: &[Key],
 ) -> bool {
-    let mut need = [0u64; 2];
+    let mut need = [0u64; 3];
     let mut counted = vec![false; missing.len()];
     for ((_, role), ss) in ws.iter().zip(segs) {
-        for k in ss.iter().map(|s| key(s)) {
+        for s in ss {
+            let k = key(s);
             if let Ok(i) = missing.binary_search(&k)
                 && !std::mem::replace(&mut counted[i], true)
             {
-                need[usize::from(*role == Role::Spine)] += k.1 as u64;
+                let at = match (*role, spine_class(s)) {
+                    (Role::Expert, _) => 0,
+                    (_, Class::Held) => 2,
+                    _ => 1,
+                };
+                need[at] += k.1 as u64;
             }
         }
     }
-    let [expert, spine] = need;
+    let [expert, spine, held] = need;
     (expert == 0 || make_room(st, expert, keys, Class::Expert))
         && (spine == 0 || make_room(st, expert + spine, keys, Class::Spine))
+        && (held == 0 || make_room(st, expert + spine + held, keys, Class::Held))
+}
+
+/// The class a spine segment's copy enters in: [`Class::Held`] when its
+/// host bytes are a checkpoint map held for the device
+/// (`fathom_weights::mapped`), else [`Class::Spine`].
+pub(super) fn spine_class(seg: &[u8]) -> Class {
+    if fathom_weights::mapped::is_held(seg.as_ptr() as usize, seg.len()) {
+        Class::Held
+    } else {
+        Class::Spine
+    }
+}
+
+/// After `seg`'s copy up has read it: a held segment's pages leave RAM
+/// (`fathom_weights::mapped::release_copied`), counted.
+pub(super) fn held_copied(st: &mut State, seg: &[u8]) {
+    if fathom_weights::mapped::release_copied(seg.as_ptr() as usize, seg.len()) {
+        st.stats.h2d_held_bytes += seg.len() as u64;
+    }
 }
 
 /// Room for a call of spine products only whose weights do not fit
 /// beside the spine already here: made by pushing out experts, then other
-/// spine, most recently used first (as sequence state does), never one of
-/// `keys`. Taken only for products of many positions (the caller checks
+/// spine, most recently used first (as sequence state does; never spine
+/// held on the device), never one of `keys`. Taken only for products of many positions (the caller checks
 /// them against [`CudaBackend::spine_copy_min_t`]), where copying the
 /// matrix up costs less than the CPU's product; a pass's other spine
 /// products then find theirs gone and go to the CPU or, with enough
@@ -565,7 +598,8 @@ fn spine_copy_room(
         return false;
     }
     let need: u64 = missing.iter().map(|k| k.1 as u64).sum();
-    if !make_room(st, need, keys, Class::State) {
+    // As held spine does: experts and RAM-backed spine may go, held never.
+    if !make_room(st, need, keys, Class::Held) {
         return false;
     }
     st.stats.h2d_spine_displacing_bytes += need;

@@ -739,6 +739,33 @@ macro_rules! family_golden_tests {
             }
         }
 
+        /// Every other layer held for the device (its matrices mapped from
+        /// the checkpoint, `fathom_model::linear::loading_held`) with no
+        /// device installed: the CPU computes them from the map, the rest
+        /// streamed, with the resident bits.
+        #[test]
+        fn held_layers_read_from_the_map_are_bit_identical() {
+            let (resident, g) = (load(), golden());
+            let layers = resident.spec.num_layers;
+            let opts = fathom_model::LoadOptions {
+                layers: fathom_model::LayerPlan {
+                    device: (0..layers).map(|i| i % 2 == 0).collect(),
+                    ..fathom_model::LayerPlan::streamed(0, 2)
+                },
+                ..Default::default()
+            };
+            let dir = crate::common::data(FIXTURE);
+            let m = Model::<$family>::load_config(
+                &fathom_model::ModelConfig::read(&dir).unwrap(),
+                opts,
+            )
+            .unwrap_or_else(|e| panic!("{FIXTURE} loads with held layers: {e}"));
+            assert_eq!(m.weights.layers.on_device(), layers.div_ceil(2));
+            assert_eq!(m.weights.layers.streamed(), layers / 2);
+            let prompts: Vec<Vec<u32>> = (0..g.prompts).map(|i| g.input_ids(i)).collect();
+            crate::common::assert_tiers_bit_identical(&resident, &m, &prompts);
+        }
+
         /// A streamed layer that cannot be read fails the step, naming the
         /// shard and the tensor, and changes no state.
         #[test]

@@ -277,3 +277,56 @@ fn state_counts_kda_and_mla() {
     assert_eq!(kv_bytes(&s, 10, KvDtype::F32), 3 * 4 * 56 * 256);
     assert_eq!(kv_bytes(&s, 257, KvDtype::Bf16), 3 * 2 * 56 * 512);
 }
+
+#[test]
+fn layers_read_for_every_pass_go_to_the_device_as_far_as_its_room_goes() {
+    let s = tiny();
+    let all = Ledger::plan(&s, 100 << 20, 4096, 1, 8)
+        .unwrap()
+        .cap_resident_layers(&s, 0);
+    assert_eq!(all.tiers.streamed_layers, 9);
+    let one = s.layers.iter().map(|l| l.matrices).max().unwrap();
+    // No room, or an int8 spine quantised in RAM: nothing held.
+    assert_eq!(all.clone().with_device(&s, 0), all);
+    let i8 = Ledger::plan_for(&s, Spine::Int8, 100 << 20, 4096, 1, 8)
+        .unwrap()
+        .cap_resident_layers(&s, 0);
+    assert_eq!(i8.clone().with_device(&s, u64::MAX), i8);
+    // Room for every layer: none read for every pass, no ring; the
+    // layers' matrices on the device, the rest of each in RAM.
+    let d = all.clone().with_device(&s, u64::MAX);
+    let t = &d.tiers;
+    // Only the head's row blocks (read for every pass at 0 resident
+    // layers) are left in the ring.
+    let head_ring = SpineTiers::new(&s, false, usize::MAX)
+        .with_head_on_disk(&s, false)
+        .ring_bytes;
+    assert!(t.head_on_disk && head_ring > 0);
+    assert_eq!((t.device_layers, t.streamed_layers, t.ring), (9, 0, 0));
+    assert_eq!(t.ring_bytes, head_ring);
+    let matrices: u64 = s.layers.iter().map(|l| l.matrices).sum();
+    let stored: u64 = s.layers.iter().map(|l| l.stored).sum();
+    assert_eq!(t.device_bytes, matrices);
+    assert_eq!(t.resident_bytes, stored - matrices);
+    assert_eq!(t.read_bytes, s.head.stored);
+    assert!(d.fixed() < all.fixed() && d.cache >= all.cache);
+    let plan = t.plan();
+    assert_eq!(plan.device, vec![true; 9]);
+    assert!((0..9).all(|i| plan.on_device(i)));
+    // Room for three of the largest: three held, spread over the depth
+    // among layers of one size; the ring never grows.
+    let d = all.clone().with_device(&s, 3 * one);
+    let t = &d.tiers;
+    assert_eq!((t.device_layers, t.streamed_layers), (3, 6));
+    assert!(t.device_bytes <= 3 * one && t.ring <= all.tiers.ring);
+    let streamed: u64 = (0..9)
+        .filter(|&i| !t.device[i])
+        .map(|i| s.layers[i].stored)
+        .sum();
+    assert_eq!(t.streamed_bytes, streamed);
+    assert_eq!(
+        t.read_bytes,
+        streamed + s.head.stored * u64::from(t.head_on_disk)
+    );
+    assert_eq!(d.clone().with_device(&s, u64::MAX), d, "placed once");
+}
