@@ -6,7 +6,7 @@
 # (target/ is ignored: carry target/gpu). It also writes target/gpu/run.sh,
 # which runs there from the repository root:
 #
-#   bash target/gpu/run.sh [tests|graphs|bench|ae|d|bc]...
+#   bash target/gpu/run.sh [tests|graphs|bench|ae|d|bc|tiers]...
 #                                   (default: tests graphs bench)
 #
 # tests:  the GPU tests in order of importance, each under a time limit;
@@ -15,7 +15,8 @@
 # bench:  bench_cuda (kernel times, graphs on and off);
 # ae, d, bc: the GPU figures of docs/bench.md through `fathom bench`, each
 #         beside its bound from the same run: (a) with (e), (d), then (b)
-#         and (c) (docs/bench.md gives the latest of each).
+#         and (c) (docs/bench.md gives the latest of each);
+# tiers:  the spine's device tier (scripts/gpu-tiers.sh).
 # A summary goes to the output and $OUT/log, every line of the tests and
 # runs to $OUT/full.log ($OUT or target/gpu); the exit status is 1 when a
 # test binary failed. The CLI's device tests look for the
@@ -138,8 +139,12 @@ for i in range(8): print(json.dumps({"prompt_ids": [(1 + 37 * i + 11 * j) % 1000
       --warmup 1 --arm 'c=--experts stream --ram-budget 12.6GB --context 4096 --device cuda --vram-budget 9GB' \\
       --arm 'c-cpu=--experts stream --ram-budget 12.6GB --context 4096' 2>>"\$full" | tail -14 || failed=1
     ;;
+  tiers)
+    # The spine's device tier (scripts/gpu-tiers.sh).
+    bash scripts/gpu-tiers.sh || failed=1
+    ;;
   *)
-    echo "unknown step \$step: tests, graphs, bench, ae, d or bc"; failed=1
+    echo "unknown step \$step: tests, graphs, bench, ae, d, bc or tiers"; failed=1
     ;;
   esac
 done

@@ -17,7 +17,7 @@ use fathom_weights::{Checkpoint, Dtype, TensorLoc, convert, int8_spine};
 
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, Spine, WeightData};
-use crate::tiers::{LayerPlan, Layers, SpineReads};
+use crate::tiers::{HeadPlace, LayerPlan, Layers, SpineReads};
 
 /// Row blocks are at most this many bytes (as read), at least one row.
 pub const BLOCK_BYTES: u64 = 64 << 20;
@@ -72,11 +72,14 @@ impl LmHead {
         ck: &Arc<Checkpoint>,
         name: &str,
         spine: Spine,
-        on_disk: bool,
+        place: HeadPlace,
         bind: impl FnOnce() -> Result<Linear>,
     ) -> Result<Self> {
-        if !on_disk {
-            let mut l = bind()?;
+        if place != HeadPlace::Disk {
+            let mut l = match place {
+                HeadPlace::Device => crate::linear::loading_held(bind)?,
+                _ => bind()?,
+            };
             if spine == Spine::Int8 {
                 l.quantize_int8();
             }
@@ -340,13 +343,16 @@ mod tests {
             let (d, ck) = head(&tag, dtype, rows, cols);
             let name = "lm_head.weight";
             let loc = ck.get(name).unwrap().clone();
-            let resident =
-                LmHead::load(&ck, name, spine, false, || Linear::load(&ck, name, &loc)).unwrap();
+            let resident = LmHead::load(&ck, name, spine, HeadPlace::Ram, || {
+                Linear::load(&ck, name, &loc)
+            })
+            .unwrap();
             let want = resident.forward(&x, t).unwrap();
             assert_eq!(want.len(), t * rows);
             assert_eq!(resident.reads(), SpineReads::default());
             // The default blocks (an eighth of the rows), and uneven ones.
-            let default = LmHead::load(&ck, name, spine, true, || unreachable!()).unwrap();
+            let default =
+                LmHead::load(&ck, name, spine, HeadPlace::Disk, || unreachable!()).unwrap();
             let LmHead::OnDisk(b) = &default else {
                 panic!("{tag}: not on disk")
             };
@@ -376,7 +382,14 @@ mod tests {
     #[test]
     fn a_block_that_cannot_be_read_fails_the_pass_naming_the_tensor() {
         let (d, ck) = head("cut", "BF16", 40, 16);
-        let h = LmHead::load(&ck, "lm_head.weight", Spine::Bf16, true, || unreachable!()).unwrap();
+        let h = LmHead::load(
+            &ck,
+            "lm_head.weight",
+            Spine::Bf16,
+            HeadPlace::Disk,
+            || unreachable!(),
+        )
+        .unwrap();
         let x = vec![0.5f32; 16];
         assert_eq!(h.forward(&x, 1).unwrap().len(), 40);
         // The file loses its last rows: the pass that reaches them fails.

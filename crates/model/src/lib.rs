@@ -55,7 +55,7 @@ pub use linear::Spine;
 pub use lm::{CausalLm, Logits, ModelInfo, SeqState, StateSnapshot, StepError, StepInput};
 pub use qwen3_moe::Qwen3MoeModel;
 pub use registry::{LoadOptions, load, load_config};
-pub use tiers::{LayerPlan, SpineReads};
+pub use tiers::{HeadPlace, LayerPlan, SpineReads};
 pub use trace::Tracer;
 
 /// Minimum items per rayon task for `n` items of `work_each` multiply-adds:

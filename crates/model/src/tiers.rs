@@ -48,6 +48,20 @@ pub struct LayerPlan {
     /// mapped (`crate::linear::loading_held`), copied up on first use and
     /// then out of RAM. Only layers not kept resident are held.
     pub device: Vec<bool>,
+    /// The head held on the device the same way instead of read in row
+    /// blocks for every pass (only with `head_on_disk`).
+    pub head_on_device: bool,
+}
+
+/// Where the output head lives ([`LayerPlan::head_place`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadPlace {
+    /// Resident in RAM.
+    Ram,
+    /// Read in row blocks for every pass (`crate::head`).
+    Disk,
+    /// Mapped from the checkpoint and held on the device.
+    Device,
 }
 
 impl Default for LayerPlan {
@@ -66,6 +80,7 @@ impl LayerPlan {
             head_on_disk: false,
             keep: None,
             device: Vec::new(),
+            head_on_device: false,
         }
     }
 
@@ -79,6 +94,16 @@ impl LayerPlan {
             head_on_disk: false,
             keep: None,
             device: Vec::new(),
+            head_on_device: false,
+        }
+    }
+
+    /// Where the head lives.
+    pub fn head_place(&self) -> HeadPlace {
+        match (self.head_on_disk, self.head_on_device) {
+            (false, _) => HeadPlace::Ram,
+            (true, false) => HeadPlace::Disk,
+            (true, true) => HeadPlace::Device,
         }
     }
 

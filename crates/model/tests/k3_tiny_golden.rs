@@ -469,8 +469,8 @@ fn streamed_spine_is_bit_identical() {
     }
 }
 
-/// Every other layer held for the device (its matrices mapped from the
-/// checkpoint) with no device installed: the CPU computes them from the
+/// Every other layer and the head held for the device (their matrices
+/// mapped from the checkpoint) with no device installed: the CPU computes them from the
 /// map, the rest streamed, with the resident bits.
 #[test]
 fn held_layers_read_from_the_map_are_bit_identical() {
@@ -479,6 +479,8 @@ fn held_layers_read_from_the_map_are_bit_identical() {
     let opts = fathom_model::LoadOptions {
         layers: fathom_model::LayerPlan {
             device: (0..layers).map(|i| i % 2 == 0).collect(),
+            head_on_disk: true,
+            head_on_device: true,
             ..fathom_model::LayerPlan::streamed(0, 2)
         },
         ..Default::default()

@@ -48,6 +48,9 @@ pub struct SpineTiers {
     pub device_bytes: u64,
     #[serde(skip)]
     pub device: Vec<bool>,
+    /// The head held on the device instead of read in row blocks (its
+    /// bytes in `device_bytes`).
+    pub head_on_device: bool,
 }
 
 impl SpineTiers {
@@ -100,6 +103,7 @@ impl SpineTiers {
             device_layers: 0,
             device_bytes: 0,
             device: Vec::new(),
+            head_on_device: false,
         };
         if streamed_layers > 0 {
             t.with_embedding_on_disk(spec)
@@ -178,7 +182,9 @@ impl SpineTiers {
             }
             k -= 1;
         };
-        if used == 0 {
+        // A head read in blocks goes too where the room left holds it.
+        let head_on_device = self.head_on_disk && used + spec.head.stored <= room;
+        if used == 0 && !head_on_device {
             return self;
         }
         let placed: Vec<bool> = (0..n).map(|i| self.keep[i] || device[i]).collect();
@@ -190,29 +196,33 @@ impl SpineTiers {
             .filter(|&i| device[i])
             .map(|i| spec.layers[i].stored - spec.layers[i].matrices)
             .sum();
-        let head = if self.head_on_disk {
-            spec.head.stored
+        let (head_read, head_ring) = if self.head_on_disk && !head_on_device {
+            let layers_ring = ring_window(
+                &(0..n)
+                    .filter(|&i| !self.keep[i])
+                    .map(|i| spec.layers[i].stored)
+                    .collect::<Vec<_>>(),
+                self.ring,
+            );
+            (
+                spec.head.stored,
+                self.ring_bytes.saturating_sub(layers_ring),
+            )
         } else {
-            0
+            (0, 0)
         };
-        let head_ring = self.ring_bytes.saturating_sub(ring_window(
-            &(0..n)
-                .filter(|&i| !self.keep[i])
-                .map(|i| spec.layers[i].stored)
-                .collect::<Vec<_>>(),
-            self.ring,
-        ));
         // A held layer computes on the device, too fast to read ahead
         // behind: the ring never grows for it.
         self.ring = ring_for(&placed).min(self.ring);
         self.ring_bytes = ring_window(&streamed, self.ring) + head_ring;
         self.streamed_layers = streamed.len();
         self.streamed_bytes = streamed.iter().sum();
-        self.read_bytes = self.streamed_bytes + head;
+        self.read_bytes = self.streamed_bytes + head_read;
         self.resident_bytes += held_ram;
         self.device_layers = device.iter().filter(|&&d| d).count();
-        self.device_bytes = used;
+        self.device_bytes = used + if head_on_device { spec.head.stored } else { 0 };
         self.device = device;
+        self.head_on_device = head_on_device;
         self
     }
 
@@ -223,7 +233,7 @@ impl SpineTiers {
 
     /// The plan the loader takes.
     pub fn plan(&self) -> fathom_model::LayerPlan {
-        if self.streamed_layers == 0 && self.device_layers == 0 {
+        if self.streamed_layers == 0 && self.device_layers == 0 && !self.head_on_device {
             fathom_model::LayerPlan {
                 embedding_on_disk: self.embedding_on_disk,
                 head_on_disk: self.head_on_disk,
@@ -234,6 +244,7 @@ impl SpineTiers {
                 keep: Some(self.keep.clone()),
                 device: self.device.clone(),
                 head_on_disk: self.head_on_disk,
+                head_on_device: self.head_on_device,
                 ..fathom_model::LayerPlan::streamed(self.resident_layers, self.ring)
             }
         }

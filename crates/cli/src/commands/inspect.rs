@@ -461,13 +461,15 @@ pub(crate) fn print_ledger(l: &serde_json::Map<String, Value>) {
     });
     tier("  of them bytes", &|t| b(&t["resident_bytes"]));
     if l["bf16"]["tiers"]["device_layers"].as_u64().unwrap_or(0) > 0 {
-        tier("layers on the device", &|t| {
-            format!("{} {}", t["device_layers"], b(&t["device_bytes"]))
+        tier("on the device", &|t| {
+            format!("{} layers {}", t["device_layers"], b(&t["device_bytes"]))
         });
     }
     tier("streamed layers", &|t| t["streamed_layers"].to_string());
     tier("  head", &|t| {
-        if t["head_on_disk"] == true {
+        if t["head_on_device"] == true {
+            "on the device".into()
+        } else if t["head_on_disk"] == true {
             "row blocks".into()
         } else {
             "resident".into()

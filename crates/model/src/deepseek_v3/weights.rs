@@ -130,7 +130,7 @@ impl DeepseekV3Weights {
             ck,
             fp8_block: spec.fp8_block(),
         };
-        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_on_disk, || b.linear(LM_HEAD))?;
+        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_place(), || b.linear(LM_HEAD))?;
         Ok(DeepseekV3Weights {
             embed_tokens: Embedding::load(
                 ck,

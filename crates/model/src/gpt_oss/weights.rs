@@ -67,7 +67,7 @@ impl GptOssWeights {
         require_none(&check_tensors(spec, ck))?;
         let layers = load_layers(spec, ck, spine, plan, spec.num_layers, layer)?;
         let b = Binder::new(ck);
-        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_on_disk, || b.linear(LM_HEAD))?;
+        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_place(), || b.linear(LM_HEAD))?;
         Ok(GptOssWeights {
             embed_tokens: Embedding::load(
                 ck,

@@ -187,7 +187,7 @@ impl K3Weights {
         require_tensors(spec, ck)?;
         let layers = load_layers(spec, ck, spine, plan, spec.num_layers, layer)?;
         let b = Binder::new(ck);
-        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_on_disk, || b.linear(LM_HEAD))?;
+        let lm_head = LmHead::load(ck, LM_HEAD, spine, plan.head_place(), || b.linear(LM_HEAD))?;
         Ok(K3Weights {
             embed_tokens: Embedding::load(
                 ck,

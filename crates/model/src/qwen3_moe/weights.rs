@@ -80,7 +80,7 @@ impl Qwen3MoeWeights {
         let lm_head = if spec.tie_word_embeddings {
             None
         } else {
-            Some(LmHead::load(ck, LM_HEAD, spine, plan.head_on_disk, || {
+            Some(LmHead::load(ck, LM_HEAD, spine, plan.head_place(), || {
                 b.linear(LM_HEAD)
             })?)
         };

@@ -739,8 +739,9 @@ macro_rules! family_golden_tests {
             }
         }
 
-        /// Every other layer held for the device (its matrices mapped from
-        /// the checkpoint, `fathom_model::linear::loading_held`) with no
+        /// Every other layer and the head held for the device (their
+        /// matrices mapped from the checkpoint,
+        /// `fathom_model::linear::loading_held`) with no
         /// device installed: the CPU computes them from the map, the rest
         /// streamed, with the resident bits.
         #[test]
@@ -750,6 +751,8 @@ macro_rules! family_golden_tests {
             let opts = fathom_model::LoadOptions {
                 layers: fathom_model::LayerPlan {
                     device: (0..layers).map(|i| i % 2 == 0).collect(),
+                    head_on_disk: true,
+                    head_on_device: true,
                     ..fathom_model::LayerPlan::streamed(0, 2)
                 },
                 ..Default::default()

@@ -292,27 +292,37 @@ fn layers_read_for_every_pass_go_to_the_device_as_far_as_its_room_goes() {
         .unwrap()
         .cap_resident_layers(&s, 0);
     assert_eq!(i8.clone().with_device(&s, u64::MAX), i8);
-    // Room for every layer: none read for every pass, no ring; the
-    // layers' matrices on the device, the rest of each in RAM.
+    // Room for every layer and the head: nothing read for every pass, no
+    // ring; the layers' matrices and the head on the device, the rest of
+    // each layer in RAM.
     let d = all.clone().with_device(&s, u64::MAX);
     let t = &d.tiers;
-    // Only the head's row blocks (read for every pass at 0 resident
-    // layers) are left in the ring.
-    let head_ring = SpineTiers::new(&s, false, usize::MAX)
-        .with_head_on_disk(&s, false)
-        .ring_bytes;
-    assert!(t.head_on_disk && head_ring > 0);
-    assert_eq!((t.device_layers, t.streamed_layers, t.ring), (9, 0, 0));
-    assert_eq!(t.ring_bytes, head_ring);
+    assert_eq!(
+        (t.device_layers, t.streamed_layers, t.ring, t.ring_bytes),
+        (9, 0, 0, 0)
+    );
+    assert!(t.head_on_device && t.head_on_disk);
     let matrices: u64 = s.layers.iter().map(|l| l.matrices).sum();
     let stored: u64 = s.layers.iter().map(|l| l.stored).sum();
-    assert_eq!(t.device_bytes, matrices);
+    assert_eq!(t.device_bytes, matrices + s.head.stored);
     assert_eq!(t.resident_bytes, stored - matrices);
-    assert_eq!(t.read_bytes, s.head.stored);
+    assert_eq!(t.read_bytes, 0);
     assert!(d.fixed() < all.fixed() && d.cache >= all.cache);
     let plan = t.plan();
     assert_eq!(plan.device, vec![true; 9]);
     assert!((0..9).all(|i| plan.on_device(i)));
+    assert_eq!(plan.head_place(), fathom_model::HeadPlace::Device);
+    // Room for the layers but not the head: the head stays in row blocks,
+    // its ring alone left.
+    let head_ring = SpineTiers::new(&s, false, usize::MAX)
+        .with_head_on_disk(&s, false)
+        .ring_bytes;
+    let d = all.clone().with_device(&s, matrices);
+    let t = &d.tiers;
+    assert!(!t.head_on_device && head_ring > 0);
+    assert_eq!((t.device_layers, t.ring, t.ring_bytes), (9, 0, head_ring));
+    assert_eq!(t.read_bytes, s.head.stored);
+    assert_eq!(t.plan().head_place(), fathom_model::HeadPlace::Disk);
     // Room for three of the largest: three held, spread over the depth
     // among layers of one size; the ring never grows.
     let d = all.clone().with_device(&s, 3 * one);
