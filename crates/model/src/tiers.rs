@@ -338,7 +338,8 @@ impl<L: Send + Sync + 'static> Layers<L> {
                 None
             });
         }
-        let order: Vec<usize> = (0..layers).filter(|&i| !keep[i]).collect();
+        // The ring reads only the layers neither resident nor held.
+        let order: Vec<usize> = (0..layers).filter(|&i| resident[i].is_none()).collect();
         let ring = (!order.is_empty()).then(|| Ring::start(order, plan.ring.max(2), load, layers));
         Ok(Layers {
             resident,

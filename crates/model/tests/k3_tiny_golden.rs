@@ -492,6 +492,11 @@ fn held_layers_read_from_the_map_are_bit_identical() {
     let prompts: Vec<Vec<u32>> = (0..3).map(prompt).collect();
     common::assert_tiers_bit_identical(&resident, &m, &prompts);
     common::assert_batched_equals_solo(&m, &prompt(0), &prompt(2), &prompt(1));
+    // Only the streamed layers are read: each once a pass, and at most a
+    // ring's read-ahead past the last.
+    let r = m.weights.layers.reads();
+    let streamed = (layers / 2) as u64;
+    assert!(r.passes > 0 && r.layers_read <= streamed * r.passes + 2, "{r:?}");
 }
 
 /// A streamed layer that cannot be read fails the step, naming the shard

@@ -767,6 +767,11 @@ macro_rules! family_golden_tests {
             assert_eq!(m.weights.layers.streamed(), layers / 2);
             let prompts: Vec<Vec<u32>> = (0..g.prompts).map(|i| g.input_ids(i)).collect();
             crate::common::assert_tiers_bit_identical(&resident, &m, &prompts);
+            // Only the streamed layers are read: each once a pass, and at
+            // most a ring's read-ahead past the last.
+            let r = m.weights.layers.reads();
+            let streamed = (layers / 2) as u64;
+            assert!(r.passes > 0 && r.layers_read <= streamed * r.passes + 2, "{r:?}");
         }
 
         /// A streamed layer that cannot be read fails the step, naming the
