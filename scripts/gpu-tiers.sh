@@ -25,7 +25,7 @@ timeout 400 $fathom bench --model "$m" --prompt-ids "$p8" --max-new 6 --reps 1 -
   --arm 'held=--device cuda --context 4096 --ram-budget 5GB --ignore-eos' \
   --arm 'v5=--device cuda --context 4096 --ram-budget 5GB --vram-budget 5GB --ignore-eos' \
   --arm 'v1=--device cuda --context 4096 --ram-budget 5GB --vram-budget 1GB --ignore-eos' |
-  tail -14
+  tail -22
 # Where a held run's bytes went: copied once, none read for a pass.
 timeout 100 $fathom run --model "$m" --prompt-ids "$p8" --max-new 16 --ignore-eos --json --stats \
   --device cuda --context 4096 --ram-budget 5GB 2>/dev/null |
