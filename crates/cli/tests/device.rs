@@ -512,7 +512,11 @@ fn layers_held_on_the_device_give_the_cpu_bits_for_every_family() {
         let layers = n("spine_device_layers");
         assert!(layers > 0, "{d}: {s}");
         assert_eq!(s["spine_streamed_layers"].as_u64(), Some(0), "{d}: {s}");
-        assert_eq!(n("spine_bytes_read"), 0, "{d}: nothing read for a pass: {s}");
+        assert_eq!(
+            n("spine_bytes_read"),
+            0,
+            "{d}: nothing read for a pass: {s}"
+        );
         // Each held matrix was copied up at most once (no state pushed one
         // out), its pages dropped after the copy: all but the few the
         // layers use only through copies made at load (MLA's `kv_b_proj`,

@@ -496,7 +496,10 @@ fn held_layers_read_from_the_map_are_bit_identical() {
     // ring's read-ahead past the last.
     let r = m.weights.layers.reads();
     let streamed = (layers / 2) as u64;
-    assert!(r.passes > 0 && r.layers_read <= streamed * r.passes + 2, "{r:?}");
+    assert!(
+        r.passes > 0 && r.layers_read <= streamed * r.passes + 2,
+        "{r:?}"
+    );
 }
 
 /// A streamed layer that cannot be read fails the step, naming the shard

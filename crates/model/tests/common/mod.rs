@@ -771,7 +771,10 @@ macro_rules! family_golden_tests {
             // most a ring's read-ahead past the last.
             let r = m.weights.layers.reads();
             let streamed = (layers / 2) as u64;
-            assert!(r.passes > 0 && r.layers_read <= streamed * r.passes + 2, "{r:?}");
+            assert!(
+                r.passes > 0 && r.layers_read <= streamed * r.passes + 2,
+                "{r:?}"
+            );
         }
 
         /// A streamed layer that cannot be read fails the step, naming the
