@@ -328,7 +328,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     } else {
         print_text(&r);
         if let Some(v) = &vram {
-            super::inspect_vram::print(v);
+            super::inspect_vram::print(v, r.get("ledger").filter(|l| !l.is_null()));
         }
     }
     Ok(())

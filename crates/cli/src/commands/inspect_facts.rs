@@ -113,7 +113,7 @@ pub fn run(
         print_ledger(l);
     }
     if let Some(v) = &vram {
-        super::inspect_vram::print(v);
+        super::inspect_vram::print(v, r.get("ledger").filter(|l| !l.is_null()));
     }
     Ok(())
 }

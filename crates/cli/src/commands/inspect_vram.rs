@@ -54,7 +54,9 @@ pub fn plan(f: &MemoryFacts, vram: u64, devices: usize) -> Value {
     })
 }
 
-pub fn print(v: &Value) {
+/// Prints the plan `v`; `ledger` (the RAM plans, when a budget was given)
+/// says which layers the device tier holds.
+pub fn print(v: &Value, ledger: Option<&Value>) {
     match v["devices"].as_u64() {
         Some(n) if n > 1 => println!(
             "VRAM budget {} on each of {n} devices (--device cuda --gpus; the spine on the first):",
@@ -77,6 +79,19 @@ pub fn print(v: &Value) {
             println!(
                 "  {k} spine {} does not fit: matrices beyond the budget are computed on the CPU",
                 b(&p["spine_bytes"])
+            );
+        }
+        let t = ledger.map(|l| &l[k]["tiers"]);
+        if let Some(t) = t.filter(|t| t["device_layers"].as_u64().unwrap_or(0) > 0) {
+            println!(
+                "    the device tier holds {} of the layers the RAM plan reads for every pass ({}{}), copied up once, not in RAM",
+                t["device_layers"],
+                b(&t["device_bytes"]),
+                if t["head_on_device"] == true {
+                    ", the head with them"
+                } else {
+                    ""
+                }
             );
         }
     }
