@@ -50,7 +50,7 @@ pub enum WeightData {
     /// `weight_scale_inv`). Row selections keep the format (a tile-unaligned
     /// one copies each row's scales, `br = 1`).
     Fp8 {
-        q: Vec<u8>,
+        q: Words<u8>,
         scale: Vec<f32>,
         block: [usize; 2],
     },
@@ -127,13 +127,15 @@ impl Linear {
         })
     }
 
-    /// Whether every value of this matrix is the checkpoint's mapped bytes
-    /// held on the device.
+    /// Whether this matrix's values (an FP8 matrix's codes; an int8
+    /// matrix's codes and scales) are the checkpoint's mapped bytes held on
+    /// the device.
     pub fn is_held(&self) -> bool {
         match &self.data {
             WeightData::Bf16(w) => w.is_held(),
             WeightData::F32(w) => w.is_held(),
-            _ => false,
+            WeightData::Int8 { q, scale } => q.is_held() && scale.is_held(),
+            WeightData::Fp8 { q, .. } => q.is_held(),
         }
     }
 
@@ -160,7 +162,17 @@ impl Linear {
                 loc.dtype, loc.shape, scale_loc.shape
             )));
         }
-        let q = ck.read(loc)?;
+        // Held on the device: the codes mapped, checked, and their pages
+        // dropped again until the copy up reads them.
+        let held = if HOLD.get() {
+            ck.map(loc)?.and_then(Words::<u8>::held)
+        } else {
+            None
+        };
+        let q = match held {
+            Some(q) => q,
+            None => Words::from(ck.read(loc)?),
+        };
         if let Some(i) = q.iter().position(|&b| e4m3_is_nan(b)) {
             return Err(ModelError::Tensor(format!(
                 "{name}: E4M3 code {:#04x} (NaN) at [{}, {}]: the checkpoint is corrupt",
@@ -182,6 +194,9 @@ impl Linear {
                 i / grid[1],
                 i % grid[1]
             )));
+        }
+        if q.is_held() {
+            fathom_weights::mapped::release_copied(q.as_ptr() as usize, q.len());
         }
         Ok(Linear {
             rows,
@@ -432,7 +447,7 @@ impl Linear {
                         q: q2, scale: s2, ..
                     },
                 ) => {
-                    q.extend(q2);
+                    q.vec_mut().extend_from_slice(&q2);
                     scale.extend(s2);
                 }
                 _ => unreachable!("stacked parts share one precision"),
@@ -456,7 +471,7 @@ impl Linear {
             WeightData::Fp8 { q, scale, block } => {
                 let [br, bc] = *block;
                 let gc = c.div_ceil(bc);
-                let q = q[rows.start * c..rows.end * c].to_vec();
+                let q: Words<u8> = q[rows.start * c..rows.end * c].to_vec().into();
                 if rows.start.is_multiple_of(br) {
                     let grid = rows.start / br * gc..rows.end.div_ceil(br) * gc;
                     WeightData::Fp8 {

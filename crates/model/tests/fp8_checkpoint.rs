@@ -159,6 +159,38 @@ fn small_tiles_equal_the_dequantised_reference() {
     same_as_dequantised([16, 32], "16x32");
 }
 
+/// Layers held for the device (`LayerPlan::device`) keep their FP8 codes
+/// mapped from the checkpoint, not read; with no device the CPU computes
+/// them from the map, with the resident model's logits.
+#[test]
+fn held_fp8_layers_are_mapped_and_give_the_resident_logits() {
+    let (qd, rd) = copies([16, 32], "held");
+    let resident = fathom_model::load(&qd, LoadOptions::default()).unwrap();
+    let layers = fathom_model::ModelConfig::read(&qd)
+        .unwrap()
+        .memory_facts()
+        .unwrap()
+        .layers
+        .len();
+    let opts = LoadOptions {
+        layers: fathom_model::LayerPlan {
+            device: vec![true; layers],
+            ..fathom_model::LayerPlan::streamed(0, 2)
+        },
+        ..Default::default()
+    };
+    let m =
+        DeepseekV3Model::load_config(&fathom_model::ModelConfig::read(&qd).unwrap(), opts).unwrap();
+    assert_eq!(m.weights.layers.on_device(), layers);
+    let a = &m.weights.layers.resident_layer(2).unwrap().self_attn;
+    assert!(matches!(a.o_proj.data, WeightData::Fp8 { .. }) && a.o_proj.is_held());
+    let worst = compare("held FP8", &m, resident.as_ref(), &prompts(), 0.0);
+    assert_eq!(worst, 0.0);
+    for d in [qd, rd] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 fn load_err(config: &Value, tensors: &Tensors, tag: &str) -> String {
     let d = qcommon::temp_dir(tag);
     qcommon::write_checkpoint(&d, config, tensors);
