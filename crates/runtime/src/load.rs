@@ -243,12 +243,31 @@ pub fn load_config(
         info.ledger = Some(ledger);
         model
     };
+    warn_unheld(&info);
     info.load_s = t0.elapsed().as_secs_f64();
     Ok(Loaded {
         model,
         config,
         info,
     })
+}
+
+/// Says so when the layers the plan holds on the device were read into
+/// RAM instead (their shards would not map: not on disk, or a system that
+/// refuses the map): the run then holds more RAM than its plan.
+fn warn_unheld(info: &LoadInfo) {
+    let Some(t) = info.ledger.as_ref().map(|l| &l.tiers) else {
+        return;
+    };
+    let held = fathom_weights::mapped::held_bytes();
+    if t.device_layers > 0 && held.saturating_mul(4) < t.device_bytes.saturating_mul(3) {
+        tracing::warn!(
+            "spine: {} of the {} planned for the device's {} layers could be mapped from the checkpoint; the rest was read into RAM, beyond the plan (lower --ram-budget by the difference)",
+            fathom_weights::units::format_bytes(held),
+            fathom_weights::units::format_bytes(t.device_bytes),
+            t.device_layers
+        );
+    }
 }
 
 /// VRAM the device tier may give spine layers that would otherwise be

@@ -474,6 +474,20 @@ impl Ledger {
     /// A few lines for humans.
     pub fn describe(&self) -> String {
         let t = &self.tiers;
+        let device = if t.device_layers > 0 || t.head_on_device {
+            format!(
+                "; {} layers{} held on the device ({}, not in RAM)",
+                t.device_layers,
+                if t.head_on_device {
+                    " and the head"
+                } else {
+                    ""
+                },
+                format_bytes(t.device_bytes)
+            )
+        } else {
+            String::new()
+        };
         let tiers = if t.streamed_layers > 0 {
             format!(
                 "; {} of {} layers resident, {} read for every pass ({} read) through a ring of {} layers ({}){}",
@@ -493,7 +507,7 @@ impl Ledger {
             "; the embedding's rows read as asked".to_string()
         } else {
             String::new()
-        };
+        } + &device;
         format!(
             "RAM budget {}: spine {} ({}{tiers}), state {} ({} tokens × {} sequences; latent cache {} {} in RAM, {} on disk at full context), scratch {}, I/O buffers {}, expert cache {} ({} experts of {})",
             format_bytes(self.budget),
