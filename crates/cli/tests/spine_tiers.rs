@@ -267,6 +267,18 @@ fn inspect_plans_the_full_k3_at_64_gb() {
     // The int8 least holds the largest layer (the dense first, 2.34 GB)
     // as stored while it is read and quantised.
     assert_eq!(u(&int8["min_budget_bytes"]), 8_695_144_264);
+    // Beside a 24 GB GPU, 16 of the 53 streamed layers are held there.
+    let r = k3_plan(&["--ram-budget", "64GB", "--vram-budget", "24GB"]);
+    let t = check(&r["ledger"]["bf16"], spine("bf16"), 64_000_000_000);
+    assert_eq!(
+        (
+            u(&t["resident_layers"]),
+            u(&t["device_layers"]),
+            u(&t["streamed_layers"])
+        ),
+        (40, 16, 37)
+    );
+    assert_eq!(u(&t["read_bytes"]), 36_744_730_112);
 }
 
 /// At 128 GB both spines are resident whole.
