@@ -530,6 +530,28 @@ fn layers_held_on_the_device_give_the_cpu_bits_for_every_family() {
         assert_eq!(s["gpu"]["device_errors"].as_u64(), Some(0), "{d}: {s}");
         eprintln!("{d}: {layers} layers held on the device, {held} bytes copied once");
     }
+    // Two devices: the spine, held layers included, on the first; the
+    // routed experts split over both.
+    let Some((env, gpus)) = cuda_or_skip() else {
+        return;
+    };
+    if gpus < 2 {
+        eprintln!("one device here: the device tier on --gpus 0,1 not run");
+        return;
+    }
+    let d = fixture("k3-tiny/checkpoint");
+    let d = d.to_str().unwrap();
+    let cpu = run_json(&[&run_args(d, &[])[..], &["--device", "cpu"]].concat());
+    let two = gpu_run(
+        d,
+        &["--stats"],
+        &[&tier[..], &["--gpus", "0,1"]].concat(),
+        &env,
+    );
+    assert_eq!(answer(&cpu), answer(&two), "{d} --gpus 0,1");
+    let s = &two["stats"];
+    assert!(s["spine_device_layers"].as_u64().unwrap_or(0) > 0, "{s}");
+    assert_eq!(s["spine_bytes_read"].as_u64(), Some(0), "{s}");
 }
 
 /// The device tier with `--spine int8` beside the int8 spine file: the
