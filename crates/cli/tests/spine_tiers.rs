@@ -301,9 +301,10 @@ fn inspect_plans_the_full_k3_at_128_gb() {
 }
 
 /// 32 GB of RAM beside a 24 GB GPU: the RAM plan keeps 16 bf16 or 35
-/// int8 layers resident; of the rest, as many as seven eighths of the
-/// VRAM budget hold go to the device (their matrices there, their norms
-/// in RAM) and the others are read for every pass. Without the int8
+/// int8 layers resident; of the rest, as many as the VRAM budget less an
+/// eighth holds (the state, 1.4 GB, needs less) go to the device (their
+/// matrices there, their norms in RAM) and the others are read for every
+/// pass. Without the int8
 /// spine file an int8 layer is quantised in RAM, so none is held.
 #[test]
 fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {

@@ -156,7 +156,10 @@ pub fn load_config(
         req.cuda_graphs,
     )?;
     let ledger = match selected.vram {
-        Some(v) => ledger.with_device(&spec, device_room(v)),
+        Some(v) => {
+            let room = device_room(v, ledger.state);
+            ledger.with_device(&spec, room)
+        }
         None => ledger,
     };
     let layers = ledger.tiers.plan();
@@ -271,11 +274,14 @@ fn warn_unheld(info: &LoadInfo) {
 }
 
 /// VRAM the device tier may give spine layers that would otherwise be
-/// read for every pass: seven eighths of the device's weight budget, the
-/// rest left for sequence state and caches' blocks (which may push held
-/// layers out; the CPU then computes them from the mapped checkpoint).
-pub fn device_room(vram_budget: u64) -> u64 {
-    vram_budget / 8 * 7
+/// read for every pass: the device's weight budget less what sequences'
+/// state and caches' blocks may take there — an eighth of the budget, or
+/// the state the RAM plan counts (`state`) and 256 MiB where that is more
+/// (state that does not fit pushes held layers out; the CPU then computes
+/// them from the mapped checkpoint).
+pub fn device_room(vram_budget: u64, state: u64) -> u64 {
+    let reserve = (vram_budget / 8).max(state.saturating_add(256 << 20));
+    vram_budget.saturating_sub(reserve)
 }
 
 /// The model with its routed experts read from the shards as the router
@@ -392,4 +398,21 @@ fn kv_config(mem: &LoadRequest, kv: &KvPlan) -> Result<KvConfig> {
         dtype: kv.dtype,
         spill: Some(spill),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_room;
+
+    #[test]
+    fn the_device_tier_leaves_an_eighth_or_the_state_whichever_is_more() {
+        let gb = 1_000_000_000u64;
+        assert_eq!(device_room(24 * gb, gb), 21 * gb);
+        // Eight sequences' state (9.3 GB): it is left, with 256 MiB.
+        assert_eq!(
+            device_room(24 * gb, 9_300_000_000),
+            24 * gb - 9_300_000_000 - (256 << 20)
+        );
+        assert_eq!(device_room(gb, 2 * gb), 0, "no room at all");
+    }
 }

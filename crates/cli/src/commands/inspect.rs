@@ -107,7 +107,10 @@ pub(crate) fn ledger(facts: &MemoryFacts, spine: Spine, budget: u64, kv: &KvArgs
     let (fits, l) = match min.clone().with_budget(facts, rest) {
         Ok(l) => {
             let l = match kv.vram {
-                Some(v) => l.with_device(facts, fathom_runtime::device_room(v)),
+                Some(v) => {
+                    let room = fathom_runtime::device_room(v, l.state);
+                    l.with_device(facts, room)
+                }
                 None => l,
             };
             (true, Ledger { budget, ..l })
