@@ -476,15 +476,7 @@ fn streamed_spine_is_bit_identical() {
 fn held_layers_read_from_the_map_are_bit_identical() {
     let resident = load();
     let layers = resident.spec.num_layers;
-    let opts = fathom_model::LoadOptions {
-        layers: fathom_model::LayerPlan {
-            device: (0..layers).map(|i| i % 2 == 0).collect(),
-            head_on_disk: true,
-            head_on_device: true,
-            ..fathom_model::LayerPlan::streamed(0, 2)
-        },
-        ..Default::default()
-    };
+    let opts = common::every_other_layer_held(layers);
     let dir = data().join("checkpoint");
     let m = K3Model::load_config(&fathom_model::ModelConfig::read(&dir).unwrap(), opts).unwrap();
     assert_eq!(m.weights.layers.on_device(), layers.div_ceil(2));

@@ -123,38 +123,25 @@ pub fn page_size() -> usize {
 /// Bytes of `path` now in the page cache (`mincore` over a read-only
 /// shared map of the file).
 pub fn cached_bytes(path: &Path) -> io::Result<u64> {
-    use std::os::unix::io::AsRawFd as _;
     let f = File::open(path)?;
     let len = usize::try_from(f.metadata()?.len())
         .map_err(|_| io::Error::other("file too large to map"))?;
     if len == 0 {
         return Ok(0);
     }
-    // SAFETY: a shared read-only map of a file we opened; unmapped below
-    // and never read through.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
+    let addr = map_file_readonly(&f, len).ok_or_else(io::Error::last_os_error)?;
     let page = page_size();
     let mut vec = vec![0u8; len.div_ceil(page)];
     // SAFETY: `vec` has one byte per page of the mapping, as mincore writes.
-    let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr().cast()) };
-    // SAFETY: the mapping made above, with its length, unmapped once.
-    unsafe { libc::munmap(addr, len) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
+    let rc = unsafe { libc::mincore(addr.as_ptr().cast(), len, vec.as_mut_ptr().cast()) };
+    let err = (rc != 0).then(io::Error::last_os_error);
+    // SAFETY: the mapping made above, with its length, unmapped once, no
+    // reference into it kept.
+    unsafe { unmap(addr, len) };
+    match err {
+        Some(e) => Err(e),
+        None => Ok(vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page as u64),
     }
-    Ok(vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page as u64)
 }
 
 /// Bytes available to an unprivileged user on the filesystem of `dir`.

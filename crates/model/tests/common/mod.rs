@@ -450,6 +450,20 @@ pub fn assert_failed_steps_change_nothing(model: &dyn CausalLm, warm: &[u32]) {
     assert_eq!(a.encode().unwrap(), before);
 }
 
+/// Load options with every other layer (from the first) and the head held
+/// for the device, the other layers streamed.
+pub fn every_other_layer_held(layers: usize) -> fathom_model::LoadOptions {
+    fathom_model::LoadOptions {
+        layers: fathom_model::LayerPlan {
+            device: (0..layers).map(|i| i % 2 == 0).collect(),
+            head_on_disk: true,
+            head_on_device: true,
+            ..fathom_model::LayerPlan::streamed(0, 2)
+        },
+        ..Default::default()
+    }
+}
+
 /// Every golden prompt's logits at every position, and a few greedy
 /// decode steps through the state, are the same bits from `tiered` (some
 /// spine layers read for every pass) as from `resident`.
@@ -748,15 +762,7 @@ macro_rules! family_golden_tests {
         fn held_layers_read_from_the_map_are_bit_identical() {
             let (resident, g) = (load(), golden());
             let layers = resident.spec.num_layers;
-            let opts = fathom_model::LoadOptions {
-                layers: fathom_model::LayerPlan {
-                    device: (0..layers).map(|i| i % 2 == 0).collect(),
-                    head_on_disk: true,
-                    head_on_device: true,
-                    ..fathom_model::LayerPlan::streamed(0, 2)
-                },
-                ..Default::default()
-            };
+            let opts = crate::common::every_other_layer_held(layers);
             let dir = crate::common::data(FIXTURE);
             let m = Model::<$family>::load_config(
                 &fathom_model::ModelConfig::read(&dir).unwrap(),
