@@ -167,20 +167,29 @@ pub fn free_space(dir: &Path) -> Option<u64> {
 /// zero-filled by the kernel); `None` when the system refuses it or `len`
 /// is 0. Free it with [`unmap`].
 pub fn map_anonymous(len: usize) -> Option<NonNull<u8>> {
-    if len == 0 {
-        return None;
-    }
     // SAFETY: a new private anonymous mapping; no existing memory is touched.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+    unsafe {
+        map_new(
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANON,
             -1,
-            0,
         )
-    };
+    }
+}
+
+/// A new mapping of `len` bytes at offset 0 of `fd` (-1: anonymous);
+/// `None` when refused or `len` is 0.
+///
+/// # Safety
+/// `prot`, `flags` and `fd` make a new mapping that touches no existing
+/// memory (no `MAP_FIXED`), `fd` open or -1 with `MAP_ANON`.
+unsafe fn map_new(len: usize, prot: i32, flags: i32, fd: i32) -> Option<NonNull<u8>> {
+    if len == 0 {
+        return None;
+    }
+    // SAFETY: as the caller promises: a fresh mapping chosen by the system.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
     if p == libc::MAP_FAILED {
         return None;
     }
@@ -191,7 +200,8 @@ pub fn map_anonymous(len: usize) -> Option<NonNull<u8>> {
 /// the system.
 ///
 /// # Safety
-/// `ptr` and `len` are exactly those of one live mapping made here, unmapped once, with no reference into it left.
+/// `ptr` and `len` are exactly those of one live mapping made here,
+/// unmapped once, with no reference into it left.
 pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
     // SAFETY: the caller hands a live mapping of exactly this length.
     unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
@@ -203,25 +213,9 @@ pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
 /// when the system refuses it or `len` is 0. Free it with [`unmap`].
 pub fn map_file_readonly(file: &File, len: usize) -> Option<NonNull<u8>> {
     use std::os::unix::io::AsRawFd as _;
-    if len == 0 {
-        return None;
-    }
     // SAFETY: a new read-only shared mapping of an open descriptor; no
     // existing memory is touched, and nothing can write through it.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
-    NonNull::new(p.cast())
+    unsafe { map_new(len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd()) }
 }
 
 /// Drops the pages of `[ptr, ptr + len)` (widened to whole pages) from this
