@@ -53,10 +53,10 @@ impl<'a> Binder<'a> {
     fn stored_int8(&self, name: &str, q: &TensorLoc) -> Result<Linear> {
         let scale = self.loc(&int8_spine::scale_name(name))?;
         let (rows, cols) = (q.shape[0], q.shape[1]);
-        if crate::linear::holding()
-            && let (Some(qm), Some(sm)) = (self.ck.map(q)?, self.ck.map(scale)?)
-            && let (Some(q), Some(scale)) = (Words::held(qm), Words::held(sm))
-        {
+        if let (Some(q), Some(scale)) = (
+            Words::held_if_holding(self.ck, q)?,
+            Words::held_if_holding(self.ck, scale)?,
+        ) {
             let data = WeightData::Int8 { q, scale };
             return Ok(Linear { rows, cols, data });
         }

@@ -99,9 +99,7 @@ impl Linear {
                 )));
             }
         };
-        if HOLD.get()
-            && let Some(data) = Self::held(ck, loc)?
-        {
+        if let Some(data) = Self::held(ck, loc)? {
             return Ok(Linear { rows, cols, data });
         }
         let data = match loc.dtype {
@@ -117,12 +115,13 @@ impl Linear {
         Ok(Linear { rows, cols, data })
     }
 
-    /// A bf16 or f32 matrix's bytes mapped and held ([`loading_held`]);
-    /// `None` for other dtypes or where the map is refused.
+    /// A bf16 or f32 matrix's bytes mapped and held during a
+    /// [`loading_held`] load; `None` otherwise, for other dtypes or where
+    /// the map is refused.
     fn held(ck: &Checkpoint, loc: &TensorLoc) -> Result<Option<WeightData>> {
         Ok(match loc.dtype {
-            Dtype::BF16 => ck.map(loc)?.and_then(Words::held).map(WeightData::Bf16),
-            Dtype::F32 => ck.map(loc)?.and_then(Words::held).map(WeightData::F32),
+            Dtype::BF16 => Words::held_if_holding(ck, loc)?.map(WeightData::Bf16),
+            Dtype::F32 => Words::held_if_holding(ck, loc)?.map(WeightData::F32),
             _ => None,
         })
     }
@@ -164,12 +163,7 @@ impl Linear {
         }
         // Held on the device: the codes mapped, checked, and their pages
         // dropped again until the copy up reads them.
-        let held = if HOLD.get() {
-            ck.map(loc)?.and_then(Words::<u8>::held)
-        } else {
-            None
-        };
-        let q = match held {
+        let q = match Words::held_if_holding(ck, loc)? {
             Some(q) => q,
             None => Words::from(ck.read(loc)?),
         };
@@ -195,9 +189,7 @@ impl Linear {
                 i % grid[1]
             )));
         }
-        if q.is_held() {
-            fathom_weights::mapped::release_copied(q.as_ptr() as usize, q.len());
-        }
+        q.release();
         Ok(Linear {
             rows,
             cols,

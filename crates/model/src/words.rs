@@ -4,6 +4,9 @@
 //! mapped one written to becomes a RAM copy first.
 
 use fathom_weights::mapped::{self, Mapped, Word};
+use fathom_weights::{Checkpoint, TensorLoc};
+
+use crate::error::Result;
 
 pub enum Words<T: Word> {
     Ram(Vec<T>),
@@ -20,9 +23,38 @@ impl<T: Word> Words<T> {
         Some(Words::Held(m))
     }
 
+    /// Tensor `loc` mapped and held when a [`crate::linear::loading_held`]
+    /// load is running and the map is given; `None` otherwise (the caller
+    /// reads it).
+    pub fn held_if_holding(ck: &Checkpoint, loc: &TensorLoc) -> Result<Option<Self>> {
+        if !crate::linear::holding() {
+            return Ok(None);
+        }
+        Ok(ck.map(loc)?.and_then(Words::held))
+    }
+
     /// Whether the values are the checkpoint's mapped bytes.
     pub fn is_held(&self) -> bool {
         matches!(self, Words::Held(_))
+    }
+
+    /// Drops a held matrix's pages from RAM (read through, e.g. checked at
+    /// load): the next read faults them in from the file again.
+    pub fn release(&self) {
+        if self.is_held() {
+            mapped::release_copied(self.as_ptr() as usize, std::mem::size_of_val(&**self));
+        }
+    }
+
+    /// The values as a RAM vector (a held matrix copied first).
+    pub fn vec_mut(&mut self) -> &mut Vec<T> {
+        if let Words::Held(_) = self {
+            *self = Words::Ram(self.to_vec());
+        }
+        match self {
+            Words::Ram(v) => v,
+            Words::Held(_) => unreachable!("made a RAM copy above"),
+        }
     }
 }
 
@@ -39,19 +71,6 @@ impl<T: Word> std::ops::Deref for Words<T> {
 impl<T: Word> std::ops::DerefMut for Words<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         self.vec_mut()
-    }
-}
-
-impl<T: Word> Words<T> {
-    /// The values as a RAM vector (a held matrix copied first).
-    pub fn vec_mut(&mut self) -> &mut Vec<T> {
-        if let Words::Held(_) = self {
-            *self = Words::Ram(self.to_vec());
-        }
-        match self {
-            Words::Ram(v) => v,
-            Words::Held(_) => unreachable!("made a RAM copy above"),
-        }
     }
 }
 
@@ -88,11 +107,5 @@ impl<T: Word> Drop for Words<T> {
         if let Words::Held(m) = self {
             mapped::unhold(m);
         }
-    }
-}
-
-impl<T: Word + PartialEq> PartialEq for Words<T> {
-    fn eq(&self, o: &Self) -> bool {
-        **self == **o
     }
 }

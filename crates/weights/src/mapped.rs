@@ -131,32 +131,29 @@ pub fn unhold(m: &Mapped) {
     }
 }
 
-/// Whether `[addr, addr + len)` lies inside one held range.
-pub fn is_held(addr: usize, len: usize) -> bool {
-    if HELD_COUNT.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    let m = held_map();
-    m.range(..=addr)
-        .next_back()
-        .is_some_and(|(&s, h)| addr + len <= s + h.len)
+/// The held range `[addr, addr + len)` lies in: its start and record.
+fn held_at(m: &BTreeMap<usize, Held>, addr: usize, len: usize) -> Option<(usize, &Held)> {
+    let (&s, h) = m.range(..=addr).next_back()?;
+    (addr + len <= s + h.len).then_some((s, h))
 }
 
-/// Called once `[addr, addr + len)` has been copied to a device: when it
-/// lies in a held range, its pages leave this process (and the page
-/// cache where the system can), read from the file again if the CPU ever
-/// needs them. Returns whether it was held.
+/// Whether `[addr, addr + len)` lies inside one held range.
+pub fn is_held(addr: usize, len: usize) -> bool {
+    HELD_COUNT.load(Ordering::Relaxed) > 0 && held_at(&held_map(), addr, len).is_some()
+}
+
+/// Called once `[addr, addr + len)` has been copied to a device (or
+/// otherwise read through): when it lies in a held range, its pages leave
+/// this process (and the page cache where the system can), read from the
+/// file again if the CPU ever needs them. Returns whether it was held.
 pub fn release_copied(addr: usize, len: usize) -> bool {
     if HELD_COUNT.load(Ordering::Relaxed) == 0 {
         return false;
     }
     let m = held_map();
-    let Some((&s, h)) = m.range(..=addr).next_back() else {
+    let Some((s, h)) = held_at(&m, addr, len) else {
         return false;
     };
-    if addr + len > s + h.len {
-        return false;
-    }
     // SAFETY: the range lies in a held tensor's bytes, inside a live
     // read-only shard mapping (the holder keeps its `Arc` until `unhold`,
     // which needs this lock).

@@ -411,18 +411,19 @@ impl CudaBackend {
         relayout(st, &wanted);
         // Room for all the missing ones at once (never evicting the step's
         // own), or `None` before anything is copied.
+        // The room is made in the held class when any missing segment is
+        // held (asked only of the missing ones: a call whose weights are
+        // all here looks nothing up).
         let mut seen = <foldhash::HashSet<Key> as foldhash::HashSetExt>::new();
-        let missing: u64 = segs
-            .iter()
-            .zip(&keys)
-            .filter(|(_, k)| !st.cache.contains(k) && seen.insert(**k))
-            .map(|(s, _)| s.len() as u64)
-            .sum();
-        let class = if segs.iter().any(|s| spine_class(s) == Class::Held) {
-            Class::Held
-        } else {
-            Class::Spine
-        };
+        let (mut missing, mut class) = (0u64, Class::Spine);
+        for (s, k) in segs.iter().zip(&keys) {
+            if !st.cache.contains(k) && seen.insert(*k) {
+                missing += s.len() as u64;
+                if class != Class::Held {
+                    class = spine_class(s);
+                }
+            }
+        }
         if missing > 0 && !make_room(st, missing, &keys, class) {
             return Ok(None);
         }
