@@ -164,20 +164,13 @@ pub fn load_config(
     };
     let layers = ledger.tiers.plan();
     let t = &ledger.tiers;
-    if t.device_layers > 0 {
+    if t.resident_layers < t.layers {
         tracing::info!(
-            "spine: {} of {} layers resident, {} held on the device ({}), {} read for every pass",
+            "spine: {} of {} layers resident, {} held on the device, {} read for every pass",
             t.resident_layers,
             t.layers,
             t.device_layers,
-            fathom_weights::units::format_bytes(t.device_bytes),
             t.streamed_layers
-        );
-    } else if layers.resident < spec.layers.len() {
-        tracing::info!(
-            "spine: {} of {} layers resident, the rest read for every pass",
-            layers.resident,
-            spec.layers.len()
         );
     }
     let remote = remote_mode(dir, req.experts)?;

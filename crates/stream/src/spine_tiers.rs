@@ -76,17 +76,8 @@ impl SpineTiers {
         } else {
             ring_for(&keep)
         };
-        let as_stored = if int8 {
-            spec.layers
-                .iter()
-                .zip(&keep)
-                .filter(|(_, k)| !**k)
-                .map(|(l, _)| l.stored)
-                .max()
-                .unwrap_or(0)
-        } else {
-            0
-        };
+        let left: Vec<usize> = (0..n).filter(|&i| !keep[i]).collect();
+        let as_stored = read_as_stored(spec, int8, &left);
         let t = SpineTiers {
             layers: n,
             resident_layers,
@@ -131,18 +122,10 @@ impl SpineTiers {
         if self.head_on_disk || h.stored == 0 {
             return self;
         }
-        let rows = spec.vocab_size.max(1) as u64;
-        let block = fathom_model::head::block_rows(rows as usize, h.stored.div_ceil(rows)) as u64;
-        let held = block * h.bytes(int8).div_ceil(rows);
-        let as_stored = if int8 && h.stored != h.int8 {
-            block * h.stored.div_ceil(rows)
-        } else {
-            0
-        };
         self.head_on_disk = true;
         self.global_bytes = self.global_bytes.saturating_sub(h.bytes(int8));
         self.read_bytes += h.stored;
-        self.ring_bytes += fathom_model::head::HEAD_RING as u64 * held + as_stored;
+        self.ring_bytes += head_ring(spec, int8);
         self
     }
 
@@ -161,64 +144,48 @@ impl SpineTiers {
         let n = self.layers;
         let streamed: Vec<usize> = (0..n).filter(|&i| !self.keep[i]).collect();
         let sizes: Vec<u64> = streamed.iter().map(|&i| spec.layers[i].matrices).collect();
-        // The most layers that fit, chosen as the resident ones are (the
-        // largest first, spread evenly among layers of a size, so the
-        // reads of the others still overlap compute all through a pass).
-        let mut k = streamed.len();
-        let (device, used) = loop {
-            let pick = fathom_model::tiers::ranked_layers(&sizes, k);
-            let used: u64 = sizes
-                .iter()
-                .zip(&pick)
-                .filter(|(_, p)| **p)
-                .map(|(s, _)| s)
-                .sum();
-            if used <= room || k == 0 {
-                let mut device = vec![false; n];
-                for (&i, &p) in streamed.iter().zip(&pick) {
-                    device[i] = p && spec.layers[i].matrices > 0;
-                }
-                break (device, used);
-            }
-            k -= 1;
-        };
+        // As many as fit, chosen as the resident ones are (the largest
+        // first, spread evenly among layers of a size, so the reads of the
+        // others still overlap compute all through a pass).
+        let mut largest = sizes.clone();
+        largest.sort_unstable_by(|a, b| b.cmp(a));
+        let mut sum = 0u64;
+        let k = largest
+            .iter()
+            .take_while(|&&b| {
+                sum += b;
+                sum <= room
+            })
+            .count();
+        let used: u64 = largest[..k].iter().sum();
+        let pick = fathom_model::tiers::ranked_layers(&sizes, k);
+        let mut device = vec![false; n];
+        for (&i, &p) in streamed.iter().zip(&pick) {
+            device[i] = p && spec.layers[i].matrices > 0;
+        }
         // A head read in blocks goes too where the room left holds it.
         let head_on_device = self.head_on_disk && used + spec.head.stored <= room;
         if used == 0 && !head_on_device {
             return self;
         }
+        let left: Vec<usize> = streamed.iter().copied().filter(|&i| !device[i]).collect();
+        let left_bytes: Vec<u64> = left.iter().map(|&i| spec.layers[i].bytes(int8)).collect();
         let placed: Vec<bool> = (0..n).map(|i| self.keep[i] || device[i]).collect();
-        let streamed: Vec<u64> = (0..n)
-            .filter(|&i| !placed[i])
-            .map(|i| spec.layers[i].stored)
-            .collect();
-        let held_ram: u64 = (0..n)
-            .filter(|&i| device[i])
-            .map(|i| spec.layers[i].stored - spec.layers[i].matrices)
-            .sum();
-        let (head_read, head_ring) = if self.head_on_disk && !head_on_device {
-            let layers_ring = ring_window(
-                &(0..n)
-                    .filter(|&i| !self.keep[i])
-                    .map(|i| spec.layers[i].stored)
-                    .collect::<Vec<_>>(),
-                self.ring,
-            );
-            (
-                spec.head.stored,
-                self.ring_bytes.saturating_sub(layers_ring),
-            )
-        } else {
-            (0, 0)
-        };
+        let head_read = self.head_on_disk && !head_on_device;
         // A held layer computes on the device, too fast to read ahead
         // behind: the ring never grows for it.
         self.ring = ring_for(&placed).min(self.ring);
-        self.ring_bytes = ring_window(&streamed, self.ring) + head_ring;
-        self.streamed_layers = streamed.len();
-        self.streamed_bytes = streamed.iter().sum();
-        self.read_bytes = self.streamed_bytes + head_read;
-        self.resident_bytes += held_ram;
+        self.ring_bytes = ring_window(&left_bytes, self.ring)
+            + read_as_stored(spec, int8, &left)
+            + if head_read { head_ring(spec, int8) } else { 0 };
+        self.streamed_layers = left.len();
+        self.streamed_bytes = left_bytes.iter().sum();
+        self.read_bytes = left.iter().map(|&i| spec.layers[i].stored).sum::<u64>()
+            + if head_read { spec.head.stored } else { 0 };
+        self.resident_bytes += (0..n)
+            .filter(|&i| device[i])
+            .map(|i| spec.layers[i].stored - spec.layers[i].matrices)
+            .sum::<u64>();
         self.device_layers = device.iter().filter(|&&d| d).count();
         self.device_bytes = used + if head_on_device { spec.head.stored } else { 0 };
         self.device = device;
@@ -255,6 +222,35 @@ impl SpineTiers {
     pub fn read_seconds(&self, bandwidth: f64) -> f64 {
         self.read_bytes as f64 / bandwidth.max(1.0)
     }
+}
+
+/// For an int8 spine, the largest of the `streamed` layers as stored: one
+/// is read whole before it is quantised (0 for a float spine).
+fn read_as_stored(spec: &MemoryFacts, int8: bool, streamed: &[usize]) -> u64 {
+    if !int8 {
+        return 0;
+    }
+    streamed
+        .iter()
+        .map(|&i| spec.layers[i].stored)
+        .max()
+        .unwrap_or(0)
+}
+
+/// RAM of the head's ring of row blocks when it is read for every pass
+/// (`fathom_model::head`): `HEAD_RING` blocks, and, quantising, one block
+/// as stored.
+fn head_ring(spec: &MemoryFacts, int8: bool) -> u64 {
+    let h = spec.head;
+    let rows = spec.vocab_size.max(1) as u64;
+    let block = fathom_model::head::block_rows(rows as usize, h.stored.div_ceil(rows)) as u64;
+    let held = block * h.bytes(int8).div_ceil(rows);
+    let as_stored = if int8 && h.stored != h.int8 {
+        block * h.stored.div_ceil(rows)
+    } else {
+        0
+    };
+    fathom_model::head::HEAD_RING as u64 * held + as_stored
 }
 
 /// The most bytes `k` consecutive entries of `sizes` hold, taken
