@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{fails_with, fathom, tiny, tiny_copy};
+use common::{fails_with, fathom, k3_config, tiny, tiny_copy};
 use serde_json::Value;
 
 fn run_json(args: &[&str]) -> Value {
@@ -103,15 +103,8 @@ fn the_context_defaults_to_max_position_embeddings() {
 
 #[test]
 fn inspect_plans_a_million_token_cache_in_ram_and_on_disk() {
-    let dir = std::env::temp_dir().join(format!("fathom-k3cfg-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = k3_config("long");
     let d = dir.to_str().unwrap();
-    let out = fathom(&["synth", "--out", d, "--preset", "k3", "--config-only"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let out = fathom(&[
         "inspect",
         d,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{code_draft, code_small, fathom};
+use common::{code_draft, code_small, fathom, k3_config};
 use serde_json::Value;
 
 fn ok(args: &[&str]) -> (Value, String) {
@@ -164,19 +164,6 @@ fn k3_plan(args: &[&str]) -> Value {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| k3_config("plain"));
     plan_of(dir, args)
-}
-
-/// The full K3 config in a fresh folder named by `tag`.
-fn k3_config(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("fathom-k3tiers-{tag}-{}", std::process::id()));
-    let d = dir.to_str().unwrap();
-    let out = fathom(&["synth", "--out", d, "--preset", "k3", "--config-only"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir
 }
 
 /// `inspect DIR --context 4096 --json` with `args`.

@@ -93,3 +93,24 @@ pub fn tiny_copy(tag: &str) -> PathBuf {
     }
     dir
 }
+
+/// The full Kimi K3's config alone (`synth --preset k3 --config-only`) in
+/// a fresh folder named by `tag`, for `inspect`.
+pub fn k3_config(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fathom-k3cfg-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = fathom(&[
+        "synth",
+        "--out",
+        dir.to_str().unwrap(),
+        "--preset",
+        "k3",
+        "--config-only",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
