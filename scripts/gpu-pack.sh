@@ -6,13 +6,15 @@
 # (target/ is ignored: carry target/gpu). It also writes target/gpu/run.sh,
 # which runs there from the repository root:
 #
-#   bash target/gpu/run.sh [tests|graphs|bench|ae|d|bc|tiers]...
+#   bash target/gpu/run.sh [tests|graphs|bench|prefill|ae|d|bc|tiers]...
 #                                   (default: tests graphs bench)
 #
 # tests:  the GPU tests in order of importance, each under a time limit;
 # graphs: a K3-dimension synth made there, decoded resident on the GPU
 #         with and without --no-cuda-graphs, interleaved, three pairs;
 # bench:  bench_cuda (kernel times, graphs on and off);
+# prefill: K3DIM prefill of 512 and 4,096 tokens, the tiled products and
+#         the head-grouped MLA attention on and off;
 # ae, d, bc: the GPU figures of docs/bench.md through `fathom bench`, each
 #         beside its bound from the same run: (a) with (e), (d), then (b)
 #         and (c) (docs/bench.md gives the latest of each);
@@ -102,6 +104,25 @@ print(sys.argv[1] or "graphs", round(s["decode_tok_s"],1), "tok/s; kernel ms/tok
     ;;
   bench)
     timeout 300 "\$bin/bench_cuda" || failed=1
+    ;;
+  prefill)
+    # Prefill of 512 and 4,096 tokens on the GPU, resident and with the
+    # routed experts in host RAM (--vram-budget 9GB): as it runs, with MLA
+    # attention a head a block (MLA_HEADS=0), and with that and the tiled
+    # products off too (BF16_TILE=0).
+    m=/tmp/fathom-k3dim
+    [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 4 --experts 16 --top-k 4 --out "\$m" >/dev/null
+    for n in 512 4096; do
+      ids=\$(python3 -c "print(','.join(str(1 + (7 * i) % 1000) for i in range(\$n)))")
+      for place in "" "--vram-budget 9GB"; do
+        for knobs in "" "MLA_HEADS=0" "BF16_TILE=0 MLA_HEADS=0"; do
+          FATHOM_CUDA_DEFINES="\$knobs" timeout 120 target/release/fathom run --model "\$m" --prompt-ids "\$ids" \\
+            --max-new 2 --experts resident --device cuda --context 8192 --json \$place 2>>"\$full" |
+            python3 -c 'import json,sys; d=json.load(sys.stdin); s=d["stats"]; g=s.get("gpu") or {}
+print(sys.argv[1], sys.argv[2] or "resident", sys.argv[3] or "tiled", "prefill tok/s", round(s["prefill_tok_s"],1), "kernel ms", round(g.get("kernel_ms",0)), "tiled", g.get("tiled_launches"), "launches", g.get("kernel_launches"), "ids", d["output_ids"])' "\$n" "\$place" "\$knobs" || failed=1
+        done
+      done
+    done
     ;;
   ae)
     # (a) resident K3-dimension synth on the GPU, (e) the CPU, one run.

@@ -199,6 +199,12 @@ pub struct CudaBackend {
     /// pairs a warp of them takes (`launch.rs`).
     bf16_slots: std::sync::atomic::AtomicUsize,
     bf16_pairs: std::sync::atomic::AtomicUsize,
+    /// Whether bf16 products of [`launch::TILE_T`] positions or more take
+    /// the tiled kernels (`tile.cu`; the knob `BF16_TILE=0` turns them off).
+    bf16_tile: bool,
+    /// Whether MLA attention takes `mla_split_heads` (a group of heads a
+    /// block; the knob `MLA_HEADS=0` keeps `mla_split`, a head a block).
+    mla_heads: bool,
     /// The fewest positions for which a spine product the budget has no
     /// room for is copied up, pushing other spine out, rather than left
     /// to the CPU ([`spine_copy_min_t`]).
@@ -308,21 +314,34 @@ fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> 
 /// macro the sources leave to be overridden (`matmul.cu`: `BF16G`,
 /// `BF16_MINB`, `MXG`, `BF16_NA`) and a whole number; `BF16_PAIRS` caps the row pairs
 /// a warp of the one-position bf16 products takes (`launch.rs`; 1: a
-/// block of 256 threads for every 16 rows). They change how many
+/// block of 256 threads for every 16 rows); `BF16_TILE=0` keeps products
+/// of many positions off the tiled kernels (`tile.cu`, whose `TILE_MINB`
+/// is their blocks an SM); `MLA_HEADS=0` keeps MLA attention a head a
+/// block (`mla.cu`). They change how many
 /// loads are in flight, how many registers a kernel may use and which warp
 /// sums which row, never a sum or its order; for measuring on a device,
 /// not for use.
 pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaError> {
-    const KNOBS: [&str; 5] = ["BF16G", "BF16_MINB", "MXG", "BF16_PAIRS", "BF16_NA"];
+    const KNOBS: [&str; 8] = [
+        "BF16G",
+        "BF16_MINB",
+        "MXG",
+        "BF16_PAIRS",
+        "BF16_NA",
+        "BF16_TILE",
+        "TILE_MINB",
+        "MLA_HEADS",
+    ];
+    // Switches (0: off); the others count from 1.
+    const SWITCHES: [&str; 3] = ["BF16_NA", "BF16_TILE", "MLA_HEADS"];
     let mut out: Vec<String> = Vec::new();
     for entry in spec
         .unwrap_or("")
         .split([' ', ','])
         .filter(|e| !e.is_empty())
     {
-        // BF16_NA is a switch (0: off); the others count from 1.
         let knob = entry.split_once('=').and_then(|(name, value)| {
-            let least = u32::from(name != "BF16_NA");
+            let least = u32::from(!SWITCHES.contains(&name));
             let v = value
                 .parse::<u32>()
                 .ok()
@@ -332,8 +351,8 @@ pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaErro
         let Some((name, v)) = knob else {
             return Err(CudaError::Setting(format!(
                 "FATHOM_CUDA_DEFINES entry {entry:?}: give NAME=N with NAME one of {} and N \
-                 a whole number from 1 to 16 (BF16_NA from 0, which turns it off; or unset the \
-                 variable)",
+                 a whole number from 1 to 16 (BF16_NA, BF16_TILE and MLA_HEADS from 0, which turns \
+                 them off; or unset the variable)",
                 KNOBS.join(", ")
             )));
         };
@@ -403,10 +422,15 @@ impl CudaBackend {
         let funcs = Funcs::load(&module)?;
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let slots = bf16_slots(&ctx, &funcs);
-        let pairs = tuning_defines(std::env::var("FATHOM_CUDA_DEFINES").ok().as_deref())?
-            .iter()
-            .find_map(|d| d.strip_prefix("BF16_PAIRS=")?.parse().ok())
-            .unwrap_or(usize::MAX);
+        let knobs = tuning_defines(std::env::var("FATHOM_CUDA_DEFINES").ok().as_deref())?;
+        let knob = |name: &str| -> Option<usize> {
+            knobs
+                .iter()
+                .find_map(|d| d.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        };
+        let pairs = knob("BF16_PAIRS").unwrap_or(usize::MAX);
+        let tile = knob("BF16_TILE") != Some(0);
+        let mla_heads = knob("MLA_HEADS") != Some(0);
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
         // A probe that fails leaves the bounds unknown (zero), not the device unusable.
         let (hbm, h2d) = crate::probe_bw::bandwidths(&ctx, &stream).unwrap_or((0.0, 0.0));
@@ -425,6 +449,8 @@ impl CudaBackend {
             mla_scratch: mla::SCRATCH_FLOATS.into(),
             bf16_slots: slots.into(),
             bf16_pairs: pairs.into(),
+            bf16_tile: tile,
+            mla_heads,
             spine_copy_min: 0.into(),
             h2d,
             state: Mutex::new(State {

@@ -11,7 +11,7 @@
 #[allow(unused_macros)]
 macro_rules! cu_files {
     ($then:ident) => {
-        $then!("matmul.cu", "grouped.cu", "kda.cu", "glu.cu", "mla.cu", "gqa.cu")
+        $then!("matmul.cu", "grouped.cu", "tile.cu", "kda.cu", "glu.cu", "mla.cu", "gqa.cu")
     };
 }
 
@@ -38,6 +38,11 @@ macro_rules! kernels {
             bf16_set: mm_bf16_set,
             bf16_rows_set: mm_bf16_rows_set,
             mxfp4_many: mm_mxfp4_many,
+            /// bf16 products of many positions in tiles of rows ×
+            /// positions (`tile.cu`): alone, of one shape, in sets.
+            bf16_tile: mm_bf16_tile,
+            bf16_tile_many: mm_bf16_tile_many,
+            bf16_tile_set: mm_bf16_tile_set,
             /// bf16 values and MXFP4 codes rearranged for the products
             /// once in VRAM (`matmul.cu`).
             bf16_lanes: bf16_lanes,
@@ -46,6 +51,8 @@ macro_rules! kernels {
             glu_act: glu_act,
             mla_split: mla_split,
             mla_merge: mla_merge,
+            /// `mla_split` for a group of heads at once (`mla.cu`).
+            mla_split_heads: mla_split_heads,
             moe_combine: moe_combine,
             mla_gate: mla_gate,
             mla_norm_rows: mla_norm_rows,

@@ -67,6 +67,141 @@ extern "C" __global__ void mla_split(const unsigned long long* __restrict__ bloc
     }
 }
 
+// `mla_split`'s partials for MLA_HG heads of one query at once (grid: max
+// splits × queries × head groups; 256 threads; the host takes it where
+// lora + rope ≤ MLA_HW): the split's rows are read once for the group's
+// heads instead of once a head. Every value is computed as `mla_split`
+// computes it. Scores: 32 rows a pass, eight threads a row, thread l of
+// a row's eight summing lane l of dot_lanes (columns ≡ l mod 8 in order)
+// for every head, the lanes folded as fold_lanes folds them by shuffles
+// between the eight (((0+4)+(2+6))+((1+5)+(3+7)), the sum kept by the
+// lower lane of each pair), the tail in order by lane 0; the group's
+// queries staged in shared memory. Then each head's max and sum in row
+// order on a thread of its own, and the weighted rows: each thread two
+// latent values for every head, in row order. Scores go through ps.
+#define MLA_HG 16
+#define MLA_HP (MLA_HG + 4)  // a staged query column's stride (no bank conflicts)
+#define MLA_HW 576           // the widest row (lora + rope) the group kernel stages
+
+struct __align__(16) MlaF4 {
+    float v[4];
+};
+
+// One head group's dot_lanes of row r (n values from column c0 of the
+// staged queries qs) on lane l of its eight: acc[h] summed, folded and
+// the tail added on every lane (all take part in the shuffles).
+__device__ __forceinline__ void mla_group_dots(const float* r, const float* qs, int c0, int n,
+                                               int l, float (&acc)[MLA_HG]) {
+#pragma unroll
+    for (int h = 0; h < MLA_HG; ++h) acc[h] = 0.0f;
+    const int body = n / 8 * 8;
+    for (int i = l; i < body; i += 8) {
+        const float v = r[i];
+        const float* q = qs + (c0 + i) * MLA_HP;
+#pragma unroll
+        for (int h = 0; h < MLA_HG; ++h) acc[h] = __fmaf_rn(v, q[h], acc[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < MLA_HG; ++h) {
+        // Lane l takes lane l ^ m's sum; the lower lane of each pair adds
+        // its own first, as fold_lanes.
+#pragma unroll
+        for (int m = 4; m > 0; m >>= 1) {
+            const float o = __shfl_xor_sync(0xffffffffu, acc[h], m);
+            acc[h] = __fadd_rn(acc[h], o);
+        }
+        for (int i = body; i < n; ++i) acc[h] = __fmaf_rn(r[i], qs[(c0 + i) * MLA_HP + h], acc[h]);
+    }
+}
+
+extern "C" __global__ void mla_split_heads(const unsigned long long* __restrict__ blocks,
+                                           const int* __restrict__ boff,
+                                           const float* __restrict__ q_lat, long long q_qs,
+                                           long long q_hs, const float* __restrict__ q_rope,
+                                           const int* __restrict__ ns, int heads, int lora,
+                                           int rope, float scale, int max_splits, float* ps,
+                                           float* pm, float* pl, float* pc) {
+    // The group's queries [w][MLA_HP], later the weights [MLA_SPLIT][MLA_HG].
+    __shared__ __align__(16) float qs[MLA_HW * MLA_HP];
+    __shared__ float mx[MLA_HG];
+    const int k = blockIdx.x, qi = blockIdx.y, h0 = blockIdx.z * MLA_HG;
+    const int n = ns[qi];
+    if (k * MLA_SPLIT >= n) return;  // the whole block leaves together
+    const int len = min(MLA_SPLIT, n - k * MLA_SPLIT);
+    const int w = lora + rope, tid = (int)threadIdx.x;
+    const int hn = min(MLA_HG, heads - h0);
+    const float* rows = (const float*)blocks[boff[qi] + k];
+    const size_t at = (size_t)qi * max_splits + k;
+    for (int e = tid; e < w * MLA_HG; e += blockDim.x) {
+        const int i = e / MLA_HG, h = e % MLA_HG, hh = h0 + min(h, hn - 1);
+        qs[i * MLA_HP + h] = i < lora ? q_lat[qi * q_qs + hh * q_hs + i]
+                                      : q_rope[((size_t)qi * heads + hh) * rope + i - lora];
+    }
+    __syncthreads();
+    const int l = tid & 7;
+    for (int j0 = 0; j0 < len; j0 += 32) {
+        const int j = j0 + (tid >> 3), jr = min(j, len - 1);
+        const float* r = rows + (size_t)jr * w;
+        float a[MLA_HG], b[MLA_HG];
+        mla_group_dots(r, qs, 0, lora, l, a);
+        mla_group_dots(r + lora, qs, lora, rope, l, b);
+#pragma unroll
+        for (int h = 0; h < MLA_HG; ++h) {
+            if ((h & 7) == l && h < hn && j < len)
+                ps[(at * heads + h0 + h) * MLA_SPLIT + j] = __fmul_rn(__fadd_rn(a[h], b[h]), scale);
+        }
+    }
+    __syncthreads();
+    if (tid < hn) {
+        const float* sh = ps + (at * heads + h0 + tid) * MLA_SPLIT;
+        float m = __uint_as_float(0xff800000u);  // −∞
+        for (int j = 0; j < len; ++j) m = fmaxf(m, sh[j]);
+        mx[tid] = m;
+    }
+    __syncthreads();
+    float* wt = qs;  // the weights [MLA_SPLIT][MLA_HG] (the queries are done)
+    for (int e = tid; e < len * MLA_HG; e += blockDim.x) {
+        const int j = e / MLA_HG, h = e % MLA_HG;
+        const float sv = h < hn ? ps[(at * heads + h0 + h) * MLA_SPLIT + j] : 0.0f;
+        wt[e] = h < hn ? exp_fixed(__fsub_rn(sv, mx[h])) : 0.0f;
+    }
+    __syncthreads();
+    if (tid < hn) {
+        float sum = 0.0f;
+        for (int j = 0; j < len; ++j) sum = __fadd_rn(sum, wt[j * MLA_HG + tid]);
+        pm[at * heads + h0 + tid] = mx[tid];
+        pl[at * heads + h0 + tid] = sum;
+    }
+    for (int e0 = tid; e0 < lora; e0 += 2 * blockDim.x) {
+        const int e1 = e0 + blockDim.x;
+        const bool two = e1 < lora;
+        float c0[MLA_HG], c1[MLA_HG];
+#pragma unroll
+        for (int h = 0; h < MLA_HG; ++h) c0[h] = c1[h] = 0.0f;
+        for (int j = 0; j < len; ++j) {
+            const float v0 = rows[(size_t)j * w + e0];
+            const float v1 = two ? rows[(size_t)j * w + e1] : 0.0f;
+            const MlaF4* p4 = reinterpret_cast<const MlaF4*>(wt + j * MLA_HG);
+#pragma unroll
+            for (int g = 0; g < MLA_HG / 4; ++g) {
+                const MlaF4 p = p4[g];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    c0[4 * g + u] = __fmaf_rn(p.v[u], v0, c0[4 * g + u]);
+                    c1[4 * g + u] = __fmaf_rn(p.v[u], v1, c1[4 * g + u]);
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < MLA_HG; ++h) {
+            if (h < hn) {
+                pc[(at * heads + h0 + h) * lora + e0] = c0[h];
+                if (two) pc[(at * heads + h0 + h) * lora + e1] = c1[h];
+            }
+        }
+    }
+}
+
 // Per query and head (grid: queries × heads): the splits merged in order,
 // one thread per latent value — the head's L recomputed by each of its
 // threads with the same operations. Query qi's head hh goes to out + qi·o_qs

@@ -401,10 +401,11 @@ fn an_mla_step_with_its_projections_gives_the_twins_bits() {
     }
 }
 
-/// The attention at two more shapes, bit for bit against the CPU's steps:
+/// The attention at more shapes, bit for bit against the CPU's steps:
 /// 3 heads of a 64-wide latent and 16-wide position part (multiples of 8
-/// and 32), and 5 heads of 36 and 12 with scores spread over hundreds
-/// (large values, a scale of 4), so most weights underflow to zero; one
+/// and 32), 5 heads of 36 and 12 with scores spread over hundreds (large
+/// values, a scale of 4), so most weights underflow to zero, 17 heads of
+/// 520 and 8 (two head groups) and 2 of 600 and 8 (a head a block); one
 /// sequence whose queries see one row, a split less one, a split, a split
 /// and one, and every row of a cache of three splits and a partial one.
 #[test]
@@ -430,6 +431,27 @@ fn mla_attention_at_other_shapes_and_underflowing_weights_keeps_the_bits() {
                 scale: 4.0,
             },
             3.0,
+        ),
+        // Two groups of `mla_split_heads` (16 heads, then 1), more latent
+        // values than a thread's two a pass take.
+        (
+            MlaShape {
+                heads: 17,
+                lora: 520,
+                rope: 8,
+                scale: 0.05,
+            },
+            0.5,
+        ),
+        // Rows wider than `mla_split_heads` stages: a head a block.
+        (
+            MlaShape {
+                heads: 2,
+                lora: 600,
+                rope: 8,
+                scale: 0.05,
+            },
+            0.5,
         ),
     ];
     for (k, (sh, amp)) in shapes.into_iter().enumerate() {

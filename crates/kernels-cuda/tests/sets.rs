@@ -152,3 +152,51 @@ fn warps_taking_several_row_pairs_keep_the_bits() {
         forget(&b, &w);
     }
 }
+
+/// Products of many positions in tiles of 16 rows × 16 positions
+/// (`tile.cu`): a set of shapes with rows past a tile, columns past the
+/// last whole chunk and fewer than one chunk; products of one shape in a
+/// grouped launch; a lone product — each at 16, 17 and 40 positions (a
+/// position tile part full), against the scalar twin bit for bit, one tiled
+/// launch each. A set with a product the tiles cannot take (columns not a
+/// multiple of 8) keeps the set kernel, with the same bits.
+#[test]
+fn many_positions_take_the_tiled_kernels_with_the_twins_bits() {
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(31);
+    let mixed = weights(
+        &mut g,
+        &[
+            (40, 512),
+            (100, 256),
+            (16, 264),
+            (1, 512),
+            (33, 96),
+            (17, 600),
+        ],
+    );
+    let same3 = weights(&mut g, &[(40, 520); 3]);
+    let lone = weights(&mut g, &[(333, 776)]);
+    for t in [16, 17, 40] {
+        for ws in [&mixed, &same3, &lone] {
+            let before = b.stats().tiled_launches;
+            assert_eq!(batch(&b, &mut g, ws, Role::Spine, t), 1, "T = {t}");
+            // `batch` calls twice.
+            assert_eq!(b.stats().tiled_launches - before, 2, "T = {t}: tiled");
+        }
+    }
+    let before = b.stats().tiled_launches;
+    let untiled = weights(&mut g, &[(40, 512), (7, 300)]);
+    assert_eq!(batch(&b, &mut g, &untiled, Role::Spine, 17), 1);
+    assert_eq!(
+        b.stats().tiled_launches,
+        before,
+        "a set the tiles cannot take"
+    );
+    // Below TILE_T positions the staged kernels run.
+    assert_eq!(batch(&b, &mut g, &lone, Role::Spine, 15), 1);
+    assert_eq!(b.stats().tiled_launches, before);
+    for w in [mixed, same3, lone, untiled] {
+        forget(&b, &w);
+    }
+}

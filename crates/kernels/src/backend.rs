@@ -206,6 +206,9 @@ pub struct BackendStats {
     /// whether issued one by one or replayed in a graph; not the layout
     /// kernels run as weights land).
     pub kernel_launches: u64,
+    /// Of those, launches of the bf16 products of many positions in tiles
+    /// of rows × positions (`fathom-kernels-cuda`'s `tile.cu`).
+    pub tiled_launches: u64,
     /// Weight bytes the device's products read from device memory (each
     /// product reads its matrix once, whatever the number of positions).
     pub weight_bytes_read: u64,
@@ -257,6 +260,7 @@ impl BackendStats {
             graph_builds: self.graph_builds - start.graph_builds,
             graph_failures: self.graph_failures - start.graph_failures,
             kernel_launches: self.kernel_launches - start.kernel_launches,
+            tiled_launches: self.tiled_launches - start.tiled_launches,
             weight_bytes_read: self.weight_bytes_read - start.weight_bytes_read,
             hbm_bytes_per_s: self.hbm_bytes_per_s,
             h2d_bytes_per_s: self.h2d_bytes_per_s,
@@ -304,6 +308,7 @@ impl BackendStats {
             graph_builds: self.graph_builds + o.graph_builds,
             graph_failures: self.graph_failures + o.graph_failures,
             kernel_launches: self.kernel_launches + o.kernel_launches,
+            tiled_launches: self.tiled_launches + o.tiled_launches,
             weight_bytes_read: self.weight_bytes_read + o.weight_bytes_read,
             hbm_bytes_per_s: if self.hbm_bytes_per_s > 0.0 {
                 self.hbm_bytes_per_s

@@ -17,6 +17,21 @@ use crate::CudaError;
 /// The most products in one set launch (`SET_MAX` in `grouped.cu`).
 pub(super) const SET_MAX: usize = 8;
 
+/// The fewest positions for which bf16 products take the tiled kernels
+/// (`tile.cu`): a block's tile is 16 rows × 16 positions.
+pub(crate) const TILE_T: usize = 16;
+
+/// Rows and positions of a tiled kernel's block (`TB_R`, `TB_P` in
+/// `tile.cu`), and its threads.
+const TILE_ROWS: usize = 16;
+const TILE_POSITIONS: usize = 16;
+const TILE_THREADS: u32 = 128;
+
+/// Blocks of a tiled product of `rows` rows at `t` positions.
+fn tiles(rows: usize, t: usize) -> usize {
+    rows.div_ceil(TILE_ROWS) * t.div_ceil(TILE_POSITIONS)
+}
+
 /// A plain product ready to launch: its weights at the device addresses
 /// `p` (its segments), input at `x`, output at `y`, `t` positions.
 #[derive(Clone, Copy)]
@@ -132,6 +147,9 @@ impl CudaBackend {
     pub(super) fn launch_set(&self, tape: &mut Tape, set: &[Ready<'_, '_>]) {
         debug_assert!((2..=SET_MAX).contains(&set.len()));
         let t = set[0].t;
+        if set.iter().all(|q| self.tiled(q.w, q.t, 1, q.x)) {
+            return self.launch_tile_set(tape, set);
+        }
         // `Bf16Set` in `grouped.cu`: SET_MAX entries of four 64-bit values.
         let mut tail = vec![0u64; 4 * SET_MAX];
         let pairs: usize = set.iter().map(|q| q.w.rows().div_ceil(2)).sum();
@@ -162,6 +180,41 @@ impl CudaBackend {
         // input and output and their shapes (each checked by `fits`), then
         // zeros: the structure `Bf16Set` that `mm_bf16_set` takes last.
         tape.kernel_with(f, cfg, [n.slot(), tt.slot(), kk.slot()], tail);
+    }
+
+    /// Whether `w`'s product at `t` positions (in `groups` blocks, input
+    /// at the device address `x`) takes the tiled kernels: plain bf16 of
+    /// [`TILE_T`] positions or more, rows of a multiple of 8 columns (in
+    /// VRAM in lane order), the input 16-byte aligned (copied 16 bytes at
+    /// a time).
+    pub(super) fn tiled(&self, w: &MatRef<'_>, t: usize, groups: usize, x: u64) -> bool {
+        self.bf16_tile
+            && matches!(w, MatRef::Bf16 { .. })
+            && t >= TILE_T
+            && groups == 1
+            && w.cols() % 8 == 0
+            && x % 16 == 0
+    }
+
+    /// The set `set` (every product [`Self::tiled`]) in one tiled launch:
+    /// entry i's tiles after those of the entries before it.
+    fn launch_tile_set(&self, tape: &mut Tape, set: &[Ready<'_, '_>]) {
+        let t = set[0].t;
+        let mut tail = vec![0u64; 4 * SET_MAX];
+        for (e, q) in tail.chunks_exact_mut(4).zip(set) {
+            let (rows, cols) = (q.w.rows(), q.w.cols());
+            e.copy_from_slice(&[q.p[0], q.x, q.y, rows as u64 | (cols as u64) << 32]);
+        }
+        let blocks: usize = set.iter().map(|q| tiles(q.w.rows(), t)).sum();
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (TILE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (n, tt) = (set.len() as i32, t as i32);
+        // `Bf16Set` as `launch_set` writes it.
+        tape.kernel_with(&self.funcs.bf16_tile_set, cfg, [n.slot(), tt.slot()], tail);
+        tape.tiled();
     }
 
     /// How a one-position bf16 launch of `pairs` row pairs (two rows a
@@ -295,7 +348,13 @@ impl CudaBackend {
                     Planned::Group(l) => {
                         let q = &placed[l[0]];
                         match tables.next().flatten() {
-                            Some(tab) => self.launch_many(&mut st.tape, q, tab, l.len()),
+                            Some(tab) => {
+                                let tiled = l.iter().all(|&i| {
+                                    let q = &placed[i];
+                                    self.tiled(&q.w, q.t, q.groups, q.x)
+                                });
+                                self.launch_many(&mut st.tape, q, tab, l.len(), tiled)
+                            }
                             None => self.launch(
                                 &mut st.tape,
                                 &q.w,
@@ -381,9 +440,20 @@ impl CudaBackend {
 
     /// Writes `n` products of `first`'s kernel and shape in one launch,
     /// their addresses in the device table at `tab`.
-    fn launch_many(&self, tape: &mut Tape, first: &Placed<'_>, tab: u64, n: usize) {
+    /// With `tiled`, every product [`Self::tiled`]: the tiled kernel.
+    fn launch_many(&self, tape: &mut Tape, first: &Placed<'_>, tab: u64, n: usize, tiled: bool) {
         let (rows, cols) = (first.w.rows(), first.w.cols());
         let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
+        if tiled {
+            let cfg = LaunchConfig {
+                grid_dim: (tiles(rows, first.t) as u32, n as u32, 1),
+                block_dim: (TILE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let f = &self.funcs.bf16_tile_many;
+            tape.kernel(f, cfg, [tab.slot(), r.slot(), c.slot(), t.slot()]);
+            return tape.tiled();
+        }
         let (gx, threads) = self.grid_x(&first.w, first.t, n);
         let cfg = LaunchConfig {
             grid_dim: (gx, n as u32, 1),
@@ -416,6 +486,18 @@ impl CudaBackend {
     ) {
         let (rows, cols) = (w.rows(), w.cols());
         let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
+        if self.tiled(w, t, groups, xp) {
+            let cfg = LaunchConfig {
+                grid_dim: (tiles(rows, t) as u32, 1, 1),
+                block_dim: (TILE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let args = [p[0], xp, yp, r.slot(), c.slot(), tt.slot()];
+            // `mm_bf16_tile`'s parameters: the weights' device copy, input,
+            // output and the shapes the caller checked.
+            tape.kernel(&self.funcs.bf16_tile, cfg, args);
+            return tape.tiled();
+        }
         let (gx, threads) = self.grid_x(w, t, 1);
         let cfg = LaunchConfig {
             grid_dim: (gx, 1, 1),

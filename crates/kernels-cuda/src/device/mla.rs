@@ -13,6 +13,11 @@
 
 use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::attention::SPLIT;
+
+/// Heads `mla_split_heads` takes at once, and the widest row (lora +
+/// rope) it stages (`MLA_HG`, `MLA_HW` in `mla.cu`).
+const MLA_HG: usize = 16;
+const MLA_HW: usize = 576;
 use fathom_kernels::backend::{MlaProj, MlaQueryProj, MlaWork, segments};
 
 use super::blocks::{Blocks, kept_segments};
@@ -274,7 +279,16 @@ impl CudaBackend {
             pl,
             pc,
         ];
-        tape.kernel(&self.funcs.mla_split, cfg((ms as u32, c, h as u32)), split);
+        if self.mla_heads && sh.lora + sh.rope <= MLA_HW {
+            let groups = h.div_ceil(MLA_HG) as u32;
+            tape.kernel(
+                &self.funcs.mla_split_heads,
+                cfg((ms as u32, c, groups)),
+                split,
+            );
+        } else {
+            tape.kernel(&self.funcs.mla_split, cfg((ms as u32, c, h as u32)), split);
+        }
         // As above; the context is [H, T, lora] with `c` queries written
         // from `c0`.
         let merge = [

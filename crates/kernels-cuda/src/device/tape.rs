@@ -135,6 +135,9 @@ pub(super) struct Tape {
     /// drops them). Each backend counts its own, so another backend's
     /// buffers never drop this one's graphs.
     generation: u64,
+    /// Launches of the tiled kernels written since the call began
+    /// (`BackendStats::tiled_launches`).
+    tiled: u64,
 }
 
 impl Tape {
@@ -147,6 +150,7 @@ impl Tape {
             seen: HashSet::new(),
             tick: 0,
             generation: 0,
+            tiled: 0,
         }
     }
 
@@ -169,6 +173,7 @@ impl Tape {
     /// flush is dropped unissued.
     pub(super) fn begin(&mut self) {
         self.ops.clear();
+        self.tiled = 0;
         self.begun = Some(std::time::Instant::now());
     }
 
@@ -229,6 +234,11 @@ impl Tape {
         }));
     }
 
+    /// Counts a launch of a tiled kernel written just before.
+    pub(super) fn tiled(&mut self) {
+        self.tiled += 1;
+    }
+
     /// Writes a wait for `e`, which must outlive the call's flush.
     pub(super) fn wait(&mut self, e: &CudaEvent) {
         self.ops.push(Op::Wait(e.cu_event() as usize));
@@ -275,6 +285,7 @@ impl Tape {
         let ops = std::mem::take(&mut self.ops);
         let kernels = ops.iter().filter(|o| matches!(o, Op::Kernel(_))).count();
         stats.kernel_launches += kernels as u64;
+        stats.tiled_launches += std::mem::take(&mut self.tiled);
         // The raw driver calls below act on this thread's current context.
         stream.context().bind_to_thread()?;
         if reallocs != self.generation {
