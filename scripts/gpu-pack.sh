@@ -109,13 +109,13 @@ print(sys.argv[1] or "graphs", round(s["decode_tok_s"],1), "tok/s; kernel ms/tok
     # Prefill of 512 and 4,096 tokens on the GPU, resident and with the
     # routed experts in host RAM (--vram-budget 9GB): as it runs, with MLA
     # attention a head a block (MLA_HEADS=0), and with that and the tiled
-    # products off too (BF16_TILE=0).
+    # products off too (TILES=0).
     m=/tmp/fathom-k3dim
     [ -d "\$m" ] || target/release/fathom synth --preset k3 --layers 4 --experts 16 --top-k 4 --out "\$m" >/dev/null
     for n in 512 4096; do
       ids=\$(python3 -c "print(','.join(str(1 + (7 * i) % 1000) for i in range(\$n)))")
       for place in "" "--vram-budget 9GB"; do
-        for knobs in "" "MLA_HEADS=0" "BF16_TILE=0 MLA_HEADS=0"; do
+        for knobs in "" "MLA_HEADS=0" "TILES=0 MLA_HEADS=0"; do
           FATHOM_CUDA_DEFINES="\$knobs" timeout 120 target/release/fathom run --model "\$m" --prompt-ids "\$ids" \\
             --max-new 2 --experts resident --device cuda --context 8192 --json \$place 2>>"\$full" |
             python3 -c 'import json,sys; d=json.load(sys.stdin); s=d["stats"]; g=s.get("gpu") or {}

@@ -200,8 +200,8 @@ pub struct CudaBackend {
     bf16_slots: std::sync::atomic::AtomicUsize,
     bf16_pairs: std::sync::atomic::AtomicUsize,
     /// Whether bf16 products of [`launch::TILE_T`] positions or more take
-    /// the tiled kernels (`tile.cu`; the knob `BF16_TILE=0` turns them off).
-    bf16_tile: bool,
+    /// the tiled kernels (`tile.cu`; the knob `TILES=0` turns them off).
+    tiles: bool,
     /// Whether MLA attention takes `mla_split_heads` (a group of heads a
     /// block; the knob `MLA_HEADS=0` keeps `mla_split`, a head a block).
     mla_heads: bool,
@@ -314,7 +314,7 @@ fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> 
 /// macro the sources leave to be overridden (`matmul.cu`: `BF16G`,
 /// `BF16_MINB`, `MXG`, `BF16_NA`) and a whole number; `BF16_PAIRS` caps the row pairs
 /// a warp of the one-position bf16 products takes (`launch.rs`; 1: a
-/// block of 256 threads for every 16 rows); `BF16_TILE=0` keeps products
+/// block of 256 threads for every 16 rows); `TILES=0` keeps products
 /// of many positions off the tiled kernels (`tile.cu`, whose `TILE_MINB`
 /// is their blocks an SM); `MLA_HEADS=0` keeps MLA attention a head a
 /// block (`mla.cu`). They change how many
@@ -328,12 +328,12 @@ pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaErro
         "MXG",
         "BF16_PAIRS",
         "BF16_NA",
-        "BF16_TILE",
+        "TILES",
         "TILE_MINB",
         "MLA_HEADS",
     ];
     // Switches (0: off); the others count from 1.
-    const SWITCHES: [&str; 3] = ["BF16_NA", "BF16_TILE", "MLA_HEADS"];
+    const SWITCHES: [&str; 3] = ["BF16_NA", "TILES", "MLA_HEADS"];
     let mut out: Vec<String> = Vec::new();
     for entry in spec
         .unwrap_or("")
@@ -351,7 +351,7 @@ pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaErro
         let Some((name, v)) = knob else {
             return Err(CudaError::Setting(format!(
                 "FATHOM_CUDA_DEFINES entry {entry:?}: give NAME=N with NAME one of {} and N \
-                 a whole number from 1 to 16 (BF16_NA, BF16_TILE and MLA_HEADS from 0, which turns \
+                 a whole number from 1 to 16 (BF16_NA, TILES and MLA_HEADS from 0, which turns \
                  them off; or unset the variable)",
                 KNOBS.join(", ")
             )));
@@ -429,7 +429,7 @@ impl CudaBackend {
                 .find_map(|d| d.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
         };
         let pairs = knob("BF16_PAIRS").unwrap_or(usize::MAX);
-        let tile = knob("BF16_TILE") != Some(0);
+        let tile = knob("TILES") != Some(0);
         let mla_heads = knob("MLA_HEADS") != Some(0);
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
         // A probe that fails leaves the bounds unknown (zero), not the device unusable.
@@ -449,7 +449,7 @@ impl CudaBackend {
             mla_scratch: mla::SCRATCH_FLOATS.into(),
             bf16_slots: slots.into(),
             bf16_pairs: pairs.into(),
-            bf16_tile: tile,
+            tiles: tile,
             mla_heads,
             spine_copy_min: 0.into(),
             h2d,

@@ -1,13 +1,14 @@
-// bf16 products of many positions (the host takes these from TILE_T
-// positions, `launch.rs`), in tiles: a block of TILE_THREADS threads makes
+// bf16 and MXFP4 products of many positions (the host takes these from
+// TILE_T positions, `launch.rs`), in tiles: a block of TILE_THREADS threads makes
 // TB_R rows × TB_P positions, its four warps TW_R × TW_P of them each. The
 // sums are `rows_product`'s (matmul.cu), bit for bit: lane l of a warp
 // accumulates fmaf(x, w, acc) over the columns l, l + 32, l + 64, … in
 // order — each full chunk of CHUNK columns, then the columns past the last
 // full chunk one a lane at a time — and the 32 lanes' sums fold in halves
 // (fold32). What changes is only where the operands come from: a chunk of
-// the block's rows (the rearranged layout of `bf16_lanes`, lane l's eight
-// values 16 contiguous bytes) and of its positions' inputs is copied to
+// the block's rows (the rearranged layouts of `bf16_lanes` and
+// `mxfp4_lanes`: lane l's eight values 16 contiguous bytes, or one word of
+// eight codes beside the chunk's eight scale bytes) and of its positions' inputs is copied to
 // shared memory once for the whole block, the next chunk's copy in flight
 // (cp.async) while this one is summed; each weight then serves TW_P
 // positions and each input TW_R rows from registers. The multi-position
@@ -59,26 +60,106 @@ __device__ __forceinline__ void copies_wait() {
 
 // One product's operands as a tile sees them.
 struct TileJob {
-    const unsigned short* __restrict__ w;
+    const void* __restrict__ w;
+    const unsigned char* __restrict__ scales;  // MXFP4's; null for bf16
     const float* __restrict__ x;
     float* __restrict__ y;
     int rows, cols, t;
 };
 
-// Copies the full chunk at column c of rows r0 .. r0 + TB_R and of the
-// inputs of positions p0 .. p0 + TB_P into the stage `st`: the rows' 512
-// bytes each as VRAM holds them (lane order), then the positions' 1,024
-// bytes each. Rows and positions past the product's repeat its last (their
-// sums are never written).
+// 8 bytes from global to shared memory, as copy16 (cp.async.ca).
+__device__ __forceinline__ void copy8(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+#else
+    *reinterpret_cast<unsigned long long*>(dst) = *reinterpret_cast<const unsigned long long*>(src);
+#endif
+}
+
+// A row of the tile (past the product's: its last, whose sums are never
+// written).
+__device__ __forceinline__ int tile_row(const TileJob& j, int r) {
+    return r < j.rows ? r : j.rows - 1;
+}
+
+// bf16 in lane order: a row's chunk is 512 bytes, lane l's eight values
+// (columns c + l + 32u, value u at half u) at byte 16l.
+struct TileBf16 {
+    struct Raw {
+        unsigned q[4];
+    };
+    __device__ static void stage(unsigned char* st, const TileJob& j, int c, int r0) {
+        const unsigned short* w = (const unsigned short*)j.w;
+#pragma unroll
+        for (int i = 0; i < TB_R * 32 / TILE_THREADS; ++i) {
+            const int k = (int)threadIdx.x + i * TILE_THREADS, rr = k >> 5, q = k & 31;
+            copy16(st + rr * 512 + q * 16, w + (size_t)tile_row(j, r0 + rr) * j.cols + c + q * 8);
+        }
+    }
+    __device__ static Raw load(const unsigned char* st, int r, int lane) {
+        const U32x4 v = reinterpret_cast<const U32x4*>(st)[r * 32 + lane];
+        return Raw{{v.x, v.y, v.z, v.w}};
+    }
+    __device__ static float decode(const Raw& raw, int u) {
+        return (u & 1) ? __uint_as_float(raw.q[u >> 1] & 0xFFFF0000u)
+                       : __uint_as_float(raw.q[u >> 1] << 16);
+    }
+    __device__ static float at(const TileJob& j, int r, int i) {
+        return bf16f(((const unsigned short*)j.w)[(size_t)r * j.cols + i]);
+    }
+};
+
+// MXFP4 in lane order (cols a multiple of 256): a row's chunk is 128 bytes
+// of codes, lane l's word holding columns c + l + 32u at nibble u, staged
+// at row · 128, and the chunk's eight scale bytes (scale u for value u)
+// at TB_R · 128 + row · 8. A value is the E2M1 code's value times its
+// scale (e8m0), as `Mxfp4Chunk` makes it.
+struct TileMxfp4 {
+    struct Raw {
+        unsigned word;
+        unsigned long long sc;
+    };
+    __device__ static void stage(unsigned char* st, const TileJob& j, int c, int r0) {
+        const unsigned char* p = (const unsigned char*)j.w;
+        const int tid = (int)threadIdx.x;
+        // TB_R rows × 8 pieces of 16 bytes: one a thread.
+        {
+            const int rr = tid >> 3, q = tid & 7;
+            const size_t r = (size_t)tile_row(j, r0 + rr);
+            copy16(st + rr * 128 + q * 16, p + r * (size_t)(j.cols >> 1) + (c >> 1) + q * 16);
+        }
+        if (tid < TB_R) {
+            const size_t r = (size_t)tile_row(j, r0 + tid);
+            copy8(st + TB_R * 128 + tid * 8, j.scales + r * (size_t)(j.cols >> 5) + (c >> 5));
+        }
+    }
+    __device__ static Raw load(const unsigned char* st, int r, int lane) {
+        return Raw{reinterpret_cast<const unsigned*>(st + r * 128)[lane],
+                   reinterpret_cast<const unsigned long long*>(st + TB_R * 128)[r]};
+    }
+    __device__ static float decode(const Raw& raw, int u) {
+        const unsigned b = (unsigned)(raw.sc >> (8 * u)) & 0xFFu;
+        return e2m1((raw.word >> (4 * u)) & 0x0Fu) * e8m0((unsigned char)b);
+    }
+    __device__ static float at(const TileJob& j, int r, int i) {
+        const size_t e = (size_t)r * j.cols + i;
+        const unsigned b = ((const unsigned char*)j.w)[e >> 1];
+        const unsigned code = (i & 1) ? (b >> 4) : (b & 0x0Fu);
+        return e2m1(code) * e8m0(j.scales[e >> 5]);
+    }
+};
+static_assert(TB_R * 8 == TILE_THREADS, "TileMxfp4::stage: a 16-byte piece a thread");
+
+// Copies the full chunk at column c of rows r0 .. r0 + TB_R (the format's
+// way) and of the inputs of positions p0 .. p0 + TB_P (1,024 bytes each,
+// after the weights' TILE_WBYTES) into the stage `st`. Positions past the
+// product's repeat its last.
+template <typename F>
 __device__ __forceinline__ void tile_stage(unsigned char* st, const TileJob& j, int c, int r0,
                                            int p0) {
+    F::stage(st, j, c, r0);
     const int tid = (int)threadIdx.x;
-#pragma unroll
-    for (int i = 0; i < TB_R * 32 / TILE_THREADS; ++i) {
-        const int k = tid + i * TILE_THREADS, rr = k >> 5, q = k & 31;
-        const int r = r0 + rr < j.rows ? r0 + rr : j.rows - 1;
-        copy16(st + rr * 512 + q * 16, j.w + (size_t)r * j.cols + c + q * 8);
-    }
 #pragma unroll
     for (int i = 0; i < TB_P * 64 / TILE_THREADS; ++i) {
         const int k = tid + i * TILE_THREADS, pp = k >> 6, q = k & 63;
@@ -90,26 +171,18 @@ __device__ __forceinline__ void tile_stage(unsigned char* st, const TileJob& j, 
 // The warp's sums over one staged chunk: its rows wr · TW_R + r and
 // positions wp · TW_P + p of the block's, lane `lane`'s columns lane + 32u
 // of the chunk for u = 0..7 in order.
+template <typename F>
 __device__ __forceinline__ void tile_sum(const unsigned char* st, int wr, int wp, int lane,
                                          float (&acc)[TW_R][TW_P]) {
-    const U32x4* ws = reinterpret_cast<const U32x4*>(st) + wr * TW_R * 32 + lane;
     const float* xs = reinterpret_cast<const float*>(st + TILE_WBYTES) + wp * TW_P * CHUNK + lane;
-    unsigned q[TW_R][4];
+    typename F::Raw raw[TW_R];
 #pragma unroll
-    for (int r = 0; r < TW_R; ++r) {
-        const U32x4 v = ws[r * 32];
-        q[r][0] = v.x;
-        q[r][1] = v.y;
-        q[r][2] = v.z;
-        q[r][3] = v.w;
-    }
+    for (int r = 0; r < TW_R; ++r) raw[r] = F::load(st, wr * TW_R + r, lane);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         float wv[TW_R];
 #pragma unroll
-        for (int r = 0; r < TW_R; ++r)
-            wv[r] = (u & 1) ? __uint_as_float(q[r][u >> 1] & 0xFFFF0000u)
-                            : __uint_as_float(q[r][u >> 1] << 16);
+        for (int r = 0; r < TW_R; ++r) wv[r] = F::decode(raw[r], u);
 #pragma unroll
         for (int p = 0; p < TW_P; ++p) {
             const float xv = xs[p * CHUNK + 32 * u];
@@ -121,8 +194,9 @@ __device__ __forceinline__ void tile_sum(const unsigned char* st, int wr, int wp
 
 // The tile of rows r0 .. r0 + TB_R and positions p0 .. p0 + TB_P of `j`,
 // staged through `sm` (two stages of TILE_STAGE bytes); y is [t, rows].
-__device__ __forceinline__ void bf16_tile(const TileJob& j, int r0, int p0,
-                                          unsigned char* sm) {
+template <typename F>
+__device__ __forceinline__ void product_tile(const TileJob& j, int r0, int p0,
+                                             unsigned char* sm) {
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
     const int wr = warp & 1, wp = warp >> 1;
     float acc[TW_R][TW_P];
@@ -132,19 +206,19 @@ __device__ __forceinline__ void bf16_tile(const TileJob& j, int r0, int p0,
         for (int p = 0; p < TW_P; ++p) acc[r][p] = 0.0f;
     const int full = j.cols - j.cols % CHUNK, n = full / CHUNK;
     if (n > 0) {
-        tile_stage(sm, j, 0, r0, p0);
+        tile_stage<F>(sm, j, 0, r0, p0);
         copies_commit();
     }
     for (int k = 0; k < n; ++k) {
         if (k + 1 < n) {
-            tile_stage(sm + ((k + 1) & 1) * TILE_STAGE, j, (k + 1) * CHUNK, r0, p0);
+            tile_stage<F>(sm + ((k + 1) & 1) * TILE_STAGE, j, (k + 1) * CHUNK, r0, p0);
             copies_commit();
             copies_wait<1>();
         } else {
             copies_wait<0>();
         }
         __syncthreads();
-        tile_sum(sm + (k & 1) * TILE_STAGE, wr, wp, lane, acc);
+        tile_sum<F>(sm + (k & 1) * TILE_STAGE, wr, wp, lane, acc);
         // The stage is copied over again two chunks on.
         __syncthreads();
     }
@@ -156,8 +230,7 @@ __device__ __forceinline__ void bf16_tile(const TileJob& j, int r0, int p0,
         const bool in = i < j.cols;
 #pragma unroll
         for (int r = 0; r < TW_R; ++r) {
-            const int rr = rw + r < j.rows ? rw + r : j.rows - 1;
-            const float wv = in ? bf16f(j.w[(size_t)rr * j.cols + i]) : 0.0f;
+            const float wv = in ? F::at(j, tile_row(j, rw + r), i) : 0.0f;
 #pragma unroll
             for (int p = 0; p < TW_P; ++p) {
                 const int pp = pw + p < j.t ? pw + p : j.t - 1;
@@ -188,12 +261,13 @@ __device__ __forceinline__ void tile_place(int b, int rt, int pt, int& r0, int& 
     p0 = (in / gm) * TB_P;
 }
 
+template <typename F>
 __device__ __forceinline__ void tile_job(const TileJob& j, int b, unsigned char* sm) {
     const int rt = (j.rows + TB_R - 1) / TB_R, pt = (j.t + TB_P - 1) / TB_P;
     if (b >= rt * pt) return;  // no such block in the host's grids
     int r0, p0;
     tile_place(b, rt, pt, r0, p0);
-    bf16_tile(j, r0, p0, sm);
+    product_tile<F>(j, r0, p0, sm);
 }
 
 // One product, blockIdx.x its tiles (`tile_place`). x is 16-byte aligned
@@ -202,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
     mm_bf16_tile(const unsigned short* __restrict__ w, const float* __restrict__ x,
                  float* __restrict__ y, int rows, int cols, int t) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
-    tile_job(TileJob{w, x, y, rows, cols, t}, (int)blockIdx.x, sm);
+    tile_job<TileBf16>(TileJob{w, nullptr, x, y, rows, cols, t}, (int)blockIdx.x, sm);
 }
 
 // Products of one shape (a MoE layer's experts), blockIdx.y picking
@@ -211,8 +285,8 @@ extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
     mm_bf16_tile_many(const unsigned long long* __restrict__ tab, int rows, int cols, int t) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
     const unsigned long long* e = tab + 4 * blockIdx.y;
-    const TileJob j{(const unsigned short*)e[0], (const float*)e[2], (float*)e[3], rows, cols, t};
-    tile_job(j, (int)blockIdx.x, sm);
+    const TileJob j{(const void*)e[0], nullptr, (const float*)e[2], (float*)e[3], rows, cols, t};
+    tile_job<TileBf16>(j, (int)blockIdx.x, sm);
 }
 
 // A set of bf16 products (`Bf16Set`, as `mm_bf16_set`) of one position
@@ -234,7 +308,26 @@ extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
         first += tiles;
     }
     if (at < 0) return;  // no such block in the host's grids
-    const TileJob j{(const unsigned short*)e[0], (const float*)e[1], (float*)e[2],
+    const TileJob j{(const void*)e[0], nullptr, (const float*)e[1], (float*)e[2],
                     (int)(unsigned)e[3], (int)(unsigned)(e[3] >> 32), t};
-    tile_job(j, at, sm);
+    tile_job<TileBf16>(j, at, sm);
+}
+
+// MXFP4 products (cols a multiple of 256; x 16-byte aligned): one, and of
+// one shape through a table (data, scales, x, y) as `mm_mxfp4_many`.
+extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
+    mm_mxfp4_tile(const unsigned char* __restrict__ packed,
+                  const unsigned char* __restrict__ scales, const float* __restrict__ x,
+                  float* __restrict__ y, int rows, int cols, int t) {
+    __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
+    tile_job<TileMxfp4>(TileJob{packed, scales, x, y, rows, cols, t}, (int)blockIdx.x, sm);
+}
+
+extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
+    mm_mxfp4_tile_many(const unsigned long long* __restrict__ tab, int rows, int cols, int t) {
+    __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
+    const unsigned long long* e = tab + 4 * blockIdx.y;
+    const TileJob j{(const void*)e[0], (const unsigned char*)e[1], (const float*)e[2],
+                    (float*)e[3], rows, cols, t};
+    tile_job<TileMxfp4>(j, (int)blockIdx.x, sm);
 }

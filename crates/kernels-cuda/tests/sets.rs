@@ -200,3 +200,70 @@ fn many_positions_take_the_tiled_kernels_with_the_twins_bits() {
         forget(&b, &w);
     }
 }
+
+/// MXFP4 products of many positions in tiles (`tile.cu`): one, and three of
+/// one shape (a MoE layer's experts) in a grouped launch, at 16, 17 and 40
+/// positions, against the scalar twin bit for bit, with scale bytes of 0
+/// (2^-127) and 254 among them (most rows finite); one tiled launch a call.
+#[test]
+fn mxfp4_products_of_many_positions_take_the_tiles() {
+    use fathom_kernels::formats::Mxfp4Rows;
+    use fathom_weights::mxfp4::Mxfp4Ref;
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(37);
+    for (rows, cols, n) in [(40usize, 512usize, 1usize), (17, 768, 3)] {
+        let bytes: Vec<(Vec<u8>, Vec<u8>)> = (0..n)
+            .map(|_| {
+                let packed: Vec<u8> = (0..rows * cols / 2).map(|_| g.next() as u8).collect();
+                let scales: Vec<u8> = (0..rows * cols / 32)
+                    .map(|i| match (i % 13, i % 64) {
+                        (0, _) => 0,
+                        (_, 1) => 254,
+                        _ => 118 + (g.next() % 10) as u8,
+                    })
+                    .collect();
+                (packed, scales)
+            })
+            .collect();
+        let refs: Vec<Mxfp4Ref<'_>> = bytes
+            .iter()
+            .map(|(p, s)| Mxfp4Ref {
+                rows,
+                cols,
+                packed: p,
+                scales: s,
+            })
+            .collect();
+        for t in [16usize, 17, 40] {
+            let xs: Vec<Vec<f32>> = (0..n).map(|_| g.uniform(t * cols, 2.0)).collect();
+            let mut ys: Vec<Vec<f32>> = (0..n).map(|_| vec![f32::NAN; t * rows]).collect();
+            let before = b.stats();
+            let mut products: Vec<Product<'_, '_>> = (refs.iter().zip(&xs).zip(ys.iter_mut()))
+                .map(|((r, x), y)| Product {
+                    w: MatRef::Mxfp4(*r),
+                    role: Role::Expert,
+                    x,
+                    t,
+                    y,
+                })
+                .collect();
+            assert!(b.matmul_batch(&mut products, &Hints::default()));
+            drop(products);
+            let st = b.stats().since(&before);
+            assert_eq!(
+                (st.kernel_launches, st.tiled_launches),
+                (1, 1),
+                "{rows}x{cols} × {n}, T = {t}"
+            );
+            for ((r, x), y) in refs.iter().zip(&xs).zip(&ys) {
+                let want = twin(&Mxfp4Rows(*r), x, t);
+                let real = want.iter().filter(|v| v.is_finite() && **v != 0.0).count();
+                assert!(2 * real > want.len(), "a real test");
+                same(y, &want, &format!("mxfp4 {rows}x{cols} × {n}, T = {t}"));
+            }
+        }
+        for r in &refs {
+            drop_all(&b, &MatRef::Mxfp4(*r));
+        }
+    }
+}

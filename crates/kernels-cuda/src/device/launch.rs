@@ -184,16 +184,16 @@ impl CudaBackend {
 
     /// Whether `w`'s product at `t` positions (in `groups` blocks, input
     /// at the device address `x`) takes the tiled kernels: plain bf16 of
-    /// [`TILE_T`] positions or more, rows of a multiple of 8 columns (in
-    /// VRAM in lane order), the input 16-byte aligned (copied 16 bytes at
-    /// a time).
+    /// [`TILE_T`] positions or more with rows of a multiple of 8 columns,
+    /// or MXFP4 with rows of whole chunks of 256 (in VRAM in lane order),
+    /// the input 16-byte aligned (copied 16 bytes at a time).
     pub(super) fn tiled(&self, w: &MatRef<'_>, t: usize, groups: usize, x: u64) -> bool {
-        self.bf16_tile
-            && matches!(w, MatRef::Bf16 { .. })
-            && t >= TILE_T
-            && groups == 1
-            && w.cols() % 8 == 0
-            && x % 16 == 0
+        let format = match w {
+            MatRef::Bf16 { cols, .. } => cols % 8 == 0,
+            MatRef::Mxfp4(m) => m.cols % 256 == 0,
+            _ => false,
+        };
+        self.tiles && format && t >= TILE_T && groups == 1 && x % 16 == 0
     }
 
     /// The set `set` (every product [`Self::tiled`]) in one tiled launch:
@@ -450,7 +450,10 @@ impl CudaBackend {
                 block_dim: (TILE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let f = &self.funcs.bf16_tile_many;
+            let f = match first.w {
+                MatRef::Mxfp4(_) => &self.funcs.mxfp4_tile_many,
+                _ => &self.funcs.bf16_tile_many,
+            };
             tape.kernel(f, cfg, [tab.slot(), r.slot(), c.slot(), t.slot()]);
             return tape.tiled();
         }
@@ -492,10 +495,16 @@ impl CudaBackend {
                 block_dim: (TILE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let args = [p[0], xp, yp, r.slot(), c.slot(), tt.slot()];
-            // `mm_bf16_tile`'s parameters: the weights' device copy, input,
-            // output and the shapes the caller checked.
-            tape.kernel(&self.funcs.bf16_tile, cfg, args);
+            // `mm_bf16_tile`'s and `mm_mxfp4_tile`'s parameters: the
+            // weights' device segments, input, output and the shapes the
+            // caller checked.
+            let mut args = p.to_vec();
+            args.extend([xp, yp, r.slot(), c.slot(), tt.slot()]);
+            let f = match w {
+                MatRef::Mxfp4(_) => &self.funcs.mxfp4_tile,
+                _ => &self.funcs.bf16_tile,
+            };
+            tape.kernel(f, cfg, args);
             return tape.tiled();
         }
         let (gx, threads) = self.grid_x(w, t, 1);
