@@ -31,6 +31,7 @@
 #ifndef TILE_MINB
 #define TILE_MINB 4
 #endif
+#define TILE_BOUNDS __launch_bounds__(TILE_THREADS, TILE_MINB)
 
 // 16 bytes from global to shared memory: cp.async where the device has it
 // (compute 8.0 on), else a plain copy (the host emulator too). The copies
@@ -272,27 +273,27 @@ __device__ __forceinline__ void tile_job(const TileJob& j, int b, unsigned char*
 
 // One product, blockIdx.x its tiles (`tile_place`). x is 16-byte aligned
 // and cols a multiple of 8 (the host checks).
-extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
-    mm_bf16_tile(const unsigned short* __restrict__ w, const float* __restrict__ x,
-                 float* __restrict__ y, int rows, int cols, int t) {
+extern "C" __global__ void TILE_BOUNDS mm_bf16_tile(const unsigned short* __restrict__ w,
+                                                 const float* __restrict__ x,
+                                                 float* __restrict__ y, int rows, int cols,
+                                                 int t) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
     tile_job<TileBf16>(TileJob{w, nullptr, x, y, rows, cols, t}, (int)blockIdx.x, sm);
 }
 
 // Products of one shape (a MoE layer's experts), blockIdx.y picking
-// product p at tab[4p .. 4p + 4) (data, 0, x, y) as `mm_bf16_many`.
-extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
-    mm_bf16_tile_many(const unsigned long long* __restrict__ tab, int rows, int cols, int t) {
+// product p at t4[4p .. 4p + 4) (data, 0, x, y) as `mm_bf16_many`.
+extern "C" __global__ void TILE_BOUNDS mm_bf16_tile_many(const unsigned long long* __restrict__ t4,
+                                                      int rows, int cols, int t) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
-    const unsigned long long* e = tab + 4 * blockIdx.y;
+    const unsigned long long* e = t4 + 4 * blockIdx.y;
     const TileJob j{(const void*)e[0], nullptr, (const float*)e[2], (float*)e[3], rows, cols, t};
     tile_job<TileBf16>(j, (int)blockIdx.x, sm);
 }
 
 // A set of bf16 products (`Bf16Set`, as `mm_bf16_set`) of one position
 // count: entry i's rt_i × pt tiles follow those of the entries before it.
-extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
-    mm_bf16_tile_set(int n, int t, Bf16Set s) {
+extern "C" __global__ void TILE_BOUNDS mm_bf16_tile_set(int n, int t, Bf16Set s) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
     const int pt = (t + TB_P - 1) / TB_P;
     int first = 0, b = (int)blockIdx.x, at = -1;
@@ -314,19 +315,20 @@ extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
 }
 
 // MXFP4 products (cols a multiple of 256; x 16-byte aligned): one, and of
-// one shape through a table (data, scales, x, y) as `mm_mxfp4_many`.
-extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
-    mm_mxfp4_tile(const unsigned char* __restrict__ packed,
-                  const unsigned char* __restrict__ scales, const float* __restrict__ x,
-                  float* __restrict__ y, int rows, int cols, int t) {
+// one shape through a table t4 (data, scales, x, y) as `mm_mxfp4_many`.
+extern "C" __global__ void TILE_BOUNDS mm_mxfp4_tile(const unsigned char* __restrict__ packed,
+                                                  const unsigned char* __restrict__ scales,
+                                                  const float* __restrict__ x,
+                                                  float* __restrict__ y, int rows, int cols,
+                                                  int t) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
     tile_job<TileMxfp4>(TileJob{packed, scales, x, y, rows, cols, t}, (int)blockIdx.x, sm);
 }
 
-extern "C" __global__ void __launch_bounds__(TILE_THREADS, TILE_MINB)
-    mm_mxfp4_tile_many(const unsigned long long* __restrict__ tab, int rows, int cols, int t) {
+extern "C" __global__ void TILE_BOUNDS mm_mxfp4_tile_many(const unsigned long long* __restrict__ t4,
+                                                       int rows, int cols, int t) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
-    const unsigned long long* e = tab + 4 * blockIdx.y;
+    const unsigned long long* e = t4 + 4 * blockIdx.y;
     const TileJob j{(const void*)e[0], (const unsigned char*)e[1], (const float*)e[2],
                     (float*)e[3], rows, cols, t};
     tile_job<TileMxfp4>(j, (int)blockIdx.x, sm);
