@@ -199,8 +199,9 @@ pub struct CudaBackend {
     /// pairs a warp of them takes (`launch.rs`).
     bf16_slots: std::sync::atomic::AtomicUsize,
     bf16_pairs: std::sync::atomic::AtomicUsize,
-    /// Whether bf16 products of [`launch::TILE_T`] positions or more take
-    /// the tiled kernels (`tile.cu`; the knob `TILES=0` turns them off).
+    /// Whether bf16, MXFP4 and int8 products of [`launch::TILE_T`]
+    /// positions or more take the tiled kernels (`tile.cu`; the knob
+    /// `TILES=0` turns them off).
     tiles: bool,
     /// Whether MLA attention takes `mla_split_heads` (a group of heads a
     /// block; the knob `MLA_HEADS=0` keeps `mla_split`, a head a block).

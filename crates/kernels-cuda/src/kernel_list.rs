@@ -38,13 +38,15 @@ macro_rules! kernels {
             bf16_set: mm_bf16_set,
             bf16_rows_set: mm_bf16_rows_set,
             mxfp4_many: mm_mxfp4_many,
-            /// bf16 and MXFP4 products of many positions in tiles of rows
-            /// × positions (`tile.cu`): alone, of one shape, bf16 in sets.
+            /// bf16, MXFP4 and int8 products of many positions in tiles of
+            /// rows × positions (`tile.cu`): alone, of one shape, bf16 in
+            /// sets.
             bf16_tile: mm_bf16_tile,
             bf16_tile_many: mm_bf16_tile_many,
             bf16_tile_set: mm_bf16_tile_set,
             mxfp4_tile: mm_mxfp4_tile,
             mxfp4_tile_many: mm_mxfp4_tile_many,
+            int8_tile: mm_int8_tile,
             /// bf16 values and MXFP4 codes rearranged for the products
             /// once in VRAM (`matmul.cu`).
             bf16_lanes: bf16_lanes,

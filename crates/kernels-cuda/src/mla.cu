@@ -75,7 +75,7 @@ extern "C" __global__ void mla_split(const unsigned long long* __restrict__ bloc
 // a row's eight summing lane l of dot_lanes (columns ≡ l mod 8 in order)
 // for every head, the lanes folded as fold_lanes folds them by shuffles
 // between the eight (((0+4)+(2+6))+((1+5)+(3+7)), the sum kept by the
-// lower lane of each pair), the tail in order by lane 0; the group's
+// lower lane of each pair), the tail in order (on every lane alike); the group's
 // queries staged in shared memory. Then each head's max and sum in row
 // order on a thread of its own, and the weighted rows: each thread two
 // latent values for every head, in row order. Scores go through ps.

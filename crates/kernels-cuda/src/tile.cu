@@ -39,7 +39,7 @@
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 #else
     *reinterpret_cast<U32x4*>(dst) = *reinterpret_cast<const U32x4*>(src);
 #endif
@@ -47,7 +47,7 @@ __device__ __forceinline__ void copy16(void* dst, const void* src) {
 
 __device__ __forceinline__ void copies_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 
@@ -55,14 +55,14 @@ __device__ __forceinline__ void copies_commit() {
 template <int N>
 __device__ __forceinline__ void copies_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
 // One product's operands as a tile sees them.
 struct TileJob {
     const void* __restrict__ w;
-    const unsigned char* __restrict__ scales;  // MXFP4's; null for bf16
+    const void* __restrict__ scales;  // MXFP4's bytes, int8's per-row floats; null for bf16
     const float* __restrict__ x;
     float* __restrict__ y;
     int rows, cols, t;
@@ -72,7 +72,7 @@ struct TileJob {
 __device__ __forceinline__ void copy8(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
 #else
     *reinterpret_cast<unsigned long long*>(dst) = *reinterpret_cast<const unsigned long long*>(src);
 #endif
@@ -109,6 +109,7 @@ struct TileBf16 {
     __device__ static float at(const TileJob& j, int r, int i) {
         return bf16f(((const unsigned short*)j.w)[(size_t)r * j.cols + i]);
     }
+    __device__ static float finish(const TileJob&, int, float s) { return s; }
 };
 
 // MXFP4 in lane order (cols a multiple of 256): a row's chunk is 128 bytes
@@ -132,7 +133,8 @@ struct TileMxfp4 {
         }
         if (tid < TB_R) {
             const size_t r = (size_t)tile_row(j, r0 + tid);
-            copy8(st + TB_R * 128 + tid * 8, j.scales + r * (size_t)(j.cols >> 5) + (c >> 5));
+            const unsigned char* sc = (const unsigned char*)j.scales;
+            copy8(st + TB_R * 128 + tid * 8, sc + r * (size_t)(j.cols >> 5) + (c >> 5));
         }
     }
     __device__ static Raw load(const unsigned char* st, int r, int lane) {
@@ -147,10 +149,51 @@ struct TileMxfp4 {
         const size_t e = (size_t)r * j.cols + i;
         const unsigned b = ((const unsigned char*)j.w)[e >> 1];
         const unsigned code = (i & 1) ? (b >> 4) : (b & 0x0Fu);
-        return e2m1(code) * e8m0(j.scales[e >> 5]);
+        return e2m1(code) * e8m0(((const unsigned char*)j.scales)[e >> 5]);
+    }
+    __device__ static float finish(const TileJob&, int, float s) { return s; }
+};
+
+// int8 with a scale a row (cols a multiple of 16), which VRAM keeps in the
+// host's layout: each thread loads 16 of a row's bytes and puts column
+// c + l + 32u at byte 8l + u of the row's 256 staged bytes, so that lane
+// l's eight codes are one 8-byte load (a plain copy: the bytes move).
+// The sums finish as `mm_int8`'s, s · scale[r].
+struct TileInt8 {
+    struct Raw {
+        unsigned long long v;
+    };
+    __device__ static void stage(unsigned char* st, const TileJob& j, int c, int r0) {
+        const signed char* q = (const signed char*)j.w;
+#pragma unroll
+        for (int i = 0; i < TB_R * 16 / TILE_THREADS; ++i) {
+            const int k = (int)threadIdx.x + i * TILE_THREADS, rr = k >> 4, piece = k & 15;
+            const U32x4 v = *reinterpret_cast<const U32x4*>(
+                q + (size_t)tile_row(j, r0 + rr) * j.cols + c + piece * 16);
+            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int b = 0; b < 16; ++b) {
+                const int col = piece * 16 + b;  // l + 32u
+                st[rr * 256 + (col & 31) * 8 + (col >> 5)] =
+                    (unsigned char)(w[b >> 2] >> (8 * (b & 3)));
+            }
+        }
+    }
+    __device__ static Raw load(const unsigned char* st, int r, int lane) {
+        return Raw{reinterpret_cast<const unsigned long long*>(st + r * 256)[lane]};
+    }
+    __device__ static float decode(const Raw& raw, int u) {
+        return (float)(signed char)(unsigned char)(raw.v >> (8 * u));
+    }
+    __device__ static float at(const TileJob& j, int r, int i) {
+        return (float)((const signed char*)j.w)[(size_t)r * j.cols + i];
+    }
+    __device__ static float finish(const TileJob& j, int r, float s) {
+        return s * ((const float*)j.scales)[r];
     }
 };
 static_assert(TB_R * 8 == TILE_THREADS, "TileMxfp4::stage: a 16-byte piece a thread");
+static_assert(TB_R * 16 % TILE_THREADS == 0, "TileInt8::stage: whole pieces a thread");
 
 // Copies the full chunk at column c of rows r0 .. r0 + TB_R (the format's
 // way) and of the inputs of positions p0 .. p0 + TB_P (1,024 bytes each,
@@ -246,7 +289,7 @@ __device__ __forceinline__ void product_tile(const TileJob& j, int r0, int p0,
         for (int p = 0; p < TW_P; ++p) {
             const float s = fold32(acc[r][p]);
             if (lane == 0 && rw + r < j.rows && pw + p < j.t)
-                j.y[(size_t)(pw + p) * j.rows + rw + r] = s;
+                j.y[(size_t)(pw + p) * j.rows + rw + r] = F::finish(j, rw + r, s);
         }
     }
 }
@@ -332,4 +375,15 @@ extern "C" __global__ void TILE_BOUNDS mm_mxfp4_tile_many(const unsigned long lo
     const TileJob j{(const void*)e[0], (const unsigned char*)e[1], (const float*)e[2],
                     (float*)e[3], rows, cols, t};
     tile_job<TileMxfp4>(j, (int)blockIdx.x, sm);
+}
+
+// int8 products with a scale a row (cols a multiple of 16; x 16-byte
+// aligned): the weights' codes, then their scales, as `mm_int8`.
+extern "C" __global__ void TILE_BOUNDS mm_int8_tile(const signed char* __restrict__ q,
+                                                 const float* __restrict__ scale,
+                                                 const float* __restrict__ x,
+                                                 float* __restrict__ y, int rows, int cols,
+                                                 int t) {
+    __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
+    tile_job<TileInt8>(TileJob{q, scale, x, y, rows, cols, t}, (int)blockIdx.x, sm);
 }

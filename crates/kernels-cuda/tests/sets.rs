@@ -267,3 +267,41 @@ fn mxfp4_products_of_many_positions_take_the_tiles() {
         }
     }
 }
+
+/// int8 products (a scale a row) of many positions in tiles: rows past a
+/// tile and columns past the last whole chunk, at 16 and 40 positions,
+/// against the scalar twin bit for bit, one tiled launch a call.
+#[test]
+fn int8_products_of_many_positions_take_the_tiles() {
+    use fathom_kernels::formats::Int8Rows;
+    let Some(b) = open(None) else { return };
+    let mut g = Lcg(43);
+    let (rows, cols) = (33usize, 528usize);
+    let q: Vec<i8> = (0..rows * cols).map(|_| g.next() as i8).collect();
+    let scale = g.uniform(rows, 0.01);
+    let m = MatRef::Int8 {
+        q: &q,
+        scale: &scale,
+        cols,
+    };
+    for t in [16usize, 40] {
+        let x = g.uniform(t * cols, 2.0);
+        let mut y = vec![f32::NAN; t * rows];
+        let before = b.stats();
+        assert!(b.matmul(&m, Role::Spine, &x, t, &mut y));
+        let st = b.stats().since(&before);
+        assert_eq!(st.tiled_launches, 1, "T = {t}");
+        let want = twin(
+            &Int8Rows {
+                q: &q,
+                scale: &scale,
+                cols,
+            },
+            &x,
+            t,
+        );
+        assert!(want.iter().all(|v| v.is_finite()), "a real test");
+        same(&y, &want, &format!("int8 {rows}x{cols}, T = {t}"));
+    }
+    drop_all(&b, &m);
+}

@@ -206,8 +206,8 @@ pub struct BackendStats {
     /// whether issued one by one or replayed in a graph; not the layout
     /// kernels run as weights land).
     pub kernel_launches: u64,
-    /// Of those, launches of the bf16 products of many positions in tiles
-    /// of rows × positions (`fathom-kernels-cuda`'s `tile.cu`).
+    /// Of those, launches of products of many positions in tiles of rows ×
+    /// positions (`fathom-kernels-cuda`'s `tile.cu`: bf16, MXFP4, int8).
     pub tiled_launches: u64,
     /// Weight bytes the device's products read from device memory (each
     /// product reads its matrix once, whatever the number of positions).

@@ -14,7 +14,7 @@ use fathom_kernels::backend::{Biased, GqaWork, MatRef, segments};
 
 use super::blocks::{Blocks, kept_segments};
 use super::launch::Ready;
-use super::mla::{split_at_lens, starts_of};
+use super::mla::{split_at_lens, starts_of, with_pieces};
 use super::queue::{fits, grow};
 use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
@@ -139,12 +139,11 @@ impl CudaBackend {
         let mut xs: Vec<&[f32]> = vec![&ns, &blocks.boff, work.x, work.cos, work.sin];
         xs.extend(prods.iter().map(|p| p.bias.unwrap_or(none)));
         xs.extend([qn, kn, work.sinks.unwrap_or(none)]);
-        let starts = starts_of(&xs);
-        let head: usize = xs.iter().map(|v| v.len()).sum();
+        let (starts, head) = with_pieces(starts_of(&xs), &blocks.pieces);
         // A piece's address, 0 when it is empty (absent).
         let present: Vec<bool> = xs.iter().map(|v| !v.is_empty()).collect();
         xs.extend(&blocks.pieces);
-        let (xp, yp) = self.stage(st, &xs, work.out.len() + work.rows_out.len())?;
+        let (xp, yp) = self.stage_at(st, &xs, &starts, work.out.len() + work.rows_out.len())?;
         let at = |k: usize| xp + 4 * starts[k] as u64;
         let opt = |k: usize| if present[k] { at(k) } else { 0 };
         let dt = self.stage_table(st, &blocks.table(&ptrs[np..], xp, head))?;

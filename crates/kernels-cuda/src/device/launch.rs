@@ -17,8 +17,8 @@ use crate::CudaError;
 /// The most products in one set launch (`SET_MAX` in `grouped.cu`).
 pub(super) const SET_MAX: usize = 8;
 
-/// The fewest positions for which bf16 products take the tiled kernels
-/// (`tile.cu`): a block's tile is 16 rows × 16 positions.
+/// The fewest positions for which bf16, MXFP4 and int8 products take the
+/// tiled kernels (`tile.cu`): a block's tile is 16 rows × 16 positions.
 pub(crate) const TILE_T: usize = 16;
 
 /// Rows and positions of a tiled kernel's block (`TB_R`, `TB_P` in
@@ -147,7 +147,9 @@ impl CudaBackend {
     pub(super) fn launch_set(&self, tape: &mut Tape, set: &[Ready<'_, '_>]) {
         debug_assert!((2..=SET_MAX).contains(&set.len()));
         let t = set[0].t;
-        if set.iter().all(|q| self.tiled(q.w, q.t, 1, q.x)) {
+        // `mm_bf16_tile_set` reads bf16 only (sets hold nothing else).
+        let bf16 = |q: &Ready<'_, '_>| matches!(q.w, MatRef::Bf16 { .. });
+        if set.iter().all(|q| bf16(q) && self.tiled(q.w, q.t, 1, q.x)) {
             return self.launch_tile_set(tape, set);
         }
         // `Bf16Set` in `grouped.cu`: SET_MAX entries of four 64-bit values.
@@ -185,12 +187,14 @@ impl CudaBackend {
     /// Whether `w`'s product at `t` positions (in `groups` blocks, input
     /// at the device address `x`) takes the tiled kernels: plain bf16 of
     /// [`TILE_T`] positions or more with rows of a multiple of 8 columns,
-    /// or MXFP4 with rows of whole chunks of 256 (in VRAM in lane order),
-    /// the input 16-byte aligned (copied 16 bytes at a time).
+    /// MXFP4 with rows of whole chunks of 256 (in VRAM in lane order), or
+    /// int8 with rows of a multiple of 16; the input 16-byte aligned
+    /// (copied 16 bytes at a time).
     pub(super) fn tiled(&self, w: &MatRef<'_>, t: usize, groups: usize, x: u64) -> bool {
         let format = match w {
             MatRef::Bf16 { cols, .. } => cols % 8 == 0,
             MatRef::Mxfp4(m) => m.cols % 256 == 0,
+            MatRef::Int8 { cols, .. } => cols % 16 == 0,
             _ => false,
         };
         self.tiles && format && t >= TILE_T && groups == 1 && x % 16 == 0
@@ -502,6 +506,7 @@ impl CudaBackend {
             args.extend([xp, yp, r.slot(), c.slot(), tt.slot()]);
             let f = match w {
                 MatRef::Mxfp4(_) => &self.funcs.mxfp4_tile,
+                MatRef::Int8 { .. } => &self.funcs.int8_tile,
                 _ => &self.funcs.bf16_tile,
             };
             tape.kernel(f, cfg, args);

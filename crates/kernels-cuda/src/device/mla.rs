@@ -197,11 +197,10 @@ impl CudaBackend {
             };
             xs.extend([p.x, cos, sin, q_norm, p.kv_norm]);
         }
-        let starts = starts_of(&xs);
-        let head: usize = xs.iter().map(|v| v.len()).sum();
+        let (starts, head) = with_pieces(starts_of(&xs), &blocks.pieces);
         xs.extend(&blocks.pieces);
         let ny = work.out.len() + work.proj.as_ref().map_or(0, |p| p.rows_out.len());
-        let (xp, yp) = self.stage(st, &xs, ny)?;
+        let (xp, yp) = self.stage_at(st, &xs, &starts, ny)?;
         let at = |k: usize| xp + 4 * starts[k] as u64;
         let dt = self.stage_table(st, &blocks.table(&ptrs[np..], xp, head))?;
         let proj = work.proj.as_ref().map(|_| ProjPlaced {
@@ -524,15 +523,38 @@ fn proj_places(work: &MlaWork<'_>, pr: &MlaProj<'_>, at: u64) -> [u64; 6] {
     out
 }
 
-/// Where each of `xs` starts in their one copy, in values.
+/// Where each of `xs` starts in their one copy, in values, and last where
+/// what follows them may start: one after another, each at a multiple of
+/// four values (16 bytes, as the tiled products copy their inputs: a
+/// projection's input after T row counts would otherwise sit 8 bytes off
+/// for odd T and leave the tiles).
 pub(super) fn starts_of(xs: &[&[f32]]) -> Vec<usize> {
-    xs.iter()
+    let mut out: Vec<usize> = xs
+        .iter()
         .scan(0, |o, v| {
             let s = *o;
-            *o += v.len();
+            *o = (s + v.len()).next_multiple_of(4);
             Some(s)
         })
-        .collect()
+        .collect();
+    let end = match (out.last(), xs.last()) {
+        (Some(s), Some(v)) => (s + v.len()).next_multiple_of(4),
+        _ => 0,
+    };
+    out.push(end);
+    out
+}
+
+/// `starts` (from [`starts_of`], the head's) followed by the starts of
+/// `pieces` one after another from the head's end; and that end.
+pub(super) fn with_pieces(mut starts: Vec<usize>, pieces: &[&[f32]]) -> (Vec<usize>, usize) {
+    let head = starts.pop().unwrap_or(0);
+    let mut at = head;
+    for p in pieces {
+        starts.push(at);
+        at += p.len();
+    }
+    (starts, head)
 }
 
 /// `ptrs` cut as `segs` is: each matrix's segments' device addresses.

@@ -385,8 +385,33 @@ impl CudaBackend {
         xs: &[&[f32]],
         ny: usize,
     ) -> Result<(u64, u64), CudaError> {
+        let starts: Vec<usize> = xs
+            .iter()
+            .scan(0, |o, x| {
+                let s = *o;
+                *o += x.len();
+                Some(s)
+            })
+            .collect();
+        self.stage_at(st, xs, &starts, ny)
+    }
+
+    /// [`Self::stage`] with input i at `starts[i]` values into the copy
+    /// (in order, none overlapping the one before).
+    pub(super) fn stage_at(
+        &self,
+        st: &mut State,
+        xs: &[&[f32]],
+        starts: &[usize],
+        ny: usize,
+    ) -> Result<(u64, u64), CudaError> {
         let ctx = self.stream.context();
-        let nx: usize = xs.iter().map(|x| x.len()).sum();
+        let nx = xs
+            .iter()
+            .zip(starts)
+            .map(|(x, s)| s + x.len())
+            .max()
+            .unwrap_or(0);
         let hx = pinned(ctx, &mut st.hx, nx, &mut st.reallocs)?.as_mut_slice()?;
         pinned(ctx, &mut st.hy, ny, &mut st.reallocs)?;
         let xp = grow(&self.stream, &mut st.x, nx, &mut st.reallocs)?
@@ -395,10 +420,8 @@ impl CudaBackend {
         let yp = grow(&self.stream, &mut st.y, ny, &mut st.reallocs)?
             .device_ptr(&self.stream)
             .0;
-        let mut off = 0;
-        for x in xs {
-            hx[off..off + x.len()].copy_from_slice(x);
-            off += x.len();
+        for (x, &at) in xs.iter().zip(starts) {
+            hx[at..at + x.len()].copy_from_slice(x);
         }
         // The device buffer holds at least nx values; `hx` is page-locked
         // and not touched again before the synchronisation.
