@@ -325,13 +325,21 @@ extern "C" __global__ void TILE_BOUNDS mm_bf16_tile(const unsigned short* __rest
 }
 
 // Products of one shape (a MoE layer's experts), blockIdx.y picking
-// product p at t4[4p .. 4p + 4) (data, 0, x, y) as `mm_bf16_many`.
+// product p at t4[4p .. 4p + 4) (data, scales or 0, x, y) as `mm_bf16_many`
+// and `mm_mxfp4_many`.
+template <typename F>
+__device__ __forceinline__ void tile_many(const unsigned long long* __restrict__ t4, int rows,
+                                          int cols, int t, unsigned char* sm) {
+    const unsigned long long* e = t4 + 4 * blockIdx.y;
+    const TileJob j{(const void*)e[0], (const void*)e[1], (const float*)e[2], (float*)e[3],
+                    rows, cols, t};
+    tile_job<F>(j, (int)blockIdx.x, sm);
+}
+
 extern "C" __global__ void TILE_BOUNDS mm_bf16_tile_many(const unsigned long long* __restrict__ t4,
                                                       int rows, int cols, int t) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
-    const unsigned long long* e = t4 + 4 * blockIdx.y;
-    const TileJob j{(const void*)e[0], nullptr, (const float*)e[2], (float*)e[3], rows, cols, t};
-    tile_job<TileBf16>(j, (int)blockIdx.x, sm);
+    tile_many<TileBf16>(t4, rows, cols, t, sm);
 }
 
 // A set of bf16 products (`Bf16Set`, as `mm_bf16_set`) of one position
@@ -358,7 +366,7 @@ extern "C" __global__ void TILE_BOUNDS mm_bf16_tile_set(int n, int t, Bf16Set s)
 }
 
 // MXFP4 products (cols a multiple of 256; x 16-byte aligned): one, and of
-// one shape through a table t4 (data, scales, x, y) as `mm_mxfp4_many`.
+// one shape through a table (`tile_many`).
 extern "C" __global__ void TILE_BOUNDS mm_mxfp4_tile(const unsigned char* __restrict__ packed,
                                                   const unsigned char* __restrict__ scales,
                                                   const float* __restrict__ x,
@@ -371,10 +379,7 @@ extern "C" __global__ void TILE_BOUNDS mm_mxfp4_tile(const unsigned char* __rest
 extern "C" __global__ void TILE_BOUNDS mm_mxfp4_tile_many(const unsigned long long* __restrict__ t4,
                                                        int rows, int cols, int t) {
     __shared__ __align__(16) unsigned char sm[2 * TILE_STAGE];
-    const unsigned long long* e = t4 + 4 * blockIdx.y;
-    const TileJob j{(const void*)e[0], (const unsigned char*)e[1], (const float*)e[2],
-                    (float*)e[3], rows, cols, t};
-    tile_job<TileMxfp4>(j, (int)blockIdx.x, sm);
+    tile_many<TileMxfp4>(t4, rows, cols, t, sm);
 }
 
 // int8 products with a scale a row (cols a multiple of 16; x 16-byte

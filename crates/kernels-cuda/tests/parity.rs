@@ -10,7 +10,7 @@ use fathom_weights::mxfp4::Mxfp4Ref;
 
 mod common;
 
-use common::{Lcg, drop_all, open, same, twin};
+use common::{Lcg, drop_all, mxfp4_refs, open, same, twin};
 
 impl Lcg {
     /// Deterministic values with a spread of magnitudes, signs, zeros and subnormals.
@@ -451,15 +451,7 @@ fn a_batch_gives_each_products_bits() {
     let mut g = Lcg(11);
     let (rows, cols) = (64, 288);
     let bytes: Vec<(Vec<u8>, Vec<u8>)> = (0..6).map(|_| mxfp4_bytes(&mut g, rows, cols)).collect();
-    let refs: Vec<Mxfp4Ref<'_>> = bytes
-        .iter()
-        .map(|(p, s)| Mxfp4Ref {
-            rows,
-            cols,
-            packed: p,
-            scales: s,
-        })
-        .collect();
+    let refs = mxfp4_refs(&bytes, rows, cols);
     let x1: Vec<f32> = (0..cols).map(|_| g.f32()).collect();
     let mut y1 = vec![0f32; rows];
     for r in refs.iter().step_by(2) {
@@ -621,18 +613,11 @@ fn a_batch_larger_than_the_budget_is_declined_whole() {
     drop_all(&b, &m2);
 }
 
-/// MXFP4 views of `(packed, scales)` pairs, each `rows × cols`.
+/// MXFP4 matrices of `(packed, scales)` pairs, each `rows × cols`.
 fn mxfp4_mats(bytes: &[(Vec<u8>, Vec<u8>)], rows: usize, cols: usize) -> Vec<MatRef<'_>> {
-    bytes
-        .iter()
-        .map(|(p, s)| {
-            MatRef::Mxfp4(Mxfp4Ref {
-                rows,
-                cols,
-                packed: p,
-                scales: s,
-            })
-        })
+    mxfp4_refs(bytes, rows, cols)
+        .into_iter()
+        .map(MatRef::Mxfp4)
         .collect()
 }
 

@@ -9,7 +9,7 @@ use fathom_kernels_cuda::CudaBackend;
 
 mod common;
 
-use common::{Lcg, drop_all, open, same, twin};
+use common::{Lcg, drop_all, mxfp4_refs, open, same, twin};
 
 /// Shapes (rows, cols) of one call: rows that are and are not multiples
 /// of a block's 16, a lone row, columns of whole chunks, with a tail past
@@ -208,7 +208,6 @@ fn many_positions_take_the_tiled_kernels_with_the_twins_bits() {
 #[test]
 fn mxfp4_products_of_many_positions_take_the_tiles() {
     use fathom_kernels::formats::Mxfp4Rows;
-    use fathom_weights::mxfp4::Mxfp4Ref;
     let Some(b) = open(None) else { return };
     let mut g = Lcg(37);
     for (rows, cols, n) in [(40usize, 512usize, 1usize), (17, 768, 3)] {
@@ -225,15 +224,7 @@ fn mxfp4_products_of_many_positions_take_the_tiles() {
                 (packed, scales)
             })
             .collect();
-        let refs: Vec<Mxfp4Ref<'_>> = bytes
-            .iter()
-            .map(|(p, s)| Mxfp4Ref {
-                rows,
-                cols,
-                packed: p,
-                scales: s,
-            })
-            .collect();
+        let refs = mxfp4_refs(&bytes, rows, cols);
         for t in [16usize, 17, 40] {
             let xs: Vec<Vec<f32>> = (0..n).map(|_| g.uniform(t * cols, 2.0)).collect();
             let mut ys: Vec<Vec<f32>> = (0..n).map(|_| vec![f32::NAN; t * rows]).collect();

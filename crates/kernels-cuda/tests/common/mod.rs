@@ -210,3 +210,20 @@ pub fn drop_all(b: &CudaBackend, m: &MatRef<'_>) {
         b.forget(a..a + s.len());
     }
 }
+
+/// MXFP4 views of `(packed, scales)` pairs, each `rows × cols`.
+pub fn mxfp4_refs(
+    bytes: &[(Vec<u8>, Vec<u8>)],
+    rows: usize,
+    cols: usize,
+) -> Vec<fathom_weights::mxfp4::Mxfp4Ref<'_>> {
+    bytes
+        .iter()
+        .map(|(p, s)| fathom_weights::mxfp4::Mxfp4Ref {
+            rows,
+            cols,
+            packed: p,
+            scales: s,
+        })
+        .collect()
+}
