@@ -568,3 +568,24 @@ pub(super) fn split_at_lens(ptrs: &[u64], segs: &[Vec<&[u8]>]) -> Vec<Vec<u64>> 
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{starts_of, with_pieces};
+
+    /// A call's inputs start at multiples of four values, in order, none
+    /// over the one before (a projection's input after 17 row counts and
+    /// 17 offsets at 36, not 34); the pieces follow packed from the head's
+    /// end.
+    #[test]
+    fn staged_inputs_start_at_multiples_of_16_bytes() {
+        let (a, b, c) = (vec![0f32; 17], vec![0f32; 17], vec![0f32; 300]);
+        let empty: [f32; 0] = [];
+        let starts = starts_of(&[&empty, &a, &b, &c, &empty]);
+        assert_eq!(starts, [0, 0, 20, 40, 340, 340]);
+        let (p1, p2) = (vec![0f32; 7], vec![0f32; 5]);
+        let (all, head) = with_pieces(starts, &[&p1, &p2]);
+        assert_eq!(head, 340);
+        assert_eq!(all, [0, 0, 20, 40, 340, 340, 347]);
+    }
+}
