@@ -2,14 +2,12 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice,
 };
-use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use fathom_kernels::backend::{
     BackendStats, DeviceBackend, GluProduct, GqaWork, Hints, MatRef, MlaWork, MoeTail, Product,
     Role, segments,
@@ -19,9 +17,9 @@ use fathom_kernels::kda::KdaJob;
 use fathom_kernels::ops::GluAct;
 use fathom_kernels::state_buf::StateKey;
 
+use crate::CudaError;
 use crate::cache::Cache;
 use crate::guess::GuessLog;
-use crate::{CudaError, SOURCE};
 
 mod blocks;
 mod glu;
@@ -30,11 +28,13 @@ mod kda;
 mod launch;
 mod layout;
 mod mla;
+mod ptx;
 mod queue;
 mod tail;
 mod tape;
 mod then;
 
+use ptx::{Knobs, arch_name, kernels_ptx};
 use queue::Job;
 
 /// What `probe` found.
@@ -254,121 +254,6 @@ fn cpu_flops() -> f64 {
     2.0 * (rows * cols * t) as f64 / best.max(1e-9)
 }
 
-fn ptx_cache_path(arch: &str, nvrtc: (i32, i32), defines: &[String]) -> Option<PathBuf> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (SOURCE, arch, nvrtc, OPTIONS, defines).hash(&mut h);
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(
-        base.join("fathom/cuda")
-            .join(format!("{:016x}.ptx", h.finish())),
-    )
-}
-
-/// The NVRTC options `kernels_ptx` passes, in the PTX cache's key (so a
-/// change of options never loads PTX compiled with the old ones): keep
-/// the two in step.
-const OPTIONS: &str = "ftz=false prec-div=true prec-sqrt=true fmad=false std=c++17";
-
-/// The kernels' PTX for `arch`: from the cache, else compiled by NVRTC and
-/// stored (a cache that cannot be written is skipped).
-fn kernels_ptx(arch: &'static str, nvrtc: (i32, i32)) -> Result<Ptx, CudaError> {
-    let defines = tuning_defines(std::env::var("FATHOM_CUDA_DEFINES").ok().as_deref())?;
-    let path = ptx_cache_path(arch, nvrtc, &defines);
-    if let Some(src) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
-        return Ok(Ptx::from_src(src));
-    }
-    let opts = CompileOptions {
-        ftz: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        fmad: Some(false),
-        arch: Some(arch),
-        options: std::iter::once("--std=c++17".to_string())
-            .chain(defines.iter().map(|d| format!("-D{d}")))
-            .collect(),
-        ..Default::default()
-    };
-    let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| CudaError::Compile {
-        arch: arch.into(),
-        log: match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            other => other.to_string(),
-        },
-    })?;
-    if let Some(p) = path {
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-        let stored = p.parent().map(std::fs::create_dir_all).transpose().is_ok()
-            && std::fs::write(&tmp, ptx.to_src()).is_ok()
-            && std::fs::rename(&tmp, &p).is_ok();
-        if !stored {
-            let _ = std::fs::remove_file(&tmp);
-        }
-    }
-    Ok(ptx)
-}
-
-/// The kernels' tuning knobs set at run time: `FATHOM_CUDA_DEFINES`, e.g.
-/// `"BF16G=2 BF16_MINB=4"` (entries split by spaces or commas), each a
-/// macro the sources leave to be overridden (`matmul.cu`: `BF16G`,
-/// `BF16_MINB`, `MXG`, `BF16_NA`) and a whole number; `BF16_PAIRS` caps the row pairs
-/// a warp of the one-position bf16 products takes (`launch.rs`; 1: a
-/// block of 256 threads for every 16 rows); `TILES=0` keeps products
-/// of many positions off the tiled kernels (`tile.cu`, whose `TILE_MINB`
-/// is their blocks an SM); `MLA_HEADS=0` keeps MLA attention a head a
-/// block (`mla.cu`). They change how many
-/// loads are in flight, how many registers a kernel may use and which warp
-/// sums which row, never a sum or its order; for measuring on a device,
-/// not for use.
-pub(crate) fn tuning_defines(spec: Option<&str>) -> Result<Vec<String>, CudaError> {
-    const KNOBS: [&str; 8] = [
-        "BF16G",
-        "BF16_MINB",
-        "MXG",
-        "BF16_PAIRS",
-        "BF16_NA",
-        "TILES",
-        "TILE_MINB",
-        "MLA_HEADS",
-    ];
-    // Switches (0: off); the others count from 1.
-    const SWITCHES: [&str; 3] = ["BF16_NA", "TILES", "MLA_HEADS"];
-    let mut out: Vec<String> = Vec::new();
-    for entry in spec
-        .unwrap_or("")
-        .split([' ', ','])
-        .filter(|e| !e.is_empty())
-    {
-        let knob = entry.split_once('=').and_then(|(name, value)| {
-            let least = u32::from(!SWITCHES.contains(&name));
-            let v = value
-                .parse::<u32>()
-                .ok()
-                .filter(|v| (least..=16).contains(v))?;
-            KNOBS.contains(&name).then_some((name, v))
-        });
-        let Some((name, v)) = knob else {
-            return Err(CudaError::Setting(format!(
-                "FATHOM_CUDA_DEFINES entry {entry:?}: give NAME=N with NAME one of {} and N \
-                 a whole number from 1 to 16 (BF16_NA, TILES and MLA_HEADS from 0, which turns \
-                 them off; or unset the variable)",
-                KNOBS.join(", ")
-            )));
-        };
-        if out.iter().any(|d| d.split('=').next() == Some(name)) {
-            return Err(CudaError::Setting(format!(
-                "FATHOM_CUDA_DEFINES names {name} twice: give each knob once"
-            )));
-        }
-        // The parsed value, so the source reads the number that was checked
-        // (`08` or `010` would be C's octal).
-        out.push(format!("{name}={v}"));
-    }
-    Ok(out)
-}
-
 /// Blocks of 256 threads of the one-position bf16 kernels (alone, grouped,
 /// in sets) the device runs at once: multiprocessors × the fewest blocks
 /// one holds of any of them (the driver's occupancy figures); 0 when a
@@ -383,24 +268,6 @@ fn bf16_slots(ctx: &Arc<CudaContext>, f: &Funcs) -> usize {
         .map(|f| f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None))
         .try_fold(u32::MAX, |m, b| b.map(|b| m.min(b)));
     per_sm.map_or(0, |b| sms.max(0) as usize * b as usize)
-}
-
-/// `compute_XY` for the architectures NVRTC knows by a static name.
-fn arch_name(cc: (i32, i32)) -> &'static str {
-    match cc {
-        (7, 5) => "compute_75",
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 7) => "compute_87",
-        (8, 9) => "compute_89",
-        (9, 0) => "compute_90",
-        (10, 0) => "compute_100",
-        (12, 0) => "compute_120",
-        (major, _) if major >= 12 => "compute_120",
-        (major, _) if major >= 10 => "compute_100",
-        (major, _) if major >= 9 => "compute_90",
-        _ => "compute_75",
-    }
 }
 
 impl CudaBackend {
@@ -418,20 +285,15 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let copies = ctx.new_stream()?;
-        let ptx = kernels_ptx(arch_name(info.compute_capability), info.nvrtc)?;
+        let knobs = Knobs::from_env()?;
+        let ptx = kernels_ptx(arch_name(info.compute_capability), info.nvrtc, &knobs)?;
         let module = ctx.load_module(ptx)?;
         let funcs = Funcs::load(&module)?;
         let e4m3 = stream.clone_htod(&E4M3[..])?;
         let slots = bf16_slots(&ctx, &funcs);
-        let knobs = tuning_defines(std::env::var("FATHOM_CUDA_DEFINES").ok().as_deref())?;
-        let knob = |name: &str| -> Option<usize> {
-            knobs
-                .iter()
-                .find_map(|d| d.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-        };
-        let pairs = knob("BF16_PAIRS").unwrap_or(usize::MAX);
-        let tile = knob("TILES") != Some(0);
-        let mla_heads = knob("MLA_HEADS") != Some(0);
+        let pairs = knobs.get("BF16_PAIRS").unwrap_or(usize::MAX);
+        let tile = knobs.get("TILES") != Some(0);
+        let mla_heads = knobs.get("MLA_HEADS") != Some(0);
         let budget = budget.unwrap_or(info.free_bytes.saturating_sub(DEFAULT_MARGIN));
         // A probe that fails leaves the bounds unknown (zero), not the device unusable.
         let (hbm, h2d) = crate::probe_bw::bandwidths(&ctx, &stream).unwrap_or((0.0, 0.0));
@@ -786,37 +648,5 @@ impl DeviceBackend for CudaBackend {
 
     fn stats(&self) -> BackendStats {
         self.lock().stats.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::tuning_defines;
-
-    #[test]
-    fn tuning_defines_take_known_knobs_and_name_a_bad_entry() {
-        assert_eq!(tuning_defines(None).unwrap(), Vec::<String>::new());
-        assert_eq!(
-            tuning_defines(Some("BF16G=2, BF16_MINB=4 MXG=03 BF16_NA=0")).unwrap(),
-            ["BF16G=2", "BF16_MINB=4", "MXG=3", "BF16_NA=0"]
-        );
-        let twice = tuning_defines(Some("MXG=2 MXG=4")).unwrap_err().to_string();
-        assert!(twice.contains("names MXG twice"), "{twice}");
-        for bad in [
-            "BF16G",
-            "BF16G=0",
-            "BF16G=x",
-            "UNROLL=4",
-            "BF16G=2;rm",
-            "MXG=17",
-            "BF16_PAIRS=0",
-        ] {
-            let e = tuning_defines(Some(bad)).unwrap_err().to_string();
-            assert!(
-                e.contains(&format!("FATHOM_CUDA_DEFINES entry {bad:?}"))
-                    && e.contains("BF16_MINB"),
-                "{bad}: {e}"
-            );
-        }
     }
 }

@@ -33,15 +33,23 @@
 #endif
 #define TILE_BOUNDS __launch_bounds__(TILE_THREADS, TILE_MINB)
 
-// 16 bytes from global to shared memory: cp.async where the device has it
-// (compute 8.0 on), else a plain copy (the host emulator too). The copies
+// N (4, 8 or 16) bytes from global to shared memory, both N-aligned:
+// cp.async where the device has it (compute 8.0 on; 16 bytes past L1,
+// fewer through it), else a plain copy (the host emulator too). The copies
 // a thread issued since its last `copies_commit` form one group.
-__device__ __forceinline__ void copy16(void* dst, const void* src) {
+template <int N>
+__device__ __forceinline__ void copy_async(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(N)
+                     : "memory");
 #else
-    *reinterpret_cast<U32x4*>(dst) = *reinterpret_cast<const U32x4*>(src);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+        reinterpret_cast<unsigned*>(dst)[i] = reinterpret_cast<const unsigned*>(src)[i];
 #endif
 }
 
@@ -68,16 +76,6 @@ struct TileJob {
     int rows, cols, t;
 };
 
-// 8 bytes from global to shared memory, as copy16 (cp.async.ca).
-__device__ __forceinline__ void copy8(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
-#else
-    *reinterpret_cast<unsigned long long*>(dst) = *reinterpret_cast<const unsigned long long*>(src);
-#endif
-}
-
 // A row of the tile (past the product's: its last, whose sums are never
 // written).
 __device__ __forceinline__ int tile_row(const TileJob& j, int r) {
@@ -95,7 +93,8 @@ struct TileBf16 {
 #pragma unroll
         for (int i = 0; i < TB_R * 32 / TILE_THREADS; ++i) {
             const int k = (int)threadIdx.x + i * TILE_THREADS, rr = k >> 5, q = k & 31;
-            copy16(st + rr * 512 + q * 16, w + (size_t)tile_row(j, r0 + rr) * j.cols + c + q * 8);
+            const size_t r = (size_t)tile_row(j, r0 + rr);
+            copy_async<16>(st + rr * 512 + q * 16, w + r * j.cols + c + q * 8);
         }
     }
     __device__ static Raw load(const unsigned char* st, int r, int lane) {
@@ -129,12 +128,14 @@ struct TileMxfp4 {
         {
             const int rr = tid >> 3, q = tid & 7;
             const size_t r = (size_t)tile_row(j, r0 + rr);
-            copy16(st + rr * 128 + q * 16, p + r * (size_t)(j.cols >> 1) + (c >> 1) + q * 16);
+            copy_async<16>(st + rr * 128 + q * 16,
+                           p + r * (size_t)(j.cols >> 1) + (c >> 1) + q * 16);
         }
         if (tid < TB_R) {
             const size_t r = (size_t)tile_row(j, r0 + tid);
             const unsigned char* sc = (const unsigned char*)j.scales;
-            copy8(st + TB_R * 128 + tid * 8, sc + r * (size_t)(j.cols >> 5) + (c >> 5));
+            copy_async<8>(st + TB_R * 128 + tid * 8,
+                          sc + r * (size_t)(j.cols >> 5) + (c >> 5));
         }
     }
     __device__ static Raw load(const unsigned char* st, int r, int lane) {
@@ -208,7 +209,8 @@ __device__ __forceinline__ void tile_stage(unsigned char* st, const TileJob& j, 
     for (int i = 0; i < TB_P * 64 / TILE_THREADS; ++i) {
         const int k = tid + i * TILE_THREADS, pp = k >> 6, q = k & 63;
         const int p = p0 + pp < j.t ? p0 + pp : j.t - 1;
-        copy16(st + TILE_WBYTES + pp * 1024 + q * 16, j.x + (size_t)p * j.cols + c + q * 4);
+        copy_async<16>(st + TILE_WBYTES + pp * 1024 + q * 16,
+                       j.x + (size_t)p * j.cols + c + q * 4);
     }
 }
 

@@ -32,6 +32,15 @@ fn tiles(rows: usize, t: usize) -> usize {
     rows.div_ceil(TILE_ROWS) * t.div_ceil(TILE_POSITIONS)
 }
 
+/// A tiled launch of `blocks` blocks for each of `n` products.
+fn tile_config(blocks: usize, n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks as u32, n as u32, 1),
+        block_dim: (TILE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// A plain product ready to launch: its weights at the device addresses
 /// `p` (its segments), input at `x`, output at `y`, `t` positions.
 #[derive(Clone, Copy)]
@@ -197,7 +206,7 @@ impl CudaBackend {
             MatRef::Int8 { cols, .. } => cols % 16 == 0,
             _ => false,
         };
-        self.tiles && format && t >= TILE_T && groups == 1 && x % 16 == 0
+        self.tiles && format && t >= TILE_T && groups == 1 && x.is_multiple_of(16)
     }
 
     /// The set `set` (every product [`Self::tiled`]) in one tiled launch:
@@ -209,12 +218,7 @@ impl CudaBackend {
             let (rows, cols) = (q.w.rows(), q.w.cols());
             e.copy_from_slice(&[q.p[0], q.x, q.y, rows as u64 | (cols as u64) << 32]);
         }
-        let blocks: usize = set.iter().map(|q| tiles(q.w.rows(), t)).sum();
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (TILE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = tile_config(set.iter().map(|q| tiles(q.w.rows(), t)).sum(), 1);
         let (n, tt) = (set.len() as i32, t as i32);
         // `Bf16Set` as `launch_set` writes it.
         tape.kernel_with(&self.funcs.bf16_tile_set, cfg, [n.slot(), tt.slot()], tail);
@@ -449,11 +453,7 @@ impl CudaBackend {
         let (rows, cols) = (first.w.rows(), first.w.cols());
         let (r, c, t) = (rows as i32, cols as i32, first.t as i32);
         if tiled {
-            let cfg = LaunchConfig {
-                grid_dim: (tiles(rows, first.t) as u32, n as u32, 1),
-                block_dim: (TILE_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = tile_config(tiles(rows, first.t), n);
             let f = match first.w {
                 MatRef::Mxfp4(_) => &self.funcs.mxfp4_tile_many,
                 _ => &self.funcs.bf16_tile_many,
@@ -494,12 +494,8 @@ impl CudaBackend {
         let (rows, cols) = (w.rows(), w.cols());
         let (r, c, tt, rg) = (rows as i32, cols as i32, t as i32, (rows / groups) as i32);
         if self.tiled(w, t, groups, xp) {
-            let cfg = LaunchConfig {
-                grid_dim: (tiles(rows, t) as u32, 1, 1),
-                block_dim: (TILE_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // `mm_bf16_tile`'s and `mm_mxfp4_tile`'s parameters: the
+            let cfg = tile_config(tiles(rows, t), 1);
+            // `mm_bf16_tile`'s, `mm_mxfp4_tile`'s and `mm_int8_tile`'s parameters: the
             // weights' device segments, input, output and the shapes the
             // caller checked.
             let mut args = p.to_vec();

@@ -13,11 +13,6 @@
 
 use cudarc::driver::{DevicePtr, LaunchConfig};
 use fathom_kernels::attention::SPLIT;
-
-/// Heads `mla_split_heads` takes at once, and the widest row (lora +
-/// rope) it stages (`MLA_HG`, `MLA_HW` in `mla.cu`).
-const MLA_HG: usize = 16;
-const MLA_HW: usize = 576;
 use fathom_kernels::backend::{MlaProj, MlaQueryProj, MlaWork, segments};
 
 use super::blocks::{Blocks, kept_segments};
@@ -26,6 +21,11 @@ use super::queue::{fits, grow};
 use super::tape::{Arg, Tape};
 use super::{CudaBackend, State};
 use crate::CudaError;
+
+/// Heads `mla_split_heads` takes at once, and the widest row (lora +
+/// rope) it stages (`MLA_HG`, `MLA_HW` in `mla.cu`).
+const MLA_HG: usize = 16;
+const MLA_HW: usize = 576;
 
 /// The most partial-result values (scores, maxima, sums, contexts) one
 /// launch pair keeps on the device by default: 256 MiB. Longer prefills
