@@ -257,14 +257,7 @@ fn inspect_plans_the_full_k3_at_64_gb() {
     // Beside a 24 GB GPU, 16 of the 53 streamed layers are held there.
     let r = k3_plan(&["--ram-budget", "64GB", "--vram-budget", "24GB"]);
     let t = check(&r["ledger"]["bf16"], spine("bf16"), 64_000_000_000);
-    assert_eq!(
-        (
-            u(&t["resident_layers"]),
-            u(&t["device_layers"]),
-            u(&t["streamed_layers"])
-        ),
-        (40, 16, 37)
-    );
+    assert_eq!(layer_tiers(t), (40, 16, 37));
     assert_eq!(u(&t["read_bytes"]), 36_744_730_112);
 }
 
@@ -334,14 +327,7 @@ fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
     let r8 = plan_of(&dir, &["--ram-budget", "32GB", "--vram-budget", "24GB"]);
     let l = &r8["ledger"]["int8"];
     let t = &l["tiers"];
-    assert_eq!(
-        (
-            u(&t["resident_layers"]),
-            u(&t["device_layers"]),
-            u(&t["streamed_layers"])
-        ),
-        (35, 32, 26)
-    );
+    assert_eq!(layer_tiers(t), (35, 32, 26));
     assert_eq!(u(&t["device_bytes"]), 20_491_235_328);
     assert_eq!(u(&t["read_bytes"]), 11_578_596_096);
     let s = l["projected"]["spine_read_s"].as_f64().unwrap();
@@ -351,4 +337,14 @@ fn inspect_plans_the_full_k3_at_32_gb_with_a_24_gb_gpu() {
     let r = k3_plan(&["--ram-budget", "8GB"]);
     assert_eq!(r["ledger"]["bf16"]["fits"], false);
     assert_eq!(u(&r["ledger"]["bf16"]["min_budget_bytes"]), 8_150_247_936);
+}
+
+/// A plan's layers resident, held on the device and streamed.
+fn layer_tiers(t: &Value) -> (u64, u64, u64) {
+    let n = |k: &str| u(&t[k]);
+    (
+        n("resident_layers"),
+        n("device_layers"),
+        n("streamed_layers"),
+    )
 }
